@@ -1,0 +1,97 @@
+// Package principal describes who is calling: set once by authentication, read by every
+// handler. It owns the capability rules of seed §5 (platform roles -> capabilities) and
+// nothing else.
+package principal
+
+import (
+	"context"
+	"slices"
+
+	"github.com/google/uuid"
+)
+
+// Platform roles (seed §2.3).
+const (
+	RoleSuperadmin = "platform_superadmin"
+	RoleOps        = "platform_ops"
+	RoleUser       = "platform_user"
+)
+
+// Capabilities (seed §2.3).
+const (
+	CapAdmin           = "platform.admin"
+	CapOpsRead         = "platform.ops.read"
+	CapOpsWrite        = "platform.ops.write"
+	CapOpsRunbookRead  = "platform.ops.runbook.read"
+	CapNodeRead        = "platform.node.read"
+	CapAuditRead       = "platform.audit.read"
+	TenantRoleAdmin    = "admin"
+	TenantRoleMember   = "member"
+	RoleSourceUsers    = "users_role"
+	RoleSourceBindings = "bindings"
+)
+
+// capabilitiesOf is the one table from platform role to capabilities.
+var capabilitiesOf = map[string][]string{
+	RoleSuperadmin: {CapAdmin, CapOpsRead, CapOpsWrite, CapOpsRunbookRead, CapNodeRead, CapAuditRead},
+	RoleOps:        {CapOpsRead, CapOpsWrite, CapOpsRunbookRead, CapNodeRead, CapAuditRead},
+	RoleUser:       {},
+}
+
+// CapabilitiesFor returns the sorted union of the capabilities of roles.
+func CapabilitiesFor(roles []string) []string {
+	var caps []string
+	for _, r := range roles {
+		for _, c := range capabilitiesOf[r] {
+			if !slices.Contains(caps, c) {
+				caps = append(caps, c)
+			}
+		}
+	}
+	slices.Sort(caps)
+	if caps == nil {
+		caps = []string{}
+	}
+	return caps
+}
+
+// Principal is an authenticated caller.
+type Principal struct {
+	UserID   uuid.UUID
+	Username string
+	// TenantID is uuid.Nil for a platform user outside any tenant.
+	TenantID     uuid.UUID
+	TenantRole   string
+	PlatformRole []string
+	RoleSource   string
+	Capabilities []string
+	// StepUp is true when the access token carries a fresh MFA proof.
+	StepUp bool
+}
+
+// Can reports whether the principal holds capability c.
+func (p *Principal) Can(c string) bool { return slices.Contains(p.Capabilities, c) }
+
+// IsPlatformAdmin reports whether admin operations are open to the principal.
+func (p *Principal) IsPlatformAdmin() bool { return p.Can(CapAdmin) }
+
+// IsTenantAdmin reports whether the principal administers tenant t.
+func (p *Principal) IsTenantAdmin(t uuid.UUID) bool {
+	return p.TenantID != uuid.Nil && p.TenantID == t && p.TenantRole == TenantRoleAdmin
+}
+
+// Key identifies the principal for per-caller state (idempotency scope, rate limits).
+func (p *Principal) Key() string { return "user:" + p.UserID.String() }
+
+type key struct{}
+
+// With returns ctx carrying p.
+func With(ctx context.Context, p *Principal) context.Context {
+	return context.WithValue(ctx, key{}, p)
+}
+
+// From is the principal of ctx.
+func From(ctx context.Context) (*Principal, bool) {
+	p, ok := ctx.Value(key{}).(*Principal)
+	return p, ok && p != nil
+}

@@ -1,0 +1,3 @@
+module github.com/gantry-gpu/gantry/loggateway
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/gantry-gpu/gantry/nodeagent
+
+go 1.26

@@ -1,0 +1,28 @@
+package obs
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"testing"
+
+	"github.com/gantry-gpu/gantry/shared/correlation"
+)
+
+func TestLoggerCarriesCorrelation(t *testing.T) {
+	var buf bytes.Buffer
+	log := NewLogger(&buf, "svc", slog.LevelInfo)
+	tp := NewTracerProvider()
+	ctx, span := tp.Tracer("t").Start(correlation.WithID(context.Background(), "c-1"), "op")
+	defer span.End()
+	log.InfoContext(ctx, "hello")
+	var rec map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	tid, _ := correlation.TraceIDs(ctx)
+	if rec["correlation_id"] != "c-1" || rec["service"] != "svc" || rec["trace_id"] != tid {
+		t.Fatalf("record %v", rec)
+	}
+}
