@@ -36,6 +36,9 @@ func (e *Error) With(key string, value any) *Error {
 // Wrap records a cause for logs; the client never sees it.
 func (e *Error) Wrap(cause error) *Error { e.Cause = cause; return e }
 
+// WithStatus overrides the status of the code (only where the contract says so).
+func (e *Error) WithStatus(status int) *Error { e.Status = status; return e }
+
 // WithRetryAfter asks the writer to send a Retry-After header.
 func (e *Error) WithRetryAfter(d time.Duration) *Error { e.RetryAfter = d; return e }
 
