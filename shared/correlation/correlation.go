@@ -69,6 +69,9 @@ func Middleware(next http.Handler) http.Handler {
 			id = NewID()
 		}
 		w.Header().Set(HeaderRequestID, id)
+		// Later layers (the contract validator among them) see the effective id, so an
+		// over-long client id is replaced, never refused.
+		r.Header.Set(HeaderRequestID, id)
 		next.ServeHTTP(w, r.WithContext(WithID(r.Context(), id)))
 	})
 }

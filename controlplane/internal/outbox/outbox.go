@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -17,6 +16,7 @@ import (
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 	"github.com/gantry-gpu/gantry/shared/ids"
+	"github.com/gantry-gpu/gantry/shared/redact"
 )
 
 // Event is a domain event to publish.
@@ -35,7 +35,7 @@ type Writer struct {
 // Enqueue stores ev with tx and returns its id. The request's correlation id and trace
 // context travel as message headers.
 func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (uuid.UUID, error) {
-	if key, ok := secretField(ev.Payload); ok {
+	if key, ok := redact.FirstSecretField(ev.Payload); ok {
 		return uuid.Nil, fmt.Errorf("outbox: event %s carries secret-like field %q", ev.Type, key)
 	}
 	payload, err := json.Marshal(ev.Payload)
@@ -53,39 +53,4 @@ func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, ev Event) (uuid.UUID, e
 		return uuid.Nil, fmt.Errorf("outbox insert: %w", err)
 	}
 	return id, nil
-}
-
-// secretMarkers are substrings of field names that never belong in an event.
-var secretMarkers = []string{"token", "secret", "password", "private_key", "privatekey", "authorization", "credential", "api_key", "apikey"}
-
-// IsSecretField reports whether a JSON field name looks like it holds a secret.
-func IsSecretField(name string) bool {
-	n := strings.ToLower(name)
-	for _, m := range secretMarkers {
-		if strings.Contains(n, m) {
-			return true
-		}
-	}
-	return false
-}
-
-func secretField(v any) (string, bool) {
-	switch t := v.(type) {
-	case map[string]any:
-		for k, inner := range t {
-			if IsSecretField(k) {
-				return k, true
-			}
-			if key, ok := secretField(inner); ok {
-				return key, true
-			}
-		}
-	case []any:
-		for _, inner := range t {
-			if key, ok := secretField(inner); ok {
-				return key, true
-			}
-		}
-	}
-	return "", false
 }

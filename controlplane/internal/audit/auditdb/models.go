@@ -26,6 +26,28 @@ type AuditEvent struct {
 	Metadata      json.RawMessage
 }
 
+type AuthRefreshToken struct {
+	ID        uuid.UUID
+	TokenHash []byte
+	FamilyID  uuid.UUID
+	UserID    uuid.UUID
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	UsedAt    *time.Time
+	RevokedAt *time.Time
+}
+
+type AuthSigningKey struct {
+	Kid           uuid.UUID
+	Algorithm     string
+	PublicJwk     json.RawMessage
+	PrivateKeyEnc []byte
+	State         string
+	CreatedAt     time.Time
+	RetiredAt     *time.Time
+	ExpiresAt     *time.Time
+}
+
 type Department struct {
 	ID             uuid.UUID
 	TenantID       uuid.UUID
@@ -84,6 +106,18 @@ type ProjectMember struct {
 	Role      string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+}
+
+type SshKey struct {
+	ID          uuid.UUID
+	UserID      uuid.UUID
+	Name        string
+	KeyType     string
+	PublicKey   string
+	Comment     *string
+	Fingerprint string
+	Bits        int32
+	CreatedAt   time.Time
 }
 
 type Tenant struct {

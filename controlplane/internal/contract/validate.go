@@ -1,0 +1,104 @@
+package contract
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+
+	"github.com/gantry-gpu/gantry/shared/apierr"
+)
+
+// ValidateRequest checks parameters and body against the operation. Security is checked
+// by the chain itself, not here. A failure is validation_error naming the field.
+func (o *Op) ValidateRequest(ctx context.Context, r *http.Request, pathParams map[string]string) error {
+	if !o.needsValidation(r) {
+		return nil
+	}
+	in := &openapi3filter.RequestValidationInput{
+		Request:    r,
+		PathParams: pathParams,
+		Route:      o.route,
+		Options: &openapi3filter.Options{
+			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
+			// Defaults are applied by the generated server, never by the validator.
+			SkipSettingDefaults: true,
+		},
+	}
+	if err := openapi3filter.ValidateRequest(ctx, in); err != nil {
+		return requestError(err)
+	}
+	return nil
+}
+
+// requestError turns a kin-openapi error into our envelope, naming the field.
+func requestError(err error) error {
+	var reqErr *openapi3filter.RequestError
+	if errors.As(err, &reqErr) {
+		field, reason := "", ""
+		if reqErr.Parameter != nil {
+			field = reqErr.Parameter.Name
+		}
+		var schemaErr *openapi3.SchemaError
+		if errors.As(reqErr.Err, &schemaErr) {
+			if ptr := schemaErr.JSONPointer(); len(ptr) > 0 {
+				path := strings.Join(ptr, ".")
+				if field == "" {
+					field = path
+				} else {
+					field += "." + path
+				}
+			}
+			reason = schemaErr.Reason
+			// additionalProperties false names the unknown property in the reason.
+			if schemaErr.SchemaField == "additionalProperties" {
+				if name, ok := unsupportedProperty(schemaErr.Reason); ok {
+					if field != "" {
+						field += "." + name
+					} else {
+						field = name
+					}
+					reason = "unknown field"
+				}
+			}
+		} else if reqErr.Err != nil {
+			reason = reqErr.Err.Error()
+		} else {
+			reason = reqErr.Reason
+		}
+		if field == "" && reqErr.RequestBody != nil {
+			field = "body"
+		}
+		if field == "" {
+			field = "request"
+		}
+		msg := fmt.Sprintf("%s: %s", field, reason)
+		if reason == "" {
+			msg = fmt.Sprintf("%s is not valid", field)
+		}
+		return apierr.New(apierr.ValidationError, "%s", truncate(msg, 300)).With("field", field)
+	}
+	return apierr.New(apierr.ValidationError, "request does not match the contract").Wrap(err)
+}
+
+// unsupportedProperty extracts the name from kin-openapi's `property "x" is unsupported`.
+func unsupportedProperty(reason string) (string, bool) {
+	const pre, post = `property "`, `" is unsupported`
+	i := strings.Index(reason, pre)
+	j := strings.LastIndex(reason, post)
+	if i < 0 || j <= i+len(pre) {
+		return "", false
+	}
+	return reason[i+len(pre) : j], true
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

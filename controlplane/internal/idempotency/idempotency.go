@@ -1,0 +1,235 @@
+// Package idempotency makes create operations safe to retry (seed §1, §5 rule 12). A
+// request with an Idempotency-Key runs inside one database transaction that also stores
+// the key and the response, so the key exists exactly when the mutation committed:
+//
+//   - same key, same body, completed: the stored status and body are replayed with
+//     Idempotent-Replayed: true;
+//   - same key, different body: 422 validation_error, nothing runs;
+//   - same key while the first request still runs: 409 invalid_request;
+//   - the handler fails (non-2xx): the transaction rolls back and the key is not kept, so
+//     a retry runs again.
+//
+// Keys are scoped by principal, method and route pattern. Only JSON response bodies are
+// stored, with secret-like fields redacted; empty and non-JSON bodies are never
+// persisted, only counted.
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency/idemdb"
+	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+	"github.com/gantry-gpu/gantry/shared/clock"
+	"github.com/gantry-gpu/gantry/shared/redact"
+)
+
+// Header names.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+	// MaxKeyLength is the contract's limit (seed §8).
+	MaxKeyLength = 128
+	// MinRetention is the shortest time a key is kept.
+	MinRetention = 24 * time.Hour
+)
+
+// Store runs idempotent requests.
+type Store struct {
+	Pool      *pgxpool.Pool
+	Clock     clock.Clock
+	Metrics   *metrics.API
+	Errors    apierr.Writer
+	Retention time.Duration
+}
+
+// CheckKey validates the header before anything else looks at the request: a key
+// longer than the contract allows is a malformed request (400), not a field error.
+func CheckKey(r *http.Request) (string, error) {
+	key := r.Header.Get(HeaderKey)
+	if len(key) > MaxKeyLength {
+		return "", apierr.New(apierr.InvalidRequest, "Idempotency-Key is longer than %d characters", MaxKeyLength).
+			With("field", HeaderKey).With("reason", "key_too_long")
+	}
+	return key, nil
+}
+
+// Scope identifies whose key it is and what operation it guards.
+type Scope struct {
+	Principal string
+	Method    string
+	Route     string
+	Key       string
+}
+
+// Serve runs next idempotently for scope; body is the request body already read.
+func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body []byte, next http.Handler) {
+	ctx := r.Context()
+	hash := requestHash(scope, body)
+	tx, err := s.Pool.Begin(ctx)
+	if err != nil {
+		s.Errors.Write(w, r, apierr.New(apierr.ServiceUnavailable, "database unavailable").Wrap(err))
+		return
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+
+	// A transaction-scoped advisory lock tells a concurrent duplicate apart without
+	// waiting for the first request to finish.
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, scope.lockKey()).Scan(&locked); err != nil {
+		s.Errors.Write(w, r, apierr.Internal(err))
+		return
+	}
+	if !locked {
+		s.Errors.Write(w, r, apierr.New(apierr.InvalidRequest, "a request with this Idempotency-Key is still being processed").
+			With("reason", "idempotency_key_in_progress").WithStatus(http.StatusConflict))
+		return
+	}
+
+	q := idemdb.New(tx)
+	now := s.Clock.Now()
+	prev, err := q.GetIdempotencyKey(ctx, idemdb.GetIdempotencyKeyParams{
+		Principal: scope.Principal, Method: scope.Method, Route: scope.Route, IdempotencyKey: scope.Key,
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		s.Errors.Write(w, r, apierr.Internal(err))
+		return
+	case !prev.ExpiresAt.After(now):
+		// An expired key is forgotten and the request runs afresh.
+		if err := q.DeleteExpiredIdempotencyKey(ctx, idemdb.DeleteExpiredIdempotencyKeyParams{
+			Principal: scope.Principal, Method: scope.Method, Route: scope.Route, IdempotencyKey: scope.Key, ExpiresAt: now,
+		}); err != nil {
+			s.Errors.Write(w, r, apierr.Internal(err))
+			return
+		}
+	case !bytes.Equal(prev.RequestHash, hash):
+		s.Errors.Write(w, r, apierr.New(apierr.ValidationError, "Idempotency-Key was already used with a different request body").
+			With("field", HeaderKey).With("reason", "idempotency_key_reused"))
+		return
+	default:
+		s.Metrics.IdempotencyReplays.Inc()
+		h := w.Header()
+		h.Set(HeaderReplayed, "true")
+		if len(prev.ResponseBody) > 0 {
+			h.Set("Content-Type", "application/json")
+		}
+		w.WriteHeader(int(prev.StatusCode))
+		_, _ = w.Write(prev.ResponseBody)
+		return
+	}
+
+	rec := newRecorder()
+	next.ServeHTTP(rec, r.WithContext(db.WithTx(ctx, tx)))
+	if rec.status < 200 || rec.status > 299 {
+		rec.flushTo(w) // the deferred rollback undoes anything the handler wrote
+		return
+	}
+	stored := s.storedBody(rec)
+	if err := q.InsertIdempotencyKey(ctx, idemdb.InsertIdempotencyKeyParams{
+		Principal: scope.Principal, Method: scope.Method, Route: scope.Route, IdempotencyKey: scope.Key,
+		RequestHash: hash, StatusCode: int32(rec.status), ResponseBody: stored,
+		CreatedAt: now, ExpiresAt: now.Add(s.retention()),
+	}); err != nil {
+		s.Errors.Write(w, r, apierr.Internal(fmt.Errorf("store idempotency key: %w", err)))
+		return
+	}
+	if err := tx.Commit(ctx); err != nil {
+		s.Errors.Write(w, r, apierr.Internal(fmt.Errorf("commit idempotent request: %w", err)))
+		return
+	}
+	committed = true
+	rec.flushTo(w)
+}
+
+// storedBody is the sanitized JSON to keep, or nil (counted) when the body is not kept.
+func (s *Store) storedBody(rec *recorder) []byte {
+	body := rec.body.Bytes()
+	if len(bytes.TrimSpace(body)) == 0 {
+		s.Metrics.IdempotencySkippedEmpty.Inc()
+		return nil
+	}
+	ct := rec.header.Get("Content-Type")
+	if !strings.HasPrefix(ct, "application/json") && !strings.HasSuffix(strings.SplitN(ct, ";", 2)[0], "+json") {
+		s.Metrics.IdempotencySkippedNonJSON.Inc()
+		return nil
+	}
+	clean, ok := redact.JSON(body)
+	if !ok {
+		s.Metrics.IdempotencySkippedNonJSON.Inc()
+		return nil
+	}
+	s.Metrics.IdempotencyPersistedJSON.Inc()
+	return clean
+}
+
+func (s *Store) retention() time.Duration {
+	if s.Retention < MinRetention {
+		return MinRetention
+	}
+	return s.Retention
+}
+
+// Sweep deletes expired keys and returns how many.
+func (s *Store) Sweep(ctx context.Context) (int64, error) {
+	return idemdb.New(s.Pool).DeleteExpiredIdempotencyKeys(ctx, s.Clock.Now())
+}
+
+func (sc Scope) lockKey() string {
+	return "idem\x00" + sc.Principal + "\x00" + sc.Method + "\x00" + sc.Route + "\x00" + sc.Key
+}
+
+func requestHash(sc Scope, body []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte(sc.Method + "\x00" + sc.Route + "\x00"))
+	h.Write(body)
+	return h.Sum(nil)
+}
+
+// recorder buffers a response so it can be stored before the client sees it.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+	wrote  bool
+}
+
+func newRecorder() *recorder { return &recorder{header: http.Header{}, status: http.StatusOK} }
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status, r.wrote = code, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.body.Write(b)
+}
+
+func (r *recorder) flushTo(w http.ResponseWriter) {
+	for k, v := range r.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(r.status)
+	_, _ = w.Write(r.body.Bytes())
+}

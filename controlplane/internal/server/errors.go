@@ -1,0 +1,90 @@
+package server
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/getkin/kin-openapi/openapi3filter"
+
+	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+)
+
+// errorMapper is the single exit for errors: it logs what clients must not see and
+// writes the envelope.
+type errorMapper struct {
+	writer apierr.Writer
+	log    *slog.Logger
+}
+
+func (m errorMapper) write(w http.ResponseWriter, r *http.Request, err error) {
+	status, _ := m.writer.Envelope(r, err)
+	switch {
+	case status >= 500:
+		m.log.ErrorContext(r.Context(), "request failed", "status", status, "code", apierr.CodeOf(err), "err", err, "method", r.Method, "path", r.URL.Path)
+	case status == http.StatusUnauthorized:
+		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
+		m.log.WarnContext(r.Context(), "authentication failed", "code", apierr.CodeOf(err), "method", r.Method, "path", r.URL.Path)
+	}
+	m.writer.Write(w, r, err)
+}
+
+// paramError maps a parameter the generated wrapper could not bind. The contract
+// validator runs first, so this is a second line of defence.
+func (m errorMapper) paramError(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		reqHeader *api.RequiredHeaderError
+		reqParam  *api.RequiredParamError
+		format    *api.InvalidParamFormatError
+		unmarshal *api.UnmarshalingParamError
+		tooMany   *api.TooManyValuesForParamError
+	)
+	switch {
+	case errors.As(err, &reqHeader):
+		if strings.EqualFold(reqHeader.ParamName, "X-Project-ID") {
+			m.write(w, r, missingProject())
+			return
+		}
+		m.write(w, r, apierr.Validation(reqHeader.ParamName, "header %s is required", reqHeader.ParamName))
+	case errors.As(err, &reqParam):
+		m.write(w, r, apierr.Validation(reqParam.ParamName, "%s is required", reqParam.ParamName))
+	case errors.As(err, &format):
+		m.write(w, r, apierr.Validation(format.ParamName, "%s has an invalid format", format.ParamName))
+	case errors.As(err, &unmarshal):
+		m.write(w, r, apierr.Validation(unmarshal.ParamName, "%s has an invalid value", unmarshal.ParamName))
+	case errors.As(err, &tooMany):
+		m.write(w, r, apierr.Validation(tooMany.ParamName, "%s was given more than once", tooMany.ParamName))
+	default:
+		m.write(w, r, apierr.New(apierr.InvalidRequest, "request could not be read").Wrap(err))
+	}
+}
+
+// bodyError maps a body the strict server could not decode.
+func (m errorMapper) bodyError(w http.ResponseWriter, r *http.Request, err error) {
+	m.write(w, r, apierr.New(apierr.InvalidRequest, "request body is not valid JSON").With("field", "body").Wrap(err))
+}
+
+// requestError refines a validator error: a body that is not JSON at all is a
+// malformed request (400), a body that breaks the schema is a validation error (422).
+func requestError(err error) error {
+	var parse *openapi3filter.ParseError
+	if errors.As(err, &parse) {
+		return apierr.New(apierr.InvalidRequest, "request body is not valid JSON").With("field", "body").Wrap(err)
+	}
+	return err
+}
+
+func missingProject() *apierr.Error {
+	return apierr.New(apierr.InvalidRequest, "project context is required: send the X-Project-ID header").
+		With("field", "X-Project-ID").With("reason", "project_context_missing")
+}
+
+func notFound(w http.ResponseWriter, r *http.Request, m errorMapper) {
+	m.write(w, r, apierr.New(apierr.InvalidRequest, "no operation at %s %s", r.Method, r.URL.Path).WithStatus(http.StatusNotFound).With("reason", "route_not_found"))
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, m errorMapper) {
+	m.write(w, r, apierr.New(apierr.InvalidRequest, "method %s is not allowed here", r.Method).WithStatus(http.StatusMethodNotAllowed).With("reason", "method_not_allowed"))
+}

@@ -1,0 +1,241 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
+	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
+	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
+	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+	"github.com/gantry-gpu/gantry/shared/correlation"
+)
+
+// ServiceName goes into every envelope's details.service.
+const ServiceName = "gantry-controlplane"
+
+// DefaultMaxBodyBytes caps request bodies (1 MiB): every JSON body of the contract is
+// far smaller, and the cap stops a client from making the validator buffer gigabytes.
+const DefaultMaxBodyBytes = 1 << 20
+
+// Authenticator verifies the bearer JWT of a request.
+type Authenticator interface {
+	Authenticate(r *http.Request) (*principal.Principal, error)
+}
+
+// ProjectAccess resolves the caller's role in a project; a non-member gets
+// insufficient_permissions.
+type ProjectAccess interface {
+	Access(ctx context.Context, p *principal.Principal, projectID uuid.UUID) (projectctx.Project, error)
+}
+
+// Deps is everything the HTTP surface needs.
+type Deps struct {
+	Logger       *slog.Logger
+	Contract     *contract.Contract
+	API          api.StrictServerInterface
+	Auth         Authenticator
+	Projects     ProjectAccess
+	Idempotency  *idempotency.Store
+	Limiter      *ratelimit.Limiter
+	Metrics      *metrics.API
+	Tracer       trace.TracerProvider
+	MaxBodyBytes int64
+}
+
+type server struct {
+	Deps
+	mux    *chi.Mux
+	errors errorMapper
+}
+
+// New builds the control plane's HTTP handler.
+func New(d Deps) http.Handler {
+	if d.MaxBodyBytes <= 0 {
+		d.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	s := &server{Deps: d, mux: chi.NewRouter()}
+	s.errors = errorMapper{writer: apierr.Writer{Service: ServiceName}, log: d.Logger}
+	if s.Limiter != nil {
+		s.Limiter.Errors = s.errors.writer
+	}
+
+	s.mux.Use(
+		recoverer(s.errors, d.Logger),
+		correlation.Middleware,
+		correlation.Tracing(d.Tracer, ServiceName),
+		d.Metrics.Middleware,
+	)
+	if d.Limiter != nil {
+		s.mux.Use(d.Limiter.Middleware)
+	}
+	s.mux.Use(s.operation)
+	s.mux.NotFound(func(w http.ResponseWriter, r *http.Request) { notFound(w, r, s.errors) })
+	s.mux.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { methodNotAllowed(w, r, s.errors) })
+
+	strict := api.NewStrictHandlerWithOptions(d.API, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  s.errors.bodyError,
+		ResponseErrorHandlerFunc: s.errors.write,
+	})
+	api.HandlerWithOptions(strict, api.ChiServerOptions{BaseRouter: s.mux, ErrorHandlerFunc: s.errors.paramError})
+	return s.mux
+}
+
+// Routes lists the chi routes (method, pattern) for the conformance test.
+func Routes(h http.Handler) ([][2]string, error) {
+	mux, ok := h.(*chi.Mux)
+	if !ok {
+		return nil, errors.New("not a chi mux")
+	}
+	var out [][2]string
+	err := chi.Walk(mux, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		out = append(out, [2]string{method, route})
+		return nil
+	})
+	return out, err
+}
+
+// operation runs the route-aware part of the chain. It finds the operation before the
+// generated wrapper binds parameters, so authentication and project context come first
+// (ARCHITECTURE §3) whatever is wrong with the parameters.
+func (s *server) operation(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rctx := chi.NewRouteContext()
+		path := r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		op := s.Contract.Op(r.Method, s.mux.Find(rctx, r.Method, path))
+		if op == nil {
+			next.ServeHTTP(w, r) // chi answers 404 / 405
+			return
+		}
+		ctx := r.Context()
+
+		if op.Security == contract.SecurityBearer {
+			p, err := s.Auth.Authenticate(r)
+			if err != nil {
+				s.errors.write(w, r, err)
+				return
+			}
+			ctx = principal.With(ctx, p)
+		}
+
+		if op.ProjectHeader || op.ProjectPath {
+			proj, err := s.projectContext(ctx, r, op, rctx)
+			if err != nil {
+				s.errors.write(w, r, err)
+				return
+			}
+			if proj.ID != uuid.Nil { // an optional header that was not sent
+				ctx = projectctx.With(ctx, proj)
+			}
+		}
+		r = r.WithContext(ctx)
+
+		key, err := idempotency.CheckKey(r)
+		if err != nil {
+			s.errors.write(w, r, err)
+			return
+		}
+
+		body, err := s.readBody(w, r)
+		if err != nil {
+			s.errors.write(w, r, err)
+			return
+		}
+		if err := op.ValidateRequest(ctx, r, urlParams(rctx)); err != nil {
+			s.errors.write(w, r, requestError(err))
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+
+		if op.Idempotent && key != "" {
+			if p, ok := principal.From(ctx); ok {
+				scope := idempotency.Scope{Principal: p.Key(), Method: r.Method, Route: op.Path, Key: key}
+				s.Idempotency.Serve(w, r, scope, body, next)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// readBody reads the capped body and leaves a fresh reader on r for the validator.
+func (s *server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, apierr.New(apierr.InvalidRequest, "request body is larger than %d bytes", s.MaxBodyBytes).
+				With("field", "body").With("reason", "body_too_large").WithStatus(http.StatusRequestEntityTooLarge)
+		}
+		return nil, apierr.New(apierr.InvalidRequest, "request body could not be read").Wrap(err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}
+
+// projectContext applies the rules of seed §4.1: the path wins when it carries the
+// project, a header that disagrees with it is refused, a required header must be sent,
+// and the caller must be a member.
+func (s *server) projectContext(ctx context.Context, r *http.Request, op *contract.Op, rctx *chi.Context) (projectctx.Project, error) {
+	header := strings.TrimSpace(r.Header.Get("X-Project-ID"))
+	var raw string
+	switch {
+	case op.ProjectPath:
+		raw = rctx.URLParam("project_id")
+		if header != "" {
+			hid, herr := uuid.Parse(header)
+			pid, perr := uuid.Parse(raw)
+			if herr != nil || perr != nil || hid != pid {
+				return projectctx.Project{}, apierr.New(apierr.InvalidRequest, "X-Project-ID does not match the project in the path").
+					With("field", "X-Project-ID").With("reason", "project_context_mismatch")
+			}
+		}
+	case header == "":
+		if !op.HeaderRequired {
+			return projectctx.Project{}, nil
+		}
+		return projectctx.Project{}, missingProject()
+	default:
+		raw = header
+	}
+	id, err := uuid.Parse(raw)
+	if err != nil {
+		field := "X-Project-ID"
+		if op.ProjectPath {
+			field = "project_id"
+		}
+		return projectctx.Project{}, apierr.New(apierr.InvalidRequest, "%s is not a valid project id", field).With("field", field)
+	}
+	p, ok := principal.From(ctx)
+	if !ok {
+		return projectctx.Project{}, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	return s.Projects.Access(ctx, p, id)
+}
+
+func urlParams(rctx *chi.Context) map[string]string {
+	out := make(map[string]string, len(rctx.URLParams.Keys))
+	for i, k := range rctx.URLParams.Keys {
+		out[k] = rctx.URLParams.Values[i]
+	}
+	return out
+}
