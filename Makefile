@@ -1,0 +1,33 @@
+# Gantry: `make dev` runs the whole system on embedded defaults; `make test` runs every
+# test against real PostgreSQL, NATS and Redis (see shared/testenv for how they are found).
+GO       ?= go
+SQLC     ?= $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
+PKGS     := ./shared/... ./proto/... ./controlplane/...
+TESTFLAGS ?= -race -count=1 -timeout 12m
+
+.PHONY: dev test bench generate check-generate lint build
+
+dev:
+	$(GO) run ./controlplane/cmd/gantry-controlplane dev
+
+test:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# Benchmarks print their ratio against a baseline measured in the same run.
+bench:
+	$(GO) run ./controlplane/cmd/gantry-bench
+
+build:
+	$(GO) build -o bin/ ./controlplane/cmd/...
+
+generate:
+	$(GO) generate ./proto/...
+	cd controlplane && GOWORK=off GOFLAGS= $(SQLC) generate
+
+# Fails when committed generated code differs from what `make generate` produces.
+check-generate: generate
+	git diff --exit-code -- proto controlplane
+
+lint:
+	@out=$$(gofmt -l shared proto controlplane); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)

@@ -1,0 +1,260 @@
+// Package app assembles the control plane from its configuration: connections,
+// features, the HTTP surface and the background loops. It is the only place that knows
+// every feature; cmd/gantry-controlplane, the API test harness and the benchmarks all
+// start the control plane through it, so they exercise the same assembly.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
+	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
+	"github.com/gantry-gpu/gantry/controlplane/internal/health"
+	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
+	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
+	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
+	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/server"
+	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
+	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
+	"github.com/gantry-gpu/gantry/shared/clock"
+	"github.com/gantry-gpu/gantry/shared/ids"
+	"github.com/gantry-gpu/gantry/shared/obs"
+)
+
+// Options are the injectable parts; zero values mean production defaults.
+type Options struct {
+	Clock  clock.Clock
+	IDs    ids.Source
+	Tracer trace.TracerProvider
+	// Pool reuses an existing pool (tests); else one is opened from Config.DatabaseURL.
+	Pool *pgxpool.Pool
+}
+
+// App is an assembled control plane.
+type App struct {
+	Config   Config
+	Log      *slog.Logger
+	Clock    clock.Clock
+	IDs      ids.Source
+	Pool     *pgxpool.Pool
+	NATS     *nats.Conn
+	JS       jetstream.JetStream
+	Metrics  *metrics.API
+	Contract *contract.Contract
+	Keys     *auth.Keyring
+	Auth     *auth.Service
+	Tenancy  *tenancy.Service
+	SSHKeys  *sshkeys.Service
+	Idem     *idempotency.Store
+	Relay    *outbox.Relay
+	Handler  http.Handler
+
+	ownPool bool
+	redis   *redis.Client
+}
+
+// New connects to PostgreSQL and NATS and assembles every feature. The database must
+// already be migrated (db.Migrate).
+func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, error) {
+	a := &App{Config: cfg, Log: log, Clock: opt.Clock, IDs: opt.IDs, Pool: opt.Pool}
+	if a.Clock == nil {
+		a.Clock = clock.Real{}
+	}
+	if a.IDs == nil {
+		a.IDs = ids.V7{}
+	}
+	tracer := opt.Tracer
+	if tracer == nil {
+		tracer = obs.NewTracerProvider()
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+
+	if a.Pool == nil {
+		pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("DATABASE_URL: %w", err)
+		}
+		if a.Pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+			return nil, fmt.Errorf("connect postgres: %w", err)
+		}
+		a.ownPool = true
+	}
+	var err error
+	a.NATS, err = nats.Connect(cfg.NATSURL, nats.Name(server.ServiceName), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("connect nats: %w", err)
+	}
+	if a.JS, err = jetstream.New(a.NATS); err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if a.Contract, err = contract.Load(); err != nil {
+		return nil, err
+	}
+	a.Metrics = metrics.New()
+
+	// Identity.
+	if a.Keys, err = auth.NewKeyring(a.Pool, cfg.Auth, a.Clock, a.IDs); err != nil {
+		return nil, err
+	}
+	if err := a.Keys.EnsureActive(ctx); err != nil {
+		return nil, fmt.Errorf("signing keys: %w", err)
+	}
+	a.Auth = auth.NewService(a.Pool, cfg.Auth, a.Keys, a.Clock, a.IDs)
+	a.Tenancy = tenancy.New(a.Pool, a.Clock, a.IDs, auth.HashPassword)
+	a.SSHKeys = sshkeys.New(a.Pool, a.Clock, a.IDs)
+
+	cursors := pagination.Codec{Key: a.cursorKey()}
+	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
+	limiter, err := a.limiter()
+	if err != nil {
+		return nil, err
+	}
+	a.Relay = &outbox.Relay{
+		Pool: a.Pool, JS: a.JS, Clock: a.Clock, Logger: log,
+		Stream: cfg.EventsStream, SubjectPrefix: cfg.EventsSubjectPrefix,
+	}
+
+	handlers := &server.API{
+		HealthAPI:  &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
+		AuthAPI:    auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
+		TenancyAPI: tenancy.NewHandlers(a.Tenancy, tenancy.ZeroBalance{Pool: a.Pool}, cursors),
+		SSHKeysAPI: sshkeys.NewHandlers(a.SSHKeys, cursors),
+		AuditAPI:   &audit.Handlers{Pool: a.Pool, Cursors: cursors},
+	}
+	a.Handler = server.New(server.Deps{
+		Logger:       log,
+		Contract:     a.Contract,
+		API:          handlers,
+		Auth:         auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock),
+		Projects:     a.Tenancy,
+		Idempotency:  a.Idem,
+		Limiter:      limiter,
+		Metrics:      a.Metrics,
+		Tracer:       tracer,
+		MaxBodyBytes: cfg.MaxBodyBytes,
+	})
+	ok = true
+	return a, nil
+}
+
+func (a *App) limiter() (*ratelimit.Limiter, error) {
+	groups, err := a.Config.RateLimitGroups()
+	if err != nil {
+		return nil, err
+	}
+	l := &ratelimit.Limiter{Groups: groups, Clock: a.Clock, FailOpen: a.Metrics.RateLimitFailOpen.Inc}
+	if a.Config.RedisURL == "" {
+		l.Store = ratelimit.NewMemory()
+		return l, nil
+	}
+	opts, err := redis.ParseURL(a.Config.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
+	}
+	// Short timeouts: a limiter that waits on a sick Redis slows every request.
+	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+	opts.MaxRetries = 0
+	a.redis = redis.NewClient(opts)
+	l.Store = &ratelimit.Redis{Client: a.redis}
+	return l, nil
+}
+
+// cursorKey signs cursors: the configured key, else one derived from the master key so
+// that every replica agrees without more configuration.
+func (a *App) cursorKey() []byte {
+	if a.Config.CursorKey != "" {
+		return []byte(a.Config.CursorKey)
+	}
+	return a.Config.Auth.MasterKey.Derive("gantry/pagination-cursor")
+}
+
+// Run serves HTTP on ln and runs the background loops until ctx ends, then drains.
+func (a *App) Run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           a.Handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(a.Log.Handler(), slog.LevelWarn),
+	}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = a.Relay.Run(bg) }()
+	go func() { defer wg.Done(); a.maintain(bg) }()
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), a.Config.ShutdownTimeout)
+	defer cancel()
+	shutErr := srv.Shutdown(shutCtx)
+	stopBG()
+	wg.Wait()
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return serveErr
+	}
+	return shutErr
+}
+
+// maintain runs the periodic housekeeping: signing-key rotation and expiry of
+// idempotency keys and refresh tokens.
+func (a *App) maintain(ctx context.Context) {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		if _, err := a.Keys.RotateIfDue(ctx); err != nil && ctx.Err() == nil {
+			a.Log.WarnContext(ctx, "signing key rotation failed", "err", err)
+		}
+		if _, err := a.Idem.Sweep(ctx); err != nil && ctx.Err() == nil {
+			a.Log.WarnContext(ctx, "idempotency sweep failed", "err", err)
+		}
+		if _, err := a.Auth.PurgeExpiredRefreshTokens(ctx, a.Clock.Now()); err != nil && ctx.Err() == nil {
+			a.Log.WarnContext(ctx, "refresh token purge failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close releases connections.
+func (a *App) Close() {
+	if a.NATS != nil {
+		a.NATS.Close()
+	}
+	if a.redis != nil {
+		_ = a.redis.Close()
+	}
+	if a.ownPool && a.Pool != nil {
+		a.Pool.Close()
+	}
+}

@@ -1,0 +1,32 @@
+package server
+
+import (
+	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
+	"github.com/gantry-gpu/gantry/controlplane/internal/health"
+	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
+	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
+	"github.com/gantry-gpu/gantry/proto/api"
+)
+
+// API is the generated strict-server interface, assembled from the feature packages'
+// slices of it. Adding an operation to the contract fails this assertion until a
+// feature implements it.
+type API struct {
+	*HealthAPI
+	*AuthAPI
+	*TenancyAPI
+	*SSHKeysAPI
+	*AuditAPI
+}
+
+// Aliases give each embedded slice its own field name.
+type (
+	HealthAPI  = health.Handlers
+	AuthAPI    = auth.Handlers
+	TenancyAPI = tenancy.Handlers
+	SSHKeysAPI = sshkeys.Handlers
+	AuditAPI   = audit.Handlers
+)
+
+var _ api.StrictServerInterface = (*API)(nil)

@@ -1,0 +1,47 @@
+package tenancy
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy/tenancydb"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+)
+
+// Access resolves the project context of a project-scoped request: the project and the
+// caller's role there. The role is the caller's membership role, raised to at least
+// admin for a tenant admin of the project's tenant. A project that does not exist, that
+// belongs to another tenant, or where the caller has no role is insufficient_permissions
+// alike, so the answer never reveals whether the project exists.
+//
+// It runs on every project-scoped request: one query, two primary-key probes.
+func (s *Service) Access(ctx context.Context, p *principal.Principal, projectID uuid.UUID) (projectctx.Project, error) {
+	deny := apierr.Forbidden("you do not have access to this project")
+	if p == nil || p.TenantID == uuid.Nil {
+		return projectctx.Project{}, deny
+	}
+	row, err := s.read(ctx).ProjectAccess(ctx, tenancydb.ProjectAccessParams{UserID: p.UserID, ProjectID: projectID})
+	if isNoRows(err) {
+		return projectctx.Project{}, deny
+	}
+	if err != nil {
+		return projectctx.Project{}, fmt.Errorf("project access: %w", err)
+	}
+	if row.TenantID != p.TenantID {
+		return projectctx.Project{}, deny
+	}
+	role := row.MemberRole
+	if p.IsTenantAdmin(row.TenantID) {
+		role = projectctx.Stronger(role, projectctx.RoleAdmin)
+	}
+	if role == "" {
+		return projectctx.Project{}, deny
+	}
+	return projectctx.Project{
+		ID: row.ID, TenantID: row.TenantID, Role: role, IsDefault: row.IsDefault, Department: row.DepartmentID,
+	}, nil
+}

@@ -1,0 +1,92 @@
+package tenancy
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+)
+
+// Handlers implements the tenancy slice of api.StrictServerInterface: GetMe, the tenant
+// user, department, project and member operations, and the admin tenant operations.
+type Handlers struct {
+	Svc     *Service
+	Balance BalanceSource
+	Cursors pagination.Codec
+}
+
+// NewHandlers returns the handlers over svc; balance may be ZeroBalance until billing
+// exists.
+func NewHandlers(svc *Service, balance BalanceSource, cursors pagination.Codec) *Handlers {
+	return &Handlers{Svc: svc, Balance: balance, Cursors: cursors}
+}
+
+// caller is the authenticated principal; the chain guarantees one.
+func caller(ctx context.Context) (*principal.Principal, error) {
+	p, ok := principal.From(ctx)
+	if !ok {
+		return nil, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	return p, nil
+}
+
+// projectOf is the project context the chain resolved for the {project_id} path.
+func projectOf(ctx context.Context, pathID uuid.UUID) (projectctx.Project, error) {
+	pc, ok := projectctx.From(ctx)
+	if !ok || pc.ID != pathID {
+		return projectctx.Project{}, apierr.New(apierr.InvalidRequest, "project context is missing").With("field", "project_id")
+	}
+	return pc, nil
+}
+
+// Cursor sorts: each listing signs its cursors under its own name, so a cursor of one
+// listing is refused by another.
+const (
+	sortTenants     = "tenants.id"
+	sortUsers       = "users.id"
+	sortDepartments = "departments.id"
+	sortMembers     = "members.user_id"
+)
+
+// after decodes the keyset position of cursor (uuid.Nil for the first page).
+func (h *Handlers) after(cursor *string, sort string) (uuid.UUID, error) {
+	return AfterCursor(h.Cursors, cursor, sort)
+}
+
+// AfterCursor decodes an id-keyed cursor issued by NextCursor; uuid.Nil for none.
+func AfterCursor(c pagination.Codec, cursor *string, sort string) (uuid.UUID, error) {
+	if cursor == nil || *cursor == "" {
+		return uuid.Nil, nil
+	}
+	var id uuid.UUID
+	if err := c.Decode(*cursor, sort, &id); err != nil {
+		return uuid.Nil, err
+	}
+	return id, nil
+}
+
+// NextCursor is the cursor after last when more rows follow, else nil.
+func NextCursor(c pagination.Codec, sort string, more bool, last uuid.UUID) (*string, error) {
+	if !more {
+		return nil, nil
+	}
+	s, err := c.Encode(sort, last)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+func pageInfo[T any](h *Handlers, sort string, pg Page[T], size int, idOf func(T) uuid.UUID) (api.Pagination, error) {
+	var last uuid.UUID
+	if n := len(pg.Items); n > 0 {
+		last = idOf(pg.Items[n-1])
+	}
+	next, err := NextCursor(h.Cursors, sort, pg.More, last)
+	return api.Pagination{NextCursor: next, PageSize: size}, err
+}
