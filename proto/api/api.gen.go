@@ -1932,6 +1932,9 @@ type InternalError = ErrorResponse
 // NotFound The error envelope of every error response.
 type NotFound = ErrorResponse
 
+// PayloadTooLarge The error envelope of every error response.
+type PayloadTooLarge = ErrorResponse
+
 // PaymentRequired The error envelope of every error response.
 type PaymentRequired = ErrorResponse
 
@@ -6585,6 +6588,11 @@ type CreateTenantHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// CreateTenantHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateTenant
+type CreateTenantHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // CreateTenantHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateTenant
 type CreateTenantHTTPResponse422Headers struct {
 	XRequestID *string
@@ -6620,6 +6628,8 @@ type CreateTenantHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -6638,6 +6648,8 @@ type CreateTenantHTTPResponse struct {
 	Headers403 *CreateTenantHTTPResponse403Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateTenantHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateTenantHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *CreateTenantHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -6671,6 +6683,11 @@ func (r CreateTenantHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r CreateTenantHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateTenantHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -6914,6 +6931,11 @@ type UpdateTenantHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// UpdateTenantHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateTenant
+type UpdateTenantHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // UpdateTenantHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateTenant
 type UpdateTenantHTTPResponse422Headers struct {
 	XRequestID *string
@@ -6951,6 +6973,8 @@ type UpdateTenantHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -6971,6 +6995,8 @@ type UpdateTenantHTTPResponse struct {
 	Headers404 *UpdateTenantHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *UpdateTenantHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateTenantHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *UpdateTenantHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -7009,6 +7035,11 @@ func (r UpdateTenantHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r UpdateTenantHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateTenantHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -7080,6 +7111,11 @@ type LoginHTTPResponse403Headers struct {
 	XRequestID *string
 }
 
+// LoginHTTPResponse413Headers the declared response headers of an HTTP 413 response for Login
+type LoginHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // LoginHTTPResponse422Headers the declared response headers of an HTTP 422 response for Login
 type LoginHTTPResponse422Headers struct {
 	XRequestID *string
@@ -7113,6 +7149,8 @@ type LoginHTTPResponse struct {
 	JSON401 *Unauthorized
 	// JSON403 the response for an HTTP 403 `application/json` response
 	JSON403 *Forbidden
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -7129,6 +7167,8 @@ type LoginHTTPResponse struct {
 	Headers401 *LoginHTTPResponse401Headers
 	// Headers403 the parsed response headers for an HTTP 403 response
 	Headers403 *LoginHTTPResponse403Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *LoginHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *LoginHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -7157,6 +7197,11 @@ func (r LoginHTTPResponse) GetJSON401() *Unauthorized {
 // GetJSON403 returns the response for an HTTP 403 `application/json` response
 func (r LoginHTTPResponse) GetJSON403() *Forbidden {
 	return r.JSON403
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r LoginHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -7223,6 +7268,11 @@ type LogoutHTTPResponse401Headers struct {
 	XRequestID *string
 }
 
+// LogoutHTTPResponse413Headers the declared response headers of an HTTP 413 response for Logout
+type LogoutHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // LogoutHTTPResponse422Headers the declared response headers of an HTTP 422 response for Logout
 type LogoutHTTPResponse422Headers struct {
 	XRequestID *string
@@ -7252,6 +7302,8 @@ type LogoutHTTPResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -7266,6 +7318,8 @@ type LogoutHTTPResponse struct {
 	Headers400 *LogoutHTTPResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *LogoutHTTPResponse401Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *LogoutHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *LogoutHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -7284,6 +7338,11 @@ func (r LogoutHTTPResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r LogoutHTTPResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r LogoutHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -7350,6 +7409,11 @@ type RefreshTokenHTTPResponse401Headers struct {
 	XRequestID *string
 }
 
+// RefreshTokenHTTPResponse413Headers the declared response headers of an HTTP 413 response for RefreshToken
+type RefreshTokenHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // RefreshTokenHTTPResponse422Headers the declared response headers of an HTTP 422 response for RefreshToken
 type RefreshTokenHTTPResponse422Headers struct {
 	XRequestID *string
@@ -7381,6 +7445,8 @@ type RefreshTokenHTTPResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -7395,6 +7461,8 @@ type RefreshTokenHTTPResponse struct {
 	Headers400 *RefreshTokenHTTPResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *RefreshTokenHTTPResponse401Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *RefreshTokenHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *RefreshTokenHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -7418,6 +7486,11 @@ func (r RefreshTokenHTTPResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r RefreshTokenHTTPResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r RefreshTokenHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -7489,6 +7562,11 @@ type SignupHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// SignupHTTPResponse413Headers the declared response headers of an HTTP 413 response for Signup
+type SignupHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // SignupHTTPResponse422Headers the declared response headers of an HTTP 422 response for Signup
 type SignupHTTPResponse422Headers struct {
 	XRequestID *string
@@ -7522,6 +7600,8 @@ type SignupHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -7538,6 +7618,8 @@ type SignupHTTPResponse struct {
 	Headers403 *SignupHTTPResponse403Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *SignupHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *SignupHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *SignupHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -7566,6 +7648,11 @@ func (r SignupHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r SignupHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r SignupHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -7790,6 +7877,11 @@ type CreateDepartmentHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// CreateDepartmentHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateDepartment
+type CreateDepartmentHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // CreateDepartmentHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateDepartment
 type CreateDepartmentHTTPResponse422Headers struct {
 	XRequestID *string
@@ -7825,6 +7917,8 @@ type CreateDepartmentHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -7843,6 +7937,8 @@ type CreateDepartmentHTTPResponse struct {
 	Headers403 *CreateDepartmentHTTPResponse403Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateDepartmentHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateDepartmentHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *CreateDepartmentHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -7876,6 +7972,11 @@ func (r CreateDepartmentHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r CreateDepartmentHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateDepartmentHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -8119,6 +8220,11 @@ type UpdateDepartmentHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// UpdateDepartmentHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateDepartment
+type UpdateDepartmentHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // UpdateDepartmentHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateDepartment
 type UpdateDepartmentHTTPResponse422Headers struct {
 	XRequestID *string
@@ -8156,6 +8262,8 @@ type UpdateDepartmentHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -8176,6 +8284,8 @@ type UpdateDepartmentHTTPResponse struct {
 	Headers404 *UpdateDepartmentHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *UpdateDepartmentHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateDepartmentHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *UpdateDepartmentHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -8214,6 +8324,11 @@ func (r UpdateDepartmentHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r UpdateDepartmentHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateDepartmentHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -8779,6 +8894,11 @@ type CreateProjectHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// CreateProjectHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateProject
+type CreateProjectHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // CreateProjectHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateProject
 type CreateProjectHTTPResponse422Headers struct {
 	XRequestID *string
@@ -8816,6 +8936,8 @@ type CreateProjectHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -8836,6 +8958,8 @@ type CreateProjectHTTPResponse struct {
 	Headers404 *CreateProjectHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateProjectHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateProjectHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *CreateProjectHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -8874,6 +8998,11 @@ func (r CreateProjectHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r CreateProjectHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateProjectHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -9293,6 +9422,11 @@ type UpdateProjectHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// UpdateProjectHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateProject
+type UpdateProjectHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // UpdateProjectHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateProject
 type UpdateProjectHTTPResponse422Headers struct {
 	XRequestID *string
@@ -9330,6 +9464,8 @@ type UpdateProjectHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -9350,6 +9486,8 @@ type UpdateProjectHTTPResponse struct {
 	Headers404 *UpdateProjectHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *UpdateProjectHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateProjectHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *UpdateProjectHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -9388,6 +9526,11 @@ func (r UpdateProjectHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r UpdateProjectHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateProjectHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -9631,6 +9774,11 @@ type AddProjectMemberHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// AddProjectMemberHTTPResponse413Headers the declared response headers of an HTTP 413 response for AddProjectMember
+type AddProjectMemberHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // AddProjectMemberHTTPResponse422Headers the declared response headers of an HTTP 422 response for AddProjectMember
 type AddProjectMemberHTTPResponse422Headers struct {
 	XRequestID *string
@@ -9668,6 +9816,8 @@ type AddProjectMemberHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -9688,6 +9838,8 @@ type AddProjectMemberHTTPResponse struct {
 	Headers404 *AddProjectMemberHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *AddProjectMemberHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *AddProjectMemberHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *AddProjectMemberHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -9726,6 +9878,11 @@ func (r AddProjectMemberHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r AddProjectMemberHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r AddProjectMemberHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -9976,6 +10133,11 @@ type UpdateProjectMemberHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// UpdateProjectMemberHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateProjectMember
+type UpdateProjectMemberHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // UpdateProjectMemberHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateProjectMember
 type UpdateProjectMemberHTTPResponse422Headers struct {
 	XRequestID *string
@@ -10013,6 +10175,8 @@ type UpdateProjectMemberHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -10033,6 +10197,8 @@ type UpdateProjectMemberHTTPResponse struct {
 	Headers404 *UpdateProjectMemberHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *UpdateProjectMemberHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateProjectMemberHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *UpdateProjectMemberHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -10071,6 +10237,11 @@ func (r UpdateProjectMemberHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r UpdateProjectMemberHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateProjectMemberHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -10295,6 +10466,11 @@ type CreateSSHKeyHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// CreateSSHKeyHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateSSHKey
+type CreateSSHKeyHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // CreateSSHKeyHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateSSHKey
 type CreateSSHKeyHTTPResponse422Headers struct {
 	XRequestID *string
@@ -10330,6 +10506,8 @@ type CreateSSHKeyHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -10348,6 +10526,8 @@ type CreateSSHKeyHTTPResponse struct {
 	Headers403 *CreateSSHKeyHTTPResponse403Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateSSHKeyHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateSSHKeyHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *CreateSSHKeyHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -10381,6 +10561,11 @@ func (r CreateSSHKeyHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r CreateSSHKeyHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateSSHKeyHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -10760,6 +10945,11 @@ type CreateTenantUserHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// CreateTenantUserHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateTenantUser
+type CreateTenantUserHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
 // CreateTenantUserHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateTenantUser
 type CreateTenantUserHTTPResponse422Headers struct {
 	XRequestID *string
@@ -10795,6 +10985,8 @@ type CreateTenantUserHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
 	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
@@ -10813,6 +11005,8 @@ type CreateTenantUserHTTPResponse struct {
 	Headers403 *CreateTenantUserHTTPResponse403Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *CreateTenantUserHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateTenantUserHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
 	Headers422 *CreateTenantUserHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
@@ -10846,6 +11040,11 @@ func (r CreateTenantUserHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r CreateTenantUserHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateTenantUserHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
 }
 
 // GetJSON422 returns the response for an HTTP 422 `application/json` response
@@ -12519,6 +12718,13 @@ func ParseCreateTenantHTTPResponse(rsp *http.Response) (*CreateTenantHTTPRespons
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12600,6 +12806,16 @@ func ParseCreateTenantHTTPResponse(rsp *http.Response) (*CreateTenantHTTPRespons
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateTenantHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateTenantHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -12904,6 +13120,13 @@ func ParseUpdateTenantHTTPResponse(rsp *http.Response) (*UpdateTenantHTTPRespons
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -12995,6 +13218,16 @@ func ParseUpdateTenantHTTPResponse(rsp *http.Response) (*UpdateTenantHTTPRespons
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateTenantHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers UpdateTenantHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -13096,6 +13329,13 @@ func ParseLoginHTTPResponse(rsp *http.Response) (*LoginHTTPResponse, error) {
 		}
 		response.JSON403 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13167,6 +13407,16 @@ func ParseLoginHTTPResponse(rsp *http.Response) (*LoginHTTPResponse, error) {
 			headers.XRequestID = &value
 		}
 		response.Headers403 = &headers
+	case rsp.StatusCode == 413:
+		var headers LoginHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers LoginHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -13257,6 +13507,13 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13318,6 +13575,16 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 			headers.XRequestID = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 413:
+		var headers LogoutHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers LogoutHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -13412,6 +13679,13 @@ func ParseRefreshTokenHTTPResponse(rsp *http.Response) (*RefreshTokenHTTPRespons
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13473,6 +13747,16 @@ func ParseRefreshTokenHTTPResponse(rsp *http.Response) (*RefreshTokenHTTPRespons
 			headers.XRequestID = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 413:
+		var headers RefreshTokenHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers RefreshTokenHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -13574,6 +13858,13 @@ func ParseSignupHTTPResponse(rsp *http.Response) (*SignupHTTPResponse, error) {
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -13645,6 +13936,16 @@ func ParseSignupHTTPResponse(rsp *http.Response) (*SignupHTTPResponse, error) {
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers SignupHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers SignupHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -13925,6 +14226,13 @@ func ParseCreateDepartmentHTTPResponse(rsp *http.Response) (*CreateDepartmentHTT
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14006,6 +14314,16 @@ func ParseCreateDepartmentHTTPResponse(rsp *http.Response) (*CreateDepartmentHTT
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateDepartmentHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateDepartmentHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -14310,6 +14628,13 @@ func ParseUpdateDepartmentHTTPResponse(rsp *http.Response) (*UpdateDepartmentHTT
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14401,6 +14726,16 @@ func ParseUpdateDepartmentHTTPResponse(rsp *http.Response) (*UpdateDepartmentHTT
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateDepartmentHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers UpdateDepartmentHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -15042,6 +15377,13 @@ func ParseCreateProjectHTTPResponse(rsp *http.Response) (*CreateProjectHTTPRespo
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15133,6 +15475,16 @@ func ParseCreateProjectHTTPResponse(rsp *http.Response) (*CreateProjectHTTPRespo
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateProjectHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateProjectHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -15643,6 +15995,13 @@ func ParseUpdateProjectHTTPResponse(rsp *http.Response) (*UpdateProjectHTTPRespo
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15734,6 +16093,16 @@ func ParseUpdateProjectHTTPResponse(rsp *http.Response) (*UpdateProjectHTTPRespo
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateProjectHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers UpdateProjectHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -16038,6 +16407,13 @@ func ParseAddProjectMemberHTTPResponse(rsp *http.Response) (*AddProjectMemberHTT
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -16129,6 +16505,16 @@ func ParseAddProjectMemberHTTPResponse(rsp *http.Response) (*AddProjectMemberHTT
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers AddProjectMemberHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers AddProjectMemberHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -16446,6 +16832,13 @@ func ParseUpdateProjectMemberHTTPResponse(rsp *http.Response) (*UpdateProjectMem
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -16537,6 +16930,16 @@ func ParseUpdateProjectMemberHTTPResponse(rsp *http.Response) (*UpdateProjectMem
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateProjectMemberHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers UpdateProjectMemberHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -16817,6 +17220,13 @@ func ParseCreateSSHKeyHTTPResponse(rsp *http.Response) (*CreateSSHKeyHTTPRespons
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -16898,6 +17308,16 @@ func ParseCreateSSHKeyHTTPResponse(rsp *http.Response) (*CreateSSHKeyHTTPRespons
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateSSHKeyHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateSSHKeyHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -17363,6 +17783,13 @@ func ParseCreateTenantUserHTTPResponse(rsp *http.Response) (*CreateTenantUserHTT
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
 		var dest Unprocessable
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -17444,6 +17871,16 @@ func ParseCreateTenantUserHTTPResponse(rsp *http.Response) (*CreateTenantUserHTT
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateTenantUserHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
 	case rsp.StatusCode == 422:
 		var headers CreateTenantUserHTTPResponse422Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -20505,6 +20942,15 @@ type NotFoundJSONResponse struct {
 	Headers NotFoundResponseHeaders
 }
 
+type PayloadTooLargeResponseHeaders struct {
+	XRequestID *string
+}
+type PayloadTooLargeJSONResponse struct {
+	Body ErrorResponse
+
+	Headers PayloadTooLargeResponseHeaders
+}
+
 type PaymentRequiredResponseHeaders struct {
 	XRequestID *string
 }
@@ -21056,6 +21502,23 @@ func (response CreateTenant409JSONResponse) VisitCreateTenantResponse(w http.Res
 	return err
 }
 
+type CreateTenant413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateTenant413JSONResponse) VisitCreateTenantResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateTenant422JSONResponse struct{ UnprocessableJSONResponse }
 
 func (response CreateTenant422JSONResponse) VisitCreateTenantResponse(w http.ResponseWriter) error {
@@ -21424,6 +21887,23 @@ func (response UpdateTenant409JSONResponse) VisitUpdateTenantResponse(w http.Res
 	return err
 }
 
+type UpdateTenant413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateTenant413JSONResponse) VisitUpdateTenantResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type UpdateTenant422JSONResponse struct{ UnprocessableJSONResponse }
 
 func (response UpdateTenant422JSONResponse) VisitUpdateTenantResponse(w http.ResponseWriter) error {
@@ -21582,6 +22062,23 @@ func (response Login403JSONResponse) VisitLoginResponse(w http.ResponseWriter) e
 	return err
 }
 
+type Login413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response Login413JSONResponse) VisitLoginResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type Login422JSONResponse struct{ UnprocessableJSONResponse }
 
 func (response Login422JSONResponse) VisitLoginResponse(w http.ResponseWriter) error {
@@ -21711,6 +22208,23 @@ func (response Logout401JSONResponse) VisitLogoutResponse(w http.ResponseWriter)
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type Logout413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response Logout413JSONResponse) VisitLogoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -21852,6 +22366,23 @@ func (response RefreshToken401JSONResponse) VisitRefreshTokenResponse(w http.Res
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RefreshToken413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response RefreshToken413JSONResponse) VisitRefreshTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -22010,6 +22541,23 @@ func (response Signup409JSONResponse) VisitSignupResponse(w http.ResponseWriter)
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type Signup413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response Signup413JSONResponse) VisitSignupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -22342,6 +22890,23 @@ func (response CreateDepartment409JSONResponse) VisitCreateDepartmentResponse(w 
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateDepartment413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateDepartment413JSONResponse) VisitCreateDepartmentResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -22710,6 +23275,23 @@ func (response UpdateDepartment409JSONResponse) VisitUpdateDepartmentResponse(w 
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateDepartment413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateDepartment413JSONResponse) VisitUpdateDepartmentResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -23377,6 +23959,23 @@ func (response CreateProject409JSONResponse) VisitCreateProjectResponse(w http.R
 	return err
 }
 
+type CreateProject413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateProject413JSONResponse) VisitCreateProjectResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type CreateProject422JSONResponse struct{ UnprocessableJSONResponse }
 
 func (response CreateProject422JSONResponse) VisitCreateProjectResponse(w http.ResponseWriter) error {
@@ -23937,6 +24536,23 @@ func (response UpdateProject409JSONResponse) VisitUpdateProjectResponse(w http.R
 	return err
 }
 
+type UpdateProject413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateProject413JSONResponse) VisitUpdateProjectResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type UpdateProject422JSONResponse struct{ UnprocessableJSONResponse }
 
 func (response UpdateProject422JSONResponse) VisitUpdateProjectResponse(w http.ResponseWriter) error {
@@ -24301,6 +24917,23 @@ func (response AddProjectMember409JSONResponse) VisitAddProjectMemberResponse(w 
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type AddProjectMember413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response AddProjectMember413JSONResponse) VisitAddProjectMemberResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -24684,6 +25317,23 @@ func (response UpdateProjectMember409JSONResponse) VisitUpdateProjectMemberRespo
 	return err
 }
 
+type UpdateProjectMember413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateProjectMember413JSONResponse) VisitUpdateProjectMemberResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type UpdateProjectMember422JSONResponse struct{ UnprocessableJSONResponse }
 
 func (response UpdateProjectMember422JSONResponse) VisitUpdateProjectMemberResponse(w http.ResponseWriter) error {
@@ -25012,6 +25662,23 @@ func (response CreateSSHKey409JSONResponse) VisitCreateSSHKeyResponse(w http.Res
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSSHKey413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateSSHKey413JSONResponse) VisitCreateSSHKeyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -25511,6 +26178,23 @@ func (response CreateTenantUser409JSONResponse) VisitCreateTenantUserResponse(w 
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTenantUser413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateTenantUser413JSONResponse) VisitCreateTenantUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -27211,204 +27895,206 @@ func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request, pa
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H1pc+M20+BfQWnfqti7suw5Mk9if9hy5njizLmW501qn8xKENmSEFMAA4C2lan571u4SJAEJVKWHc9E",
-	"n2yRxN13N7o/9yK2SBkFKkXv+HNvDjgGrv89B8mXp1MJXP2KQUScpJIw2jvuDSFiNBZIMnSNiUQTmDIO",
-	"iKsmhM4GvX5PRHNYYNV0QShZZIve8VG/J5cp9I57hEqYAe99+dLv/XYOf2Yg5FlcH+c54xwSrH4hEiM2",
-	"RXKuhtEN0J76EeEkAf6dQL8d2I4OzuI+YhwxCmihRorRZKkbCuBXwPcr08M3b4DO5Lx3/OjxD/kUheSE",
-	"znpf1BRTzPECpN2Y0ywmcsi4DOwL4xIxHgMfoOcZF4wLhDmgCctorHZLz0J9lAmI0fUcqHq0RNfAAREh",
-	"MojV7Ijq7M8M+LLX71G80BNSI/oT/y8O095x738cFkd4aN6Kw3yO79Vk9D7/RJKE0NlHgWewbvZqpzlW",
-	"O5epz1FCKIitTKw6i2J+Zr/qs3qf4j8zQCmeEWogIdJfoilnCzQung8o3MiReTlumqx53QQA3z963Ffw",
-	"mgNEHRz6vVecLerTtAtDKXDCYpSwa+Dm3JumouZfmsiU8QWWveNejCUcSLKAXt+f3bOnoemcxbBImQQa",
-	"LV/Dsj6xt/gSBMIo4oAlIIGnkCwNquJJAscIIw4pYImuiZwbCMULQJewRJjGaMJi9Xma4KUwbyXjEKM9",
-	"gSmR5C+I9xEHkTIqIF+qoSPFWr1JHqhZrkLAdfv/QYEO+QtU29C+pngGI6E+8EeJYYqzRPaOvz/Sm2pI",
-	"0uOjo35BoB4FCdQFW3vaWZquO23JtnDWv33g7A+IgrTSvkIRoxJupEJhjFLz8EBELIUYsRS4wRV0mpNR",
-	"dewsk4hIRATioBoo4qSgYUzoFU5IPLIfjxtP+LcDO4GDsxe9fk99TzjEvWPJMwiuPMtIXF70k2fBRa9i",
-	"EJr6H4gsTRMCMYpKDKOPIJoziBHRZLbEInKYRWYlA3SRcwjNNoRmIJpE44kAKlcsvei2K2txs9Cc5Scc",
-	"/xtLuMYajfVBUk2nsVpepJd1+IdQK//ckt6+5JzxczuIGbK8g6cUZamQHPACxZACjRWSoikmiULysXs5",
-	"AtXTWDNPT0oorb1hLvbzQ+8g9UR+wrF9cn/LfYsTBYAQ5+DP1HELobDZoc5eDexPEE4EU9xmuQAqR4LM",
-	"KJYZh5H9ctxHY0UYFe1JsZyPJMdXwAVOxn2EUQxUgSdlMSicnACSmM9AbnM7nzM6TUh0j5vpRiw4R5Rx",
-	"DlQiIRWv2Rv/zxFOOOB4OYIbIqQY9+2ryDYVfYQVqlr2IPNjEZIkCeIZpYTOtrlNrxifkDgGeo84lsk5",
-	"4+QvQ5csLCggE9l0SiKiICoFrsGQUbVJYxwvCB05KqqesGsKXMxJWnoqJKSjrPwMp+mIMjkCKolM7LNM",
-	"ztUYglGcjGIiFO8v3gCVwFNOBJR7KrXK32zzOM7UyBQnehPv70g+UrhJDaOzNF/TN30qZkJ3QPDeMflK",
-	"yQj3t8wLrS4JlvEIUMxAIMok0rioCB8xv6+IIJMEnIJiVCqNvQqMpmrKW92HD4aKnucywn1tx5mHcWiC",
-	"E0wjqCKifbzVBQ+BX5EIPlJ8hUmiUO8eiY/P1olAWTEJtDcWZmYj72lt5doScJCbAlYt3DMaKMntFlt2",
-	"wdhbTJf2qbi//TpX7CkhC6Ix5M+MSYzgJgKINdFWavFIvx65p5pSJgkz8xlFjBo2GC3Nh44mEyqkAq2R",
-	"7rTU3IkOlTcP4iQ+Umz5132iquKZioGZ3gt5VLJLoCMrsamtMw88Mcw8gJvUcTHzQKtA+XfbxO6PNOUs",
-	"AiHuF7H/Wy2ksjtX+TPLvk7QOAaJSSLGSKkrRoWfEkji/QE6VUItpqiiniMOxj6lxDqMYjKdghbrJixe",
-	"bm3jvjhVyVjV4tgqkG9hMQHuaQY4jolaEk4+cKXBSqLUpSlOBPR7qffoc48zcwKrNtYOc64+/dLvZQL4",
-	"iMQbqaaFlvufvJ++mcSn/Hs2UcOpobRV7jSSjF/oV597QLOFa6xUR0ON1X9LIWGhdEwW+525wW1nL68c",
-	"nLXfIxwZAFqrn/bVp4yPpJ3sWoNjsbS8bfvdpVliOaOxGNQm4+n2tse189/kWPu9BUgcY4mb99XMsEKw",
-	"9LYeiBQiMiURcr2cIApKvhQQcZDailoDDBZpjhGPsNzQOKQPWXW3pc3mILS1rMWpn5tPv/R7RqetH87j",
-	"779vMaRt7aBt3XolUEy3s9wKJuse/COpAnMJMfyZlE6h7zCtvDR/m/J9rkG3B4WNlEQj/xsiZM4luhEC",
-	"ImFR/mftWRt680Vv8JlppU2odoKYc7zUwJhb5ddS4+LL2jnoAUqdNe7FeQ6vjqSKLFI8udfvKe6Y8RVU",
-	"tHBE+IZiHwRGCtd7/ZUOE8VYseoOJUq92hMAMXo6eLR/O1+QW09gNv4jrJ8YiCv/sB8bSLOv7A/7ygIk",
-	"9n/oV+Edk/MLJVFtCHVYH8tIC2UBwzpgDhz98uvFoIzGPzz6cZ1vpt8zQp8YkUDPb8gUFCnNj0rPA+l5",
-	"IEIVfWY01vR5lcdS7d2Ug5iPugxm29xitIb9Mt6xPlLScAIHmaiMVdnF9Q6ufs+Iy7IioZiDCUKEFl7W",
-	"oPlHYb0pPoKXQKE0cOkoq5sQPAI7jRCBsM6a0yhiGW1PLCtqIQjQZpGJdf0QgTBK8RL4IcdSPUnUD4Qn",
-	"7AoQx9cIaHwQZUKyBXBkmIT1p2Iaa9uLFgzsG7Kwhjbtn+kF0EbNvpUwVl6wE8jsxEeupy1JZRxiIkec",
-	"iMuRNlH6QJMmWKoBDMXR+xeEILdLo5STSM0xTTDd0gQtPR85nbyOQ2fD9+jp40f/Qu4TFLEY+kjOOYDx",
-	"7UVYAEpASuCiglJPSgj1RLEr9Znq+P/95/Tg/376/OTLf/VCEyMiTfByZLxI1Um9MG+10uaoiAM9e4JK",
-	"f7vGS4HgzwwniqWM1dfjygQfPT5ai/OEXjESwYhDRFJtBtuieOUcZbdZogAq+8YxfYWTDBAWaOzv4NiE",
-	"g2imG0OUYA7C7geaZMavQPSzUqsTNGFKyeWgh9jfYO9SzLXd8E7Qy6HNds9DSCwz4WOqkhWuFN11rgEt",
-	"7CQgIQ5irMQ3I+u7JBOSELlch/dKkolHDtPDnXZYY63x9ZwlIHAC2yciFbYVOOmyElCi1Rb6K/i+CmyC",
-	"p74aRwNkbtWOrKC4waMNkfkcitaz3Kq1w8y7I3DYLn8y5vkNufjYWfcV+72EVKIp42iCo8trzGOkeCmW",
-	"dtWOSyuyknKywHyJ7BnmnOIEuR7F2H0bYcooiXCCUuAHOU9RSkGdrdvW6zj6W0ZBK1ZutFAoRHBY12CA",
-	"nicKaARaZEJqt4/IFm4hxIZ3tVEE87kUOqBS0BeE2l+PqvpgFX/smr3VrIChn7J4BvIFRERYdTKnWUnC",
-	"rhWcY67kv2uWJfFokrDociUAlfpTU+6owEx0B+1PTH8+SllCouWGtC32Vt9C8KtsWUDWqLK4uiZFp4xH",
-	"oIMdFiyGTiO/LBq/VW0VkwQeqb6UrjvCzoGR7wOh8tnTXkj/KTU0cabtWxIWj4DGm9vUTBdCYv5QDHO2",
-	"N4hHIrVLawWGCoaZ3vyFIsmt23HAoox210TOCR1ZNOj3lJgs5iyJRxFnQmjRwQK9c2QF8dE4ZDroMwa4",
-	"hqqZ02nUHrRfSzFTC1UtwpNLhKuKyqVFVIx/FXZfQygPq/NdrkBcCYbdYutHWQcKdwC90JrDOBVE0dZk",
-	"eTNvTSfMCGHCBhBdOdJqJx1WvJH169aUvJvRtpnnlfj3o6O6EbeyUR6wmpHX7lSVC3gkhDJJpssRo4mS",
-	"LTXLHiU4o9FcgXlmgHgtD9/E+dWRea/3Oa0l2FPChRwJAHob785mKJLgLQzt04WvjPXqpUeOOqw2tHZj",
-	"JYUG3V4qUuA6NO1KzOjShO2vixYOOKnKfbTjHjlnKJ1rvqIqwFaAqLSn60mAt2QP/Vmqrbg4uqTsOoF4",
-	"BlbpZckVtED8D0zIjMMGfu8r3cj2PmEsAaypakehyNyluJW7NoYUc6nFgQ11gpXmQ7NRub6qPtqiuRBo",
-	"LDosfi2N3La2sSm1lCDkCHK2kiTvp73j/3TF8d6XT9U1N9pAV53TepvnBkfH+GxTeUtTEx+PF4zKuWbh",
-	"f2aYS+D6f0xphpPcxhRE5+3qRFvRJBTNFLfB6M7aRb+XpfHt6EgwcsGccJXEVNSTkuLSYKE0B55Tx7Ay",
-	"EVBscmNysakV7CqR0NI+rOUplvjfS8xDkOt0lZxbissFNIYspfbsVvHG59bkNwQpCZ2JDU2krhskbD/O",
-	"NWPmMkBvyBWgV7+hiNEr4EJftTJx5Clwe7nGXrjN75shOccScZAZpwKRgCH0wbrppjcjQXEq5qw7U3j1",
-	"29A1DfIEkaUp4wryCztsCTgfxA60tvPeyoNTwZo1vo3gzpUPawXGeefSDTnOFotM6tD5V78huCIx0AgG",
-	"6GciJOPa+K7FWY6ASk7ARPwYNz8HzcTjOuhHOFWE5bbRf2o2PBA5t859aVuOdGT7hrF7qm0dXl/e4Eii",
-	"GCKywIm+UK5EGIxMOxcYidE0YVgO6qssz9wH16ODHz/9r73ffx+Y//b/dxBwzb2Xh0dSbIjVA5tXBQGr",
-	"m1eftj12D/gC0NQvgfcKnDwz7s0XOlq9I1qWuxhmC+2sS5NMoLHOXTBGezYoIEbTBEs0gQhnAgyX0lMx",
-	"uBolTEC8H0DS26t8uc/VeFhnREiOm2Kx18e1ZLBNFWxKKE7IX51WuLbTzRQNE/u4zXloGOgq9VloekNo",
-	"QOYLxLzeVrN6COYyE3SwDfDsZCBziFsYx/DN6I+MExGT0G2FVoeu+hBr2XwolP8C3+TMHTnyhbBEFkny",
-	"EL0aLVNjSiZx0t4npVoo2rJoYX6023WBby7yJjpis8uIV4zE20SvlTroSoukszia+fu7F4CA6lY1g+sq",
-	"SlsBi4oeaujEeialaULHyBPVt9a3daAILkw8aM9tH5oDhxPk4ti+Eyh/o0PK2YJIpT0F2NPfYcD0llcm",
-	"EEePt+jC0PL0SMnTyy2Zi/KT6M4InLUozwMB+sr+toL99JnoEOGRnuS2YgiVng6jaK4EuFHh0a+dWSua",
-	"GmEJM8aXm9JkR1lvQZOtRULtUSMZhhtYpPLWq90GF9Ky8CQNaPRqVVovIhRNsCACpYxQ6SR6m5bIyBu+",
-	"KbFhWM+0qMlcpndke7AUIvUFNpWPzDcb+lBT2ZJGSl+dfOhUm2C7AmgleteOulcNcR5q5tGQaonxH5lw",
-	"/Ejim16/NwUT3akJxCp7XT7aPV3gCipJD+wuV1Ae9I4h5niqttqoCD2tBelejbCBuSQ4SZYj+0CJOr1+",
-	"75oTCSM2nbY4Drcv3U5ipx1+xdrhTnHbKW47xe0rVtxWcJJz9Y3ONtpKZ7uVUjUhSTKa2uygG+Gx7kGy",
-	"zXnI7dnQXbq7NiT49t7LdpQh19sW9as7UFFbs6QW8eJbv1FZ6tK6gDeh866fzWj9B9O6oPf6Gr1kRp9a",
-	"qR7mA2sXR5tkE1tOrqHvCwfi/rSzLaC/6+BqiEeT5WjjdDX9XkaJ1Pe92l830k3+zDCVRC5HC4XmomUM",
-	"qGra+ltt8uAQMR5vujjdRXGi7ZNQ6xZ5D2ra6yEixDqri/CZqR95EzzOygJKs/E5S8EjGg6ndMzuFDxd",
-	"vAL7dQLRgN8BdC0zixJY14linfKWKPsm/Px+9eaKJPEg9ebhHMfs+lyfwwbyzgMQYDCNiWowMgaXrmZt",
-	"v3kXEhtDInHX0XQaTTXKRnP9Zhnzc3cIKK2w6C0x4x0fuys+VmdhYRhvRNQKJjVg5F0zuy3yuJbEdrP7",
-	"b8XmbADSt7Ba7ShPA+Upcn8JfbgWaNdFpjUgcY5HZVmjczpCP/Ckyz37XPysTacfBr3WwL6R1GUlQm2M",
-	"D7jC7KUH3fQYmf1HNrOSzrUU8yXimW++8y7wbBThUxOX6rtdFep8F+3drETb0TZZwYVpWIUCszN5v/3K",
-	"OQSX1BIQLvKpbkT0NhKb7l1Sq2zn7Rjiio0t2YbLd2VHEaNTMsu4u6hHY8zLHtGaK3SVq6tSfalM+CTm",
-	"cqTE9bY5D13KJlcqqpz70MtgWO/ae2KSD0ZM5FkJ9f+4IQthQPSpZAaJnN0Yp+mIZ1RrIKGunmvF80V+",
-	"WWYzXr4uw8YajiGSbFZlmJXIXXzw19HBj5/s34NPnx/1nz1uEchbudWjRwrBodkHlx15s02oXmosw86v",
-	"c6A6iElC3Deht3yGqfXLfCeQBUNU9KMJphBkRk3kfFfm+fCOQ8+oxf5vxGPdNaF2KbBD2RAqt4yq0xsO",
-	"f34Ny82gY8OzSLNJQqLQLelnT354ur5eWG3zS102L/VC30A5jRcmwWeHWL+L/LbUdwLp69QuyaMu6xK4",
-	"/HQ74pFiIa4ZL0vy+cN+2fzxrNzd44aEnoGpVATflfgwGB18+vy4/6zNTYN8OG8l645lMwjE7jBXIUf9",
-	"9BuzSDqm+XH4YktXQx4ovbIj9O0Orj+dzVID66JHbdLJmmFMUtnicAq2sa59we399l2pp7vv1m62DVfc",
-	"3KaObA2AwGLqM1x3AGpn/hY5ZtukyF4DbFPXwYKeV9bhb6Zh5dmHjuyFzrB5O5bPLsMpLW6TXKlqSLgs",
-	"+7DCS/FxrwOzPKUlKdCVqlTS/0Gk65IhTKM54wNUjIGwlJxMMmlvHy+USiQZX+p8jnaq4k5ucXVOpbdp",
-	"mNso5y+fgwaPKUTLKIGRLqjXnuC9cQ2Hut2tLIkNbKcuUNxtnoOAglPawPpudcs/0Lh5KxPohnRNv6d7",
-	"cl+WWd0D8lnqAkfPbbaXipHB3LFe4GhOKBxwwLF+YGr0RSwGa2IQoGPM0L8Gj/cHSHVmrnEK0wHWGQmR",
-	"NUgL3xhRqiOVJ5+35aHy37aKVP67VERKce5gWUX3IlBVsdbGe9FUDzKXELxv69UgtTmlXAyy1+9VC0IZ",
-	"r7tf21T1XhQvywv+1R/nEO49d9U9OSSA7U6uKoVWXWWRClZcZn4ROvvEnw6HaUbj0TWhMbsuUkt6l3Gq",
-	"RVlt+aRSL/oBm04TQsH9NMKX+1WuWGoLC5T60A9qn7kabgbCSw3ClWG9F42dlQvCWWtW6ZDS1Dlcas/9",
-	"IqD2UV6Drvpt/kITSB/EmyvXWeNxpRyePmO/hqYmsH4V4aLSVenIQwSzXAWtuxpuKAbQK0hYqi8OwRXw",
-	"pX3u1y2vCAotslAVBCyYKbBaK9evTF3UBTHVbvdq5al1soh6OvofgsELusBbN1/ZKw5woDgxss0H6Dnm",
-	"JmeFRAqbJXLVIcd9nQt7LDnW0Tpj81Ok2n84tkWy3TmeoLG5hmM/08Xm9EccTIUbnKbJMuiSW4DQV2xq",
-	"26cUmgOBp9BH82yBacETbJMBemfSbOBr5JIQIMZRjCWeYAFIwk01x8Tjo6dr8+xFJqWRm1jtoEOc7WfA",
-	"iZxvVZ6vS+ShgV0xXSWdiA3HnwEFflshmWVywm5GKdBYPamXrdHvkU4GZXIHLUEibZYT84ql14VbrE6l",
-	"5WT+YKTG6qZGS9ukpWIE3dsFzQCO0Yiet5baRvbLxxOCgV9+fT08N/VxNoSAS1i2TZrZFlj7XqdNk4au",
-	"muMHbcVFiu0TOkOXsBRo7/zVc/Sv7x/9C/3y62s0hNBdafVhSXzuUOQP/TJ8/w79ChP0GpbFaPthalZK",
-	"nLTSV6/nFNqZN2xGNk2vvG1bDJPpyDFGnwKUmj6rZ+r5/Cxs7HygduY3bMayDS3MtXJdnYpvVSZc7iw0",
-	"VeOj7mxwMd5oJYQsVAeIUGSRGi0IZRzpSCrHUr0ETaH7MSPdJBAGYQYh1O/TCT55YqO9qZLPbvAiTQBF",
-	"ih3sB6l/nfY87PRJpb3xJhs6xQ8lrbuLRw1utEtChPbflIZD5rXbd9UCpXgGJ4hmSYJ0aj5AiRL31ONQ",
-	"vbj1UVs6mI/8FZDbPuAZIPXKXM9Qhy3nRPhjGfbyuHTF/dFarukv3Z9BcH9tOaLnOMXNxYoGxrfRLx6w",
-	"VAyUnFl9pqNkah9mdMLYZa2B0ilrD3WdSPM0pPW4CZ9bs3d1qiORpcCr8x0xfZ8+/1kpiOd1X/g5utAN",
-	"Z1cdoDFnCXgFb5IE+HcCqaealsi7sbyuji54x+iBhumS6biwE28SPuAN2dre67Vpax+9GxNx6xlvbgBW",
-	"LVsPs0Fx7nYbuNI6nE+xnhC3err1s+tX3J96CRXb8pqLK3ZF92bv9byTW0pTW6rLfv+JERZ63CDKn+WG",
-	"FPORmJP0pMhvXrz4Tij+wxHZKIjodnVK7rMm/UqZejXWFNtcua/mX1HLBWiLCO1g30DOfWOAhdeH5fTw",
-	"D7ouMeccFOe81q8AbevuOb5vTqzX710RuG5g9eeAY0JBiOdziC4DpRiUbh6za9qitegc7yXXnlVwfupM",
-	"mJAzDhu2r4a1uc76Zk6hg8k72rg+sG2faziMSs4SlCaYwjFil1pc4hkgRpOlsZkaW3Skpq7essuA3JTv",
-	"fPttEN1MM3aI8K5oDdTW+/4KFGITn9j53qMMhPG/hqXRXAhF6ovCgo1wMmOcyPkCzbFAzFwz75afaxup",
-	"Ggidaf+isdRVtT+gw+HPaPjz6ePvnyHv2z6CwWyAxubN8WAwGIfcDJ7Wa7/sbU1yvYRlnoCvvun57rqZ",
-	"CjE/gPjx998/+nE8aLExrSXScmhp3Xtk3qNLYyJxW4ozOWdcZ0PSNkez+uoemuDUFpJqPSa1fLTedvUN",
-	"qK7luwYL7o3hWqR7WJx2SGY0S/+WIDg/nmkX0+tNur4xoZO7yIMqO1knbIj1nj/I/h0ZIh5orYrNqHFr",
-	"ctnWnNEuhZg55kLku5MgsbL6Hiok4XJZdQkIM1O/N/rq4ocfFH31wm0DiozCf88iKOdAeDOG5kF0Zc0m",
-	"pJKUoKZz/J0XN37vdozVBdteGNAUzm7hCKhRFCijgK6xQDNyBTRU9mtLtGBzU+BdRGq3yrqTM5pKHGhu",
-	"AfRntlZ0KiDkntHbXWZ4QCj+UVPB7jcjF4T6Tx9tWbzaWujzl8Y1l0xIGyq+Xc1+VV236dJAaYb3ehNv",
-	"y7eMGlbW7YLXOljbdKkbiDDBJXVnNXdnZda3grZNdZvh1I3mcWl7x6l6i6xYhmr0K5Hzn2xgcDclQLU2",
-	"ZX80zddiN5VwI3Ukog027loKCL3UVjodxlgp3WCc6DoMkVFX7StLEhsROVHf1DWQSbG2VtkL7piTt0pG",
-	"2YRG62MDnDc6cs530iFRR8BzX2KRTx4HOKQbUUGml9zFh0HhpIEJ0YF1Ilyl1O+p+6QdqnluuGeB6W41",
-	"taTrbePz+nvpSFPORM+JW1ph7Ywajr8JDvs5MoYo2H8/OQccv2UxJG9B4s6JTqJ5CfDm+v7Dggg97jLF",
-	"wkT644bY9y1E4lb2vNRj386waeWz7vFIOCU6a7O++hG3SuZmw8Y1breT59zcTr2W+V02dbqR7krf1Jlb",
-	"23jngoZtp0/EqLjAEIzCWHuRD08gaWF+CcelV3fc9VeJUShNM7jp4a1bBRv1/ffVcW+0NMGUgqFmhBrO",
-	"vFZTd6PcQgszVh65BiLXZ4zupMzlmFNW5b4PUP6FpSnruvNJUA0MAmvs5/qdHiF8hsM5JMmplEA3iDs0",
-	"xpaRxMK4JlcHiduvrxm/TBiOW7SgALHQF85sGrnVUfiUA45HlEkyJebm2doxqtGa1SlW5tAvL7lhzBU7",
-	"/dzIoV332T+f1WBSOc+Csiagy3J3gWDdl6ulv1p68WTZdqnirVQbSg+/ET70e4sWV7Wqa9KXANMcUrru",
-	"y/tU1lB8hWzXfnfsGHkMV2ibDKrfCUUq0ll0mq6zT4dm2yabh+3GWMCqYUmWz1WAuXKGfadZ1gqmF/tV",
-	"AGvfQ6z1RNKi7qZMqED8FlvgyESd25vnK6b51qJBRdW2xs88VthKz7XYYfeApaKBH1ehv2tqMON6SXDD",
-	"lbDTiWBJJgFNuVosjRFnmYQ2V/acityBAhDh7jNvUygzBdGsAFZdsT/oinNsG5y9DaPRlj1/6xxwK1bd",
-	"0ud7j4tuXMyKVWxg7bundCJ342QJb8WvVop6zoS00LySXoQu2v2Eo0ug8QG7phDnKSaxogoZvcZLFx9J",
-	"GB2g5wnR90g50Bg4Isbct8iE1FdLOSh6oEiLaTtAZ1IYe5412TGJxJxdU+uq1NVXTQAfjmQfCeYZBxER",
-	"aJpfntYNiEC6MN2J6/SaJAmaAMoNjWbhV9Bw7bnYs9fE1BJzVNzOvNfv/ZGlS2nCPZNkoXrhmFBDWBSR",
-	"i7NEv73MJsApmNyuOE0bqLkbsO5JzetTuHLugjA7Tu5kJbFJ0SBZmuoP1TwTMI046Lyepon9MZpikti3",
-	"RaoI879+XHkPrsGa2bes1ldJL2ILxLMpwsjJ/Nu38+Io4hnEo4gJuRUB2SgjRXqPeswaz0DfscIa6E10",
-	"KaNmY/Rta0SmCM8gRoRKhuZESMaX4UTEZjQtc2VUmpr8leHIApB+h67nJJqHh1WYJRSiJOQKUC55IZHx",
-	"KY5AlCLyb1PHz6poW6wM6KUy2Y55tpRMY3tdbmztVY0beHsLE5nIE9K1UlEb+MJ2gmHnLOPJUidf3gqu",
-	"BfPX2gUgEqM9xTQwUocWzNKxxr9InGnBGQ4rFAr4FfCDGDi5ghhlil66iPIDHVGO1L6coMiyvjqzCyP1",
-	"peUv7U5Kc6MucmLVcFNn6teYxwdqUCyJTtGUEKxj5ks7Ep68SdazFawxeYHqy2pnHdY3MW5TiqvooJ1Q",
-	"dts7SOvcQoGaY7eymYrL7A6Lj9akl6DQWibeddqb6yYaJ7xIwJLnqeJuKttZ1TILsPShqgojtSP3aK9H",
-	"wythiAVHKxO4flm2qNPioPmSlTKIlSlQgN3XhXtdaTbKOJHLoToK684GzIGfZuqU3a9XDj5/+fWilkL+",
-	"NIpACKQvcShtf6Gla9UBUuKTMaYOkI2I0/KMuSiTvx1YmXehCYQesSAYcylTU+nRJMPRl1capsf0Hfle",
-	"KHOUTsCkCNPZu4uX5+9O34x++fX1cHT+8tX5y+HPo4v3r1++OzF3eT68H16gQzfeIc7k/PCP60txaO+r",
-	"tJqugp2fVm1lw1ztNX/V/MBNwe6tkm8pAspZkkCsP1F8K4aDKdblUVIs50IrSzo3gHqfsBmaYQnXeLnf",
-	"Yt5f9EZPWSjhlVGfDkwC7POXw4tcpXJ3pP6NqeRL9O8PHw+ihGVx+dLU4Hf6Oz2wYrnLlLXASxRhzpdo",
-	"7OfLGqO9Bb5Bjx7/gKI55mL/xMKMS/GFIJoz0BfWf6cIReV0XITWunO7opNeFd9cqJ8HZy/G+4Niciab",
-	"mNIZKBqXUpaN0TWRSjC2GQnHinKMddMzq31+/Hj24upfJ5qhC4kXqXl8/uo5evLkyY8nLkeHCOboUD29",
-	"r0WtoL1xSB86NkVJxvsoo4nCwZhF2QKoVCqqp9YOftcFd4lUpLpnT6l0Nuj0w5lSRV2pn96jwdHg6MDU",
-	"Z1cMLgWKU9I77j0ZHA2e6FhDOdf04nBwDUlycEnZNdVoMvhDGGlhZlIA5Wh+FveO1UOFeKa8O16A1CmX",
-	"GgS74pPD3+xpnsVawHNwoKfw+Ogot81aq1OaJtaPc+imY9jNOmZkUxdpTKhTEZuFSGHSHHBs00X5oNbU",
-	"v/28tA41xtPHPzY1ydd4eMHYW0xdnn4dXv+9WfPqdi6BmIZh0+rJ+lZDkybuo5fLz+cVveP/fOr3hFPV",
-	"Q3mbdC2TmTrXnqZ+n1T7Q5ySw6tHh9o0fahTZnhQUr1+qRmbQONAjo0x2mPcf6M6HO8P0HOdP8QgzoRl",
-	"NHbR14JxaTKWaA1fZ627Bg7IVJ8/QdjlVeGQJnipPtR4TpmcAzftiUDjSrJNfX2tDN8JEfJUTfWlToZ2",
-	"Kzjvr/3arLjNlx/wDIbkL2jzrZ7/kHGpPy6fzMsbRfD1YSAjYwx0hsjece/PDPjSyWHHvVxYKRCvk1ZV",
-	"H/u94s42yZxmOcRGBsqmOVh3iZbYiml0zZ79Odg3B2GiMdoRFr2p56bNlzslYQX4laItAiTtVCfu0YKF",
-	"PlCzt9ukbm2o1E84duHBusmj9U0+0uLWpmnUgq69YnxC4hi08vn08eM2w6ScKenWEMGvilrn9FkBQel8",
-	"feqsSKeGlxCN9jIpBqm0i4w0dVCEkZ6VqOJnNx7vh4nkRZ4n8aERyLvEzcBVs5V4aY9gh5LfHkoWiUJL",
-	"2PhRZw39ZJNmtEO6ATpFEisdUSTZDDFuXha3zohAT49+rCNi5BUZuWNMPIthkTIJNFq+tlZaK0X9xOLl",
-	"1hAsVFXoS9mglAfelHD80R1NoRnLzXdx38iaRGl8+an1Q8XTlA7rHnsJZb59wnDUAsWfMzpNiHHA/nMo",
-	"iYEhhN1l3ByU6nXKmghNE9s//JxLz19WqfPboR4VXdvM2+T30sJ3iuU8LNeXEfsWcv7d8/0ms0KhxPwD",
-	"cPnp+hbvmHylixn8o3D53yBzRF4hFWAZzeuImHmXLb8VXNy+dBC6ktpKOrgvSmAzVewowiqKsBMHmkiI",
-	"ge+1VMRn+ZmcHyZsZgpphlWOj06NUAKoy//TNzdzx3ka+XFuXDXJOedYoIv3Fx9yj9UA/coZnaGIQwxU",
-	"EpwYU+3To0eqG69g0/gEjcO1mMbo0L4KVGMa2+6eBCwOeoW3djpsnyKVCgLcMyk6zaTLBdispQx1sWZk",
-	"6tzubBBfO6locuJYRNNunIOyslD34FiawTLpE40axqn3DxPlvIIQrXDuachFdcUuIUZ7OBHMkD4idVIf",
-	"W/0LcfPF/teIOP8YjmmOUYe66uAOE2uxHvzt583wz71cqw8RC0K5YB8i/zlFFK4R9oOMlBiC9ePSoZ2Y",
-	"sP4kLj9GRCCRwtcpTf9D2dE5k0aO7YiVQmcJbZZkjblMIIycZFkynBXlLxAW2oxWKvSPzmFqogjUx40S",
-	"6t7Toyf7hiOkFbaq00JPpydoHCg6qVv+uF8Wo535Xpv363KtXfADpC/lhK33bIJvSVmqQKAIS2E81VqM",
-	"DhOxUZwnhXKjaMpDEYx35vR7EYo1mjXTn8JPIxqt5QkR8oX33T/L991QLXul/9vb1Z3++Q36wOfgH3Fe",
-	"bMGVoKqZsT64WprNDvILj2UX7nHtGHeamWbi9nKoJf2rPeRe1fVvyEteTwV6z2zaL2bf6B/fubh3Lm6t",
-	"C8Q+EgYIQpgZH34u1Qlb6creHppXs0HnMRyNbrRqNbOvwq29GoEvStR958zaubfXI7Hn4F7P1l9onZvQ",
-	"mRUkahFTTVw9q6TC/tbQ/a485xtKDPdJcJwHfUd4dl7023rRO0gcc8CJuefZJFz8bL54qBffzPRWaeUK",
-	"u04/nCFMxbWtcrMltNrksFfYbd6QK/Br96lJW7D0ztGeR+kU80u/QuIVFx/y62mqd3cPDeWpiJfe5TRX",
-	"dDpwVWwG0q1pqId7qKBRmuXKiGaW+Vp86fbvNonwPZlivj7KNVQYATH6Zfj+HRIWqEohQO/TCuEyGSSa",
-	"iNZbeLBQWa0t0ECxrD/H+Heaywjs4PM+4LM4EA8uA1Fp9r75YIkXySrwfJ8CPf1w9sLee79HWHUzC15u",
-	"ffrox6dPjgLJ+IIQaheR395/uIz1Yk5EkfUhLnZ9FU9Nnby0yiuSC1UPldqE6r43nKdbsO9OJgJhW7wc",
-	"semO2NyrhyF3J6QFlHVwKPw6B4rGJYV9rB35CyL1/S0dduIVwftONNgisDBO4wE69d/oxC4m04DvjXja",
-	"5I34kCdD/mZcEZX6V3/Ljb18Dmuv7J1UUJsoofeaAt+ZGnamhs2cG0WC89V2BkfCDj8Xec2+GJqVgAzk",
-	"HrTdGPgUA3ThWUptF319Y9j9MqKyzu6ZF1DoN1pSzbBbokjhmZN4gJ5jzolTuO1zJ8VbdbOUTixgcS3l",
-	"gftKvCve3q4iS+bDeEd9dtSnE/UxcLOO+vQb1a8d2t+hqrFGvdgh+86duhZxG3ypZZnAxNNrv2qTp/Qf",
-	"juh35U7dROu5NzrjHKk7erMTLm7lRb2VanNojGatrIdv7af/PCr19QWDl46sfTy4hYYdMfpnCz/atOsw",
-	"cJGjfQejbrMIpC0k+pKPrsIwgYTRmcska8fMQ9PRnrnJRZkcTdU5jJE25F4TAfsnOl/3DRGS0Jmz/jcZ",
-	"UnAcl3BiR8X+Ppv0aeUs/iazdBkeQnQxjndWn51g1pF4nsZx7oy8nVB2+Nn8080GXSK257BgVy6CN8HC",
-	"ftRIJrn6HnaUsjLrt5a5xGhPzcocy3fCXlY1OSgCs8uP725tY8H0Geocd8RrR7y65utQcLOGfm1g+EIv",
-	"YMFkB0JUMoztCNGDJUR3bLvbQEA8uj8B0bfjmS3eEdwdwe0WoTDHdFYQ3O8E4kxXGFstNwoxP9ClYFbZ",
-	"7YbDn1+bcjH/pDwIZtXtbV5qG3fJD77N5Ad5aOJw+DNKTSWlSgWloZhrJFmR8WAOqpESVVLMBcRasNGZ",
-	"NDXl3xvb/wmjI13cbJwnrCNC1xnFVIchl2exf4Kw7jhPjiTwAtCU0JlOvUllnlGB0fJycBSxbG1aBYMJ",
-	"31Ico1nR32QvstvZZCg68UBCAYh3jrssCzujkAKKChkKUqEAkz/8fAnLuhEoFCm4HZSvpKgd/mzoX9Nl",
-	"azO7e7dx7MLyds4qL8quK3Zlouz3XpcPAe2NCRXZdEoiAlSOUuALIgRhVPheqVXluMxVrH9iSS618q5l",
-	"ubRRYyeaf6OiuT7c9RnJ1tXrCuUt2Vb2T798l5rHt1fCS63qb5KmvW3dJSfbic1r7u8Y+zZtSSyqXP7w",
-	"s6YI5fRkVeajhwjeFazFoOw9PXq6H8w4sT1iUa8R0iyA29V9XdW6mlDfxQft5PpdBD7OsbI94udJZnTK",
-	"8j+uL0WomkCl7DbVycWNnJ+LCECvkACp3Zbjs3cXL8/fnb4Z/fLr6+Ho/OWr85fDn0cX71+/fKevKwuQ",
-	"Jy53D3p69LRQCUzI2wQwN/5OOcfSZFwPxV/omT74Gv62vMEqcd5+smUmvhFWdsaxrzC19ueeA3ydmV1n",
-	"0D7+z6cvpQwTrxiP/Lz/FrEEmVFCZweXsFRwHE7EvQDJSSRWp7Mxn9wt5Eq4kYdpggltzBDy7F+Pjn74",
-	"4VmbFCEfOFuAnEOmyMqNRHCTMkHUS2RY5sPNF+JNfZHvfDBXiNaE/moUfh4fHRmq94EJOeMw/D9vtAn7",
-	"3enF0NK0Pvr+6EmVpqlHExYvDVUDdA44JhREnsUKUbxwQR9TTHQuyWgO0WVfu0U0kVXLVKQWEpZCUKjK",
-	"u32wJLG28DBBxPHyGMEV8CWKIQUaK13vgSR8ywnR/W3IOyYRN5uCJUpARwVRMBCiYCpm19sr/7CqHoqb",
-	"7fEKDAjiVpUGGy5fIr7Arxy0BtJn+UncEJECkinaU9K9QBHmfKlwhHBk1RmUcpiSG617ZDzpHfcONWDb",
-	"iVVHcJn6+nqbiflXzvXOmuRCepGWeAwKhcIuMOALMKUa+q7iSt8WAXIMRXVnuUnuWLd96k0J1D/1isLQ",
-	"eK1pyOvQCH2r8sMKtBcxIVGkqxmK/X6RPEjXWizfcPC6zoMuVs237lb2enAmZ9WBffQTSRLNhIpHH/DS",
-	"lKrwnj3HEies9Nk7FkPpm9MkYQYvGx7/m7MsLb0bSsbxDEqfp+VPTtP0lEsyxVF5Rv/9RCHIWxZDUnru",
-	"auWfg8Ld8gytwHJqHNXlZmZzT3XNqedFtcpQkF6pGj8R0jCGwkZsDjI3FLuFFNU4/eWpp+csgfrT8Fz8",
-	"L95iLIZEQvjNGzKFaBklUHtbPzr1dHiZ1R++H54t8Cw0u+o56YcVEKhDKc5iIpHkmCTVvTlVr2pdlqCx",
-	"3N97x5OFJiVooYHBoLvEsrb578szdrymthvuxWmafuDsZtn78unL/w8AAP//",
+	"7H1rc9s21+BfwWjfmdq7suxcmqe1P+y4uTx1c/NazpvOPs1SMHkkoaYAFgBtq5n89x3cSJAEJUqWHSfV",
+	"J1skARwA546Dcz73YjbLGAUqRe/wc28KOAGu/z0DyefHYwlc/UpAxJxkkjDaO+wNIWY0EUgydI2JRBcw",
+	"ZhwQV00InQx6/Z6IpzDDqumMUDLLZ73Dg35PzjPoHfYIlTAB3vvypd/7/Qz+ykHIk6Q5znPGOaRY/UIk",
+	"QWyM5FQNoxugHfUjxmkK/AeBft+zHe2dJH3EOGIU0EyNlKCLuW4ogF8B362Bh2/eAJ3Iae/w0eOfChCF",
+	"5IROel8UiBnmeAbSLsxxnhA5ZFwG1oVxiRhPgA/Q85wLxgXCHNAFy2miVktDoT7KBSToegpUPZqja+CA",
+	"iBA5JAo6ojr7Kwc+7/V7FM80QGpEH/D/4jDuHfb+x365hfvmrdgvYHyvgNHr/AtJU0InHwSewDLo1Upz",
+	"rFYuV5+jlFAQGwGsDkUJn1mvJlTvM/xXDijDE0INJsT6SzTmbIZG5fMBhRsZmZejNmDN6zYE+PHR477C",
+	"1wIhmujQ773ibNYE004MZcAJS1DKroGbfW8DRcFfAWTM+AzL3mEvwRL2JJlBr+9D9+xpCJyTBGYZk0Dj",
+	"+WuYNwF7iy9BIIxiDlgCEngM6dyQKr5I4RBhxCEDLNE1kVODoXgG6BLmCNMEXbBEfZ6leC7MW8k4JGhH",
+	"YEok+RuSXcRBZIwKKKZq+Eg5Vw/IPQXlIgJctv6nCnXI36DahtY1wxOIhPrAHyWBMc5T2Tv88UAvqmFJ",
+	"jw8O+iWDehRkUOds6W7nWbZstyXbwF7/fsrZnxAHeaV9hWJGJdxIRcIYZebhnohZBgliGXBDK+i4YKNq",
+	"21kuEZGICMRBNVDMSWHDiNArnJIksh+PWnf49z0LwN7Ji16/p74nHJLeoeQ5BGee5ySpTvrJs+CkFwkI",
+	"zf33RJ5lKYEExRWB0UcQTxkkiGg2WxERBc4iM5MBOi8khBYbQgsQzaLxhQAqF0y97HZV0eKg0JLlF5z8",
+	"G0u4xpqM9UZSzaexml6sp7X/p1Az/9yR377knPEzO4gZsrqCxxTlmZAc8AwlkAFNFJGiMSapIvKRexmB",
+	"6mmkhaenJVTm3gKL/Xzf20gNyC84sU/ub7pvcaoQEJIC/ZnabiEUNTvS2Wmg/RHCqWBK2sxnQGUkyIRi",
+	"mXOI7JejPhopxqh4T4blNJIcXwEXOB31EUYJUIWelCWgaPICkMR8AnKTy/mc0XFK4ntcTDdiKTninHOg",
+	"EgmpZM3O6H9GOOWAk3kEN0RIMerbV7FtKvoIK1K14kEW2yIkSVPEc0oJnWxymV4xfkGSBOg90lgup4yT",
+	"vw1fsrigkEzk4zGJicKoDLhGQ0bVIo1wMiM0clxUPWHXFLiYkqzyVEjIorz6DGdZRJmMgEoiU/ssl1M1",
+	"hmAUp1FChJL95RugEnjGiYBqT5VWxZtNbseJGpniVC/i/W3JBwo3mRF0ludr/qZ3xQB0BwzvHZOvlI5w",
+	"f9M81+aSYDmPASUMBKJMIk2LivER8/uKCHKRgjNQjEmlqVeh0ViBvNF1OMXzlOHknLE3igve93IYBqP1",
+	"WiJQqkDgSE4x9YzEHwSKcRaQBH00SkBikooBBywYHemeIslYpLva8EIpcXNWKFP3tVAnHmtCFzjFNIY6",
+	"x7KPN4oZQ+BXJIYPFF9hkioedY9c2td/iEB5CQTaGQkDWeQ9bcxcu0z2Cp/Jool73hWl4t5iyc4Ze4vp",
+	"3D4V97deZ0qOp2RGNCv5K2cSI7iJARIt3TiWEOnXkXuqRUqaMgNPFDNq9IV4bj50wotQIRVqRbrTSnOn",
+	"Y9XePIid+ECxFfT3SapKuVCS3vReKu6SXQKNrGqrls488PRV8wBuMifuzQNtKxbfbZK6P9CMsxiEuF/C",
+	"/m81kdrqXBXPrJw/Kvj6CCm7zvg6xgTSZHeAjpX2jymq+TEQB+PIU/ovRgkZj0Hrv0okbGzhvjib0rgf",
+	"k8Ra2m9hdgHcM6FwkhA1JZyecmXqS6LsyjFOBfR7mffoc48zswOLFtYOc6Y+/dLv5QJ4RJK1bPjSHfCf",
+	"op++AeJT8T27UMOpobT78jiWjJ/rV597QPOZa6xsbMON1X9zIWGmjHGW+J25wW1nL68cnnVfIxwbBFpq",
+	"yPfVp4xH0gK71DNbTq1o2311aZ5ayWhcKw1gPCeI7XEp/Otsa783A4kTLHH7uhoIawxLL+ueyCAmYxIj",
+	"18sRoqAUcQExB6ndzQ3EYLGWGEmE5ZpeNL3JqrsNLTYHod2KHXb9zHz6pd8zxn9zcx7/+GOHIW1rh23L",
+	"5iuBYrqZ6dYoWffgb0kdmSuE4UNS2YW+o7Tq1PxlKta5gd0eFrZyEk38b4iQhZRYjREQCbPqP0v32vCb",
+	"L3qBT0wr7Wu2AGLO8VwjY3F8sZQbl1829kEPUOmsdS3OCnx1LFXksZLJvX5PScecL+Ci5YmN71H3USBS",
+	"tN7rLzxZUoIVq+5QquzQHQGQoKeDR7u3OzRz8wlA4z/C+onBuOoP+7HBNPvK/rCvLEJi/4d+FV4xOT1X",
+	"GtWaWIf1tkRaKQucQADmwNFvH88HVTL+6dHPyw6x+j2j9ImIBHp+Q8agWGmxVRoOpOFAhCr+zGii+fOi",
+	"o121dmMOYhqtMphtc4vRWtbLHCP2kdKGU9jLRW2s2iouPwns94y6LGsaitmYIEZo5WUJmX8Q9tjJJ/AK",
+	"KlQGrmxlfRGCW2DBCDEIe6p1HMcsp92ZZc0sBAHaf3Rhz8iIQBhleA58n2OpnqTqB8IX7AoQx9cIaLIX",
+	"50KyGXBkhIQ9eMY00U4qrRjYN2RmPZL6IKsXIBsFfSdlrDphp5BZwCPX04a0Mg4JkREn4jLSvlwfabIU",
+	"SzWA4Th6/YIY5FYpyjiJFYxZiumGALT8PHI2eZOGTobv0dPHj/6F3CcoZgn0kZxyAHMIGmMBKAUpgYsa",
+	"ST2pENQTJa7UZ6rj//ef473/++nzky//1QsBRkSW4nlkjtvqQL0wb7XR5riIQz27g8p+u8ZzgeCvHKdK",
+	"pIzU16MagI8eHyyleUKvGIkh4hCTTLvBNqheuRPF20xRAJV9c4J/hdMcEBZo5K/gyMTNaKGbQJxiDsKu",
+	"B7rIzQEM0c8qrY7QBVNGLgc9xO4aa5dhrv2Gd0Jejmw2ux9CYpkLn1KVrnCl+K47Q9HKTgoSkiDFSnwT",
+	"2UNeckFSIufL6F5pMknkKD3c6QpzbDS+nrIUBE5h80ykJrYCO101Aiq82mJ/jd4XoU1w1xfTaIDNLVqR",
+	"BRw3uLUhNl9g0XKRW/d2GLhXRA7b5S/GPb+mFB85774Sv5eQSTRmHF3g+PIa8wQpWYqlnbWT0oqtZJzM",
+	"MJ8ju4eFpDhCrkcxct/GmDJKYpyiDPheIVOUUdAU67b1Mon+llHQhpUbLRQzEhzWNRig56lCGoFmuZD6",
+	"fEzkMzcRYuPguhiCBSylDagM9Bmh9tejuj1Ypx87Z282C3DolzyZgHwBMRHWnCx4Vpqya4XnmCv975rl",
+	"aRJdpCy+XIhAlf4UyCsaMBe6g+47pj+PMpaSeL4mb0u82XdQ/GpLFtA16iKuaUnRMeMx6KiQGUtgpZFf",
+	"lo3fqrZKSAKPVV/K1o2wO8Ao1oFQ+expL2T/VBqagNzuLQlLIqDJ+j4104WQmD8Ux5ztDZJIZHZqndBQ",
+	"4TDTiz9TLLlzO3Ma7JPdNZFTQiNLBv2eUpPFlKVJFHMmhFYdLNK7g6wgPZoDmRXsGYNcQ9XM2TRqDbrP",
+	"pYTUYlWHOO4K46qTcmUSNedfTdw3CMqj6mKVaxhXwWE32eZWNpHCbUAvNOcwTQVJtDNbXu+0ZiXKCFHC",
+	"Ghhd29J6JyvMeC3v1605+WpO23aZV5Hfjw6aTtzaQnnIakZeulJ1KeCxEMokGc8jRlOlW2qRHaU4p/FU",
+	"oXlukHipDF/n8GtF4b38zGkpwx4TLmQkAOhtTnfWI5EUb2Bony98Y6JXTz123GGxo3U1UVJa0N21IoWu",
+	"Q9OuIowuzf2GZWHVgUOqah/dpEchGSr7WsyojrA1JKqs6XIW4E3ZI3+WaS8uji8pu04hmYA1ell6BR0I",
+	"/5QJmXNY49z7SjeyvV8wlgLWXHVFpchcOrnVcW0CGeZSqwNr2gQL3YdmoQp7VX20QXch0ESsMPmlPHLT",
+	"1sa63FKCkBEUYiVN3497h/9ZlcZ7Xz7V59zqA120T8t9nmtsHeOTdfUtzU18Op4xKqdahP+VYy6B6/8x",
+	"pTlOCx9TkJw3axNtxJJQPFPchqJXti76vTxLbsdHgpELZofrLKZmnlQMlxYPpdnwgjuGjYmAYVM4k8tF",
+	"rVFXhYVW1mGpTLHM/15iHoJSZ1XNuaO6XGJjyFNq926RbHxuXX5DkJLQiVjTReq6QcL2445mDCwD9IZc",
+	"AXr1O4oZvQIu9J00E3CfAbe3kOzN5OJiHpJTLBEHmXMqEAk4Qh/sMd34JhIUZ2LKVhcKr34fuqZBmSDy",
+	"LGNcYX7ph60g54NYgc5+3lud4NSoZsnZRnDlqpu1gOK8fVmNOE5ms1zq0PlXvyO4IgnQGAboVyIk49r5",
+	"rtVZjoBKTsBE/Jhjfg5aiCdN1I9xphjLbaP/FDQ8EDm37PjStox0ZPuasXuqbRNfX97gWKIEYjLDqb55",
+	"r1QYjEw7FxiJ0ThlWA6as6xC7qPrwd7Pn/7Xzh9/DMx/u/87iLjmgtDDYyk2xOqBwVUjwPriNcG22+4h",
+	"XwCb+hX0XkCTJ+Z484WOVl+RLKtdDPOZPqzL0lygkU7yMEI7NiggQeMUS3QBMc4FGCmlQTG0GqdMQLIb",
+	"INLbm3zFmas5YZ0QITlui8VeHteSwyZNsDGhOCV/rzTDpZ2uZ2iY2MdNwqFxYFWtz2LTG0IDOl8g5vW2",
+	"ltVDcJeZoINNoOdKDjJHuKVzDN9Ef+aciISEbit02nTVh1gq5kOh/Of4phDuyLEvhCWyRFKE6DV4mRpT",
+	"MonT7mdSqoXiLbMO7ke7XOf45rxooiM2VxnxipFkk+S10AZd6JF0HkcDv796AQyoL1U7ui7itDW0qNmh",
+	"hk8sF1KaJ6wYeaL61va2DhTBpYsH7bjlQ1PgcIRcHNsPAhVvdEg5mxGprKeAePoaDkxvelUGcfB4g0cY",
+	"Wp+OlD4935C7qNiJ1QWB8xYVCTNA5zbYVLCf3hMdIhxpIDcVQ6jsdIjiqVLgovJEv7FnnXhqjCVMGJ+v",
+	"y5MdZ70FT7YeCbVGrWwYbmCWyVvPdhNSSOvCF1nAolez0nYRoegCCyJQxgiVTqO3+ZuMvuG7EluG9VyL",
+	"ms3lekU2h0shVl9SU3XLfLehjzW1JWnl9HXgQ7vahts1RKvwu27cve6I80iziIZUU0z+zIWTRxLf9Pq9",
+	"MZjoTs0gFvnritHu6QJX0Eh6YHe5gvqgtw0Jx2O11MZE6GkrSPdqlA3MJcFpOo/sA6Xq9Pq9a04kRGw8",
+	"7rAdbl1W24mtdfgNW4dbw21ruG0Nt2/YcFsgSc7UNzotayeb7VZG1QVJ02hs06iuRce6B8nWlyG3F0N3",
+	"edy1JsO39142Ywy53jZoX92BidpZJHWIF9/4jcpKl/YIeB0+7/pZj9efmtYlv9fX6CUz9tRC87AYWB9x",
+	"dEk2seHkGvq+cCDuTx+2Bex3HVwNSXQxj9ZOV9Pv5ZRIfd+r+3Uj3eSvHFNJ5DyaKTIXHWNAVdPO32qX",
+	"B4eY8WTdyekuyh3tnq1btyh6UGAvx4iQ6KxPwhemfuRNcDtrE6hA40uWUka0bE5lm90ueLZ4DfebDKKF",
+	"vgPkWhUWFbRuMsUm561w9nXk+f3azTVN4kHazcMpTtj1md6HNfSdB6DAYJoQ1SAyDpdV3dp+81VYbAKp",
+	"xKuOpvONqlHWgvW7FczP3SagrCaiNySMt3LsruRYU4SFcbyVUGuU1EKRdy3sNijjOjLb9e6/lYuzBkrf",
+	"wmu15TwtnKfM/SX05lqkXRaZ1kLEBR1VdY2V0xH6gSer3LMv1M8GOP0w6nVG9rW0LqsRamd84CjMXnrQ",
+	"TQ+RWX9kMyvpXEsJnyOe++477wLPWhE+DXWpudp1pc4/or2bmWg/2jozODcN61hgVqbot1/bh+CUOiLC",
+	"eQHqWkxvLbXp3jW12nLeTiAuWNiKb7h6VzaKGR2TSc7dRT2aYF49EW0chS466qqVqaoyPom5jJS63jXn",
+	"oUvZ5GpqVXMfehkMm117T0zywZiJIiuh/h+3ZCEMqD61zCCx8xvjLIt4TrUFEurquTY8XxSXZdaT5csy",
+	"bCyRGCLNJ3WBWYvcxXt/H+z9/Mn+3fv0+VH/2eMOgby1Wz16pBAemnVw2ZHXW4T6pcYq7nycAtVBTBKS",
+	"vgm95RNM7bnMDwJZNERlP5phCkEm1ETOryo8H952aIg6rP9aMtZdE+qWAjuUDaF2y6gO3nD462uYr4cd",
+	"a+5Fll+kJA7dkn725KenywurNRa/0mX7VM/1DZTjZGYSfK4Q63de3Jb6QSB9ndoledT1bwKXn27HPDIs",
+	"xDXjVU2+eNivuj+eVbt73JLQMwBKTfFdSA+DaO/T58f9Z11uGhTDeTNZti3rYSB2m7mIOJq735pF0gnN",
+	"D8MXG7oa8kD5lR2hb1dw+e6slxpYV4fqkk7WDGOSypabU4qNZe1Lae+3X5V7uvtu3aBtueLmFjWyNQAC",
+	"k2lCuGwD1Mp8FT1m06zIXgPsUtfBop5X1uEr87Aq9KEte6EzbN5O5LPLcEqL2yRXqjsSLqtnWOGp+LS3",
+	"grA8phUt0NX0VNr/XqwLuCFM4ynjA1SOgbCUnFzk0t4+nimTSDI+1/kcLajiTm5xrZxKb90wt6iQL5+D",
+	"Do8xxPM4hUhXHuzO8N64hkPd7laexBax01Qo7jbPQcDAqSxgc7VWyz/QungLE+iGbE2/p3s6vqyKugd0",
+	"ZqkLHD232V5qTgZzx3qG4ymhsMcBJ/qBKWYYswSsi0GAjjFD/xo83h0g1Zm5xilMB1hnJETWIS18Z0Sl",
+	"jlSRfN6Whyp+2ypSxe9KESkluYP1J92LQPnJRhvvRVvhzEJD8L5tls3U7pRq1cxev1cvCGVO3f3Sf6r3",
+	"snhZURmx+bjAcO+5K4PKIQVsV3JRKbT6LMtUsOIy94vQ2Sc+OBzGOU2ia0ITdl2mlvQu49Sr19rySZVe",
+	"9AM2HqeEgvtplC/3q1ra1RYWqPShHzQ+czXcDIZXGoRL6HovWjurFoSz3qzKJmWZO3BpPPerpdpHRQ26",
+	"+rfFC80gfRRvr1xnnce1cnh6j/1io5rB+uWWy0pXlS0PMcxqFbTVzXDDMYBeQcoyfXEIroDP7XO/wHtN",
+	"UeiQhapkYMFMgfWiwn4J77IuiKnaudOo462TRTTT0f8UDF7QBd5WOyt7xQH2lCRGru4neo65yVkhkaJm",
+	"iVx1yFFf58IeSY51tM7I/BSZPj8c2Wribh+P0MiVENWf6WJz+iMOpsINzrJ0HjySm4HQV2way6cMmj2B",
+	"x9BH03yGaSkTbJMBemfSbOBr5JIQIMZRgiW+wAKQhJt6jonHB0+X5tmLTUojB1hjo0OS7VfAqZxuVJ9v",
+	"auShgV3VYaWdiDXHnwAFflslmeXygt1EGdBEPWmWrdHvkU4GZXIHzUEi7ZYT05qn14VbLE6l5XT+YKTG",
+	"4qbGSlunpRIEq7cLugGcoBE9by6NhexXtyeEA799fD08M/Vx1sSAS5h3TZrZFVn7XqdtQMOqluOp9uIi",
+	"JfYJnaBLmAu0c/bqOfrXj4/+hX77+BoNIXRXWn1YUZ9XKPKHfhu+f4c+wgV6DfNytN0wN6skTlp4Vq9h",
+	"Cq3MGzYh66ZX3rQvhskscoLR5wCVps+amXo+Pws7Ox+on/kNm7B8TQ9zo1zXSsW3agBXOwuBas6oV3a4",
+	"mNNopYTMVAeIUGSJGs0IZRzpSConUr0ETaH7MZFuEgiDMIMQ6vfpFJ8isdHOWOlnN3iWpYBiJQ52g9y/",
+	"yXsedvqkytp4wIZ28bRida9yogY3+khChNbflIZD5rVbd9UCZXgCR4jmaYqYqQ6fKnVPPQ7Vi1setaWD",
+	"+cjfAb3tFE8AqVfmeobabDklwh/LiJfHlSvuj5ZKTX/qPgTB9bXliJ7jDLcXKxqYs41++YBluhp+Un+m",
+	"o2QaH+b0grHLRgNlUzYe6jqR5mnI6nEAn1m3dx3USOQZ8Dq8EdP36YuftYJ4XvflOccqfMP5VQdoxFkK",
+	"XsGbNAX+g0DqqeYl8m48r4ujC94xuqdxuuI6Lv3E64QPeEN29vd6bbr6R+/GRdwZ4vUdwKpl52HWKM7d",
+	"bQEXeocLEJsJceu729y7fu34U0+h5ltecnHFzuje/L3e6eSG0tRW6rLff2KEmR43SPInhSPFfCSmJDsq",
+	"85uXL34QSv5wRNYKIrpdnZL7rEm/UKdeTDXlMtfuq/lX1AoF2hJCN9w3mHPfFGDx9WEdevgb3dSYCwmK",
+	"C1nrV4C2dfec3Dc71uv3rghct4j6M8AJoSDE8ynEl4FSDMo2T9g17dBarBzvJZfuVRA+tSdMyAmHNdvX",
+	"w9pcZ30DU2hjio7Wrg9s2xcWDqOSsxRlKaZwiNilVpd4DojRdG58psYXHSvQ1Vt2GdCbipXvvgxiNdeM",
+	"HSK8KtoCtfW+vwGD2MQnrnzvUQbC+F/D3FguhCL1RenBRjidME7kdIamWCBmrpmvlp9rE6kaCJ3o80Xj",
+	"qatbf0CHw1/R8Nfjxz8+Q963fQSDyQCNzJvDwWAwCh0zeFav/bK3Mc31EuZFAr7moher6yAVYroHyeMf",
+	"f3z082jQYWE6a6TV0NLm6ZF5jy6Ni8QtKc7llHGdDUn7HM3s62toglM7aKrNmNTq1nrL1TeoulTuGiq4",
+	"N4Frie5hSdohmdA8+ypBcH480zam1wO6uTChnTsvgipX8k7YEOsdf5DdO3JEPNBaFetx487ssqs7o1sK",
+	"MbPNpcp3J0FiVfM9VEjC5bJaJSDMgH5v/NXFDz8o/uqF2wYMGUX/nkdQToHwdgotguiqlk3IJKlgzcrx",
+	"d17c+L37MRYXbHthUFM4v4VjoMZQoIwCusYCTcgV0FDZrw3xgvVdgXcRqd0p604haGpxoIUH0IdsqepU",
+	"Ysg9k7e7zPCASPyD5oKr34ycEeo/fbRh9Wpjoc9fWudccSGtafiu6var27ptlwYqEN7rTbwN3zJqmdlq",
+	"F7yW4dq6U11DhQlOaXVRc3deZn0raNNctx1P3WielLZ3nOq3yMppqEYfiZz+YgODVzMCVGtT9kfzfK12",
+	"Uwk3Ukci2mDjVUsBoZfaS6fDGGulG8whug5DZNRV+8rT1EZEXqhvmhbIRTm3TtkL7liSd0pG2UZGy2MD",
+	"3Gl07A7fyQqJOgIn9xUR+eRxQEK6ERVmesldfBwUThu4IDqwToSrlPo9rQ60IzXvGO5ZANyNppZ0va29",
+	"X1+Xj7TlTPQOcSszbOxRy/a34WG/IMYQB/vvJ2eAk7csgfQtSLxyopN4WkG8qb7/MCNCjzvPsDCR/rgl",
+	"9n0Dkbi1Na/02LcQts18sno8Es6Iztqsr34knZK52bBxTdvd9DkH27HXsrjLpnY31l3pmzpT6xtfuaBh",
+	"V/CJiMoLDMEojKUX+fAFpB3cL+G49PqKu/5qMQoVMIOLHl66RbjRXH/fHPdGy1JMKRhuRqiRzEstdTfK",
+	"Laww4+WRSzByecbolYy5gnKqptyPAc4/szxlWXc+C2qgQWCO/cK+0yOE93A4hTQ9lhLoGnGHxtkSSSzM",
+	"0eTiIHH79TXjlynDSYcWFCAR+sKZTSO3OAqfcsBJRJkkY2Juni0dox6tWQexBkO/OuWWMRes9HOjh666",
+	"zv7+LEaT2n6WnDUFXZZ7FQzWfbla+ou1F0+X7ZYq3mq1ofTwa9FDvzfrcFWrPid9CTArMGXVdXmfyQaJ",
+	"L9Dtuq+OHaOI4QotkyH1O+FIZTqLlcB1/ukQtF2yedhujAesHpZk5VwNmWt72HeWZaNgerleJbL2PcJa",
+	"ziQt6a4rhErC77AEjk00pb15vgDMt5YMaqa2dX4WscJWe27EDrsHLBMt8riO/aumBjNHLyluuRJ2fCFY",
+	"mktAY64mSxPEWS6hy5U9ZyKvwAGIcPeZN6mUmYJoVgGrz9gfdME+dg3O3oTTaMMnf8sO4BbMuuOZ7z1O",
+	"unUyC2axhrfvntKJ3M0hS3gpPlot6jkT0mLzQn4Rumj3C44vgSZ77JpCUqSYxIor5PQaz118JGF0gJ6n",
+	"RN8j5UAT4IgYd98sF1JfLeWg+IFiLabtAJ1IYfx51mXHJBJTdk3tUaWuvmoC+HAs+0gwzzmIiEDj4vK0",
+	"bkAE0oXpjlyn1yRN0QWgwtFoJn4FLdeeyzV7TUwtMcfFLeS9fu/PPJtLE+6ZpjPVC8eEGsaimFySp/rt",
+	"ZX4BnILJ7YqzrIWbuwGbJ6lFfQpXzl0QZscpDllJYlI0SJZl+kMFZwqmEQed19M0sT+iMSapfVumijD/",
+	"68e19+AaLIG+Y7W+WnoRWyCejRFGTuffvJ8XxzHPIYliJuRGFGRjjJTpPZoxazwHfccKa6Q30aWMmoXR",
+	"t60RGSM8gQQRKhmaEiEZn4cTEZvRtM6VU2lq8teGIzNA+h26npJ4Gh5WUZZQhJKSK0CF5oVEzsc4BlGJ",
+	"yL9NHT9rom2wMqCXymQz7tlKMo3Ndbm2t1c1bpHtHVxkokhI18lEbZELmwmGnbKcp3OdfHkjtBbMX2sn",
+	"gEiCdpTQwEhtWjBLx5LzReJcC85xWONQwK+A7yXAyRUkKFf80kWU7+mIcqTW5QjFVvQ1hV2YqC+tfOm2",
+	"U1oaraIn1h03TaF+jXmypwbFkugUTSnBOma+siJh4E2yno1QjckL1JxWN++wvolxm1JcZQfdlLLb3kFa",
+	"diwUqDl2K5+puMzvsPhoQ3sJKq1V5t3kvYVtomnCiwSsnDzVjpuqflY1zRItfayq40hjyz3e6/HwWhhi",
+	"KdGqDK5f1S2avDjovmSVDGJVDhQQ903lXleajXNO5HyotsIeZwPmwI9ztcvu1yuHn799PG+kkD+OYxAC",
+	"6Uscytqfae1adYCU+mScqQNkI+K0PmMuyhRvB1bnnWkGoUcsGcZUysxUejTJcPTllRbwmL4j3wtljtIJ",
+	"mBRjOnl3/vLs3fGb6LePr4fR2ctXZy+Hv0bn71+/fHdk7vKcvh+eo3033j7O5XT/z+tLsW/vq3QCV+HO",
+	"L4uWsgVWe81fNd9zINi1VfotRUA5S1NI9CdKbiWwN8a6PEqG5VRoY0nnBlDvUzZBEyzhGs93O8D9RS/0",
+	"mIUSXhnzac8kwD57OTwvTCp3R+rfmEo+R/8+/bAXpyxPqpemBn/QP+ieVctdpqwZnqMYcz5HIz9f1gjt",
+	"zPANevT4JxRPMRe7RxZnXIovBPGUgb6w/gdFKK6m4yK00Z1bFZ30qvzmXP3cO3kx2h2UwJlsYspmoGhU",
+	"SVk2QtdEKsXYZiQcKc4x0k1PrPX54cPJi6t/HWmBLiSeZebx2avn6MmTJz8fuRwdIpijQ/X0vhG1gnZG",
+	"IXvo0BQlGe2inKaKBhMW5zOgUpmonlk7+EMX3CVSseqe3aXK3qDj0xNlirpSP71Hg4PBwZ6pz64EXAYU",
+	"Z6R32HsyOBg80bGGcqr5xf7gGtJ075Kya6rJZPCnMNrCxKQAKsj8JOkdqoeK8Ex5dzwDqVMutSh25Sf7",
+	"v9vdPEm0gufwQIPw+OCg8M1ar1OWpfYcZ9+BY8TNMmFkUxdpSmhyEZuFSFHSFHBi00X5qNbWv/28Mg81",
+	"xtPHP7c1Kea4f87YW0xdnn4dXv+jmfPidi6BmMZh0+rJ8lZDkybug5fLz5cVvcP/fOr3hDPVQ3mbdC2T",
+	"idrXnuZ+n1T7fZyR/atH+9o1va9TZnhYUr9+qQWbQKNAjo0R2mHcf6M6HO0O0HOdP8QQzgXLaeKirwXj",
+	"0mQs0Ra+zlp3DRyQqT5/hLDLq8IhS/FcfajpnDI5BW7aE4FGtWSb+vpaFb9TIuSxAvWlToZ2KzzvL/3a",
+	"zLjLl6d4AkPyN3T5VsM/ZFzqj6s78/JGMXy9GcjoGAOdIbJ32PsrBz53ethhr1BWSsJbyapqjv1eSWeb",
+	"ZE6LHGIjA2UbDPa4RGtsJRirZs/+HOybgzDRGN0Yi17UM9Pmy52ysBL9KtEWAZZ2rBP3aMVCb6hZ201y",
+	"ty5c6hecuPBg3eTR8iYfaHlr0zTqwNdeMX5BkgS08fn08eMuw2ScKe3WMMFvilsX/FkhQWV/fe6sWKfG",
+	"lxCP9jIpBrm0i4w0dVCE0Z6VquJnNx7thpnkeZEn8aExyLukzcBVs4V0abdgS5LfH0mWiUIr1PhBZw39",
+	"ZJNmdCO6ATpGEisbUaT5BDFuXpa3zohATw9+bhJi7BUZuWNKPElgljEJNJ6/tl5aq0X9wpL5xggsVFXo",
+	"S9WhVATeVGj80R2B0E7l5rukb3RNoiy+Ytf6oeJpyoZ1j72EMt8/YzjoQOLPGR2nxBzAPn3UYYhTPE8Z",
+	"Ts4Ze6MrLP6jOJDBPYTdJd4CBZv1zdoYVJu6sP+50Lq/LHIDbIbr1Gx0A7fJC6aV9gzLadgeqDKEW9gH",
+	"d68vtLkjSuPnH8ADni5v8Y7JV7oIwj+Klv8NsiDkBdoElvG0SYi5d0nze6HFzWsVoausnbSK++IENsPF",
+	"liMs4ghbNWLTrMfQxVLu46sKuZzup2xiCneGTZwPzmxRCq/LN9Q3N4FHRdr6UeHMNclAp1ig8/fnp8UJ",
+	"2QB95IxOUMwhASoJTo1r+OnBI9WNVyBqdIRG4dpPI7RvXwWqP41sd08CHg49w1sfcmyek1UKENwzCzvO",
+	"pcs92G4VDXVxaGTq6n7/TGzLYlY7bLIEqo+b9qrGSfOkyfIalkuf2TQoVb1/mKTqFa7oRKtPQ0dpV+wS",
+	"ErSDU8EMyyRSJx+yVcoQN1/sfosEtyWfJRLabL8O5dXBKyaWZDnZ2M/b6YZ7uWQfIvWEct0+RHl3jChc",
+	"I+wHUSm1B+vHlU07MtcW0qT6GBGBRAbfpta/pd+VxN8Zk0bfXpGahc6e2q5xG3egQBg5DbjiGCzLgiAs",
+	"tJvQdxAO0BmMTXSF+rhVk955evBk10igrCbGdbrs8fgIjQLFOHXLn3er6r471tDHHk392074AfKlaiLb",
+	"ez6a6MiR6kigGFLpHNbWlg6fsdGtR6URpnjRQ1Hgt8cMD1p51+TZzrfKcy/ReoqQEiFfeN/9s2IJWqqP",
+	"L4wn8FZ1G1PwHcYUTMHf4qJ4hSvp1XDTnbrapO0BB+eeqC/DDXSggbMgtfC3l22tyFgcceBVsf+Oog6a",
+	"qVXvWbx7y9oeb7ANGdjK8luFDCQ+8QYYSViI73+u1GtbGBqwOfZQz8pdxNK0HkvWq8p9E2ECiwn/vCIV",
+	"toeD23CB5UTsBQwsVwdeaBuf0IlVQBqRa23aQF5LSf69kftdRSKsqWncJ8NxEQlbxrONSvhaUQkraCpT",
+	"wKm5p9umlPxqvnioFxcNeIu8AIoqj09PEKbi2lYp2hA5rrPZC/xEb8gV+LUXFdAWLb19tPtR2cXi0raQ",
+	"eMHFleJ6oerd3SNERSrpuXe50BUND1z1m4B0cxrq4R4qalSgXBiRznLfa1C5vb1J5n1Prp9vj3MNFUVA",
+	"gn4bvn+HhEWqSkjV+6zGuEwGkDam9RYeLFbWa0O0cCx77mTOodrLQGzx8z7ws9wQDy8DUX42X8Bgjmfp",
+	"IvR8nwE9Pj15YfMW3COuOsiCl5OfPvr56ZODQDLFIIbaSRTZFx6uYD2fElFm7UjKVV8kUzOnLy06hSmU",
+	"qofKbUJ1+1v2003YP/YmAmFbfB6x8ZbZ3OuJRnF8kZVYtsIBxscpUDSqGPojHXAwI1Lfv9NhNV4Rwx9E",
+	"iw8DC3O4PUDH/hudmMdkivBPP562nX6cFsmsv5ujj1r9sq9y47KAYemVy6MaaROl9F5T4FsXxdZFcb+H",
+	"KWVi+8X+Ccf69j+X+ey+GF6XggzknLTdGLwWA3TueWZtF319U9z9Miq2zupaFM7ot3puzbAb4mRhyEky",
+	"QM8x58QZ6va50/6tmVpJIxfw8Fby/30jpzne2i5iZ+bDZMu1NsO1/jHcx+DNMu7TbzXbtmR/hybKErNk",
+	"S+zb49ulhNtydlvVCcw9A32O23Yy+w8n9Ls6vl3HWro3PuMObrf8ZmsSfZVT21uZRPvGSdfJW/nWfvrP",
+	"427fXrB7Zcu6x7tbbNgysX+20qRdyY4CZwXZr+BEbledtGdFX37SVTsuIGV04jIP2zGL0Hu0Y264USaj",
+	"sdqHEdKO42siYPdI53e/IUISOnGnDW0OGJwkFZrYcrGv5wM/ru3FV3KDV/EhxBeTZOst2ip098R0j5Ok",
+	"ODS9nTK3/9n8s5rPu8Kkz2DGrlyEcoqF/aiVvXL1PWw5bA3qt1YoJWhHQWW25QdhL/+aHCIB6Irtu1tf",
+	"XDD9idrHLdPbushXzZui8GYJ/1rD0YZewIzJFRhRxRG3ZUQPlhHdsa9wDcXy4P4US99vaJZ4y3C3Wub9",
+	"RFJMMZ2UjPoHgTjTFfAW65tCTPd0qaJFfsLh8NfXppzRPymvhJl1dx+bWsZtMonvM5lEEXo5HP6KMlPp",
+	"q1bhayimmkgWZJCYgmqkVJwMcwGJVoh05lUtMXZG9n/CaKSL742KRIVE6Dq4mOow6yoUu0cI646LJFUC",
+	"zwCNCZ3oVK1UFhkqGK1OB8cxy5emqTCU8D3FaZoZfSX/lF3ONsfUkYcSCkG8fdxmrdiqB7dwQtEa+wpy",
+	"r4BysP/5EuZNp1MoEnIzrKKWCnn4q+GbbZfXDXT37lPZhh1uD9W8KMJVqSsX1fP5Zfkl0M6IUJGPxyQm",
+	"QGWUAZ8RIQijwj89W1RmzlxR+yeWmlMzX7XcnHaibFX671Sl15u7PDPcsjp0oTwwm8re6pelU3B8f6Xp",
+	"1Ky+khbuLes2SdxW3b6je03GD087Mpm6drD/WXOSapq4utDSQwTvXjZibHaeHjzdDWbw2ByTadawaVfc",
+	"7ey+rSp0bSzDxT9t7YHtzQRcUGV3wi+S9uhU9X9eX4pQ9YlaGXqqk8ob+6BQLYBeIQFSH6+OTt6dvzx7",
+	"d/wm+u3j62F09vLV2cvhr9H5+9cv3+nr3wLkkcuFhJ4ePC1NCRPSdwGYm3NZOcXSZNoPxYloSNUYDzb3",
+	"gQLOlsNYZAbYTzYs/NeiypVp7BtMjf655xBfZ+TXGdAP//PpSyVjxyvGY7/egyUsQSaU0MneJcwVHocT",
+	"qc9AchKLxemBzCd3i7kSbuR+lmJCWzOuPPvXo4OffnrWJeXKKWczkFPIFVu5kQhuMiaIeomMyHy4+Vc8",
+	"0GfFygdzr2gL6u9W5efxwYHheqdMyAmH4f95o13m747Ph5an9dGPB0/qPE09umDJ3HA1QGeAE0JBFFnB",
+	"EMUzF5wyxkTn9IynEF/29TGMZrJqmorVQsoyCCpVRbcPliU2Jh5miDiZHyK4Aj5HCWRAE2UjPpAEegUj",
+	"ur8Fecck4mZRsEQp6OglCgZDFE4l7HpzZT8W1cFx0B4uoIAgbdV5sJHyFeYL/MphayAdmZ8UDxEpIB2j",
+	"HaXdCxRjzueKRghH1pxBGYcxudG2R87T3mFvXyO2Baw+gst82NfLTMy/cqpX1iRr0pO0zGNQGhR2goEz",
+	"BFNqo+8q7fRt0SgnUFR3VpoUB/m2T70ogbq+XjEgmix1KXkdGqVvUZ5egXZiJiSKdbVNsdsvkzHpWqDV",
+	"Gxxe10WQxyJ4m8fYXg/OVa06sI9+IWmqhVD56BTPTakR79lzLHHKKp+9YwlUvjlOU2bosuXxvznLs8q7",
+	"oWQca/9B+XlW/eQ4y465JGMcVyH67yeKQN6yBNLK81Ob1fIMFO1WIbQKy7E5GK82M4t7rGuUPS+rqYaC",
+	"CV0yTe0XJEIawVD6ls1GFg5mN5GyWqw/PfX0jKXQfBqGxf/iLcZiSCSE37whY4jncQqNt82tU0+Hl3nz",
+	"4fvhyQxPQtDV90k/rKFAE0txnhCJJMckra/NsXrV6LKCjdX+3juZLDQrQTONDIbcJZaNxX9fhdjJmsZq",
+	"uBfHWXbK2c289+XTl/8fAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

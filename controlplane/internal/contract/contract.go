@@ -128,4 +128,3 @@ func (o *Op) Route() *routers.Route { return o.route }
 func (o *Op) needsValidation(r *http.Request) bool {
 	return r.URL.RawQuery != "" || r.ContentLength != 0 || len(o.route.Operation.Parameters) > 0
 }
-

@@ -37,6 +37,15 @@ func (o *Op) ValidateRequest(ctx context.Context, r *http.Request, pathParams ma
 
 // requestError turns a kin-openapi error into our envelope, naming the field.
 func requestError(err error) error {
+	// A body that is not JSON at all is a malformed request (400); a body that breaks
+	// the schema is a validation error (422).
+	var (
+		parse *openapi3filter.ParseError
+		body  *openapi3filter.RequestError
+	)
+	if errors.As(err, &body) && body.RequestBody != nil && errors.As(err, &parse) {
+		return apierr.New(apierr.InvalidRequest, "request body is not valid JSON").With("field", "body").Wrap(err)
+	}
 	var reqErr *openapi3filter.RequestError
 	if errors.As(err, &reqErr) {
 		field, reason := "", ""
@@ -55,15 +64,13 @@ func requestError(err error) error {
 			}
 			reason = schemaErr.Reason
 			// additionalProperties false names the unknown property in the reason.
-			if schemaErr.SchemaField == "additionalProperties" {
-				if name, ok := unsupportedProperty(schemaErr.Reason); ok {
-					if field != "" {
-						field += "." + name
-					} else {
-						field = name
-					}
-					reason = "unknown field"
+			if name, ok := unsupportedProperty(schemaErr.Reason); ok {
+				if field != "" {
+					field += "." + name
+				} else {
+					field = name
 				}
+				reason = "unknown field"
 			}
 		} else if reqErr.Err != nil {
 			reason = reqErr.Err.Error()

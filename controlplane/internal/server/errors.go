@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/getkin/kin-openapi/openapi3filter"
-
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 )
@@ -64,16 +62,6 @@ func (m errorMapper) paramError(w http.ResponseWriter, r *http.Request, err erro
 // bodyError maps a body the strict server could not decode.
 func (m errorMapper) bodyError(w http.ResponseWriter, r *http.Request, err error) {
 	m.write(w, r, apierr.New(apierr.InvalidRequest, "request body is not valid JSON").With("field", "body").Wrap(err))
-}
-
-// requestError refines a validator error: a body that is not JSON at all is a
-// malformed request (400), a body that breaks the schema is a validation error (422).
-func requestError(err error) error {
-	var parse *openapi3filter.ParseError
-	if errors.As(err, &parse) {
-		return apierr.New(apierr.InvalidRequest, "request body is not valid JSON").With("field", "body").Wrap(err)
-	}
-	return err
 }
 
 func missingProject() *apierr.Error {

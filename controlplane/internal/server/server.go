@@ -158,7 +158,7 @@ func (s *server) operation(next http.Handler) http.Handler {
 			return
 		}
 		if err := op.ValidateRequest(ctx, r, urlParams(rctx)); err != nil {
-			s.errors.write(w, r, requestError(err))
+			s.errors.write(w, r, err)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
