@@ -84,7 +84,11 @@ func TestAuthenticateCodes(t *testing.T) {
 	sig := []byte(parts[2])
 	sig[10] ^= 0x01
 	tampered := parts[0] + "." + parts[1] + "." + string(sig)
-	payloadSwap := parts[0] + "." + b64(func() accessClaims { c := f.claimsAt(user, t0); c.PlatformRoles = []string{principal.RoleSuperadmin}; return c }()) + "." + parts[2]
+	payloadSwap := parts[0] + "." + b64(func() accessClaims {
+		c := f.claimsAt(user, t0)
+		c.PlatformRoles = []string{principal.RoleSuperadmin}
+		return c
+	}()) + "." + parts[2]
 
 	cases := []struct {
 		name   string

@@ -213,4 +213,3 @@ func timePtr(t time.Time) *time.Time { return &t }
 func Pending(ctx context.Context, db outboxdb.DBTX) (int64, error) {
 	return outboxdb.New(db).CountPendingOutboxEvents(ctx)
 }
-

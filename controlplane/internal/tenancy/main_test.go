@@ -129,3 +129,15 @@ type (
 
 // principalOutside is a platform user outside any tenant.
 var principalOutside = principal.Principal{UserID: uuid.MustParse("01900000-0000-7000-8000-00000000dead")}
+
+// rootUser inserts a platform superadmin outside any tenant (users.role = admin).
+func (f *fixture) rootUser() *principal.Principal {
+	f.t.Helper()
+	id := uuid.Must(uuid.NewV7())
+	if _, err := f.pool.Exec(context.Background(),
+		`INSERT INTO users (id, username, display_name, role, created_at, updated_at) VALUES ($1, 'root', 'Root', 'admin', $2, $2)`, id, t0); err != nil {
+		f.t.Fatal(err)
+	}
+	return &principal.Principal{UserID: id, Username: "root", PlatformRole: []string{principal.RoleSuperadmin},
+		RoleSource: principal.RoleSourceUsers, Capabilities: principal.CapabilitiesFor([]string{principal.RoleSuperadmin})}
+}
