@@ -18,6 +18,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -50,9 +52,11 @@ type Store struct {
 	Pool      *pgxpool.Pool
 	Clock     clock.Clock
 	Metrics   *metrics.API
-	Errors    apierr.Writer
 	Retention time.Duration
 }
+
+// FailFunc writes an error response (the server's one error mapper).
+type FailFunc func(w http.ResponseWriter, r *http.Request, err error)
 
 // CheckKey validates the header before anything else looks at the request: a key
 // longer than the contract allows is a malformed request (400), not a field error.
@@ -74,12 +78,12 @@ type Scope struct {
 }
 
 // Serve runs next idempotently for scope; body is the request body already read.
-func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body []byte, next http.Handler) {
+func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body []byte, next http.Handler, fail FailFunc) {
 	ctx := r.Context()
 	hash := requestHash(scope, body)
 	tx, err := s.Pool.Begin(ctx)
 	if err != nil {
-		s.Errors.Write(w, r, apierr.New(apierr.ServiceUnavailable, "database unavailable").Wrap(err))
+		fail(w, r, apierr.New(apierr.ServiceUnavailable, "database unavailable").Wrap(err))
 		return
 	}
 	committed := false
@@ -92,12 +96,12 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 	// A transaction-scoped advisory lock tells a concurrent duplicate apart without
 	// waiting for the first request to finish.
 	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, scope.lockKey()).Scan(&locked); err != nil {
-		s.Errors.Write(w, r, apierr.Internal(err))
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, scope.lockKey()).Scan(&locked); err != nil {
+		fail(w, r, apierr.Internal(err))
 		return
 	}
 	if !locked {
-		s.Errors.Write(w, r, apierr.New(apierr.InvalidRequest, "a request with this Idempotency-Key is still being processed").
+		fail(w, r, apierr.New(apierr.InvalidRequest, "a request with this Idempotency-Key is still being processed").
 			With("reason", "idempotency_key_in_progress").WithStatus(http.StatusConflict))
 		return
 	}
@@ -110,18 +114,18 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
-		s.Errors.Write(w, r, apierr.Internal(err))
+		fail(w, r, apierr.Internal(err))
 		return
 	case !prev.ExpiresAt.After(now):
 		// An expired key is forgotten and the request runs afresh.
 		if err := q.DeleteExpiredIdempotencyKey(ctx, idemdb.DeleteExpiredIdempotencyKeyParams{
 			Principal: scope.Principal, Method: scope.Method, Route: scope.Route, IdempotencyKey: scope.Key, ExpiresAt: now,
 		}); err != nil {
-			s.Errors.Write(w, r, apierr.Internal(err))
+			fail(w, r, apierr.Internal(err))
 			return
 		}
 	case !bytes.Equal(prev.RequestHash, hash):
-		s.Errors.Write(w, r, apierr.New(apierr.ValidationError, "Idempotency-Key was already used with a different request body").
+		fail(w, r, apierr.New(apierr.ValidationError, "Idempotency-Key was already used with a different request body").
 			With("field", HeaderKey).With("reason", "idempotency_key_reused"))
 		return
 	default:
@@ -148,11 +152,11 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 		RequestHash: hash, StatusCode: int32(rec.status), ResponseBody: stored,
 		CreatedAt: now, ExpiresAt: now.Add(s.retention()),
 	}); err != nil {
-		s.Errors.Write(w, r, apierr.Internal(fmt.Errorf("store idempotency key: %w", err)))
+		fail(w, r, apierr.Internal(fmt.Errorf("store idempotency key: %w", err)))
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
-		s.Errors.Write(w, r, apierr.Internal(fmt.Errorf("commit idempotent request: %w", err)))
+		fail(w, r, apierr.Internal(fmt.Errorf("commit idempotent request: %w", err)))
 		return
 	}
 	committed = true
@@ -171,12 +175,16 @@ func (s *Store) storedBody(rec *recorder) []byte {
 		s.Metrics.IdempotencySkippedNonJSON.Inc()
 		return nil
 	}
-	clean, ok := redact.JSON(body)
-	if !ok {
+	var doc any
+	if err := json.Unmarshal(body, &doc); err != nil {
 		s.Metrics.IdempotencySkippedNonJSON.Inc()
 		return nil
 	}
 	s.Metrics.IdempotencyPersistedJSON.Inc()
+	if _, secret := redact.FirstSecretField(doc); !secret {
+		return body // kept byte for byte, so a replay is identical
+	}
+	clean, _ := redact.JSON(body)
 	return clean
 }
 
@@ -192,8 +200,10 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 	return idemdb.New(s.Pool).DeleteExpiredIdempotencyKeys(ctx, s.Clock.Now())
 }
 
-func (sc Scope) lockKey() string {
-	return "idem\x00" + sc.Principal + "\x00" + sc.Method + "\x00" + sc.Route + "\x00" + sc.Key
+// lockKey is the advisory lock of one scope: the first 8 bytes of its SHA-256.
+func (sc Scope) lockKey() int64 {
+	sum := sha256.Sum256([]byte("idempotency\x00" + sc.Principal + "\x00" + sc.Method + "\x00" + sc.Route + "\x00" + sc.Key))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
 func requestHash(sc Scope, body []byte) []byte {

@@ -166,7 +166,7 @@ func (s *server) operation(next http.Handler) http.Handler {
 		if op.Idempotent && key != "" {
 			if p, ok := principal.From(ctx); ok {
 				scope := idempotency.Scope{Principal: p.Key(), Method: r.Method, Route: op.Path, Key: key}
-				s.Idempotency.Serve(w, r, scope, body, next)
+				s.Idempotency.Serve(w, r, scope, body, next, s.errors.write)
 				return
 			}
 		}

@@ -10,7 +10,7 @@ CREATE TABLE idempotency_keys (
     request_hash     bytea NOT NULL,
     status_code      integer NOT NULL,
     -- Only sanitized JSON is kept; empty and non-JSON bodies are never persisted.
-    response_body    jsonb,
+    response_body    bytea,
     created_at       timestamptz NOT NULL,
     expires_at       timestamptz NOT NULL,
     PRIMARY KEY (principal, method, route, idempotency_key)

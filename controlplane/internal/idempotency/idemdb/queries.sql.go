@@ -7,7 +7,6 @@ package idemdb
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 )
 
@@ -63,7 +62,7 @@ type GetIdempotencyKeyParams struct {
 type GetIdempotencyKeyRow struct {
 	RequestHash  []byte
 	StatusCode   int32
-	ResponseBody json.RawMessage
+	ResponseBody []byte
 	ExpiresAt    time.Time
 }
 
@@ -97,7 +96,7 @@ type InsertIdempotencyKeyParams struct {
 	IdempotencyKey string
 	RequestHash    []byte
 	StatusCode     int32
-	ResponseBody   json.RawMessage
+	ResponseBody   []byte
 	CreatedAt      time.Time
 	ExpiresAt      time.Time
 }
