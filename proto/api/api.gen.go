@@ -8385,6 +8385,12 @@ type GetHealthHTTPResponse200Headers struct {
 	XRequestID *string
 }
 
+// GetHealthHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetHealth
+type GetHealthHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
 // GetHealthHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetHealth
 type GetHealthHTTPResponse500Headers struct {
 	XRequestID *string
@@ -8395,10 +8401,14 @@ type GetHealthHTTPResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *HealthResponse
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *InternalError
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetHealthHTTPResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetHealthHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetHealthHTTPResponse500Headers
 }
@@ -8406,6 +8416,11 @@ type GetHealthHTTPResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetHealthHTTPResponse) GetJSON200() *HealthResponse {
 	return r.JSON200
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetHealthHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -8687,6 +8702,12 @@ type GetOpenAPIDocumentHTTPResponse200Headers struct {
 	XRequestID *string
 }
 
+// GetOpenAPIDocumentHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetOpenAPIDocument
+type GetOpenAPIDocumentHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
 // GetOpenAPIDocumentHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetOpenAPIDocument
 type GetOpenAPIDocumentHTTPResponse500Headers struct {
 	XRequestID *string
@@ -8697,10 +8718,14 @@ type GetOpenAPIDocumentHTTPResponse struct {
 	HTTPResponse *http.Response
 	// YAML200 the response for an HTTP 200 `application/yaml` response
 	YAML200 *string
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *InternalError
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetOpenAPIDocumentHTTPResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetOpenAPIDocumentHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetOpenAPIDocumentHTTPResponse500Headers
 }
@@ -8708,6 +8733,11 @@ type GetOpenAPIDocumentHTTPResponse struct {
 // GetYAML200 returns the response for an HTTP 200 `application/yaml` response
 func (r GetOpenAPIDocumentHTTPResponse) GetYAML200() *string {
 	return r.YAML200
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetOpenAPIDocumentHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -11383,6 +11413,12 @@ type GetMetricsHTTPResponse200Headers struct {
 	XRequestID *string
 }
 
+// GetMetricsHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetMetrics
+type GetMetricsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
 // GetMetricsHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetMetrics
 type GetMetricsHTTPResponse500Headers struct {
 	XRequestID *string
@@ -11391,12 +11427,21 @@ type GetMetricsHTTPResponse500Headers struct {
 type GetMetricsHTTPResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *InternalError
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetMetricsHTTPResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetMetricsHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetMetricsHTTPResponse500Headers
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetMetricsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -11438,6 +11483,12 @@ type GetReadinessHTTPResponse200Headers struct {
 	XRequestID *string
 }
 
+// GetReadinessHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetReadiness
+type GetReadinessHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
 // GetReadinessHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetReadiness
 type GetReadinessHTTPResponse500Headers struct {
 	XRequestID *string
@@ -11453,12 +11504,16 @@ type GetReadinessHTTPResponse struct {
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
 	JSON200 *ReadinessResponse
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
 	JSON500 *InternalError
 	// JSON503 the response for an HTTP 503 `application/json` response
 	JSON503 *ReadinessResponse
 	// Headers200 the parsed response headers for an HTTP 200 response
 	Headers200 *GetReadinessHTTPResponse200Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetReadinessHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
 	Headers500 *GetReadinessHTTPResponse500Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
@@ -11468,6 +11523,11 @@ type GetReadinessHTTPResponse struct {
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
 func (r GetReadinessHTTPResponse) GetJSON200() *ReadinessResponse {
 	return r.JSON200
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetReadinessHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
 }
 
 // GetJSON500 returns the response for an HTTP 500 `application/json` response
@@ -14816,6 +14876,13 @@ func ParseGetHealthHTTPResponse(rsp *http.Response) (*GetHealthHTTPResponse, err
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -14836,6 +14903,23 @@ func ParseGetHealthHTTPResponse(rsp *http.Response) (*GetHealthHTTPResponse, err
 			headers.XRequestID = &value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetHealthHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetHealthHTTPResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -15148,6 +15232,13 @@ func ParseGetOpenAPIDocumentHTTPResponse(rsp *http.Response) (*GetOpenAPIDocumen
 		}
 		response.YAML200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -15168,6 +15259,23 @@ func ParseGetOpenAPIDocumentHTTPResponse(rsp *http.Response) (*GetOpenAPIDocumen
 			headers.XRequestID = &value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetOpenAPIDocumentHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetOpenAPIDocumentHTTPResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -18281,6 +18389,13 @@ func ParseGetMetricsHTTPResponse(rsp *http.Response) (*GetMetricsHTTPResponse, e
 	}
 
 	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -18301,6 +18416,23 @@ func ParseGetMetricsHTTPResponse(rsp *http.Response) (*GetMetricsHTTPResponse, e
 			headers.XRequestID = &value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetMetricsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetMetricsHTTPResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -18337,6 +18469,13 @@ func ParseGetReadinessHTTPResponse(rsp *http.Response) (*GetReadinessHTTPRespons
 		}
 		response.JSON200 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest InternalError
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -18364,6 +18503,23 @@ func ParseGetReadinessHTTPResponse(rsp *http.Response) (*GetReadinessHTTPRespons
 			headers.XRequestID = &value
 		}
 		response.Headers200 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetReadinessHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 500:
 		var headers GetReadinessHTTPResponse500Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -23402,6 +23558,26 @@ func (response GetHealth200JSONResponse) VisitGetHealthResponse(w http.ResponseW
 	return err
 }
 
+type GetHealth429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetHealth429JSONResponse) VisitGetHealthResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetHealth500JSONResponse struct{ InternalErrorJSONResponse }
 
 func (response GetHealth500JSONResponse) VisitGetHealthResponse(w http.ResponseWriter) error {
@@ -23698,6 +23874,26 @@ func (response GetOpenAPIDocument200ApplicationYamlResponse) VisitGetOpenAPIDocu
 		defer closer.Close()
 	}
 	_, err := io.Copy(w, response.Body)
+	return err
+}
+
+type GetOpenAPIDocument429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetOpenAPIDocument429JSONResponse) VisitGetOpenAPIDocumentResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
 	return err
 }
 
@@ -26600,6 +26796,26 @@ func (response GetMetrics200TextResponse) VisitGetMetricsResponse(w http.Respons
 	return err
 }
 
+type GetMetrics429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetMetrics429JSONResponse) VisitGetMetricsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetMetrics500JSONResponse struct{ InternalErrorJSONResponse }
 
 func (response GetMetrics500JSONResponse) VisitGetMetricsResponse(w http.ResponseWriter) error {
@@ -26645,6 +26861,26 @@ func (response GetReadiness200JSONResponse) VisitGetReadinessResponse(w http.Res
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetReadiness429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetReadiness429JSONResponse) VisitGetReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -28062,39 +28298,39 @@ var swaggerSpec = []string{
 	"L4wn8FZ1G1PwHcYUTMHf4qJ4hSvp1XDTnbrapO0BB+eeqC/DDXSggbMgtfC3l22tyFgcceBVsf+Oog6a",
 	"qVXvWbx7y9oeb7ANGdjK8luFDCQ+8QYYSViI73+u1GtbGBqwOfZQz8pdxNK0HkvWq8p9E2ECiwn/vCIV",
 	"toeD23CB5UTsBQwsVwdeaBuf0IlVQBqRa23aQF5LSf69kftdRSKsqWncJ8NxEQlbxrONSvhaUQkraCpT",
-	"wKm5p9umlPxqvnioFxcNeIu8AIoqj09PEKbi2lYp2hA5rrPZC/xEb8gV+LUXFdAWLb19tPtR2cXi0raQ",
-	"eMHFleJ6oerd3SNERSrpuXe50BUND1z1m4B0cxrq4R4qalSgXBiRznLfa1C5vb1J5n1Prp9vj3MNFUVA",
-	"gn4bvn+HhEWqSkjV+6zGuEwGkDam9RYeLFbWa0O0cCx77mTOodrLQGzx8z7ws9wQDy8DUX42X8Bgjmfp",
-	"IvR8nwE9Pj15YfMW3COuOsiCl5OfPvr56ZODQDLFIIbaSRTZFx6uYD2fElFm7UjKVV8kUzOnLy06hSmU",
-	"qofKbUJ1+1v2003YP/YmAmFbfB6x8ZbZ3OuJRnF8kZVYtsIBxscpUDSqGPojHXAwI1Lfv9NhNV4Rwx9E",
-	"iw8DC3O4PUDH/hudmMdkivBPP562nX6cFsmsv5ujj1r9sq9y47KAYemVy6MaaROl9F5T4FsXxdZFcb+H",
-	"KWVi+8X+Ccf69j+X+ey+GF6XggzknLTdGLwWA3TueWZtF319U9z9Miq2zupaFM7ot3puzbAb4mRhyEky",
-	"QM8x58QZ6va50/6tmVpJIxfw8Fby/30jpzne2i5iZ+bDZMu1NsO1/jHcx+DNMu7TbzXbtmR/hybKErNk",
-	"S+zb49ulhNtydlvVCcw9A32O23Yy+w8n9Ls6vl3HWro3PuMObrf8ZmsSfZVT21uZRPvGSdfJW/nWfvrP",
-	"427fXrB7Zcu6x7tbbNgysX+20qRdyY4CZwXZr+BEbledtGdFX37SVTsuIGV04jIP2zGL0Hu0Y264USaj",
-	"sdqHEdKO42siYPdI53e/IUISOnGnDW0OGJwkFZrYcrGv5wM/ru3FV3KDV/EhxBeTZOst2ip098R0j5Ok",
-	"ODS9nTK3/9n8s5rPu8Kkz2DGrlyEcoqF/aiVvXL1PWw5bA3qt1YoJWhHQWW25QdhL/+aHCIB6Irtu1tf",
-	"XDD9idrHLdPbushXzZui8GYJ/1rD0YZewIzJFRhRxRG3ZUQPlhHdsa9wDcXy4P4US99vaJZ4y3C3Wub9",
-	"RFJMMZ2UjPoHgTjTFfAW65tCTPd0qaJFfsLh8NfXppzRPymvhJl1dx+bWsZtMonvM5lEEXo5HP6KMlPp",
-	"q1bhayimmkgWZJCYgmqkVJwMcwGJVoh05lUtMXZG9n/CaKSL742KRIVE6Dq4mOow6yoUu0cI646LJFUC",
-	"zwCNCZ3oVK1UFhkqGK1OB8cxy5emqTCU8D3FaZoZfSX/lF3ONsfUkYcSCkG8fdxmrdiqB7dwQtEa+wpy",
-	"r4BysP/5EuZNp1MoEnIzrKKWCnn4q+GbbZfXDXT37lPZhh1uD9W8KMJVqSsX1fP5Zfkl0M6IUJGPxyQm",
-	"QGWUAZ8RIQijwj89W1RmzlxR+yeWmlMzX7XcnHaibFX671Sl15u7PDPcsjp0oTwwm8re6pelU3B8f6Xp",
-	"1Ky+khbuLes2SdxW3b6je03GD087Mpm6drD/WXOSapq4utDSQwTvXjZibHaeHjzdDWbw2ByTadawaVfc",
-	"7ey+rSp0bSzDxT9t7YHtzQRcUGV3wi+S9uhU9X9eX4pQ9YlaGXqqk8ob+6BQLYBeIQFSH6+OTt6dvzx7",
-	"d/wm+u3j62F09vLV2cvhr9H5+9cv3+nr3wLkkcuFhJ4ePC1NCRPSdwGYm3NZOcXSZNoPxYloSNUYDzb3",
-	"gQLOlsNYZAbYTzYs/NeiypVp7BtMjf655xBfZ+TXGdAP//PpSyVjxyvGY7/egyUsQSaU0MneJcwVHocT",
-	"qc9AchKLxemBzCd3i7kSbuR+lmJCWzOuPPvXo4OffnrWJeXKKWczkFPIFVu5kQhuMiaIeomMyHy4+Vc8",
-	"0GfFygdzr2gL6u9W5efxwYHheqdMyAmH4f95o13m747Ph5an9dGPB0/qPE09umDJ3HA1QGeAE0JBFFnB",
-	"EMUzF5wyxkTn9IynEF/29TGMZrJqmorVQsoyCCpVRbcPliU2Jh5miDiZHyK4Aj5HCWRAE2UjPpAEegUj",
-	"ur8Fecck4mZRsEQp6OglCgZDFE4l7HpzZT8W1cFx0B4uoIAgbdV5sJHyFeYL/MphayAdmZ8UDxEpIB2j",
-	"HaXdCxRjzueKRghH1pxBGYcxudG2R87T3mFvXyO2Baw+gst82NfLTMy/cqpX1iRr0pO0zGNQGhR2goEz",
-	"BFNqo+8q7fRt0SgnUFR3VpoUB/m2T70ogbq+XjEgmix1KXkdGqVvUZ5egXZiJiSKdbVNsdsvkzHpWqDV",
-	"Gxxe10WQxyJ4m8fYXg/OVa06sI9+IWmqhVD56BTPTakR79lzLHHKKp+9YwlUvjlOU2bosuXxvznLs8q7",
-	"oWQca/9B+XlW/eQ4y465JGMcVyH67yeKQN6yBNLK81Ob1fIMFO1WIbQKy7E5GK82M4t7rGuUPS+rqYaC",
-	"CV0yTe0XJEIawVD6ls1GFg5mN5GyWqw/PfX0jKXQfBqGxf/iLcZiSCSE37whY4jncQqNt82tU0+Hl3nz",
-	"4fvhyQxPQtDV90k/rKFAE0txnhCJJMckra/NsXrV6LKCjdX+3juZLDQrQTONDIbcJZaNxX9fhdjJmsZq",
-	"uBfHWXbK2c289+XTl/8fAAD//w==",
+	"wKm5p9umlPxqvnioFxcNeIu8AIoqj09PEKbi2lYp+gYvMS7wL70hV+DXbFSTtejs7b/dx8ruF5e9hcQL",
+	"LrwU1xJV7+7+ISpSUM+9S4mu2HjgiuAEpJvTUA/3UFGqAuXCSHaW+96Gyq3vTTL9e3IZfXscb6goAhL0",
+	"2/D9OyQsUlVCsd5nNYZnMoe0Mbu38GCxsl5TooXT2fMqc37VXj5ii5/3gZ/lhnh4GYgOtHkGBnM8Sxeh",
+	"5/sM6PHpyQub7+AecdVBFrzU/PTRz0+fHASSMAYx1E6iyNrw/Qnk8ykRZZaQpNytRbI4c/rZolOfQol7",
+	"qFzKArjsZEaXpbVz8Y/ZiUDYFrtHbLxlUvd6glIcl2Qllq1wYPJxChSNKo6FkQ5wmBGp7/vpMB6vaOIP",
+	"osVngoU5TB+gY/+NTgRkMlP4py1P205bTovk2d/NUUutXtpXueFZwLD0iudRjbSJUpavKfCtS2TrErnf",
+	"w5sykf5if4hjffufy/x5XwyvS0EGclzabgxeiwE69zzBtou+vpnufhnVXGeRLQp19Fs9xWbYDXGyMOQk",
+	"GaDnmHPiDHz73FkN1rytpK0LeJQr+Qa/kdMjb20XsTPzYbLlWpvhWv8Y7mPwZhn36beae1uyv0MTZYlZ",
+	"siX27XHxUsJtOSuu6gTmXoM+N247Cf6HE/pdHRevYy3dG59xB8VbfrM1ib7KKfGtTKJ946Tr5K18az/9",
+	"53G3by+4vrJl3ePrLTZsmdg/W2nSrmRHgbOC7FdwIrerTtqzoi9b6SohF5AyOnGZju2YRag/2jE36iiT",
+	"0Vjtwwhpx/E1EbB7pPPJ3xAhCZ2404Y2BwxOkgpNbLnY1/OBH9f24iu5wav4EOKLSbL1Fm0VuntiusdJ",
+	"Uhya3k6Z2/9s/lnN511h0mcwY1cuIjrFwn7Uyl65+h62HLYG9VsrlBK0o6Ay2/KDsJeNTc6SAHTF9t2t",
+	"Ly6YbkXt45bpbV3kq+ZpUXizhH+t4WhDL2DG5AqMqOKI2zKiB8uI7thXuIZieXB/iqXvNzRLvGW4Wy3z",
+	"fiIppphOSkb9g0Cc6Yp7i/VNIaZ7ujTSIj/hcPjra1M+6Z+Ux8LMuruPTS3jNnnF95m8ogi9HA5/RZmp",
+	"LFarKDYUU00kCzJWTEE1UipOhrmARCtEOtOrlhg7I/s/YTTSxf5GRWJEInTdXUx1eHYVit0jhHXHRVIs",
+	"gWeAxoROdGpYKouMGIxWp4PjmOVL02IYSvie4jTNjL6Sf8ouZ5tj6shDCYUg3j5us2Rs1YNbOKFojX0F",
+	"uVdAOdj/fAnzptMpFAm5GVZRS708/NXwzbbL8ga6e/epbMMOt4dqXhThqtSVi+r5/LJ8FmhnRKjIx2MS",
+	"E6AyyoDPiBCEUeGfni0qa2eutv0TS9upma9a3k47UbYq/Xeq0uvNXZ6Jblndu1DemU1li/XL4Ck4vr9S",
+	"eGpWX0kL95Z1m5Ruq27f0b0m44enHZlMXTvY/6w5STUtXV1o6SGCdy8bMTY7Tw+e7gYzf2yOyTRr5rQr",
+	"7nZ231bVuzaW4eKftvbA9mYCLqiyO+EXyX50avw/ry9FqNpFrew91UnsjX1QqBZAr5AAqY9XRyfvzl+e",
+	"vTt+E/328fUwOnv56uzl8Nfo/P3rl+/09W8B8sjlXkJPD56WpoQJ6bsAzM25rJxiaTL7h+JENKRqjAeb",
+	"+0ABZ8tvLDID7CcbFv5rUeXKNPYNpmL/3HOIrysA6Izrh//59KWSseMV47FfX8ISliATSuhk7xLmCo/D",
+	"idtnIDmJxeK0QuaTu8VcCTdyP0sxoa2ZWp7969HBTz8965Kq5ZSzGcgp5Iqt3EgENxkTRL1ERmR+f3lb",
+	"vCnPih0L5mzRltffrUrT44MDwy1PmZATDsP/80a72t8dnw8tL+yjHw+e1HmhenTBkrnhhoDOACeEgiiy",
+	"kCGKZy6oZYyJzj0aTyG+7OvjG82c1TQVi4aUZRBUxopuHywrbUw8zEhxMj9EcAV8jhLIgCbKtvzGE/0V",
+	"jO/+FvIdk4ibxcQSpaCjpSgYzFK4mLDrzZU1WVTnx0F7uIBygjRZ5/lGq6gwe+BXDssDadP85H2ISAHp",
+	"GO0oa0KgGHM+V7RFOLLmE8o4jMmNtnVynvYOe/uaICxg9RFchsa+XmZi/pVTvbImOZSepGU6g9KAsRMM",
+	"nFmYUiJ9V0mob4tiOQGmurPSqwgcsH3qRQnULfaKHdFkqQvL69AomYvyEAu0EzMhUayriYrdfpn8Sdc6",
+	"rd4Y8bougkoWwds8Nvd6cK5x1YF99AtJUy30ykeneG5KqXjPnmOJU1b57B1LoPLNcZoyQ5ctj//NWZ5V",
+	"3g0l41j7K8rPs+onx1l2zCUZ47gK0X8/UQTyliWQVp6f2uybZ6BotwqhVZCOzUF8tZlZ3GNdg+15WS02",
+	"FLzokn5qPyQR0giU0pdtNrJwaLuJlNVw/empp2cshebTMCz+F28xFkMiIfzmDRlDPI9TaLxtbp16OrzM",
+	"mw/fD09meBKCrr5P+mENBZpYivOESCQ5Jml9bY7Vq0aXFWys9vfeyXKhWQmaaWQw5C6xbCz++yrETtY0",
+	"VsO9OM6yU85u5r0vn778/wAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -66,7 +66,7 @@ type IdempotencyKey struct {
 	IdempotencyKey string
 	RequestHash    []byte
 	StatusCode     int32
-	ResponseBody   json.RawMessage
+	ResponseBody   []byte
 	CreatedAt      time.Time
 	ExpiresAt      time.Time
 }
