@@ -32,6 +32,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
+	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/ids"
 	"github.com/gantry-gpu/gantry/shared/obs"
@@ -143,16 +144,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		AuditAPI:   &audit.Handlers{Pool: a.Pool, Cursors: cursors},
 	}
 	a.Handler = server.New(server.Deps{
-		Logger:       log,
-		Contract:     a.Contract,
-		API:          handlers,
-		Auth:         auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock),
-		Projects:     a.Tenancy,
-		Idempotency:  a.Idem,
-		Limiter:      limiter,
-		Metrics:      a.Metrics,
-		Tracer:       tracer,
-		MaxBodyBytes: cfg.MaxBodyBytes,
+		Logger:            log,
+		Contract:          a.Contract,
+		API:               handlers,
+		Auth:              auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock),
+		Projects:          a.Tenancy,
+		Idempotency:       a.Idem,
+		Limiter:           limiter,
+		Metrics:           a.Metrics,
+		Tracer:            tracer,
+		MaxBodyBytes:      cfg.MaxBodyBytes,
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware},
 	})
 	ok = true
 	return a, nil

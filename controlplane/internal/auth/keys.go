@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -288,10 +289,16 @@ func (k *Keyring) PublicKeys(ctx context.Context) ([]map[string]any, error) {
 	if k.active != nil {
 		out = append(out, k.keys[k.active.kid].jwk)
 	}
+	retired := make([]publishedKey, 0, len(k.keys))
 	for kid, pk := range k.keys {
 		if (k.active != nil && kid == k.active.kid) || !now.Before(pk.expiresAt) {
 			continue
 		}
+		retired = append(retired, pk)
+	}
+	// Most recently retired first, so the document is stable between calls.
+	slices.SortFunc(retired, func(a, b publishedKey) int { return b.expiresAt.Compare(a.expiresAt) })
+	for _, pk := range retired {
 		out = append(out, pk.jwk)
 	}
 	return out, nil

@@ -54,6 +54,9 @@ type Deps struct {
 	Metrics      *metrics.API
 	Tracer       trace.TracerProvider
 	MaxBodyBytes int64
+	// StrictMiddlewares run around every generated handler (features that need the raw
+	// request, such as the internal-token check of the JWKS refresh, hook in here).
+	StrictMiddlewares []api.StrictMiddlewareFunc
 }
 
 type server struct {
@@ -86,7 +89,7 @@ func New(d Deps) http.Handler {
 	s.mux.NotFound(func(w http.ResponseWriter, r *http.Request) { notFound(w, r, s.errors) })
 	s.mux.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { methodNotAllowed(w, r, s.errors) })
 
-	strict := api.NewStrictHandlerWithOptions(d.API, nil, api.StrictHTTPServerOptions{
+	strict := api.NewStrictHandlerWithOptions(d.API, d.StrictMiddlewares, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  s.errors.bodyError,
 		ResponseErrorHandlerFunc: s.errors.write,
 	})
