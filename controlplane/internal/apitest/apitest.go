@@ -17,6 +17,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/app"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
@@ -78,7 +80,18 @@ func New(t testing.TB, opts ...Option) *Env {
 	if err := a.Relay.EnsureStream(ctx); err != nil {
 		t.Fatalf("events stream: %v", err)
 	}
-	testenv.CleanupStreams(t, a.JS, cfg.EventsStream)
+	// The stream is deleted over a connection of the harness's own, so a test may close
+	// the app's connection (readiness) without leaking its stream.
+	nc, err := nats.Connect(cfg.NATSURL)
+	if err != nil {
+		t.Fatalf("nats: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.CleanupStreams(t, js, cfg.EventsStream)
 	e := &Env{T: t, App: a, Pool: pool, mux: a.Handler.(*chi.Mux)}
 	e.Server = httptest.NewServer(a.Handler)
 	t.Cleanup(e.Server.Close)

@@ -11,10 +11,17 @@ import (
 	"strings"
 
 	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 
 	"github.com/gantry-gpu/gantry/proto/openapi"
 )
+
+func init() {
+	// The contract document is served as application/yaml and declared as a string: the
+	// validator must take the body as raw text, not parse it as YAML.
+	openapi3filter.RegisterBodyDecoder("application/yaml", openapi3filter.FileBodyDecoder)
+}
 
 // Security is the authentication an operation requires.
 type Security int
