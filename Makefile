@@ -7,8 +7,10 @@ TESTFLAGS ?= -race -count=1 -timeout 12m
 
 .PHONY: dev test bench generate check-generate lint build
 
-dev:
-	$(GO) run ./controlplane/cmd/gantry-controlplane dev
+# Built first and then run, so Ctrl-C reaches the control plane itself (which drains and
+# exits 0) rather than `go run`.
+dev: build
+	./bin/gantry-controlplane dev
 
 test:
 	$(GO) test $(TESTFLAGS) $(PKGS)

@@ -143,6 +143,9 @@ func launch(ctx context.Context, bin, dir string, port int, cred *syscall.Creden
 	// If this process dies without calling Stop, take the server down too
 	// (SIGQUIT is PostgreSQL's immediate shutdown).
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	// Its own process group: a Ctrl-C in the terminal reaches the program that started
+	// the cluster, which stops it after draining, not PostgreSQL directly.
+	cmd.SysProcAttr.Setpgid = true
 	cmd.Stdout, cmd.Stderr = logw, logw
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("pgcluster: start postgres: %w", err)

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/app"
+	"github.com/gantry-gpu/gantry/controlplane/internal/devenv"
+	"github.com/gantry-gpu/gantry/controlplane/internal/server"
+	"github.com/gantry-gpu/gantry/shared/obs"
+)
+
+func newDevCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the control plane on embedded defaults, seeded with an admin and a demo tenant (make dev)",
+		Long: `dev runs the control plane with nothing to set up by hand: PostgreSQL from DATABASE_URL,
+else the local server on 127.0.0.1:5432 (database gantry_dev), else a throwaway cluster
+under --dir; NATS from NATS_URL, else an embedded nats-server with JetStream. It applies
+the migrations, seeds a platform admin, a demo tenant, user and project, writes
+<dir>/dev.env with the URL and the logins, and runs until Ctrl-C.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), dir, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", ".dev", "directory for the throwaway services, secrets and dev.env")
+	return cmd
+}
+
+func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err error) {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C kills at once
+	}()
+	notef := func(format string, args ...any) { fmt.Fprintf(stderr, "dev: "+format+"\n", args...) }
+
+	env, err := devenv.Start(ctx, devenv.Options{Dir: dir, Notef: notef})
+	if err != nil {
+		return interrupted(ctx, fmt.Errorf("dev environment: %w", err))
+	}
+	defer func() {
+		if cerr := env.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+
+	setDefault("GANTRY_HTTP_ADDR", "127.0.0.1:8080")
+	setDefault("GANTRY_MASTER_KEY", env.MasterKey)
+	os.Setenv("DATABASE_URL", env.DatabaseURL)
+	os.Setenv("NATS_URL", env.NATSURL)
+	cfg, err := app.LoadConfig(true)
+	if err != nil {
+		return err
+	}
+	log := obs.NewLogger(stderr, server.ServiceName, cfg.Level())
+
+	a, err := app.New(ctx, cfg, log, app.Options{})
+	if err != nil {
+		return interrupted(ctx, fmt.Errorf("assemble control plane: %w", err))
+	}
+	defer a.Close()
+
+	seeded, err := devenv.Seed(ctx, a.Pool, devenv.SeedInput{
+		AdminPassword: env.Secrets.AdminPassword, DemoPassword: env.Secrets.DemoPassword, Clock: a.Clock, IDs: a.IDs,
+	})
+	if err != nil {
+		return interrupted(ctx, err)
+	}
+	for _, c := range seeded.Changes {
+		notef("seed: %s", c)
+	}
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (set GANTRY_HTTP_ADDR to another address)", cfg.HTTPAddr, err)
+	}
+	url := "http://" + dialable(ln.Addr())
+
+	envFile := filepath.Join(dir, "dev.env")
+	err = devenv.WriteEnvFile(envFile, "Written by `make dev` on every start: source it (. "+envFile+") in another shell.", []devenv.Var{
+		{Key: "GANTRY_URL", Value: url},
+		{Key: "GANTRY_ADMIN_USER", Value: devenv.AdminUsername},
+		{Key: "GANTRY_ADMIN_PASSWORD", Value: env.Secrets.AdminPassword},
+		{Key: "GANTRY_DEMO_USER", Value: devenv.DemoUsername},
+		{Key: "GANTRY_DEMO_PASSWORD", Value: env.Secrets.DemoPassword},
+		{Key: "GANTRY_DEMO_PROJECT_ID", Value: seeded.ProjectID.String()},
+		{Key: "DATABASE_URL", Value: env.DatabaseURL},
+		{Key: "NATS_URL", Value: env.NATSURL},
+	})
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("write %s: %w", envFile, err)
+	}
+	printBanner(stdout, url, envFile, env, relPath(env.SSHPublicKey))
+
+	if err := a.Run(ctx, ln); err != nil {
+		return err
+	}
+	fmt.Fprintln(stderr, "dev: stopped")
+	return nil
+}
+
+// interrupted turns an error caused by Ctrl-C during start-up into a quiet exit.
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func printBanner(w io.Writer, url, envFile string, env *devenv.Env, sshPub string) {
+	fmt.Fprintf(w, `
+Gantry control plane (dev) is running at %s
+  PostgreSQL: %s
+  NATS:       %s
+  Logins and URLs are in %s (secrets kept in %s).
+
+Log in as the demo user (admin of tenant %q, owner of its default project):
+  . %s
+  TOKEN=$(curl -s "$GANTRY_URL/api/v1/auth/login" -H 'Content-Type: application/json' \
+    -d "{\"username\":\"$GANTRY_DEMO_USER\",\"password\":\"$GANTRY_DEMO_PASSWORD\"}" \
+    | sed -n 's/.*"access_token":"\([^"]*\)".*/\1/p')
+
+Then try:
+  curl -s "$GANTRY_URL/api/v1/me" -H "Authorization: Bearer $TOKEN"
+  curl -s "$GANTRY_URL/api/v1/projects" -H "Authorization: Bearer $TOKEN"
+  curl -s "$GANTRY_URL/api/v1/ssh-keys" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d "{\"name\":\"demo\",\"public_key\":\"$(cat %s)\"}"
+
+The platform admin logs in the same way as $GANTRY_ADMIN_USER / $GANTRY_ADMIN_PASSWORD.
+Ctrl-C stops everything.
+
+`, url, env.Postgres, env.NATS, envFile, filepath.Join(filepath.Dir(envFile), devenv.SecretsFile),
+		devenv.DemoTenantName, envFile, sshPub)
+}
+
+// dialable is addr with an unspecified host (":8080", "0.0.0.0") replaced by 127.0.0.1.
+func dialable(addr net.Addr) string {
+	tcp, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return addr.String()
+	}
+	if tcp.IP == nil || tcp.IP.IsUnspecified() {
+		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
+	}
+	return tcp.String()
+}
+
+func relPath(p string) string {
+	if wd, err := os.Getwd(); err == nil {
+		if r, err := filepath.Rel(wd, p); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+	}
+	return p
+}
+
+func setDefault(key, value string) {
+	if os.Getenv(key) == "" {
+		os.Setenv(key, value)
+	}
+}
