@@ -68,10 +68,12 @@ func Middleware(next http.Handler) http.Handler {
 		if !Valid(id) {
 			id = NewID()
 		}
-		w.Header().Set(HeaderRequestID, id)
+		// Assigned under the canonical key directly: Header.Set would re-validate and
+		// re-canonicalise it on every request.
+		w.Header()[HeaderRequestID] = []string{id}
 		// Later layers (the contract validator among them) see the effective id, so an
 		// over-long client id is replaced, never refused.
-		r.Header.Set(HeaderRequestID, id)
+		r.Header[HeaderRequestID] = []string{id}
 		next.ServeHTTP(w, r.WithContext(WithID(r.Context(), id)))
 	})
 }
@@ -85,7 +87,10 @@ func TraceIDs(ctx context.Context) (traceID, spanID string) {
 	return sc.TraceID().String(), sc.SpanID().String()
 }
 
-var propagator = propagation.TraceContext{}
+var (
+	propagator       = propagation.TraceContext{}
+	canonicalTraceID = http.CanonicalHeaderKey(HeaderTraceID)
+)
 
 // Tracing starts a server span per request, continuing the caller's traceparent when it
 // sends one, and answers with traceparent and X-Trace-ID.
@@ -98,8 +103,9 @@ func Tracing(tp trace.TracerProvider, service string) func(http.Handler) http.Ha
 			defer span.End()
 			sc := span.SpanContext()
 			if sc.IsValid() {
-				w.Header().Set(HeaderTraceID, sc.TraceID().String())
-				propagator.Inject(ctx, propagation.HeaderCarrier(w.Header()))
+				h := w.Header()
+				h[canonicalTraceID] = []string{sc.TraceID().String()}
+				propagator.Inject(ctx, propagation.HeaderCarrier(h))
 			}
 			next.ServeHTTP(w, r.WithContext(ctx))
 		})

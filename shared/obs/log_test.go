@@ -26,3 +26,21 @@ func TestLoggerCarriesCorrelation(t *testing.T) {
 		t.Fatalf("record %v", rec)
 	}
 }
+
+func TestIDTracerProviderMintsAndContinues(t *testing.T) {
+	tp := NewIDTracerProvider()
+	ctx, span := tp.Tracer("t").Start(context.Background(), "op")
+	tid, sid := correlation.TraceIDs(ctx)
+	if tid == "" || sid == "" || span.SpanContext().TraceID().String() != tid {
+		t.Fatalf("root: %q %q", tid, sid)
+	}
+	child, _ := tp.Tracer("t").Start(ctx, "child")
+	ctid, csid := correlation.TraceIDs(child)
+	if ctid != tid || csid == sid {
+		t.Fatalf("child: %q %q (parent %q %q)", ctid, csid, tid, sid)
+	}
+	_, other := tp.Tracer("t").Start(context.Background(), "op")
+	if other.SpanContext().TraceID().String() == tid {
+		t.Fatal("two roots share a trace id")
+	}
+}

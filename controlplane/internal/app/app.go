@@ -82,7 +82,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	}
 	tracer := opt.Tracer
 	if tracer == nil {
-		tracer = obs.NewTracerProvider()
+		// No span exporter is configured yet: mint and propagate ids only.
+		tracer = obs.NewIDTracerProvider()
 	}
 	ok := false
 	defer func() {

@@ -46,7 +46,10 @@ type Op struct {
 	ProjectPath bool
 	// Idempotent: the operation accepts Idempotency-Key (a create).
 	Idempotent bool
-	route      *routers.Route
+	// paramsNeedCheck: the operation has path or header parameters that only the
+	// validator checks (anything but uuid path ids and the chain's own headers).
+	paramsNeedCheck bool
+	route           *routers.Route
 }
 
 // Contract is the loaded document and its operation table.
@@ -77,6 +80,14 @@ func Load() (*Contract, error) {
 					o.HeaderRequired = p.Value.Required
 				case p.Value.In == "header" && strings.EqualFold(p.Value.Name, "Idempotency-Key"):
 					o.Idempotent = true
+				case p.Value.In == "header" && strings.EqualFold(p.Value.Name, "X-Request-Id"):
+					// The correlation middleware has already replaced a bad one.
+				case p.Value.In == "path" && isUUID(p.Value.Schema):
+					// The generated wrapper parses it and answers a malformed one.
+				case p.Value.In == "query":
+					// Checked whenever a query string is present.
+				default:
+					o.paramsNeedCheck = true
 				}
 			}
 			o.route = &routers.Route{Spec: doc, Path: path, PathItem: item, Method: method, Operation: op}
@@ -130,8 +141,12 @@ func (c *Contract) Ops() []*Op {
 // Route is the kin-openapi route of an operation (for response validation in tests).
 func (o *Op) Route() *routers.Route { return o.route }
 
-// HasParam reports whether the request carries a query parameter or body to validate;
-// operations without either skip the validator entirely (the common GET case).
+// needsValidation reports whether the validator has anything to check; a plain GET
+// without a query string (the common case) skips it entirely.
 func (o *Op) needsValidation(r *http.Request) bool {
-	return r.URL.RawQuery != "" || r.ContentLength != 0 || len(o.route.Operation.Parameters) > 0
+	return r.URL.RawQuery != "" || r.ContentLength != 0 || o.paramsNeedCheck || o.route.Operation.RequestBody != nil
+}
+
+func isUUID(s *openapi3.SchemaRef) bool {
+	return s != nil && s.Value != nil && s.Value.Format == "uuid"
 }

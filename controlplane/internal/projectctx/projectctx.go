@@ -7,6 +7,7 @@ package projectctx
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -21,13 +22,23 @@ const (
 
 var rank = []string{RoleViewer, RoleMember, RoleAdmin, RoleOwner}
 
-// Project is the request's project context.
+// Project is the request's project context: the project row as loaded once by the
+// project-context middleware, and the caller's role there. Handlers read it instead of
+// loading the project again.
 type Project struct {
 	ID         uuid.UUID
 	TenantID   uuid.UUID
 	Role       string
 	IsDefault  bool
 	Department uuid.UUID
+
+	Name           string
+	Slug           string
+	TenantName     string
+	DepartmentName string
+	DepartmentSlug string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
 }
 
 // AtLeast reports whether the caller's role is role or stronger.

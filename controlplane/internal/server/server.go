@@ -127,6 +127,7 @@ func (s *server) operation(next http.Handler) http.Handler {
 			return
 		}
 		ctx := r.Context()
+		base := ctx
 
 		if op.Security == contract.SecurityBearer {
 			p, err := s.Auth.Authenticate(r)
@@ -147,7 +148,9 @@ func (s *server) operation(next http.Handler) http.Handler {
 				ctx = projectctx.With(ctx, proj)
 			}
 		}
-		r = r.WithContext(ctx)
+		if ctx != base { // each WithContext copies the request; public GETs add nothing
+			r = r.WithContext(ctx)
+		}
 
 		key, err := idempotency.CheckKey(r)
 		if err != nil {

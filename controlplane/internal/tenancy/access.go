@@ -43,5 +43,7 @@ func (s *Service) Access(ctx context.Context, p *principal.Principal, projectID 
 	}
 	return projectctx.Project{
 		ID: row.ID, TenantID: row.TenantID, Role: role, IsDefault: row.IsDefault, Department: row.DepartmentID,
+		Name: row.Name, Slug: row.Slug, TenantName: row.TenantName, DepartmentName: row.DepartmentName,
+		DepartmentSlug: row.DepartmentSlug, CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt,
 	}, nil
 }

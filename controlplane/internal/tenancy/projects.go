@@ -176,6 +176,14 @@ func (s *Service) GetProject(ctx context.Context, pc projectctx.Project, userID 
 	if err := Require(pc, ActRead); err != nil {
 		return Project{}, err
 	}
+	if pc.Name != "" {
+		// The project-context middleware already loaded the row for this request.
+		return Project{
+			ID: pc.ID, TenantID: pc.TenantID, TenantName: pc.TenantName, DepartmentID: pc.Department,
+			DepartmentName: pc.DepartmentName, DepartmentSlug: pc.DepartmentSlug, Name: pc.Name, Slug: pc.Slug,
+			IsDefault: pc.IsDefault, CreatedAt: pc.CreatedAt, UpdatedAt: pc.UpdatedAt, Role: pc.Role,
+		}, nil
+	}
 	return s.projectView(ctx, s.read(ctx), pc.ID, userID, pc.Role)
 }
 

@@ -73,9 +73,15 @@ RETURNING *;
 -- Projects --------------------------------------------------------------------
 
 -- name: ProjectAccess :one
--- The project-context lookup of every project-scoped request: two primary-key probes.
-SELECT p.id, p.tenant_id, p.department_id, p.is_default, coalesce(m.role, '')::text AS member_role
+-- The project-context lookup of every project-scoped request: primary-key probes only.
+-- It loads the whole project view so handlers read the project from the context instead
+-- of querying it again.
+SELECT p.id, p.tenant_id, t.name AS tenant_name, p.department_id, d.display_name AS department_name,
+       d.slug AS department_slug, p.name, p.slug, p.is_default, p.created_at, p.updated_at,
+       coalesce(m.role, '')::text AS member_role
 FROM projects p
+JOIN tenants t ON t.id = p.tenant_id
+JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = sqlc.arg('user_id')
 WHERE p.id = sqlc.arg('project_id');
 

@@ -827,8 +827,12 @@ func (q *Queries) LockProject(ctx context.Context, id uuid.UUID) (uuid.UUID, err
 
 const projectAccess = `-- name: ProjectAccess :one
 
-SELECT p.id, p.tenant_id, p.department_id, p.is_default, coalesce(m.role, '')::text AS member_role
+SELECT p.id, p.tenant_id, t.name AS tenant_name, p.department_id, d.display_name AS department_name,
+       d.slug AS department_slug, p.name, p.slug, p.is_default, p.created_at, p.updated_at,
+       coalesce(m.role, '')::text AS member_role
 FROM projects p
+JOIN tenants t ON t.id = p.tenant_id
+JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = $1
 WHERE p.id = $2
 `
@@ -839,23 +843,39 @@ type ProjectAccessParams struct {
 }
 
 type ProjectAccessRow struct {
-	ID           uuid.UUID
-	TenantID     uuid.UUID
-	DepartmentID uuid.UUID
-	IsDefault    bool
-	MemberRole   string
+	ID             uuid.UUID
+	TenantID       uuid.UUID
+	TenantName     string
+	DepartmentID   uuid.UUID
+	DepartmentName string
+	DepartmentSlug string
+	Name           string
+	Slug           string
+	IsDefault      bool
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	MemberRole     string
 }
 
 // Projects --------------------------------------------------------------------
-// The project-context lookup of every project-scoped request: two primary-key probes.
+// The project-context lookup of every project-scoped request: primary-key probes only.
+// It loads the whole project view so handlers read the project from the context instead
+// of querying it again.
 func (q *Queries) ProjectAccess(ctx context.Context, arg ProjectAccessParams) (ProjectAccessRow, error) {
 	row := q.db.QueryRow(ctx, projectAccess, arg.UserID, arg.ProjectID)
 	var i ProjectAccessRow
 	err := row.Scan(
 		&i.ID,
 		&i.TenantID,
+		&i.TenantName,
 		&i.DepartmentID,
+		&i.DepartmentName,
+		&i.DepartmentSlug,
+		&i.Name,
+		&i.Slug,
 		&i.IsDefault,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 		&i.MemberRole,
 	)
 	return i, err

@@ -1,0 +1,22 @@
+package server_test
+
+// BenchmarkHealthChain measures the chain in-process (no network), for profiling:
+// go test -run X -bench HealthChain -cpuprofile cpu.out ./controlplane/internal/server/
+
+import (
+	"net/http/httptest"
+	"testing"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
+)
+
+func BenchmarkHealthChain(b *testing.B) {
+	e := apitest.New(b, apitest.WithConfig(func(c *appConfig) { c.RateLimits = "api=0" }))
+	h := e.App.Handler
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/health", nil))
+	}
+}
