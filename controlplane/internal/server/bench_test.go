@@ -1,8 +1,5 @@
 package server_test
 
-// BenchmarkHealthChain measures the chain in-process (no network), for profiling:
-// go test -run X -bench HealthChain -cpuprofile cpu.out ./controlplane/internal/server/
-
 import (
 	"net/http/httptest"
 	"testing"
@@ -10,6 +7,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 )
 
+// BenchmarkHealthChain measures the chain in-process (no network), for profiling:
+// go test -run X -bench HealthChain -cpuprofile cpu.out ./controlplane/internal/server/
 func BenchmarkHealthChain(b *testing.B) {
 	e := apitest.New(b, apitest.WithConfig(func(c *appConfig) { c.RateLimits = "api=0" }))
 	h := e.App.Handler
