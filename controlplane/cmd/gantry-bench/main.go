@@ -217,26 +217,11 @@ func load(url, token string, dur time.Duration, conc int) float64 {
 	tr := &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
-	// Warm-up: connections, caches, JIT of the first paths.
+	// Warm-up: open the keep-alive connections and fill caches before measuring.
 	for i := 0; i < 50; i++ {
 		get(client, url, token)
 	}
-	var n atomic.Int64
-	deadline := time.Now().Add(dur)
-	start := time.Now()
-	var wg sync.WaitGroup
-	for c := 0; c < conc; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(deadline) {
-				get(client, url, token)
-				n.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return float64(n.Load()) / time.Since(start).Seconds()
+	return throughput(dur, conc, func() { get(client, url, token) })
 }
 
 func get(c *http.Client, url, token string) {
@@ -256,6 +241,16 @@ func get(c *http.Client, url, token string) {
 }
 
 func selectLoop(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, dur time.Duration, conc int) float64 {
+	return throughput(dur, conc, func() {
+		var name string
+		if err := pool.QueryRow(ctx, `SELECT name FROM projects WHERE id = $1`, id).Scan(&name); err != nil {
+			panic(err)
+		}
+	})
+}
+
+// throughput runs op from conc goroutines for dur and returns operations per second.
+func throughput(dur time.Duration, conc int, op func()) float64 {
 	var n atomic.Int64
 	deadline := time.Now().Add(dur)
 	start := time.Now()
@@ -264,11 +259,8 @@ func selectLoop(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID, dur time.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var name string
 			for time.Now().Before(deadline) {
-				if err := pool.QueryRow(ctx, `SELECT name FROM projects WHERE id = $1`, id).Scan(&name); err != nil {
-					panic(err)
-				}
+				op()
 				n.Add(1)
 			}
 		}()
