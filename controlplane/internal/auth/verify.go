@@ -39,6 +39,8 @@ type Authenticator struct {
 
 	mu         sync.Mutex
 	lastReload time.Time
+
+	verified verifiedCache
 }
 
 // NewAuthenticator returns an authenticator over keys.
@@ -102,42 +104,61 @@ func (a *Authenticator) Authenticate(r *http.Request) (*principal.Principal, err
 // says), signed by a published key, our issuer and audience, inside exp/nbf with
 // Leeway, scope "api".
 func (a *Authenticator) Verify(ctx context.Context, token string) (*principal.Principal, error) {
+	now := a.clock.Now()
+	if p, ok := a.verified.get(token, now); ok {
+		return p, nil
+	}
+	p, exp, err := a.verify(ctx, token)
+	if err != nil {
+		return nil, err
+	}
+	a.verified.put(token, p, now, exp)
+	return clonePrincipal(p), nil
+}
+
+// verify checks a token from scratch and also returns its expiry.
+func (a *Authenticator) verify(ctx context.Context, token string) (*principal.Principal, time.Time, error) {
+	fail := func(err error) (*principal.Principal, time.Time, error) { return nil, time.Time{}, err }
 	if len(token) > maxTokenLength {
-		return nil, errTokenInvalid(errors.New("token too long"))
+		return fail(errTokenInvalid(errors.New("token too long")))
 	}
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
-		return nil, errTokenInvalid(errors.New("not a compact JWS"))
+		return fail(errTokenInvalid(errors.New("not a compact JWS")))
 	}
 	hdrJSON, err := base64.RawURLEncoding.DecodeString(parts[0])
 	if err != nil {
-		return nil, errTokenInvalid(fmt.Errorf("header encoding: %w", err))
+		return fail(errTokenInvalid(fmt.Errorf("header encoding: %w", err)))
 	}
 	var hdr struct {
 		Alg string `json:"alg"`
 		Kid string `json:"kid"`
 	}
 	if err := json.Unmarshal(hdrJSON, &hdr); err != nil {
-		return nil, errTokenInvalid(fmt.Errorf("header: %w", err))
+		return fail(errTokenInvalid(fmt.Errorf("header: %w", err)))
 	}
 	// Pinned: "none", HS256 (with the public key as secret) and everything else fail here
 	// and again in VerifyCompactFast, which checks the header against RS256.
 	if hdr.Alg != "RS256" {
-		return nil, errTokenInvalid(fmt.Errorf("alg %q", hdr.Alg))
+		return fail(errTokenInvalid(fmt.Errorf("alg %q", hdr.Alg)))
 	}
 	pub, err := a.keyFor(ctx, hdr.Kid)
 	if err != nil {
-		return nil, errTokenInvalid(err)
+		return fail(errTokenInvalid(err))
 	}
 	payload, err := jws.VerifyCompactFast(pub, []byte(token), jwa.RS256())
 	if err != nil {
-		return nil, errTokenInvalid(fmt.Errorf("signature: %w", err))
+		return fail(errTokenInvalid(fmt.Errorf("signature: %w", err)))
 	}
 	var c accessClaims
 	if err := json.Unmarshal(payload, &c); err != nil {
-		return nil, errTokenInvalid(fmt.Errorf("claims: %w", err))
+		return fail(errTokenInvalid(fmt.Errorf("claims: %w", err)))
 	}
-	return a.checkClaims(&c)
+	p, err := a.checkClaims(&c)
+	if err != nil {
+		return fail(err)
+	}
+	return p, time.Unix(*c.Expiry, 0), nil
 }
 
 // checkClaims validates the verified claims and builds the principal.
