@@ -226,8 +226,8 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	return shutErr
 }
 
-// maintain runs the periodic housekeeping: signing-key rotation and expiry of
-// idempotency keys and refresh tokens.
+// maintain runs the periodic housekeeping: signing-key rotation, expiry of idempotency
+// keys and refresh tokens, and pruning of long-published outbox events.
 func (a *App) maintain(ctx context.Context) {
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
@@ -240,6 +240,9 @@ func (a *App) maintain(ctx context.Context) {
 		}
 		if _, err := a.Auth.PurgeExpiredRefreshTokens(ctx, a.Clock.Now()); err != nil && ctx.Err() == nil {
 			a.Log.WarnContext(ctx, "refresh token purge failed", "err", err)
+		}
+		if _, err := a.Relay.Prune(ctx); err != nil && ctx.Err() == nil {
+			a.Log.WarnContext(ctx, "outbox prune failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -18,8 +18,5 @@ UPDATE outbox_events SET published_at = $2, attempts = attempts + 1, last_error 
 -- name: MarkOutboxEventFailed :exec
 UPDATE outbox_events SET attempts = attempts + 1, last_error = $2 WHERE id = $1;
 
--- name: CountPendingOutboxEvents :one
-SELECT count(*) FROM outbox_events WHERE published_at IS NULL;
-
 -- name: DeletePublishedOutboxEventsBefore :execrows
 DELETE FROM outbox_events WHERE published_at IS NOT NULL AND published_at < $1;

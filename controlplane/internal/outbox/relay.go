@@ -209,7 +209,12 @@ func (r *Relay) idle() time.Duration {
 
 func timePtr(t time.Time) *time.Time { return &t }
 
-// Pending counts events not yet published (for stats and readiness).
-func Pending(ctx context.Context, db outboxdb.DBTX) (int64, error) {
-	return outboxdb.New(db).CountPendingOutboxEvents(ctx)
+// PublishedRetention is how long published events stay in the outbox table (for
+// inspection) before Prune removes them; JetStream keeps its own copy.
+const PublishedRetention = 7 * 24 * time.Hour
+
+// Prune deletes events published more than PublishedRetention ago and returns how many.
+// Pending events are never touched.
+func (r *Relay) Prune(ctx context.Context) (int64, error) {
+	return outboxdb.New(r.Pool).DeletePublishedOutboxEventsBefore(ctx, timePtr(r.Clock.Now().Add(-PublishedRetention)))
 }

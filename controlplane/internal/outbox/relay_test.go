@@ -107,3 +107,35 @@ func TestRelayWakesOnNotify(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+func TestPruneRemovesOnlyLongPublishedEvents(t *testing.T) {
+	e := apitest.New(t)
+	ctx := context.Background()
+	_, adminTok := e.PlatformAdmin(t)
+	e.NewTenant(t, adminTok, "Pruned") // tenant.created + project.created
+	if _, err := e.App.Relay.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// One event published long ago, one still pending.
+	if _, err := e.Pool.Exec(ctx, `UPDATE outbox_events SET published_at = now() - interval '8 days'
+		WHERE id = (SELECT id FROM outbox_events ORDER BY id LIMIT 1)`); err != nil {
+		t.Fatal(err)
+	}
+	e.NewTenant(t, adminTok, "Pending")
+	var total, pending int
+	count := func() {
+		if err := e.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM outbox_events`).Scan(&total, &pending); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count()
+	before, pendingBefore := total, pending
+	n, err := e.App.Relay.Prune(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("pruned %d: %v", n, err)
+	}
+	count()
+	if total != before-1 || pending != pendingBefore || pending == 0 {
+		t.Fatalf("total %d->%d, pending %d->%d", before, total, pendingBefore, pending)
+	}
+}

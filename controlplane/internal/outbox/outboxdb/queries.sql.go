@@ -62,17 +62,6 @@ func (q *Queries) ClaimPendingOutboxEvents(ctx context.Context, limit int32) ([]
 	return items, nil
 }
 
-const countPendingOutboxEvents = `-- name: CountPendingOutboxEvents :one
-SELECT count(*) FROM outbox_events WHERE published_at IS NULL
-`
-
-func (q *Queries) CountPendingOutboxEvents(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, countPendingOutboxEvents)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
-}
-
 const deletePublishedOutboxEventsBefore = `-- name: DeletePublishedOutboxEventsBefore :execrows
 DELETE FROM outbox_events WHERE published_at IS NOT NULL AND published_at < $1
 `
