@@ -22,12 +22,16 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
+	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
@@ -138,11 +142,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	}
 
 	handlers := &server.API{
-		HealthAPI:  &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
-		AuthAPI:    auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
-		TenancyAPI: tenancy.NewHandlers(a.Tenancy, tenancy.ZeroBalance{Pool: a.Pool}, cursors),
-		SSHKeysAPI: sshkeys.NewHandlers(a.SSHKeys, cursors),
-		AuditAPI:   &audit.Handlers{Pool: a.Pool, Cursors: cursors},
+		HealthAPI:   &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
+		AuthAPI:     auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
+		TenancyAPI:  tenancy.NewHandlers(a.Tenancy, tenancy.ZeroBalance{Pool: a.Pool}, cursors),
+		SSHKeysAPI:  sshkeys.NewHandlers(a.SSHKeys, cursors),
+		AuditAPI:    &audit.Handlers{Pool: a.Pool, Cursors: cursors},
+		BillingAPI:  &billing.Handlers{},
+		BudgetsAPI:  &budgets.Handlers{},
+		PaymentsAPI: &payments.Handlers{},
+		NodesAPI:    &nodes.Handlers{},
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

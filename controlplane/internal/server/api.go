@@ -3,7 +3,11 @@ package server
 import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
+	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -18,15 +22,23 @@ type API struct {
 	*TenancyAPI
 	*SSHKeysAPI
 	*AuditAPI
+	*BillingAPI
+	*BudgetsAPI
+	*PaymentsAPI
+	*NodesAPI
 }
 
 // Aliases give each embedded slice its own field name.
 type (
-	HealthAPI  = health.Handlers
-	AuthAPI    = auth.Handlers
-	TenancyAPI = tenancy.Handlers
-	SSHKeysAPI = sshkeys.Handlers
-	AuditAPI   = audit.Handlers
+	HealthAPI   = health.Handlers
+	AuthAPI     = auth.Handlers
+	TenancyAPI  = tenancy.Handlers
+	SSHKeysAPI  = sshkeys.Handlers
+	AuditAPI    = audit.Handlers
+	BillingAPI  = billing.Handlers
+	BudgetsAPI  = budgets.Handlers
+	PaymentsAPI = payments.Handlers
+	NodesAPI    = nodes.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

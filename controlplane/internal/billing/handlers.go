@@ -1,0 +1,4 @@
+package billing
+
+// Handlers is this feature's slice of the generated strict-server interface.
+type Handlers struct{}

@@ -1,0 +1,4 @@
+package payments
+
+// Handlers is this feature's slice of the generated strict-server interface.
+type Handlers struct{}
