@@ -2,7 +2,10 @@
 # test against real PostgreSQL, NATS and Redis (see shared/testenv for how they are found).
 GO       ?= go
 SQLC     ?= $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
-PKGS     := ./shared/... ./proto/... ./controlplane/...
+PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/...
+# go-nvml (cgo, needed even for its mocks) includes nvml.h, whose deprecated functions
+# make gcc print pages of warnings on every rebuild.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 TESTFLAGS ?= -race -count=1 -timeout 12m
 
 .PHONY: dev test bench generate check-generate lint build
@@ -18,12 +21,14 @@ test:
 # Benchmarks print their ratio against a baseline measured in the same run.
 bench:
 	$(GO) run ./controlplane/cmd/gantry-bench
+	$(GO) run ./loggateway/cmd/gantry-loggateway-bench
 
 build:
-	$(GO) build -o bin/ ./controlplane/cmd/...
+	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/...
 
 generate:
 	$(GO) generate ./proto/...
+	./proto/fabric/generate.sh
 	cd controlplane && GOWORK=off GOFLAGS= $(SQLC) generate
 
 # Fails when committed generated code differs from what `make generate` produces.
@@ -31,5 +36,5 @@ check-generate: generate
 	git diff --exit-code -- proto controlplane
 
 lint:
-	@out=$$(gofmt -l shared proto controlplane); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l shared proto controlplane nodeagent loggateway); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)

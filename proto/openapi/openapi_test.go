@@ -41,6 +41,10 @@ var freeForm = map[string]bool{
 var publicOperations = map[string]bool{
 	"getHealth": true, "getReadiness": true, "getOpenAPIDocument": true, "getMetrics": true,
 	"signup": true, "login": true, "refreshToken": true, "getJWKS": true,
+	// Authenticated by the provider's signature over the body, not by a bearer token.
+	"receivePaymentWebhook": true,
+	// The one-time enrollment token in the body is the credential.
+	"enrollNode": true,
 }
 
 // nonEnvelopeErrors are error statuses whose body is deliberately not the ErrorResponse.

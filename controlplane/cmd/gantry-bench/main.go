@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
 	"github.com/gantry-gpu/gantry/shared/natsenv"
 	"github.com/gantry-gpu/gantry/shared/obs"
 	"github.com/gantry-gpu/gantry/shared/pgcluster"
@@ -44,11 +46,48 @@ func main() {
 	dur := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	rounds := flag.Int("rounds", 3, "interleaved rounds per pair (median reported)")
 	conc := flag.Int("concurrency", 8, "concurrent clients")
+	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 1000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
+	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
+	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\" or \"fabric\" (default: everything)")
+	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	flag.Parse()
+	if *child {
+		if err := fabricChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "gantry-bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	mode, err := fabricnet.ParseMode(*transport)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gantry-bench:", err)
+		os.Exit(2)
+	}
+	benchOnly = *only
+	fabricOptions = fabricOpts{agents: *agents, transport: mode, dur: *dur, rounds: *rounds}
 	if err := run(*dur, *rounds, *conc); err != nil {
 		fmt.Fprintln(os.Stderr, "gantry-bench:", err)
 		os.Exit(1)
 	}
+}
+
+var (
+	benchOnly     string
+	fabricOptions fabricOpts
+)
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+func envStr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
 }
 
 func run(dur time.Duration, rounds, conc int) error {
@@ -58,6 +97,19 @@ func run(dur time.Duration, rounds, conc int) error {
 		return err
 	}
 	defer fx.close()
+	if benchOnly == "fabric" {
+		return runFabric(ctx, fx, fabricOptions)
+	}
+	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
+		return err
+	}
+	if benchOnly == "http" {
+		return nil
+	}
+	return runFabric(ctx, fx, fabricOptions)
+}
+
+func runHTTP(ctx context.Context, fx *fixture, dur time.Duration, rounds, conc int) error {
 
 	chain := fx.serve(fx.app.Handler)
 	bareHealth := fx.serve(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

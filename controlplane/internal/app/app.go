@@ -25,10 +25,12 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
+	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
@@ -49,6 +51,10 @@ type Options struct {
 	Tracer trace.TracerProvider
 	// Pool reuses an existing pool (tests); else one is opened from Config.DatabaseURL.
 	Pool *pgxpool.Pool
+	// NodeProbeDialer and NodeProbeResolver replace the node probe's network seams
+	// (tests: nodes on addresses the machine does not have). The policy still applies.
+	NodeProbeDialer   probe.Dialer
+	NodeProbeResolver probe.Resolver
 }
 
 // App is an assembled control plane.
@@ -66,9 +72,20 @@ type App struct {
 	Auth     *auth.Service
 	Tenancy  *tenancy.Service
 	SSHKeys  *sshkeys.Service
-	Idem     *idempotency.Store
-	Relay    *outbox.Relay
-	Handler  http.Handler
+	// Nodes is node administration and the fabric's fleet.Directory; the fabric sets
+	// Nodes.Presence, Nodes.Disconnector and Nodes.Fabric when it is assembled.
+	Nodes *nodes.Service
+	// Fabric is the node fabric server (docs/fabric.md): the tunnels of node agents,
+	// presence, Dispatch and OpenStream toward nodes.
+	Fabric *fabric.Server
+	// Billing is balances, rating, pricing and runway; Billing.Ledger is the ledger
+	// (payments credits top-ups through it, budgets reads Billing.Spent).
+	Billing *billing.Service
+	// Budgets is budget posture, evaluation and the launch decision (DecideLaunch).
+	Budgets *budgets.Service
+	Idem    *idempotency.Store
+	Relay   *outbox.Relay
+	Handler http.Handler
 
 	ownPool bool
 	redis   *redis.Client
@@ -129,6 +146,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.Auth = auth.NewService(a.Pool, cfg.Auth, a.Keys, a.Clock, a.IDs)
 	a.Tenancy = tenancy.New(a.Pool, a.Clock, a.IDs, auth.HashPassword)
 	a.SSHKeys = sshkeys.New(a.Pool, a.Clock, a.IDs)
+	if a.Nodes, err = a.nodes(opt); err != nil {
+		return nil, err
+	}
+	if a.Fabric, err = a.fabric(ctx); err != nil {
+		return nil, err
+	}
+	a.Billing = billing.New(a.Pool, a.Clock, a.IDs, cfg.Billing.service())
+
+	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
@@ -144,19 +170,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	handlers := &server.API{
 		HealthAPI:   &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:     auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
-		TenancyAPI:  tenancy.NewHandlers(a.Tenancy, tenancy.ZeroBalance{Pool: a.Pool}, cursors),
+		TenancyAPI:  tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
 		SSHKeysAPI:  sshkeys.NewHandlers(a.SSHKeys, cursors),
 		AuditAPI:    &audit.Handlers{Pool: a.Pool, Cursors: cursors},
-		BillingAPI:  &billing.Handlers{},
-		BudgetsAPI:  &budgets.Handlers{},
-		PaymentsAPI: &payments.Handlers{},
-		NodesAPI:    &nodes.Handlers{},
+		BillingAPI:  billing.NewHandlers(a.Billing, cursors),
+		BudgetsAPI:  budgets.NewHandlers(a.Budgets),
+		PaymentsAPI: payments.NewHandlers(payments.MustNew(a.Pool, a.Clock, a.IDs, cfg.Payments.service(), a.Billing.Ledger, a.Metrics.Registry, log), cursors),
+		NodesAPI:    nodes.NewHandlers(a.Nodes, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
 		Contract:          a.Contract,
 		API:               handlers,
 		Auth:              auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock),
+		NodeAuth:          a.Nodes,
 		Projects:          a.Tenancy,
 		Idempotency:       a.Idem,
 		Limiter:           limiter,
@@ -191,6 +218,54 @@ func (a *App) limiter() (*ratelimit.Limiter, error) {
 	return l, nil
 }
 
+// fabric assembles the node fabric server over node administration's directory, and
+// hands node administration its presence, disconnector and enrollment info.
+func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
+	fc := a.Config.Fabric
+	cfg := fabric.Config{
+		Addr: fc.Addr, PublicAddr: fc.PublicAddr, ReplicaID: fc.ReplicaID, CertNames: fc.CertNames,
+		Bucket: fc.PresenceBucket, SubjectPrefix: fc.SubjectPrefix, DisableUDP: fc.DisableUDP, StartupTTL: fc.StartupTTL,
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.Bucket == "" {
+		cfg.Bucket = a.Config.EventsStream + "_FABRIC_PRESENCE"
+	}
+	if cfg.SubjectPrefix == "" {
+		cfg.SubjectPrefix = a.Config.EventsSubjectPrefix + "fabric."
+	}
+	if cfg.ReplicaID == "" {
+		cfg.ReplicaID = fabric.DefaultReplicaID()
+	}
+	srv, err := fabric.New(ctx, cfg, fabric.Deps{
+		Pool: a.Pool, SealKey: a.Config.Auth.MasterKey.Derive("gantry/fabric-pki"),
+		NATS: a.NATS, JS: a.JS, Directory: a.Nodes, Clock: a.Clock, IDs: a.IDs, Log: a.Log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fabric: %w", err)
+	}
+	a.Nodes.Presence, a.Nodes.Disconnector, a.Nodes.Fabric = srv, srv, srv
+	return srv, nil
+}
+
+// nodes assembles node administration with the node-probe policy of the configuration.
+func (a *App) nodes(opt Options) (*nodes.Service, error) {
+	allowed, err := probe.ParseCIDRs(a.Config.Nodes.ProbeAllowedCIDRs)
+	if err != nil {
+		return nil, err
+	}
+	prober := probe.New(probe.Policy{Allowed: allowed}, a.Config.Nodes.ProbeTimeout)
+	prober.Clock = a.Clock
+	if opt.NodeProbeDialer != nil {
+		prober.Dialer = opt.NodeProbeDialer
+	}
+	if opt.NodeProbeResolver != nil {
+		prober.Resolver = opt.NodeProbeResolver
+	}
+	return nodes.New(a.Pool, a.Clock, a.IDs, prober, a.Config.Nodes.service(), a.Log), nil
+}
+
 // cursorKey signs cursors: the configured key, else one derived from the master key so
 // that every replica agrees without more configuration.
 func (a *App) cursorKey() []byte {
@@ -212,9 +287,24 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); _ = a.Relay.Run(bg) }()
+	go func() {
+		defer wg.Done()
+		a.Billing.Run(bg, func(step string, err error) { a.Log.WarnContext(bg, "billing "+step+" failed", "err", err) })
+	}()
 	go func() { defer wg.Done(); a.maintain(bg) }()
+	// Budget evaluation (docs/budgets.md): every GANTRY_BUDGETS_EVALUATE_INTERVAL.
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Budgets.Run(bg, a.Config.Budgets.EvaluateInterval, a.Log) }()
+	// Node fabric (docs/fabric.md): agent tunnels until shutdown; agents reconnect.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := a.Fabric.Run(bg); err != nil {
+			a.Log.ErrorContext(bg, "fabric server stopped", "err", err)
+		}
+	}()
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -262,6 +352,9 @@ func (a *App) maintain(ctx context.Context) {
 
 // Close releases connections.
 func (a *App) Close() {
+	if a.Fabric != nil {
+		a.Fabric.Close()
+	}
 	if a.NATS != nil {
 		a.NATS.Close()
 	}

@@ -10,6 +10,10 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
+	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 )
 
@@ -37,6 +41,105 @@ type Config struct {
 	ShutdownTimeout time.Duration `env:"GANTRY_SHUTDOWN_TIMEOUT" envDefault:"15s"`
 
 	Auth auth.Config
+	// Billing is GANTRY_BILLING_*.
+	Billing BillingConfig
+	// Budgets is GANTRY_BUDGETS_*.
+	Budgets BudgetsConfig
+	// Payments is GANTRY_PAYMENTS_*.
+	Payments PaymentsConfig
+	// Nodes is NODE_PROBE_ALLOWED_CIDRS and GANTRY_NODE_* (docs/nodes.md).
+	Nodes NodesConfig
+	// Fabric is GANTRY_FABRIC_* and GANTRY_REPLICA_ID (docs/fabric.md).
+	Fabric FabricConfig
+}
+
+// FabricConfig configures the node fabric server (docs/fabric.md). Fields left empty in
+// a Config built by hand (tests, benchmarks) get values that cannot collide: an
+// ephemeral port, and a bucket and subjects named after the events stream.
+type FabricConfig struct {
+	// Addr is where the fabric listens, UDP (QUIC) and TCP (TLS+yamux) on one port number.
+	Addr string `env:"GANTRY_FABRIC_ADDR" envDefault:"127.0.0.1:7443"`
+	// PublicAddr is the address handed to agents at enrollment; default: the bound address.
+	PublicAddr string `env:"GANTRY_FABRIC_PUBLIC_ADDR"`
+	// ReplicaID names this replica in node presence; default: the host name.
+	ReplicaID string `env:"GANTRY_REPLICA_ID"`
+	// PresenceBucket is the JetStream KV bucket of node presence.
+	PresenceBucket string `env:"GANTRY_FABRIC_PRESENCE_BUCKET" envDefault:"gantry_fabric_presence"`
+	// SubjectPrefix prefixes the NATS subjects replicas use between them.
+	SubjectPrefix string `env:"GANTRY_FABRIC_SUBJECT_PREFIX" envDefault:"gantry.fabric."`
+	// DisableUDP serves TLS+yamux only (UDP cannot reach the control plane).
+	DisableUDP bool `env:"GANTRY_FABRIC_DISABLE_UDP" envDefault:"false"`
+	// CertNames adds DNS names / IPs to the fabric server certificate (comma-separated).
+	CertNames []string `env:"GANTRY_FABRIC_CERT_NAMES" envSeparator:","`
+	// StartupTTL is the heartbeat TTL everyone gets right after a start (no offline
+	// stampede while the fleet reconnects).
+	StartupTTL time.Duration `env:"GANTRY_FABRIC_STARTUP_TTL" envDefault:"5m"`
+}
+
+// PaymentsConfig configures payments (docs/payments.md).
+type PaymentsConfig struct {
+	// ProviderBaseURL is the payment provider's API; ProviderAPIKey its secret key
+	// (without one, top-ups answer service_unavailable).
+	ProviderBaseURL string `env:"GANTRY_PAYMENTS_PROVIDER_BASE_URL" envDefault:"https://api.stripe.com"`
+	ProviderAPIKey  string `env:"GANTRY_PAYMENTS_PROVIDER_API_KEY"`
+	// WebhookSecrets are the webhook signing secrets, comma-separated; any one verifies
+	// (list the new and the old secret while rotating).
+	WebhookSecrets []string `env:"GANTRY_PAYMENTS_WEBHOOK_SECRETS" envSeparator:","`
+	// RefundWindow: refunds later than this after capture are refund_window_exceeded.
+	RefundWindow time.Duration `env:"GANTRY_PAYMENTS_REFUND_WINDOW" envDefault:"4320h"`
+	// WebhookMaxBodyBytes caps a webhook body (refused unverified above it).
+	WebhookMaxBodyBytes int64 `env:"GANTRY_PAYMENTS_WEBHOOK_MAX_BODY_BYTES" envDefault:"262144"`
+	// Currencies top-ups may be made in, comma-separated.
+	Currencies []string `env:"GANTRY_PAYMENTS_CURRENCIES" envSeparator:"," envDefault:"USD,EUR,GBP,JPY"`
+	// ReconcileAfter: a payment quiet this long is read back from the provider.
+	ReconcileAfter time.Duration `env:"GANTRY_PAYMENTS_RECONCILE_AFTER" envDefault:"15m"`
+}
+
+func (p PaymentsConfig) service() payments.Config {
+	return payments.Config{
+		ProviderBaseURL: p.ProviderBaseURL, ProviderAPIKey: p.ProviderAPIKey, WebhookSecrets: p.WebhookSecrets,
+		RefundWindow: p.RefundWindow, WebhookMaxBody: p.WebhookMaxBodyBytes, Currencies: p.Currencies,
+		ReconcileAfter: p.ReconcileAfter,
+	}
+}
+
+// BudgetsConfig configures budgets (docs/budgets.md).
+type BudgetsConfig struct {
+	// EvaluateInterval is how often every active budget is evaluated (0 turns the loop off).
+	EvaluateInterval time.Duration `env:"GANTRY_BUDGETS_EVALUATE_INTERVAL" envDefault:"1m"`
+}
+
+// BillingConfig configures billing (docs/billing.md).
+type BillingConfig struct {
+	// MinRunway: a launch needs the wallet to cover this long at the unit's price.
+	MinRunway time.Duration `env:"GANTRY_BILLING_MIN_RUNWAY" envDefault:"1h"`
+	// RunwayFloor: under it the watcher asks for the tenant's running workloads to stop.
+	RunwayFloor time.Duration `env:"GANTRY_BILLING_RUNWAY_FLOOR" envDefault:"10m"`
+	// WatchInterval is how often the runway watcher and the running-usage rater run.
+	WatchInterval time.Duration `env:"GANTRY_BILLING_WATCH_INTERVAL" envDefault:"30s"`
+}
+
+func (b BillingConfig) service() billing.Config {
+	return billing.Config{MinRunway: b.MinRunway, RunwayFloor: b.RunwayFloor, WatchInterval: b.WatchInterval}
+}
+
+// NodesConfig configures node administration (docs/nodes.md).
+type NodesConfig struct {
+	// ProbeAllowedCIDRs, when set, is an allowlist (comma-separated CIDRs) on top of the
+	// fixed deny list of the node probe (seed: NODE_PROBE_ALLOWED_CIDRS).
+	ProbeAllowedCIDRs string `env:"NODE_PROBE_ALLOWED_CIDRS"`
+	// ProbePort is the TCP port probed when a node names none (its SSH port).
+	ProbePort int `env:"GANTRY_NODE_PROBE_PORT" envDefault:"22"`
+	// ProbeTimeout bounds one probe (resolution and connect).
+	ProbeTimeout time.Duration `env:"GANTRY_NODE_PROBE_TIMEOUT" envDefault:"3s"`
+	// EnrollmentTokenTTL is how long a one-time enrollment token stays usable.
+	EnrollmentTokenTTL time.Duration `env:"GANTRY_NODE_ENROLLMENT_TOKEN_TTL" envDefault:"15m"`
+	// TelemetryMinInterval is the least time between two stored routine GPU samples of a node.
+	TelemetryMinInterval time.Duration `env:"GANTRY_NODE_TELEMETRY_MIN_INTERVAL" envDefault:"30s"`
+}
+
+func (n NodesConfig) service() nodes.Config {
+	return nodes.Config{EnrollmentTokenTTL: n.EnrollmentTokenTTL, ProbePort: n.ProbePort, TelemetryMinInterval: n.TelemetryMinInterval}
 }
 
 // LoadConfig reads the environment. dev relaxes the master-key requirement.
@@ -46,6 +149,9 @@ func LoadConfig(dev bool) (Config, error) {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Auth, err = auth.LoadConfig(dev); err != nil {
+		return Config{}, err
+	}
+	if _, err := probe.ParseCIDRs(cfg.Nodes.ProbeAllowedCIDRs); err != nil {
 		return Config{}, err
 	}
 	if _, err := cfg.RateLimitGroups(); err != nil {

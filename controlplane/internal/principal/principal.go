@@ -95,3 +95,25 @@ func From(ctx context.Context) (*Principal, bool) {
 	p, ok := ctx.Value(key{}).(*Principal)
 	return p, ok && p != nil
 }
+
+// Node is an enrolled node authenticated by its node bearer token (node-facing
+// operations, security nodeBearerAuth). It is never a Principal: a node holds no user
+// capabilities.
+type Node struct {
+	ID uuid.UUID
+	// Token is the bearer token the node presented (rotation re-verifies it under lock).
+	Token string
+}
+
+type nodeKey struct{}
+
+// WithNode returns ctx carrying the authenticated node.
+func WithNode(ctx context.Context, n *Node) context.Context {
+	return context.WithValue(ctx, nodeKey{}, n)
+}
+
+// NodeFrom is the authenticated node of ctx.
+func NodeFrom(ctx context.Context) (*Node, bool) {
+	n, ok := ctx.Value(nodeKey{}).(*Node)
+	return n, ok && n != nil
+}

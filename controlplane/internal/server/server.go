@@ -13,7 +13,9 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
+	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
@@ -42,12 +44,21 @@ type ProjectAccess interface {
 	Access(ctx context.Context, p *principal.Principal, projectID uuid.UUID) (projectctx.Project, error)
 }
 
+// NodeAuthenticator verifies an opaque node bearer token (security nodeBearerAuth):
+// fleet.Directory's AuthenticateNode. fleet.ErrUnauthenticated means the token is not
+// accepted; any other error is an infrastructure failure (503).
+type NodeAuthenticator interface {
+	AuthenticateNode(ctx context.Context, token string) (uuid.UUID, error)
+}
+
 // Deps is everything the HTTP surface needs.
 type Deps struct {
-	Logger       *slog.Logger
-	Contract     *contract.Contract
-	API          api.StrictServerInterface
-	Auth         Authenticator
+	Logger   *slog.Logger
+	Contract *contract.Contract
+	API      api.StrictServerInterface
+	Auth     Authenticator
+	// NodeAuth authenticates node-facing operations; nil refuses every node token.
+	NodeAuth     NodeAuthenticator
 	Projects     ProjectAccess
 	Idempotency  *idempotency.Store
 	Limiter      *ratelimit.Limiter
@@ -137,6 +148,14 @@ func (s *server) operation(next http.Handler) http.Handler {
 			}
 			ctx = principal.With(ctx, p)
 		}
+		if op.Security == contract.SecurityNode {
+			n, err := s.authenticateNode(ctx, r)
+			if err != nil {
+				s.errors.write(w, r, err)
+				return
+			}
+			ctx = principal.WithNode(ctx, n)
+		}
 
 		if op.ProjectHeader || op.ProjectPath {
 			proj, err := s.projectContext(ctx, r, op, rctx)
@@ -178,6 +197,30 @@ func (s *server) operation(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// authenticateNode checks the node bearer token of a node-facing operation: none is
+// token_missing, one that is malformed, unknown, revoked or rotated away token_invalid
+// (without saying which).
+func (s *server) authenticateNode(ctx context.Context, r *http.Request) (*principal.Node, error) {
+	token, found, err := auth.BearerToken(r)
+	if err != nil || (found && token == "") {
+		return nil, apierr.New(apierr.TokenInvalid, "node token is not valid")
+	}
+	if !found {
+		return nil, apierr.New(apierr.TokenMissing, "node token required")
+	}
+	if s.NodeAuth == nil {
+		return nil, apierr.New(apierr.TokenInvalid, "node token is not valid")
+	}
+	id, err := s.NodeAuth.AuthenticateNode(ctx, token)
+	if errors.Is(err, fleet.ErrUnauthenticated) {
+		return nil, apierr.New(apierr.TokenInvalid, "node token is not valid")
+	}
+	if err != nil {
+		return nil, apierr.New(apierr.ServiceUnavailable, "node authentication is unavailable").Wrap(err)
+	}
+	return &principal.Node{ID: id, Token: token}, nil
 }
 
 // readBody reads the capped body and leaves a fresh reader on r for the validator.

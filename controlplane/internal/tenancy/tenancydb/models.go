@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type AuditEvent struct {
@@ -48,6 +49,197 @@ type AuthSigningKey struct {
 	ExpiresAt     *time.Time
 }
 
+type BillingAccount struct {
+	ID                    uuid.UUID
+	TenantID              uuid.UUID
+	AccountType           string
+	CustomerPricingPlanID uuid.NullUUID
+	Status                string
+	CreatedAt             time.Time
+	UpdatedAt             time.Time
+}
+
+type BillingCurrency struct {
+	Code     string
+	Exponent int16
+}
+
+type BillingFxSnapshot struct {
+	ID             uuid.UUID
+	SourceCurrency string
+	TargetCurrency string
+	Rate           string
+	Provider       string
+	ProviderRateID *string
+	CapturedAt     time.Time
+	CreatedAt      time.Time
+}
+
+type BillingLedgerAccount struct {
+	ID           uuid.UUID
+	Kind         string
+	TenantID     uuid.NullUUID
+	Currency     string
+	BalanceMinor pgtype.Int8
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+type BillingLedgerEntry struct {
+	ID          uuid.UUID
+	TxnID       uuid.UUID
+	AccountID   uuid.UUID
+	Currency    string
+	AmountMinor int64
+	CreatedAt   time.Time
+}
+
+type BillingLedgerTransaction struct {
+	ID            uuid.UUID
+	Kind          string
+	TenantID      uuid.NullUUID
+	Reference     string
+	ReversesTxnID uuid.NullUUID
+	FxSnapshotID  uuid.NullUUID
+	Memo          string
+	ActorUserID   uuid.NullUUID
+	CorrelationID string
+	CreatedAt     time.Time
+}
+
+type BillingPrice struct {
+	VersionID uuid.UUID
+	UsageUnit string
+	Currency  string
+	UnitPrice string
+}
+
+type BillingPricingPlan struct {
+	ID        uuid.UUID
+	Name      string
+	IsDefault bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+type BillingPricingPlanVersion struct {
+	ID            uuid.UUID
+	PlanID        uuid.UUID
+	Version       int32
+	EffectiveFrom time.Time
+	CreatedAt     time.Time
+}
+
+type BillingRatedUsageLine struct {
+	ID                    uuid.UUID
+	UsageRecordID         uuid.UUID
+	TenantID              uuid.UUID
+	ProjectID             uuid.NullUUID
+	RequestedByUserID     uuid.UUID
+	UsageSource           string
+	UsageUnit             string
+	SegmentFrom           time.Time
+	BillFrom              time.Time
+	BillTo                time.Time
+	UnitQuantityMillis    int64
+	Units                 int64
+	CumulativeUnits       int64
+	Currency              string
+	UnitPrice             string
+	AmountMinor           int64
+	AmountExact           string
+	CumulativeAmountMinor int64
+	PricingSource         string
+	PricingPlanID         uuid.NullUUID
+	PricingPlanVersion    *string
+	PricingSnapshot       json.RawMessage
+	FxSnapshotID          uuid.NullUUID
+	RatingEventKey        string
+	RatingKey             string
+	LedgerEntryID         uuid.NullUUID
+	CreatedAt             time.Time
+}
+
+type BillingRatingEvent struct {
+	RatingKey                string
+	UsageRecordID            uuid.UUID
+	Through                  time.Time
+	CumulativeQuantityMillis int64
+	LedgerTxnID              uuid.NullUUID
+	CreatedAt                time.Time
+}
+
+type BillingRunwayBlock struct {
+	TenantID      uuid.UUID
+	Currency      string
+	BlockedAt     time.Time
+	BurnPerSecond string
+}
+
+type BillingUsageRecord struct {
+	ID                  uuid.UUID
+	TenantID            uuid.UUID
+	ProjectID           uuid.NullUUID
+	RequestedByUserID   uuid.UUID
+	Source              string
+	SourceID            uuid.UUID
+	UsageUnit           string
+	Quantity            int64
+	Currency            string
+	BillFrom            time.Time
+	BillTo              *time.Time
+	RatedThrough        time.Time
+	RatedQuantityMillis int64
+	SegFrom             time.Time
+	SegUnits            int64
+	SegAmountMinor      int64
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+}
+
+type Budget struct {
+	ID               uuid.UUID
+	TenantID         uuid.UUID
+	ProjectID        uuid.NullUUID
+	ScopeType        string
+	Name             string
+	Period           string
+	AmountMinor      int64
+	Currency         string
+	ThresholdPercent int32
+	EnforcementMode  string
+	Active           bool
+	StartsAt         time.Time
+	EndsAt           *time.Time
+	CreatedBy        uuid.NullUUID
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
+type BudgetEvent struct {
+	ID                 uuid.UUID
+	BudgetID           uuid.UUID
+	TenantID           uuid.UUID
+	ThresholdKey       string
+	LevelPercent       int32
+	PeriodStart        time.Time
+	PeriodEnd          time.Time
+	SpentMinor         int64
+	BudgetMinor        int64
+	Currency           string
+	PercentUsed        int64
+	Status             string
+	FirstSeenAt        time.Time
+	LastSeenAt         time.Time
+	SeenCount          int32
+	CorrelationID      *string
+	AcknowledgedAt     *time.Time
+	AcknowledgedBy     uuid.NullUUID
+	ResolvedAt         *time.Time
+	ResolvedBy         uuid.NullUUID
+	SuspendRequestedAt *time.Time
+}
+
 type Department struct {
 	ID             uuid.UUID
 	TenantID       uuid.UUID
@@ -57,6 +249,25 @@ type Department struct {
 	LifecycleState string
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+}
+
+type FabricCa struct {
+	ID        uuid.UUID
+	Singleton bool
+	CertPem   string
+	KeyEnc    []byte
+	NotAfter  time.Time
+	CreatedAt time.Time
+}
+
+type FabricServerCert struct {
+	ID        uuid.UUID
+	CaID      uuid.UUID
+	CertPem   string
+	KeyEnc    []byte
+	Names     []string
+	NotAfter  time.Time
+	CreatedAt time.Time
 }
 
 type IdempotencyKey struct {
@@ -71,6 +282,67 @@ type IdempotencyKey struct {
 	ExpiresAt      time.Time
 }
 
+type Node struct {
+	ID                 uuid.UUID
+	Name               string
+	Address            string
+	ProbePort          int32
+	Region             *string
+	ScheduleState      string
+	Status             string
+	StatusChangedAt    *time.Time
+	LastSeenAt         *time.Time
+	Hostname           *string
+	AgentVersion       *string
+	EnrolledAt         *time.Time
+	LastProbeAt        *time.Time
+	LastProbeReachable pgtype.Bool
+	LastProbeLatencyUs pgtype.Int8
+	LastProbeError     *string
+	CreatedAt          time.Time
+	UpdatedAt          time.Time
+}
+
+type NodeEnrollmentToken struct {
+	ID        uuid.UUID
+	NodeID    uuid.UUID
+	TokenHash []byte
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	UsedAt    *time.Time
+}
+
+type NodeGpu struct {
+	NodeID               uuid.UUID
+	GpuUuid              string
+	GpuIndex             int32
+	Model                string
+	MemoryBytes          int64
+	PciBusID             string
+	MigEnabled           bool
+	DriverVersion        string
+	CudaVersion          string
+	SampledAt            *time.Time
+	UtilizationPercent   pgtype.Int4
+	MemoryUsedBytes      pgtype.Int8
+	TemperatureC         pgtype.Int4
+	PowerMilliwatts      pgtype.Int8
+	EccErrorsCorrected   pgtype.Int8
+	EccErrorsUncorrected pgtype.Int8
+	XidErrorsTotal       int64
+	LastXid              pgtype.Int8
+	Healthy              pgtype.Bool
+}
+
+type NodeToken struct {
+	ID           uuid.UUID
+	NodeID       uuid.UUID
+	TokenHash    []byte
+	CreatedAt    time.Time
+	RevokedAt    *time.Time
+	RevokeReason *string
+}
+
 type OutboxEvent struct {
 	ID          uuid.UUID
 	EventType   string
@@ -81,6 +353,55 @@ type OutboxEvent struct {
 	PublishedAt *time.Time
 	Attempts    int32
 	LastError   *string
+}
+
+type Payment struct {
+	ID                uuid.UUID
+	TenantID          uuid.UUID
+	CreatedBy         uuid.NullUUID
+	Provider          string
+	ProviderPaymentID *string
+	Currency          string
+	AmountMinor       int64
+	CapturedMinor     int64
+	RefundedMinor     int64
+	Status            string
+	FailureCode       *string
+	LedgerTxnID       uuid.NullUUID
+	CapturedAt        *time.Time
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
+type PaymentRefund struct {
+	ID               uuid.UUID
+	PaymentID        uuid.UUID
+	TenantID         uuid.UUID
+	Currency         string
+	AmountMinor      int64
+	Origin           string
+	Status           string
+	ProviderRefundID *string
+	Reason           *string
+	RequestedBy      uuid.NullUUID
+	LedgerTxnID      uuid.NullUUID
+	CreatedAt        time.Time
+}
+
+type PaymentWebhookEvent struct {
+	ID              uuid.UUID
+	Provider        string
+	ProviderEventID string
+	EventType       string
+	ObjectID        *string
+	PaymentID       uuid.NullUUID
+	Payload         json.RawMessage
+	Status          string
+	Attempts        int32
+	LastError       *string
+	ProviderCreated *time.Time
+	ReceivedAt      time.Time
+	ProcessedAt     *time.Time
 }
 
 type PlatformRoleBinding struct {

@@ -1,0 +1,274 @@
+package fabric
+
+import (
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/fabric/fabricdb"
+	"github.com/gantry-gpu/gantry/shared/clock"
+	"github.com/gantry-gpu/gantry/shared/ids"
+)
+
+const (
+	// pkiLockID serializes CA and server-certificate creation across replicas
+	// ("gantry.fabric.pki"): two replicas starting at once make one CA.
+	pkiLockID int64 = 0x6661_6272_6963_0a01
+
+	caLifetime     = 10 * 365 * 24 * time.Hour
+	serverLifetime = 365 * 24 * time.Hour
+	// renewBefore: a server certificate this close to expiry is replaced at start.
+	renewBefore = 30 * 24 * time.Hour
+)
+
+// PKI is the fabric CA (handed to agents at enrollment) and the server certificate the
+// fabric listener presents.
+type PKI struct {
+	CAPEM  []byte
+	CA     *x509.Certificate
+	Server tls.Certificate
+}
+
+// LoadPKI returns the fabric CA and a server certificate valid for names, creating
+// either on first use (under an advisory lock, so concurrent replicas agree on one).
+// sealKey (32 bytes) encrypts the private keys at rest.
+func LoadPKI(ctx context.Context, pool *pgxpool.Pool, sealKey []byte, names []string, clk clock.Clock, idSrc ids.Source) (*PKI, error) {
+	if len(sealKey) != 32 {
+		return nil, errors.New("fabric: PKI seal key must be 32 bytes")
+	}
+	names = normalizeNames(names)
+	if len(names) == 0 {
+		return nil, errors.New("fabric: server certificate needs at least one name")
+	}
+	al := &audit.Log{Clock: clk, IDs: idSrc}
+	var out *PKI
+	err := db.InTx(ctx, pool, func(tx pgx.Tx) error {
+		q := fabricdb.New(tx)
+		if err := q.LockPKI(ctx, pkiLockID); err != nil {
+			return fmt.Errorf("lock fabric pki: %w", err)
+		}
+		now := clk.Now()
+		caRow, err := q.GetCA(ctx)
+		if errors.Is(err, pgx.ErrNoRows) {
+			if caRow, err = createCA(ctx, q, sealKey, now, idSrc); err != nil {
+				return err
+			}
+			if err := al.Record(ctx, tx, audit.Entry{
+				Action: "fabric.ca.create", TargetType: "fabric_ca", TargetID: caRow.ID.String(),
+				ActorType: audit.ActorSystem,
+			}); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return fmt.Errorf("fabric ca: %w", err)
+		}
+		caCert, caKey, err := parseKeyPair(caRow.CertPem, caRow.KeyEnc, sealKey, caRow.ID)
+		if err != nil {
+			return fmt.Errorf("fabric ca: %w", err)
+		}
+		srv, err := q.LatestServerCert(ctx, fabricdb.LatestServerCertParams{CaID: caRow.ID, Names: names})
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && srv.NotAfter.Before(now.Add(renewBefore))) {
+			if srv, err = issueServerCert(ctx, q, caRow.ID, caCert, caKey, sealKey, names, now, idSrc); err != nil {
+				return err
+			}
+			if err := al.Record(ctx, tx, audit.Entry{
+				Action: "fabric.server_cert.issue", TargetType: "fabric_server_cert", TargetID: srv.ID.String(),
+				ActorType: audit.ActorSystem, Metadata: map[string]any{"names": names},
+			}); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return fmt.Errorf("fabric server certificate: %w", err)
+		}
+		srvCert, srvKey, err := parseKeyPair(srv.CertPem, srv.KeyEnc, sealKey, srv.ID)
+		if err != nil {
+			return fmt.Errorf("fabric server certificate: %w", err)
+		}
+		out = &PKI{
+			CAPEM: []byte(caRow.CertPem),
+			CA:    caCert,
+			Server: tls.Certificate{
+				Certificate: [][]byte{srvCert.Raw, caCert.Raw},
+				PrivateKey:  srvKey,
+				Leaf:        srvCert,
+			},
+		}
+		return nil
+	})
+	return out, err
+}
+
+// CertPool is a pool holding only the fabric CA (what an agent trusts).
+func (p *PKI) CertPool() *x509.CertPool {
+	cp := x509.NewCertPool()
+	cp.AddCert(p.CA)
+	return cp
+}
+
+func normalizeNames(names []string) []string {
+	var out []string
+	for _, n := range names {
+		n = strings.ToLower(strings.TrimSpace(n))
+		if n != "" && len(n) <= 253 {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func createCA(ctx context.Context, q *fabricdb.Queries, sealKey []byte, now time.Time, idSrc ids.Source) (fabricdb.GetCARow, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fabricdb.GetCARow{}, err
+	}
+	id := idSrc.New()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "Gantry fabric CA " + id.String()[:8], Organization: []string{"Gantry"}},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(caLifetime),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return fabricdb.GetCARow{}, fmt.Errorf("create fabric ca: %w", err)
+	}
+	row := fabricdb.GetCARow{ID: id, CertPem: pemCert(der), NotAfter: tmpl.NotAfter, CreatedAt: now}
+	if row.KeyEnc, err = sealKeyPair(key, sealKey, id); err != nil {
+		return fabricdb.GetCARow{}, err
+	}
+	err = q.InsertCA(ctx, fabricdb.InsertCAParams{ID: id, CertPem: row.CertPem, KeyEnc: row.KeyEnc, NotAfter: row.NotAfter, CreatedAt: now})
+	if err != nil {
+		return fabricdb.GetCARow{}, fmt.Errorf("insert fabric ca: %w", err)
+	}
+	return row, nil
+}
+
+func issueServerCert(ctx context.Context, q *fabricdb.Queries, caID uuid.UUID, ca *x509.Certificate, caKey *ecdsa.PrivateKey,
+	sealKey []byte, names []string, now time.Time, idSrc ids.Source) (fabricdb.FabricServerCert, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fabricdb.FabricServerCert{}, err
+	}
+	id := idSrc.New()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		Subject:      pkix.Name{CommonName: names[0], Organization: []string{"Gantry"}},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(serverLifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return fabricdb.FabricServerCert{}, fmt.Errorf("issue fabric server certificate: %w", err)
+	}
+	row := fabricdb.FabricServerCert{ID: id, CaID: caID, CertPem: pemCert(der), Names: names, NotAfter: tmpl.NotAfter, CreatedAt: now}
+	if row.KeyEnc, err = sealKeyPair(key, sealKey, id); err != nil {
+		return fabricdb.FabricServerCert{}, err
+	}
+	if err := q.InsertServerCert(ctx, fabricdb.InsertServerCertParams{
+		ID: id, CaID: caID, CertPem: row.CertPem, KeyEnc: row.KeyEnc, Names: names, NotAfter: row.NotAfter, CreatedAt: now,
+	}); err != nil {
+		return fabricdb.FabricServerCert{}, fmt.Errorf("insert fabric server certificate: %w", err)
+	}
+	return row, nil
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	return n
+}
+
+func pemCert(der []byte) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// sealKeyPair encrypts the PKCS#8 DER of key with AES-256-GCM; the row id is the
+// additional data.
+func sealKeyPair(key *ecdsa.PrivateKey, sealKey []byte, id uuid.UUID) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	gcm, err := newGCM(sealKey)
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, gcm.NonceSize())
+	if _, err := io.ReadFull(rand.Reader, nonce); err != nil {
+		return nil, err
+	}
+	return gcm.Seal(nonce, nonce, der, id[:]), nil
+}
+
+func parseKeyPair(certPEM string, keyEnc, sealKey []byte, id uuid.UUID) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	blk, _ := pem.Decode([]byte(certPEM))
+	if blk == nil {
+		return nil, nil, errors.New("certificate is not PEM")
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	gcm, err := newGCM(sealKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(keyEnc) < gcm.NonceSize() {
+		return nil, nil, errors.New("sealed key too short")
+	}
+	der, err := gcm.Open(nil, keyEnc[:gcm.NonceSize()], keyEnc[gcm.NonceSize():], id[:])
+	if err != nil {
+		return nil, nil, errors.New("cannot decrypt private key (wrong GANTRY_MASTER_KEY?)")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	ek, ok := k.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, nil, errors.New("private key is not ECDSA")
+	}
+	return cert, ek, nil
+}
+
+func newGCM(key []byte) (cipher.AEAD, error) {
+	b, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(b)
+}

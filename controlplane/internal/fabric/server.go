@@ -1,0 +1,413 @@
+package fabric
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/clock"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
+	"github.com/gantry-gpu/gantry/shared/ids"
+)
+
+// Deps are what the server runs on.
+type Deps struct {
+	Pool *pgxpool.Pool
+	// SealKey (32 bytes) encrypts the PKI's private keys at rest; app derives it from
+	// the master key.
+	SealKey   []byte
+	NATS      *nats.Conn
+	JS        jetstream.JetStream
+	Directory fleet.Directory
+	Clock     clock.Clock
+	IDs       ids.Source
+	Log       *slog.Logger
+
+	// OnTaskResult and OnControllerReport, when set, receive what agents report
+	// (the allocations feature). They run on the session's receive loop: return fast.
+	OnTaskResult       func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult)
+	OnControllerReport func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.ControllerReport)
+}
+
+// Server is one replica's fabric server. It implements fleet.PresenceReader,
+// fleet.Disconnector and fleet.FabricInfo.
+type Server struct {
+	cfg       Config
+	deps      Deps
+	pki       *PKI
+	ln        *fabricnet.Listener
+	grpcLn    *fabricnet.StreamListener
+	grpc      *grpc.Server
+	kv        jetstream.KeyValue
+	subs      []*nats.Subscription
+	startedAt time.Time
+	addr      string
+
+	mu       sync.Mutex
+	sessions map[uuid.UUID]*session // live sessions on this replica, by node
+	ending   sync.WaitGroup
+
+	presence *presenceMirror
+
+	// startupOver is set once the startup window's long TTLs have been shortened.
+	startupOver bool
+}
+
+var (
+	_ fleet.PresenceReader = (*Server)(nil)
+	_ fleet.Disconnector   = (*Server)(nil)
+	_ fleet.FabricInfo     = (*Server)(nil)
+)
+
+// New loads (or creates) the fabric PKI, binds the listener, opens the presence bucket
+// and subscribes to the replica subjects. Serving starts with Run.
+func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if deps.Clock == nil {
+		deps.Clock = clock.Real{}
+	}
+	if deps.IDs == nil {
+		deps.IDs = ids.V7{}
+	}
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	if deps.Directory == nil || deps.NATS == nil || deps.JS == nil || deps.Pool == nil {
+		return nil, errors.New("fabric: Pool, NATS, JS and Directory are required")
+	}
+	s := &Server{cfg: cfg, deps: deps, sessions: map[uuid.UUID]*session{}, startedAt: deps.Clock.Now()}
+	s.presence = newPresenceMirror()
+
+	pki, err := LoadPKI(ctx, deps.Pool, deps.SealKey, s.certNames(), deps.Clock, deps.IDs)
+	if err != nil {
+		return nil, err
+	}
+	s.pki = pki
+
+	s.kv, err = deps.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "gantry fabric presence: node -> replica",
+		History:     1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fabric: presence bucket: %w", err)
+	}
+
+	tlsConf := &tls.Config{Certificates: []tls.Certificate{pki.Server}}
+	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP})
+	if err != nil {
+		return nil, err
+	}
+	s.addr = cfg.PublicAddr
+	if s.addr == "" {
+		s.addr = s.ln.Addr().String()
+	}
+
+	s.grpcLn = fabricnet.NewStreamListener(s.ln.Addr())
+	s.grpc = grpc.NewServer(
+		// Small buffers: one transport per node, thousands of nodes per replica.
+		grpc.ReadBufferSize(4<<10), grpc.WriteBufferSize(4<<10),
+		grpc.MaxRecvMsgSize(4<<20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	fabricv1.RegisterFabricServer(s.grpc, &controlService{s: s})
+
+	if err := s.subscribe(); err != nil {
+		s.ln.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) certNames() []string {
+	if len(s.cfg.CertNames) > 0 {
+		return s.cfg.CertNames
+	}
+	names := []string{"localhost", "127.0.0.1"}
+	for _, a := range []string{s.cfg.PublicAddr, s.cfg.Addr} {
+		if h, _, err := net.SplitHostPort(a); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+			names = append(names, h)
+		}
+	}
+	return names
+}
+
+// CAPEM is the fabric CA certificate (PEM) agents must trust (fleet.FabricInfo).
+func (s *Server) CAPEM() []byte { return s.pki.CAPEM }
+
+// Addr is the address agents dial (fleet.FabricInfo).
+func (s *Server) Addr() string { return s.addr }
+
+// ListenAddr is the address actually bound (UDP and TCP share its port number).
+func (s *Server) ListenAddr() net.Addr { return s.ln.Addr() }
+
+// PKI is the fabric CA and server certificate.
+func (s *Server) PKI() *PKI { return s.pki }
+
+// ReplicaID names this replica.
+func (s *Server) ReplicaID() string { return s.cfg.ReplicaID }
+
+// Run serves tunnels until ctx ends, then closes every tunnel on this replica (agents
+// reconnect to another replica, or to this one when it is back) and returns.
+func (s *Server) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	run := func(f func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(ctx) }()
+	}
+	if err := s.startPresence(ctx); err != nil {
+		return err
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = s.grpc.Serve(s.grpcLn) }()
+	run(s.watchPresence)
+	// Serve only once the mirror holds the bucket: replacement detection and the fleet
+	// size behind the TTLs depend on it.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	_ = s.WaitPresence(wctx)
+	wcancel()
+	run(s.announceReplica)
+	run(s.sweepLoop)
+	run(s.acceptLoop)
+
+	<-ctx.Done()
+	s.shutdown()
+	wg.Wait()
+	return nil
+}
+
+func (s *Server) shutdown() {
+	_ = s.ln.Close()
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+	s.mu.Lock()
+	all := make([]*session, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	// In parallel: closing a TLS+yamux tunnel waits on its writer, and a replica may
+	// hold thousands.
+	sem := make(chan struct{}, 64)
+	for _, ss := range all {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			ss.close(endShutdown, "control plane shutting down")
+		}()
+	}
+	s.grpcLn.Close()
+	s.grpc.Stop()
+	s.ending.Wait()
+	// Our announcement goes; our nodes' presence stays, so whichever replica they
+	// reconnect to takes them over without an offline blip.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = s.kv.Delete(ctx, replicaKey(s.cfg.ReplicaID))
+}
+
+func (s *Server) acceptLoop(ctx context.Context) {
+	for {
+		fs, err := s.ln.Accept(ctx)
+		if err != nil {
+			return
+		}
+		go s.serveTunnel(ctx, fs)
+	}
+}
+
+// serveTunnel authenticates a new tunnel and then feeds its agent-opened streams to
+// the gRPC server until it ends.
+func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
+	nodeID, authStream, err := s.authenticate(ctx, fs)
+	if err != nil {
+		s.deps.Log.Debug("fabric: tunnel refused", "remote", fs.RemoteAddr().String(), "err", err)
+		_ = fs.Close("unauthenticated")
+		return
+	}
+	ss := &session{
+		id: s.deps.IDs.New(), nodeID: nodeID, fs: fs, srv: s,
+		connectedAt: s.deps.Clock.Now(), done: make(chan struct{}),
+		pending: map[string]chan *fabricv1.TaskAck{},
+	}
+	ss.lastHeartbeat = ss.connectedAt
+	ss.hb = s.heartbeatConfig()
+	s.register(ss)
+	// The session is registered before the agent hears ok, so its Control call finds it.
+	werr := fabricnet.WriteFrame(authStream, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String()})
+	_ = authStream.Close()
+	if werr != nil {
+		ss.close(endLost, "auth response not delivered")
+		return
+	}
+	go func() {
+		select {
+		case <-fs.Done():
+			ss.close(endLost, "tunnel closed")
+		case <-ss.done:
+		}
+	}()
+	for {
+		st, err := fs.AcceptStream(ctx)
+		if err != nil {
+			ss.close(endLost, "tunnel closed")
+			return
+		}
+		if !s.grpcLn.Push(ctx, &sessionConn{Conn: st, ss: ss}) {
+			return
+		}
+	}
+}
+
+func (s *Server) authenticate(ctx context.Context, fs fabricnet.Session) (uuid.UUID, net.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, s.cfg.AuthTimeout)
+	defer cancel()
+	st, err := fs.AcceptStream(actx)
+	if err != nil {
+		return uuid.Nil, nil, err
+	}
+	_ = st.SetDeadline(time.Now().Add(s.cfg.AuthTimeout))
+	var req fabricv1.AuthRequest
+	if err := fabricnet.ReadFrame(st, &req); err != nil {
+		_ = st.Close()
+		return uuid.Nil, nil, err
+	}
+	nodeID, err := s.deps.Directory.AuthenticateNode(actx, req.GetToken())
+	if err != nil {
+		code := fabricnet.AuthErrUnavailable
+		if errors.Is(err, fleet.ErrUnauthenticated) {
+			code = fabricnet.AuthErrTokenInvalid
+		}
+		_ = fabricnet.WriteFrame(st, &fabricv1.AuthResponse{Ok: false, ErrorCode: code})
+		// Let the refusal reach the agent before the tunnel closes: wait for the agent to
+		// close its end of the auth stream (bounded by the deadline).
+		var b [1]byte
+		_, _ = st.Read(b[:])
+		_ = st.Close()
+		return uuid.Nil, nil, err
+	}
+	return nodeID, st, nil
+}
+
+// register makes ss the node's live session here, replacing an older one.
+func (s *Server) register(ss *session) {
+	s.mu.Lock()
+	old := s.sessions[ss.nodeID]
+	s.sessions[ss.nodeID] = ss
+	s.ending.Add(1)
+	s.mu.Unlock()
+	if old != nil {
+		old.close(endReplaced, "replaced by a newer tunnel from the same node")
+	}
+}
+
+func (s *Server) unregister(ss *session) {
+	s.mu.Lock()
+	if s.sessions[ss.nodeID] == ss {
+		delete(s.sessions, ss.nodeID)
+	}
+	s.mu.Unlock()
+}
+
+func (s *Server) local(nodeID uuid.UUID) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sessions[nodeID]
+}
+
+// LocalSessions is how many tunnels this replica holds.
+func (s *Server) LocalSessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// heartbeatConfig chooses the heartbeat interval and TTL for a node now: scaled to the
+// fleet size so the fleet-wide rate stays under MaxHeartbeatsPerSecond, never under
+// MinHeartbeatInterval, with up to 25% jitter so nodes that connected together do not
+// heartbeat together; TTL is two intervals plus the grace. Inside the startup window
+// everyone gets StartupTTL.
+func (s *Server) heartbeatConfig() heartbeat {
+	fleetSize := s.presence.onlineCount()
+	interval := time.Duration(float64(fleetSize) / s.cfg.MaxHeartbeatsPerSecond * float64(time.Second))
+	interval = max(interval, s.cfg.MinHeartbeatInterval)
+	interval += time.Duration(rand.Int64N(int64(interval)/4 + 1))
+	ttl := 2*interval + s.cfg.HeartbeatGrace
+	if s.inStartup() {
+		ttl = max(ttl, s.cfg.StartupTTL)
+	}
+	return heartbeat{interval: interval, ttl: ttl, telemetry: s.cfg.TelemetryInterval}
+}
+
+func (s *Server) inStartup() bool {
+	return s.deps.Clock.Now().Before(s.startedAt.Add(s.cfg.StartupTTL))
+}
+
+type heartbeat struct {
+	interval, ttl, telemetry time.Duration
+}
+
+// sessionConn is an agent-opened stream; its RemoteAddr carries the session so the
+// gRPC handler knows which node it serves.
+type sessionConn struct {
+	net.Conn
+	ss *session
+}
+
+func (c *sessionConn) RemoteAddr() net.Addr { return sessionAddr{c.ss} }
+
+type sessionAddr struct{ ss *session }
+
+func (a sessionAddr) Network() string { return "gantry-fabric" }
+func (a sessionAddr) String() string  { return "node/" + a.ss.nodeID.String() }
+
+// Close releases the listener of a server that is not running (Run does it itself).
+func (s *Server) Close() {
+	_ = s.ln.Close()
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+}
+
+// DefaultReplicaID is the host name reduced to the replica id alphabet.
+func DefaultReplicaID() string {
+	h, _ := os.Hostname()
+	var b strings.Builder
+	for _, r := range h {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('-')
+		}
+		if b.Len() == 64 {
+			break
+		}
+	}
+	if b.Len() == 0 {
+		return "replica"
+	}
+	return b.String()
+}

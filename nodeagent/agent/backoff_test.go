@@ -1,0 +1,55 @@
+package agent
+
+import (
+	"testing"
+	"time"
+)
+
+func TestBackoffBounds(t *testing.T) {
+	const ms = time.Millisecond
+	cases := []struct {
+		n       int
+		lo, hi  time.Duration
+		ceiling time.Duration
+	}{
+		{0, 250 * ms, 500 * ms, 500 * ms},
+		{1, 500 * ms, time.Second, time.Second},
+		{2, time.Second, 2 * time.Second, 2 * time.Second},
+		{5, 8 * time.Second, 16 * time.Second, 16 * time.Second},
+		{6, 15 * time.Second, 30 * time.Second, 30 * time.Second},
+		{7, 15 * time.Second, 30 * time.Second, 30 * time.Second},
+		{1000, 15 * time.Second, 30 * time.Second, 30 * time.Second}, // no overflow
+	}
+	for _, c := range cases {
+		lo := Backoff{Min: 500 * ms, Max: 30 * time.Second, Rand: func() float64 { return 0 }}
+		hi := Backoff{Min: 500 * ms, Max: 30 * time.Second, Rand: func() float64 { return 0.999999999 }}
+		if got := lo.Ceiling(c.n); got != c.ceiling {
+			t.Errorf("Ceiling(%d) = %v, want %v", c.n, got, c.ceiling)
+		}
+		if got := lo.Delay(c.n); got != c.lo {
+			t.Errorf("Delay(%d) with rand 0 = %v, want %v", c.n, got, c.lo)
+		}
+		if got := hi.Delay(c.n); got > c.hi || got < c.hi-ms {
+			t.Errorf("Delay(%d) with rand ~1 = %v, want just under %v", c.n, got, c.hi)
+		}
+	}
+}
+
+func TestBackoffNeverExceedsMax(t *testing.T) {
+	b := DefaultBackoff()
+	for n := range 200 {
+		for range 20 {
+			d := b.Delay(n)
+			if d > b.Max || d < b.Min/2 {
+				t.Fatalf("Delay(%d) = %v outside [%v, %v]", n, d, b.Min/2, b.Max)
+			}
+		}
+	}
+}
+
+func TestBackoffMidpointJitter(t *testing.T) {
+	b := Backoff{Min: time.Second, Max: time.Minute, Rand: func() float64 { return 0.5 }}
+	if got := b.Delay(2); got != 3*time.Second { // ceiling 4s: 2s + 0.5·2s
+		t.Fatalf("Delay(2) = %v, want 3s", got)
+	}
+}

@@ -1,0 +1,127 @@
+package fabricnet
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"github.com/quic-go/quic-go"
+)
+
+// Mode chooses how Dial reaches the control plane.
+type Mode string
+
+const (
+	// ModeAuto tries QUIC and falls back to TLS+yamux when nothing answers on UDP within
+	// DialOptions.QUICFallbackAfter.
+	ModeAuto Mode = "auto"
+	ModeQUIC Mode = "quic"
+	ModeTCP  Mode = "tcp"
+)
+
+// ParseMode accepts "auto", "quic" and "tcp" (the agent's --transport flag).
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeAuto, ModeQUIC, ModeTCP:
+		return m, nil
+	case "":
+		return ModeAuto, nil
+	}
+	return "", fmt.Errorf("fabricnet: transport %q is not auto, quic or tcp", s)
+}
+
+// DialOptions tune Dial; nil means defaults.
+type DialOptions struct {
+	// QUICFallbackAfter is how long ModeAuto waits for a QUIC handshake before trying
+	// TCP (default 1.5s).
+	QUICFallbackAfter time.Duration
+	// QUIC and Yamux override the transport settings (nil: this package's defaults).
+	QUIC  *quic.Config
+	Yamux *yamux.Config
+}
+
+// Dial opens a tunnel to addr ("host:port"). tlsConf must trust the fabric CA (and set
+// ServerName when addr's host is not the name on the certificate); ALPN and TLS 1.3 are
+// set here. The returned Session is not yet authenticated: call Authenticate next.
+func Dial(ctx context.Context, addr string, mode Mode, tlsConf *tls.Config, opts *DialOptions) (Session, error) {
+	var o DialOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.QUICFallbackAfter <= 0 {
+		o.QUICFallbackAfter = 1500 * time.Millisecond
+	}
+	tc := withALPN(tlsConf)
+	if tc.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			tc.ServerName = host
+		}
+	}
+	switch mode {
+	case ModeQUIC:
+		return dialQUIC(ctx, addr, tc, o.QUIC)
+	case ModeTCP:
+		return dialTCP(ctx, addr, tc, o.Yamux)
+	case ModeAuto, "":
+		qctx, cancel := context.WithTimeout(ctx, o.QUICFallbackAfter)
+		s, qerr := dialQUIC(qctx, addr, tc, o.QUIC)
+		cancel()
+		if qerr == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		s, terr := dialTCP(ctx, addr, tc, o.Yamux)
+		if terr != nil {
+			return nil, errors.Join(fmt.Errorf("quic: %w", qerr), fmt.Errorf("tcp: %w", terr))
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("fabricnet: unknown mode %q", mode)
+}
+
+func dialQUIC(ctx context.Context, addr string, tc *tls.Config, qc *quic.Config) (Session, error) {
+	ra, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	udp, err := net.ListenUDP("udp", nil)
+	if err != nil {
+		return nil, err
+	}
+	tr := &quic.Transport{Conn: udp}
+	c, err := tr.Dial(ctx, ra, tc, quicConfig(qc))
+	if err != nil {
+		_ = tr.Close()
+		_ = udp.Close()
+		return nil, err
+	}
+	return newQUICSession(c, tr), nil
+}
+
+func dialTCP(ctx context.Context, addr string, tc *tls.Config, yc *yamux.Config) (Session, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if t, ok := c.(*net.TCPConn); ok {
+		_ = t.SetNoDelay(true)
+	}
+	tlsConn := tls.Client(c, tc)
+	if err := tlsConn.HandshakeContext(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	mux, err := yamux.Client(tlsConn, yamuxConfig(yc))
+	if err != nil {
+		_ = tlsConn.Close()
+		return nil, err
+	}
+	return &yamuxSession{mux: mux, tls: tlsConn}, nil
+}

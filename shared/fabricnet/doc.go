@@ -1,0 +1,33 @@
+// Package fabricnet is the transport of the node fabric, shared by the control plane's
+// fabric server and the node agent: one multiplexed, TLS-protected tunnel per node,
+// dialled by the agent.
+//
+// A tunnel is QUIC (ALPN "gantry-fabric/1") or, where UDP is blocked, TLS over TCP with
+// yamux on the same port number. Both give a Session with OpenStream / AcceptStream
+// returning net.Conn streams, so nothing above this package cares which one it is.
+//
+// What runs on a tunnel (proto/fabric/v1/fabric.proto says it in full):
+//
+//   - The agent's first stream authenticates the node token: Authenticate (agent) writes
+//     an AuthRequest frame and reads the AuthResponse.
+//   - Further streams the agent opens carry gRPC: GRPCClient turns a Session into a
+//     grpc.ClientConn for fabricv1.FabricClient; the server feeds accepted streams to a
+//     grpc.Server through a StreamListener.
+//   - Streams the control plane opens are raw byte streams that begin with a
+//     StreamPreamble frame (OpenRaw on the server; ReadPreamble / WriteReply on the
+//     agent). quic-go only shows a new stream to the peer once a byte is written: the
+//     preamble is that byte.
+//
+// A minimal agent loop (error handling left out; see example_test.go):
+//
+//	sess, _ := fabricnet.Dial(ctx, "cp.example:7443", fabricnet.ModeAuto, tlsConf, nil)
+//	res, _ := fabricnet.Authenticate(ctx, sess, &fabricv1.AuthRequest{Token: tok, ProtocolVersion: 1})
+//	cc, _ := fabricnet.GRPCClient(sess)
+//	ctl, _ := fabricv1.NewFabricClient(cc).Control(ctx)
+//	_ = ctl.Send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_Hello{Hello: hello}})
+//	welcome, _ := ctl.Recv() // then heartbeat every welcome.Heartbeat.Interval
+//	go func() { for { s, err := sess.AcceptStream(ctx); ...; pre, _ := fabricnet.ReadPreamble(s); ... } }()
+//
+// This package never decides policy (who may connect, heartbeat TTLs): that is the
+// fabric server's (controlplane/internal/fabric) and the agent's business.
+package fabricnet

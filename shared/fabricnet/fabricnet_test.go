@@ -1,0 +1,130 @@
+package fabricnet_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
+)
+
+// certs returns a server config with a self-signed certificate for 127.0.0.1 and a
+// client config trusting it.
+func certs(t *testing.T) (*tls.Config, *tls.Config) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
+		&tls.Config{RootCAs: pool}
+}
+
+func TestBothTransportsOnOnePort(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	cases := []struct {
+		name string
+		opts *fabricnet.ListenOptions
+		mode fabricnet.Mode
+		want fabricnet.Transport
+	}{
+		{"quic", nil, fabricnet.ModeQUIC, fabricnet.TransportQUIC},
+		{"tcp", nil, fabricnet.ModeTCP, fabricnet.TransportTCP},
+		{"auto", nil, fabricnet.ModeAuto, fabricnet.TransportQUIC},
+		{"auto, UDP silent", &fabricnet.ListenOptions{DisableUDP: true}, fabricnet.ModeAuto, fabricnet.TransportTCP},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			go func() {
+				s, err := ln.Accept(ctx)
+				if err != nil {
+					return
+				}
+				// Server opens a raw stream with a preamble; the client echoes.
+				c, err := fabricnet.OpenRaw(ctx, s, &fabricv1.StreamPreamble{Kind: fabricv1.StreamKind_STREAM_KIND_APP_PROXY, TargetPort: 8888})
+				if err != nil {
+					return
+				}
+				_, _ = c.Write([]byte("ping"))
+			}()
+			s, err := fabricnet.Dial(ctx, ln.Addr().String(), tc.mode, cliTLS, &fabricnet.DialOptions{QUICFallbackAfter: 300 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close("done")
+			if s.Transport() != tc.want || s.TLS().NegotiatedProtocol != fabricnet.ALPN {
+				t.Fatalf("transport %s alpn %q", s.Transport(), s.TLS().NegotiatedProtocol)
+			}
+			st, err := s.AcceptStream(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pre, err := fabricnet.ReadPreamble(st)
+			if err != nil || pre.GetTargetPort() != 8888 {
+				t.Fatalf("preamble %v, %v", pre, err)
+			}
+			if err := fabricnet.WriteReply(st, &fabricv1.StreamReply{Ok: true}); err != nil {
+				t.Fatal(err)
+			}
+			// ReadFrame left the payload unread.
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(st, b); err != nil || string(b) != "ping" {
+				t.Fatalf("payload %q, %v", b, err)
+			}
+		})
+	}
+}
+
+func TestListenPortZeroBindsBothProtocols(t *testing.T) {
+	srvTLS, _ := certs(t)
+	ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	// Both are taken: a second listener on the same port fails.
+	if _, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
+		t.Fatal("UDP port not bound")
+	}
+	if _, err := fabricnet.Listen(ln.Addr().String(), srvTLS, nil); err == nil {
+		t.Fatal("second Listen on the same port succeeded")
+	}
+}
+
+func TestFrameLimit(t *testing.T) {
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	go func() { _, _ = c1.Write([]byte{0xff, 0xff, 0x7f}) }() // ~2 MiB length prefix
+	if err := fabricnet.ReadFrame(c2, &fabricv1.StreamPreamble{}); err != fabricnet.ErrFrameTooLarge {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,228 @@
+package fabricnet
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"github.com/quic-go/quic-go"
+)
+
+// ListenOptions tune Listen; the zero value (or nil) serves QUIC and TLS+yamux.
+type ListenOptions struct {
+	// DisableUDP serves TLS+yamux only (a deployment where UDP cannot reach the control
+	// plane; tests of the TCP fallback).
+	DisableUDP bool
+	// DisableTCP serves QUIC only.
+	DisableTCP bool
+	// HandshakeTimeout bounds the TLS handshake of a TCP connection (default 10s).
+	HandshakeTimeout time.Duration
+	// QUIC and Yamux override the transport settings (nil: this package's defaults).
+	QUIC  *quic.Config
+	Yamux *yamux.Config
+}
+
+// Listener accepts tunnels on one port number, over UDP (QUIC) and TCP (TLS+yamux).
+type Listener struct {
+	opts     ListenOptions
+	tlsConf  *tls.Config
+	tcp      net.Listener
+	udp      *net.UDPConn
+	quicTr   *quic.Transport
+	quicLn   *quic.Listener
+	sessions chan Session
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	wg        sync.WaitGroup
+}
+
+// Listen serves the fabric on addr ("host:port"). With port 0 it picks a port number
+// that is free for both TCP and UDP (binding one, then the other, retrying on a
+// conflict). tlsConf must carry the server certificate; ALPN and TLS 1.3 are set here.
+func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, error) {
+	l := &Listener{tlsConf: withALPN(tlsConf), sessions: make(chan Session, 256), closed: make(chan struct{})}
+	if opts != nil {
+		l.opts = *opts
+	}
+	if l.opts.DisableTCP && l.opts.DisableUDP {
+		return nil, errors.New("fabricnet: both TCP and UDP disabled")
+	}
+	if l.opts.HandshakeTimeout == 0 {
+		l.opts.HandshakeTimeout = 10 * time.Second
+	}
+	if err := l.bind(addr); err != nil {
+		return nil, err
+	}
+	if l.udp != nil {
+		l.quicTr = &quic.Transport{Conn: l.udp}
+		ln, err := l.quicTr.Listen(l.tlsConf, quicConfig(l.opts.QUIC))
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("fabricnet: quic listen: %w", err)
+		}
+		l.quicLn = ln
+		l.wg.Add(1)
+		go l.acceptQUIC()
+	}
+	if l.tcp != nil {
+		l.wg.Add(1)
+		go l.acceptTCP()
+	}
+	return l, nil
+}
+
+func (l *Listener) bind(addr string) error {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("fabricnet: listen address %q: %w", addr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("fabricnet: listen address %q: bad port", addr)
+	}
+	for attempt := 0; ; attempt++ {
+		err := l.bindPort(host, port)
+		if err == nil || port != 0 || attempt == 50 {
+			return err
+		}
+	}
+}
+
+// bindPort binds TCP then UDP (each when enabled) on host:port; with port 0 the UDP
+// socket takes the port number the kernel chose for TCP, and fails if it is taken.
+func (l *Listener) bindPort(host string, port int) error {
+	p := port
+	if !l.opts.DisableTCP {
+		tcp, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			return fmt.Errorf("fabricnet: listen tcp: %w", err)
+		}
+		l.tcp = tcp
+		p = tcp.Addr().(*net.TCPAddr).Port
+	}
+	if !l.opts.DisableUDP {
+		ua, err := net.ResolveUDPAddr("udp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err == nil {
+			l.udp, err = net.ListenUDP("udp", ua)
+		}
+		if err != nil {
+			if l.tcp != nil {
+				_ = l.tcp.Close()
+				l.tcp = nil
+			}
+			return fmt.Errorf("fabricnet: listen udp: %w", err)
+		}
+	}
+	return nil
+}
+
+// Addr is the address tunnels dial: the TCP address, whose port number the UDP socket
+// shares (the UDP address when TCP is disabled).
+func (l *Listener) Addr() net.Addr {
+	if l.tcp != nil {
+		return l.tcp.Addr()
+	}
+	return l.udp.LocalAddr()
+}
+
+// Accept waits for the next tunnel whose TLS handshake has completed. It returns
+// net.ErrClosed after Close.
+func (l *Listener) Accept(ctx context.Context) (Session, error) {
+	select {
+	case s := <-l.sessions:
+		return s, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *Listener) deliver(s Session) {
+	select {
+	case l.sessions <- s:
+	case <-l.closed:
+		_ = s.Close("listener closed")
+	}
+}
+
+func (l *Listener) acceptQUIC() {
+	defer l.wg.Done()
+	for {
+		c, err := l.quicLn.Accept(context.Background())
+		if err != nil {
+			return
+		}
+		l.deliver(newQUICSession(c, nil))
+	}
+}
+
+func (l *Listener) acceptTCP() {
+	defer l.wg.Done()
+	for {
+		c, err := l.tcp.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			s, err := l.serverTLS(c)
+			if err != nil {
+				_ = c.Close()
+				return
+			}
+			l.deliver(s)
+		}()
+	}
+}
+
+func (l *Listener) serverTLS(c net.Conn) (Session, error) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	tc := tls.Server(c, l.tlsConf)
+	ctx, cancel := context.WithTimeout(context.Background(), l.opts.HandshakeTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, err
+	}
+	mux, err := yamux.Server(tc, yamuxConfig(l.opts.Yamux))
+	if err != nil {
+		return nil, err
+	}
+	return &yamuxSession{mux: mux, tls: tc}, nil
+}
+
+// Close stops accepting. QUIC tunnels share the listener's UDP socket and end with it;
+// TCP tunnels already accepted stay up until their owner closes them.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		if l.quicLn != nil {
+			_ = l.quicLn.Close()
+		}
+		if l.quicTr != nil {
+			_ = l.quicTr.Close()
+		}
+		if l.udp != nil {
+			_ = l.udp.Close()
+		}
+		if l.tcp != nil {
+			_ = l.tcp.Close()
+		}
+	})
+	return nil
+}

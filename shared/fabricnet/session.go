@@ -1,0 +1,241 @@
+package fabricnet
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"github.com/quic-go/quic-go"
+)
+
+// ALPN is the TLS application protocol of the fabric, on QUIC and on TCP alike.
+const ALPN = "gantry-fabric/1"
+
+// Transport names how a Session is carried.
+type Transport string
+
+const (
+	TransportQUIC Transport = "quic"
+	TransportTCP  Transport = "tcp" // TLS over TCP, multiplexed with yamux
+)
+
+// ErrSessionClosed is returned by OpenStream / AcceptStream on a closed session.
+var ErrSessionClosed = errors.New("fabricnet: session closed")
+
+// Session is one tunnel between an agent and the control plane. Either side may open
+// streams; streams are full-duplex net.Conns. A Session is safe for concurrent use.
+type Session interface {
+	// OpenStream opens a new stream. On QUIC the peer sees it only once a byte has been
+	// written on it.
+	OpenStream(ctx context.Context) (net.Conn, error)
+	// AcceptStream waits for the next stream the peer opens.
+	AcceptStream(ctx context.Context) (net.Conn, error)
+	// Transport says whether this is QUIC or TLS+yamux.
+	Transport() Transport
+	LocalAddr() net.Addr
+	RemoteAddr() net.Addr
+	// TLS is the tunnel's TLS connection state (peer certificates, ALPN).
+	TLS() tls.ConnectionState
+	// Close ends the tunnel and every stream on it. reason goes to the peer on QUIC
+	// (application close) and to logs; keep it short and free of secrets.
+	Close(reason string) error
+	// Done is closed when the tunnel has ended, from either side.
+	Done() <-chan struct{}
+}
+
+// ---------------------------------------------------------------------------------------
+// QUIC
+
+type quicSession struct {
+	conn *quic.Conn
+	// tr is set on the dialling side, which owns its UDP socket.
+	tr *quic.Transport
+	// closeOnce guards tr.
+	closeOnce sync.Once
+}
+
+func newQUICSession(c *quic.Conn, tr *quic.Transport) *quicSession {
+	s := &quicSession{conn: c, tr: tr}
+	if tr != nil {
+		go func() {
+			<-c.Context().Done()
+			s.closeTransport()
+		}()
+	}
+	return s
+}
+
+func (s *quicSession) closeTransport() {
+	s.closeOnce.Do(func() {
+		if s.tr != nil {
+			_ = s.tr.Close()
+			_ = s.tr.Conn.Close()
+		}
+	})
+}
+
+func (s *quicSession) OpenStream(ctx context.Context) (net.Conn, error) {
+	st, err := s.conn.OpenStreamSync(ctx)
+	if err != nil {
+		return nil, s.wrapErr(err)
+	}
+	return &quicStream{Stream: st, conn: s.conn}, nil
+}
+
+func (s *quicSession) AcceptStream(ctx context.Context) (net.Conn, error) {
+	st, err := s.conn.AcceptStream(ctx)
+	if err != nil {
+		return nil, s.wrapErr(err)
+	}
+	return &quicStream{Stream: st, conn: s.conn}, nil
+}
+
+func (s *quicSession) wrapErr(err error) error {
+	if s.conn.Context().Err() != nil {
+		return errors.Join(ErrSessionClosed, err)
+	}
+	return err
+}
+
+func (s *quicSession) Transport() Transport     { return TransportQUIC }
+func (s *quicSession) LocalAddr() net.Addr      { return s.conn.LocalAddr() }
+func (s *quicSession) RemoteAddr() net.Addr     { return s.conn.RemoteAddr() }
+func (s *quicSession) TLS() tls.ConnectionState { return s.conn.ConnectionState().TLS }
+func (s *quicSession) Done() <-chan struct{}    { return s.conn.Context().Done() }
+
+func (s *quicSession) Close(reason string) error {
+	err := s.conn.CloseWithError(0, reason)
+	s.closeTransport()
+	return err
+}
+
+// quicStream makes a QUIC stream a net.Conn: addresses from its connection, and Close
+// ending both directions (quic-go's Close only ends the sending side).
+type quicStream struct {
+	*quic.Stream
+	conn *quic.Conn
+}
+
+func (s *quicStream) LocalAddr() net.Addr  { return s.conn.LocalAddr() }
+func (s *quicStream) RemoteAddr() net.Addr { return s.conn.RemoteAddr() }
+
+// CloseWrite ends the sending side only (FIN); the stream stays readable.
+func (s *quicStream) CloseWrite() error { return s.Stream.Close() }
+
+func (s *quicStream) Close() error {
+	s.Stream.CancelRead(0)
+	return s.Stream.Close()
+}
+
+// ---------------------------------------------------------------------------------------
+// TLS over TCP + yamux
+
+type yamuxSession struct {
+	mux *yamux.Session
+	tls *tls.Conn
+}
+
+func (s *yamuxSession) OpenStream(ctx context.Context) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	st, err := s.mux.OpenStream()
+	if err != nil {
+		return nil, s.wrapErr(err)
+	}
+	return st, nil
+}
+
+func (s *yamuxSession) AcceptStream(ctx context.Context) (net.Conn, error) {
+	st, err := s.mux.AcceptStreamWithContext(ctx)
+	if err != nil {
+		return nil, s.wrapErr(err)
+	}
+	return st, nil
+}
+
+func (s *yamuxSession) wrapErr(err error) error {
+	if s.mux.IsClosed() {
+		return errors.Join(ErrSessionClosed, err)
+	}
+	return err
+}
+
+func (s *yamuxSession) Transport() Transport     { return TransportTCP }
+func (s *yamuxSession) LocalAddr() net.Addr      { return s.tls.LocalAddr() }
+func (s *yamuxSession) RemoteAddr() net.Addr     { return s.tls.RemoteAddr() }
+func (s *yamuxSession) TLS() tls.ConnectionState { return s.tls.ConnectionState() }
+func (s *yamuxSession) Done() <-chan struct{}    { return s.mux.CloseChan() }
+
+func (s *yamuxSession) Close(string) error {
+	// GoAway first so the peer's pending opens fail fast rather than time out.
+	_ = s.mux.GoAway()
+	return s.mux.Close()
+}
+
+// ---------------------------------------------------------------------------------------
+// Defaults shared by both ends.
+
+const (
+	// keepAlive keeps NAT bindings and idle tunnels alive and notices dead peers.
+	keepAlive = 15 * time.Second
+	// idleTimeout ends a tunnel the peer stopped answering on.
+	idleTimeout = 45 * time.Second
+)
+
+func quicConfig(base *quic.Config) *quic.Config {
+	var c quic.Config
+	if base != nil {
+		c = *base
+	}
+	if c.KeepAlivePeriod == 0 {
+		c.KeepAlivePeriod = keepAlive
+	}
+	if c.MaxIdleTimeout == 0 {
+		c.MaxIdleTimeout = idleTimeout
+	}
+	if c.HandshakeIdleTimeout == 0 {
+		c.HandshakeIdleTimeout = 10 * time.Second
+	}
+	if c.MaxIncomingStreams == 0 {
+		c.MaxIncomingStreams = 1024
+	}
+	return &c
+}
+
+func yamuxConfig(base *yamux.Config) *yamux.Config {
+	var c *yamux.Config
+	if base != nil {
+		c = base.Clone()
+	} else {
+		c = yamux.DefaultConfig()
+		c.KeepAliveInterval = keepAlive
+		c.ConnectionWriteTimeout = 10 * time.Second
+		c.StreamOpenTimeout = 30 * time.Second
+		c.StreamCloseTimeout = time.Minute
+	}
+	c.LogOutput = nil
+	if c.Logger == nil {
+		c.Logger = discardLogger{}
+	}
+	return c
+}
+
+type discardLogger struct{}
+
+func (discardLogger) Print(...any)          {}
+func (discardLogger) Printf(string, ...any) {}
+func (discardLogger) Println(...any)        {}
+
+func withALPN(c *tls.Config) *tls.Config {
+	c = c.Clone()
+	c.NextProtos = []string{ALPN}
+	if c.MinVersion < tls.VersionTLS13 {
+		c.MinVersion = tls.VersionTLS13
+	}
+	return c
+}
