@@ -25,6 +25,7 @@
 #   --gpu-backend NAME  nvml (default) or mock-h100, mock-a100, mock-h200, mock-b200
 #   --hostname NAME     hostname to report (default: the system's)
 #   --server-ca PATH    CA (PEM) for the control plane's HTTPS, if not publicly trusted
+#   --log-gateway URL   node log gateway to ship the agent's logs to
 #   --reenroll          enroll even if already enrolled (needs a fresh token)
 #   --root DIR          install under DIR instead of / (tests, image builds); implies
 #                       --no-systemctl
@@ -36,7 +37,7 @@ log() { echo "install-nodeagent: $*"; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 server="" token="${GANTRY_NODEAGENT_ENROLLMENT_TOKEN:-}" binary="" unit="" transport="" backend=""
-host="" server_ca="" reenroll=0 root="" systemctl=1
+host="" server_ca="" log_gateway="" reenroll=0 root="" systemctl=1
 
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -48,6 +49,7 @@ while [ $# -gt 0 ]; do
 	--gpu-backend) backend="${2:?--gpu-backend needs a value}"; shift 2 ;;
 	--hostname) host="${2:?--hostname needs a value}"; shift 2 ;;
 	--server-ca) server_ca="${2:?--server-ca needs a value}"; shift 2 ;;
+	--log-gateway) log_gateway="${2:?--log-gateway needs a value}"; shift 2 ;;
 	--reenroll) reenroll=1; shift ;;
 	--root) root="${2:?--root needs a value}"; systemctl=0; shift 2 ;;
 	--no-systemctl) systemctl=0; shift ;;
@@ -118,6 +120,7 @@ else
 	[ -n "$backend" ] && args+=(--gpu-backend "$backend")
 	[ -n "$host" ] && args+=(--hostname "$host")
 	[ -n "$server_ca" ] && args+=(--server-ca "$server_ca")
+	[ -n "$log_gateway" ] && args+=(--log-gateway "$log_gateway")
 	# The token travels in the environment, not argv.
 	GANTRY_NODEAGENT_ENROLLMENT_TOKEN="$token" "$bin_dst" "${args[@]}"
 	changed=1

@@ -266,12 +266,8 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		}
 	}()
 	// The handshake deadline also bounds the Welcome wait, which Recv cannot take a
-	// context for: past it the whole session is cancelled.
-	stopHandshakeGuard := context.AfterFunc(hctx, func() {
-		if ctx.Err() == nil && !established {
-			scancel()
-		}
-	})
+	// context for: past it the whole session is cancelled. Stopped once welcomed.
+	stopHandshakeGuard := context.AfterFunc(hctx, scancel)
 	defer stopHandshakeGuard()
 
 	go a.acceptStreams(sctx, sess)

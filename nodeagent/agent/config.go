@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/config"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
+	"github.com/gantry-gpu/gantry/nodeagent/logship"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
@@ -52,13 +54,44 @@ func OptionsFromConfig(cfg config.Config, agentVersion string) (Options, error) 
 }
 
 // RunConfig is `gantry-nodeagent run` as a function: it opens the configured GPU backend
-// (mock backends seeded with the node id, so GPU UUIDs are stable per node), builds the
-// agent from cfg and runs it until ctx ends. `make dev` can run an enrolled agent
-// in-process through it.
+// (mock backends seeded with the node id, so GPU UUIDs are stable per node), starts the
+// log shipper when a log gateway is configured (the agent's own log records then go to
+// both log and the gateway), builds the agent from cfg and runs it until ctx ends.
+// `make dev` can run an enrolled agent in-process through it.
 func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log *slog.Logger) error {
 	opts, err := OptionsFromConfig(cfg, agentVersion)
 	if err != nil {
 		return err
+	}
+	if cfg.LogGatewayURL != "" {
+		var level slog.Level
+		_ = level.UnmarshalText([]byte(cfg.LogLevel))
+		shipper, err := logship.New(logship.Config{
+			GatewayURL: cfg.LogGatewayURL,
+			Token: func() string {
+				t, _ := cfg.ReadToken()
+				return t
+			},
+			Labels:   map[string]string{"job": "gantry-nodeagent", "hostname": opts.Hostname},
+			SpoolDir: cfg.LogSpoolDir,
+			Logger:   log,
+		})
+		if err != nil {
+			return fmt.Errorf("log shipper: %w", err)
+		}
+		// The shipper outlives the agent by a moment so the last records (the shutdown)
+		// are sealed into the spool, then flushed on the next start if not delivered.
+		shipCtx, stopShip := context.WithCancel(context.WithoutCancel(ctx))
+		shipped := make(chan struct{})
+		go func() { defer close(shipped); _ = shipper.Run(shipCtx) }()
+		defer func() {
+			stopShip()
+			select {
+			case <-shipped:
+			case <-time.After(5 * time.Second):
+			}
+		}()
+		log = slog.New(slog.NewMultiHandler(log.Handler(), shipper.SlogHandler(&slog.HandlerOptions{Level: level})))
 	}
 	backend, err := gpu.Open(cfg.GPUBackend, gpu.Options{MockSeed: cfg.NodeID})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"net"
 	"sync"
@@ -29,6 +30,7 @@ type peer struct {
 	t      *testing.T
 	ln     *fabricnet.Listener
 	caPool *x509.CertPool
+	caPEM  []byte
 	token  string
 	hb     *fabricv1.HeartbeatConfig
 
@@ -48,8 +50,8 @@ type peer struct {
 
 func newPeer(t *testing.T, opts *fabricnet.ListenOptions) *peer {
 	t.Helper()
-	cert, pool := testCert(t)
-	p := &peer{t: t, caPool: pool, token: "gnt_test-token", changed: make(chan struct{}, 1),
+	cert, pool, caPEM := testCert(t)
+	p := &peer{t: t, caPool: pool, caPEM: caPEM, token: "gnt_test-token", changed: make(chan struct{}, 1),
 		hb: &fabricv1.HeartbeatConfig{Interval: durationpb.New(100 * time.Millisecond), Ttl: durationpb.New(time.Second), TelemetryInterval: durationpb.New(150 * time.Millisecond)}}
 	ln, err := fabricnet.Listen("127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}}, opts)
 	if err != nil {
@@ -223,7 +225,7 @@ func (p *peer) countLocked(f func(*fabricv1.AgentMessage) bool) int {
 	return n
 }
 
-func testCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
+func testCert(t *testing.T) (tls.Certificate, *x509.CertPool, []byte) {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test fabric CA"}, IsCA: true,
@@ -243,5 +245,5 @@ func testCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
 }

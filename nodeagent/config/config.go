@@ -69,6 +69,11 @@ type Config struct {
 	TelemetryInterval time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// LogGatewayURL, when set, ships the agent's logs to the node log gateway
+	// (nodeagent/logship) with the node token.
+	LogGatewayURL string
+	// LogSpoolDir keeps log batches on disk until the gateway has them (empty: memory).
+	LogSpoolDir string
 
 	// Path is the file this was loaded from ("" when none).
 	Path string
@@ -110,6 +115,8 @@ var fields = map[string]field{
 	"gpu_backend":        str(func(c *Config) *string { return &c.GPUBackend }),
 	"hostname":           str(func(c *Config) *string { return &c.Hostname }),
 	"log_level":          str(func(c *Config) *string { return &c.LogLevel }),
+	"log_gateway_url":    str(func(c *Config) *string { return &c.LogGatewayURL }),
+	"log_spool_dir":      str(func(c *Config) *string { return &c.LogSpoolDir }),
 	"telemetry_interval": {
 		get: func(c *Config) string { return c.TelemetryInterval.String() },
 		set: func(c *Config, v string) error {

@@ -1656,6 +1656,52 @@ type BillingUsageSortOrder string
 // BillingUsageSource defines model for BillingUsageSource.
 type BillingUsageSource string
 
+// CatalogSKU defines model for CatalogSKU.
+type CatalogSKU struct {
+	Availability []CatalogSKUAvailability `json:"availability"`
+	DiskGib      int                      `json:"disk_gib"`
+	DisplayName  string                   `json:"display_name"`
+	GpuCount     int                      `json:"gpu_count"`
+	GpuModel     string                   `json:"gpu_model"`
+	ID           string                   `json:"id"`
+	MemoryGib    int                      `json:"memory_gib"`
+	Prices       []CatalogSKUPrice        `json:"prices"`
+	UsageUnit    string                   `json:"usage_unit"`
+	Vcpu         int                      `json:"vcpu"`
+}
+
+// CatalogSKUAvailability Live capacity of a SKU in one of its regions.
+type CatalogSKUAvailability struct {
+	Available bool `json:"available"`
+
+	// AvailableCount How many allocations of this SKU fit now (each on one node); 0 unless the region is available.
+	AvailableCount int `json:"available_count"`
+
+	// FreeGpus Free GPUs of the SKU's model on online, schedulable nodes of the region.
+	FreeGpus    int                       `json:"free_gpus"`
+	RegionCode  string                    `json:"region_code"`
+	RegionState V3RegionAvailabilityState `json:"region_state"`
+}
+
+// CatalogSKUListResponse defines model for CatalogSKUListResponse.
+type CatalogSKUListResponse struct {
+	Items      []CatalogSKU `json:"items"`
+	Pagination Pagination   `json:"pagination"`
+}
+
+// CatalogSKUPrice The SKU's price in one currency.
+type CatalogSKUPrice struct {
+	Currency string `json:"currency"`
+
+	// HourlyRate An amount of money in integer minor units. Never a float.
+	HourlyRate         Money              `json:"hourly_rate"`
+	PricingPlanID      openapi_types.UUID `json:"pricing_plan_id"`
+	PricingPlanVersion int                `json:"pricing_plan_version"`
+
+	// UnitPrice Exact decimal price of one usage unit (one GPU-second), in major units.
+	UnitPrice string `json:"unit_price"`
+}
+
 // CreateDepartmentRequest defines model for CreateDepartmentRequest.
 type CreateDepartmentRequest struct {
 	DisplayName string `json:"display_name"`
@@ -1671,6 +1717,20 @@ type CreateNodeRequest struct {
 	// ProbePort TCP port probed; GANTRY_NODE_PROBE_PORT (22) when absent.
 	ProbePort *int    `json:"probe_port,omitempty"`
 	Region    *string `json:"region,omitempty"`
+}
+
+// CreateOSImageRequest defines model for CreateOSImageRequest.
+type CreateOSImageRequest struct {
+	// Active Defaults to true.
+	Active *bool `json:"active,omitempty"`
+
+	// DisplayName Defaults to the name.
+	DisplayName  *string `json:"display_name,omitempty"`
+	Distribution string  `json:"distribution"`
+	ImageRef     string  `json:"image_ref"`
+	IsDefault    *bool   `json:"is_default,omitempty"`
+	Name         string  `json:"name"`
+	Version      string  `json:"version"`
 }
 
 // CreatePaymentRefundRequest defines model for CreatePaymentRefundRequest.
@@ -1700,6 +1760,34 @@ type CreateProjectRequest struct {
 type CreateProjectResponse struct {
 	// Project A project. `role` is the caller's role in it.
 	Project Project `json:"project"`
+}
+
+// CreateRegionRequest defines model for CreateRegionRequest.
+type CreateRegionRequest struct {
+	// APIRegionCode Defaults to the code.
+	APIRegionCode     *string                    `json:"api_region_code,omitempty"`
+	AvailabilityState *V3RegionAvailabilityState `json:"availability_state,omitempty"`
+	CapacityScopeHint *string                    `json:"capacity_scope_hint,omitempty"`
+	Code              string                     `json:"code"`
+	IsDefault         *bool                      `json:"is_default,omitempty"`
+	Label             string                     `json:"label"`
+}
+
+// CreateSKURequest defines model for CreateSKURequest.
+type CreateSKURequest struct {
+	// Active Defaults to true.
+	Active  *bool `json:"active,omitempty"`
+	DiskGib int   `json:"disk_gib"`
+
+	// DisplayName Defaults to the id.
+	DisplayName *string  `json:"display_name,omitempty"`
+	GpuCount    int      `json:"gpu_count"`
+	GpuModel    string   `json:"gpu_model"`
+	ID          string   `json:"id"`
+	MemoryGib   int      `json:"memory_gib"`
+	Regions     []string `json:"regions,omitempty"`
+	UsageUnit   string   `json:"usage_unit"`
+	Vcpu        int      `json:"vcpu"`
 }
 
 // CreateSSHKeyRequest defines model for CreateSSHKeyRequest.
@@ -2027,6 +2115,28 @@ type NodeTokenRevokeResponse struct {
 	Revoked bool `json:"revoked"`
 }
 
+// OSImage An operating-system image an allocation may be launched with.
+type OSImage struct {
+	Active       bool               `json:"active"`
+	CreatedAt    time.Time          `json:"created_at"`
+	DisplayName  string             `json:"display_name"`
+	Distribution string             `json:"distribution"`
+	ID           openapi_types.UUID `json:"id"`
+
+	// ImageRef What the runtime provisions from (an image reference or a host profile name).
+	ImageRef  string    `json:"image_ref"`
+	IsDefault bool      `json:"is_default"`
+	Name      string    `json:"name"`
+	UpdatedAt time.Time `json:"updated_at"`
+	Version   string    `json:"version"`
+}
+
+// OSImageListResponse defines model for OSImageListResponse.
+type OSImageListResponse struct {
+	Items      []OSImage  `json:"items"`
+	Pagination Pagination `json:"pagination"`
+}
+
 // Pagination defines model for Pagination.
 type Pagination struct {
 	// NextCursor Opaque cursor of the next page; null on the last page.
@@ -2189,6 +2299,30 @@ type RefreshTokenRequest struct {
 	RefreshToken string `json:"refresh_token"`
 }
 
+// SKU A launchable machine shape (docs/catalog.md). The usage unit is priced per GPU-second by the pricing plan; an allocation meters gpu_count units.
+type SKU struct {
+	Active      bool      `json:"active"`
+	CreatedAt   time.Time `json:"created_at"`
+	DiskGib     int       `json:"disk_gib"`
+	DisplayName string    `json:"display_name"`
+	GpuCount    int       `json:"gpu_count"`
+
+	// GpuModel The GPU model exactly as nodes report it (NVML), e.g. "NVIDIA H100 80GB HBM3".
+	GpuModel  string    `json:"gpu_model"`
+	ID        string    `json:"id"`
+	MemoryGib int       `json:"memory_gib"`
+	Regions   []string  `json:"regions"`
+	UpdatedAt time.Time `json:"updated_at"`
+	UsageUnit string    `json:"usage_unit"`
+	Vcpu      int       `json:"vcpu"`
+}
+
+// SKUListResponse defines model for SKUListResponse.
+type SKUListResponse struct {
+	Items      []SKU      `json:"items"`
+	Pagination Pagination `json:"pagination"`
+}
+
 // SSHKey defines model for SSHKey.
 type SSHKey struct {
 	// Bits Key size in bits where the algorithm has one.
@@ -2280,6 +2414,15 @@ type UpdateNodeRequest struct {
 	Region    *string `json:"region,omitempty"`
 }
 
+// UpdateOSImageRequest defines model for UpdateOSImageRequest.
+type UpdateOSImageRequest struct {
+	Active      *bool   `json:"active,omitempty"`
+	DisplayName *string `json:"display_name,omitempty"`
+	ImageRef    *string `json:"image_ref,omitempty"`
+	IsDefault   *bool   `json:"is_default,omitempty"`
+	Version     *string `json:"version,omitempty"`
+}
+
 // UpdateProjectMemberRequest defines model for UpdateProjectMemberRequest.
 type UpdateProjectMemberRequest struct {
 	// Role A role in a project.
@@ -2290,6 +2433,30 @@ type UpdateProjectMemberRequest struct {
 type UpdateProjectRequest struct {
 	Name *string `json:"name,omitempty"`
 	Slug *string `json:"slug,omitempty"`
+}
+
+// UpdateRegionRequest defines model for UpdateRegionRequest.
+type UpdateRegionRequest struct {
+	APIRegionCode     *string                    `json:"api_region_code,omitempty"`
+	AvailabilityState *V3RegionAvailabilityState `json:"availability_state,omitempty"`
+
+	// CapacityScopeHint An empty string clears the hint.
+	CapacityScopeHint *string `json:"capacity_scope_hint,omitempty"`
+
+	// IsDefault true makes the region the default; false clears the flag.
+	IsDefault *bool   `json:"is_default,omitempty"`
+	Label     *string `json:"label,omitempty"`
+}
+
+// UpdateSKURequest defines model for UpdateSKURequest.
+type UpdateSKURequest struct {
+	Active      *bool    `json:"active,omitempty"`
+	DiskGib     *int     `json:"disk_gib,omitempty"`
+	DisplayName *string  `json:"display_name,omitempty"`
+	MemoryGib   *int     `json:"memory_gib,omitempty"`
+	Regions     []string `json:"regions,omitempty"`
+	UsageUnit   *string  `json:"usage_unit,omitempty"`
+	Vcpu        *int     `json:"vcpu,omitempty"`
 }
 
 // UpdateTenantRequest defines model for UpdateTenantRequest.
@@ -2682,6 +2849,43 @@ type UncordonNodeParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListAdminOsImagesParams defines parameters for ListAdminOsImages.
+type ListAdminOsImagesParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateOsImageParams defines parameters for CreateOsImage.
+type CreateOsImageParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// DeleteOsImageParams defines parameters for DeleteOsImage.
+type DeleteOsImageParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// GetAdminOsImageParams defines parameters for GetAdminOsImage.
+type GetAdminOsImageParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// UpdateOsImageParams defines parameters for UpdateOsImage.
+type UpdateOsImageParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListAdminPaymentsParams defines parameters for ListAdminPayments.
 type ListAdminPaymentsParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -2705,6 +2909,58 @@ type CreatePaymentRefundParams struct {
 
 	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// CreateRegionParams defines parameters for CreateRegion.
+type CreateRegionParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// UpdateRegionParams defines parameters for UpdateRegion.
+type UpdateRegionParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListAdminSkusParams defines parameters for ListAdminSkus.
+type ListAdminSkusParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateSkuParams defines parameters for CreateSku.
+type CreateSkuParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// DeleteSkuParams defines parameters for DeleteSku.
+type DeleteSkuParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// GetAdminSkuParams defines parameters for GetAdminSku.
+type GetAdminSkuParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// UpdateSkuParams defines parameters for UpdateSku.
+type UpdateSkuParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
 // GetFleetTelemetryParams defines parameters for GetFleetTelemetry.
@@ -2856,6 +3112,32 @@ type ListBillingUsageParams struct {
 	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
 	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
 
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListCatalogOsImagesParams defines parameters for ListCatalogOsImages.
+type ListCatalogOsImagesParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListCatalogSkusParams defines parameters for ListCatalogSkus.
+type ListCatalogSkusParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// GetCatalogSkuParams defines parameters for GetCatalogSku.
+type GetCatalogSkuParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
@@ -3085,6 +3367,12 @@ type GetTenantUserParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListV3RegionsParams defines parameters for ListV3Regions.
+type ListV3RegionsParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // RefreshJWKSParams defines parameters for RefreshJWKS.
 type RefreshJWKSParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
@@ -3127,8 +3415,26 @@ type CreateNodeJSONRequestBody = CreateNodeRequest
 // UpdateNodeJSONRequestBody defines body for UpdateNode for application/json ContentType.
 type UpdateNodeJSONRequestBody = UpdateNodeRequest
 
+// CreateOsImageJSONRequestBody defines body for CreateOsImage for application/json ContentType.
+type CreateOsImageJSONRequestBody = CreateOSImageRequest
+
+// UpdateOsImageJSONRequestBody defines body for UpdateOsImage for application/json ContentType.
+type UpdateOsImageJSONRequestBody = UpdateOSImageRequest
+
 // CreatePaymentRefundJSONRequestBody defines body for CreatePaymentRefund for application/json ContentType.
 type CreatePaymentRefundJSONRequestBody = CreatePaymentRefundRequest
+
+// CreateRegionJSONRequestBody defines body for CreateRegion for application/json ContentType.
+type CreateRegionJSONRequestBody = CreateRegionRequest
+
+// UpdateRegionJSONRequestBody defines body for UpdateRegion for application/json ContentType.
+type UpdateRegionJSONRequestBody = UpdateRegionRequest
+
+// CreateSkuJSONRequestBody defines body for CreateSku for application/json ContentType.
+type CreateSkuJSONRequestBody = CreateSKURequest
+
+// UpdateSkuJSONRequestBody defines body for UpdateSku for application/json ContentType.
+type UpdateSkuJSONRequestBody = UpdateSKURequest
 
 // CreateTenantJSONRequestBody defines body for CreateTenant for application/json ContentType.
 type CreateTenantJSONRequestBody = CreateTenantRequest
@@ -3512,6 +3818,67 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/admin/nodes/{node_id}/uncordon (the `UncordonNode` operationId).
 	UncordonNode(ctx context.Context, nodeID openapi_types.UUID, params *UncordonNodeParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListAdminOsImages List OS images
+	//
+	// Platform admins only (`admin_required`). Ordered by name.
+	//
+	// Corresponds with GET /api/v1/admin/os-images (the `ListAdminOsImages` operationId).
+	ListAdminOsImages(ctx context.Context, params *ListAdminOsImagesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateOsImageWithBody Create an OS image
+	//
+	// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+	// os_image_exists. Making an image the default takes the flag from the previous default.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+	CreateOsImageWithBody(ctx context.Context, params *CreateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateOsImage Create an OS image
+	//
+	// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+	// os_image_exists. Making an image the default takes the flag from the previous default.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+	CreateOsImage(ctx context.Context, params *CreateOsImageParams, body CreateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteOsImage Delete an OS image
+	//
+	// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+	// not_found.
+	//
+	// Corresponds with DELETE /api/v1/admin/os-images/{image_id} (the `DeleteOsImage` operationId).
+	DeleteOsImage(ctx context.Context, imageID openapi_types.UUID, params *DeleteOsImageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetAdminOsImage Get an OS image
+	//
+	// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+	// not_found.
+	//
+	// Corresponds with GET /api/v1/admin/os-images/{image_id} (the `GetAdminOsImage` operationId).
+	GetAdminOsImage(ctx context.Context, imageID openapi_types.UUID, params *GetAdminOsImageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateOsImageWithBody Change an OS image
+	//
+	// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+	UpdateOsImageWithBody(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateOsImage Change an OS image
+	//
+	// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+	UpdateOsImage(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, body UpdateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListAdminPayments List payments of every tenant
 	//
 	// Requires `platform.admin`; newest first.
@@ -3536,6 +3903,115 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/admin/payments/{payment_id}/refunds (the `CreatePaymentRefund` operationId).
 	CreatePaymentRefund(ctx context.Context, paymentID openapi_types.UUID, params *CreatePaymentRefundParams, body CreatePaymentRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateRegionWithBody Create a region
+	//
+	// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+	// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+	// region_exists. Making a region the default takes the flag from the previous default.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+	CreateRegionWithBody(ctx context.Context, params *CreateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateRegion Create a region
+	//
+	// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+	// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+	// region_exists. Making a region the default takes the flag from the previous default.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+	CreateRegion(ctx context.Context, params *CreateRegionParams, body CreateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateRegionWithBody Change a region
+	//
+	// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+	// not_found. A request that changes nothing writes nothing.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+	UpdateRegionWithBody(ctx context.Context, regionCode string, params *UpdateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateRegion Change a region
+	//
+	// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+	// not_found. A request that changes nothing writes nothing.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+	UpdateRegion(ctx context.Context, regionCode string, params *UpdateRegionParams, body UpdateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAdminSkus List SKUs (active and inactive)
+	//
+	// Platform admins only (`admin_required`). Ordered by id.
+	//
+	// Corresponds with GET /api/v1/admin/skus (the `ListAdminSkus` operationId).
+	ListAdminSkus(ctx context.Context, params *ListAdminSkusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateSkuWithBody Create a SKU
+	//
+	// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+	// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+	// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+	// `invalid_request` with `details.reason` sku_exists.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+	CreateSkuWithBody(ctx context.Context, params *CreateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateSku Create a SKU
+	//
+	// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+	// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+	// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+	// `invalid_request` with `details.reason` sku_exists.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+	CreateSku(ctx context.Context, params *CreateSkuParams, body CreateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteSku Delete a SKU
+	//
+	// Platform admins only (`admin_required`). Refused with 409 `invalid_request` (`details.reason`
+	// sku_in_use) while live allocations use it; deactivate it instead (`active: false`) to stop new
+	// launches.
+	//
+	// Corresponds with DELETE /api/v1/admin/skus/{sku} (the `DeleteSku` operationId).
+	DeleteSku(ctx context.Context, sku string, params *DeleteSkuParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetAdminSku Get a SKU
+	//
+	// Platform admins only (`admin_required`). Unknown id: 404 `sku_not_found`.
+	//
+	// Corresponds with GET /api/v1/admin/skus/{sku} (the `GetAdminSku` operationId).
+	GetAdminSku(ctx context.Context, sku string, params *GetAdminSkuParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateSkuWithBody Change a SKU
+	//
+	// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+	// change (create another SKU). A request that changes nothing writes nothing.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+	UpdateSkuWithBody(ctx context.Context, sku string, params *UpdateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateSku Change a SKU
+	//
+	// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+	// change (create another SKU). A request that changes nothing writes nothing.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+	UpdateSku(ctx context.Context, sku string, params *UpdateSkuParams, body UpdateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetFleetTelemetry Fleet telemetry
 	//
@@ -3765,6 +4241,29 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /api/v1/billing/usage (the `ListBillingUsage` operationId).
 	ListBillingUsage(ctx context.Context, params *ListBillingUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListCatalogOsImages List OS images to launch with
+	//
+	// Active OS images, ordered by name.
+	//
+	// Corresponds with GET /api/v1/catalog/os-images (the `ListCatalogOsImages` operationId).
+	ListCatalogOsImages(ctx context.Context, params *ListCatalogOsImagesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListCatalogSkus List launchable SKUs with price and availability
+	//
+	// Active SKUs, ordered by id, each with its price per currency under the caller's pricing plan (the
+	// tenant's plan, else the default plan; empty when no plan prices the SKU's usage unit) and its live
+	// availability in each of its regions, computed from the free GPUs of online, schedulable nodes.
+	//
+	// Corresponds with GET /api/v1/catalog/skus (the `ListCatalogSkus` operationId).
+	ListCatalogSkus(ctx context.Context, params *ListCatalogSkusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetCatalogSku Get a launchable SKU
+	//
+	// An unknown or inactive SKU is 404 `sku_not_found`.
+	//
+	// Corresponds with GET /api/v1/catalog/skus/{sku} (the `GetCatalogSku` operationId).
+	GetCatalogSku(ctx context.Context, sku string, params *GetCatalogSkuParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListDepartments List the departments of the caller's tenant
 	//
@@ -4080,6 +4579,14 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /api/v1/users/{user_id} (the `GetTenantUser` operationId).
 	GetTenantUser(ctx context.Context, userID openapi_types.UUID, params *GetTenantUserParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListV3Regions List regions
+	//
+	// Every region with its availability state; `current_region_code` is the default region (null when
+	// none).
+	//
+	// Corresponds with GET /api/v1/v3/regions (the `ListV3Regions` operationId).
+	ListV3Regions(ctx context.Context, params *ListV3RegionsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RefreshJWKS Force a refresh of the signing-key set
 	//
@@ -4632,6 +5139,137 @@ func (c *Client) UncordonNode(ctx context.Context, nodeID openapi_types.UUID, pa
 	return c.Client.Do(req)
 }
 
+// ListAdminOsImages List OS images
+//
+// Platform admins only (`admin_required`). Ordered by name.
+//
+// Corresponds with GET /api/v1/admin/os-images (the `ListAdminOsImages` operationId).
+func (c *Client) ListAdminOsImages(ctx context.Context, params *ListAdminOsImagesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAdminOsImagesRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateOsImageWithBody Create an OS image
+//
+// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+// os_image_exists. Making an image the default takes the flag from the previous default.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+func (c *Client) CreateOsImageWithBody(ctx context.Context, params *CreateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateOsImageRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateOsImage Create an OS image
+//
+// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+// os_image_exists. Making an image the default takes the flag from the previous default.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+func (c *Client) CreateOsImage(ctx context.Context, params *CreateOsImageParams, body CreateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateOsImageRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteOsImage Delete an OS image
+//
+// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+// not_found.
+//
+// Corresponds with DELETE /api/v1/admin/os-images/{image_id} (the `DeleteOsImage` operationId).
+func (c *Client) DeleteOsImage(ctx context.Context, imageID openapi_types.UUID, params *DeleteOsImageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteOsImageRequest(c.Server, imageID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAdminOsImage Get an OS image
+//
+// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+// not_found.
+//
+// Corresponds with GET /api/v1/admin/os-images/{image_id} (the `GetAdminOsImage` operationId).
+func (c *Client) GetAdminOsImage(ctx context.Context, imageID openapi_types.UUID, params *GetAdminOsImageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAdminOsImageRequest(c.Server, imageID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateOsImageWithBody Change an OS image
+//
+// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+func (c *Client) UpdateOsImageWithBody(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateOsImageRequestWithBody(c.Server, imageID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateOsImage Change an OS image
+//
+// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+func (c *Client) UpdateOsImage(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, body UpdateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateOsImageRequest(c.Server, imageID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListAdminPayments List payments of every tenant
 //
 // Requires `platform.admin`; newest first.
@@ -4677,6 +5315,225 @@ func (c *Client) CreatePaymentRefundWithBody(ctx context.Context, paymentID open
 // Corresponds with POST /api/v1/admin/payments/{payment_id}/refunds (the `CreatePaymentRefund` operationId).
 func (c *Client) CreatePaymentRefund(ctx context.Context, paymentID openapi_types.UUID, params *CreatePaymentRefundParams, body CreatePaymentRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCreatePaymentRefundRequest(c.Server, paymentID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateRegionWithBody Create a region
+//
+// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+// region_exists. Making a region the default takes the flag from the previous default.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+func (c *Client) CreateRegionWithBody(ctx context.Context, params *CreateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateRegionRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateRegion Create a region
+//
+// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+// region_exists. Making a region the default takes the flag from the previous default.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+func (c *Client) CreateRegion(ctx context.Context, params *CreateRegionParams, body CreateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateRegionRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateRegionWithBody Change a region
+//
+// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+// not_found. A request that changes nothing writes nothing.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+func (c *Client) UpdateRegionWithBody(ctx context.Context, regionCode string, params *UpdateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateRegionRequestWithBody(c.Server, regionCode, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateRegion Change a region
+//
+// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+// not_found. A request that changes nothing writes nothing.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+func (c *Client) UpdateRegion(ctx context.Context, regionCode string, params *UpdateRegionParams, body UpdateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateRegionRequest(c.Server, regionCode, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAdminSkus List SKUs (active and inactive)
+//
+// Platform admins only (`admin_required`). Ordered by id.
+//
+// Corresponds with GET /api/v1/admin/skus (the `ListAdminSkus` operationId).
+func (c *Client) ListAdminSkus(ctx context.Context, params *ListAdminSkusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAdminSkusRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateSkuWithBody Create a SKU
+//
+// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+// `invalid_request` with `details.reason` sku_exists.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+func (c *Client) CreateSkuWithBody(ctx context.Context, params *CreateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSkuRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateSku Create a SKU
+//
+// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+// `invalid_request` with `details.reason` sku_exists.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+func (c *Client) CreateSku(ctx context.Context, params *CreateSkuParams, body CreateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateSkuRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteSku Delete a SKU
+//
+// Platform admins only (`admin_required`). Refused with 409 `invalid_request` (`details.reason`
+// sku_in_use) while live allocations use it; deactivate it instead (`active: false`) to stop new
+// launches.
+//
+// Corresponds with DELETE /api/v1/admin/skus/{sku} (the `DeleteSku` operationId).
+func (c *Client) DeleteSku(ctx context.Context, sku string, params *DeleteSkuParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteSkuRequest(c.Server, sku, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAdminSku Get a SKU
+//
+// Platform admins only (`admin_required`). Unknown id: 404 `sku_not_found`.
+//
+// Corresponds with GET /api/v1/admin/skus/{sku} (the `GetAdminSku` operationId).
+func (c *Client) GetAdminSku(ctx context.Context, sku string, params *GetAdminSkuParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAdminSkuRequest(c.Server, sku, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateSkuWithBody Change a SKU
+//
+// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+// change (create another SKU). A request that changes nothing writes nothing.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+func (c *Client) UpdateSkuWithBody(ctx context.Context, sku string, params *UpdateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSkuRequestWithBody(c.Server, sku, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateSku Change a SKU
+//
+// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+// change (create another SKU). A request that changes nothing writes nothing.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+func (c *Client) UpdateSku(ctx context.Context, sku string, params *UpdateSkuParams, body UpdateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateSkuRequest(c.Server, sku, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -5196,6 +6053,59 @@ func (c *Client) GetBillingCurrencySettings(ctx context.Context, params *GetBill
 // Corresponds with GET /api/v1/billing/usage (the `ListBillingUsage` operationId).
 func (c *Client) ListBillingUsage(ctx context.Context, params *ListBillingUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListBillingUsageRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListCatalogOsImages List OS images to launch with
+//
+// Active OS images, ordered by name.
+//
+// Corresponds with GET /api/v1/catalog/os-images (the `ListCatalogOsImages` operationId).
+func (c *Client) ListCatalogOsImages(ctx context.Context, params *ListCatalogOsImagesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListCatalogOsImagesRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListCatalogSkus List launchable SKUs with price and availability
+//
+// Active SKUs, ordered by id, each with its price per currency under the caller's pricing plan (the
+// tenant's plan, else the default plan; empty when no plan prices the SKU's usage unit) and its live
+// availability in each of its regions, computed from the free GPUs of online, schedulable nodes.
+//
+// Corresponds with GET /api/v1/catalog/skus (the `ListCatalogSkus` operationId).
+func (c *Client) ListCatalogSkus(ctx context.Context, params *ListCatalogSkusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListCatalogSkusRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetCatalogSku Get a launchable SKU
+//
+// An unknown or inactive SKU is 404 `sku_not_found`.
+//
+// Corresponds with GET /api/v1/catalog/skus/{sku} (the `GetCatalogSku` operationId).
+func (c *Client) GetCatalogSku(ctx context.Context, sku string, params *GetCatalogSkuParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetCatalogSkuRequest(c.Server, sku, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5911,6 +6821,24 @@ func (c *Client) CreateTenantUser(ctx context.Context, params *CreateTenantUserP
 // Corresponds with GET /api/v1/users/{user_id} (the `GetTenantUser` operationId).
 func (c *Client) GetTenantUser(ctx context.Context, userID openapi_types.UUID, params *GetTenantUserParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetTenantUserRequest(c.Server, userID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListV3Regions List regions
+//
+// Every region with its availability state; `current_region_code` is the default region (null when
+// none).
+//
+// Corresponds with GET /api/v1/v3/regions (the `ListV3Regions` operationId).
+func (c *Client) ListV3Regions(ctx context.Context, params *ListV3RegionsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListV3RegionsRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -7172,6 +8100,313 @@ func NewUncordonNodeRequest(server string, nodeID openapi_types.UUID, params *Un
 	return req, nil
 }
 
+// NewListAdminOsImagesRequest constructs an http.Request for the ListAdminOsImages method
+func NewListAdminOsImagesRequest(server string, params *ListAdminOsImagesParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/os-images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateOsImageRequest calls the generic CreateOsImage builder with application/json body
+func NewCreateOsImageRequest(server string, params *CreateOsImageParams, body CreateOsImageJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateOsImageRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateOsImageRequestWithBody constructs an http.Request for the CreateOsImage method, with any body, and a specified content type
+func NewCreateOsImageRequestWithBody(server string, params *CreateOsImageParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/os-images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteOsImageRequest constructs an http.Request for the DeleteOsImage method
+func NewDeleteOsImageRequest(server string, imageID openapi_types.UUID, params *DeleteOsImageParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "image_id", imageID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/os-images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetAdminOsImageRequest constructs an http.Request for the GetAdminOsImage method
+func NewGetAdminOsImageRequest(server string, imageID openapi_types.UUID, params *GetAdminOsImageParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "image_id", imageID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/os-images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewUpdateOsImageRequest calls the generic UpdateOsImage builder with application/json body
+func NewUpdateOsImageRequest(server string, imageID openapi_types.UUID, params *UpdateOsImageParams, body UpdateOsImageJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateOsImageRequestWithBody(server, imageID, params, "application/json", bodyReader)
+}
+
+// NewUpdateOsImageRequestWithBody constructs an http.Request for the UpdateOsImage method, with any body, and a specified content type
+func NewUpdateOsImageRequestWithBody(server string, imageID openapi_types.UUID, params *UpdateOsImageParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "image_id", imageID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/os-images/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewListAdminPaymentsRequest constructs an http.Request for the ListAdminPayments method
 func NewListAdminPaymentsRequest(server string, params *ListAdminPaymentsParams) (*http.Request, error) {
 	var err error
@@ -7343,6 +8578,441 @@ func NewCreatePaymentRefundRequestWithBody(server string, paymentID openapi_type
 			}
 
 			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateRegionRequest calls the generic CreateRegion builder with application/json body
+func NewCreateRegionRequest(server string, params *CreateRegionParams, body CreateRegionJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateRegionRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateRegionRequestWithBody constructs an http.Request for the CreateRegion method, with any body, and a specified content type
+func NewCreateRegionRequestWithBody(server string, params *CreateRegionParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/regions")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewUpdateRegionRequest calls the generic UpdateRegion builder with application/json body
+func NewUpdateRegionRequest(server string, regionCode string, params *UpdateRegionParams, body UpdateRegionJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateRegionRequestWithBody(server, regionCode, params, "application/json", bodyReader)
+}
+
+// NewUpdateRegionRequestWithBody constructs an http.Request for the UpdateRegion method, with any body, and a specified content type
+func NewUpdateRegionRequestWithBody(server string, regionCode string, params *UpdateRegionParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "region_code", regionCode, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/regions/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListAdminSkusRequest constructs an http.Request for the ListAdminSkus method
+func NewListAdminSkusRequest(server string, params *ListAdminSkusParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/skus")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateSkuRequest calls the generic CreateSku builder with application/json body
+func NewCreateSkuRequest(server string, params *CreateSkuParams, body CreateSkuJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateSkuRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateSkuRequestWithBody constructs an http.Request for the CreateSku method, with any body, and a specified content type
+func NewCreateSkuRequestWithBody(server string, params *CreateSkuParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/skus")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteSkuRequest constructs an http.Request for the DeleteSku method
+func NewDeleteSkuRequest(server string, sku string, params *DeleteSkuParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/skus/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetAdminSkuRequest constructs an http.Request for the GetAdminSku method
+func NewGetAdminSkuRequest(server string, sku string, params *GetAdminSkuParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/skus/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewUpdateSkuRequest calls the generic UpdateSku builder with application/json body
+func NewUpdateSkuRequest(server string, sku string, params *UpdateSkuParams, body UpdateSkuJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateSkuRequestWithBody(server, sku, params, "application/json", bodyReader)
+}
+
+// NewUpdateSkuRequestWithBody constructs an http.Request for the UpdateSku method, with any body, and a specified content type
+func NewUpdateSkuRequestWithBody(server string, sku string, params *UpdateSkuParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/skus/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
 		}
 
 	}
@@ -8538,6 +10208,217 @@ func NewListBillingUsageRequest(server string, params *ListBillingUsageParams) (
 			rawQueryFragments = append(rawQueryFragments, encoded)
 		}
 		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListCatalogOsImagesRequest constructs an http.Request for the ListCatalogOsImages method
+func NewListCatalogOsImagesRequest(server string, params *ListCatalogOsImagesParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/catalog/os-images")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListCatalogSkusRequest constructs an http.Request for the ListCatalogSkus method
+func NewListCatalogSkusRequest(server string, params *ListCatalogSkusParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/catalog/skus")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetCatalogSkuRequest constructs an http.Request for the GetCatalogSku method
+func NewGetCatalogSkuRequest(server string, sku string, params *GetCatalogSkuParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "sku", sku, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/catalog/skus/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -10378,6 +12259,48 @@ func NewGetTenantUserRequest(server string, userID openapi_types.UUID, params *G
 	return req, nil
 }
 
+// NewListV3RegionsRequest constructs an http.Request for the ListV3Regions method
+func NewListV3RegionsRequest(server string, params *ListV3RegionsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/v3/regions")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewRefreshJWKSRequest constructs an http.Request for the RefreshJWKS method
 func NewRefreshJWKSRequest(server string, params *RefreshJWKSParams) (*http.Request, error) {
 	var err error
@@ -10823,6 +12746,73 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/admin/nodes/{node_id}/uncordon (the `UncordonNode` operationId).
 	UncordonNodeWithResponse(ctx context.Context, nodeID openapi_types.UUID, params *UncordonNodeParams, reqEditors ...RequestEditorFn) (*UncordonNodeHTTPResponse, error)
 
+	// ListAdminOsImagesWithResponse List OS images
+	//
+	// Platform admins only (`admin_required`). Ordered by name.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/os-images (the `ListAdminOsImages` operationId).
+	ListAdminOsImagesWithResponse(ctx context.Context, params *ListAdminOsImagesParams, reqEditors ...RequestEditorFn) (*ListAdminOsImagesHTTPResponse, error)
+
+	// CreateOsImageWithBodyWithResponse Create an OS image
+	//
+	// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+	// os_image_exists. Making an image the default takes the flag from the previous default.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+	CreateOsImageWithBodyWithResponse(ctx context.Context, params *CreateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateOsImageHTTPResponse, error)
+
+	// CreateOsImageWithResponse Create an OS image
+	//
+	// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+	// os_image_exists. Making an image the default takes the flag from the previous default.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+	CreateOsImageWithResponse(ctx context.Context, params *CreateOsImageParams, body CreateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateOsImageHTTPResponse, error)
+
+	// DeleteOsImageWithResponse Delete an OS image
+	//
+	// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+	// not_found.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/admin/os-images/{image_id} (the `DeleteOsImage` operationId).
+	DeleteOsImageWithResponse(ctx context.Context, imageID openapi_types.UUID, params *DeleteOsImageParams, reqEditors ...RequestEditorFn) (*DeleteOsImageHTTPResponse, error)
+
+	// GetAdminOsImageWithResponse Get an OS image
+	//
+	// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+	// not_found.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/os-images/{image_id} (the `GetAdminOsImage` operationId).
+	GetAdminOsImageWithResponse(ctx context.Context, imageID openapi_types.UUID, params *GetAdminOsImageParams, reqEditors ...RequestEditorFn) (*GetAdminOsImageHTTPResponse, error)
+
+	// UpdateOsImageWithBodyWithResponse Change an OS image
+	//
+	// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+	UpdateOsImageWithBodyWithResponse(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateOsImageHTTPResponse, error)
+
+	// UpdateOsImageWithResponse Change an OS image
+	//
+	// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+	UpdateOsImageWithResponse(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, body UpdateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateOsImageHTTPResponse, error)
+
 	// ListAdminPaymentsWithResponse List payments of every tenant
 	//
 	// Requires `platform.admin`; newest first.
@@ -10849,6 +12839,121 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/admin/payments/{payment_id}/refunds (the `CreatePaymentRefund` operationId).
 	CreatePaymentRefundWithResponse(ctx context.Context, paymentID openapi_types.UUID, params *CreatePaymentRefundParams, body CreatePaymentRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePaymentRefundHTTPResponse, error)
+
+	// CreateRegionWithBodyWithResponse Create a region
+	//
+	// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+	// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+	// region_exists. Making a region the default takes the flag from the previous default.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+	CreateRegionWithBodyWithResponse(ctx context.Context, params *CreateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateRegionHTTPResponse, error)
+
+	// CreateRegionWithResponse Create a region
+	//
+	// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+	// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+	// region_exists. Making a region the default takes the flag from the previous default.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+	CreateRegionWithResponse(ctx context.Context, params *CreateRegionParams, body CreateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRegionHTTPResponse, error)
+
+	// UpdateRegionWithBodyWithResponse Change a region
+	//
+	// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+	// not_found. A request that changes nothing writes nothing.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+	UpdateRegionWithBodyWithResponse(ctx context.Context, regionCode string, params *UpdateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateRegionHTTPResponse, error)
+
+	// UpdateRegionWithResponse Change a region
+	//
+	// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+	// not_found. A request that changes nothing writes nothing.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+	UpdateRegionWithResponse(ctx context.Context, regionCode string, params *UpdateRegionParams, body UpdateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateRegionHTTPResponse, error)
+
+	// ListAdminSkusWithResponse List SKUs (active and inactive)
+	//
+	// Platform admins only (`admin_required`). Ordered by id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/skus (the `ListAdminSkus` operationId).
+	ListAdminSkusWithResponse(ctx context.Context, params *ListAdminSkusParams, reqEditors ...RequestEditorFn) (*ListAdminSkusHTTPResponse, error)
+
+	// CreateSkuWithBodyWithResponse Create a SKU
+	//
+	// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+	// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+	// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+	// `invalid_request` with `details.reason` sku_exists.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+	CreateSkuWithBodyWithResponse(ctx context.Context, params *CreateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSkuHTTPResponse, error)
+
+	// CreateSkuWithResponse Create a SKU
+	//
+	// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+	// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+	// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+	// `invalid_request` with `details.reason` sku_exists.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+	CreateSkuWithResponse(ctx context.Context, params *CreateSkuParams, body CreateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSkuHTTPResponse, error)
+
+	// DeleteSkuWithResponse Delete a SKU
+	//
+	// Platform admins only (`admin_required`). Refused with 409 `invalid_request` (`details.reason`
+	// sku_in_use) while live allocations use it; deactivate it instead (`active: false`) to stop new
+	// launches.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/admin/skus/{sku} (the `DeleteSku` operationId).
+	DeleteSkuWithResponse(ctx context.Context, sku string, params *DeleteSkuParams, reqEditors ...RequestEditorFn) (*DeleteSkuHTTPResponse, error)
+
+	// GetAdminSkuWithResponse Get a SKU
+	//
+	// Platform admins only (`admin_required`). Unknown id: 404 `sku_not_found`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/skus/{sku} (the `GetAdminSku` operationId).
+	GetAdminSkuWithResponse(ctx context.Context, sku string, params *GetAdminSkuParams, reqEditors ...RequestEditorFn) (*GetAdminSkuHTTPResponse, error)
+
+	// UpdateSkuWithBodyWithResponse Change a SKU
+	//
+	// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+	// change (create another SKU). A request that changes nothing writes nothing.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+	UpdateSkuWithBodyWithResponse(ctx context.Context, sku string, params *UpdateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSkuHTTPResponse, error)
+
+	// UpdateSkuWithResponse Change a SKU
+	//
+	// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+	// change (create another SKU). A request that changes nothing writes nothing.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+	UpdateSkuWithResponse(ctx context.Context, sku string, params *UpdateSkuParams, body UpdateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSkuHTTPResponse, error)
 
 	// GetFleetTelemetryWithResponse Fleet telemetry
 	//
@@ -11100,6 +13205,35 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /api/v1/billing/usage (the `ListBillingUsage` operationId).
 	ListBillingUsageWithResponse(ctx context.Context, params *ListBillingUsageParams, reqEditors ...RequestEditorFn) (*ListBillingUsageHTTPResponse, error)
+
+	// ListCatalogOsImagesWithResponse List OS images to launch with
+	//
+	// Active OS images, ordered by name.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/catalog/os-images (the `ListCatalogOsImages` operationId).
+	ListCatalogOsImagesWithResponse(ctx context.Context, params *ListCatalogOsImagesParams, reqEditors ...RequestEditorFn) (*ListCatalogOsImagesHTTPResponse, error)
+
+	// ListCatalogSkusWithResponse List launchable SKUs with price and availability
+	//
+	// Active SKUs, ordered by id, each with its price per currency under the caller's pricing plan (the
+	// tenant's plan, else the default plan; empty when no plan prices the SKU's usage unit) and its live
+	// availability in each of its regions, computed from the free GPUs of online, schedulable nodes.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/catalog/skus (the `ListCatalogSkus` operationId).
+	ListCatalogSkusWithResponse(ctx context.Context, params *ListCatalogSkusParams, reqEditors ...RequestEditorFn) (*ListCatalogSkusHTTPResponse, error)
+
+	// GetCatalogSkuWithResponse Get a launchable SKU
+	//
+	// An unknown or inactive SKU is 404 `sku_not_found`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/catalog/skus/{sku} (the `GetCatalogSku` operationId).
+	GetCatalogSkuWithResponse(ctx context.Context, sku string, params *GetCatalogSkuParams, reqEditors ...RequestEditorFn) (*GetCatalogSkuHTTPResponse, error)
 
 	// ListDepartmentsWithResponse List the departments of the caller's tenant
 	//
@@ -11453,6 +13587,16 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /api/v1/users/{user_id} (the `GetTenantUser` operationId).
 	GetTenantUserWithResponse(ctx context.Context, userID openapi_types.UUID, params *GetTenantUserParams, reqEditors ...RequestEditorFn) (*GetTenantUserHTTPResponse, error)
+
+	// ListV3RegionsWithResponse List regions
+	//
+	// Every region with its availability state; `current_region_code` is the default region (null when
+	// none).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/v3/regions (the `ListV3Regions` operationId).
+	ListV3RegionsWithResponse(ctx context.Context, params *ListV3RegionsParams, reqEditors ...RequestEditorFn) (*ListV3RegionsHTTPResponse, error)
 
 	// RefreshJWKSWithResponse Force a refresh of the signing-key set
 	//
@@ -14811,6 +16955,809 @@ func (r UncordonNodeHTTPResponse) ContentType() string {
 	return ""
 }
 
+// ListAdminOsImagesHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAdminOsImagesHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAdminOsImages
+type ListAdminOsImagesHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAdminOsImagesHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *OSImageListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAdminOsImagesHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAdminOsImagesHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAdminOsImagesHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAdminOsImagesHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAdminOsImagesHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAdminOsImagesHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAdminOsImagesHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAdminOsImagesHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON200() *OSImageListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAdminOsImagesHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAdminOsImagesHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAdminOsImagesHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAdminOsImagesHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAdminOsImagesHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateOsImageHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateOsImage
+type CreateOsImageHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateOsImage
+type CreateOsImageHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateOsImage
+type CreateOsImageHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateOsImage
+type CreateOsImageHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateOsImage
+type CreateOsImageHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateOsImage
+type CreateOsImageHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateOsImage
+type CreateOsImageHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateOsImage
+type CreateOsImageHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateOsImage
+type CreateOsImageHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateOsImageHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateOsImage
+type CreateOsImageHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateOsImageHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *OSImage
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateOsImageHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateOsImageHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateOsImageHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateOsImageHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateOsImageHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateOsImageHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateOsImageHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateOsImageHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateOsImageHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateOsImageHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON201() *OSImage {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateOsImageHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateOsImageHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateOsImageHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateOsImageHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateOsImageHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteOsImageHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteOsImage
+type DeleteOsImageHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteOsImage
+type DeleteOsImageHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteOsImage
+type DeleteOsImageHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteOsImage
+type DeleteOsImageHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteOsImage
+type DeleteOsImageHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteOsImage
+type DeleteOsImageHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteOsImage
+type DeleteOsImageHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteOsImageHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteOsImage
+type DeleteOsImageHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteOsImageHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteOsImageHTTPResponse204Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteOsImageHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteOsImageHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteOsImageHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteOsImageHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteOsImageHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteOsImageHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteOsImageHTTPResponse503Headers
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteOsImageHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteOsImageHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteOsImageHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteOsImageHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteOsImageHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAdminOsImageHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetAdminOsImageHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetAdminOsImage
+type GetAdminOsImageHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetAdminOsImageHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *OSImage
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetAdminOsImageHTTPResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAdminOsImageHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAdminOsImageHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAdminOsImageHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetAdminOsImageHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAdminOsImageHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetAdminOsImageHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAdminOsImageHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON200() *OSImage {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAdminOsImageHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAdminOsImageHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAdminOsImageHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAdminOsImageHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAdminOsImageHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UpdateOsImageHTTPResponse200Headers the declared response headers of an HTTP 200 response for UpdateOsImage
+type UpdateOsImageHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse400Headers the declared response headers of an HTTP 400 response for UpdateOsImage
+type UpdateOsImageHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse401Headers the declared response headers of an HTTP 401 response for UpdateOsImage
+type UpdateOsImageHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse403Headers the declared response headers of an HTTP 403 response for UpdateOsImage
+type UpdateOsImageHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse404Headers the declared response headers of an HTTP 404 response for UpdateOsImage
+type UpdateOsImageHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse409Headers the declared response headers of an HTTP 409 response for UpdateOsImage
+type UpdateOsImageHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateOsImage
+type UpdateOsImageHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateOsImage
+type UpdateOsImageHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse429Headers the declared response headers of an HTTP 429 response for UpdateOsImage
+type UpdateOsImageHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse500Headers the declared response headers of an HTTP 500 response for UpdateOsImage
+type UpdateOsImageHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// UpdateOsImageHTTPResponse503Headers the declared response headers of an HTTP 503 response for UpdateOsImage
+type UpdateOsImageHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type UpdateOsImageHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *OSImage
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateOsImageHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UpdateOsImageHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateOsImageHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *UpdateOsImageHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateOsImageHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *UpdateOsImageHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateOsImageHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UpdateOsImageHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateOsImageHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UpdateOsImageHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateOsImageHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON200() *OSImage {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpdateOsImageHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateOsImageHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateOsImageHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateOsImageHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateOsImageHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListAdminPaymentsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminPayments
 type ListAdminPaymentsHTTPResponse200Headers struct {
 	XRequestID *string
@@ -15171,6 +18118,1189 @@ func (r CreatePaymentRefundHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r CreatePaymentRefundHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateRegionHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateRegion
+type CreateRegionHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateRegion
+type CreateRegionHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateRegion
+type CreateRegionHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateRegion
+type CreateRegionHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateRegion
+type CreateRegionHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateRegion
+type CreateRegionHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateRegion
+type CreateRegionHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateRegion
+type CreateRegionHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateRegion
+type CreateRegionHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateRegionHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateRegion
+type CreateRegionHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateRegionHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *V3Region
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateRegionHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateRegionHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateRegionHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateRegionHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateRegionHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateRegionHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateRegionHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateRegionHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateRegionHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateRegionHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON201() *V3Region {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateRegionHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateRegionHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateRegionHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateRegionHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateRegionHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UpdateRegionHTTPResponse200Headers the declared response headers of an HTTP 200 response for UpdateRegion
+type UpdateRegionHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse400Headers the declared response headers of an HTTP 400 response for UpdateRegion
+type UpdateRegionHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse401Headers the declared response headers of an HTTP 401 response for UpdateRegion
+type UpdateRegionHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse403Headers the declared response headers of an HTTP 403 response for UpdateRegion
+type UpdateRegionHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse404Headers the declared response headers of an HTTP 404 response for UpdateRegion
+type UpdateRegionHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse409Headers the declared response headers of an HTTP 409 response for UpdateRegion
+type UpdateRegionHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateRegion
+type UpdateRegionHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateRegion
+type UpdateRegionHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse429Headers the declared response headers of an HTTP 429 response for UpdateRegion
+type UpdateRegionHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse500Headers the declared response headers of an HTTP 500 response for UpdateRegion
+type UpdateRegionHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// UpdateRegionHTTPResponse503Headers the declared response headers of an HTTP 503 response for UpdateRegion
+type UpdateRegionHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type UpdateRegionHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *V3Region
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateRegionHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UpdateRegionHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateRegionHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *UpdateRegionHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateRegionHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *UpdateRegionHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateRegionHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UpdateRegionHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateRegionHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UpdateRegionHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateRegionHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON200() *V3Region {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpdateRegionHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateRegionHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateRegionHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateRegionHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateRegionHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAdminSkusHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminSkus
+type ListAdminSkusHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAdminSkus
+type ListAdminSkusHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAdminSkus
+type ListAdminSkusHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAdminSkus
+type ListAdminSkusHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAdminSkus
+type ListAdminSkusHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAdminSkus
+type ListAdminSkusHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAdminSkus
+type ListAdminSkusHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAdminSkusHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAdminSkus
+type ListAdminSkusHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAdminSkusHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SKUListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAdminSkusHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAdminSkusHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAdminSkusHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAdminSkusHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAdminSkusHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAdminSkusHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAdminSkusHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAdminSkusHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON200() *SKUListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAdminSkusHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAdminSkusHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAdminSkusHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAdminSkusHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAdminSkusHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateSkuHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateSku
+type CreateSkuHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateSku
+type CreateSkuHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateSku
+type CreateSkuHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateSku
+type CreateSkuHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateSku
+type CreateSkuHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateSku
+type CreateSkuHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateSku
+type CreateSkuHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateSku
+type CreateSkuHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateSku
+type CreateSkuHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateSkuHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateSku
+type CreateSkuHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateSkuHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *SKU
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateSkuHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateSkuHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateSkuHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateSkuHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateSkuHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateSkuHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateSkuHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateSkuHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateSkuHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateSkuHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON201() *SKU {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateSkuHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateSkuHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateSkuHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateSkuHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateSkuHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteSkuHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteSku
+type DeleteSkuHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteSku
+type DeleteSkuHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteSku
+type DeleteSkuHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteSku
+type DeleteSkuHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse409Headers the declared response headers of an HTTP 409 response for DeleteSku
+type DeleteSkuHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteSku
+type DeleteSkuHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteSku
+type DeleteSkuHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteSku
+type DeleteSkuHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteSkuHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteSku
+type DeleteSkuHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteSkuHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteSkuHTTPResponse204Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteSkuHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteSkuHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteSkuHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *DeleteSkuHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteSkuHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteSkuHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteSkuHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteSkuHTTPResponse503Headers
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteSkuHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteSkuHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteSkuHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteSkuHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteSkuHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAdminSkuHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetAdminSku
+type GetAdminSkuHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetAdminSku
+type GetAdminSkuHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetAdminSku
+type GetAdminSkuHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetAdminSku
+type GetAdminSkuHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetAdminSku
+type GetAdminSkuHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetAdminSku
+type GetAdminSkuHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetAdminSku
+type GetAdminSkuHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetAdminSkuHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetAdminSku
+type GetAdminSkuHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetAdminSkuHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SKU
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetAdminSkuHTTPResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAdminSkuHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAdminSkuHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAdminSkuHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetAdminSkuHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAdminSkuHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetAdminSkuHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAdminSkuHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON200() *SKU {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAdminSkuHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAdminSkuHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAdminSkuHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAdminSkuHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAdminSkuHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UpdateSkuHTTPResponse200Headers the declared response headers of an HTTP 200 response for UpdateSku
+type UpdateSkuHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse400Headers the declared response headers of an HTTP 400 response for UpdateSku
+type UpdateSkuHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse401Headers the declared response headers of an HTTP 401 response for UpdateSku
+type UpdateSkuHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse403Headers the declared response headers of an HTTP 403 response for UpdateSku
+type UpdateSkuHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse404Headers the declared response headers of an HTTP 404 response for UpdateSku
+type UpdateSkuHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse409Headers the declared response headers of an HTTP 409 response for UpdateSku
+type UpdateSkuHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateSku
+type UpdateSkuHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateSku
+type UpdateSkuHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse429Headers the declared response headers of an HTTP 429 response for UpdateSku
+type UpdateSkuHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse500Headers the declared response headers of an HTTP 500 response for UpdateSku
+type UpdateSkuHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// UpdateSkuHTTPResponse503Headers the declared response headers of an HTTP 503 response for UpdateSku
+type UpdateSkuHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type UpdateSkuHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *SKU
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateSkuHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UpdateSkuHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateSkuHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *UpdateSkuHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateSkuHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *UpdateSkuHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateSkuHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UpdateSkuHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateSkuHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UpdateSkuHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateSkuHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON200() *SKU {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpdateSkuHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateSkuHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateSkuHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateSkuHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateSkuHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -18369,6 +22499,408 @@ func (r ListBillingUsageHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListBillingUsageHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListCatalogOsImagesHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogOsImagesHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogOsImagesHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogOsImagesHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogOsImagesHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListCatalogOsImagesHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogOsImagesHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListCatalogOsImages
+type ListCatalogOsImagesHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListCatalogOsImagesHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *OSImageListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListCatalogOsImagesHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListCatalogOsImagesHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListCatalogOsImagesHTTPResponse401Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListCatalogOsImagesHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListCatalogOsImagesHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListCatalogOsImagesHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListCatalogOsImagesHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON200() *OSImageListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListCatalogOsImagesHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListCatalogOsImagesHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListCatalogOsImagesHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListCatalogOsImagesHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListCatalogOsImagesHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListCatalogSkusHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogSkusHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogSkusHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogSkusHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogSkusHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListCatalogSkusHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListCatalogSkusHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListCatalogSkus
+type ListCatalogSkusHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListCatalogSkusHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CatalogSKUListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListCatalogSkusHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListCatalogSkusHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListCatalogSkusHTTPResponse401Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListCatalogSkusHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListCatalogSkusHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListCatalogSkusHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListCatalogSkusHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON200() *CatalogSKUListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListCatalogSkusHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListCatalogSkusHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListCatalogSkusHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListCatalogSkusHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListCatalogSkusHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetCatalogSkuHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetCatalogSkuHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetCatalogSkuHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetCatalogSkuHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// GetCatalogSkuHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetCatalogSkuHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetCatalogSkuHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetCatalogSku
+type GetCatalogSkuHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetCatalogSkuHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *CatalogSKU
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetCatalogSkuHTTPResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetCatalogSkuHTTPResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetCatalogSkuHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetCatalogSkuHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetCatalogSkuHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetCatalogSkuHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetCatalogSkuHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON200() *CatalogSKU {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetCatalogSkuHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetCatalogSkuHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetCatalogSkuHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetCatalogSkuHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetCatalogSkuHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -22995,6 +27527,126 @@ func (r GetTenantUserHTTPResponse) ContentType() string {
 	return ""
 }
 
+// ListV3RegionsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListV3Regions
+type ListV3RegionsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListV3RegionsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListV3Regions
+type ListV3RegionsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListV3RegionsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListV3Regions
+type ListV3RegionsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListV3RegionsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListV3Regions
+type ListV3RegionsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListV3RegionsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListV3Regions
+type ListV3RegionsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListV3RegionsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListV3Regions
+type ListV3RegionsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListV3RegionsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *V3RegionListResponse
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListV3RegionsHTTPResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListV3RegionsHTTPResponse401Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListV3RegionsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListV3RegionsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListV3RegionsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListV3RegionsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListV3RegionsHTTPResponse) GetJSON200() *V3RegionListResponse {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListV3RegionsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListV3RegionsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListV3RegionsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListV3RegionsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListV3RegionsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListV3RegionsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListV3RegionsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListV3RegionsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListV3RegionsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // RefreshJWKSHTTPResponse200Headers the declared response headers of an HTTP 200 response for RefreshJWKS
 type RefreshJWKSHTTPResponse200Headers struct {
 	XRequestID *string
@@ -23719,6 +28371,115 @@ func (c *ClientWithResponses) UncordonNodeWithResponse(ctx context.Context, node
 	return ParseUncordonNodeHTTPResponse(rsp)
 }
 
+// ListAdminOsImagesWithResponse List OS images
+//
+// Platform admins only (`admin_required`). Ordered by name.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/os-images (the `ListAdminOsImages` operationId).
+func (c *ClientWithResponses) ListAdminOsImagesWithResponse(ctx context.Context, params *ListAdminOsImagesParams, reqEditors ...RequestEditorFn) (*ListAdminOsImagesHTTPResponse, error) {
+	rsp, err := c.ListAdminOsImages(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAdminOsImagesHTTPResponse(rsp)
+}
+
+// CreateOsImageWithBodyWithResponse Create an OS image
+//
+// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+// os_image_exists. Making an image the default takes the flag from the previous default.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+func (c *ClientWithResponses) CreateOsImageWithBodyWithResponse(ctx context.Context, params *CreateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateOsImageHTTPResponse, error) {
+	rsp, err := c.CreateOsImageWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateOsImageHTTPResponse(rsp)
+}
+
+// CreateOsImageWithResponse Create an OS image
+//
+// Platform admins only (`admin_required`). A taken name is 409 `invalid_request` with `details.reason`
+// os_image_exists. Making an image the default takes the flag from the previous default.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/os-images (the `CreateOsImage` operationId).
+func (c *ClientWithResponses) CreateOsImageWithResponse(ctx context.Context, params *CreateOsImageParams, body CreateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateOsImageHTTPResponse, error) {
+	rsp, err := c.CreateOsImage(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateOsImageHTTPResponse(rsp)
+}
+
+// DeleteOsImageWithResponse Delete an OS image
+//
+// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+// not_found.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/admin/os-images/{image_id} (the `DeleteOsImage` operationId).
+func (c *ClientWithResponses) DeleteOsImageWithResponse(ctx context.Context, imageID openapi_types.UUID, params *DeleteOsImageParams, reqEditors ...RequestEditorFn) (*DeleteOsImageHTTPResponse, error) {
+	rsp, err := c.DeleteOsImage(ctx, imageID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteOsImageHTTPResponse(rsp)
+}
+
+// GetAdminOsImageWithResponse Get an OS image
+//
+// Platform admins only (`admin_required`). Unknown id: 404 `invalid_request` with `details.reason`
+// not_found.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/os-images/{image_id} (the `GetAdminOsImage` operationId).
+func (c *ClientWithResponses) GetAdminOsImageWithResponse(ctx context.Context, imageID openapi_types.UUID, params *GetAdminOsImageParams, reqEditors ...RequestEditorFn) (*GetAdminOsImageHTTPResponse, error) {
+	rsp, err := c.GetAdminOsImage(ctx, imageID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAdminOsImageHTTPResponse(rsp)
+}
+
+// UpdateOsImageWithBodyWithResponse Change an OS image
+//
+// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+func (c *ClientWithResponses) UpdateOsImageWithBodyWithResponse(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateOsImageHTTPResponse, error) {
+	rsp, err := c.UpdateOsImageWithBody(ctx, imageID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateOsImageHTTPResponse(rsp)
+}
+
+// UpdateOsImageWithResponse Change an OS image
+//
+// Platform admins only (`admin_required`). A request that changes nothing writes nothing.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/os-images/{image_id} (the `UpdateOsImage` operationId).
+func (c *ClientWithResponses) UpdateOsImageWithResponse(ctx context.Context, imageID openapi_types.UUID, params *UpdateOsImageParams, body UpdateOsImageJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateOsImageHTTPResponse, error) {
+	rsp, err := c.UpdateOsImage(ctx, imageID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateOsImageHTTPResponse(rsp)
+}
+
 // ListAdminPaymentsWithResponse List payments of every tenant
 //
 // Requires `platform.admin`; newest first.
@@ -23762,6 +28523,187 @@ func (c *ClientWithResponses) CreatePaymentRefundWithResponse(ctx context.Contex
 		return nil, err
 	}
 	return ParseCreatePaymentRefundHTTPResponse(rsp)
+}
+
+// CreateRegionWithBodyWithResponse Create a region
+//
+// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+// region_exists. Making a region the default takes the flag from the previous default.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+func (c *ClientWithResponses) CreateRegionWithBodyWithResponse(ctx context.Context, params *CreateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateRegionHTTPResponse, error) {
+	rsp, err := c.CreateRegionWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateRegionHTTPResponse(rsp)
+}
+
+// CreateRegionWithResponse Create a region
+//
+// Platform admins only (`admin_required`). The code is what nodes carry in their `region`
+// (`^[a-z0-9][a-z0-9-]{0,63}$`). A taken code is 409 `invalid_request` with `details.reason`
+// region_exists. Making a region the default takes the flag from the previous default.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/regions (the `CreateRegion` operationId).
+func (c *ClientWithResponses) CreateRegionWithResponse(ctx context.Context, params *CreateRegionParams, body CreateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRegionHTTPResponse, error) {
+	rsp, err := c.CreateRegion(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateRegionHTTPResponse(rsp)
+}
+
+// UpdateRegionWithBodyWithResponse Change a region
+//
+// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+// not_found. A request that changes nothing writes nothing.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+func (c *ClientWithResponses) UpdateRegionWithBodyWithResponse(ctx context.Context, regionCode string, params *UpdateRegionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateRegionHTTPResponse, error) {
+	rsp, err := c.UpdateRegionWithBody(ctx, regionCode, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateRegionHTTPResponse(rsp)
+}
+
+// UpdateRegionWithResponse Change a region
+//
+// Platform admins only (`admin_required`). Unknown code: 404 `invalid_request` with `details.reason`
+// not_found. A request that changes nothing writes nothing.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/regions/{region_code} (the `UpdateRegion` operationId).
+func (c *ClientWithResponses) UpdateRegionWithResponse(ctx context.Context, regionCode string, params *UpdateRegionParams, body UpdateRegionJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateRegionHTTPResponse, error) {
+	rsp, err := c.UpdateRegion(ctx, regionCode, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateRegionHTTPResponse(rsp)
+}
+
+// ListAdminSkusWithResponse List SKUs (active and inactive)
+//
+// Platform admins only (`admin_required`). Ordered by id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/skus (the `ListAdminSkus` operationId).
+func (c *ClientWithResponses) ListAdminSkusWithResponse(ctx context.Context, params *ListAdminSkusParams, reqEditors ...RequestEditorFn) (*ListAdminSkusHTTPResponse, error) {
+	rsp, err := c.ListAdminSkus(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAdminSkusHTTPResponse(rsp)
+}
+
+// CreateSkuWithBodyWithResponse Create a SKU
+//
+// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+// `invalid_request` with `details.reason` sku_exists.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+func (c *ClientWithResponses) CreateSkuWithBodyWithResponse(ctx context.Context, params *CreateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateSkuHTTPResponse, error) {
+	rsp, err := c.CreateSkuWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSkuHTTPResponse(rsp)
+}
+
+// CreateSkuWithResponse Create a SKU
+//
+// Platform admins only (`admin_required`). The id names the GPU shape and count (`h100-80gb-sxm.1x`:
+// lowercase letters, digits and inner hyphens, a dot, then the GPU count and `x`; at most 64
+// characters) and its count suffix must equal `gpu_count`. Every region must exist. A taken id is 409
+// `invalid_request` with `details.reason` sku_exists.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/skus (the `CreateSku` operationId).
+func (c *ClientWithResponses) CreateSkuWithResponse(ctx context.Context, params *CreateSkuParams, body CreateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateSkuHTTPResponse, error) {
+	rsp, err := c.CreateSku(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateSkuHTTPResponse(rsp)
+}
+
+// DeleteSkuWithResponse Delete a SKU
+//
+// Platform admins only (`admin_required`). Refused with 409 `invalid_request` (`details.reason`
+// sku_in_use) while live allocations use it; deactivate it instead (`active: false`) to stop new
+// launches.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/admin/skus/{sku} (the `DeleteSku` operationId).
+func (c *ClientWithResponses) DeleteSkuWithResponse(ctx context.Context, sku string, params *DeleteSkuParams, reqEditors ...RequestEditorFn) (*DeleteSkuHTTPResponse, error) {
+	rsp, err := c.DeleteSku(ctx, sku, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteSkuHTTPResponse(rsp)
+}
+
+// GetAdminSkuWithResponse Get a SKU
+//
+// Platform admins only (`admin_required`). Unknown id: 404 `sku_not_found`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/skus/{sku} (the `GetAdminSku` operationId).
+func (c *ClientWithResponses) GetAdminSkuWithResponse(ctx context.Context, sku string, params *GetAdminSkuParams, reqEditors ...RequestEditorFn) (*GetAdminSkuHTTPResponse, error) {
+	rsp, err := c.GetAdminSku(ctx, sku, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAdminSkuHTTPResponse(rsp)
+}
+
+// UpdateSkuWithBodyWithResponse Change a SKU
+//
+// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+// change (create another SKU). A request that changes nothing writes nothing.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+func (c *ClientWithResponses) UpdateSkuWithBodyWithResponse(ctx context.Context, sku string, params *UpdateSkuParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateSkuHTTPResponse, error) {
+	rsp, err := c.UpdateSkuWithBody(ctx, sku, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSkuHTTPResponse(rsp)
+}
+
+// UpdateSkuWithResponse Change a SKU
+//
+// Platform admins only (`admin_required`). The GPU model and count are part of the id and cannot
+// change (create another SKU). A request that changes nothing writes nothing.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/skus/{sku} (the `UpdateSku` operationId).
+func (c *ClientWithResponses) UpdateSkuWithResponse(ctx context.Context, sku string, params *UpdateSkuParams, body UpdateSkuJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateSkuHTTPResponse, error) {
+	rsp, err := c.UpdateSku(ctx, sku, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateSkuHTTPResponse(rsp)
 }
 
 // GetFleetTelemetryWithResponse Fleet telemetry
@@ -24187,6 +29129,53 @@ func (c *ClientWithResponses) ListBillingUsageWithResponse(ctx context.Context, 
 		return nil, err
 	}
 	return ParseListBillingUsageHTTPResponse(rsp)
+}
+
+// ListCatalogOsImagesWithResponse List OS images to launch with
+//
+// Active OS images, ordered by name.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/catalog/os-images (the `ListCatalogOsImages` operationId).
+func (c *ClientWithResponses) ListCatalogOsImagesWithResponse(ctx context.Context, params *ListCatalogOsImagesParams, reqEditors ...RequestEditorFn) (*ListCatalogOsImagesHTTPResponse, error) {
+	rsp, err := c.ListCatalogOsImages(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListCatalogOsImagesHTTPResponse(rsp)
+}
+
+// ListCatalogSkusWithResponse List launchable SKUs with price and availability
+//
+// Active SKUs, ordered by id, each with its price per currency under the caller's pricing plan (the
+// tenant's plan, else the default plan; empty when no plan prices the SKU's usage unit) and its live
+// availability in each of its regions, computed from the free GPUs of online, schedulable nodes.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/catalog/skus (the `ListCatalogSkus` operationId).
+func (c *ClientWithResponses) ListCatalogSkusWithResponse(ctx context.Context, params *ListCatalogSkusParams, reqEditors ...RequestEditorFn) (*ListCatalogSkusHTTPResponse, error) {
+	rsp, err := c.ListCatalogSkus(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListCatalogSkusHTTPResponse(rsp)
+}
+
+// GetCatalogSkuWithResponse Get a launchable SKU
+//
+// An unknown or inactive SKU is 404 `sku_not_found`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/catalog/skus/{sku} (the `GetCatalogSku` operationId).
+func (c *ClientWithResponses) GetCatalogSkuWithResponse(ctx context.Context, sku string, params *GetCatalogSkuParams, reqEditors ...RequestEditorFn) (*GetCatalogSkuHTTPResponse, error) {
+	rsp, err := c.GetCatalogSku(ctx, sku, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetCatalogSkuHTTPResponse(rsp)
 }
 
 // ListDepartmentsWithResponse List the departments of the caller's tenant
@@ -24780,6 +29769,22 @@ func (c *ClientWithResponses) GetTenantUserWithResponse(ctx context.Context, use
 		return nil, err
 	}
 	return ParseGetTenantUserHTTPResponse(rsp)
+}
+
+// ListV3RegionsWithResponse List regions
+//
+// Every region with its availability state; `current_region_code` is the default region (null when
+// none).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/v3/regions (the `ListV3Regions` operationId).
+func (c *ClientWithResponses) ListV3RegionsWithResponse(ctx context.Context, params *ListV3RegionsParams, reqEditors ...RequestEditorFn) (*ListV3RegionsHTTPResponse, error) {
+	rsp, err := c.ListV3Regions(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListV3RegionsHTTPResponse(rsp)
 }
 
 // RefreshJWKSWithResponse Force a refresh of the signing-key set
@@ -28720,6 +33725,947 @@ func ParseUncordonNodeHTTPResponse(rsp *http.Response) (*UncordonNodeHTTPRespons
 	return response, nil
 }
 
+// ParseListAdminOsImagesHTTPResponse parses an HTTP response from a ListAdminOsImagesWithResponse call
+func ParseListAdminOsImagesHTTPResponse(rsp *http.Response) (*ListAdminOsImagesHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAdminOsImagesHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest OSImageListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAdminOsImagesHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAdminOsImagesHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAdminOsImagesHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAdminOsImagesHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAdminOsImagesHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAdminOsImagesHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAdminOsImagesHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAdminOsImagesHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateOsImageHTTPResponse parses an HTTP response from a CreateOsImageWithResponse call
+func ParseCreateOsImageHTTPResponse(rsp *http.Response) (*CreateOsImageHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateOsImageHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest OSImage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateOsImageHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateOsImageHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateOsImageHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateOsImageHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateOsImageHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateOsImageHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateOsImageHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateOsImageHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateOsImageHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateOsImageHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteOsImageHTTPResponse parses an HTTP response from a DeleteOsImageWithResponse call
+func ParseDeleteOsImageHTTPResponse(rsp *http.Response) (*DeleteOsImageHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteOsImageHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteOsImageHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteOsImageHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteOsImageHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteOsImageHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteOsImageHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteOsImageHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteOsImageHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteOsImageHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAdminOsImageHTTPResponse parses an HTTP response from a GetAdminOsImageWithResponse call
+func ParseGetAdminOsImageHTTPResponse(rsp *http.Response) (*GetAdminOsImageHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAdminOsImageHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest OSImage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetAdminOsImageHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAdminOsImageHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAdminOsImageHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAdminOsImageHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetAdminOsImageHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAdminOsImageHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetAdminOsImageHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAdminOsImageHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUpdateOsImageHTTPResponse parses an HTTP response from a UpdateOsImageWithResponse call
+func ParseUpdateOsImageHTTPResponse(rsp *http.Response) (*UpdateOsImageHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateOsImageHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest OSImage
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateOsImageHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UpdateOsImageHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateOsImageHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers UpdateOsImageHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateOsImageHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers UpdateOsImageHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateOsImageHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers UpdateOsImageHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers UpdateOsImageHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers UpdateOsImageHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateOsImageHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListAdminPaymentsHTTPResponse parses an HTTP response from a ListAdminPaymentsWithResponse call
 func ParseListAdminPaymentsHTTPResponse(rsp *http.Response) (*ListAdminPaymentsHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -29129,6 +35075,1393 @@ func ParseCreatePaymentRefundHTTPResponse(rsp *http.Response) (*CreatePaymentRef
 		response.Headers502 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreatePaymentRefundHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateRegionHTTPResponse parses an HTTP response from a CreateRegionWithResponse call
+func ParseCreateRegionHTTPResponse(rsp *http.Response) (*CreateRegionHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateRegionHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest V3Region
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateRegionHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateRegionHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateRegionHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateRegionHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateRegionHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateRegionHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateRegionHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateRegionHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateRegionHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateRegionHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUpdateRegionHTTPResponse parses an HTTP response from a UpdateRegionWithResponse call
+func ParseUpdateRegionHTTPResponse(rsp *http.Response) (*UpdateRegionHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateRegionHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest V3Region
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateRegionHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UpdateRegionHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateRegionHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers UpdateRegionHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateRegionHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers UpdateRegionHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateRegionHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers UpdateRegionHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers UpdateRegionHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers UpdateRegionHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateRegionHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAdminSkusHTTPResponse parses an HTTP response from a ListAdminSkusWithResponse call
+func ParseListAdminSkusHTTPResponse(rsp *http.Response) (*ListAdminSkusHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAdminSkusHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SKUListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAdminSkusHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAdminSkusHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAdminSkusHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAdminSkusHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAdminSkusHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAdminSkusHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAdminSkusHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAdminSkusHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateSkuHTTPResponse parses an HTTP response from a CreateSkuWithResponse call
+func ParseCreateSkuHTTPResponse(rsp *http.Response) (*CreateSkuHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateSkuHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest SKU
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateSkuHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateSkuHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateSkuHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateSkuHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateSkuHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateSkuHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateSkuHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateSkuHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateSkuHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateSkuHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteSkuHTTPResponse parses an HTTP response from a DeleteSkuWithResponse call
+func ParseDeleteSkuHTTPResponse(rsp *http.Response) (*DeleteSkuHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteSkuHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteSkuHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteSkuHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteSkuHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteSkuHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers DeleteSkuHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteSkuHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteSkuHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteSkuHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteSkuHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAdminSkuHTTPResponse parses an HTTP response from a GetAdminSkuWithResponse call
+func ParseGetAdminSkuHTTPResponse(rsp *http.Response) (*GetAdminSkuHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAdminSkuHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SKU
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetAdminSkuHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAdminSkuHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAdminSkuHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAdminSkuHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetAdminSkuHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAdminSkuHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetAdminSkuHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAdminSkuHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUpdateSkuHTTPResponse parses an HTTP response from a UpdateSkuWithResponse call
+func ParseUpdateSkuHTTPResponse(rsp *http.Response) (*UpdateSkuHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateSkuHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest SKU
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateSkuHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UpdateSkuHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateSkuHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers UpdateSkuHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateSkuHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers UpdateSkuHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateSkuHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers UpdateSkuHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers UpdateSkuHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers UpdateSkuHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateSkuHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -32867,6 +40200,471 @@ func ParseListBillingUsageHTTPResponse(rsp *http.Response) (*ListBillingUsageHTT
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListBillingUsageHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListCatalogOsImagesHTTPResponse parses an HTTP response from a ListCatalogOsImagesWithResponse call
+func ParseListCatalogOsImagesHTTPResponse(rsp *http.Response) (*ListCatalogOsImagesHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListCatalogOsImagesHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest OSImageListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListCatalogOsImagesHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListCatalogOsImagesHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListCatalogOsImagesHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListCatalogOsImagesHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListCatalogOsImagesHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListCatalogOsImagesHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListCatalogOsImagesHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListCatalogSkusHTTPResponse parses an HTTP response from a ListCatalogSkusWithResponse call
+func ParseListCatalogSkusHTTPResponse(rsp *http.Response) (*ListCatalogSkusHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListCatalogSkusHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CatalogSKUListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListCatalogSkusHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListCatalogSkusHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListCatalogSkusHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListCatalogSkusHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListCatalogSkusHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListCatalogSkusHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListCatalogSkusHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetCatalogSkuHTTPResponse parses an HTTP response from a GetCatalogSkuWithResponse call
+func ParseGetCatalogSkuHTTPResponse(rsp *http.Response) (*GetCatalogSkuHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetCatalogSkuHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest CatalogSKU
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetCatalogSkuHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetCatalogSkuHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetCatalogSkuHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetCatalogSkuHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetCatalogSkuHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetCatalogSkuHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetCatalogSkuHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -38263,6 +46061,144 @@ func ParseGetTenantUserHTTPResponse(rsp *http.Response) (*GetTenantUserHTTPRespo
 	return response, nil
 }
 
+// ParseListV3RegionsHTTPResponse parses an HTTP response from a ListV3RegionsWithResponse call
+func ParseListV3RegionsHTTPResponse(rsp *http.Response) (*ListV3RegionsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListV3RegionsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest V3RegionListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListV3RegionsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListV3RegionsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListV3RegionsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListV3RegionsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListV3RegionsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListV3RegionsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseRefreshJWKSHTTPResponse parses an HTTP response from a RefreshJWKSWithResponse call
 func ParseRefreshJWKSHTTPResponse(rsp *http.Response) (*RefreshJWKSHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -38633,12 +46569,48 @@ type ServerInterface interface {
 	// UncordonNode Uncordon a node
 	// (POST /api/v1/admin/nodes/{node_id}/uncordon)
 	UncordonNode(w http.ResponseWriter, r *http.Request, nodeID openapi_types.UUID, params UncordonNodeParams)
+	// ListAdminOsImages List OS images
+	// (GET /api/v1/admin/os-images)
+	ListAdminOsImages(w http.ResponseWriter, r *http.Request, params ListAdminOsImagesParams)
+	// CreateOsImage Create an OS image
+	// (POST /api/v1/admin/os-images)
+	CreateOsImage(w http.ResponseWriter, r *http.Request, params CreateOsImageParams)
+	// DeleteOsImage Delete an OS image
+	// (DELETE /api/v1/admin/os-images/{image_id})
+	DeleteOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params DeleteOsImageParams)
+	// GetAdminOsImage Get an OS image
+	// (GET /api/v1/admin/os-images/{image_id})
+	GetAdminOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params GetAdminOsImageParams)
+	// UpdateOsImage Change an OS image
+	// (PATCH /api/v1/admin/os-images/{image_id})
+	UpdateOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params UpdateOsImageParams)
 	// ListAdminPayments List payments of every tenant
 	// (GET /api/v1/admin/payments)
 	ListAdminPayments(w http.ResponseWriter, r *http.Request, params ListAdminPaymentsParams)
 	// CreatePaymentRefund Refund (part of) a captured payment
 	// (POST /api/v1/admin/payments/{payment_id}/refunds)
 	CreatePaymentRefund(w http.ResponseWriter, r *http.Request, paymentID openapi_types.UUID, params CreatePaymentRefundParams)
+	// CreateRegion Create a region
+	// (POST /api/v1/admin/regions)
+	CreateRegion(w http.ResponseWriter, r *http.Request, params CreateRegionParams)
+	// UpdateRegion Change a region
+	// (PATCH /api/v1/admin/regions/{region_code})
+	UpdateRegion(w http.ResponseWriter, r *http.Request, regionCode string, params UpdateRegionParams)
+	// ListAdminSkus List SKUs (active and inactive)
+	// (GET /api/v1/admin/skus)
+	ListAdminSkus(w http.ResponseWriter, r *http.Request, params ListAdminSkusParams)
+	// CreateSku Create a SKU
+	// (POST /api/v1/admin/skus)
+	CreateSku(w http.ResponseWriter, r *http.Request, params CreateSkuParams)
+	// DeleteSku Delete a SKU
+	// (DELETE /api/v1/admin/skus/{sku})
+	DeleteSku(w http.ResponseWriter, r *http.Request, sku string, params DeleteSkuParams)
+	// GetAdminSku Get a SKU
+	// (GET /api/v1/admin/skus/{sku})
+	GetAdminSku(w http.ResponseWriter, r *http.Request, sku string, params GetAdminSkuParams)
+	// UpdateSku Change a SKU
+	// (PATCH /api/v1/admin/skus/{sku})
+	UpdateSku(w http.ResponseWriter, r *http.Request, sku string, params UpdateSkuParams)
 	// GetFleetTelemetry Fleet telemetry
 	// (GET /api/v1/admin/telemetry/fleet)
 	GetFleetTelemetry(w http.ResponseWriter, r *http.Request, params GetFleetTelemetryParams)
@@ -38699,6 +46671,15 @@ type ServerInterface interface {
 	// ListBillingUsage Rated usage lines of the caller's tenant
 	// (GET /api/v1/billing/usage)
 	ListBillingUsage(w http.ResponseWriter, r *http.Request, params ListBillingUsageParams)
+	// ListCatalogOsImages List OS images to launch with
+	// (GET /api/v1/catalog/os-images)
+	ListCatalogOsImages(w http.ResponseWriter, r *http.Request, params ListCatalogOsImagesParams)
+	// ListCatalogSkus List launchable SKUs with price and availability
+	// (GET /api/v1/catalog/skus)
+	ListCatalogSkus(w http.ResponseWriter, r *http.Request, params ListCatalogSkusParams)
+	// GetCatalogSku Get a launchable SKU
+	// (GET /api/v1/catalog/skus/{sku})
+	GetCatalogSku(w http.ResponseWriter, r *http.Request, sku string, params GetCatalogSkuParams)
 	// ListDepartments List the departments of the caller's tenant
 	// (GET /api/v1/departments)
 	ListDepartments(w http.ResponseWriter, r *http.Request, params ListDepartmentsParams)
@@ -38789,6 +46770,9 @@ type ServerInterface interface {
 	// GetTenantUser Get a user of the caller's tenant
 	// (GET /api/v1/users/{user_id})
 	GetTenantUser(w http.ResponseWriter, r *http.Request, userID openapi_types.UUID, params GetTenantUserParams)
+	// ListV3Regions List regions
+	// (GET /api/v1/v3/regions)
+	ListV3Regions(w http.ResponseWriter, r *http.Request, params ListV3RegionsParams)
 	// RefreshJWKS Force a refresh of the signing-key set
 	// (POST /internal/auth/jwks/refresh)
 	RefreshJWKS(w http.ResponseWriter, r *http.Request, params RefreshJWKSParams)
@@ -38924,6 +46908,36 @@ func (_ Unimplemented) UncordonNode(w http.ResponseWriter, r *http.Request, node
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListAdminOsImages List OS images
+// (GET /api/v1/admin/os-images)
+func (_ Unimplemented) ListAdminOsImages(w http.ResponseWriter, r *http.Request, params ListAdminOsImagesParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateOsImage Create an OS image
+// (POST /api/v1/admin/os-images)
+func (_ Unimplemented) CreateOsImage(w http.ResponseWriter, r *http.Request, params CreateOsImageParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteOsImage Delete an OS image
+// (DELETE /api/v1/admin/os-images/{image_id})
+func (_ Unimplemented) DeleteOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params DeleteOsImageParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetAdminOsImage Get an OS image
+// (GET /api/v1/admin/os-images/{image_id})
+func (_ Unimplemented) GetAdminOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params GetAdminOsImageParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// UpdateOsImage Change an OS image
+// (PATCH /api/v1/admin/os-images/{image_id})
+func (_ Unimplemented) UpdateOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params UpdateOsImageParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListAdminPayments List payments of every tenant
 // (GET /api/v1/admin/payments)
 func (_ Unimplemented) ListAdminPayments(w http.ResponseWriter, r *http.Request, params ListAdminPaymentsParams) {
@@ -38933,6 +46947,48 @@ func (_ Unimplemented) ListAdminPayments(w http.ResponseWriter, r *http.Request,
 // CreatePaymentRefund Refund (part of) a captured payment
 // (POST /api/v1/admin/payments/{payment_id}/refunds)
 func (_ Unimplemented) CreatePaymentRefund(w http.ResponseWriter, r *http.Request, paymentID openapi_types.UUID, params CreatePaymentRefundParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateRegion Create a region
+// (POST /api/v1/admin/regions)
+func (_ Unimplemented) CreateRegion(w http.ResponseWriter, r *http.Request, params CreateRegionParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// UpdateRegion Change a region
+// (PATCH /api/v1/admin/regions/{region_code})
+func (_ Unimplemented) UpdateRegion(w http.ResponseWriter, r *http.Request, regionCode string, params UpdateRegionParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAdminSkus List SKUs (active and inactive)
+// (GET /api/v1/admin/skus)
+func (_ Unimplemented) ListAdminSkus(w http.ResponseWriter, r *http.Request, params ListAdminSkusParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateSku Create a SKU
+// (POST /api/v1/admin/skus)
+func (_ Unimplemented) CreateSku(w http.ResponseWriter, r *http.Request, params CreateSkuParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteSku Delete a SKU
+// (DELETE /api/v1/admin/skus/{sku})
+func (_ Unimplemented) DeleteSku(w http.ResponseWriter, r *http.Request, sku string, params DeleteSkuParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetAdminSku Get a SKU
+// (GET /api/v1/admin/skus/{sku})
+func (_ Unimplemented) GetAdminSku(w http.ResponseWriter, r *http.Request, sku string, params GetAdminSkuParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// UpdateSku Change a SKU
+// (PATCH /api/v1/admin/skus/{sku})
+func (_ Unimplemented) UpdateSku(w http.ResponseWriter, r *http.Request, sku string, params UpdateSkuParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -39053,6 +47109,24 @@ func (_ Unimplemented) GetBillingCurrencySettings(w http.ResponseWriter, r *http
 // ListBillingUsage Rated usage lines of the caller's tenant
 // (GET /api/v1/billing/usage)
 func (_ Unimplemented) ListBillingUsage(w http.ResponseWriter, r *http.Request, params ListBillingUsageParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListCatalogOsImages List OS images to launch with
+// (GET /api/v1/catalog/os-images)
+func (_ Unimplemented) ListCatalogOsImages(w http.ResponseWriter, r *http.Request, params ListCatalogOsImagesParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListCatalogSkus List launchable SKUs with price and availability
+// (GET /api/v1/catalog/skus)
+func (_ Unimplemented) ListCatalogSkus(w http.ResponseWriter, r *http.Request, params ListCatalogSkusParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetCatalogSku Get a launchable SKU
+// (GET /api/v1/catalog/skus/{sku})
+func (_ Unimplemented) GetCatalogSku(w http.ResponseWriter, r *http.Request, sku string, params GetCatalogSkuParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -39233,6 +47307,12 @@ func (_ Unimplemented) CreateTenantUser(w http.ResponseWriter, r *http.Request, 
 // GetTenantUser Get a user of the caller's tenant
 // (GET /api/v1/users/{user_id})
 func (_ Unimplemented) GetTenantUser(w http.ResponseWriter, r *http.Request, userID openapi_types.UUID, params GetTenantUserParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListV3Regions List regions
+// (GET /api/v1/v3/regions)
+func (_ Unimplemented) ListV3Regions(w http.ResponseWriter, r *http.Request, params ListV3RegionsParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -40381,6 +48461,283 @@ func (siw *ServerInterfaceWrapper) UncordonNode(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// ListAdminOsImages operation middleware
+func (siw *ServerInterfaceWrapper) ListAdminOsImages(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAdminOsImagesParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAdminOsImages(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateOsImage operation middleware
+func (siw *ServerInterfaceWrapper) CreateOsImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateOsImageParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateOsImage(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteOsImage operation middleware
+func (siw *ServerInterfaceWrapper) DeleteOsImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "image_id" -------------
+	var imageID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "image_id", chi.URLParam(r, "image_id"), &imageID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "image_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteOsImageParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteOsImage(w, r, imageID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetAdminOsImage operation middleware
+func (siw *ServerInterfaceWrapper) GetAdminOsImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "image_id" -------------
+	var imageID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "image_id", chi.URLParam(r, "image_id"), &imageID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "image_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetAdminOsImageParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetAdminOsImage(w, r, imageID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateOsImage operation middleware
+func (siw *ServerInterfaceWrapper) UpdateOsImage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "image_id" -------------
+	var imageID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "image_id", chi.URLParam(r, "image_id"), &imageID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "image_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateOsImageParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateOsImage(w, r, imageID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListAdminPayments operation middleware
 func (siw *ServerInterfaceWrapper) ListAdminPayments(w http.ResponseWriter, r *http.Request) {
 
@@ -40534,6 +48891,393 @@ func (siw *ServerInterfaceWrapper) CreatePaymentRefund(w http.ResponseWriter, r 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.CreatePaymentRefund(w, r, paymentID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateRegion operation middleware
+func (siw *ServerInterfaceWrapper) CreateRegion(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateRegionParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateRegion(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateRegion operation middleware
+func (siw *ServerInterfaceWrapper) UpdateRegion(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "region_code" -------------
+	var regionCode string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "region_code", chi.URLParam(r, "region_code"), &regionCode, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "region_code", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateRegionParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateRegion(w, r, regionCode, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAdminSkus operation middleware
+func (siw *ServerInterfaceWrapper) ListAdminSkus(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAdminSkusParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAdminSkus(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateSku operation middleware
+func (siw *ServerInterfaceWrapper) CreateSku(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateSkuParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateSku(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteSku operation middleware
+func (siw *ServerInterfaceWrapper) DeleteSku(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sku" -------------
+	var sku string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sku", chi.URLParam(r, "sku"), &sku, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sku", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteSkuParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteSku(w, r, sku, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetAdminSku operation middleware
+func (siw *ServerInterfaceWrapper) GetAdminSku(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sku" -------------
+	var sku string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sku", chi.URLParam(r, "sku"), &sku, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sku", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetAdminSkuParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetAdminSku(w, r, sku, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateSku operation middleware
+func (siw *ServerInterfaceWrapper) UpdateSku(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sku" -------------
+	var sku string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sku", chi.URLParam(r, "sku"), &sku, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sku", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateSkuParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateSku(w, r, sku, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -41589,6 +50333,190 @@ func (siw *ServerInterfaceWrapper) ListBillingUsage(w http.ResponseWriter, r *ht
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListBillingUsage(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListCatalogOsImages operation middleware
+func (siw *ServerInterfaceWrapper) ListCatalogOsImages(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListCatalogOsImagesParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListCatalogOsImages(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListCatalogSkus operation middleware
+func (siw *ServerInterfaceWrapper) ListCatalogSkus(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListCatalogSkusParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListCatalogSkus(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetCatalogSku operation middleware
+func (siw *ServerInterfaceWrapper) GetCatalogSku(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "sku" -------------
+	var sku string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "sku", chi.URLParam(r, "sku"), &sku, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "sku", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetCatalogSkuParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetCatalogSku(w, r, sku, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -43261,6 +52189,47 @@ func (siw *ServerInterfaceWrapper) GetTenantUser(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// ListV3Regions operation middleware
+func (siw *ServerInterfaceWrapper) ListV3Regions(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListV3RegionsParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListV3Regions(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // RefreshJWKS operation middleware
 func (siw *ServerInterfaceWrapper) RefreshJWKS(w http.ResponseWriter, r *http.Request) {
 
@@ -43721,6 +52690,54 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/admin/billing/pricing-plans/{plan_id}/versions", wrapper.CreateBillingPricingPlanVersion)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/skus", wrapper.ListAdminSkus)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/admin/skus", wrapper.CreateSku)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/admin/skus/{sku}", wrapper.DeleteSku)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/skus/{sku}", wrapper.GetAdminSku)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/api/v1/admin/skus/{sku}", wrapper.UpdateSku)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/os-images", wrapper.ListAdminOsImages)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/admin/os-images", wrapper.CreateOsImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/admin/os-images/{image_id}", wrapper.DeleteOsImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/os-images/{image_id}", wrapper.GetAdminOsImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/api/v1/admin/os-images/{image_id}", wrapper.UpdateOsImage)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/admin/regions", wrapper.CreateRegion)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/api/v1/admin/regions/{region_code}", wrapper.UpdateRegion)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/catalog/skus", wrapper.ListCatalogSkus)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/catalog/skus/{sku}", wrapper.GetCatalogSku)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/catalog/os-images", wrapper.ListCatalogOsImages)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/v3/regions", wrapper.ListV3Regions)
 	})
 
 	return r
@@ -47453,6 +56470,873 @@ func (response UncordonNode503JSONResponse) VisitUncordonNodeResponse(w http.Res
 	return err
 }
 
+type ListAdminOsImagesRequestObject struct {
+	Params ListAdminOsImagesParams
+}
+
+type ListAdminOsImagesResponseObject interface {
+	VisitListAdminOsImagesResponse(w http.ResponseWriter) error
+}
+
+type ListAdminOsImages200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAdminOsImages200JSONResponse struct {
+	Body    OSImageListResponse
+	Headers ListAdminOsImages200ResponseHeaders
+}
+
+func (response ListAdminOsImages200JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAdminOsImages400JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAdminOsImages401JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAdminOsImages403JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAdminOsImages422JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAdminOsImages429JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAdminOsImages500JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminOsImages503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAdminOsImages503JSONResponse) VisitListAdminOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImageRequestObject struct {
+	Params CreateOsImageParams
+	Body   *CreateOsImageJSONRequestBody
+}
+
+type CreateOsImageResponseObject interface {
+	VisitCreateOsImageResponse(w http.ResponseWriter) error
+}
+
+type CreateOsImage201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateOsImage201JSONResponse struct {
+	Body    OSImage
+	Headers CreateOsImage201ResponseHeaders
+}
+
+func (response CreateOsImage201JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateOsImage400JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateOsImage401JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateOsImage403JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateOsImage409JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateOsImage413JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateOsImage422JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateOsImage429JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateOsImage500JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateOsImage503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateOsImage503JSONResponse) VisitCreateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImageRequestObject struct {
+	ImageID openapi_types.UUID `json:"image_id"`
+	Params  DeleteOsImageParams
+}
+
+type DeleteOsImageResponseObject interface {
+	VisitDeleteOsImageResponse(w http.ResponseWriter) error
+}
+
+type DeleteOsImage204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteOsImage204Response struct {
+	Headers DeleteOsImage204ResponseHeaders
+}
+
+func (response DeleteOsImage204Response) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteOsImage401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteOsImage401JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImage403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteOsImage403JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImage404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteOsImage404JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImage422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteOsImage422JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImage429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteOsImage429JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImage500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteOsImage500JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteOsImage503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteOsImage503JSONResponse) VisitDeleteOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImageRequestObject struct {
+	ImageID openapi_types.UUID `json:"image_id"`
+	Params  GetAdminOsImageParams
+}
+
+type GetAdminOsImageResponseObject interface {
+	VisitGetAdminOsImageResponse(w http.ResponseWriter) error
+}
+
+type GetAdminOsImage200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetAdminOsImage200JSONResponse struct {
+	Body    OSImage
+	Headers GetAdminOsImage200ResponseHeaders
+}
+
+func (response GetAdminOsImage200JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetAdminOsImage401JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetAdminOsImage403JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetAdminOsImage404JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetAdminOsImage422JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetAdminOsImage429JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetAdminOsImage500JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminOsImage503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetAdminOsImage503JSONResponse) VisitGetAdminOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImageRequestObject struct {
+	ImageID openapi_types.UUID `json:"image_id"`
+	Params  UpdateOsImageParams
+	Body    *UpdateOsImageJSONRequestBody
+}
+
+type UpdateOsImageResponseObject interface {
+	VisitUpdateOsImageResponse(w http.ResponseWriter) error
+}
+
+type UpdateOsImage200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type UpdateOsImage200JSONResponse struct {
+	Body    OSImage
+	Headers UpdateOsImage200ResponseHeaders
+}
+
+func (response UpdateOsImage200JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response UpdateOsImage400JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response UpdateOsImage401JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response UpdateOsImage403JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response UpdateOsImage404JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage409JSONResponse struct{ ConflictJSONResponse }
+
+func (response UpdateOsImage409JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateOsImage413JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response UpdateOsImage422JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response UpdateOsImage429JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response UpdateOsImage500JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateOsImage503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response UpdateOsImage503JSONResponse) VisitUpdateOsImageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListAdminPaymentsRequestObject struct {
 	Params ListAdminPaymentsParams
 }
@@ -47837,6 +57721,1292 @@ func (response CreatePaymentRefund502JSONResponse) VisitCreatePaymentRefundRespo
 type CreatePaymentRefund503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response CreatePaymentRefund503JSONResponse) VisitCreatePaymentRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegionRequestObject struct {
+	Params CreateRegionParams
+	Body   *CreateRegionJSONRequestBody
+}
+
+type CreateRegionResponseObject interface {
+	VisitCreateRegionResponse(w http.ResponseWriter) error
+}
+
+type CreateRegion201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateRegion201JSONResponse struct {
+	Body    V3Region
+	Headers CreateRegion201ResponseHeaders
+}
+
+func (response CreateRegion201JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateRegion400JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateRegion401JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateRegion403JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateRegion409JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateRegion413JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateRegion422JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateRegion429JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateRegion500JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateRegion503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateRegion503JSONResponse) VisitCreateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegionRequestObject struct {
+	RegionCode string `json:"region_code"`
+	Params     UpdateRegionParams
+	Body       *UpdateRegionJSONRequestBody
+}
+
+type UpdateRegionResponseObject interface {
+	VisitUpdateRegionResponse(w http.ResponseWriter) error
+}
+
+type UpdateRegion200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type UpdateRegion200JSONResponse struct {
+	Body    V3Region
+	Headers UpdateRegion200ResponseHeaders
+}
+
+func (response UpdateRegion200JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response UpdateRegion400JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response UpdateRegion401JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response UpdateRegion403JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response UpdateRegion404JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion409JSONResponse struct{ ConflictJSONResponse }
+
+func (response UpdateRegion409JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateRegion413JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response UpdateRegion422JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response UpdateRegion429JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response UpdateRegion500JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateRegion503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response UpdateRegion503JSONResponse) VisitUpdateRegionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkusRequestObject struct {
+	Params ListAdminSkusParams
+}
+
+type ListAdminSkusResponseObject interface {
+	VisitListAdminSkusResponse(w http.ResponseWriter) error
+}
+
+type ListAdminSkus200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAdminSkus200JSONResponse struct {
+	Body    SKUListResponse
+	Headers ListAdminSkus200ResponseHeaders
+}
+
+func (response ListAdminSkus200JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAdminSkus400JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAdminSkus401JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAdminSkus403JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAdminSkus422JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAdminSkus429JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAdminSkus500JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminSkus503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAdminSkus503JSONResponse) VisitListAdminSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSkuRequestObject struct {
+	Params CreateSkuParams
+	Body   *CreateSkuJSONRequestBody
+}
+
+type CreateSkuResponseObject interface {
+	VisitCreateSkuResponse(w http.ResponseWriter) error
+}
+
+type CreateSku201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateSku201JSONResponse struct {
+	Body    SKU
+	Headers CreateSku201ResponseHeaders
+}
+
+func (response CreateSku201JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateSku400JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateSku401JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateSku403JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateSku409JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateSku413JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateSku422JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateSku429JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateSku500JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateSku503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateSku503JSONResponse) VisitCreateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSkuRequestObject struct {
+	Sku    string `json:"sku"`
+	Params DeleteSkuParams
+}
+
+type DeleteSkuResponseObject interface {
+	VisitDeleteSkuResponse(w http.ResponseWriter) error
+}
+
+type DeleteSku204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteSku204Response struct {
+	Headers DeleteSku204ResponseHeaders
+}
+
+func (response DeleteSku204Response) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteSku401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteSku401JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteSku403JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteSku404JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku409JSONResponse struct{ ConflictJSONResponse }
+
+func (response DeleteSku409JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteSku422JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteSku429JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteSku500JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteSku503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteSku503JSONResponse) VisitDeleteSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSkuRequestObject struct {
+	Sku    string `json:"sku"`
+	Params GetAdminSkuParams
+}
+
+type GetAdminSkuResponseObject interface {
+	VisitGetAdminSkuResponse(w http.ResponseWriter) error
+}
+
+type GetAdminSku200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetAdminSku200JSONResponse struct {
+	Body    SKU
+	Headers GetAdminSku200ResponseHeaders
+}
+
+func (response GetAdminSku200JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetAdminSku401JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetAdminSku403JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetAdminSku404JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetAdminSku422JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetAdminSku429JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetAdminSku500JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminSku503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetAdminSku503JSONResponse) VisitGetAdminSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSkuRequestObject struct {
+	Sku    string `json:"sku"`
+	Params UpdateSkuParams
+	Body   *UpdateSkuJSONRequestBody
+}
+
+type UpdateSkuResponseObject interface {
+	VisitUpdateSkuResponse(w http.ResponseWriter) error
+}
+
+type UpdateSku200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type UpdateSku200JSONResponse struct {
+	Body    SKU
+	Headers UpdateSku200ResponseHeaders
+}
+
+func (response UpdateSku200JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response UpdateSku400JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response UpdateSku401JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response UpdateSku403JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response UpdateSku404JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku409JSONResponse struct{ ConflictJSONResponse }
+
+func (response UpdateSku409JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateSku413JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response UpdateSku422JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response UpdateSku429JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response UpdateSku500JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateSku503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response UpdateSku503JSONResponse) VisitUpdateSkuResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -51282,6 +62452,427 @@ func (response ListBillingUsage500JSONResponse) VisitListBillingUsageResponse(w 
 type ListBillingUsage503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response ListBillingUsage503JSONResponse) VisitListBillingUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImagesRequestObject struct {
+	Params ListCatalogOsImagesParams
+}
+
+type ListCatalogOsImagesResponseObject interface {
+	VisitListCatalogOsImagesResponse(w http.ResponseWriter) error
+}
+
+type ListCatalogOsImages200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListCatalogOsImages200JSONResponse struct {
+	Body    OSImageListResponse
+	Headers ListCatalogOsImages200ResponseHeaders
+}
+
+func (response ListCatalogOsImages200JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImages400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListCatalogOsImages400JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImages401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListCatalogOsImages401JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImages422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListCatalogOsImages422JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImages429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListCatalogOsImages429JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImages500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListCatalogOsImages500JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogOsImages503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListCatalogOsImages503JSONResponse) VisitListCatalogOsImagesResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkusRequestObject struct {
+	Params ListCatalogSkusParams
+}
+
+type ListCatalogSkusResponseObject interface {
+	VisitListCatalogSkusResponse(w http.ResponseWriter) error
+}
+
+type ListCatalogSkus200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListCatalogSkus200JSONResponse struct {
+	Body    CatalogSKUListResponse
+	Headers ListCatalogSkus200ResponseHeaders
+}
+
+func (response ListCatalogSkus200JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkus400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListCatalogSkus400JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkus401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListCatalogSkus401JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkus422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListCatalogSkus422JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkus429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListCatalogSkus429JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkus500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListCatalogSkus500JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListCatalogSkus503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListCatalogSkus503JSONResponse) VisitListCatalogSkusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSkuRequestObject struct {
+	Sku    string `json:"sku"`
+	Params GetCatalogSkuParams
+}
+
+type GetCatalogSkuResponseObject interface {
+	VisitGetCatalogSkuResponse(w http.ResponseWriter) error
+}
+
+type GetCatalogSku200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetCatalogSku200JSONResponse struct {
+	Body    CatalogSKU
+	Headers GetCatalogSku200ResponseHeaders
+}
+
+func (response GetCatalogSku200JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSku401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetCatalogSku401JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSku404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetCatalogSku404JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSku422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetCatalogSku422JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSku429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetCatalogSku429JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSku500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetCatalogSku500JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetCatalogSku503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetCatalogSku503JSONResponse) VisitGetCatalogSkuResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -56257,6 +67848,129 @@ func (response GetTenantUser503JSONResponse) VisitGetTenantUserResponse(w http.R
 	return err
 }
 
+type ListV3RegionsRequestObject struct {
+	Params ListV3RegionsParams
+}
+
+type ListV3RegionsResponseObject interface {
+	VisitListV3RegionsResponse(w http.ResponseWriter) error
+}
+
+type ListV3Regions200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListV3Regions200JSONResponse struct {
+	Body    V3RegionListResponse
+	Headers ListV3Regions200ResponseHeaders
+}
+
+func (response ListV3Regions200JSONResponse) VisitListV3RegionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListV3Regions401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListV3Regions401JSONResponse) VisitListV3RegionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListV3Regions422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListV3Regions422JSONResponse) VisitListV3RegionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListV3Regions429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListV3Regions429JSONResponse) VisitListV3RegionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListV3Regions500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListV3Regions500JSONResponse) VisitListV3RegionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListV3Regions503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListV3Regions503JSONResponse) VisitListV3RegionsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type RefreshJWKSRequestObject struct {
 	Params RefreshJWKSParams
 }
@@ -56601,12 +68315,48 @@ type StrictServerInterface interface {
 	// UncordonNode Uncordon a node
 	// (POST /api/v1/admin/nodes/{node_id}/uncordon)
 	UncordonNode(ctx context.Context, request UncordonNodeRequestObject) (UncordonNodeResponseObject, error)
+	// ListAdminOsImages List OS images
+	// (GET /api/v1/admin/os-images)
+	ListAdminOsImages(ctx context.Context, request ListAdminOsImagesRequestObject) (ListAdminOsImagesResponseObject, error)
+	// CreateOsImage Create an OS image
+	// (POST /api/v1/admin/os-images)
+	CreateOsImage(ctx context.Context, request CreateOsImageRequestObject) (CreateOsImageResponseObject, error)
+	// DeleteOsImage Delete an OS image
+	// (DELETE /api/v1/admin/os-images/{image_id})
+	DeleteOsImage(ctx context.Context, request DeleteOsImageRequestObject) (DeleteOsImageResponseObject, error)
+	// GetAdminOsImage Get an OS image
+	// (GET /api/v1/admin/os-images/{image_id})
+	GetAdminOsImage(ctx context.Context, request GetAdminOsImageRequestObject) (GetAdminOsImageResponseObject, error)
+	// UpdateOsImage Change an OS image
+	// (PATCH /api/v1/admin/os-images/{image_id})
+	UpdateOsImage(ctx context.Context, request UpdateOsImageRequestObject) (UpdateOsImageResponseObject, error)
 	// ListAdminPayments List payments of every tenant
 	// (GET /api/v1/admin/payments)
 	ListAdminPayments(ctx context.Context, request ListAdminPaymentsRequestObject) (ListAdminPaymentsResponseObject, error)
 	// CreatePaymentRefund Refund (part of) a captured payment
 	// (POST /api/v1/admin/payments/{payment_id}/refunds)
 	CreatePaymentRefund(ctx context.Context, request CreatePaymentRefundRequestObject) (CreatePaymentRefundResponseObject, error)
+	// CreateRegion Create a region
+	// (POST /api/v1/admin/regions)
+	CreateRegion(ctx context.Context, request CreateRegionRequestObject) (CreateRegionResponseObject, error)
+	// UpdateRegion Change a region
+	// (PATCH /api/v1/admin/regions/{region_code})
+	UpdateRegion(ctx context.Context, request UpdateRegionRequestObject) (UpdateRegionResponseObject, error)
+	// ListAdminSkus List SKUs (active and inactive)
+	// (GET /api/v1/admin/skus)
+	ListAdminSkus(ctx context.Context, request ListAdminSkusRequestObject) (ListAdminSkusResponseObject, error)
+	// CreateSku Create a SKU
+	// (POST /api/v1/admin/skus)
+	CreateSku(ctx context.Context, request CreateSkuRequestObject) (CreateSkuResponseObject, error)
+	// DeleteSku Delete a SKU
+	// (DELETE /api/v1/admin/skus/{sku})
+	DeleteSku(ctx context.Context, request DeleteSkuRequestObject) (DeleteSkuResponseObject, error)
+	// GetAdminSku Get a SKU
+	// (GET /api/v1/admin/skus/{sku})
+	GetAdminSku(ctx context.Context, request GetAdminSkuRequestObject) (GetAdminSkuResponseObject, error)
+	// UpdateSku Change a SKU
+	// (PATCH /api/v1/admin/skus/{sku})
+	UpdateSku(ctx context.Context, request UpdateSkuRequestObject) (UpdateSkuResponseObject, error)
 	// GetFleetTelemetry Fleet telemetry
 	// (GET /api/v1/admin/telemetry/fleet)
 	GetFleetTelemetry(ctx context.Context, request GetFleetTelemetryRequestObject) (GetFleetTelemetryResponseObject, error)
@@ -56667,6 +68417,15 @@ type StrictServerInterface interface {
 	// ListBillingUsage Rated usage lines of the caller's tenant
 	// (GET /api/v1/billing/usage)
 	ListBillingUsage(ctx context.Context, request ListBillingUsageRequestObject) (ListBillingUsageResponseObject, error)
+	// ListCatalogOsImages List OS images to launch with
+	// (GET /api/v1/catalog/os-images)
+	ListCatalogOsImages(ctx context.Context, request ListCatalogOsImagesRequestObject) (ListCatalogOsImagesResponseObject, error)
+	// ListCatalogSkus List launchable SKUs with price and availability
+	// (GET /api/v1/catalog/skus)
+	ListCatalogSkus(ctx context.Context, request ListCatalogSkusRequestObject) (ListCatalogSkusResponseObject, error)
+	// GetCatalogSku Get a launchable SKU
+	// (GET /api/v1/catalog/skus/{sku})
+	GetCatalogSku(ctx context.Context, request GetCatalogSkuRequestObject) (GetCatalogSkuResponseObject, error)
 	// ListDepartments List the departments of the caller's tenant
 	// (GET /api/v1/departments)
 	ListDepartments(ctx context.Context, request ListDepartmentsRequestObject) (ListDepartmentsResponseObject, error)
@@ -56757,6 +68516,9 @@ type StrictServerInterface interface {
 	// GetTenantUser Get a user of the caller's tenant
 	// (GET /api/v1/users/{user_id})
 	GetTenantUser(ctx context.Context, request GetTenantUserRequestObject) (GetTenantUserResponseObject, error)
+	// ListV3Regions List regions
+	// (GET /api/v1/v3/regions)
+	ListV3Regions(ctx context.Context, request ListV3RegionsRequestObject) (ListV3RegionsResponseObject, error)
 	// RefreshJWKS Force a refresh of the signing-key set
 	// (POST /internal/auth/jwks/refresh)
 	RefreshJWKS(ctx context.Context, request RefreshJWKSRequestObject) (RefreshJWKSResponseObject, error)
@@ -57394,6 +69156,153 @@ func (sh *strictHandler) UncordonNode(w http.ResponseWriter, r *http.Request, no
 	}
 }
 
+// ListAdminOsImages operation middleware
+func (sh *strictHandler) ListAdminOsImages(w http.ResponseWriter, r *http.Request, params ListAdminOsImagesParams) {
+	var request ListAdminOsImagesRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAdminOsImages(ctx, request.(ListAdminOsImagesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAdminOsImages")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAdminOsImagesResponseObject); ok {
+		if err := validResponse.VisitListAdminOsImagesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateOsImage operation middleware
+func (sh *strictHandler) CreateOsImage(w http.ResponseWriter, r *http.Request, params CreateOsImageParams) {
+	var request CreateOsImageRequestObject
+
+	request.Params = params
+
+	var body CreateOsImageJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateOsImage(ctx, request.(CreateOsImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateOsImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateOsImageResponseObject); ok {
+		if err := validResponse.VisitCreateOsImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteOsImage operation middleware
+func (sh *strictHandler) DeleteOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params DeleteOsImageParams) {
+	var request DeleteOsImageRequestObject
+
+	request.ImageID = imageID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteOsImage(ctx, request.(DeleteOsImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteOsImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteOsImageResponseObject); ok {
+		if err := validResponse.VisitDeleteOsImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetAdminOsImage operation middleware
+func (sh *strictHandler) GetAdminOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params GetAdminOsImageParams) {
+	var request GetAdminOsImageRequestObject
+
+	request.ImageID = imageID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetAdminOsImage(ctx, request.(GetAdminOsImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetAdminOsImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetAdminOsImageResponseObject); ok {
+		if err := validResponse.VisitGetAdminOsImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateOsImage operation middleware
+func (sh *strictHandler) UpdateOsImage(w http.ResponseWriter, r *http.Request, imageID openapi_types.UUID, params UpdateOsImageParams) {
+	var request UpdateOsImageRequestObject
+
+	request.ImageID = imageID
+	request.Params = params
+
+	var body UpdateOsImageJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateOsImage(ctx, request.(UpdateOsImageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateOsImage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateOsImageResponseObject); ok {
+		if err := validResponse.VisitUpdateOsImageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListAdminPayments operation middleware
 func (sh *strictHandler) ListAdminPayments(w http.ResponseWriter, r *http.Request, params ListAdminPaymentsParams) {
 	var request ListAdminPaymentsRequestObject
@@ -57447,6 +69356,220 @@ func (sh *strictHandler) CreatePaymentRefund(w http.ResponseWriter, r *http.Requ
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(CreatePaymentRefundResponseObject); ok {
 		if err := validResponse.VisitCreatePaymentRefundResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateRegion operation middleware
+func (sh *strictHandler) CreateRegion(w http.ResponseWriter, r *http.Request, params CreateRegionParams) {
+	var request CreateRegionRequestObject
+
+	request.Params = params
+
+	var body CreateRegionJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateRegion(ctx, request.(CreateRegionRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateRegion")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateRegionResponseObject); ok {
+		if err := validResponse.VisitCreateRegionResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateRegion operation middleware
+func (sh *strictHandler) UpdateRegion(w http.ResponseWriter, r *http.Request, regionCode string, params UpdateRegionParams) {
+	var request UpdateRegionRequestObject
+
+	request.RegionCode = regionCode
+	request.Params = params
+
+	var body UpdateRegionJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateRegion(ctx, request.(UpdateRegionRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateRegion")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateRegionResponseObject); ok {
+		if err := validResponse.VisitUpdateRegionResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAdminSkus operation middleware
+func (sh *strictHandler) ListAdminSkus(w http.ResponseWriter, r *http.Request, params ListAdminSkusParams) {
+	var request ListAdminSkusRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAdminSkus(ctx, request.(ListAdminSkusRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAdminSkus")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAdminSkusResponseObject); ok {
+		if err := validResponse.VisitListAdminSkusResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateSku operation middleware
+func (sh *strictHandler) CreateSku(w http.ResponseWriter, r *http.Request, params CreateSkuParams) {
+	var request CreateSkuRequestObject
+
+	request.Params = params
+
+	var body CreateSkuJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateSku(ctx, request.(CreateSkuRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateSku")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateSkuResponseObject); ok {
+		if err := validResponse.VisitCreateSkuResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteSku operation middleware
+func (sh *strictHandler) DeleteSku(w http.ResponseWriter, r *http.Request, sku string, params DeleteSkuParams) {
+	var request DeleteSkuRequestObject
+
+	request.Sku = sku
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteSku(ctx, request.(DeleteSkuRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteSku")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteSkuResponseObject); ok {
+		if err := validResponse.VisitDeleteSkuResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetAdminSku operation middleware
+func (sh *strictHandler) GetAdminSku(w http.ResponseWriter, r *http.Request, sku string, params GetAdminSkuParams) {
+	var request GetAdminSkuRequestObject
+
+	request.Sku = sku
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetAdminSku(ctx, request.(GetAdminSkuRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetAdminSku")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetAdminSkuResponseObject); ok {
+		if err := validResponse.VisitGetAdminSkuResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateSku operation middleware
+func (sh *strictHandler) UpdateSku(w http.ResponseWriter, r *http.Request, sku string, params UpdateSkuParams) {
+	var request UpdateSkuRequestObject
+
+	request.Sku = sku
+	request.Params = params
+
+	var body UpdateSkuJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateSku(ctx, request.(UpdateSkuRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateSku")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateSkuResponseObject); ok {
+		if err := validResponse.VisitUpdateSkuResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -58036,6 +70159,85 @@ func (sh *strictHandler) ListBillingUsage(w http.ResponseWriter, r *http.Request
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListBillingUsageResponseObject); ok {
 		if err := validResponse.VisitListBillingUsageResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListCatalogOsImages operation middleware
+func (sh *strictHandler) ListCatalogOsImages(w http.ResponseWriter, r *http.Request, params ListCatalogOsImagesParams) {
+	var request ListCatalogOsImagesRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListCatalogOsImages(ctx, request.(ListCatalogOsImagesRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListCatalogOsImages")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListCatalogOsImagesResponseObject); ok {
+		if err := validResponse.VisitListCatalogOsImagesResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListCatalogSkus operation middleware
+func (sh *strictHandler) ListCatalogSkus(w http.ResponseWriter, r *http.Request, params ListCatalogSkusParams) {
+	var request ListCatalogSkusRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListCatalogSkus(ctx, request.(ListCatalogSkusRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListCatalogSkus")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListCatalogSkusResponseObject); ok {
+		if err := validResponse.VisitListCatalogSkusResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetCatalogSku operation middleware
+func (sh *strictHandler) GetCatalogSku(w http.ResponseWriter, r *http.Request, sku string, params GetCatalogSkuParams) {
+	var request GetCatalogSkuRequestObject
+
+	request.Sku = sku
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetCatalogSku(ctx, request.(GetCatalogSkuRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetCatalogSku")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetCatalogSkuResponseObject); ok {
+		if err := validResponse.VisitGetCatalogSkuResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -58912,6 +71114,32 @@ func (sh *strictHandler) GetTenantUser(w http.ResponseWriter, r *http.Request, u
 	}
 }
 
+// ListV3Regions operation middleware
+func (sh *strictHandler) ListV3Regions(w http.ResponseWriter, r *http.Request, params ListV3RegionsParams) {
+	var request ListV3RegionsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListV3Regions(ctx, request.(ListV3RegionsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListV3Regions")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListV3RegionsResponseObject); ok {
+		if err := validResponse.VisitListV3RegionsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // RefreshJWKS operation middleware
 func (sh *strictHandler) RefreshJWKS(w http.ResponseWriter, r *http.Request, params RefreshJWKSParams) {
 	var request RefreshJWKSRequestObject
@@ -58995,366 +71223,406 @@ func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request, pa
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37d9u2tif+r2DpO7Mq3yvLdl6njddd3+Xm0fo0D4/t3HbmpENB5JaEYwpgAdCKmpX/fRY2AL5ESpQs",
-	"O46j88NpTBEgHhsb+/nZnzuhmCaCA9eq8/xzZwI0Aon/PAct5ycjDdL8FYEKJUs0E7zzvHMBoeCRIlqQ",
-	"GWWaDGEkJBBpmjA+7nd6HRVOYEpN0ynjbJpOO88Pex09T6DzvMO4hjHIzpcvvc4f5/BXCkqfRovfeSGk",
-	"hJiavwiLiBgRPTGfwQaka/4IaRyD/EGRP/ZdR/unUY8ISQQHMjVfishwjg0VyGuQe5Xh0U9vgI/1pPP8",
-	"6NGP2RCVloyPO1/MEBMq6RS0W5iTNGL6Qkhdsy5CaiJkBLJPXqRSCakIlUCGIuWRWS0chXkpVRCR2QS4",
-	"eTQnM5BAmFIpRGZ0zHT2Vwpy3ul1OJ3igMwXiwP/HxJGneed/+8g38ID+6s6yMb43gwG1/lnFseMjz8o",
-	"OoZVozcrLalZudS8TmLGQW1lYNVR5OOz67U4qvcJ/SsFktAx45YSQnyTjKSYkkH+vM/hkw7sj4Omwdqf",
-	"mwjg6dGjnqHXjCAWyaHXeS3FdHGYbmIkAclERGIxA2n3vWkoZvylgYyEnFLded6JqIZ9zabQ6RVH9+xJ",
-	"3XBOI5gmQgMP57/BfHFgb+kVKEJJKIFqIIqOIJ7bo0qHMTwnlEhIgGoyY3piKZROgVzBnFAekaGIzOtJ",
-	"TOfK/qqFhIh0FeVMs78h2iMSVCK4gmyqlo/kcy0Mct+MctkBXLX+Z4Z02N9g2tata0LHECjzQvErEYxo",
-	"GuvO86eHuKiWJT06POzlDOqolkFdipW7nSbJqt3WYgt7/ceZFP+GsJZXup9IKLiGT9ocYUoS+3BfhSKB",
-	"iIgEpD0r5CRjo2bbRaoJ04QpIsE0MMzJUMOA8WsasyhwLw8ad/iPfTeA/dOXnV7HvM8kRJ3nWqZQO/M0",
-	"ZVF50o+f1U562QWB3H9fpUkSM4hIWLowegTCiYCIMGSzpSsio1liZ9Inl9kNgdeGwgsEWTQdKuB6ydTz",
-	"bte9Wvwo8Gb5mUa/UA0ziscYN5Ijn6ZmeiFO6+Dfysz8c0t++0pKIc/dR+wnyyt4wkmaKC2BTkkECfDI",
-	"HFIyoiw2h3zgfwzA9DTAy7MgJZTm3jAW9/pBYSNxID/TyD25u+m+pbEhQIgy8hdmu5Uyp9kfne4C2R8T",
-	"Githbpv5FLgOFBtzqlMJgXtz0CMDwxgN70mongRa0muQisaDHqEkAm7Ik4sIzJkcAtFUjkFvczlfCD6K",
-	"WXiHi+m/mN8cYSolcE2UNndNd/AfAY0l0GgewCemtBr03E+ha6p6hJqj6q4HnW2L0iyOiUw5Z3y8zWV6",
-	"LeSQRRHwOzxjqZ4Iyf62fMnRgiEylY5GLGSGohKQSIaCm0Ua0GjKeOC5qHkiZhykmrCk9FRpSIK0/Iwm",
-	"ScCFDoBrpmP3LNUT8w0lOI2DiClz9+e/ANcgE8kUlHsqtcp+2eZ2nJovcxrjIt7dlnzg8CmxF53j+cjf",
-	"cFfsgG6B4b0T+rWREe5umpeoLimRyhBIJEARLjTBs2gYH7N/XzPFhjF4BcWqVHh6DRmNzJC3ug5ndB4L",
-	"Gl0K8cZwwbteDstgUK5lisRmCJLoCeUFJfEHRUKa1NwEPTKIQFMWq74EqgQfYE+BFiLArra8UOa6Oc+E",
-	"qbtaqNMCayJDGlMeQpVjucdbpYwLkNcshA+cXlMWGx51h1y6KP8wRdJ8EKQ7UHZkQeHpwszRZLKf2UyW",
-	"TbxgXTEi7g2W7FKIt5TP3VN1d+t1bu7xmE0ZspK/UqEpgU8hQIS3m6QaAvw58E/xSoljYccThIJbeSGc",
-	"2xf95cW40oa0Auy01NzLWJVf7sVOfODUXfR3eVSNcGFuett7LrhrcQU8cKKtWTr7oCCv2gfwKfHXvX2A",
-	"umL23jZP9weeSBGCUnd7sP/bTKSyOtfZM3fPH2d8fUCMXmdtHSMGcbTXJydG+qecVOwYRII15Bn5l5KI",
-	"jUaA8q+5Era2cF+8TmnNj1HkNO23MB2CLKhQNIqYmRKNz6RR9TUzeuWIxgp6naTw6HNHCrsDyxbWfebc",
-	"vPql10kVyIBFG+nwuTngX1k/PTuIP7P3xdB8znwKzZcnoRbyEn/63AGeTn1jo2Nbbmz+NVcapkYZF1Gx",
-	"M/9x19mra09n7deIhpaAViryPfOqkIF2g11pmc2nlrVtv7o8jd3NaE0rC4MpGEFcjyvHv8m29jpT0DSi",
-	"mjavqx1hhWHhsu6rBEI2YiHxvRwTDkYQVxBK0GhuXiAMEeKNEQVUb2hFw0023W1psSUoNCu22PVz++qX",
-	"Xscq/4ub8+jp0xafdK09ta2arwZO+XamWznJ2ENxS6rEXDoYxZGUdqHnT1p5asVlytZ5gboLVNjISfDw",
-	"v2FKZ7fEeoyAaZiW/7Fyry2/+YILfGpboa3ZDZBKSedIjJn7YiU3zt9c2Af8QKmzxrU4z+jVs1SVhuZO",
-	"7vQ65nZM5RIumntsihb1IgkE5qx3eks9S+ZipaY7Ehs9tKsAIvKkf7R3M6eZn0/NaIqPKD6xFFf+w71s",
-	"Kc395P5wPzmCpMU/8Kf6FdOTSyNRbUh1FLclQKGsxgMBVIIk//z9sl8+xj8e/bTKidXrWKFPBaym5zds",
-	"BIaVZluF4yA4DsK44c+CR8ifl7l2zdqNJKhJsM7HXJsbfK1hvawbsUeMNBzDfqoq36qs4mpPYK9jxWVd",
-	"kVDsxtRSBAovK475B+XcTsUDXiKF0odLW1ldhNotcMOoYxDOq3UShiLl7ZllRS0EBWg/GjofGVOEkoTO",
-	"QR5Iqs2T2PxB6FBcA5F0RoBH+2GqtJiCJPaScI5nyiM0UqFg4H5hU2eRREdWp+bYmNG3EsbKE/YCmRt4",
-	"4HvaklQmIWI6kExdBWjLLRJNElNtPmA5Dq5fLQX5VQoSyUIzxiSmfEsDdPw88Dr54hk6vXhPnjw6+gfx",
-	"r5BQRNAjeiIBrBM0pApIDFqDVJUj9bh0oB6b68q8Zjr+v/862f8/f35+/OV/dOoGxlQS03lg3W3VQb20",
-	"v6LS5rmIJz23g0Z/m9G5IvBXSmNzpQzM24PKAI8eHa4884xfCxZCICFkCZrBtiheeY/iTaaogOue9eBf",
-	"0zgFQhUZFFdwYONm8NKNIIypBOXWgwxT64Bh+KzU6pgMhVFyJeAn9jZYu4RKtBveyvHyx2a7+6E01akq",
-	"nlQjK1wbvut9KCjsxKAhqj2xmn4KnJOXDVnM9HzVuTeSTBT4k17f6RpzXGg8m4gYFI1h+0ykcm3V7HRZ",
-	"CSjxakf9lfO+jGxqd335Ga1hc8tWZAnHrd3aOjafUdHqK7dq7bDjXpM4fJfRv1OlvftgfQsRnZoRrbpB",
-	"3woOc3v+qFowljw9XM0VbkDLFXIrUZYdfTauZWtfWKjNBPX1Vsr5TVq/H0M0NhQuKVdOU9ns4G9vpeuH",
-	"1KvfAT/fJVvws31lQ4lz4D1RRlS8gkSTkZBkSMOrGZURMWtLtTuhXqI0V2Ai2ZTKOXH8JpNqjonvUQ38",
-	"uyHlgrOQxiQBuZ/JP0aBXRRB191h/7W6+Kbaz/oGffIiNgxOkWmqNPpyVTr1E2EuZrON0SIbS26vePYE",
-	"z67766hqu6jyejfnwmyWbXgajUG/wJDEtuyp6q3jMCND7Kfv5RezuRVhxwgsgnthqBuJUB2EgmtJQ92f",
-	"RnvHhGoSA1UaX8MIODurngt/1JOeNTpY0QpXeghWlqxTP1A+KNpHSlflUIgYKEfD73p8oyoGryl9AY/U",
-	"TcymwEdChoDhT1MRtdWt7E6/yhu/NW0Lou66QiRGXBYvyangehKbu/evlEoNEv9NOU9pnF3gtTdl2RJc",
-	"VWMtFSAvsS4x095HVB5ndGCDA6uvWU5oyGNdLp13stYKX5hmXoNVmkp9o902Kp2aiDgKjFLnfCcZRf94",
-	"WD2Ov1PJSVckwAnlBK6NiuBOTQI8IhJoOEGnGlPEdWkUfG9jwqNAuh/Tw8PH8F9eu3BhuS2CdIusqLCC",
-	"Gb1kp20lU3oJIVPOHpsJ/XEsZkZQpJKb/4g0joJhLMKrZRJYuT/DR9cULCx3a3+N4OtBImIWzjeUEaLC",
-	"7FvTXrZkLbjUrfMVR1xBqiAKqI8AyNaBcf3sSafOgFhqaDNa2rdkIgqAR5s7pWwXeHDviWfL9QZRgEe4",
-	"NRkaGha4+JtqEP7YzZieMB64Y1BkSqEUSqHu7YjeR4LUnsetsNQE1phLLftckQhVkqaqR7lX4WpF71lF",
-	"X144UIVTna1yheJKNOwnu7iVi0ThN6BTN+f6M1V7RFuz5c2U2bVORt1J2ICiK1ta7WSNGW+kld6Yk6/n",
-	"9Wy+80pKxdHhohe0slAFYrVfXrlS1VugwEK40Gw0DwRHoRCv7CCmKQ8nhsxTS8Qr7/BNokfWvLxXB22s",
-	"ZNgjJpUOFAC/ieS32RGJ6RY+XeQL39jVi1MPPXdY7qlc7yrJTdDtpSJDrhe2XekyurIJgqvykmqiPMp9",
-	"tLs9spuhtK/ZjKoEWyGi0pquZgGFKReOv1FI0M58xcUMrVbOaizia2hx8M+E0qmEDQLHrA3gxkq/zdq8",
-	"UbxTBAmVaN/cVCdY6n+zC5UZ0cxLW/S3rWm1WMkjt61tbMotNSgdQHatxPH7Uef5v9Y9450vf1bn3OhE",
-	"XLZPq52GG2ydkONN5a1bs/Hc2B94f40zy++cNIluxkdqQ//sDldZTEU9KSkuDS6+ipGmXpmoUWwyb2y+",
-	"qJXTVWKhpXVYeac45n8nQYO1t866knNLcTmnxjpXo9u71XfjB1zKzaz3LyaUjwEBRKgz4h9nllQGcaTI",
-	"FUBC9ASYtDypT06Khnp8y0WFFT93dJuXcQxUBoUrqTwpwzOIhKm4dtkDwCNi1qgQylz4+M6ev21ef1uc",
-	"dR1DdNPRe+F8dxegNeNjtaGv03dDlOvHW9Cdw4G8YddAXv9BQsGvQSoEQrBZnglIl/ru4HAyNAiiJ1QT",
-	"CTqVXBFW49G8t7Fho0+B4jRRE7G+IPX6jwvftFaOUmmSCGlui9yhWmLo92IFWjtsbyvUoiagpnblypu1",
-	"5JYq7Mt6h+N0Ok015mu+/oPANYuAh9AnvzKlhUQvug1cIMC1ZGDDzG1sqQS8ZKJF0g9pYi7jm6acmNHI",
-	"mnSNVezRtQwwnXLDhBHTdpFeX32ioSYRhGxKY4R7MmI/Jbadz8ahZBQLqvuLsyyPvEiuh/s//fmf3Y8f",
-	"+/Zfe/9/LeHarPT7x1JcXP89G1fVx1lZvMVhu20vEF8NNfVK5L3kTJ7amLqXmCK55rEsd3GRTjHqJolT",
-	"RQaILDYgXReJGpFRTDUZQkhTBfaWwqHYsxrGQkG0V3NIb24myQL9bFjfmCktaVMC4Opg6hS2abYYMU5j",
-	"9vdaM1zZ6WbKuU242eY4kAbW1ZQcNb1hvEZPqkm0uqk14j6YmG2k6zbIcy2jsj+4uUGZfgr+nUqmIlaX",
-	"Ittq000fauU1X5c/ekk/ZZc78eyLUKM44iHJ8kIWeJn5phaaxu39uKaF4S3TFiZ7t1yX9NNl1gTThNb5",
-	"4rVg0TaP11K7zVIrvrfS2/EXV6+GAqpL1UyuyzhthSwqthvLJ1ZfUsgT1gwhNX2jjQojPmluFiVdv3xk",
-	"AhKOiU+e+CGPFLR5jGLKtNGeaq6nr2H0L0yvzCAOH23R7WcDgY08Pd+SiTXbifUvAm9hzVDaAAG1tpVh",
-	"gnuCeWkBDnJbiStGT4cgnBgBLqiNo7d71oqnhlTDWMj5pjzZc9Yb8GRnkTBr1MiG4RNME33j2W7jFkJZ",
-	"eJjUaPRmVqgXMU6GVDFFEsG4VtXoxJJZ6LDxswVzPLK5FFdke7RUx+rz01TesqKpvUg1lSVp5PTVwdft",
-	"ahNtVwitxO/acfeq8bpwNLMUHDPFLLPDfrPT64zAphQhg1hm486+dkeoAbVK0j0DEKiVBwvbEEk6Mktt",
-	"VYQOakHYqxU2qNSMxvE8cA+MqNPpdWaSaQjEaNRiO/y6rLcTO+3wG9YOd4rbTnHbKW7fsOK25CZ5g+rD",
-	"OVik5A2RzDZLPK0s7+o00epYN5IJpGu+hWxOJ1tFN+5qYSXqh9j8xSWLdiZZuK4uXvZLJKYHo1IIDiTl",
-	"TJOu/9e+xYbZM+K5eeZN3zXm4YItfxsuAvN1TAhf5VbpEZUO96eMC7mPg0+ki24mmFME0XI/y+N/rPKz",
-	"fD7qHf34JXO22D8bPC5WdzXjWOmIKn6G7v9tunb/7QfP9//8fNh71sZNUfhir1NwTRQWcAX1mP/ElN+9",
-	"xLep/BNkWXJ1EScbRkk4V/7a6kRhBf/bdtHCWF5387hArcL0CoNqy+4Lo1kv9be8uTAaAQb1BCNXimWz",
-	"DS5tVfZP98mtbR1S+UYbBzXqX/uEbB9aZz/fblfuWtstHvAqXd401q2G9O+ch2yJUrdLQlULwnW+OsWE",
-	"i8ePOmtl3fpuFmadjX8DNuF27h5wi691jFef33OzpFhQq5Xj42bYJSyOb7aO2IMWmxtibn4qbzNmbEOp",
-	"wSEWbcej4HvbopPiFvw8re06LRKVt46FV+qywCDXNZb4fjYzmDhGmBtNEABVC+uUWOpjyT6McUJtYIK3",
-	"DIuMSI81CWcYsVajzCJrhygYzoONgcarilkrloZN/kop10zPg6k55qpl8qFp2vpd1IQkhEJGm04Ou8h3",
-	"tH2dRWyxSgFsYX+qTqJokSqmfNRuZ2UCvbJymN8s+R3RsDmlbfa7UHBoVWh/kUE0nO+a41q+LEpkvcgU",
-	"FzlvibO3FX+K9/ndiuMVSeJeOp8uJjQSs3Pchw3knXsgwFAeMdMgsF7LdWNDis3XYbERxJqu+zWsFGW+",
-	"stFYH+zF/MJvAkkqV/SWLuPdPXZb99jiFVZP440HtXKSGk7kbV92W7zjWjLbzbTvfHE2IOkbuH53nKeB",
-	"8+RVGxRuriPaVekdDYc4O0dlWWPtQjJlw19760gmfi4Mp1dPeq2JfSOpy0mEGNFSE0/msu2x6XNi1584",
-	"THxEyY/knMiU1+eLbhQmvyAurTKzluMcb2cm6IzeZAaXtuECHC2uTNZvr7IPtVNqSQiX2VA3YnobiU13",
-	"LqlVlvNmF+KShS0FWJRBmoJQ8BEbp9IjxPCIynJY4UI84bJ4MScw1JarwaiJwIjrbavVeLB9W5SiWrWm",
-	"UHtmsevCE1s2JhQqqyeD/6YN9WNqRJ8KJGXogy9okgQy5aiB1HVl7ecvM5SGze7yGyasqzgdVy/Mx8s8",
-	"zft/fj7qPXvUws1cgZPAL9XRoV2HdyLa0JdAo0iCquGHvwqlXXkGSU7PiHvR0w/W/e4yrcjFxa8EeIRx",
-	"xNUaCo+ePl65iDVr/+xxC+d9N1/Tw96zoy/+eUOkANYoDxIha2AOLl+cEfOLLWQeHZNfTt5dnv/v4N37",
-	"l6+Cs/P3P78Kzt6fX5Luo0d71fr5WdT0s6dPHz9d7l8yWzyuF7Laxiq0D1RwlOM3uJl4spK8o5RHd4ys",
-	"X4Hcncx9yaSUR2RGFZlSQ2cIgc54sc6WGCOYteCFFlXyWztmagnDL63VpUg+JHewVGsPz9W33IwZVlG1",
-	"qpsDHDOCNEQ9m8cqx5S7IMcfFHHXEcn7QcFJKTbmNg19XSH6/rFlHFGL9d9I1vY4Ne2KmNbBcVZgbqrD",
-	"u7j49TeYb0Ydm8aKpMOYhXUwfc8e//hkvdPp4z/yLpuneolwDifRlPE1g/UuM+iRHxRBPD9fpoua3mqQ",
-	"RG4mRCRUqZmQZY0+e1i5Tp+Vu3vUUJKt7k59siw0sBoQt//n50dt4+Hc5wozWbUtm4oqbjOXHY7F3W+s",
-	"A+aF5w8XL7eEs3BP+ZX7Qs+t4Ord2axmjOk8aFMQ0H7GlgXMNye/Nla1z6X+Yvt1uacHj2k32ga8GL+o",
-	"gaviXDOZxRGu2gCzMl9Fn9k2K3KYOm0qczvSKxTm/so8rDz6ui17iTXSbnbli6v6oNqboHtXDYpXZV92",
-	"/VSKZ2+dmjW8JAXuIzJiREKh9H4IXIMklIcTIfsk/wahWks2TLWD8ppSHlEt5BxLjrihqluBRFm7lsPt",
-	"xEzHbAThPIwhUNohGbVjeG98wwtsdyOPQsO1syhQ3C7QZo2hoxKVXV2t9QAwGxdvaQnEOptTsac7CmMo",
-	"X3X3KHbhlZRCvnAgixVjowUsm9JwwjjsS6ARPgDTBIGlnKlRASbckH/0H+31ienMYiIp2wHFkhjEx+QX",
-	"jZK2XPCUKWUdPfZvxq9pbDO38W9bIjj/28K25m/RVE8CV3k3DgrVL/EH5F6JZAqCbH2qbQo/MK7S0YiF",
-	"WJ0xAYmDs6kEVkIovItVFNWEJcWHSkMSpKVHOFALoI+LZ6NvzMPAxSOZ3jOzacCFDkYixZy5yuOMwgvP",
-	"aWz2Zh5IiIG6lSz8HAruBeYgZlN085ZmmRdIU1dpkHJ6TZn1FNonxeFYA00wYzwSs7y2SQHZgo051aks",
-	"bhAXEZR6wQdiNIoZB/+nFb78X35OaPFXrjR0qQ98sPCa0kLSMQSWwksN/E8J1ZNAS2qTyQo/NHb2Vyo0",
-	"LU6WJkl5k5LEO14Xnpu/gWum46wp40qbFV94N/sBGWSRxIs/LgwHQRFwa4tPmSF8Q92e5tJEaQl0mj1Q",
-	"IK9ZCKUtr2OYyCQ2hAU1arjlGMCvIRYJpszBNci5e+4KlUKNoNAC/DVnYLWlKio+6vx3wqK8sjueQVt9",
-	"+I99J7Lvn0YW3nexoPCPtUFMmrJl/rg6n/lrCbBvbmLimvfJCyotAKSHFB64XRrYqn8DLSlG7bmagirB",
-	"OIKBs2f7fTwmA2udda8hKDG+JDE+d05oksTzWtf8FBTiVSwsn1Fo9hUdQY9M0inl+Z3gmvTJO4tZSWfE",
-	"I/oRIUlENR1SBUTDp2oi4aPDJysLPYQWU9sPbGGj62621zGA/uXsw7rqr2WctszHosQXphFtiLF4XKc6",
-	"RZJdg1wSlbHQYgI01pMacMfXUkxtaDWiiBNFp4nZaJ7GMbEVjPBna+sSNvy6IeijMCPGI/hUARN+9Li3",
-	"ArV9ClMh58Fw7pzwC/FZq5pryULVPsnB7+Zb17A2xWHKxgFwe/vX7t5URBC3qDPS6yQhC4apWsQ1rQ+K",
-	"S+sL46xQV1MXiGs2wA+usrSlkZRnuEBcFersFWg5J6t87ZcdmreF/VkjoSkM7d2iAjygoW6olrOcOArd",
-	"pPwmHWHVlk+svulqKCS3EbZC2IaEnogZSBsxN6Nab9KFPec3Upc1TBFR24hlYYuSDJp50IsWaOO1XXxi",
-	"kd/DDKyizM7+OH1pBQBFJFhMZqIYDy0T++XsA0HJHSL8m/Fr4FrIecn/1GYBq/C0+WrWT7Ru36srWLOv",
-	"vXrqb6TmmiUqEOzSs2n4xEbRP6W7bfn+jSTA6rfa89OMCFZQXkESbfFy4a5cgwQ8o/WrXmSTOO9i1+Ux",
-	"Ne7LOyeqrrMbY6Mv3SBec5yk7S0QmTi0AMxeNT9MhNI1djWMAVmdjmcoeAJU6iFQXVuM4o2RarNXrMhC",
-	"h5KFRNEZ6cbsGkgiQQEPYa9HIHZwy0ZbZ8qwCfORfQXAieF/JY5wEzynhgiWxfdQXd3MVhdOIErb2gsN",
-	"UV24FpmhsB3OEjbN0ZUk5ao+ZuavlIVGRNdhQrqXby7If5I5naaf9npk5AVOuz0/KFLam4oc/+O6uEF+",
-	"GTMIhwweqLJKvcpRKZBoHcEVp+sOSeOxvYQYjDw039AKOAYO8qbGbLMQax7kd07hvRVLYjEMtqLM43My",
-	"nOP9jHyUCKPwGSqZTUQMZGSG1zOv2J+xmlfbWv91V1x5lk+frYi7Lu2IX9tCAO4Ke+ivyPa36gVa9OPU",
-	"ffjUWWvMoVVfkxpFqofiU5AAj8yTBRp4j7/bQuq2fMscNMFgDjWpxAe1lJGdp2gD2dj69jZpmSqQ67er",
-	"dR5786TqFOaysJC98vbU0cA/f//t4hxGEtSmFHgF87a1PtsSa6/QadOgYV1/4xnG/hDFxpzxMbmCuSLd",
-	"89cvyD+eHv2D/PP338gF1MFVmxdLnLK9re2E/PPi/TvyOwzJbzDPv7ZXbwNbIiJV1gjHVLcyb8SYbVoV",
-	"etsefKGTwJtTixyg1PRZDYjXswacsfsZnfRGjEWqN4Xrw5MXoJOpitpnVnU91L5iZ3VDtaGha7vpbewo",
-	"ESMyNR0Qxok71ATB3BB/TnlDbAG7rS58NcAmNUk09iOMF/v05vKstkx3JCSBT6hQE6M7q71a7r/Ie+53",
-	"BZvS2hQGW7eLm+h964bqd0PKBccqUSoBTL3Ys4XRMM5dkVBwDqEmWtTF7S+c3RsrntvAn+JSxPF28Xi9",
-	"Plxe1UxSVegJwYtM5bqNERCNZmOU0szI5CxSreVWQwW/nH14gZfkWgp2EwVghLzZp8w4Vre1twSVjDoV",
-	"0lZ7A71ZgjPT5BxUGjdgEG1Si31rans5c2RL+R4t6vJ+FY3ftglCrGa61VN2K2FElSSX0mZlq19jGMhN",
-	"BgvzXSjaXjAaVO0JRW7k+EjpFKwXqWR24hX2uGGA9Ar+vLL8qvk0BmPUiTIL8mKdD3KJCXAdKWhhKEt2",
-	"YdVKbqQPWctVYOhqkduaoTzHfLFiMpyzRXb/14fTFz1zE1++ubBGjssXZ2TG9MQZyBYYch22iRtASIME",
-	"potDOHv11n/cfffFSYH3T1OliZbm/7swTfSczCYsNgP1rzO8/V1+anVIhrU9264BE5tmZLUY6oFLOAQq",
-	"QRJ8jXQHY66Dfr8/2DsmaiJmnAgez7FmUZ9caCGBMG0X1tzT5PDZ4WG/RsdpbU3Mh1hd/16JIJZTnM0P",
-	"cxNdxwlac/wqFhRuOaVbICNFD8aUaznfN2O3W2+7GSwu2eqV6XVsxJy6qVFyG2HL+b7UMIPCOJs2IxOr",
-	"1kx0z4wg2T3/pLclb1aDO6nZRGLmcWehprdqGt4syLQqG66n9L5PdSimGDZGkQd7dQfvZqsIoX9IxCyc",
-	"e/TyGpW3Se8yfKugbhktAW8F7HlGFYkYNdIB6WKoDQZa4XVhBPWIRWgElaBEfL0QLNZKpLLxeLVptMyO",
-	"wH6BhhPTz3O/AkzwQMIoVZjJyaYgUt0jKc/e7PlhBSPKzAwwcBfbuidVBfpRKx+fxmDSOm3rhVdFDX9D",
-	"+0EohUXDVz27dNnoVpqKV4do2ETvm/C5bDQtrKH5u0VRtbAcfiuLA2s6EGUxvy5NV09AkiSmtpo9mdI5",
-	"SVJNOMzITMgrnzPNfSQ2iUSoDtDj0Z9GeK9g/XVJuWK2mroZfBkWwo7CTSoUMhLcxRZRxq3dGv/ZEEtf",
-	"0DqaaIFdMz0n1OnYuRfX1XovCF3HZOCs5QOScs3iwgsY1OZotxRDntvXBXfxxD6yuGnAeK2fci2FSiAr",
-	"N7OOhG6jsJvAZwy1ki519zuyEVfpHh2oTBF3aq3U8+TwaK8ejuamglo71bhq/vIh5hWRqjFnOlvSDe+3",
-	"2xRHYbYokm4iU7WRNleszbW4grtfIYnfrYmFfm0+VLjMzCpNqLnMLJXinOrIsnEp/Kfq1uGsJG6sM3X4",
-	"hAm/qu6GfJ/Qv1K0SCuRQeKYFiShYx8a69ik5T50XN1tNO2vxkZDyDz2d82hP6NjIOYnC4Js2S5TxW/Z",
-	"G+1RKWxuNW59cerFEdSv77xV2t/Nqr+6ylhrN9im/WkbMOuUxRjIV5v3ZPiGD17/QRH3sk14yo6LS3ch",
-	"tVLULVaxy0rmrxTacXxn/vVC08Cn6tRlSFQm76dpCY2wiHShP+4TStwHTrlGgJCo1hzSosTsKOXRGhTV",
-	"zhbqBlcIgLI5wBuigt6GxTMfUWFT6zepYOYsIJ65o1hYwwphl4/feiZMt4B3prR69nW/9NbqIaph/fZ4",
-	"5LkuRkd1W1dGX5MsqRdIS7BNt8y/v1btKSHZmPGWRGBX4r1tUqiZvan801SEb4Mqh6VDmZ1FN7vsWyvh",
-	"1OsmukBbmG1KunoiRTqeWJHi5Ox0j9jcektvXasXYSws44b2/C8Yn9UjjltHVE2GgsqoiLCVZU0jnEiB",
-	"Da0k002BkXIhpSUzkNmpaE04daEYNsNysbbywpY0qbL+oKPfqU9eCzmjMto3GsRz4nab7H9MDw8fA3Ea",
-	"afa3SkOblJm/kRUc9sw7+8k/OHaihdEjY6pB2m6UIkqzOPZVStWe9WpTHoJ5G3iUcyCretoqfv4uKG68",
-	"GziW6fRKdDbYUl3kwh1TuW7wH/7zyyjHYa1tRDhhzGzV/FCCXim02LeJfRvlcXSRyKnZlKLw5pDohlLM",
-	"FMg+uXBqYbipjrAeeVdxv9zzXmW6S8j1dxhOhLg6Ca/WBZhJk5iFtYanS5lmcq7RYkoMxUiAM6qIS5Um",
-	"SguJlSKFnpjVxd+SJGYQETqmrAFmF/tqI3/6j7bytUkIgV3X5/4t8AT3aq+wFIVx1a55TLW5fV7QhA5Z",
-	"zPS8CD2RuF/7GTf1D0Si+ma1qs8Q7nfhxZQPhbhaaGC07IWHCKFon9YePPfeucPtqQ41UGkCsjreQGB1",
-	"/exPRESq7T4HalonhM0Dw/TJQIoYBoQpG1ZG4xj33DzFsDZ9O9Axy+ER3wm+j2aDEvZNDnSzCf5h4ZOt",
-	"AWsKbdoCvNxtXdAtlkM3LVt/pg0KlQdzcjBU7RZwKbxNNsQqAS3u7uLe9Sr4bTiFCjjOKpHRzujuFLIc",
-	"Xq1ck3Xj4peux7cwHVpV6m4LXk7xu7VH/jRDgrAvqQlLjgn8ldKYaFH44QdFDDd099EGppuNscA2Ivub",
-	"VCtrDu9e4QzPlrlSeKtYayuL5XYHoR3tW8q56xPg6PWeGSYKG73ohMpuUJrdtQWhH0GLMhBJfzA6vc41",
-	"g1nDVX8ONGIclHoxgfAqV5KyPq8M1xMz3qK1WhuwVq/cq9rxYfa90mMJG7avyue+s54dU93GZB1tiJaT",
-	"tc+C7QXXUsQkiSmH50RcobhkRHT0XqGcbsF0QjN086u4qpGbspVvvwxqvSwh94n6VcFkCOcH+wZyMyzA",
-	"8toF3HSN5eA3mFvnEOPEvJFD8BAaj4VkejIlE6o8YMt68Q/bcIYwPkaANK7rHGzALy5+JRe/njx6+owU",
-	"3nWmpYH95Xm/3x/U4SQVEjDcm52tSa5XMA/sw7pFz1bXj1SpyT5Ej54+Pfpp0G8TAddWIi1jY9foszbZ",
-	"7cpm6/glpameCMn+hijA9Dc7++oaWnTt9hHUhbGUt7awXD1LqivvXXsK7uzCdYfuft20F2zM0+SroPgW",
-	"AVl3oOSFQS8uTN3OXWao0GtZJxxGfLf4kb1bMkTUoZl/9WS4Tblxa3bZ1pzRztVrtzkX+W4zPcWp7wsb",
-	"V3DQruNktUO/M/7qAdDvFX8t4IXXKDLm/BcsgnoCTDaf0Ko/y2k2dSpJiWrWBhAuAN/fuR2jeqmUl+yl",
-	"JU3l7RaegVpFgQsOaKIfs2sb23VLuNmbmwJvA2q+Vfnw7KKpAFlnFsDiyFaKTjmF3PHx9tUY7tER/4Bc",
-	"cP0Sb1PGi0+PtixebQ27/UvjnNcp57ZqtoXshW+hMNu9KqfWsD0lC9+Gdol1rbJVU0RTUYrSCO+00tOW",
-	"q9g0zGy9AkKrDsemU91Awqyd0vqSwO05AbDqzLYvxWY69V8rCFGuhk61SlE+DdPod6YnPzvg+fV0NNOa",
-	"JHGqrCSIWhHX8EljJIwDsyfdCMKYSojIKKaaDCGkqQMStKO3NQrCWCiI9vrkFRpRESYby93ZTA4FXNsw",
-	"coS5FtyVNsgTwfIKkhVrYD63VrF5tyxorQxeWeaDXR354oMFQh8bwdZAtKsJrChJMAVg7VyA8V80lFko",
-	"Il6kQeWFtSHD6CZVS4ylntYftD9qBS/ps5rhruP7a1Go3fa28X59XT5SEKpLLsKCj700w4U9atj+Jjrs",
-	"ZYexjoP99+NzoBEiDr4FTdcuqB1OSoQ3wfoaU4apgcN5QpWDp2iorbAFzL7lCIh2hE0zH2+Q/JawwAps",
-	"tYhidUqrA9DFs91O3PZjOym0zABRzO6G2BVWgpmwLNV7veyDtsNnKijBEteA6K8qFEWHNanlhy3rHlRX",
-	"3PdXCSEpDbN20euXbhltLK5/0VpS+FoSU24zR6fUSPbclZRZakjxX7mBkmyNcHoFRa7OxllL185Ozipw",
-	"UkTbp226K7KgBTKomWMvU7/xC/V7eDGBOD7RGvjGSa6Bpsp6jpeDJ7i3Z0JexYJGLVpwgEhhQSOn+q0A",
-	"+5ZAo4ALzUbMVjZSa+J+LwyxMoZeecoN31yy0i+sHLruOhf3ZzmZVPYz56wxBNO1UIRdX28XwCLqpJeC",
-	"LNsODMxJtbU1OjY5DxabY905YZGpJKOUddflfaIXjvgS2a796rhvZCF2dctkj/qtcKS8XOpaw/Xug7rR",
-	"tqkW67qxBsoaCJXOIjFX9rDnNcusZqtf+ny9cmLtFQ7Waibpju6ml1B+8FssgWcTi7e9fb5kmG/dMaio",
-	"2s42XUjkQel5IbTbPxCJariPq9S/bul56xmLaQN49MlQiTjVQEbSTJZHRIpUQ5uSUF5FXoMDMBXkSA1b",
-	"E8pQV/ECWHXGxY8u2ce2sfPbMBpt2TG7yj+6ZNYtXfJ3OOnGySyZxQbWvjsqV3s7PrD6pfjdSVEvhNKO",
-	"mpfyizpI7p9peAU82hczDhEZMoS2RSueTPmMzn34KhO8T15gUpQiEngEkjBr7kOEPIuOZPiBYS22bZ+c",
-	"amXtec5kJ7TD/XBpX1i7FOMraah7RImCcZAwRUZZcT7mcqEiSUf62Hc6Y1h3jWSGRjvxa2goq5ev2W/M",
-	"5jRmeXh25J1e599pMtc2GjeOp7aUhYfh8eCX5terdAiSg61NRJOkgZv7Dy46ul3NQ8jSzxUT7juZD5xF",
-	"tgSoFkli0/zENIlBuzRApanUton7I8gSAoulSO2/ywmD7plvsGL06XRK5bpY2a6VTcn2Mv/27bw0DGUK",
-	"URAKpbciIFOP6+WPZ22C3khIQpHobfCv4HZhMGOOsBGhY4gI41qQCVO+cNbiHWi/hjIXIi7VfI5NwaEx",
-	"zSYsnNR/1pwsZQ4KYsdkkhdRqRzRENTWivQ4FW2LgCKFUrnbMc+WirVur8uNrb2mccPd3sJEZkFwC/x9",
-	"uQDWcC9sJ1Z5IlIZzwPp7FA3Pmt12UB+Agh2Yi4NSsym1VaBXeFfZN604A2HFQ4F8hrkfgSSXUNEUsMv",
-	"fcD/Pgb8I4zesUtoVjWXXf2hvmI8ar9TeButIydWDTeLlzomx5uPUs2wBHjMKKY0lFbkpphnq5HBGzDQ",
-	"2lmHMVEmuEESVd5BO6Hspiliq9xCNQnTN7KZqqu0Di11dbtWbvcF6aVWaC0z70Xem+kmeCYKgZolz1PF",
-	"3VS2s5pp1oPhVWlkYcsLvLfAwytRovmNVmZwvbJssciLa82XolShvsyBaq77ReHebBCEqWR6fmG2wrmz",
-	"ET/vJDW77P967enzn79fdhYiqS1YhYM49tUWTAdEYCVNJrjqExewiPKMzWPKfu07mXeKDAK/mDOMidaJ",
-	"rV5sy2ZhblHD8ASixHXqKpNjgW/DmE7fXb46f3fyJvjn779dBOevXp+/uvg1uHz/26t3xzbV6uz9xSU5",
-	"8N87oKmeHPx7dqUOXDpRq+Ea2vl52VI2jNUB3Znm+34Ibm2NfMuJR7B3aKD44oiG5kZJqJ5YVNsM5y8W",
-	"YzKmGmZ0vtdi3F9woUeiFuIT1ad9i0Nz/uriMlOpfArbLwhtTX45+7AfxiKNyjlt/Y/8I993YrmvxD6l",
-	"cxJSKedkUKzHPiDdKf1Ejh79SMIJlWrv2NGMLyFPIJwIQDyBj5yQsFzunfGF7vyqYFH1/J1L8+f+6cvB",
-	"Xj8fnK1Wb3QGTgalkvgDi+NJiUKAVTIwnGOATU+d9vnhw+nL638c44WuNJ0m9vH56xfk8ePHPx37aj6q",
-	"tpqP6en9QtQK6Q7q9KHnBPWhwR5JeWzOYCTCdApcGxW1oNb2PxqeoZk2rLrjdqm0N+Tk7NSoor4SQeeo",
-	"f9g/3Ec1GC+4BDhNWOd553H/sP8YQ0H1BPnFQX8Gcbx/xcWM4zHp/9vBMI0tgkt2zE+jznPz0Bw8izlD",
-	"p6CxOFuDYJe/cvCH283TCAU8Twc4hEeHh5lt1lmdEgv1wQQ/8MOx182qy8gVOcOTsMhFXL2yvi2zHbnC",
-	"ckVSa+rfvV6ah/nGk0c/NTXJ5nhwKcRbyueuKWY/PLVzXt7OlxpEGratHq9uZaRVFsKHQjXc4l3Ref6v",
-	"P3sd5VX1ugpvhtro2OxrB7nfn6b9AU3YwfXRAZqmDxDRpEAl1exYvNgUGdRAoAxIV8jiL6bDwV6fvEAE",
-	"TXtwhiI1J96aepSQ2mJ2eljHOZmBBMKUSiE6JtQji0pIYjr3eL2UC4RmxvZMkQHj1zRmUeDYF2YXluk7",
-	"ZkqfmKG+wrKJN6Lz3sq37YzbvHlGx3DB/oY27+L4L4TU+HJ5Z159MgwfN4NYGQNrJ9kCsyDnXg573smE",
-	"lfzgraVVLX77vbmdXTlKvHKYiwzUTWMoYi/mw1i3zMHn2r6lhbjvtWQsuKi+ZNKtsrCc/ErRFjUs7QSh",
-	"a1GwwA21a7tN7taGS/1MIx8ejE2OVjf5wPOkWtuoBV97LeSQRRGg8vnk0aM2n0mkMNKtZYLfFLfO+LMh",
-	"gtL+FrmzYZ1IL3U82tnpD2j071RhRoQF93MG0ApwnmPHBNsqFKX75IQkQqGt3NczDCVETFskqBmNY9A9",
-	"QgmHMcW3BAcSAebPM026FtJuCLGYkb9BiueGB6t0NGIhIqc5H7Dh/mcCweYdy48hMrIVQpMpWzaiMA1C",
-	"Qyzisci/rcL2s535Sdbilvn4aQTTRGB1gd+cCctdMT+LaL41zrAwrezclVXuLDShxKGObnMczUzK7us3",
-	"yZRasJgM0dKt/WbM7PDJ6hbvhH4tUu4+0YKPvRB8FDPr0npy9LjVXGJBo0sh3lA5hu+Lzb5AvkaEtOyL",
-	"UJ++aplcgek66l/GcUef9hWniZoIx3LT1hz3dDpNrXIK1ywCHsJzKwPTaVbRlYHq5XiPFlY0A5C2PJNI",
-	"0Kl0/lPEfiR+RKT76PBwL0dIl1RjqQvE0eqRJ4c/ERSbZ0xBn/wfkKKX83d05dLYjBsibGrl9QEK1ta+",
-	"h/p3jWwtIRQycsv3+o8LN56b65K3xmkLg2zFYg9vewDVKiYW3NMurNd6UK42O7NFnnsLt8fyqZ27KX0f",
-	"wuyO/391/m8JjlBOXv+Rscr1uL6VWfexjJPVntXB58JfAYu+HEgjESsaryuJGzHKSt22B8bHBLiWDBSJ",
-	"Gb/KRWeLck5j0hU8BJKAJIVB7PXJebGmUb087kIp3OVHZiKNIzIWBUm+jr2bcXnZ+w0uxmX+4ZuK4OVF",
-	"st0XJ+bAHlHVT6ieFKwIpS3oVNn4zUwL90ozsKty7kjs62oH1bE0awj2nZ2OsLsj7v0dgYRKqDdP6BJ7",
-	"W+OqSCQLGR9j8IhqNKPX3wQfEsPpjw4P0fejyHCOBS57BGg4sUydaUWcM0jV27jdGM/sOM5wGPfVp7M4",
-	"1lWGUQTzM3Pa2UIfni3UnR27wbXHrreWZPUCTYZWtjJ92iPkjg856pMT4pIH7M/m+6CcQ9sbCZieiFQT",
-	"al8RIzyCYsZXWCgLNP2gTJSFednl/bqySHGZa9iFHeJO19zJEXdma6QaEPU7Z2U3ECAOPpv/oHrpb/11",
-	"1UuMsXIsT9Mrw99GIwg1odr9i11DgOFhXc8NuZjt9Vys+ZTOXd1cDwBIEqr0czRERSRVdIxGRusQkoDx",
-	"XFF77vjfLrRlq0rkWWH5m9VHt7YPWW9cXOgd195x7R3XLnHtkyiqsGzPMddj3WpCIzHbN0zPZt6uw6fP",
-	"Yd86XY76faMCWsZqHQAYVTOwkD0Dw7gHIeURi6iGIOVMByi5Dki3ELGI5kHzL1eeTkwTKkFZGXg2oRph",
-	"SIdCXEHUJ79LZr7tiogtcm87tfOcg99j386FHyvj47X43OHtjmS5VhvJ+b5MOYkZZr5hjJymsdpxwR0X",
-	"vBMu+NIRoGVfhstQkrEZqxu3Y4fcw6C0Nn1hGPWU5XkTg70+eS8jkBCR4dxIcB95fUSnafbOQVXct4DO",
-	"2zSdmTm3jyLELdmZzB6eyYw70i/FDdrzsK617BIj8RDimNiqo0OISPfyxRkJBedGZdSCDHKQ4UEvM589",
-	"erRHhjASEj5yyue2EilTLkDFGto4g8j2SrThrpp0YyGSIQ2veiTlKoGQjRhEPTJNY81CqnQPHaD7sQhp",
-	"3COYuvKRT0HTiGraw/pafE5UAsiLegQzsifCrAudGuFJifgaS84KIjgcmxdEqhWLgAzevX/5Kjg7f//z",
-	"q+DkzZv3v796Gbw4fXl+MfjI0UeqQO+ZOTw5PFyML3cu1gg0ZTEWF1WCD+z0Aju9wE65h3c5F34R0aGp",
-	"PvIpjaBPTjihcSxmhs+lmiDcVTjBKKHCXrg4n8wDYFfRxjmTrlHJcdJeVR8CSZOPfA56zyy90fq5XRGz",
-	"QLbb/0xc6PyTw5/IABPqXEXZAD4xpdWgjuVaJf6dzcp7AEbNF9l8vpJCjEvZrAL3fOAPlPeccTKIqc1F",
-	"HMLgO5ERdyLfbZkrbcoiEpNCDuOZDyYV7jVdMPWi38Fnl6n7xV49MdQVuW7Sgqfi2rlscFAZz8NUS2WY",
-	"/jVwLeTc6kgQwxS0nFs2CzzC8X/kOuUc4kpITM7rGA9SzBqcMEyO9ynMWF40+zreKPYVhsxScKOemU99",
-	"5LYIvIOEQY7dNbq64BhqKinWT3YLWMdL7cJsg5dWyydH0GzzzJOot2bzXBRzn9SVRUHYmq1yqoeimn4/",
-	"KiYSgeM3zVLrOiETHPNbCYuekyeHT9zp5kIHI7MftULMGPSDPHWHty6VXDq++D2c4u/mUP4CeuWJTKgO",
-	"J+1Ty8IJ5WMLx4ZShJBOfPVKh1MuLWRBl3rt0OmFRj16cnjYI1iTlVilA1UZj06gJ1S7r2RGazIr27Br",
-	"Tn6a1QR6CId/++rQYs2kO7ab3ynj2RnDd5pRo2aEvGUFX1yl/hxYfWBdT+A7QTjMSkoJlRjBFkJkGKJX",
-	"T46JTDliOyBaotJ03i8pJPsf08PDx0DsOCA6/sjtP9HAb5UUbO4UFg9e481CC1avrkfADDBAltnIe/uW",
-	"UXLOIQHnPrgpr7YD3QlqN+KXBJVQhfTkt45gIYqdIvY9K2IvrKHihuwNecbNuVsvQ8YqsTPD86bi2rC8",
-	"0eg4twgxRQaecw0cLKrjIx+5TPFDhOmeacHdq4BIU5pg3pQrxGoZkWmwZc6FX9wxrh3j2jGuWwhSoOzG",
-	"fMsi9U2B631rVd4kptZC/zHlEM0NZ+mZP1EWcuDQamL0Xc2m8JF3B7+cvLs8/98B+h1fvTt//+bN21fv",
-	"Li3CYXB5+abgTz16SqaMpxrUXg+Rs5X7gOGUKk0wqw4UASpjBvIjTzlaue10POwfakxkMEZcuX3zFx0D",
-	"1w6pcEC0pBHa+3G4GYPFTpZ7/15lK4iojw+O0W3XwVddrQa+Zymq6+kpnpMJSNjbGdseEP86VSo1aqXg",
-	"FnGb5LzI7v/GTA1NamszsnJwh2cBP+QOQMNwctvdsctTt05oH5jwkReU0kKwR2bOwxiKrgIgOQvZc4gj",
-	"VyhMFaIj6jgPjmAnUq3kNGdmnTIsu/rsyUIcwc6c9n1zIyQXJ00VzjwXs43ZEDKxAwnX4go2EavcUOxd",
-	"qLRIFMo/LiIV9TfDNzAiAF38CHDEI4iOLeYwijAI029Zq0NNcvDARp+ostw+GdjxRgMsOkNjBTmIEvY3",
-	"oRjCFbNr+Mhdo6eHj/O33FhChNNwMVg4KhuelQmL7kPHRIKWcx8lR0dQGyJg3zZr/zDFrO0yP1yjc1yy",
-	"FaAUmPOwE6seFH6DuIKi/HIzYSrlm5nuM/OFzbRcMOMjK+pisqW3yfdyM/z+vsu5DCkPIbZRUDaSaH+f",
-	"CPmRO2PWlg1WfrY7AWtns9rZrLbOnD6447Wu2Sqx6EJqLTB2hFw/NjRoGAIGWPSbM2fO/CfuJRp6Dci4",
-	"X5M7hhlfNhJfmjA76XUDyYretGM1bl+ysju3ydbct9onE/mZ7/KJHiAET+F8FXFwqkwrYxxL+NbBZ/cv",
-	"B484Snm0xNTeyM1capJFKUfNbliAosAv/KA8gq4NC6eaTIVDF/cIulkPjKcqz4CmGdSqGZ9R2GpDH3qL",
-	"yT62RQCfQqwB5b+zd0yoH5eVyBhKX/lAXHhFdzF9yK0XFzqwvZt92jtGxA1nejNPyYzxSMxIF7HSIbLV",
-	"nVz/ey5WfeDGZ991w0RH6JPDn/ZKi8qUxUb2PaHKWgRJzgq20imUoBm7y1AmcyR5VJ4FH4MkExFjjL61",
-	"/2WrridSpOMs1cUCIHcHaaK0BDp10MN5v9k7EgP81XEm76KW7WBz9QT4XhMWSYbeZ4Zwx/lMi4gljmCa",
-	"wUqys/QNBBK+WFzgr5RgVRnDMrOApcQdVuUuNPHW7ulHrejhF1sXbpvmEbw1ugmVmojRHmb2u8vI8ZV1",
-	"Lvgs6epgFAPo1qn+huEb9g/SAppk97xIlC0g1SdnIF02muCAImfPIgDsPSdWiO595GXtukesW9thtvRI",
-	"bG7LCVCph0B1Fl30y9kHleVTMkliqrHSHWjJQtUnl4i3QYbzj/yXsw9kKiKIibgG6xqfTUQMBCf83IlG",
-	"5i0sF0fgEw11PMciKWLkbT4Q9UjKJ0BjPZn3sOwb6bo/0WdGucso65XCNnnmHkvzLTULgg1GI9siAR5h",
-	"1nONJalgK7K9HZMBwomghdtOX6XThuyY12aSl36TvzNghfLkl90Y+GaegbhThx6UOlTZ3Sp/fJ80sEYj",
-	"Nd8c/aTWZHPpOv++DqSddXvzhNuC3XF8eNYJnR2A0ln8oMwmr4t34oExVJyOLTDGlHHiC0c7Jb1Jd7z0",
-	"VpEHA4JhZ/SVtLTyEJpPeRkWwwIV+F3LoycjMIIuqtNGiMownm3d7h1Yxi4l7EZgGQVkcCRBm8XqniI9",
-	"NjGoJnHh4HPmqPiyrEDzdrhOxXtpx91cY6XgQvkm3LRukZqCbDN/0S7w7XvPea93bRSkCZ/1XpdF/rDO",
-	"4m3lkm8gVdwVJ7DbGO04ws58e6fRIEh2K7lPUVRI9eQgFuNluZYfvNqC8fpUqZmQUY8kcarQ8pcEoYiK",
-	"fjkjMZMJVeTy/eWZC4m1QNCCj7EWNHDNaGzzMJ8cHpluriDL9h4ck4EZWJCAVILTOIgY7ks0IAfuJzAr",
-	"mEimIDdtuO4e11g4cIb3EFb6jRnYV2JhJ6meuLjWZq3ogo05RITx74OJ7VhMPYuBMJVMzzvP//VnKcjf",
-	"HVCi2Jjvl5WTVE/qeY2wdY09s1k4qeb3+3lURbqeuPGkLhIFI8RJl8ZKWJbJqsEi+Mbet3jgdsenXTA5",
-	"JRJGEtRkMZa8/ti415vPjXvh5rkct3R6zgvju8/33YkNrA8NobnUGgz6wselTbP5iiKOyo8x6SaBb1Pq",
-	"353fta6/c6GtvL3maTa3ZZo0S9y+uCAlXgIuGQZt5GEcgyTUQuoWDYTVUs1NknT3yeFjV9A/qVzjCEc7",
-	"Gh2TgRHlq+DdNsivLO57twa6PWpKvNgJ30O+dIEj+0quiZYcqUoEPknRGodR25qB9AnQNlnRPja86L4I",
-	"8Ds3w70W3vF4NvMtX4eKhhgX3BiEkNvBiWtCXJNjIkEBcq0Rgziy2j9P47hPBu7dwL2LtaiYwl8dDJOh",
-	"afcrkWJGLDPq18UYufoxJ26o97xCsRvmqhpOldXchSA8KL3g5/LuepQde8v/oBYNerU1kvwhdaHyjYf0",
-	"PQfi3sFSbll+Q3fgHqtBj4SUC85CGu8dk0EWfc9czWPJzNBJxFQS03mhi0KAv/eO+x/3+uSF/SdzIGy2",
-	"sqdZh7q6nvlZ/tnN6J6fZTfMlWfZLfLuED+sQ+y29aanN43GoPfh2iY64X8xzYmGV1zMYojGS+AvLicC",
-	"ISYEluyZUk7HNnkd+/lBEdt9n9gEQGJrYoyEnFEZuZhBkQDPAF4LX42yh7b8kU1Iyn5HBsbLDfCr1bxx",
-	"izVWaZj1iZHOjXlMAxupXQSJ5UIHrtLRYA/rHtmvFvSkkHIuNDF6jO36ySK3KYzbH2dcqlfXsG1nrO3Y",
-	"DbPRJet3/luJjqhZtQYGiDPbuUV3ye7r1dLNDyihjo9ZUroxa3W8Zwts9X3iTYYLbFCRIYRimnPP40IZ",
-	"uQL/q+WZffKGapAEi6A7zA9bJshKjIqNJ5rxMd4+C511BwqAB/jqYA/rwfmi6sjsmd6cb7pP7Xjmjmfu",
-	"eOb9czjh4bwRv2xOOXmFuWqu5wLbMDzS8IweEXGUgYX0CNBwkge3uiQ5x6HQ1uPwszns9YmLWJvCdAhS",
-	"WR5kJel9FYoEy1ri8I59+HXlOWqYMVMYiSWyjpx07tqQLuVzIkXs0uK0KFnTVZ/8jmZ093rAokHPismY",
-	"f+8eZxeAsgqwX4dUaTKh15B7lIrf7hGIFZBynnsCcsqUMgx+YGts2uHY5HaPPnB0eHjoP1mf0VPiLGq7",
-	"vPi9nT9kk/aQKYU4+DqoknwRtw+aUh0K0kIjZor5McCOe5tw6gvT/tI0v8Pr4UwoncrV1gVP/TY3lUmS",
-	"2IY7c8PDMjdYtus2dx2jQ1My02WR8Tl30gqWS8SMG6aKEq9t17XFMwtd7fm+SmcUKdPxCzIwB3OA3Qyc",
-	"TTFwjyTk+CBG+IVjooBHBJiegCTdodATy2mxKsMQCPyV0ngPE76ZiBSZCq4n8bxH/kqp1CBjh+TCeUpj",
-	"/MCHyxdm5YBHVJLENjtGW4PUKqB64G2ZGQvHn7JFR6umdi2xTFmqtJi6B4QDRKrUHU4UeGT/sp7a7E86",
-	"MpJ+4fU+GVg4lb79TzBlXEg0xh71+0eH//foaZ+c2uhJwniSWpQW/BvZjsc44XSKNasnYJ0wx3nOCV5n",
-	"PghpQlXpillij7FvBDGbMh1gien6LFNLAiWG9jBy3EpTsq77r+RPrrstGlEFYeY29wf1fV0QO7/yraWv",
-	"Df2xXke7OIggZIotQ0R9C1SlFr9LikQoiALLCAcW99RqEXJOaKjZNeQaiWFp5jiBKjqmCtI65T7jsyzh",
-	"l4X7PY+/WWb01o5dAUElF4m5nZgiZjGpBGdVZ9yqP9mh814xxPTCadHYvEVNT0WvHI2iHHIVrx+q/RS7",
-	"ZlRMwxRrhdQt0KEH2Fr4sL0h3XO3Cm7KEJH/smFs5D+J77LnYMIM48f7xbH+HP7LRhNlXVhnwX+Zm4T8",
-	"T39X+s8N9ESCMlpNEEqh1JL2hVcTkCGYaf1PrzyZYTMe2G4HpIt4KYRxDWOziLgHTAneI0pkYCp2REwR",
-	"P/a9fs10zBxnIo2jYBiL8GqAtUwG+O8gpikPJ+4iV6lZq2hQkr0HMyq5a8OFZqN5YAhhcFw7dfyWaWDR",
-	"08Q1SBrHxJ8N73dVWgo+Nmqz2fQfVJ+ccA+k5zRc1L6pusoqr1SJ/niR4IvKuxVWKOrEGRZertdVK42H",
-	"LNrirX4Xd/RLt6ZfKQ61YSzLlTpPBzkW3YwqZD0adrkZu2vYFrCa78uU+6shYx22YJTn4sjWo3Xv6M+O",
-	"Obos8girrS9e1BdGSTOMQxHqNUjL0LLbx7lCxsIbAuuYiul9q6pCrS+h0YuQTfZ23Qg1+SG2jH20s/N/",
-	"30nklgyWS9SNpdObDyEacXzdJWu+GeWuAesRtH7HPhmEMVAZZEYJCTZUBJ2ePCKYatrlQhMXe+H4TMny",
-	"0SPcCCFiDCjSlu0caN1edB4s+hzrzA5c6GBkCGOwd4wRI+UebHP0cwrt/bVGxmq0tffJK8uZvA1EJMAh",
-	"IlcAiYe1w9CTfkPt9wfJr25ZFLMZy/dBEFthLvEZ/d+pyWRdRr2T1dqm6q9nMvGq+74CjdEeja7Zl5XY",
-	"2x5RaZIIaYg4LAThOgBT54t9/QdRnCZqInQO110N463x1b6zBaxM+1Bwh5Zq+G0C0rCd5dG9Lih4fuEn",
-	"dc/DfKvjXaW8ZQvnd23niXtY9s/q/t4wAjhVdNwcvf+GcXBgw6ZBgOeUcfIv848e0cKG2SshbQTE0HDl",
-	"zG0lJKaMRVn+3twmjzGlUkB/UIhtiYQkpnOfRuiNktjeylHlIgZLgxA+4IRu19vzWoppm/cuRZu3igO/",
-	"EFJ/i+imbg7nRnDBibQHOpUo7CAdktjQ245jPaywsOr+bsixcjhM1QguaPjAy8J73xfEcD7z9qevsKq7",
-	"c/cAoYZRps62ePXRO7PGGtU6dMejECP+sLdn4K3v/DnOYbQciDgn3YcERpzP6itFaRSWtRmGeBeKsQvF",
-	"uFEoRlQ8vDWMpP4SP/ic/7EKMXh77KFqucggthsNnqVRfiu5HssP/mXpVtjZFXcowqsPcaMLqE4ceInQ",
-	"Pz78swbQvkkasLbvh3vcbwugeENJ4y4Zjndr7BjPDqz4a3lA1pBUbIGzZULJr/aN++pAsMNb5S84OTsl",
-	"lKsZyK3q/3dIJEtgp96wa+CgMrXXTNaRc2H/3T6Wdp+5bxxwEYE6sMDSS1D0jD4dkeGcDMaUaznfN+1s",
-	"PT/bdnBMuCBDoBLkcwvnyGFfsym4F2ydXQvr6IJoRTR3sZgfeQ5l3SfnoFPJbXhELPh4P2bXrkKe66Gr",
-	"JmLGbTDwBCQcE6WFBMI0OXx2eLhnw2tHdChZSF6cEC0+ci1TlVcZdL/RKJIumTDCb59wkvIrjr1Lq+cv",
-	"jt9c7kcfeQVqu0coJ/ApYdIBbxTguN3jQZ+8wt4cvocH9LZzw/hrB1qLYIQfeSLhmom0iJ8JPHJIhSnn",
-	"ENcVB7TdvrNV7O9dAKkZl12Fr2Q1KA6gmXu88mDrO/DRhw7fZ7eaUDyGBc7pP24IRi1loJ/NfxD+Ag+q",
-	"+VkKlUColxYDQJZq2BGe/1iMydgWle2R2YSFE5JIUGjY9C/9oIjhTfiV54TaUAHLHMSIDLJxDD5yd+2R",
-	"gc3keE7MuRrkuKeuO4Z8V2PuxEwKPu553GzDASXiskb7dEbny9nf8cJovKMTJ4etHi8JGiNdHPuUqalR",
-	"xPbqGFu+rGZLbo7QvKBBnUZFE7Lh0rbKra9nn+0VWn5xokMwd5RCZ3G9yuX2ZKmyVVCunj3pdaaM+z+P",
-	"7tayki3sabbWZmma6jR5ijA7v1VOufOWbJfhfUYy/BkFNMQkff6vP7+UuGC+4Y4TLmAwb84PLRtZhgnk",
-	"zlXG8IopYrnwIyEEdo14zhxmKGVVZcG9HE1ccPjIlRaJIjMhr1Do0kTwEDI50ApRRGDtAKaMdAWYdVzP",
-	"xfSE8iKXJUx95Kv4mkvzWs3e7CrtWNtts7ZVSqMhLVyBHUf7pjmaA5XPKXsDfqY0XYLac26p3gG5+gK2",
-	"IU3okMVMz2ur59eFb/qhXODn7qvNpTTKpRVgRVp0xwtztcRmgfg3KSV8eybBC3NOICL/vHj/jihHVMtL",
-	"o09hmTXw7f1FDP6gQP7O9MQjGzeFDtuMFqv/AKc8nCNlwidrFnJQwjv6vAv6zDekQJc1VfVQnGxkv7+K",
-	"OHI4ZDmjNU0spyXdjCWr1BC09eGZzRaJ2jsmKNkpMgZtlNOPfElKU424FjOl7dXxfcXhmTm3j8DDHdzF",
-	"3j282DvuSN+f3hopSiTAacL6czqNl10u7xPgJ2enL0WY3tgrvh7l+5HVqitPjn568vjwyaKWUnu/uEmQ",
-	"yM3i4fmbLicIxcK1pKHO5rnC1ZTQeTWoeVWAxbHRwDKsy/p0iDPf7ffFe92027Nfv/w7Dvwwo58zRJok",
-	"PxCZ598/qj2QB1ok+2milljlakKfCgXVbD+ZKS2R4ppFGHbtfxJDhwtLLrRkCewrPY+BuHGd4nnYs7A+",
-	"DmOp58x8uQe40G0YG7mMKAgloiyhiwRdyVLMFKC/Fn25oeAjJm3KpR9L5vfwHdo8/lKfWOXLmRNDIF3K",
-	"SSGgev83mLtcLgcRxTSRENFQI+qR6W5mZFrsJ5QQMe0hq7ISb4XpuHpiMxhOhLgyPQvpXD1+0CFNtNHj",
-	"0DFtl4iIVCsWgYUrdP8jiGJIUs6M1m2xA1winQuRj4XtMRIWYAthdJMGcEOHo4UDJSPK4lTalP80UVoC",
-	"nWbveWLCLnHZx6h3mpeVJeIgzal40BQg70jiUiQfkocUIl+c11dyd5eHsNzymR2WDO0iWjw4x9n5Yu5Y",
-	"DewpCuwpGuwi7r+/OLZHrbbpF+ve3qKdC7Fjqee79korkKyjZ0+67S9Hx5XVwWff9kvzRfnOhz4V69n6",
-	"+CZDaMC1Oby5w3/gLsQLNubUsPgBsUeAdAf6vxCtL0w5+2QuJsEjZfH7etdH7rcJfCK/vj15sX/x68mj",
-	"p8+MpPexY3/S9t2+/UvSGY7EPnTvwKBHFCAuHhlcHw0sGLBydwIgGuO8yM7d9eh/R7gZtI3wsbluMG4A",
-	"7zOcS49QotkUlKbThEyFdI6zx4eHRFnPnCw9JsoHhY1S2wHeYbiC4hos9p6/J0Oa4PXitirIPpuFIpDu",
-	"k8PDvVpESQ9MI8GGjEX2pk9A5heer4thkY0R8zLyZZ32rX5CSZRafmwu15hZxEwXcPHo8NCxxeylAQZf",
-	"OPiuPO6tKA2YjbJfphbzEmF3qCLDuZlB1+2IRofoPIG9uvIh6B11lP27Xa/tehHPKgeqwS9YOG/NjsEW",
-	"l9aZ76cGqv5yUZpCMnAHKRuZ/TMfW/XkdRqclT8e/fRozTD3/zj4j87zz3cbmV7e7ZPwamnVE7zZr0Gy",
-	"kSFqQ2nuGHTNMS7UzrePv3bp/F0g23pVtC0DKChnGVPz3LNatKThGvQx48sy0bPA8vvqGHIDXGUsucxR",
-	"WVUR+8zc3R4IVox2fqE7tWtkKdxJTmVrJHH/bvTtQSnZCYGBxZRp7fGXhRxTzv5G0vpBNeRxUWX1dCPy",
-	"FH4pRAYVM8CfNCq4dswPSre1U/pKam1lDEtiEYq13POjjZaSGbeCwi5Na5emdXcJ5UnGC5bnaHnWhzqo",
-	"wxdfihl8VqokY9UNz9WyQlkewhjfRD0Fw7ZnQl6ZvVG9xuxV+9ktcbL6kbOoT15QKRmoUmkxH6jhIoqy",
-	"cTXrH3l1rG8ko72wtsvY2Q7WeFe+8EY4yEu5T6/RR7879reooqxQS3aHfQdhsfLgNuBXnDVVl2tCp/jO",
-	"D/ptQVhsoi3dGZ/x4BU7frNTib4KcsWNVKIDV4+4jbXyrXv1++Nu32CwW3HL2oe8OWrYMbHvW2hCU7I/",
-	"gdPs2K9hRG4WndCykipfl9wmSlZKkmfwo6Q7MK8GeZ0Vm3gwYwr2ji1qCFOa8bH3NjQZYGgUlc7Ejot9",
-	"PRv4SWUvvlZ0V4ke6vhiFO2sRTuB7o6Y7kkUZU7TmwlzB5/tP9azeZeY9DlMxbVHaYypci81sldbl2vH",
-	"YRdKBttLKbKFf+22/KDs/ceiJmyAbPvuvPIf7vuO6e1M5OuWckC6WcG/NjC0kZcwFXoNRlQyxO0Y0b1l",
-	"RLdsK9xAsDy8O8GyaDe0S7xjuDsp824iKbCwasaof1BYo3WlvKnUZP8K5svthBcXv/5m3vm+8krtrNvb",
-	"2Mwy7lJKH2ZKaRZ6eXHxK0nSYcxC3O/C+bpQEzwkS6roTMA0wsKVVCoXbO4yDSEi3cWsQ5skaXHYMEOR",
-	"Y059eRR7x4Rix1mOj6JTICPGxyATybjOqw7z8nRoGGIC5fJSPfYkPKQ4TTujr2SfcsvZZJg6LpCEIZDC",
-	"Pu4q9+zEgxsYoXiFfdVyrxrh4ODzFcwXjU51kZDbYRWVivMXv1q+2VTAw47uzm0qu7DDnVOtEEW47ulK",
-	"Vdk/vwpognSXIKrm3rN6bBjbnUUT+77E+Hzm7UV556TEHdqJ9A9TpMfNXV0d0wPwrVMa0/q2ncwdoCdb",
-	"YQb2T3s56ol5x9xfmPdMHbJunfSdE/BDksDzWX0lKbywrLtCmTtx+5bymqwdnrdkMlXp4OAzcpJyqczq",
-	"pYWfqM29XIix6T45fLJXC7a8PSazUNFDNgvubnbfSmbCcpbh4592+sAuM4Fmp7L9wc/w1c3eHPx7dmW+",
-	"OpKgJs0oO6+4GUAVUA34NVGg0b06OH13+er83cmb4J+//3YRnL96ff7q4tfg8v1vr95h+rcCfZzhtDw5",
-	"fJKrEg6bxaL4IDoL1XkRgGqcCI7UfOPeYh+YwZ3bcS5TA9wrW778NzqVa5+xb7JmgSd8LERRX7bgtZCh",
-	"uU4dmfmDpdiYMz7ev4K5oeMinnuaga5OQUsWquVI7vaV26VcDZ/0QRJTxhvhdZ/94+jwxx+ftcHXPZNi",
-	"CnoCqWErnzSBT4lQzPxI7JX58MB2C1OeZjtWC7SLmtffjUITwlEZbnkmlB5LuPhfb9DU/u7k8sLxwh55",
-	"evi4ygvNoyJW1TnQiHFQWeEHwunUB7WMKMOaMuEEwqseum+QOZtpGhYNsUigVhjLur23rHRh4vWMlEbz",
-	"5wQQCSyCBHiE8JvfdvHRjPHd3UK+Exqhz+bPCdUkBoyW4mApy9BiJGbbK8yzFEzJjfb5kpNTeyarPH+4",
-	"WKMG5LWn8ppKFcV6KYRpBfGIdI02oUhIpUQIQSaJU59IImHEPqGuk8q487xzgAfCDaz6BV81tofLzOw/",
-	"9QRX1iJ64yQd0+nnCoybYI3Pgo35fpr08IraZ7zn6kf5CwxhxuztlQUOuD5xUeqx3RxUi4cXXmbCKnRo",
-	"hcxltdEV6YZCaRKCoXW118vBn8y3Khkjha6zoJJl4110mxd68KZx04F79DPDYlzFRxkkV+HZC6ppLEqv",
-	"Wbz9woOTOBb2XDY8/kWKNCn9dqGFpGivyF9Pyq+cJMmJ1GxEw/KI/vuxOSBvRQRx6fmZK7lxDubslkfo",
-	"BKQT64gvN7OLexIajehFVg24brH9F6wdkiltL5Tclm03MjNo+4mYt3PyKD49FzEsPq0fS/GNt5SqC6ah",
-	"/pc3bAThPIxh4dfFrTNPL67SxYfvL06ndFw3uuo+4cMKCSxSKU0jpomWlMXVtTkxPy10WaLGcn/v/V3u",
-	"wCqnSAwOVZDqhcV/Xx5xufxWzQ8nSXImxad558ufX/5fAAAA//8=",
+	"7L37d9u2si/+r2D5e++qfI4s20ma3cbrrLvcNGm98/K1nd3es90jQeRIQk0BLABaVrPyv38XBgBfIiVS",
+	"lh3H0f5hN6ZIPGc+mBnM49NOIKax4MC12nnxaWcCNASJ/zwDLefHIw3S/BWCCiSLNRN858XOOQSCh4po",
+	"QWaUaTKEkZBApPmE8XFvp7ujgglMqfl0yjibJtOdFwfdHT2PYefFDuMaxiB3Pn/u7vx+Bn8loPRJuNjP",
+	"SyElRNT8RVhIxIjoiekGPyAd80dAowjkd4r8vuca2jsJu0RIIjiQqekpJMM5fqhAXoPcLQ2P3rwFPtaT",
+	"nReHT35Ih6i0ZHy889kMMaaSTkG7hTlOQqbPhdQV6yKkJkKGIHvkZSKVkIpQCWQoEh6a1cJRmJcSBSGZ",
+	"TYCbR3MyAwmEKZVAaEbHTGN/JSDnO90dTqc4INNjfuD/S8Jo58XO/7efbeG+/VXtp2P8YAaD6/wTiyLG",
+	"xx8VHcOq0ZuVltSsXGJeJxHjoDYysPIosvHZ9Voc1YeY/pUAiemYcUsJAb5JRlJMySB73uNwo/v2x0Hd",
+	"YO3PdQTw/eGTrqHXlCAWyaG781qK6eIw3cRIDJKJkERiBtLue91QzPgLAxkJOaV658VOSDXsaTaFnW5+",
+	"dM+fVQ3nJIRpLDTwYP4G5osDe0evQBFKAglUA1F0BNHcsiodRvCCUCIhBqrJjOmJpVA6BXIFc0J5SIYi",
+	"NK/HEZ0r+6sWEkLSUZQzzf6GcJdIULHgCtKpWhzJ5pob5J4Z5TIGXLX+p4Z02N9gvq1a15iOoa/MC/le",
+	"QhjRJNI7L74/wEW1kPTk4KCbAdRhJUBdiJW7ncTxqt3WYgN7/fupFH9CUImV7icSCK7hRhsWpiS2D/dU",
+	"IGIIiYhBWl4hxymMmm0XiSZME6aIBPOBASdDDQPGr2nEwr57eVC7w7/vuQHsnfy8090x7zMJ4c4LLROo",
+	"nHmSsLA46afPKye97IBA9N9TSRxHDEISFA6MLoFgIiAkDGG2cESkNEvsTHrkIj0h8NhQeIAgRNOhAq6X",
+	"TD1rtu3R4keBJ8tPNPyFaphRZGPcSI44Tc30ApzW/p/KzPxTQ7x9JaWQZ64T22VxBY85SWKlJdApCSEG",
+	"HhomJSPKIsPkA/9jH0xLAzw8c1JCYe41Y3Gv7+c2EgfyEw3dk/ub7jsaGQKEMCV/YbZbKcPNnnU6C2R/",
+	"RGikhDlt5lPguq/YmFOdSOi7NwddMjDAaLAnpnrS15Jeg1Q0GnQJJSFwQ55chGB4cghEUzkGvcnlfCn4",
+	"KGLBPS6m7zE7OYJESuCaKG3Oms7gP/o0kkDDeR9umNJq0HU/Be5T1SXUsKo7HnS6LUqzKCIy4Zzx8SaX",
+	"6bWQQxaGwO+RxxI9EZL9bXHJ0YIhMpWMRixghqJikEiGgptFGtBwynjfo6h5ImYcpJqwuPBUaYj7SfEZ",
+	"jeM+F7oPXDMduWeJnpg+lOA06odMmbM/+wW4BhlLpqDYUuGr9JdNbseJ6ZnTCBfx/rbkI4eb2B50DvMR",
+	"33BX7IDuAPDeC/3ayAj3N80LVJeUSGQAJBSgCBeaIC8a4GP272um2DACr6BYlQq515DRyAx5o+twSueR",
+	"oOGFEG8NCt73cliAQbmWKRKZIUiiJ5TnlMTvFAloXHESdMkgBE1ZpHoSqBJ8gC31tRB9bGrDC2WOm7NU",
+	"mLqvhTrJQRMZ0ojyAMqI5R5vlDLOQV6zAD5yek1ZZDDqHlE6L/8wRZJsEKQzUHZk/dzThZmjyWQvtZks",
+	"m3jOumJE3Fss2YUQ7yifu6fq/tbrzJzjEZsyhJK/EqEpgZsAIMTTTVINffy575/ikRJFwo6nHwhu5YVg",
+	"bl/0hxfjShvS6mOjhc+9jFX65UHsxEdO3UF/n6xqhAtz0tvWM8FdiyvgfSfamqWzD3Lyqn0AN7E/7u0D",
+	"1BXT9zbJ3R95LEUASt0vY//LTKS0OtfpM3fOH6W4PiBGr7O2jhGDKNztkWMj/VNOSnYMIsEa8oz8S0nI",
+	"RiNA+dccCRtbuM9ep7TmxzB0mvY7mA5B5lQoGobMTIlGp9Ko+poZvXJEIwXdnTj36NOOFHYHli2s6+bM",
+	"vPq5u5MokH0WrqXDZ+aAf6ftdO0g/kjfF0PTnekKzZfHgRbyAn/6tAM8mfqPjY5t0dj8a640TI0yLsJ8",
+	"Y75z19ira09nzdeIBpaAViryXfOqkH3tBrvSMptNLf22+eryJHInozWtLAwmZwRxLa4c/zrb2t2ZgqYh",
+	"1bR+Xe0IS4CFy7qnYgjYiAXEt3JEOBhBXEEgQaO5eYEwRIAnRtinek0rGm6yaW5Diy1BoVmxwa6f2Vc/",
+	"d3es8r+4OU++/75Bl+5rT22r5quBU76Z6ZY4GVvIb0mZmAuMkR9JYRe6ntOKU8svU7rOC9Sdo8JaJEHm",
+	"f8uUTk+JdkDANEyL/1i51xZvPuMCn9iv0NbsBkilpHMkxvT6YiUaZ28u7AN2UGisdi3OUnr1kKqSwJzJ",
+	"O90dczomcgmKZjc2eYt6ngT6htd3uktvlszBSk1zJDJ6aEcBhORZ73D3dpdmfj4Vo8k/ovjEUlzxD/ey",
+	"pTT3k/vD/eQIkub/wJ+qV0xPLoxEtSbVUdyWPgplFTcQQCVI8s/fLnpFNv7h8MdVl1jdHSv0qT6raPkt",
+	"G4GB0nSrcBwEx0EYN/gseIj4vOxq16zdSIKa9Nt05r65RW8162WvEbvESMMR7CWq1FdpFVffBHZ3rLis",
+	"SxKK3ZhKikDhZQWbf1Tu2inP4AVSKHRc2MryIlRugRtGFUC4W63jIBAJbw6WJbUQFKD9aOjuyJgilMR0",
+	"DnJfUm2eROYPQofiGoikMwI83AsSpcUUJLGHhLt4pjxEIxUKBu4XNnUWSbzI2qlgGzP6RsJYccJeIHMD",
+	"7/uWNiSVSQiZ7kumrvpoy80TTRxRbTqwiIPrV0lBfpX6sWSBGWMcUb6hATo873udfJGHTs4/kGdPDv9B",
+	"/CskECF0iZ5IAHsJGlAFJAKtQaoSSz0tMNRTc1yZ10zD//Pv473//uPT08//a6dqYEzFEZ337XVbeVA/",
+	"219RafMo4knP7aDR32Z0rgj8ldDIHCkD8/agNMDDJwcreZ7xa8EC6EsIWIxmsA2KV/5G8TZTVMB1197g",
+	"X9MoAUIVGeRXcGD9ZvDQDSGIqATl1oMME3sBw/BZ4asjMhRGyZWAXeyusXYxlWg3vBP28myz2f1QmupE",
+	"5TnVyArXBnf9HQoKOxFoCCs5VtObvrvkZUMWMT1fxfdGkgn7ntOrG20xx4WPZxMRgaIRbB5ESsdWxU4X",
+	"lYACVjvqL/H7MrKp3PXlPFoBc8tWZAniVm5tFcynVLT6yC1bO+y4WxKHbzL8M1HaXx+0txDRqRnRqhP0",
+	"neAwt/xH1YKx5PuD1ahwC1oukVuBsuzo03EtW/vcQq0nqLdbKXdv0vj9CMKxoXBJuXKaynqMv7mVrh5S",
+	"t3oH/HyXbMFP9pU1Jc6Bv4kyouIVxJqMhCRDGlzNqAyJWVuqHYd6idIcgbFkUyrnxOFNKtUcEd+iGvh3",
+	"A8oFZwGNSAxyL5V/jAK7KIK23WHfW5V/U2W3/oMeeRkZgFNkmiiNd7kqmfqJMOez2cRokY4ls1c8f4a8",
+	"6/46LNsuyljv5pybzbINT8Ix6JfoktgUnsq3dRxmZIjt9Lz8Yja3JOwYgUVwLwx1QhGo/UBwLWmge9Nw",
+	"94hQTSKgSuNr6AFnZ9V17o960rVGByta4UoPwcqSVeoHygd5+0jhqBwKEQHlaPhthxtlMbil9AU8VLcx",
+	"mwIfCRkAuj9NRdhUt7I7/Sr7+J35NifqthUi0eMyf0hOBdeTyJy9fyVUapD4b8p5QqP0AK88KYuW4LIa",
+	"a6kAscReiZnvvUflUUoH1jmw/JpFQkMebVE6a6TVCp+bz7wGqzSV+la7bVQ6NRFR2DdKnbs7SSn6h4My",
+	"O/5GJScdEQMnlBO4NiqC45oYeEgk0GCCl2pMEdekUfC9jQlZgXQuk4ODp/BfXrtwbrkNnHTzUJRbwZRe",
+	"Um5bCUo/Q8CUs8emQn8UiZkRFKnk5j8iicL+MBLB1TIJrNiewdGWgoVFt+bHCL7ej0XEgvmaMkKYm31j",
+	"2kuXrAFK3TmuOOLqJwrCPvUeAOk6MK6fP9upMiAWPrQRLc2/ZCLsAw/Xv5SyTSDjPpCbLdcahH1k4cZk",
+	"aGhY4OKvq0F4tpsxPWG879ggD0qBFEqh7u2I3nuCVPLjRiA1hhZzqYTPFYFQBWmqzMrdEqrlb89K+vIC",
+	"Q+W4Ol3lEsUVaNhPdnErF4nCb8BO1ZyreaqSRRvD8nrKbCvOqOKENSi6tKXlRlrMeC2t9NZI3u7Ws/7M",
+	"KygVhweLt6ClhcoRq+155UqVT4EchHCh2WjeFxyFQjyy+xFNeDAxZJ5YIl55hq/jPdLy8F7ttLESsEdM",
+	"Kt1XAPw2kt96LBLRDXSdx4Wv7OjFqQceHZbfVLY7SjITdHOpyJDruf2ucBhd2QDBVXFJFV4exTaanR7p",
+	"yVDY13RGZYItEVFhTVdDQG7KOfY3Cgnama+4mKHVylmNRXQNDRj/VCidSFjDcczaAG6t9NuozVv5O4UQ",
+	"U4n2zXV1gqX3b3ahUiOaeWmD920trRYrMXLT2sa6aKlB6T6kx0oUfRjtvPh3Wx7f+fxHec61l4jL9mn1",
+	"peEaWyfkeF15685sPLe+D3y4xpnlZ04Sh7fDkUrXP7vDZYgpqScFxaXmiq9kpKlWJioUm/Q2NlvUEncV",
+	"ILSwDivPFAf+9+I0WHnqtJWcG4rLGTVWXTW6vVt9Nn7EpVzPev9yQvkYMIEIdUb8o9SSyiAKFbkCiIme",
+	"AJMWk3rkOG+ox7ecV1i+u8O7PIwjoLKfO5KKkzKYQSRMxbWLHgAeErNGOVfmXOdbe/6msf6ukLWNIbqO",
+	"9V66u7tz0JrxsVrzrtM3Q5Rrx1vQ3YUDecuugbz+nQSCX4NUmAjBRnnGIF3ou0uHk2aDIHpCNZGgE8kV",
+	"YRU3mg/WN2x001ecxmoi2gtSr38/959WylEqiWMhzWmRXagWAP1BrEDjC9u7crWocKipXLniZi05pXL7",
+	"0o45TqbTRGO85uvfCVyzEHgAPfIrU1pIvEW3jgsEuJYMrJu59S2VgIdMuEj6AY3NYXzbkBMzGlkRrrEK",
+	"Ht2XfQynXDNgxHy7SK+vbmigSQgBm9II0z0ZsZ8S+52PxqFkFAmqe4uzLI48T64Hez/+8Z+dy8ue/dfu",
+	"/6kkXBuV/vAgxfn1P7Bxle84S4u3OGy37Tniq6CmboG8l/DkifWp+xlDJFuyZbGJ82SKXjdxlCgywMxi",
+	"A9JxnqghGUVUkyEENFFgTykciuXVIBIKwt0KJr29mSR19LNufWOmtKR1AYCrnakT2KTZYsQ4jdjfrWa4",
+	"stH1lHMbcLPJcSANtNWUHDW9ZbxCT6oItLqtNeIhmJitp+smyLOVUdkzbmZQpjf9PxPJVMiqQmQbbbpp",
+	"Q6085qviRy/oTXq4Ew9fhBrFEZkkjQtZwDLTpxaaRs3vcc0XBlumDUz2brku6M1F+gmGCbXp8VqwcJPs",
+	"tdRus9SK7630dvz51auggPJS1ZPrMqQtkUXJdmNxYvUhhZjQ0oXUtI02KvT4pJlZlHT88pEJSDgiPnji",
+	"u8xT0MYxiinTRnuqOJ6+hNE/N70iQBw82eC1n3UENvL0fEMm1nQn2h8E3sKaZmkDTKi1qQgT3BOMS+vj",
+	"IDcVuGL0dOgHEyPA9Sv96O2eNcLUgGoYCzlfF5M9st4Ck51FwqxRLQzDDUxjfevZbuIUQll4GFdo9GZW",
+	"qBcxToZUMUViwbhWZe/EglnooLbbnDkeYS7BFdkcLVVBfcZNxS3Lm9rzVFNaklqkLw++alfraLtEaAW8",
+	"a4buZeN1jjXTEBwzxTSyw/a5090ZgQ0pQoBYZuNOe7unrAGVStIDSyBQKQ/mtiGUdGSW2qoIO6gFYatW",
+	"2KBSMxpF8757YESdne7OTDINfTEaNdgOvy7tdmKrHX7F2uFWcdsqblvF7StW3JacJG9RfTgDmyl5zUxm",
+	"6wWelpZ3dZhoeaxryQTSfb6BaE4nW4W3bmphJaqHWN/jkkU7lSxoq4sX7yVi04JRKQQHknCmScf/a8/m",
+	"htk14rl55k3fFebhnC1/E1cEpncMCF91rdIlKhnuTRkXcg8HH0vn3UwwpgjC5fcsT/+x6p7l02H38IfP",
+	"6WWL/bPmxsXqrmYcKy+i8t3Qvb9N0+6/vf6LvT8+HXSfN7mmyPXY3cldTeQWcAX1mP9ElN+/xLeu/NNP",
+	"o+SqPE7W9JJwV/mt1YncCv7LNtHAWF518jhHrdz0coNqCve50bQL/S1uLoxGgE49/ZErxbLeBhe2Kv2n",
+	"63JjW4dUvtbGQYX61zwg27vW2e6b7cp9a7t5Bi/T5W193SpI/94xZEOUulkSKlsQrrPVyQdcPH2y0yrq",
+	"1jezMOt0/GvAhNu5B4AWX4qNV/PvmVlSLKjV6OLjdrlLWBTdbh2xBS3WN8Tcnivv0mdsTanBZSzazI2C",
+	"b22DlxR3cM/T2K7TIFB547nwCk3mALKtscS3s57BxAFhZjTBBKha2EuJpXcsacfoJ9QkTfCG0yJjpseK",
+	"gDP0WKtQZhHaIewP5/21E42XFbNGkIaf/JVQrpme96eGzVXD4EPzaeN3UROSEAgZrjs5bCLb0eZ1FvGL",
+	"VQpgA/tTeRJ5i1Q+5KNyO0sT6BaVw+xkyc6Ims0pbLPfhdyFVon2FwGihr8r2LV4WBTIehEUF5G3gOxN",
+	"xZ/8eX6/4nhJkniQl0/nExqK2RnuwxryzgMQYCgPmfmgb28t2/qG5D9vA7EhRJq27Q0rRZle1hrroz2Y",
+	"X/pNIHHpiN7QYbw9x+7qHFs8wqppvJZRS5xUw5F3fdht8IxrCLbrad/Z4qxB0re4+t0iTw3yZFUbFG6u",
+	"I9pV4R01TJzyUVHWaF1Ipmj4a24dScXPheF0q0mvMbGvJXU5iRA9Wir8yVy0PX76gtj1Jy4nPmbJD+Wc",
+	"yIRXx4uu5Sa/IC6tMrMW/RzvZiZ4Gb3ODC7shwvpaHFl0na7pX2onFJDQrhIh7oW6K0lNt27pFZaztsd",
+	"iEsWtuBgUUzS1A8EH7FxIn2GGB5SWXQrXPAnXOYv5gSGynI16DXRN+J602o1Ptm+LUpRrlqTqz2z2HTu",
+	"iS0bEwiV1pPBf9Oa+jEVok8pJWXgnS9oHPdlwlEDqWrqJdU0EuPzNx/bmodtrcs0b30j6Ml6O85/vhCr",
+	"WgaekKmr/pgNC9ksDquE0NZJJsdxksvOlLruPu+u6Mh8NxUhRC2qqK2S7acwFXLebKItbx2yla+4eKha",
+	"8jaCdHfnOoiTVWOuMhuVsn1ki5rfGNd8YX1yNFGSoNMrpQKFVmFPDTW280nBqPqAxjRgem5QgZLzNx+9",
+	"44kYEaYVkTBmgquK8I98MduKLBT+54xEi73/KmZkSvmcZEzv4v6ZwnGMmCZczEgHaDAhwo6KixB2j8gB",
+	"SXiEBZywvNLYZQRIO11dWWkkAfrjOKmQA15LAPLL6cc0DcH5m4/fKYK7a8dhzuYuMQQaJraWrhmXyuo9",
+	"jZ3T36rqTmNbMjZspD+717HW/Cqm+dfTM3w7Tx7n+OGia1Q2iFIf+VVa3NHckxU0em8mv9yR8LDsfGUM",
+	"a8eoFykNWsexe3cNm4hERvO+bEB4t7CTNddOlx4vjf3YSm54KAZlzni/nH70vnhds+JT+qeQ+Hs5+P3Z",
+	"wSr7TLWTWHFdG1s7KukLjfA/pxmr1rNr3DJ5j4qScRnHni7zutv749Nh9/mTBi53pcMWe6pfh/ciXNOv",
+	"goahBKWqTiulXakqSU5OiXvRI76Bf9Ix5+X5+a8EeIgxVeV6Uk++f7pyESvW/vnTBo6MnWxND7rPDz/7",
+	"5zVek7EUQ+jHQlaczBcvT4n5heBL4RH55fj9xdn/67//8POr/unZh59e9U8/nF2QzpMnLh2+TXJViCB7",
+	"/v33T79fJYna0+YWfpvNnTYd5fgNrieeD+cnUzpel35yhTIKxc6snoa5wbRMGibPWtKGoTk6hTUyGIbM",
+	"/HuYVIRKPH3ScuWfHlafF2xqDVejsgd7gwKUazibtvP0XUIzBb+xxgtzvPffvo/0n66b6gWqJs3CxnRz",
+	"rmfZatZT7akN/juDUcLDe66NVSqaMZn7oqcJD8mMKjKlBh2xiBHj+Uq5YozlaATPfVEGzdZRD0tMNoW1",
+	"uhDxx/gelqr18FyF+vWO8HJe3PLmAMeYfg1h12aikWPKXZjSd4o41iNZO6hXKcXG3CaSaivEPTxhAkfU",
+	"YP3XUlh8pslVKoV7rSKhfilRZXl4Vq9bk25j1i8pncvPGPNWqyxZjY/nopHj1kot5nxCQ0bfpmadMK6r",
+	"XAhWkF2NLr6RCa862SI6rLDJtUQ/p8fbtuqp6PzNxy8k4WTW0CzZwLMfvv/HSrNlO+mIhWvIRndiUV0l",
+	"74TL6e3ZCnH/PzJJ//Ky9+9DQ4zmz/9zU51ZsWiozYvrz5uJ60VzzF0wyhLzLirQfyXgfncOyvcQA5Yz",
+	"FGd0++RZt7Xd+PaG4iVcff7rG5ivx9jrRgIlw4gFVUUYnj/94Vk77PLRPVmT9VO9wGSdx+GU8TWsaTbV",
+	"53eKYLUGX4SdmtYq8sTeziwSU6VmQhYtYOnDkoHgebG5JzUF91crQU9XKkFPmkY7uu5yM1m1LesaX9xm",
+	"LjXxLux+bZV3fzX68fznDWXRfKCyrOuh61Zw9e6sVxHYNI6Oz6v2yHbzUblz221OplKs+j6zY+a/bytZ",
+	"+9TAzUZbkw3YL6qdd+VkFke4agPMynwRC+2mochlTJYigmarfGbefBgYVhx91Zb9jBXwb6cOiqtqWf82",
+	"tdvK7mJXxUiF6qnkea9NRWJesBDsoXIVkkAovRcA1yAJ5cFEyB7J+iBUp5YswhSZUh5SLeQcC8q6oao7",
+	"SXjb2onibiLiIzaCYB5E0EyxzZburf8w1WvX9xetOXYWBYq7LaNScXVTirkvr1a78ia1i5d3LPIlVUKm",
+	"6DCqqZKVb+mebqyLR90DurF+JaWQLyuNROc2Hf2UBhPGYU8CDfEBmE/QZOQcyRRgOhXyj96T3R55iS4S",
+	"VAJRtgGKBU+Jz7iQdznT4gp4f8qUsm689m/Gr2lk8/Lh33ATM+tbZ/+2lp/sLZroST8GqczG9dOtdz8g",
+	"esWSKein61P+JvcD4yoZjVjAgGvzAg7OJoqwEkLuXTHjINWExfmHSkPcTwqPcKC2PCIuno2tMg/7LtrM",
+	"tJ76x/S50P2RSDAjUulxSuG55zQyezPvS4iAupXM/RwI7gXmfsSm6IJUmGVW/l5dJf2EZ/4e9kl+ONZ4",
+	"358xHopZVrk2l7eUjTnVicxvEBchFFrBB2I0ihgH/6cVvvxffk7oz4mRBApkoQ18sPCa0kIaDdpSeOED",
+	"/1NM9aSvJbWpgnI/1Db2VyI0zU+WxnFxk+LY39svPDd/A9dMR+mnjCttVnzh3fQHBMg8ied/XBgOprzE",
+	"rc0/ZYbwDXV7mktipSXQafpAgbxmARS2vAowESTWLPpi1HCLGMCvIRIxemLANci5ey5dwxWCQoPSPhmA",
+	"VRYiLUUgZL8TFmZ+XMiDpGP++H3Piex7J6Et3rS7YGH8oTJETVO2zNu6KiLitQTYMycxcZ/3yEsqbXkP",
+	"XzBq4HZp0MVLtIGWFGMyB/ZPFaMXycDd0Pt9PCIDe3PnXsOSU/iSxOjrOaFxHM0rAy+moDAb6cLyGYVm",
+	"T9ERdMkkmVKenQnukx55byuS0Bnx9RqIkCSkmg6pAqLhppwm6snBsx8aWrv9wBY2uupkex0B6F9OW3sN",
+	"W+C0RVwXJb4gCWm//vZ4kSwkuwa5JOZm0QkLaKQn8yp/RTG1gfNYI44oOo3NRvMkioitT40/W1uXsMH1",
+	"NSE9uRkxHsJN2eD5dJVPo7NfDucuxGIh+m7V51qyQDVPYeF38537sDKBxZSN+8Dt6V+5e83doeOA9YeJ",
+	"6jdzi0ZJvXVxWiff2w3wgystbWEkxRkuEFeJOrs5Ws7IKlv7ZUzzLrc/LdLVBIE9W1QfGTTQNbWQlxNH",
+	"rpmE36YhrMl7w6o/XZ3o2m2Erf++JqHHYgbSxkPOqNbrNGH5/FbqsoYp1kszYlnQoOCmZj6laYNacpVN",
+	"3LDQ72GairQIZ7+f/GwFAEUk2IpbRDEeWBD75fQjQckdQnvPx6+BayHnBd+EJgtYLj6UrWb1RKv2vbyC",
+	"Ffvarab+WmquWKIcwS7lTYMTa8V2Fc621X7zq99qjqcpEaygPF6IN1j1cu6sbEECHmj9qudhEuedb7o4",
+	"ptp9ee9E1Ta7MTb60i2icX1YQyMLRCoOrYyrmQilK+xq6NW6OtmSoeAJUKmHQHVlqdG3RqpNX7EiCx1K",
+	"FhBFZ6QTsWsgsQQFPIDdLoHIFdMy2jpTBiZMJ3sKgBODfwVEuE227hqf3MX3UF1dz1ZnY0ka2gsNUZ27",
+	"L1JDYbMs2vhpljtbUq6qvYD/SlhgRHQdxKRz8fac/CeZ02lys9slIy9w2u35TpHC3pTk+B/aZoX2y5gm",
+	"6EyTP5dWqVtilRyJVhFcfrqOSWrZ9gIiMPLQfE0r4Bg4yNsaszGoqB0jv3cK751YEvNBziVlHp+T4RzP",
+	"ZxcpZRQ+QyWziYiAjMzwuuYV+7N3X24FUvkjrjjL75+viKov7Ihf21x49Qp76K8I+xu9BVq8x6nq+MRZ",
+	"awzTqi9JjSLRQ3HTj4GH5skCDXzA3wlWKLfFeeegCTpzqEnJd7ShjOxuitaQje3d3jpfJgpk++8qL4+9",
+	"eVLt5OaysJDd4vZU0cA/f3tzfgYjCWpdCryCec6zbekCNCXWbq7RukFD2/vGU/T9IYqNOeNjcgVzRTpn",
+	"r1+Sf3x/+A/yz9/ekHOoKkZmXiwgZXNb2zH55/mH9+Q3GJI3MM962622gS0RkUprhGOqWpm3YszW9ODd",
+	"+A2+0HFlAGrh0+cVKdqf12SRf5jeSW/FWCR63WIMyHl9vGRqHdGyEG6bb6xqqDZsoPU1vY0rIGJEpqYB",
+	"wjhxTE0wVb8LXXSG2Fxm/qrQhj5+UpEixXbCeL5Nby5PKwd3RkISuEGFmhjdWe1Wov8i9jzs+sSFtckN",
+	"tmoX19H72gYfdgLKBcca4CoGTKyxa8veY+SeIoHgHAJNtKiKRFz0yL+t4rmJ7OJciijabLWl6jD/VFJV",
+	"eBOCB5nKdBsjIBrNxiilqZHJWaQay62GCn45/fgSD8lWCnYdBWD0lNmn1DhWtbV3VAgLdSqkreYGerME",
+	"p+aTM1BJVJNhGhs2ivsmt72p2l6Mhd1QBOvqoldfRuO33/SDCeXjzXLZnbgRlcJ2C5uVrn6FYSAzGSzM",
+	"t0RtBaNB2Z6QRyOHIwUuaOepZHbiFba4poP0Cnxe4f1pJ4POGFWizIK8WJkIot4E2EYKWhjKkl1YtZJr",
+	"6UPWctU3dLWItmYoLzACPh/e72yRnf/78eRl15zEF2/PrZHj4uUpmTE9cQayBUCuylzrBhDQfgzTxSGc",
+	"vnrnO3f9vjzOYf80UZpoaf6/A9NYz8lswjANjX+d4envso+Vh+SifTZpwMRPU7JadPXAJRwClSAJvkY6",
+	"gzHX/V6vN9g9ImoiZphZZ44VqXvkXAsJhGm7sOacJgfPDw56FTpOY2tiNsTy+ncLBLGc4mzssJtom0vQ",
+	"CvYrWVC4RUq3QEaKHowp13K+Z8Zut942M1hcstUr092xHnPqtkbJTbgtZ/tSAQa5cdZtRipWtUxjuBDe",
+	"9/xZd0O3WTXXSfUmEjOPe3M1vVPT8HpOpmXZsJ3S+yHRgZiCzVxmMNirO3g2W0UI74dExIK5r01XofLW",
+	"6V0Gt3LqltES8FTAlmdUkZBRIx2QDrraoKOVz8xBQhaiEVSCEtH1grNYI5HK+uNVplhgdgS2BxpMTDsv",
+	"/AowwfsSRonCKH82BZHoLkl4+mbXD6s/oszMAB138Vv3pKxAP2l0x6fRmbRK23rpVVGDb2g/CKSw+ZVU",
+	"1y5dOrqVpuLVLho2dc1tcC4dTQNraPZuXlTNLYffyvzA6hiiKOZXpXDQE5AkjmgAGG0xpXMSJ5pwmJGZ",
+	"kFc+nwb3ntgkFIHaxxuP3jTEc8X8jrdhyGwEHbKLST+z5HbWrS4U3PkWUcat3Rr/WeNLn9M66miBXTM9",
+	"J9Tp2Nkt7nBeFrqOyMBZywck4ZpFuRfQqc3RbsGHPLOv24R95h/Os7huwHisn3AthYohLSa8geh4l1rY",
+	"UCvpUHe+I4wwy8N4gcoUcVxrpZ5nB4e71XH0txXUmqnGZfOXdzEviVS1+TTSJV3zfLtLcRRmiyLpOjJV",
+	"E2lzxdpciyu4/xWS2G+FL/Rr01HuMDOrNKHmMLNUinOqIsvapfBdVa2DS7e1Rlgaul0xPt5Tc6VhSjBN",
+	"EqE8l1AUoXEIJKIJN3iGbFUhAKRcW+HX+wVi0lak6NpUDFs+SVf5jHGik8u/bH22MdzFGkg7lLv1ljAC",
+	"iXW8hCSUGNXZvD1CbZROF+Se7yuvodZM+rV5G9SyDGDNzVWlmLcGmb1KEXEp1LYxLzlWujeFwrPuw9Ip",
+	"Tgt9tcFSuMEMAqpK5P4Q078SvOJSIs2gbr4gMR17X3snd1lxho6hivRXl9LACivs7wop4tQwnPnJ1syz",
+	"chxT+b6siPyk4Ie7OjFJfur5EVSv77xRHPGtkssFNNaYNr/tB5s0aG+iKidlEXoGVwZSGkHER8N8p4h7",
+	"2UZQpuevi58jlWpZo3msm3zXDmw1x+L4Tv3ruU/7PvavKuSqNHk/TUtohIWkA71xj1DiOjjhGrPRhZX2",
+	"1dW1GzE+sQVFNbtccYPLeVTapAJrFpG6iyuUbES5Ta3epNy9Sa5AhmPF3BqWCLvIfu0OLbeA93Zoefh6",
+	"aIdWkYkqoN+yRxY8NyLUM02xWIdkcbWGW8gResf4fXvoXI+DhGRjxhsSgV2JD/aTz1mo8roKlU+IWs5e",
+	"2s79meWjpm2Qr+dFN7u0r5XVN6smukBbGL5OOnoiRTKeWJHi+PRkl9hkHZbeOtbQgs71jBva87+gw2eX",
+	"OLQOqZoMBZVhPp1rmoYB8xPlYGglma6bhTMTUhqCgUy5ojHhVPl22ZBt3/2SLamzjXlGx4vsHnkt5IzK",
+	"cE/waP6CuN0me5fJwcFTIM7Elf6tksBGeWdvUKkZjaJ534N3+pN/cOREC9KhGEEqbTNKEaVZFBGH7WrX",
+	"uslQHoB5G3iYIZC1ZXF0LfNnQX7j3cDN0qRWuXSwuGDlYS4eN/gP3/0yynGJfdcinCDCzAcKAgl6pdBi",
+	"3yb2bZTH8c5VTs2m5IU3l/Z4KMVMgeyRc2dnCtbVEdqRdznJrHveLU13Cbn+BsOJEFfHwVXbjFVJHLGg",
+	"0pJ9IZNUzjVaTAFQjAQ4o4q43AtEaSENrXKhJ2Z18bc4jhiEhI4pq6nKhm01kT99p40u7yUEwK6rg4kX",
+	"MMG92s0tRW5clWseUW1On5c0zlX2Se3a7tdeiqb+gYhVz6xW+RlWh1t4MeFDIa4WPuAihIWHmK/bPq1k",
+	"PPfemUsEVh5qXyUxyPJ4+yJW+T8xxVpl81nmtzY2Qp9pqkcGUkQwIMzWCwpoFOGem6foJ6vvJhfV8lzc",
+	"7wXfQ7NBIZlWljlrnWTbuS6bWxuzb5pmjLqbpFmNR7x+SizzZeNumqS189nhXF67Zgu4NF9WOsQyAS3u",
+	"7uLedUsJIXEKJdviKpHRzuj+FLIsX2OhhufBiugK2/iSGbyD6dCqUm3O/9uz/RT7rWT5kzS1jH1JTVh8",
+	"ROCvhEY+b7X94TtFDBq682gN083ayQXXIntMubRu3ezaeJEV3jXpMhcmnA2mmw8OcYzQjPYt5dw3Bzh6",
+	"fWCGidxGL95qpycoTc/anNCPWdDSrLSeMXa6O9cMZjVH/RnQkHFQ6uUEgqtMSUrbvDKoJ2a8wdeqdQZs",
+	"vXKvKseH6TyUHktY8/uyfO4b69oxVW1M2tCa6bfS79PoHcG1FBGJI8rhBRFXKC4ZER2vw1FOt9m5AjN0",
+	"86u4qpCb0pVvvgyqXdih66J6VTC6yl2sfwXBXk2q15aZzt5m53MwEjWhMZAO+vkEttZgbxru9ojRcnKV",
+	"7ZgrIRiSGGSuxJ33ufH11w0RHJXv0kGDVCTNWZ/Vwrvv2/SNlZC4nxK7i3pnFiQPNzTQEXpB2RKiNqqH",
+	"ME067//17u2uM6xd7rz/18nPJ8fk18ODA/LDwS8/kV9/evf0cqdRDrq1avhuujREmzIPm7nKX7MQ8O3q",
+	"O9xBXWC/uGv6BdxnBdaHV3rV1sRoOekh0xW22Tcwt9fvjBPzRpY1kdBoLCTTkymZUOVz7LVzWd3EdTPj",
+	"Y8xpW1Vw+UMM/Pz8V3L+6/GT75+T3LsOYwb2lxe9Xm9QBSu5mFn35s7GbANXMO/bh1WLnq6uH6lSkz0I",
+	"n3z//eGPg16ToIWmgF8sZ1JhMbT5Ca5sgLVfUproiZDsbwj7mLHAzr68hrYgSnMvotxYilubW66uJdWV",
+	"mo3lgvuDAct0DwwJ2Jgn8RcpvJDPob+tI5Mb9OLCVO3cRVrIo5Wg7Mr6dPKd7N6RqbeqAM0Xz1+wLho3",
+	"hsumBuNmzjR2mzOl+i4jip2BdGHjci4wbWQsO/R7w1dfs+ZB4WuuxEuFqcjwf+7ORU+AyXoOLXsMONtR",
+	"ldGnQDWtaz7kahXdu6W4XUVDD6DWFMMFB7wEHbNr645/R6VO1r9suYvqQA0YPHfQlHSx9I4lP7KVolNG",
+	"IffM3r6A1gNi8Y+IglnRkqbC1JTx/NPDDYtXGyu387l2zu9FCJuabS7gtFUShdqUJitLXHYKZTcPP2c1",
+	"QyulhjvJiLKZmv4129Oyav/KHVpiw7wlrd5lbfz7ql5fswmFi6w1ze9tLx/LFve6Ym6FEd5rhdQNV3+s",
+	"mVm7suAr6X+xUPjXWwJ8IXTQZkyxwyBBBFRaxyDzQSP/ryIfFtvHK7MpvQLlasiMmYsLcp8cEdyEfMej",
+	"iI6r/dfWrgleQyYt6n7fEiPv7JJmBbttC1zfb4HrGkJrVwh4Fa2tC71rmB0qp9RePbw73xusHrtpTan+",
+	"3PS95TRrVwu3XG04m4b56DemJz+5AnLtDHfmaxJHibLmATSVcQ03Gh3QXVE60gkhiKiE0KCnJkMIaOIK",
+	"AtjR21qDQSQUhLs98gp9F7DcFWGKUJuRQQHXNnoT79MFdyUKs4QudKhciE3piiibW6OQmDvWvlf6jC9z",
+	"fVztcO59dAPvksxaZKav8GcugGAuuDrTan2PhjL7SiQyWKBB5TX4IcOgAlVJjIWW2g/as1rOOfF5xXDb",
+	"uNytXm7X2tr79WVxJGdpKXjm5VxbCzNc2KOa7a+jw27KjFUIZkRGGmLlgHegaVszHw0mBcKb4JX8lGGK",
+	"n+E8psqlmaypkbiB3PvLKxnYEdbNfLxGEpuVwv8XEuRbB/02HT5T/UJ5oYpieKsKPtfJ6Y3qF5ZX3LdX",
+	"8twuDLNy0auXbhltLK5/3oSe6y2OKLcZoKbUyH/clYZdal33vdzCcmpvZvQKilwdBN/KAJtyzqoiI1g1",
+	"jzZpLg9BC2RQMcduapPFHqr38HwCUXSsNfC1k1X1NVXWYXN5EkT39kzIq0jQsMEXHCBUWJjYmaRWFO2S",
+	"QMM+F5qNmHU5VC3rdy0MsTSGbnHKNX0uWemXVg5tu875/VlOJqX9zJA1AvQia0PB2Na7haSPVdJLTpZt",
+	"ltTbSbWVtTbX4QebY7PtnLBYdKwXVPaGbXyI9QKLL5Htmq+O6yONbKlapipTw4YQSWfeEm2G6++Uq0ab",
+	"qNWJQFwz9taqIhXqziIxl/aw6zVLN4Ns6fM+kFlV8oyxVoOkY911D6GM8RssgYeJxdPePl8yzHeODUqq",
+	"truwzMXPo/S8EFHpH4hY1ZzHZepv6Qbl3CUiWlME6nioRJRoICNpJstDIkWioUlpZ68it0AApvrLrJBr",
+	"CmWoq3gBrDzjfKdL9rFpyOomjEYb9tZZ5TSzZNYN/bTucdK1k1kyizWsfa0DC+45WG6pY0T1UvzmpKiX",
+	"QmlHzUvxoqq01k80uAIe7okZh5AMGZaoQSueTPiMzn3UGBO8R15iLgJFJPAQJGHW3IeZ7m2WY4MHBlrs",
+	"tz1yopW15zmTndAuf6fLtqAAQhvWRAPdJUrkjIOEKTJKi+wzl4IglHSkj3yjM4b100lqaLQTv4aa8vjZ",
+	"mr1hNpVImv7Cjnynu/NnEs+1DYKLoqktSenT6foiFubXq2QIkoOtMUzjuAbNfYeL3k/SWt4hzfqkmHD9",
+	"pI5RLIxsrQwRxza7hpjGEWiXfUNpKrX9xP3RT/NwSIiAKv+j+XcxT4d75j9YMfpkOqWybc0r95XNhORl",
+	"/s3beWkQyATCfiCU3oiATH1+bs+elXkxRphO0xC9jbkT3C4MJqogbEToGELCuBZkwpQvgL14BtreUObC",
+	"zMkV3bEpuKzKswkLJtXdGs5ShlEwB2wqeRGVyBENQG2s2K5T0TaYxy+LYduQeZbGcZ9xpY0YusEm17b2",
+	"mo9rzvYGJjJbzCaH78sFsJpzYTMBLBORyGjel84OdWteqwrC9xPAHIPm0KDEbNpuVcjLan+cjL8WezoH",
+	"eQ1yLwTJriEkiUJ/Axtnu4dxtpgO/8jlEVIVh101U18xHjbfKTyN2siJZcPN4qGOOalMp1Qzg6c0YhQj",
+	"iQsrctvc5asrfNXkMm9mHcb49P4tchdkDTTNT3y7zAyrroUq8hTdymaqrpKqqierv2t07b4gvVQKrUXw",
+	"XsTeVDdBnsh57xdunkrXTUU7q5lmdVL7Mo0sbHkOe3MYXgodyE60IsB1i7LFIhZXmi/zokMZgSqO+0Xh",
+	"3mwQBIlken5utsJdZ2Me/OPE7LL/67Wnz3/+drGzEF5jc8S5UkW+aqJpwKdmF1z1iPNiR3nGpg9If+05",
+	"mXeKAIE9ZoAx0TpGiHXlrzGkv2Z4ApMzL4zwYgLkmkYJVog5eX/x6uz98dv+P397c94/e/X67NX5r/2L",
+	"D29evT+yGQ5OP5xfkH3f3z5N9GT/z9mV2ndR/I2Ga2jnp2VLWTNWl1/afL7nh+DW1si3nPhKdK6qB744",
+	"ojZYn+qJrU6T5uuPxJiMqYYZne82GPdnXOiRqCzVgerTnk3/ePbq/CJVqXzmiF+wRBVmEwgikYTFVBK9",
+	"S37J95xY7rQSzMsfUCnnZPD7nnMS2jsJB6QzpTfk8MkPJJhQqXaPHM1IZ7YjEEyE9ay75IQEQkqIbHoC",
+	"ZqThheb8qpgBQ/bOhflz7+TnwW4vGxyWaEGdgZPBK/OHtxYObD0OShQWSiEDgxwD/PTEaZ8fP578fP2P",
+	"IzzQlabT2D4+e/2SPH369McjX5VXVVblNS19WPBaIZ1BlT70wjoQDnZJwiPDg6EIkilwbVTUnFrbuzSY",
+	"oZk2UL3jdqmwN+T49CSXkP7FzmHvoHewh2owHnAxcBqznRc7T3sHvacYH6AniBf7vRlE0d4VFzOObNL7",
+	"02U/HdvEiSmbn4Q7L8xDw3g21SO1qSRqBbvslf3f3W6ehCjgeTrAITw5OEhts87qFNsMe0zwfT8ce9ys",
+	"OoxcsXLkhEUUcXXHDSdNgIauQHye1Orad68X5mH6ePbkx7pP0jnuXwjxjvK5+xRD4r63c17+3YkDEKRh",
+	"+9XT1V8ZaZUF8JFnt775s2Lnxb//6O4or6pXVWo31EbHZl93EP3+MN/v05jtXx/uo2l6HxMJ5qiknJQG",
+	"DzZFBhWZBwekI2T+F9PgYLdHXmLiess4Q5EYjremHiWktqnyfTb1OZmBBMKUSiA8ItQn9JcQR3Tu6+5Q",
+	"LrDEEn7PFBkwfk0jFvYdfGHIeZG+I6b0sRnqq2uwhf/Xp/PuyrftjJu8eUrHcM7+hibv4vjPhdT4cnFn",
+	"Xt0YwMfNIFbGwBrI5qe/EpBzL4e92EmFlYzxWmlVi31/MKczJsx0yYqY8wzUdWPIpzzPhtG2XOGnyral",
+	"LVXXbQgsuKi+9PGdQlhGfgVviwpIO8aKEShY4Ibatd0kujVBqZ9o6N2D8ZPD1Z985FmmBftRA1x7LeSQ",
+	"hSGg8vnsyZMm3cRSGOnWguBXhdYpPhsiKOxvHp0NdCK9VGG0s9Pv0/DPRGGYnM2p7QygpXzVDo4JfqtQ",
+	"lO6RYxILhbZyYpOXk0BCyLQNd5jRKALdJZRwGFN8S3AgIWBSFaZJx2aSHkIkZuRvkOKFwWCVjEYswITF",
+	"7g7YoP+pwKJxDvIjCI1shRmBla1hlJsGoQHm31nEb6uw/WRnfpx+ccc4fhLCNBZYJfCNM2G5I+YnEc43",
+	"hgwL00r5rqhyp64JBYQ6vMtx1IOU3devEpQaQEyaSN6t/XpgdvBs9RfvhX4tEu66aIBjLwUfRcxeaT07",
+	"fNpoLpGg4YUQb6kcw7cFsy8R14iQFr4I9TkNLMjlQNdR/zLEHd3sKU5jNREOcpPGiHsynSZWOYVrFgIP",
+	"4IWVgekUfM4RBqqbpVm32fzTui0WM4kEnUh3f4op14kfEek8OTjYzQoTSaqxZCWmr+2SZwc/EhSbZ0xB",
+	"j/w3SNHN8B2vcmlkxg0hfmrl9QEK1ta+h/p3hWwtIRAydMv3+vdzN57b65J3hrS5QTaC2IO7HkC5GqnN",
+	"qW8X1ms9KFebndkg5t7B6bF8amduSt+GMLvF/y+O/5bgCOXk9e8pVLZDfSuz7mE5Zqs9q/1Pub/6LPy8",
+	"L41ErGjUVhI3YpSPREY7Hx8T4FoyUCRi/CoTnW1xIRqRjuABYILY3CB2e+QsX5u4Wh53rhTu8CMzkUQh",
+	"GYucJF8F72ZcXvZ+i4txkXV8WxG8uEi2+fzEXI51VPVjqic5K0JhC3bKMH4708KD0gzsqpw5Evuy2kF5",
+	"LPUagn1nqyNsz4gHf0YgoRLqzRO6AG8tjgqXnxudR1StGb36JPgYG6Q/PDjAux9FhnMs0NwlQIOJBXWm",
+	"FXGXQaraxu3GeGrHcYrDeKh3OotjXWUYxQyvZk5bW+jjs4Xmc9urSrbrtpKsXqLJ0MpWpk3LQo59yGGP",
+	"HPuML/ZnTLyv3IW2NxIwPRGJJtS+IkbIgmLGV1goczT9qEyUuXnZ5f2yskh+mSvgwg5xq2tu5Yh7szVS",
+	"DVhsJ4OyWwgQ+5/Mf1C99Kd+W/USfawc5GlMegWjEQSaUO3+xa6hj+5hHY+GXMx2u87XfErn6PAaMZ8V",
+	"lsRU6RdoiApd6RKmXGlRCejPFTZHx38515aNKpGnueWvVx/d2j5mvXFxobeovUXtLWoXUPs4DEuQ7RGz",
+	"HXSrCQ3FbM+Ano28bYPTZ7BnL10Oez2jAlpgtRcA6FUzsCl7Bga4BwHlIQuptinn+ii5Dkgn57GI5kHz",
+	"L1cVWkxjKkFZGXg2oRpzUw+FuIKwR36TzPTtavcuored2lmG4A/4bufcj5XxcSucO7jbkSzXakM535MJ",
+	"JxHDyDf0kdM0UlsU3KLgvaDgz44ALXwZlKEkhRmrGzeDQ+7ToDQ2faEb9ZRlcROD3R75IEOQgIXvWGg9",
+	"pSs8Os1n712qiofm0HmXpjMz5+ZehLglW5PZ4zOZcUf6Bb9Byw9trWUX6ImHee9tFUoxhJB0Ll6ekkBw",
+	"blRGLcggyzw/6KbmsydPdskQRkLCJad8jkKEacQ6qFhDG2cQ2laJNuiqSScSIh7S4KpLEq5iCNiIQdgl",
+	"0yTSLKBKd/ECdC8SAY26BENXLvkUNA2ppl0sa8vnRMWAWNQlGJE9EWZd6NQIT0pE12YoWhDB4ci8IBKt",
+	"WAhk8P7Dz6/6p2cffnrVP3779sNvr37uvzz5+ex8cMnxjlSB3jVzeHZwsOhf7q5YQ9CURVjTXwk+sNPr",
+	"2+n17ZS7eJZz4RcRLzTVJZ/SEHrk2BbwnBmcSzTBdFeucmhuL5yfT3oDYFfR+jmTDibGFi5mx6jqQyBJ",
+	"fMnnoHfN0hutn9sVMQtkm/3P2LnOPzv4kQwwoI5ap5M+3DCl1aAKcq0S/95G5T0Co+bLdD5fSCHGpaxX",
+	"gbve8QeKe844GUTUxiIOYfCNyIhbke+uzJU2ZBGJSSHCePDBoMLdugOmWvTb/+QidT/boycCDc214Km4",
+	"dlc2OKgU8zDUUhnQvwauhZxbHQkimIKWcwuzwEMc/yXXCecQlVxiMqxjvJ9g1OCEYXC8D2HGqv5p73ii",
+	"2FdsaWbBjXpmurrkSrMoIi4lDCJ2x+jqgqOrqaSMm4/sAlZhqV2YTWBpcWFNi/U2zyyIemM2z0Ux91lV",
+	"rSxMW7NRpHosqum3o2IiETi8qZda27hMcIxvJSx8QZ4dPHPczYXuj8x+VAoxY9CPkusO7lwquXC4+C1w",
+	"8TfDlL+AXsmRMdXBpHloWTChfGzTsaEUIaQTX73S4ZRLm7KgQ7126PRCox49OzjoEizUTazSgaqMz06g",
+	"J1S7XlKjNZkVbdgVnJ+kheIeA/NvXh1aLKR3z3bzewWerTF8qxnVakaILStwcZX6s2/1gbY3ge8F4TAr",
+	"KCVUogdbACFxpcpMH0dEJhxzO2C2RKXpvFdQSPYuk4ODp0DsOCA8uuT2n2jgt0oKfu4UFp+8xpuFFqxe",
+	"HZ8Bs48Ossx63tu3jJJzBjG464PbYrUd6FZQuxVeElRCFdKT3zqChSi2iti3rIi9tIaKW8IbYsbt0a2b",
+	"ZsYqwJnBvKm4NpA3Gh1lFiGmyMAj18ClRXU4csllgh0RprvmC+5eBcw0pQnGTbnq3BaIzAcbRi7scQtc",
+	"W+DaAtcdOClQdmvcspn6psD1nrUqr+NTa1P/MeUymhtk6Zo/URZyyaHVxOi7mk3hkncGvxy/vzj7f328",
+	"d3z1/uzD27fvXr2/sBkO+xcXb3P3qYffkynjiQa128XM2cp1YJBSJTFG1YEiQGXEQF7yhKOV207Hp/1D",
+	"jYkMxphXbs/8RcfAtctUOCBa0hDt/TjcFGCxkeW3f6/SFcSsj48O6DZ7wVderRrcsxTV8fQUzckEJOxu",
+	"jW2PCL9OlEqMWim4zbhNMiyy+782qKFJrTWQFZ07PAR8l10AGsDJbHdHLk7dXkJ7x4RLnlNKc84eqTkP",
+	"fSg6CoBkELLrMo5coTCV846oQh4cwVakWok0p2ad0lx21dGTOT+CrTnt20YjJBcnTeV4novZ2jCEILYv",
+	"4VpcwTpilRuKPQuVFrFC+cd5pKL+ZnADPQLwih8THPEQwiObcxhFGEzTb6HVZU1y6YGNPlGG3B4Z2PGG",
+	"Ayw6g7X/0yRK2N6EogtXxK7hkruPvj94mr3lxhJgOg3ng4Wjsu5ZqbDoOjoiErScey85OoJKFwH7tln7",
+	"xylmbRb8cI3OcMlWJKXAmIetWPWo8jeIK8jLL7cTphK+nuk+NV/YSMsFMz5CUQeDLb1NvpuZ4ff2XMxl",
+	"QHkAkfWCsp5Ee3tEyEvujFkbNlj52W4FrK3Namuz2jg4fXTs1dZsJdQem9LxhmNpDO8tjab5oE5sr99W",
+	"QM2Hc5x285iaD+fEbs82rubxxdWkm1vmVkcmbcNrKrmyEJpRe+deGWlyyYXq4whduEaPvKNWS+J25FZ4",
+	"cPZkK46YJ6OIjrNiQLGEayYS5V+st/o6VHhMYR9uK79Q5IfrfZv/YOu7dEdRHTxFsSUgVi917H+y+LJG",
+	"HEcl2i24ajdFutSbuz6KYkPoVKpq4lavXoHxC7SNptjaMDYWHNGIbbu3VAjuhhnHUFAhHic7HtyHCHAx",
+	"gZQMtlz+2KItGrJ4i6iLGv1iI/ESj42b7ypuYh194usGk20ExVYLWRVBsZ4WEtvM6qpVIUosN3lEOMwM",
+	"5mFwWa/eznnqu3iQlSArCiz6NbnnEovLRoIJQdEPyN1yVA0kLfjdDMjcvqQlx+9SAnN9NTf6+plvbb6P",
+	"MP14jr/yOcDLuJUCxxLc2v/k/uVKw4wSHi5xM65FM5eWyVZoRK+WYS4NL/bwnfLVw2xKDKrJVLjKir56",
+	"WNoC44nKsj/StMyUGR+EpFNpgu4uJjqyX/ThJsD6976f3SNC/bis0MlQwMwG4szcncXUSW69jIJpWzf7",
+	"tHuE2Yad26F5SmaMh2JGOlgnEkJrzHbt77o8HQM3PvuuGyYGgTw7+HG3sKhM2bpwviV018kXiPPLjXXa",
+	"8mVpOssq7GRVNNFxSPAxSDIREeYnsb6P6arriRTJOE3zY4u/dQZJrLQEOnVl17J203ckJjdRR6lIjx5G",
+	"rmSYngDfrcvDnFYuMUO4Z6P+YrZmRzD1iZpTXvoKlIGXiwv8ha4YSmNY5hJlKXFbp2erVNzZOf2kET38",
+	"QjXM6HyTrmF4anRiKjURo13MauoOI4crbQ54CeP2WfgrrTPmDApcQCOeyOiERgIq5dydOUyak8x0OLjk",
+	"ncH//Jvu/X2w9+Mf7r97f3w66D5/+vl/5S+Tg6UB3DVWXdvJwlUysc83fJV8ho0+pptkO6MvhPL/euoW",
+	"dHuTvIXbO8oPKD3LFnDy/CpZhpH7nxysGEjCO+TbGrT9rZVpcO17q02ZxTcDY2VBDPE2cKluKkTh3JIu",
+	"lYVzsu/zZ92dKeP+z8N7NouvAY4H9wKOF6hTml+3RvGt/Hq/aYXaAaoyz+8xoT6O49ty/z1/87G5Ffj8",
+	"zcetBfgRWoDNvpIOxZJoNsyQ2z92azi1uwklkIXoAWyVql9OPxI1oTG4qj0J16QzmBweHOz9cDAe7qmb",
+	"ae/wZvDikkdiBjKgCkgE2nBKl4RsjMmbceQcJJnM4wlmTaYkFD4lju/GNm5eHtwMjlK78fNnlzyYUEkD",
+	"0+huGm5pX0eD540LsPwroREZjOOkjz8OeuQV2s2d2mhfMjplpp4ybwK+5E2T6qurxGumtTrl+VXymBTK",
+	"8zcfv5A2ef7m41aR3Mo9d6VIGvJqIfTsf1JXyWbcjxcTwS9mN1xUGw322Fzxuy4RfIRnQylhPNNHJAQ8",
+	"K8w8mSaMKw00NEPBE+SFjSsf7BItMK6dcJhd8ogmPJiAqndt3gCyFVfs/M1HwsIugd64R8oHS43WqXAQ",
+	"jbTNwyc/NFI3ty7O29DJ5gnj63Fj457QhuVXJpD3I3j8rHlw16KFEYHP33zcejk/upzyy5j2tqbgC6fE",
+	"TEUIUU5XwkzJ9qoPFR0W2h8p50KjYsPHQDqBj5ESegLSjHRz/tKPFRbuykDcVtn5KhFpaxXeakcrrcIt",
+	"tKO08NX+KAIrADWSgwwYTkRkqBSLSqf+hiJGtScc9MgpSFcRTHBAo2fXGo13XxDrzNu95MUMJ11iU4u6",
+	"utldElGlyQSo1EOgOs3w/MvpR5XWtGOSRFQbvDUzYYHqkQuseUyG80ueobu4BpuedDYRERCc8Avnomne",
+	"YuiIDDc00NGcmDGLkVfRIOyShE+ARnoy75KRBCAd9yfmLaTcVfXqFlLn8zRFYZLtm1kQ/GA0sl/EwEOs",
+	"PFmRzSeXr8e2dkQGWNIZs4zZ6atkWiNgvjaTvPCb/I0Z44uTX2aTxzezKnBbo/yjAsbS7i4EkMQ10Mjp",
+	"stCRpjJm5f3YhWv822JIO+vmF2RuC7bs+PjuyHTKAAVe/KjMJretOe1vhVSUjG1x4injJFFm9GlOnDof",
+	"9gsfnfForn3sjL7QzU9xCPVcXixNbIvF+l3LMtiHYLRwdOs3QpR/HEvxJwR6e4+01ZRudY/kI3Q8CdpK",
+	"gu4p0mMdQNWJC/uf0oDJzznRYUEw3wzqlAwOdty18S/5UM6vIrOFW6S6Qgdp3OrWvPKt24irQyxz0oS3",
+	"E1dZWh8XL96VfXUNqeK+kMBuY7hFhK3B9V4z8iLZrUSfvKiQ6Ml+JMbL6t199GoL1kyhSs2EDLskjhKF",
+	"lr8YvfZzcbxGYiYTqsjFh4tTV5YAwh75TQo+JoGEELhmNLK18J4dHJpmriCtuDk4IgMzsH4MUglOo37I",
+	"cF/CAdl3P4FZwVgyBZlpwzX3tMLCgTO8DZ7eEZK9NQP7QhB2nOiJqy1QrxWdszGHkLBvJJZgCzHVEANB",
+	"Ipme77z49x+FQiuOQYliY75XVE4SPanGGpHoPNgscKr5/WGyqkjaiRvPqjJiYJUO0qGREhYyWTlpBb6x",
+	"+zUy3JZ9mhX0oETCSIKaLNbzqGYb93o937gXbl9P54645yw3vod83h3b4iaBITRX3giTz+DjwqbZmnEi",
+	"CouPsfBRDF+n1L/l31bH35nQPo64FTeb0zKJ6yVuaw5UhBIvARcMgzYDUhSBJFTZkmE5A2HJJbxWku48",
+	"O3i6a0+guHSMGxrG4tQDI8r33cnkglVcsqGiuO+vNfDaY1H+dhN+gLh0jiP7QlcTDRGpTAQ+cskah1Hb",
+	"moH0RShtwTj72GDRQxHgt9cMD1p4R/asx60hiyLGx/s0QH/UWieEzA5O3CfEfXJEJChA1BoxiEKr/fMk",
+	"inpk4N7tu3f7zNYsNL+6UviGpt2vRIoZcZFzVT5GP9nGjt1Qb406dySPFIe5DALMopZWc+uC8Kj0gp+K",
+	"u+u9vO0p/51aNOi5D6qZ1KXsq2XSDxyIe8ccLlmexc7APVaDLgkoF5wFNNo9IoM0C6D18SOxZGboJGQq",
+	"jug810Qu0aC/Hfc/7vbIS/tPBo794RrQXXBqQ6LqePknN6MHzstumCt52S3ylokfFxO7bb0t9ybhGPQe",
+	"XNuEq/hfTLdKgysuZhGE4yUliC8mAsv8CjKlczKl3NfMwna+U8Q23yM2ETGZimtQZCTkjMrQ+QyKGDjZ",
+	"u0wODp6aQzftNUwfSlAiuraJUdPfXZmuwgfYaznkpGt16uKHaZvo6VybT3VgPbX7mLGUmUljVBuNIjFz",
+	"5QG46zWnJ9k4GWL0GNv0s0W0yY3bszMu1atr2PRlrG3YDbP2Stbv/NfiHVGxajUAiDPbXotuo2Zb4etx",
+	"xqCEOhyzpHRraHXYswFY/RB7k+ECDCoyhEBMM/Q8cv8q4V8lZvbIW6pBErimUeJC9JVmUeQTmLDxRDM+",
+	"xtNnobHOQAFwl85klwwT7UQvCQj2TK+Pm66rLWZuMXOLmQ/vwgmZ81Z4WR9yYtMiuZZzsGEw0mBGl4go",
+	"TIuWdAnQYJI5t7ogOYdQaOtBozIXHHZ7xHmsTWE6BKksBllJek8FIobQdayOvPt16TlqmBFT6Ikl0oac",
+	"dO6+IR3K50SKyIXFaVGwpqse+Q3N6O71PgsHXSsmYzC1e5weAMoqwH4dEqXJhF5DdqOU77tLIFJAivn2",
+	"Y5BTppQBeJf/2A7HJtn32awODw4OfJfVET0FZFEbrnJl5w/ppH3plpwffFXJlGwRN1+8pTwUpIXa2i3m",
+	"xz423F0Hqc/N9xfm83s8Hk6F0olcbV3w1G9jU5kksf1wa254XOYGC7tuc9sYHeqCmS7ywOeuk1ZALhEz",
+	"bkAVJV77XQcJL9/Urm+rwKNImQ4vyMAw5sBm7XM2xb57JCGrU2KEXzgiCnhIgGGOi85Q6IlFWkwDOASb",
+	"wG8XA76ZCBWZCq4n0bxL/kqo1CAjV1GG84RG2MHHi5dm5YCHVJLYfnaEtgapVZ/qgbdlphCOP6WLjlZN",
+	"7b40oB0kSoupe0A4QKgKzeFEgYf2L3tTm/5JR0bSz73eIwNb1qVn/9OfMi4kGmMPe73Dg/85/L5HTqz3",
+	"JGE8Tmy1GPwbYcfXWuF0apQNTHPPIAqPspgTPM68E9KEqsIRs8QeY9/oR2zKdF+aE746ytSSQAHQHkeM",
+	"W2FKPnH+F7lPrjot6k4JDjO3ud+pb+uA2N4r31n42tCzdRvtYj+EgCkmlrigvwOqEltHTIpYKAj7FggH",
+	"hI4p41aLkHPictymGomBNMNOoPIXUzlpnXIf8VmU8IvC/S5h3CaLLQC9tWOX8ieR89icTkwRs5hUgrOq",
+	"M27Vn5Tp/K0Y1hbDadHIvOWTN2XVz8Iwy9aExw/VfoodMyqmYUrURMyqFujAF/pa6NiekO65WwU3ZQjJ",
+	"f1k3NvKfxDfZdeXKDPDj+eKgPytDZr2J0ibsZcF/mZOE/G9/VvruBnoiQRmtph9IodSS73OvxiADMNP6",
+	"3155MsNmvG+bHZAO5kshjGsYm0XEPWBK8C5RIk2mYkfEFPFj3+1VTMfMcSaSKOwPIxFcDchISDLAf/dt",
+	"hkt3kKvErFU4KMjegxmV3H3DhWajed8QwuCocurYl/nA5gAT1yBpFBHPG/7eVWkp+NiozWbTv1M9csx9",
+	"QT+n4aL2TdUV9lxF9EeLBJ9X3q2wQlEnTmvyZXpdOZlnwMINnur3cUb/7Nb0C/mh1oxluVLn6SCriTej",
+	"CqFHwzY2Y3sMY1ZROd+TCfdHQwodBgdoiuII62HbM/qTA0cXRV6XtvjcKGkGOBShXoO0gJaePu4qZCy8",
+	"IbBXkyF4o6pC5V1C7S1COtm7vUa4p/TA2yDyrzdB8BKJujbZaD0TohHHxnF6880ouxqwN4L23rFHBkEE",
+	"VPZTo4QE6yqCl548JBhq2uFCE+d74XCmYPnoEm6EEDEGFGmLdg60bi9eHizeOVaZHbJUxrtH6DFSbMF+",
+	"jvecQvv7WiNj1drasciDQSZvAxExcAjJFUDs09qh60mvJj/qo8SrOxbFfCmtLy+IrTCX+Ij+b9Rk0hao",
+	"t7Ja01D9diYTr7rvKdDo7VF7Nftzyfe2S1QSx0IaIg5yTrgugam7i339O1GcxmoidFYCtezGW3FX+17Y",
+	"AhKvfyeB4C5bqsHbGKSBneXevc4peH7uJ/XA3XzL412lvKUL53dtexP3uOyf5f29pQdwoui43nv/LePg",
+	"kg2bD/rIp4yTf5t/dIkW1s1eCWk9IIYGldNrKyExZCxM4/fmNniMKZUA3gcF+C2REEd07sMIvVESv7dy",
+	"VLHKzFInhI84obu97XktxbTJexeiyVv5gZ8Lqb/G7KZuDmdGcMGJNE90KlHYQTokkaG3LWI9Lrew8v6u",
+	"iVgB1TQS432h9tiUjqFeHjm2NzMfzol9sUtEVrfTqDF1lTtf2i4+qBPbwbeVofjDOU67OeemC/w1cuy3",
+	"lXI43SpzONv7JDxsc0zniL+a6ZaWz3X8dv7mY5HVsOBKwQ0zlqwcB5jw0JUmSPHAvMX4mMQR5XiXesnT",
+	"eyXzzF3H5fUF8/iIwDTWc68s2M+xR2tJOn/z8TvlgCjhTGd1OY0+cekXkEVMZ1eoYoRvuHrsXbzkSwyg",
+	"pSoL1kPAogxiVFsHQa2AnG+wXLCf+bdQNfjbAhuLL0j7WA7Y3fYb1kdfuByftcGfrJJlNQpxkrhCdEKm",
+	"ZYcJVn5SLerSZRy5rUy3Djc/6AJ121ugpamEi5y7ijmzBPWqNt23OeN+zr33bZ1x2cybn3G5Vd1qwo+w",
+	"+AdKrekWr1aGT+31qWrsTO/rgmBFEH/DiHY452HlXLiWlwbJSPcxlQfJZvWF/KZzy7qtEb91jr4j5+gw",
+	"z7wVQFJ9iO9/yv5YVcNjc/BQvktMi97UuiAURvm1RF8vZ/yLwqmwvenfCuOrmbjWKatKHPgZk3H6gKyK",
+	"ElN10oD1Rnm87H5XJUPWlDTuE3C8o9EWeLblQ76UT1ILScWWHF4mlPxq33ioLj12eKs8eI5PTwjlagZy",
+	"o/r/PRLJkkSwb9k1cFCp2msm68g5t/9uHwu7z1wf+3idsm9LvSzJa230abyFGowp13K+Z76zFbbtt4Mj",
+	"wgUZApUgX9gE6xz2NJuCewFPJZdo3YW1iXDuoqMueVZcpkfOQCeS22umSPDxXsSuXc1q10JHTdAyzaM5",
+	"mYCEI6K0kECYJgfPDw52bcDbiA4lC8jLY6LFJdcyUVndb/cbDUPp0nuE2HfR7o16/uL4zeF+eMlLxW+6",
+	"hHICNzGTLhVerkCOezzokVfYmsu450vs2LlhRKQrI4HpwS95LOGaiSSf0R546HKHJ5xDVGV3t82+FyE8",
+	"xJAuMy67Cl/IapAfQD16vPLlj7blAB57Qm271YQiG+aQ03duCEYtBdBP5j+YkA4Z1fwshYoh0EvLcyGk",
+	"GjhC/o/EmIyphhmdd8lswoIJiSUoNGz6l75TxGAT9vKCUOu8a8FBjMggHcfgkrtjjwzs3d0LYvhqkFUi",
+	"cM0xxF2N0cwzKfi46yvZGASUWCkh3KMzOl8Of0cLo/Guhzg5/OrpkjAO0sGxT5maGkVstwrYsmU1W3L7",
+	"mikLGtRJmDchG5TGwXcwS8kQsr1Cyy9OdAjmjFLovlmtcrk9aXr3+PzZl7x6TBf2JF1rszR1lVM9RZid",
+	"//IXktvbklrA+4Rk+BMKaFgl4MW///hcQMFswx0SLlRFWR8PLYwsy9Lp+CoFvHzShkz4kRAAu8YKKxxm",
+	"KGWVZcHdrL6P4HDJlRaxIjMhr1Do0kRw5zqBPIxCFBFYzYspI10B5gGqRjE9oTyPsoSpS74K11zihdXw",
+	"ZldpC213DW2rlEZDWrgCW0T7qhHNlXnKKHsNPFOaLsmjeWap3pVWiKgeCTklAY295+PAP+yJGINgw0Fl",
+	"QJUfyjl291BtLoVRLuOilyLJX8cLc7RE6EP6VUoJX59J8NzwCYTkn+cf3hPliKpQVPhDXCL5KSyzBr57",
+	"uDU8PiqQvzE98bVG6oL5bIy51X+AUx7MkTLhxpqFXHGPLX3eB31mG5Kjy4o61yhO1sLvryIKXWbgDGjN",
+	"JxZpSSeFZJUYgrZ3eGazRax2jwhKdoqMQRvl9JIvSTJQ43Fuj45vyw/PzLm5B5512N/63j063zvuSN9z",
+	"b4UUJWLgNGa9OZ1Gyw6XDzHw49OTn0WQ3PpWvB3l+5FVqivPDn989vTg2aKWUnm+uEmQ0M3i8d03XUww",
+	"OSLXkgY6neeKq6aYzstOzascLI6MBpZmn68OUD71zX5b2Oum3Rx+/fJvEfhxej9nsXwZQ6Q3//5RJUPu",
+	"axHvJbFaYpWrcH3KlTi27aSmtFiKaxbamEP3kxi6Sg3kXEsWw57S8wiIG9cJ8sOuTbTpsp52nZkvuwHO",
+	"NRtERi4jCgKJeU/xigSvkqWYKcD7WrzLDQQfMWkjCv1Y0nsP36DNrFVoE+vuOnNiAKRDOck5VO+9gbnL",
+	"ruCStjJNJIQ00JiH1DQ3MzItthNICJn2SWTTosu56bgKvzMYToS4Mi0L6a56/KADGmujx+HFtF0iIhKt",
+	"WAg2gbj7H8G84hiIqYjL5uVCQp2LfCRsi6GwKW+xsEVck27cZbbFgZIRZVEibRKuJFZaAp2m73liwiZx",
+	"2ceod5qXlSXifpJR8aDOQd6RxIWIP8aPyUU+P68vdN1dHMJyy2fKLGn+uXCRcY5S/mKOrQaWi/qWiwZb",
+	"j/tvz4/tSaNt+sVeb2/QzoXVHKjHXXuk5UjW0bMn3eaHo0Nltf/Jf/u5/qB8712frIn5qODfZAgNuDbM",
+	"m134D9yBeM7GnBqIHxDLAqQz0P+F+bODhLMbczAJHiqbUbt7feh+m8AN+fXd8cu981+Pn3z/3Eh6lzv2",
+	"J23f7dm/JJ3hSOxD9w4MukQBZqomg+vDgS3PodyZAJgffZ6Hc3c8+t8xASTaRvjYHDfoN4DnGc6lSyjR",
+	"bApK02lMpkK6i7OnBwdE2Zs5WXhMlHcKGyW2ATzDcAXFtcto4M/JgMZ4vLit6qfdpq4IpPPs4GC3Mse7",
+	"TxUpwbqMhfakj0FmB56vVGfjqzELfegLre5Z/YSSMLF4bA7XiNkc9s7h4snBgYPF9KUBOl+4hLqZ31te",
+	"GjAbZXumNgs9JsKkigznZgYdtyMaL0TnMexWFfTD21FH2b/Z9drsLeJpiaFq7gVz/FZ/Mdjg0Dr17VQU",
+	"j7pYlKaQDBwjpSOzf2ZjK3PeTs1l5Q+HPz5p6eb+H/v/sfPi0/16phd3+zi4WlqHEE/2a5BsZIjaUJpj",
+	"g45hY5olUbWPd7/wUb51ZGvlyHZmASCnnKWg5tGzXEaw5hj0PuPLItFTx/KHejHkBrjKWHKR1UlQ+WzE",
+	"5uz2pRnEaHsvdK92jVz+opTKWgRx/2b07UEh2AlLdYgp09pXRBFyTDn7G0nrO1UTx0WV1dONyJP7JecZ",
+	"lI8Af1ar4NoxPyrd1k7pC6m1pTEs8UWweuxRibXRUjLjVlDYhmltw7TuL6A8TrFgeYyWhz7UQV3Fn6VV",
+	"PE4LtR2tupEmdfOla31REXwT9RR0254JeWX2RnVro1dttxtCsuqRs7BHXlIpGahCsV/vqOE8itJx1esf",
+	"Wb3arySiPbe2y+BsW2hkW1D8VpVJlqJPt/aOfsv2d6iirFBLtsy+TWGxknFr8lec1tV7rstO8Y0z+l2l",
+	"sFhHW7o3nPHJK7Z4s1WJvkjmilupRPvWSNfIWvnOvfrtodtX6OyW37LmLm+OGrYg9m0LTWhK9hw4Tdm+",
+	"hRG5XnRCy0qiQBIXPhkJX+Ibsurj3jLcGZhXc8mybeDBjCnYPbJZQ5jSjI/9bUOdAYaGYYEntij25Wzg",
+	"x6W9+FLeXQV6qMLFMNxai7YC3T2B7nEYppemtxPm9j/Zf7SzeRdA+gym4tpnaYyoci/VwqutlLtF2NKo",
+	"37lDKcTyMW5zsfgLPq3LDZBu373X4sZ934Le1kTetrga0s0K/FrD0EZ+hqnQLYCoYIjbAtGDBaI7thWu",
+	"IVge3J9gmbcb2iXeAu5WyrwfT4oJ5eMMqL9TRIoIVsqbSk32rmC+3E54fv7rG/POtxVXamfd3MZmlnEb",
+	"Uvo4Q0pT18vz819JnAwjFuB+5/jrXE2QSZZU0ZmA+QhLyVOpnLO5izSEkHQWow5tkKTNw4YRihxj6ouj",
+	"2D0iFBtOY3wUnQIZMT4GGUvGderCLnhxOjQIMIByeakeywmPyU/TzugL2afcctYZpo5yJGEIJLeP28o9",
+	"W/HgFkYoXoKvSvSqEA72P13BfNHoVOUJuRmoKBW2PP/V4mZdAQ87unu3qWzdDreXajkvwrbclaji/fyq",
+	"RBOksySjanZ7Vp0bxjZns4l9W2J8NvPmory7pMQd2or0j1Okx81dXR3TJ+BrUxrT3m07mbuPN9kKI7B/",
+	"3M2ynph3zPmFcc/UZdatkr4zAn5MEng2qy8kheeWdVsocytu31Fck7XD84YgU5YO9j8hkhRLZZYPLeyi",
+	"MvZywcem8+zg2W5lsuXNgcxCRQ9ZL7i72X0tkQnLIcP7P231gW1kAk25sjXjXz/dlzA2Un0tz7/C3Cr2",
+	"LWv0Y1oRNx6bZF1pquGIDFy9iL59uR+IEAY+04oPg3QNdXgSRSifXHIuOOzWJfj919MzN8CHmuXAj7BJ",
+	"mgO32F88l8G3JYHLlII8K5g9o+E7EULkOSKtOGCWav/P2ZXpZyRBTerzTr3ipstyikHg10SBRoeDwcn7",
+	"i1dn74/f9v/525vz/tmr12evzn/tX3x48+o98oYCfZRmLnp28CxTrl22IpvXCrmI6qwsRtlzCkdq+niw",
+	"fGIGd2bHuYxN3CsbFofXOqdanzpfZRUPT/hYmqW6kMdrIQMjYDoy80eNYmPO+HjvCuaGjvMVDpI0DfEU",
+	"tGSBWl7bwL5yt5Sr4UbvxxFlvDbh9PN/HB788MPzJhmnT6WYgp5AYg7aG03gJhaKmR+JFSIfX/rp3JSn",
+	"6Y5Vpp5GW8TftSIFJmgzaHkqlB5LOP+/b/Hy6f3xxbnDwi75/uBpGQvNo3z2NoPhjINKS6EQTqfezWtE",
+	"GVZZCiYQXHXxQhPB2UzTQDREIoZK9SRt9sFC6cLEq4GUhvMXBFB+CyEGHmJC2q+7HG8KfPe3kO+FxmSA",
+	"8xeEahIB+g9ysJRlaDEUs82VqlqaXsyN9sUSzqnkyTLmDxerNoG89lReUbslX0HIKAAQjUjH6NeKBFRK",
+	"TKrJJHF6BYkljNgNav+JjHZe7OwjQ7iBlXvwdZS7uMzM/lNPcGVtjnucpAOdXqbSuwlW3OKxMd9L4i4e",
+	"UXuMd11FNX+AYeI9e3qlrjSuTVyU6myHLnmRT7i9zKiba9CqXYstZiXtFekEQmkSgKF1tdvN0qGZvkox",
+	"VLmmUzerZeNddCTJteAvi0wD7tFPDMvT5R+lSepyz15STSNReM1WoMg9OI4iYfmy5vEvUiRx4bdzLSRF",
+	"C172elx85TiOj6VmIxoUR1QQ6vOjd0VozsDwbnGETkA6tq4pxc/s4h4HRgd6mdbHrlps34O1zDOl7YGS",
+	"3e7YjUyvePxEzNsZeeSfnokIFp9WjyX/xjtK1TnTUP3LWzaCYB5EsPDr4taZp+dXyeLDD+cnUzquGl15",
+	"n/BhiQQWqZQmIdNES8qi8tocm58WmixQY7G9D/4sd+lbp0gMLs8m1QuL/6E44mJBuoofjuP4VIqb+c7n",
+	"Pz7//wEAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"time"
@@ -23,6 +24,11 @@ type ListenOptions struct {
 	DisableTCP bool
 	// HandshakeTimeout bounds the TLS handshake of a TCP connection (default 10s).
 	HandshakeTimeout time.Duration
+	// MaxConcurrentHandshakes bounds TCP TLS handshakes in progress (default 4 per CPU).
+	// When a whole fleet reconnects at once, unbounded handshakes share the CPU until
+	// most of them time out; bounded, they complete in turn while the rest wait in the
+	// kernel's accept queue.
+	MaxConcurrentHandshakes int
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
 	Yamux *yamux.Config
@@ -37,6 +43,8 @@ type Listener struct {
 	quicTr   *quic.Transport
 	quicLn   *quic.Listener
 	sessions chan Session
+	// handshakes is the semaphore of TCP TLS handshakes in progress.
+	handshakes chan struct{}
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -57,6 +65,10 @@ func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, e
 	if l.opts.HandshakeTimeout == 0 {
 		l.opts.HandshakeTimeout = 10 * time.Second
 	}
+	if l.opts.MaxConcurrentHandshakes <= 0 {
+		l.opts.MaxConcurrentHandshakes = 4 * runtime.GOMAXPROCS(0)
+	}
+	l.handshakes = make(chan struct{}, l.opts.MaxConcurrentHandshakes)
 	if err := l.bind(addr); err != nil {
 		return nil, err
 	}
@@ -176,10 +188,17 @@ func (l *Listener) acceptTCP() {
 			}
 			return
 		}
+		select {
+		case l.handshakes <- struct{}{}:
+		case <-l.closed:
+			_ = c.Close()
+			return
+		}
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
 			s, err := l.serverTLS(c)
+			<-l.handshakes
 			if err != nil {
 				_ = c.Close()
 				return

@@ -172,8 +172,9 @@ func (s *yamuxSession) TLS() tls.ConnectionState { return s.tls.ConnectionState(
 func (s *yamuxSession) Done() <-chan struct{}    { return s.mux.CloseChan() }
 
 func (s *yamuxSession) Close(string) error {
-	// GoAway first so the peer's pending opens fail fast rather than time out.
-	_ = s.mux.GoAway()
+	// Bound the TLS close_notify: a peer that stopped reading must not hold Close (a
+	// replica shutting down closes thousands of these).
+	_ = s.tls.NetConn().SetWriteDeadline(time.Now().Add(250 * time.Millisecond))
 	return s.mux.Close()
 }
 

@@ -420,6 +420,7 @@ func fabricChild() error {
 	for i := range n {
 		a := fabrictest.NewAgent(os.Getenv("BENCH_FABRIC_ADDR"), "bench-"+strconv.Itoa(i), ca, mode)
 		a.BackoffMin, a.BackoffMax = 200*time.Millisecond, 5*time.Second
+		a.ReconnectSpread = 10 * time.Second
 		a.Sessions = make(chan fabrictest.Connection, 1)
 		wg.Add(1)
 		sem <- struct{}{}

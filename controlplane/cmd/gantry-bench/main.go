@@ -48,7 +48,7 @@ func main() {
 	conc := flag.Int("concurrency", 8, "concurrent clients")
 	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 1000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
-	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\" or \"fabric\" (default: everything)")
+	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\" or \"fabric\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	flag.Parse()
 	if *child {
@@ -100,11 +100,17 @@ func run(dur time.Duration, rounds, conc int) error {
 	if benchOnly == "fabric" {
 		return runFabric(ctx, fx, fabricOptions)
 	}
+	if benchOnly == "billing" {
+		return runBilling(ctx, fx, dur, rounds)
+	}
 	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
 		return err
 	}
 	if benchOnly == "http" {
 		return nil
+	}
+	if err := runBilling(ctx, fx, dur, rounds); err != nil {
+		return err
 	}
 	return runFabric(ctx, fx, fabricOptions)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
+	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
@@ -177,6 +178,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		BudgetsAPI:  budgets.NewHandlers(a.Budgets),
 		PaymentsAPI: payments.NewHandlers(payments.MustNew(a.Pool, a.Clock, a.IDs, cfg.Payments.service(), a.Billing.Ledger, a.Metrics.Registry, log), cursors),
 		NodesAPI:    nodes.NewHandlers(a.Nodes, cursors),
+		CatalogAPI:  catalog.NewHandlers(catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes}), cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -127,16 +128,16 @@ func validateLegs(legs []Leg) error {
 	return nil
 }
 
-// accountID finds or creates the account. Accounts are created outside the caller's
-// transaction (committed at once, so their ids can be cached safely).
-func (l *Ledger) accountID(ctx context.Context, key AccountKey) (uuid.UUID, error) {
+// accountID finds or creates the account with q (the posting's transaction: a second
+// connection could wait on the caller's own locks or an exhausted pool). Only ids of
+// committed rows are cached, so a rolled-back creation is never remembered.
+func (l *Ledger) accountID(ctx context.Context, q *billingdb.Queries, key AccountKey) (uuid.UUID, error) {
 	if id, ok := l.accounts.Load(key); ok {
 		return id.(uuid.UUID), nil
 	}
-	q := billingdb.New(l.Pool)
 	tenant := uuid.NullUUID{UUID: key.TenantID, Valid: key.TenantID != uuid.Nil}
 	find := billingdb.FindAccountParams{Kind: key.Kind, TenantID: tenant, Currency: key.Currency}
-	id, err := q.FindAccount(ctx, find)
+	row, err := q.FindAccount(ctx, find)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var bal *int64
 		if tenantOwned(key.Kind) {
@@ -149,13 +150,50 @@ func (l *Ledger) accountID(ctx context.Context, key AccountKey) (uuid.UUID, erro
 		}); err != nil {
 			return uuid.Nil, fmt.Errorf("create %s account: %w", key.Kind, err)
 		}
-		id, err = q.FindAccount(ctx, find)
+		row, err = q.FindAccount(ctx, find)
 	}
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("find %s account: %w", key.Kind, err)
 	}
-	l.accounts.Store(key, id)
-	return id, nil
+	if !row.Mine {
+		l.accounts.Store(key, row.ID)
+	}
+	return row.ID, nil
+}
+
+func legKeys(legs []Leg) []AccountKey {
+	out := make([]AccountKey, len(legs))
+	for i, l := range legs {
+		out[i] = l.Account
+	}
+	return out
+}
+
+// accountIDs resolves keys in one fixed order, so that two transactions creating the
+// same new accounts never wait on each other crosswise.
+func (l *Ledger) accountIDs(ctx context.Context, q *billingdb.Queries, keys []AccountKey) (map[AccountKey]uuid.UUID, error) {
+	sorted := slices.Clone(keys)
+	slices.SortFunc(sorted, func(a, b AccountKey) int {
+		if c := strings.Compare(a.Kind, b.Kind); c != 0 {
+			return c
+		}
+		if c := bytes.Compare(a.TenantID[:], b.TenantID[:]); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Currency, b.Currency)
+	})
+	out := make(map[AccountKey]uuid.UUID, len(keys))
+	for _, k := range sorted {
+		if _, ok := out[k]; ok {
+			continue
+		}
+		id, err := l.accountID(ctx, q, k)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = id
+	}
+	return out, nil
 }
 
 func insufficient(currency string, required int64) *apierr.Error {
@@ -172,15 +210,15 @@ func (l *Ledger) Post(ctx context.Context, tx pgx.Tx, p Posting) (Posted, error)
 	if p.Reference == "" || len(p.Reference) > 300 {
 		return Posted{}, fmt.Errorf("ledger: reference of %d bytes", len(p.Reference))
 	}
+	q := billingdb.New(tx)
+	ids, err := l.accountIDs(ctx, q, legKeys(p.Legs))
+	if err != nil {
+		return Posted{}, err
+	}
 	accountIDs := make([]uuid.UUID, len(p.Legs))
 	for i, leg := range p.Legs {
-		id, err := l.accountID(ctx, leg.Account)
-		if err != nil {
-			return Posted{}, err
-		}
-		accountIDs[i] = id
+		accountIDs[i] = ids[leg.Account]
 	}
-	q := billingdb.New(tx)
 	now := l.Clock.Now()
 	txnID, err := q.InsertTxn(ctx, billingdb.InsertTxnParams{
 		ID: l.IDs.New(), Kind: p.Kind, TenantID: nullUUID(p.TenantID), Reference: p.Reference,

@@ -86,7 +86,7 @@ func TestPostRefusesUnbalancedInCodeAndDatabase(t *testing.T) {
 	}
 	// The database refuses an unbalanced transaction at commit, whoever writes it.
 	f.topUp(tenant, "USD", 100)
-	acct, _ := f.svc.Ledger.accountID(f.ctx, AccountKey{Kind: AccountAdjustments, Currency: "USD"})
+	acct, _ := f.svc.Ledger.accountID(f.ctx, billingdb.New(f.pool), AccountKey{Kind: AccountAdjustments, Currency: "USD"})
 	err = db.InTx(f.ctx, f.pool, func(tx pgx.Tx) error {
 		q := billingdb.New(tx)
 		id := uuid.New()

@@ -7,7 +7,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $6)
 ON CONFLICT (kind, tenant_id, currency) DO NOTHING;
 
 -- name: FindAccount :one
-SELECT id FROM billing_ledger_accounts
+-- mine: the row was created by the current, uncommitted transaction (not cacheable).
+SELECT id, coalesce(xmin = pg_current_xact_id_if_assigned()::xid, false)::boolean AS mine FROM billing_ledger_accounts
 WHERE kind = $1 AND tenant_id IS NOT DISTINCT FROM sqlc.narg('tenant_id')::uuid AND currency = $2;
 
 -- name: InsertTxn :one

@@ -231,9 +231,9 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	q := billingdb.New(tx)
 	now := s.Clock.Now()
 	idsToLock := make([]uuid.UUID, len(jobs))
-	keys := make([]string, len(jobs))
+	ratingKeys := make([]string, len(jobs))
 	for i, j := range jobs {
-		idsToLock[i], keys[i] = j.recordID, j.key
+		idsToLock[i], ratingKeys[i] = j.recordID, j.key
 	}
 	recs, err := q.LockUsageRecords(ctx, idsToLock)
 	if err != nil {
@@ -243,7 +243,7 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	for i := range recs {
 		byID[recs[i].ID] = &recs[i]
 	}
-	events, err := q.RatingEvents(ctx, keys)
+	events, err := q.RatingEvents(ctx, ratingKeys)
 	if err != nil {
 		return nil, fmt.Errorf("rating events: %w", err)
 	}
@@ -330,29 +330,19 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	}
 
 	// Wallets: resolve and lock in id order, then cover each run's amount in job order.
-	walletOf := map[AccountKey]uuid.UUID{}
+	var keys []AccountKey
 	for _, c := range work {
 		if c.total == 0 {
 			continue
 		}
-		for _, kind := range []string{AccountWallet, AccountReceivable} {
-			k := AccountKey{Kind: kind, TenantID: c.rec.TenantID, Currency: c.rec.Currency}
-			if _, ok := walletOf[k]; !ok {
-				id, err := s.Ledger.accountID(ctx, k)
-				if err != nil {
-					return nil, err
-				}
-				walletOf[k] = id
-			}
-		}
-		rk := AccountKey{Kind: AccountRevenue, Currency: c.rec.Currency}
-		if _, ok := walletOf[rk]; !ok {
-			id, err := s.Ledger.accountID(ctx, rk)
-			if err != nil {
-				return nil, err
-			}
-			walletOf[rk] = id
-		}
+		keys = append(keys,
+			AccountKey{Kind: AccountWallet, TenantID: c.rec.TenantID, Currency: c.rec.Currency},
+			AccountKey{Kind: AccountReceivable, TenantID: c.rec.TenantID, Currency: c.rec.Currency},
+			AccountKey{Kind: AccountRevenue, Currency: c.rec.Currency})
+	}
+	walletOf, err := s.Ledger.accountIDs(ctx, q, keys)
+	if err != nil {
+		return nil, err
 	}
 	var lockIDs []uuid.UUID
 	for k, id := range walletOf {

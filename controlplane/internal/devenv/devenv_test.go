@@ -57,8 +57,8 @@ func seed(t *testing.T, pool *pgxpool.Pool, admin, demo string) devenv.Seeded {
 func TestSeedTwiceChangesNothing(t *testing.T) {
 	pool := testenv.NewDatabase(t, template)
 	first := seed(t, pool, adminPW, demoPW)
-	if len(first.Changes) != 2 {
-		t.Fatalf("first seed changes = %q, want admin and demo tenant", first.Changes)
+	if len(first.Changes) != 4 {
+		t.Fatalf("first seed changes = %q, want admin, demo tenant, pricing plan and demo credit", first.Changes)
 	}
 	second := seed(t, pool, adminPW, demoPW)
 	if len(second.Changes) != 0 {
@@ -86,6 +86,9 @@ func TestSeedTwiceChangesNothing(t *testing.T) {
 		{"demo owns default project", `SELECT count(*) FROM project_members WHERE project_id = $1 AND user_id = $2 AND role = 'owner'`, []any{first.ProjectID, first.DemoUserID}},
 		{"tenant.create audit", `SELECT count(*) FROM audit_events WHERE action = 'tenant.create'`, nil},
 		{"admin user.create audit", `SELECT count(*) FROM audit_events WHERE action = 'user.create' AND target_id = $1`, []any{first.AdminID.String()}},
+		{"default pricing plan", `SELECT count(*) FROM billing_pricing_plans WHERE is_default`, nil},
+		{"demo credit posted once", `SELECT count(*) FROM billing_ledger_transactions WHERE kind = 'adjustment' AND tenant_id = $1`, []any{first.TenantID}},
+		{"demo starting balance", `SELECT count(*) FROM billing_ledger_accounts WHERE kind = 'tenant_wallet' AND tenant_id = $1 AND balance_minor = $2`, []any{first.TenantID, devenv.DemoCredit}},
 	}
 	want := map[string]int{"users": 2}
 	for _, c := range checks {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric/fabricdb"
+	"github.com/gantry-gpu/gantry/controlplane/internal/fabric/fabrictest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
@@ -198,8 +199,7 @@ func TestHeartbeatsPersistOnlyChanges(t *testing.T) {
 	fx := newFixture(t)
 	srv, _ := fx.server(fx.config("a"))
 	id, tok := fx.node()
-	a, _ := fx.agent(srv, tok, fabricnet.ModeAuto)
-	a.HeartbeatOverride = 20 * time.Millisecond
+	a, _ := fx.agent(srv, tok, fabricnet.ModeAuto, func(a *fabrictest.Agent) { a.HeartbeatOverride = 20 * time.Millisecond })
 	waitConn(t, a)
 	before, err := fx.nodes.Get(context.Background(), id)
 	if err != nil {

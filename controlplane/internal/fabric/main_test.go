@@ -145,10 +145,13 @@ func (fx *fixture) node() (uuid.UUID, string) {
 }
 
 // agent starts a simulated agent against srv; it stops when the test ends.
-func (fx *fixture) agent(srv *fabric.Server, token string, mode fabricnet.Mode) (*fabrictest.Agent, context.CancelFunc) {
+func (fx *fixture) agent(srv *fabric.Server, token string, mode fabricnet.Mode, opts ...func(*fabrictest.Agent)) (*fabrictest.Agent, context.CancelFunc) {
 	a := fabrictest.NewAgent(srv.ListenAddr().String(), token, srv.CAPEM(), mode)
 	a.BackoffMin, a.BackoffMax = 50*time.Millisecond, 500*time.Millisecond
 	a.Dial = &fabricnet.DialOptions{QUICFallbackAfter: 300 * time.Millisecond}
+	for _, o := range opts {
+		o(a)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()

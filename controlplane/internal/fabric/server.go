@@ -210,7 +210,7 @@ func (s *Server) shutdown() {
 	s.mu.Unlock()
 	// In parallel: closing a TLS+yamux tunnel waits on its writer, and a replica may
 	// hold thousands.
-	sem := make(chan struct{}, 64)
+	sem := make(chan struct{}, 256)
 	for _, ss := range all {
 		sem <- struct{}{}
 		go func() {

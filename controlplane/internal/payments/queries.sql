@@ -42,7 +42,7 @@ LIMIT $1;
 SELECT * FROM payments
 WHERE status IN ('created', 'pending') AND provider_payment_id IS NOT NULL
   AND updated_at < sqlc.arg('quiet_since') AND created_at > sqlc.arg('created_after')
-ORDER BY id
+ORDER BY id DESC
 LIMIT sqlc.arg('batch');
 
 -- name: InsertRefund :one
@@ -65,6 +65,9 @@ RETURNING *;
 
 -- name: GetWebhookEvent :one
 SELECT * FROM payment_webhook_events WHERE provider = $1 AND provider_event_id = $2;
+
+-- name: WebhookEventByID :one
+SELECT * FROM payment_webhook_events WHERE id = $1;
 
 -- name: LockWebhookEvent :one
 SELECT * FROM payment_webhook_events WHERE id = $1 FOR UPDATE;

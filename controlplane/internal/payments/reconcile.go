@@ -46,7 +46,7 @@ func (s *Service) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		return rep, fmt.Errorf("list unprocessed events: %w", err)
 	}
 	for _, id := range ids {
-		row, err := q.LockWebhookEvent(ctx, id) // outside a transaction: a plain read
+		row, err := q.WebhookEventByID(ctx, id)
 		if err != nil {
 			rep.Failed++
 			s.Metrics.ReconcileFailed.Inc()
@@ -56,8 +56,12 @@ func (s *Service) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		if !ok {
 			continue
 		}
+		obj := ""
+		if row.ObjectID != nil {
+			obj = *row.ObjectID
+		}
 		rep.EventsRetried++
-		if err := s.processStored(ctx, prov, id); err != nil {
+		if err := s.processStored(ctx, prov, id, obj); err != nil {
 			rep.Failed++
 			s.Metrics.ReconcileFailed.Inc()
 		}
@@ -106,8 +110,11 @@ func (s *Service) reconcilePayment(ctx context.Context, p Payment) error {
 	default:
 		return nil // still waiting for the customer
 	}
-	return db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
-		_, err := s.apply(ctx, tx, prov.Name(), ev)
+	defer s.paymentLocks.lock(prov.Name() + ":" + pp.ID)()
+	wctx, cancel := context.WithTimeout(ctx, workTimeout)
+	defer cancel()
+	return db.InTx(wctx, s.Pool, func(tx pgx.Tx) error {
+		_, err := s.apply(wctx, tx, prov.Name(), ev)
 		return err
 	})
 }

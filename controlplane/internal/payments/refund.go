@@ -45,11 +45,25 @@ func (s *Service) Refund(ctx context.Context, in RefundRequestInput) (Refund, Pa
 	if err := s.validateAmount("amount", in.Currency, in.AmountMinor); err != nil {
 		return Refund{}, Payment{}, err
 	}
+	// A plain read first, only to find the lock key (the payment's provider object, the
+	// key webhooks of the payment use too).
+	cur, err := s.Get(ctx, in.PaymentID)
+	if err != nil {
+		return Refund{}, Payment{}, err
+	}
+	key := "payment:" + cur.ID.String()
+	if cur.ProviderPaymentID != nil {
+		key = cur.Provider + ":" + *cur.ProviderPaymentID
+	}
+	defer s.paymentLocks.lock(key)()
+	wctx, cancel := context.WithTimeout(ctx, workTimeout)
+	defer cancel()
 	var (
 		ref Refund
 		out Payment
 	)
-	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = db.InTx(wctx, s.Pool, func(tx pgx.Tx) error {
+		ctx := wctx
 		q := paymentsdb.New(tx)
 		p, err := q.LockPayment(ctx, in.PaymentID)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -48,6 +48,9 @@ const (
 	maxEventAttempts = 20
 	// reconcileBatch bounds one Reconcile pass.
 	reconcileBatch = 100
+	// workTimeout bounds one transaction that applies an event or a refund (provider call
+	// included): a stuck one fails and is retried rather than holding its locks forever.
+	workTimeout = 30 * time.Second
 )
 
 // DefaultCurrencies are accepted for top-ups when Config.Currencies is empty.
@@ -139,6 +142,9 @@ type Service struct {
 	Outbox    *outbox.Writer
 	Audit     *audit.Log
 	Log       *slog.Logger
+
+	// paymentLocks serialises, per provider payment object, the work that locks its row.
+	paymentLocks keyLock
 }
 
 // New assembles payments with the Stripe provider built from cfg, registering the

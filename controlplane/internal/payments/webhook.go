@@ -80,7 +80,7 @@ func (s *Service) ReceiveWebhook(ctx context.Context, providerName, signature st
 	if row.Status == eventProcessed || row.Status == eventIgnored {
 		return ack, nil
 	}
-	if err := s.processStored(ctx, prov, row.ID); err != nil {
+	if err := s.processStored(ctx, prov, row.ID, ev.ObjectID); err != nil {
 		return Ack{}, apierr.Internal(err)
 	}
 	return ack, nil
@@ -116,9 +116,18 @@ func (s *Service) store(ctx context.Context, provider string, ev Event, raw []by
 
 // processStored applies the stored event id once: the event row is locked for the
 // transaction, and an event already processed (by a concurrent delivery) is left alone.
-func (s *Service) processStored(ctx context.Context, prov Provider, eventRowID uuid.UUID) error {
+// objectID (the provider payment object, "" when none) keys the in-process lock.
+func (s *Service) processStored(ctx context.Context, prov Provider, eventRowID uuid.UUID, objectID string) error {
+	key := prov.Name() + ":" + objectID
+	if objectID == "" {
+		key = "event:" + eventRowID.String()
+	}
+	defer s.paymentLocks.lock(key)()
+	wctx, cancel := context.WithTimeout(ctx, workTimeout)
+	defer cancel()
 	var applied bool
-	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+	err := db.InTx(wctx, s.Pool, func(tx pgx.Tx) error {
+		ctx := wctx
 		q := paymentsdb.New(tx)
 		row, err := q.LockWebhookEvent(ctx, eventRowID)
 		if err != nil {

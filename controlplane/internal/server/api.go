@@ -5,6 +5,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
+	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
@@ -26,6 +27,7 @@ type API struct {
 	*BudgetsAPI
 	*PaymentsAPI
 	*NodesAPI
+	*CatalogAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -39,6 +41,7 @@ type (
 	BudgetsAPI  = budgets.Handlers
 	PaymentsAPI = payments.Handlers
 	NodesAPI    = nodes.Handlers
+	CatalogAPI  = catalog.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

@@ -354,6 +354,11 @@ func startChild(role string, env []string) (*child, error) {
 	cmd := exec.Command(self)
 	cmd.Env = append(append(os.Environ(), env...), roleEnv+"="+role, "GANTRY_LOGGATEWAY_ADDR=127.0.0.1:0")
 	cmd.Stderr = os.Stderr
+	// The child's stdin is held open by this process: when it ends, however it ends,
+	// the child sees EOF and stops.
+	if _, err := cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -479,10 +484,14 @@ func serveChild(serve func(context.Context, net.Listener) error) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		// The parent signals, or dies: either way, stop.
+		// The parent signals, or dies (stdin closes): either way, stop.
 		sig := make(chan os.Signal, 1)
 		notify(sig)
 		<-sig
+		cancel()
+	}()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
 	return serve(ctx, ln)

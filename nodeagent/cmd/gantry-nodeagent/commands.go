@@ -103,7 +103,7 @@ func hostname(cfg config.Config) string {
 // ---------------------------------------------------------------------------------------
 
 func enrollCmd(g *globals) *cobra.Command {
-	var server, token, host, serverCA string
+	var server, token, host, serverCA, logGateway string
 	cmd := &cobra.Command{
 		Use:   "enroll",
 		Short: "Trade a one-time enrollment token for this node's credentials and write the configuration",
@@ -124,6 +124,9 @@ func enrollCmd(g *globals) *cobra.Command {
 			}
 			if host != "" {
 				cfg.Hostname = host
+			}
+			if logGateway != "" {
+				cfg.LogGatewayURL = logGateway
 			}
 			if _, err := fabricnet.ParseMode(cfg.Transport); err != nil {
 				return err
@@ -149,6 +152,7 @@ func enrollCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&server, "server", "", "control plane URL, e.g. https://cp.example")
 	cmd.Flags().StringVar(&token, "token", "", "one-time enrollment token (or env "+EnvEnrollmentToken+")")
 	cmd.Flags().StringVar(&host, "hostname", "", "hostname to report (default: the system's; stored in the config)")
+	cmd.Flags().StringVar(&logGateway, "log-gateway", "", "node log gateway URL to ship the agent's logs to (stored in the config)")
 	cmd.Flags().StringVar(&serverCA, "server-ca", "", "PEM file of a CA to trust for the control plane's HTTPS (default: system roots)")
 	addTransportFlag(cmd, g)
 	addBackendFlag(cmd, g)

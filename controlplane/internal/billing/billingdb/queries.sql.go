@@ -290,7 +290,7 @@ func (q *Queries) FXSnapshotsByID(ctx context.Context, ids []uuid.UUID) ([]Billi
 }
 
 const findAccount = `-- name: FindAccount :one
-SELECT id FROM billing_ledger_accounts
+SELECT id, coalesce(xmin = pg_current_xact_id_if_assigned()::xid, false)::boolean AS mine FROM billing_ledger_accounts
 WHERE kind = $1 AND tenant_id IS NOT DISTINCT FROM $3::uuid AND currency = $2
 `
 
@@ -300,11 +300,17 @@ type FindAccountParams struct {
 	TenantID uuid.NullUUID
 }
 
-func (q *Queries) FindAccount(ctx context.Context, arg FindAccountParams) (uuid.UUID, error) {
+type FindAccountRow struct {
+	ID   uuid.UUID
+	Mine bool
+}
+
+// mine: the row was created by the current, uncommitted transaction (not cacheable).
+func (q *Queries) FindAccount(ctx context.Context, arg FindAccountParams) (FindAccountRow, error) {
 	row := q.db.QueryRow(ctx, findAccount, arg.Kind, arg.Currency, arg.TenantID)
-	var id uuid.UUID
-	err := row.Scan(&id)
-	return id, err
+	var i FindAccountRow
+	err := row.Scan(&i.ID, &i.Mine)
+	return i, err
 }
 
 const getBillingAccount = `-- name: GetBillingAccount :one

@@ -36,6 +36,10 @@ type Agent struct {
 	BackoffMin, BackoffMax time.Duration
 	// OnTask answers a dispatched task (default: ACCEPTED, DUPLICATE for a repeat id).
 	OnTask func(*fabricv1.TaskDispatch) *fabricv1.TaskAck
+	// ReconnectSpread, when set, delays the first reconnect after an established
+	// session ends by a random time in [0, ReconnectSpread), so a fleet whose control
+	// plane restarted does not come back in one burst.
+	ReconnectSpread time.Duration
 	// HeartbeatOverride, when set, replaces the interval the server hands out.
 	HeartbeatOverride time.Duration
 	// NoHeartbeats stops sending heartbeats (to test the TTL).
@@ -103,11 +107,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.refuseOnce.Do(func() { close(a.Refused) })
 			return err
 		}
+		// Jitter: anywhere in [backoff/2, backoff).
+		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
 		if established {
 			backoff = minB
+			d = minB/2 + time.Duration(rand.Int64N(int64(minB/2)+1))
+			if a.ReconnectSpread > 0 {
+				d = time.Duration(rand.Int64N(int64(a.ReconnectSpread)))
+			}
 		}
-		// Full jitter: anywhere in [backoff/2, backoff).
-		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
 		select {
 		case <-ctx.Done():
 		case <-time.After(d):

@@ -240,6 +240,45 @@ type BudgetEvent struct {
 	SuspendRequestedAt *time.Time
 }
 
+type CatalogOsImage struct {
+	ID           uuid.UUID
+	Name         string
+	DisplayName  string
+	Distribution string
+	Version      string
+	ImageRef     string
+	IsDefault    bool
+	Active       bool
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+type CatalogRegion struct {
+	Code              string
+	ApiRegionCode     string
+	Label             string
+	IsDefault         bool
+	AvailabilityState string
+	CapacityScopeHint *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
+type CatalogSku struct {
+	ID          string
+	DisplayName string
+	GpuModel    string
+	GpuCount    int32
+	Vcpu        int32
+	MemoryGib   int32
+	DiskGib     int32
+	UsageUnit   string
+	Regions     []string
+	Active      bool
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
 type Department struct {
 	ID             uuid.UUID
 	TenantID       uuid.UUID

@@ -325,7 +325,7 @@ const listStalePayments = `-- name: ListStalePayments :many
 SELECT id, tenant_id, created_by, provider, provider_payment_id, currency, amount_minor, captured_minor, refunded_minor, status, failure_code, ledger_txn_id, captured_at, created_at, updated_at FROM payments
 WHERE status IN ('created', 'pending') AND provider_payment_id IS NOT NULL
   AND updated_at < $1 AND created_at > $2
-ORDER BY id
+ORDER BY id DESC
 LIMIT $3
 `
 
@@ -643,6 +643,31 @@ func (q *Queries) UpdatePaymentState(ctx context.Context, arg UpdatePaymentState
 		&i.CapturedAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const webhookEventByID = `-- name: WebhookEventByID :one
+SELECT id, provider, provider_event_id, event_type, object_id, payment_id, payload, status, attempts, last_error, provider_created, received_at, processed_at FROM payment_webhook_events WHERE id = $1
+`
+
+func (q *Queries) WebhookEventByID(ctx context.Context, id uuid.UUID) (PaymentWebhookEvent, error) {
+	row := q.db.QueryRow(ctx, webhookEventByID, id)
+	var i PaymentWebhookEvent
+	err := row.Scan(
+		&i.ID,
+		&i.Provider,
+		&i.ProviderEventID,
+		&i.EventType,
+		&i.ObjectID,
+		&i.PaymentID,
+		&i.Payload,
+		&i.Status,
+		&i.Attempts,
+		&i.LastError,
+		&i.ProviderCreated,
+		&i.ReceivedAt,
+		&i.ProcessedAt,
 	)
 	return i, err
 }
