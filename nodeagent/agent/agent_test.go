@@ -265,7 +265,7 @@ func TestTaskSurvivesReconnectAndResultIsReportedOnNextTunnel(t *testing.T) {
 	p.waitFor("accepted", func() bool { return len(acks(p, "slow")) == 1 })
 	p.cut()
 	p.waitFor("second hello listing the running task", func() bool {
-		return len(p.hellos) == 2 && len(p.hellos[1].GetActiveTaskIds()) == 1 && p.hellos[1].GetActiveTaskIds()[0] == "slow"
+		return p.ctls == 2 && len(p.hellos[1].GetActiveTaskIds()) == 1 && p.hellos[1].GetActiveTaskIds()[0] == "slow"
 	})
 	p.send(dispatch("slow", "test.slow")) // redelivered after the reconnect
 	p.waitFor("duplicate ack", func() bool { return len(acks(p, "slow")) == 2 })

@@ -44,6 +44,7 @@ type peer struct {
 	authFail int
 	ctl      fabricv1.Fabric_ControlServer
 	ctlDone  chan struct{}
+	ctls     int // control streams welcomed so far
 	changed  chan struct{}
 	fabricv1.UnimplementedFabricServer
 }
@@ -146,16 +147,20 @@ func (p *peer) Control(stream fabricv1.Fabric_ControlServer) error {
 	p.mu.Lock()
 	p.hellos = append(p.hellos, first.GetHello())
 	n := len(p.hellos)
-	p.ctl = stream
-	done := make(chan struct{})
-	p.ctlDone = done
 	p.mu.Unlock()
-	defer close(done)
 	if err := stream.Send(&fabricv1.ControlMessage{Msg: &fabricv1.ControlMessage_Welcome{Welcome: &fabricv1.Welcome{
 		NodeId: "node-1", SessionId: "session-" + string(rune('0'+n)), ReplicaId: "r1", Heartbeat: p.hb, ServerTime: timestamppb.Now(),
 	}}}); err != nil {
 		return err
 	}
+	// Tests may send on the stream only after the Welcome has gone out.
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.ctl = stream
+	p.ctls++
+	p.ctlDone = done
+	p.mu.Unlock()
+	defer close(done)
 	p.poke()
 	for {
 		m, err := stream.Recv()

@@ -90,6 +90,20 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 	}
 	url := "http://" + dialable(ln.Addr())
 
+	// The log gateway runs as its own process, as in production, and writes node log
+	// batches to a local file (no LOKI_URL in dev).
+	setDefault("GANTRY_LOGGATEWAY_ADDR", "127.0.0.1:3100")
+	gatewayAddr := os.Getenv("GANTRY_LOGGATEWAY_ADDR")
+	nodeLogs := filepath.Join(dir, "logs", "nodes.log")
+	kids := &children{logDir: filepath.Join(dir, "logs"), notef: notef}
+	defer kids.wait()
+	if err := kids.start(ctx, "gantry-loggateway", []string{
+		"GANTRY_CONTROLPLANE_URL=" + url, "GANTRY_LOGGATEWAY_FILE=" + nodeLogs,
+	}); err != nil {
+		ln.Close()
+		return fmt.Errorf("start the log gateway: %w", err)
+	}
+
 	envFile := filepath.Join(dir, "dev.env")
 	err = devenv.WriteEnvFile(envFile, "Written by `make dev` on every start: source it (. "+envFile+") in another shell.", []devenv.Var{
 		{Key: "GANTRY_URL", Value: url},
@@ -100,6 +114,7 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 		{Key: "GANTRY_DEMO_PROJECT_ID", Value: seeded.ProjectID.String()},
 		{Key: "DATABASE_URL", Value: env.DatabaseURL},
 		{Key: "NATS_URL", Value: env.NATSURL},
+		{Key: "GANTRY_LOGGATEWAY_URL", Value: "http://" + gatewayAddr},
 	})
 	if err != nil {
 		ln.Close()

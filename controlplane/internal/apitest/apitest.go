@@ -92,6 +92,9 @@ func New(t testing.TB, opts ...Option) *Env {
 		t.Fatal(err)
 	}
 	testenv.CleanupStreams(t, js, cfg.EventsStream)
+	if cfg.Fabric.PresenceBucket == "" { // app derives it from the events stream
+		testenv.CleanupKV(t, js, cfg.EventsStream+"_FABRIC_PRESENCE")
+	}
 	e := &Env{T: t, App: a, Pool: pool, mux: a.Handler.(*chi.Mux)}
 	e.Server = httptest.NewServer(a.Handler)
 	t.Cleanup(e.Server.Close)

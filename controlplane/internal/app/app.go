@@ -83,10 +83,11 @@ type App struct {
 	// (payments credits top-ups through it, budgets reads Billing.Spent).
 	Billing *billing.Service
 	// Budgets is budget posture, evaluation and the launch decision (DecideLaunch).
-	Budgets *budgets.Service
-	Idem    *idempotency.Store
-	Relay   *outbox.Relay
-	Handler http.Handler
+	Budgets  *budgets.Service
+	Idem     *idempotency.Store
+	Relay    *outbox.Relay
+	Payments *payments.Service
+	Handler  http.Handler
 
 	ownPool bool
 	redis   *redis.Client
@@ -168,6 +169,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Stream: cfg.EventsStream, SubjectPrefix: cfg.EventsSubjectPrefix,
 	}
 
+	a.Payments = payments.MustNew(a.Pool, a.Clock, a.IDs, cfg.Payments.service(), a.Billing.Ledger, a.Metrics.Registry, log)
 	handlers := &server.API{
 		HealthAPI:   &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:     auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
@@ -176,7 +178,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		AuditAPI:    &audit.Handlers{Pool: a.Pool, Cursors: cursors},
 		BillingAPI:  billing.NewHandlers(a.Billing, cursors),
 		BudgetsAPI:  budgets.NewHandlers(a.Budgets),
-		PaymentsAPI: payments.NewHandlers(payments.MustNew(a.Pool, a.Clock, a.IDs, cfg.Payments.service(), a.Billing.Ledger, a.Metrics.Registry, log), cursors),
+		PaymentsAPI: payments.NewHandlers(a.Payments, cursors),
 		NodesAPI:    nodes.NewHandlers(a.Nodes, cursors),
 		CatalogAPI:  catalog.NewHandlers(catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes}), cursors),
 	}
@@ -327,7 +329,8 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 }
 
 // maintain runs the periodic housekeeping: signing-key rotation, expiry of idempotency
-// keys and refresh tokens, and pruning of long-published outbox events.
+// keys and refresh tokens, reconciliation of quiet payments with the provider, and
+// pruning of long-published outbox events.
 func (a *App) maintain(ctx context.Context) {
 	t := time.NewTicker(10 * time.Minute)
 	defer t.Stop()
@@ -340,6 +343,10 @@ func (a *App) maintain(ctx context.Context) {
 		}
 		if _, err := a.Auth.PurgeExpiredRefreshTokens(ctx, a.Clock.Now()); err != nil && ctx.Err() == nil {
 			a.Log.WarnContext(ctx, "refresh token purge failed", "err", err)
+		}
+		// Payments whose webhook never came (or failed to apply) are read back from the provider.
+		if _, err := a.Payments.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			a.Log.WarnContext(ctx, "payments reconcile failed", "err", err)
 		}
 		if _, err := a.Relay.Prune(ctx); err != nil && ctx.Err() == nil {
 			a.Log.WarnContext(ctx, "outbox prune failed", "err", err)

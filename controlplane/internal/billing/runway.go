@@ -313,8 +313,13 @@ func (s *Service) liftIfRestored(ctx context.Context, tx pgx.Tx, tenantID uuid.U
 	})
 }
 
+// liftBlockIfRestored runs after a wallet credit; a pricing problem must never fail a
+// top-up (the watcher retries the lift on its next pass).
 func (s *Service) liftBlockIfRestored(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, currency string) error {
 	_, err := s.liftIfRestored(ctx, tx, tenantID, currency)
+	if errors.Is(err, ErrNoPrice) {
+		return nil
+	}
 	return err
 }
 

@@ -88,6 +88,9 @@ func (s *Service) CreateOSImage(ctx context.Context, spec OSImageSpec) (OSImage,
 		q := catalogdb.New(tx)
 		now := s.now()
 		if in.IsDefault {
+			if err := q.LockDefaultFlag(ctx, "catalog_os_images.is_default"); err != nil {
+				return fmt.Errorf("lock default flag: %w", err)
+			}
 			if err := q.ClearDefaultOSImage(ctx, catalogdb.ClearDefaultOSImageParams{UpdatedAt: now, ID: in.ID}); err != nil {
 				return fmt.Errorf("clear default image: %w", err)
 			}
@@ -139,6 +142,12 @@ func (s *Service) UpdateOSImage(ctx context.Context, id uuid.UUID, p OSImagePatc
 	var out OSImage
 	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := catalogdb.New(tx)
+		// The default flag is locked before the row, in the order creates take them.
+		if p.IsDefault != nil && *p.IsDefault {
+			if err := q.LockDefaultFlag(ctx, "catalog_os_images.is_default"); err != nil {
+				return fmt.Errorf("lock default flag: %w", err)
+			}
+		}
 		cur, err := q.LockOSImage(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return imageNotFound()

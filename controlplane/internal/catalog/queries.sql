@@ -90,3 +90,8 @@ WHERE (sqlc.narg('after')::text IS NULL OR name > sqlc.narg('after')::text)
   AND (NOT sqlc.arg('active_only')::boolean OR active)
 ORDER BY name
 LIMIT $1;
+
+-- name: LockDefaultFlag :exec
+-- Serializes the moves of a default flag (regions, OS images) so that two concurrent
+-- "make this the default" requests cannot both clear and set it.
+SELECT pg_advisory_xact_lock(hashtext(@flag::text));

@@ -92,6 +92,9 @@ func (s *Service) CreateRegion(ctx context.Context, spec RegionSpec) (Region, er
 		q := catalogdb.New(tx)
 		now := s.now()
 		if spec.IsDefault {
+			if err := q.LockDefaultFlag(ctx, "catalog_regions.is_default"); err != nil {
+				return fmt.Errorf("lock default flag: %w", err)
+			}
 			if err := q.ClearDefaultRegion(ctx, catalogdb.ClearDefaultRegionParams{UpdatedAt: now, Code: spec.Code}); err != nil {
 				return fmt.Errorf("clear default region: %w", err)
 			}
@@ -118,6 +121,12 @@ func (s *Service) UpdateRegion(ctx context.Context, code string, p RegionPatch) 
 	var out Region
 	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := catalogdb.New(tx)
+		// The default flag is locked before the row, in the order creates take them.
+		if p.IsDefault != nil && *p.IsDefault {
+			if err := q.LockDefaultFlag(ctx, "catalog_regions.is_default"); err != nil {
+				return fmt.Errorf("lock default flag: %w", err)
+			}
+		}
 		cur, err := q.LockRegion(ctx, code)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return regionNotFound()

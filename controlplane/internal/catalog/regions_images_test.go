@@ -2,7 +2,9 @@ package catalog_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -145,5 +147,42 @@ func TestOSImages(t *testing.T) {
 		wantError(t, g.Body, g.StatusCode(), 404, "invalid_request", "not_found")
 		d, _ := admin.DeleteOsImageWithResponse(ctx, id, &api.DeleteOsImageParams{})
 		wantError(t, d.Body, d.StatusCode(), 404, "invalid_request", "not_found")
+	}
+}
+
+// Concurrent "make this the default" requests all succeed and leave exactly one default.
+func TestConcurrentDefaults(t *testing.T) {
+	e := env(t)
+	_, tok := e.PlatformAdmin(t)
+	admin := e.Client(tok)
+	createRegion(t, admin, "r-0", "available", true)
+	var wg sync.WaitGroup
+	fails := make(chan string, 16)
+	for i := 1; i <= 6; i++ {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			r, err := admin.CreateRegionWithResponse(context.Background(), &api.CreateRegionParams{},
+				api.CreateRegionJSONRequestBody{Code: fmt.Sprintf("r-%d", i), Label: "R", IsDefault: ptr(true)})
+			if err != nil || r.StatusCode() != 201 {
+				fails <- fmt.Sprintf("create r-%d: %v %s", i, err, r.Body)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			r, err := admin.UpdateRegionWithResponse(context.Background(), "r-0", &api.UpdateRegionParams{},
+				api.UpdateRegionJSONRequestBody{IsDefault: ptr(true), Label: ptr(fmt.Sprint("R", i))})
+			if err != nil || r.StatusCode() != 200 {
+				fails <- fmt.Sprintf("update r-0: %v %s", err, r.Body)
+			}
+		}()
+	}
+	wg.Wait()
+	close(fails)
+	for f := range fails {
+		t.Error(f)
+	}
+	if n := count(t, e, `SELECT count(*) FROM catalog_regions WHERE is_default`); n != 1 {
+		t.Fatalf("%d default regions", n)
 	}
 }

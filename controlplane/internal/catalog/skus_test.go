@@ -5,9 +5,14 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 func TestAdminSKULifecycle(t *testing.T) {
@@ -223,5 +228,65 @@ func TestCatalogPermissions(t *testing.T) {
 	im, err := member.ListCatalogOsImagesWithResponse(ctx, &api.ListCatalogOsImagesParams{})
 	if err != nil || im.StatusCode() != 200 || len(im.JSON200.Items) != 0 {
 		t.Fatalf("member images: %v %s", err, im.Body)
+	}
+}
+
+type usedSKUs map[string]bool
+
+func (u usedSKUs) SKUInUse(_ context.Context, sku string) (bool, error) { return u[sku], nil }
+
+func TestDeleteSKUInUse(t *testing.T) {
+	e := env(t)
+	ctx := context.Background()
+	_, tok := e.PlatformAdmin(t)
+	createSKU(t, e.Client(tok), h100SKU("h100-80gb-sxm.1x", 1))
+	svc := catalog.New(e.Pool, e.App.Clock, e.App.IDs, nil, nil)
+	svc.Usage = usedSKUs{"h100-80gb-sxm.1x": true}
+	err := svc.DeleteSKU(ctx, "h100-80gb-sxm.1x")
+	if ae, ok := apierr.As(err); !ok || ae.HTTPStatus() != 409 || ae.Details["reason"] != "sku_in_use" {
+		t.Fatalf("delete in use: %v", err)
+	}
+	if n := count(t, e, `SELECT count(*) FROM catalog_skus`); n != 1 {
+		t.Fatalf("skus: %d", n)
+	}
+	// Without prices or a fleet the offer is the bare SKU.
+	o, err := svc.Offer(ctx, uuid.Nil, "h100-80gb-sxm.1x")
+	if err != nil || len(o.Prices) != 0 || len(o.Availability) != 0 {
+		t.Fatalf("offer: %+v %v", o, err)
+	}
+}
+
+func TestConcurrentCreateOneWins(t *testing.T) {
+	e := env(t)
+	_, tok := e.PlatformAdmin(t)
+	admin := e.Client(tok)
+	var wg sync.WaitGroup
+	codes := make([]int, 8)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := admin.CreateSkuWithResponse(context.Background(), &api.CreateSkuParams{}, h100SKU("h100-80gb-sxm.1x", 1))
+			if err == nil {
+				codes[i] = r.StatusCode()
+			}
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, c := range codes {
+		switch c {
+		case 201:
+			won++
+		case 409:
+		default:
+			t.Fatalf("codes %v", codes)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("codes %v", codes)
+	}
+	if a, ev := writes(t, e); a != 1 || ev != 1 {
+		t.Fatalf("writes %d/%d", a, ev)
 	}
 }

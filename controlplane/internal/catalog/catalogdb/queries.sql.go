@@ -407,6 +407,17 @@ func (q *Queries) ListSKUs(ctx context.Context, arg ListSKUsParams) ([]CatalogSk
 	return items, nil
 }
 
+const lockDefaultFlag = `-- name: LockDefaultFlag :exec
+SELECT pg_advisory_xact_lock(hashtext($1::text))
+`
+
+// Serializes the moves of a default flag (regions, OS images) so that two concurrent
+// "make this the default" requests cannot both clear and set it.
+func (q *Queries) LockDefaultFlag(ctx context.Context, flag string) error {
+	_, err := q.db.Exec(ctx, lockDefaultFlag, flag)
+	return err
+}
+
 const lockOSImage = `-- name: LockOSImage :one
 SELECT id, name, display_name, distribution, version, image_ref, is_default, active, created_at, updated_at FROM catalog_os_images WHERE id = $1 FOR UPDATE
 `
