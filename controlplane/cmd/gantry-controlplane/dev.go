@@ -96,8 +96,9 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 	gatewayAddr := os.Getenv("GANTRY_LOGGATEWAY_ADDR")
 	nodeLogs := filepath.Join(dir, "logs", "nodes.log")
 	kids := &children{logDir: filepath.Join(dir, "logs"), notef: notef}
-	defer kids.wait()
-	if err := kids.start(ctx, "gantry-loggateway", []string{
+	kidsCtx, stopKids := context.WithCancel(ctx)
+	defer func() { stopKids(); kids.wait() }()
+	if err := kids.start(kidsCtx, "gantry-loggateway", []string{
 		"GANTRY_CONTROLPLANE_URL=" + url, "GANTRY_LOGGATEWAY_FILE=" + nodeLogs,
 	}); err != nil {
 		ln.Close()
@@ -121,6 +122,23 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 		return fmt.Errorf("write %s: %w", envFile, err)
 	}
 	printBanner(stdout, url, envFile, env, relPath(env.SSHPublicKey))
+
+	// The dev node agent enrolls through the API like a real host, so it starts once the
+	// control plane answers.
+	go func() {
+		if err := waitHealthy(kidsCtx, url+"/api/v1/health"); err != nil {
+			return
+		}
+		node, err := startDevAgent(kidsCtx, a.Nodes, kids, dir, url, "http://"+gatewayAddr)
+		if err != nil {
+			if kidsCtx.Err() == nil {
+				notef("node agent: %v", err)
+			}
+			return
+		}
+		notef("node agent for node %s (%s, mock H100s) started; its log is %s", node, devNodeName,
+			relPath(filepath.Join(dir, "logs", "gantry-nodeagent.log")))
+	}()
 
 	if err := a.Run(ctx, ln); err != nil {
 		return err
@@ -156,11 +174,15 @@ Then try:
   curl -s "$GANTRY_URL/api/v1/ssh-keys" -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
     -d "{\"name\":\"demo\",\"public_key\":\"$(cat %s)\"}"
 
-The platform admin logs in the same way as $GANTRY_ADMIN_USER / $GANTRY_ADMIN_PASSWORD.
+The platform admin logs in the same way as $GANTRY_ADMIN_USER / $GANTRY_ADMIN_PASSWORD;
+the dev node agent (mock H100s) shows up in fleet telemetry:
+  ATOKEN=... (log in as the admin)
+  curl -s "$GANTRY_URL/api/v1/admin/telemetry/fleet" -H "Authorization: Bearer $ATOKEN"
+Node logs shipped through the log gateway ($GANTRY_LOGGATEWAY_URL) land in %s.
 Ctrl-C stops everything.
 
 `, url, env.Postgres, env.NATS, envFile, filepath.Join(filepath.Dir(envFile), devenv.SecretsFile),
-		devenv.DemoTenantName, envFile, sshPub)
+		devenv.DemoTenantName, envFile, sshPub, filepath.Join(filepath.Dir(envFile), "logs", "nodes.log"))
 }
 
 // dialable is addr with an unspecified host (":8080", "0.0.0.0") replaced by 127.0.0.1.
