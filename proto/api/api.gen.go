@@ -26,6 +26,30 @@ import (
 	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
+// Defines values for AllocationEventActorType.
+const (
+	AllocationEventActorTypeAdmin  AllocationEventActorType = "admin"
+	AllocationEventActorTypeNode   AllocationEventActorType = "node"
+	AllocationEventActorTypeSystem AllocationEventActorType = "system"
+	AllocationEventActorTypeUser   AllocationEventActorType = "user"
+)
+
+// Valid indicates whether the value is a known member of the AllocationEventActorType enum.
+func (e AllocationEventActorType) Valid() bool {
+	switch e {
+	case AllocationEventActorTypeAdmin:
+		return true
+	case AllocationEventActorTypeNode:
+		return true
+	case AllocationEventActorTypeSystem:
+		return true
+	case AllocationEventActorTypeUser:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AuditActorType.
 const (
 	AuditActorTypeNode    AuditActorType = "node"
@@ -1098,6 +1122,76 @@ type AddProjectMemberRequest struct {
 	UserID openapi_types.UUID `json:"user_id"`
 }
 
+// Allocation GPUs of one SKU on one node (docs/allocations.md). Every field is always sent; nullable ones are null when absent.
+type Allocation struct {
+	// AccruedCost Rated cost so far; null until usage has been rated.
+	AccruedCost *Money                `json:"accrued_cost"`
+	ActiveAt    *time.Time            `json:"active_at"`
+	Connection  *AllocationConnection `json:"connection"`
+	CreatedAt   time.Time             `json:"created_at"`
+
+	// EndedAt When it became released, failed or completed.
+	EndedAt  *time.Time `json:"ended_at"`
+	GpuCount int        `json:"gpu_count"`
+	GpuModel string     `json:"gpu_model"`
+
+	// HourlyRate Hourly rate at launch in the tenant's currency; null when the SKU had no price in it.
+	HourlyRate   *Money               `json:"hourly_rate"`
+	ID           openapi_types.UUID   `json:"id"`
+	Name         string               `json:"name"`
+	NodeID       openapi_types.UUID   `json:"node_id"`
+	OsImageID    *openapi_types.UUID  `json:"os_image_id"`
+	OwnerUserID  openapi_types.UUID   `json:"owner_user_id"`
+	ProjectID    openapi_types.UUID   `json:"project_id"`
+	RegionCode   string               `json:"region_code"`
+	Sku          string               `json:"sku"`
+	SSHKeyIds    []openapi_types.UUID `json:"ssh_key_ids"`
+	Status       V3WorkloadStatus     `json:"status"`
+	StatusReason *string              `json:"status_reason"`
+	TenantID     openapi_types.UUID   `json:"tenant_id"`
+	UpdatedAt    time.Time            `json:"updated_at"`
+}
+
+// AllocationConnection How to reach an active allocation.
+type AllocationConnection struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+	User string `json:"user"`
+}
+
+// AllocationEvent One status transition.
+type AllocationEvent struct {
+	ActorID       *string                  `json:"actor_id"`
+	ActorType     AllocationEventActorType `json:"actor_type"`
+	AllocationID  openapi_types.UUID       `json:"allocation_id"`
+	CorrelationID *string                  `json:"correlation_id"`
+	CreatedAt     time.Time                `json:"created_at"`
+
+	// Event The lifecycle event (`create`, `release`, `provision_started`, ...).
+	Event string `json:"event"`
+
+	// FromStatus Null on the first event (creation).
+	FromStatus *V3WorkloadStatus  `json:"from_status"`
+	ID         openapi_types.UUID `json:"id"`
+	Reason     *string            `json:"reason"`
+	ToStatus   V3WorkloadStatus   `json:"to_status"`
+}
+
+// AllocationEventActorType defines model for AllocationEvent.ActorType.
+type AllocationEventActorType string
+
+// AllocationEventListResponse defines model for AllocationEventListResponse.
+type AllocationEventListResponse struct {
+	Items      []AllocationEvent `json:"items"`
+	Pagination Pagination        `json:"pagination"`
+}
+
+// AllocationListResponse defines model for AllocationListResponse.
+type AllocationListResponse struct {
+	Items      []Allocation `json:"items"`
+	Pagination Pagination   `json:"pagination"`
+}
+
 // AuditActorType defines model for AuditActorType.
 type AuditActorType string
 
@@ -1700,6 +1794,19 @@ type CatalogSKUPrice struct {
 
 	// UnitPrice Exact decimal price of one usage unit (one GPU-second), in major units.
 	UnitPrice string `json:"unit_price"`
+}
+
+// CreateAllocationRequest A launch of one SKU. Without `ssh_key_ids` every key of the caller's account is used.
+type CreateAllocationRequest struct {
+	Name      string              `json:"name"`
+	OsImageID *openapi_types.UUID `json:"os_image_id,omitempty"`
+
+	// RegionCode One of the SKU's regions; omitted, any available region of the SKU.
+	RegionCode *string `json:"region_code,omitempty"`
+
+	// Sku SKU id, e.g. `h100-80gb-sxm.1x`.
+	Sku       string               `json:"sku"`
+	SSHKeyIds []openapi_types.UUID `json:"ssh_key_ids,omitempty"`
 }
 
 // CreateDepartmentRequest defines model for CreateDepartmentRequest.
@@ -2702,6 +2809,28 @@ type GetJWKSParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListAdminAllocationsParams defines parameters for ListAdminAllocations.
+type ListAdminAllocationsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// TenantID Only this tenant's allocations.
+	TenantID *openapi_types.UUID `form:"tenant_id,omitempty" json:"tenant_id,omitempty"`
+
+	// Status Only allocations in this status.
+	Status *V3WorkloadStatus `form:"status,omitempty" json:"status,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ForceReleaseAllocationParams defines parameters for ForceReleaseAllocation.
+type ForceReleaseAllocationParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListAuditEventsParams defines parameters for ListAuditEvents.
 type ListAuditEventsParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -3002,6 +3131,62 @@ type GetTenantParams struct {
 type UpdateTenantParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListAllocationsParams defines parameters for ListAllocations.
+type ListAllocationsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// CreateAllocationParams defines parameters for CreateAllocation.
+type CreateAllocationParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// GetAllocationParams defines parameters for GetAllocation.
+type GetAllocationParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// ListAllocationEventsParams defines parameters for ListAllocationEvents.
+type ListAllocationEventsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// ReleaseAllocationParams defines parameters for ReleaseAllocation.
+type ReleaseAllocationParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
 }
 
 // LoginParams defines parameters for Login.
@@ -3442,6 +3627,9 @@ type CreateTenantJSONRequestBody = CreateTenantRequest
 // UpdateTenantJSONRequestBody defines body for UpdateTenant for application/json ContentType.
 type UpdateTenantJSONRequestBody = UpdateTenantRequest
 
+// CreateAllocationJSONRequestBody defines body for CreateAllocation for application/json ContentType.
+type CreateAllocationJSONRequestBody = CreateAllocationRequest
+
 // LoginJSONRequestBody defines body for Login for application/json ContentType.
 type LoginJSONRequestBody = LoginRequest
 
@@ -3571,6 +3759,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /.well-known/jwks.json (the `GetJWKS` operationId).
 	GetJWKS(ctx context.Context, params *GetJWKSParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAdminAllocations List allocations across tenants
+	//
+	// Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
+	//
+	// Corresponds with GET /api/v1/admin/allocations (the `ListAdminAllocations` operationId).
+	ListAdminAllocations(ctx context.Context, params *ListAdminAllocationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ForceReleaseAllocation Force-release an allocation
+	//
+	// Platform admins only (`admin_required`). Any non-final status goes straight to `released`: GPUs freed, billing stopped, the allocation flagged for node cleanup (nothing confirmed the node is clean). Released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Audited (`allocation.force_release`).
+	//
+	// Corresponds with POST /api/v1/admin/allocations/{allocation_id}/force-release (the `ForceReleaseAllocation` operationId).
+	ForceReleaseAllocation(ctx context.Context, allocationID openapi_types.UUID, params *ForceReleaseAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListAuditEvents List audit events
 	//
@@ -4067,6 +4269,52 @@ type ClientInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAllocations List the project's allocations
+	//
+	// Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
+	//
+	// Corresponds with GET /api/v1/allocations (the `ListAllocations` operationId).
+	ListAllocations(ctx context.Context, params *ListAllocationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAllocationWithBody Launch GPUs of a SKU
+	//
+	// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+	CreateAllocationWithBody(ctx context.Context, params *CreateAllocationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAllocation Launch GPUs of a SKU
+	//
+	// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+	CreateAllocation(ctx context.Context, params *CreateAllocationParams, body CreateAllocationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetAllocation Get an allocation
+	//
+	// An allocation of another project is 404 `allocation_not_found`.
+	//
+	// Corresponds with GET /api/v1/allocations/{allocation_id} (the `GetAllocation` operationId).
+	GetAllocation(ctx context.Context, allocationID openapi_types.UUID, params *GetAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAllocationEvents Status history of an allocation
+	//
+	// Every transition, oldest first, with reason, actor and correlation id.
+	//
+	// Corresponds with GET /api/v1/allocations/{allocation_id}/events (the `ListAllocationEvents` operationId).
+	ListAllocationEvents(ctx context.Context, allocationID openapi_types.UUID, params *ListAllocationEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReleaseAllocation Release an allocation
+	//
+	// Moves a releasable allocation to `releasing` (docs/allocation-lifecycle.md); the node agent's acknowledgement completes it (`released`, billing stops). Already releasing or released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`.
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
+	ReleaseAllocation(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// LoginWithBody Personal sign-in
 	//
@@ -4613,6 +4861,40 @@ type ClientInterface interface {
 // Corresponds with GET /.well-known/jwks.json (the `GetJWKS` operationId).
 func (c *Client) GetJWKS(ctx context.Context, params *GetJWKSParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetJWKSRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAdminAllocations List allocations across tenants
+//
+// Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
+//
+// Corresponds with GET /api/v1/admin/allocations (the `ListAdminAllocations` operationId).
+func (c *Client) ListAdminAllocations(ctx context.Context, params *ListAdminAllocationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAdminAllocationsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ForceReleaseAllocation Force-release an allocation
+//
+// Platform admins only (`admin_required`). Any non-final status goes straight to `released`: GPUs freed, billing stopped, the allocation flagged for node cleanup (nothing confirmed the node is clean). Released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Audited (`allocation.force_release`).
+//
+// Corresponds with POST /api/v1/admin/allocations/{allocation_id}/force-release (the `ForceReleaseAllocation` operationId).
+func (c *Client) ForceReleaseAllocation(ctx context.Context, allocationID openapi_types.UUID, params *ForceReleaseAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewForceReleaseAllocationRequest(c.Server, allocationID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -5659,6 +5941,112 @@ func (c *Client) UpdateTenantWithBody(ctx context.Context, tenantID openapi_type
 // Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 func (c *Client) UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewUpdateTenantRequest(c.Server, tenantID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAllocations List the project's allocations
+//
+// Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
+//
+// Corresponds with GET /api/v1/allocations (the `ListAllocations` operationId).
+func (c *Client) ListAllocations(ctx context.Context, params *ListAllocationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAllocationsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAllocationWithBody Launch GPUs of a SKU
+//
+// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+func (c *Client) CreateAllocationWithBody(ctx context.Context, params *CreateAllocationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAllocationRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAllocation Launch GPUs of a SKU
+//
+// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+func (c *Client) CreateAllocation(ctx context.Context, params *CreateAllocationParams, body CreateAllocationJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAllocationRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAllocation Get an allocation
+//
+// An allocation of another project is 404 `allocation_not_found`.
+//
+// Corresponds with GET /api/v1/allocations/{allocation_id} (the `GetAllocation` operationId).
+func (c *Client) GetAllocation(ctx context.Context, allocationID openapi_types.UUID, params *GetAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAllocationRequest(c.Server, allocationID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAllocationEvents Status history of an allocation
+//
+// Every transition, oldest first, with reason, actor and correlation id.
+//
+// Corresponds with GET /api/v1/allocations/{allocation_id}/events (the `ListAllocationEvents` operationId).
+func (c *Client) ListAllocationEvents(ctx context.Context, allocationID openapi_types.UUID, params *ListAllocationEventsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAllocationEventsRequest(c.Server, allocationID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReleaseAllocation Release an allocation
+//
+// Moves a releasable allocation to `releasing` (docs/allocation-lifecycle.md); the node agent's acknowledgement completes it (`released`, billing stops). Already releasing or released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`.
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
+func (c *Client) ReleaseAllocation(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReleaseAllocationRequest(c.Server, allocationID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -6918,6 +7306,160 @@ func NewGetJWKSRequest(server string, params *GetJWKSParams) (*http.Request, err
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListAdminAllocationsRequest constructs an http.Request for the ListAdminAllocations method
+func NewListAdminAllocationsRequest(server string, params *ListAdminAllocationsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/allocations")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.TenantID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant_id", *params.TenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Status != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "status", *params.Status, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewForceReleaseAllocationRequest constructs an http.Request for the ForceReleaseAllocation method
+func NewForceReleaseAllocationRequest(server string, allocationID openapi_types.UUID, params *ForceReleaseAllocationParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/allocations/%s/force-release", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -9353,6 +9895,384 @@ func NewUpdateTenantRequestWithBody(server string, tenantID openapi_types.UUID, 
 
 			req.Header.Set("X-Request-Id", headerParam0)
 		}
+
+	}
+
+	return req, nil
+}
+
+// NewListAllocationsRequest constructs an http.Request for the ListAllocations method
+func NewListAllocationsRequest(server string, params *ListAllocationsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewCreateAllocationRequest calls the generic CreateAllocation builder with application/json body
+func NewCreateAllocationRequest(server string, params *CreateAllocationParams, body CreateAllocationJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateAllocationRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateAllocationRequestWithBody constructs an http.Request for the CreateAllocation method, with any body, and a specified content type
+func NewCreateAllocationRequestWithBody(server string, params *CreateAllocationParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+		if params.IdempotencyKey != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam2)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetAllocationRequest constructs an http.Request for the GetAllocation method
+func NewGetAllocationRequest(server string, allocationID openapi_types.UUID, params *GetAllocationParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewListAllocationEventsRequest constructs an http.Request for the ListAllocationEvents method
+func NewListAllocationEventsRequest(server string, allocationID openapi_types.UUID, params *ListAllocationEventsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations/%s/events", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewReleaseAllocationRequest constructs an http.Request for the ReleaseAllocation method
+func NewReleaseAllocationRequest(server string, allocationID openapi_types.UUID, params *ReleaseAllocationParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations/%s/release", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
 
 	}
 
@@ -12478,6 +13398,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /.well-known/jwks.json (the `GetJWKS` operationId).
 	GetJWKSWithResponse(ctx context.Context, params *GetJWKSParams, reqEditors ...RequestEditorFn) (*GetJWKSHTTPResponse, error)
 
+	// ListAdminAllocationsWithResponse List allocations across tenants
+	//
+	// Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/allocations (the `ListAdminAllocations` operationId).
+	ListAdminAllocationsWithResponse(ctx context.Context, params *ListAdminAllocationsParams, reqEditors ...RequestEditorFn) (*ListAdminAllocationsHTTPResponse, error)
+
+	// ForceReleaseAllocationWithResponse Force-release an allocation
+	//
+	// Platform admins only (`admin_required`). Any non-final status goes straight to `released`: GPUs freed, billing stopped, the allocation flagged for node cleanup (nothing confirmed the node is clean). Released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Audited (`allocation.force_release`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/allocations/{allocation_id}/force-release (the `ForceReleaseAllocation` operationId).
+	ForceReleaseAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ForceReleaseAllocationParams, reqEditors ...RequestEditorFn) (*ForceReleaseAllocationHTTPResponse, error)
+
 	// ListAuditEventsWithResponse List audit events
 	//
 	// Requires `platform.audit.read` (or `platform.admin`). Cursors are bound to the sort used when they were issued; a cursor replayed with another sort is `invalid_request`.
@@ -13015,6 +13953,60 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenantWithResponse(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateTenantHTTPResponse, error)
+
+	// ListAllocationsWithResponse List the project's allocations
+	//
+	// Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/allocations (the `ListAllocations` operationId).
+	ListAllocationsWithResponse(ctx context.Context, params *ListAllocationsParams, reqEditors ...RequestEditorFn) (*ListAllocationsHTTPResponse, error)
+
+	// CreateAllocationWithBodyWithResponse Launch GPUs of a SKU
+	//
+	// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+	CreateAllocationWithBodyWithResponse(ctx context.Context, params *CreateAllocationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAllocationHTTPResponse, error)
+
+	// CreateAllocationWithResponse Launch GPUs of a SKU
+	//
+	// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+	CreateAllocationWithResponse(ctx context.Context, params *CreateAllocationParams, body CreateAllocationJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAllocationHTTPResponse, error)
+
+	// GetAllocationWithResponse Get an allocation
+	//
+	// An allocation of another project is 404 `allocation_not_found`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/allocations/{allocation_id} (the `GetAllocation` operationId).
+	GetAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *GetAllocationParams, reqEditors ...RequestEditorFn) (*GetAllocationHTTPResponse, error)
+
+	// ListAllocationEventsWithResponse Status history of an allocation
+	//
+	// Every transition, oldest first, with reason, actor and correlation id.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/allocations/{allocation_id}/events (the `ListAllocationEvents` operationId).
+	ListAllocationEventsWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ListAllocationEventsParams, reqEditors ...RequestEditorFn) (*ListAllocationEventsHTTPResponse, error)
+
+	// ReleaseAllocationWithResponse Release an allocation
+	//
+	// Moves a releasable allocation to `releasing` (docs/allocation-lifecycle.md); the node agent's acknowledgement completes it (`released`, billing stops). Already releasing or released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
+	ReleaseAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*ReleaseAllocationHTTPResponse, error)
 
 	// LoginWithBodyWithResponse Personal sign-in
 	//
@@ -13710,6 +14702,330 @@ func (r GetJWKSHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetJWKSHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAdminAllocationsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAllocationsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAdminAllocations
+type ListAdminAllocationsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAdminAllocationsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AllocationListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAdminAllocationsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAdminAllocationsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAdminAllocationsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAdminAllocationsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAdminAllocationsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAdminAllocationsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAdminAllocationsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAdminAllocationsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON200() *AllocationListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAdminAllocationsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAdminAllocationsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAdminAllocationsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAdminAllocationsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAdminAllocationsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ForceReleaseAllocationHTTPResponse200Headers the declared response headers of an HTTP 200 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse400Headers the declared response headers of an HTTP 400 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse401Headers the declared response headers of an HTTP 401 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse403Headers the declared response headers of an HTTP 403 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse404Headers the declared response headers of an HTTP 404 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse409Headers the declared response headers of an HTTP 409 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse422Headers the declared response headers of an HTTP 422 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse429Headers the declared response headers of an HTTP 429 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse500Headers the declared response headers of an HTTP 500 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ForceReleaseAllocationHTTPResponse503Headers the declared response headers of an HTTP 503 response for ForceReleaseAllocation
+type ForceReleaseAllocationHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ForceReleaseAllocationHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Allocation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ForceReleaseAllocationHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ForceReleaseAllocationHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ForceReleaseAllocationHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ForceReleaseAllocationHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ForceReleaseAllocationHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *ForceReleaseAllocationHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ForceReleaseAllocationHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ForceReleaseAllocationHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ForceReleaseAllocationHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ForceReleaseAllocationHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON200() *Allocation {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ForceReleaseAllocationHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ForceReleaseAllocationHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ForceReleaseAllocationHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ForceReleaseAllocationHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ForceReleaseAllocationHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -20125,6 +21441,858 @@ func (r UpdateTenantHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r UpdateTenantHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAllocationsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAllocations
+type ListAllocationsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAllocations
+type ListAllocationsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAllocations
+type ListAllocationsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAllocations
+type ListAllocationsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAllocations
+type ListAllocationsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAllocations
+type ListAllocationsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAllocations
+type ListAllocationsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAllocations
+type ListAllocationsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAllocationsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AllocationListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAllocationsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAllocationsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAllocationsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAllocationsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAllocationsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAllocationsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAllocationsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAllocationsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON200() *AllocationListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAllocationsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAllocationsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAllocationsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAllocationsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAllocationsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateAllocationHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateAllocation
+type CreateAllocationHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateAllocation
+type CreateAllocationHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateAllocation
+type CreateAllocationHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse402Headers the declared response headers of an HTTP 402 response for CreateAllocation
+type CreateAllocationHTTPResponse402Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateAllocation
+type CreateAllocationHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse404Headers the declared response headers of an HTTP 404 response for CreateAllocation
+type CreateAllocationHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateAllocation
+type CreateAllocationHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateAllocation
+type CreateAllocationHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateAllocation
+type CreateAllocationHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateAllocation
+type CreateAllocationHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateAllocation
+type CreateAllocationHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateAllocation
+type CreateAllocationHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateAllocationHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Allocation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON402 the response for an HTTP 402 `application/json` response
+	JSON402 *PaymentRequired
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateAllocationHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateAllocationHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateAllocationHTTPResponse401Headers
+	// Headers402 the parsed response headers for an HTTP 402 response
+	Headers402 *CreateAllocationHTTPResponse402Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateAllocationHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreateAllocationHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateAllocationHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateAllocationHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateAllocationHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateAllocationHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateAllocationHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateAllocationHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON201() *Allocation {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON402 returns the response for an HTTP 402 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON402() *PaymentRequired {
+	return r.JSON402
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateAllocationHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateAllocationHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateAllocationHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateAllocationHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateAllocationHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAllocationHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetAllocation
+type GetAllocationHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse400Headers the declared response headers of an HTTP 400 response for GetAllocation
+type GetAllocationHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetAllocation
+type GetAllocationHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetAllocation
+type GetAllocationHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetAllocation
+type GetAllocationHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetAllocation
+type GetAllocationHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetAllocation
+type GetAllocationHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetAllocation
+type GetAllocationHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetAllocation
+type GetAllocationHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetAllocationHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Allocation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetAllocationHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetAllocationHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAllocationHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAllocationHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAllocationHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetAllocationHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAllocationHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetAllocationHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAllocationHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON200() *Allocation {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAllocationHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAllocationHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAllocationHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAllocationHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAllocationHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAllocationEventsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse404Headers the declared response headers of an HTTP 404 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationEventsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAllocationEvents
+type ListAllocationEventsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAllocationEventsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AllocationEventListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAllocationEventsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAllocationEventsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAllocationEventsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAllocationEventsHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ListAllocationEventsHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAllocationEventsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAllocationEventsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAllocationEventsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAllocationEventsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON200() *AllocationEventListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAllocationEventsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAllocationEventsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAllocationEventsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAllocationEventsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAllocationEventsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ReleaseAllocationHTTPResponse200Headers the declared response headers of an HTTP 200 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse400Headers the declared response headers of an HTTP 400 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse401Headers the declared response headers of an HTTP 401 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse403Headers the declared response headers of an HTTP 403 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse404Headers the declared response headers of an HTTP 404 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse409Headers the declared response headers of an HTTP 409 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse422Headers the declared response headers of an HTTP 422 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse429Headers the declared response headers of an HTTP 429 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse500Headers the declared response headers of an HTTP 500 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationHTTPResponse503Headers the declared response headers of an HTTP 503 response for ReleaseAllocation
+type ReleaseAllocationHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ReleaseAllocationHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Allocation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ReleaseAllocationHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ReleaseAllocationHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ReleaseAllocationHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ReleaseAllocationHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ReleaseAllocationHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *ReleaseAllocationHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ReleaseAllocationHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ReleaseAllocationHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ReleaseAllocationHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ReleaseAllocationHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON200() *Allocation {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ReleaseAllocationHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ReleaseAllocationHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ReleaseAllocationHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReleaseAllocationHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ReleaseAllocationHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -27941,6 +30109,36 @@ func (c *ClientWithResponses) GetJWKSWithResponse(ctx context.Context, params *G
 	return ParseGetJWKSHTTPResponse(rsp)
 }
 
+// ListAdminAllocationsWithResponse List allocations across tenants
+//
+// Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/allocations (the `ListAdminAllocations` operationId).
+func (c *ClientWithResponses) ListAdminAllocationsWithResponse(ctx context.Context, params *ListAdminAllocationsParams, reqEditors ...RequestEditorFn) (*ListAdminAllocationsHTTPResponse, error) {
+	rsp, err := c.ListAdminAllocations(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAdminAllocationsHTTPResponse(rsp)
+}
+
+// ForceReleaseAllocationWithResponse Force-release an allocation
+//
+// Platform admins only (`admin_required`). Any non-final status goes straight to `released`: GPUs freed, billing stopped, the allocation flagged for node cleanup (nothing confirmed the node is clean). Released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Audited (`allocation.force_release`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/allocations/{allocation_id}/force-release (the `ForceReleaseAllocation` operationId).
+func (c *ClientWithResponses) ForceReleaseAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ForceReleaseAllocationParams, reqEditors ...RequestEditorFn) (*ForceReleaseAllocationHTTPResponse, error) {
+	rsp, err := c.ForceReleaseAllocation(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseForceReleaseAllocationHTTPResponse(rsp)
+}
+
 // ListAuditEventsWithResponse List audit events
 //
 // Requires `platform.audit.read` (or `platform.admin`). Cursors are bound to the sort used when they were issued; a cursor replayed with another sort is `invalid_request`.
@@ -28807,6 +31005,96 @@ func (c *ClientWithResponses) UpdateTenantWithResponse(ctx context.Context, tena
 		return nil, err
 	}
 	return ParseUpdateTenantHTTPResponse(rsp)
+}
+
+// ListAllocationsWithResponse List the project's allocations
+//
+// Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/allocations (the `ListAllocations` operationId).
+func (c *ClientWithResponses) ListAllocationsWithResponse(ctx context.Context, params *ListAllocationsParams, reqEditors ...RequestEditorFn) (*ListAllocationsHTTPResponse, error) {
+	rsp, err := c.ListAllocations(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAllocationsHTTPResponse(rsp)
+}
+
+// CreateAllocationWithBodyWithResponse Launch GPUs of a SKU
+//
+// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+func (c *ClientWithResponses) CreateAllocationWithBodyWithResponse(ctx context.Context, params *CreateAllocationParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAllocationHTTPResponse, error) {
+	rsp, err := c.CreateAllocationWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAllocationHTTPResponse(rsp)
+}
+
+// CreateAllocationWithResponse Launch GPUs of a SKU
+//
+// Checks, in this order and before anything is written: the SKU exists and is active (404 `sku_not_found`); the caller may launch in the project (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`, reason `no_ssh_key` or `ssh_key_not_found`); the budget decision (409 `invalid_request`, reason `budget_exceeded`, the budget named in details); the balance runway (402 `insufficient_balance`); the per-project concurrency limit (429 `allocation_concurrency_limit`); capacity (409 `sku_unavailable`). Then one transaction places it on a node, reserves its GPUs and stores it as `requested`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocations (the `CreateAllocation` operationId).
+func (c *ClientWithResponses) CreateAllocationWithResponse(ctx context.Context, params *CreateAllocationParams, body CreateAllocationJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAllocationHTTPResponse, error) {
+	rsp, err := c.CreateAllocation(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAllocationHTTPResponse(rsp)
+}
+
+// GetAllocationWithResponse Get an allocation
+//
+// An allocation of another project is 404 `allocation_not_found`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/allocations/{allocation_id} (the `GetAllocation` operationId).
+func (c *ClientWithResponses) GetAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *GetAllocationParams, reqEditors ...RequestEditorFn) (*GetAllocationHTTPResponse, error) {
+	rsp, err := c.GetAllocation(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAllocationHTTPResponse(rsp)
+}
+
+// ListAllocationEventsWithResponse Status history of an allocation
+//
+// Every transition, oldest first, with reason, actor and correlation id.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/allocations/{allocation_id}/events (the `ListAllocationEvents` operationId).
+func (c *ClientWithResponses) ListAllocationEventsWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ListAllocationEventsParams, reqEditors ...RequestEditorFn) (*ListAllocationEventsHTTPResponse, error) {
+	rsp, err := c.ListAllocationEvents(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAllocationEventsHTTPResponse(rsp)
+}
+
+// ReleaseAllocationWithResponse Release an allocation
+//
+// Moves a releasable allocation to `releasing` (docs/allocation-lifecycle.md); the node agent's acknowledgement completes it (`released`, billing stops). Already releasing or released: 409 `allocation_already_releasing`; failed or completed: 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
+func (c *ClientWithResponses) ReleaseAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*ReleaseAllocationHTTPResponse, error) {
+	rsp, err := c.ReleaseAllocation(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReleaseAllocationHTTPResponse(rsp)
 }
 
 // LoginWithBodyWithResponse Personal sign-in
@@ -29914,6 +32202,384 @@ func ParseGetJWKSHTTPResponse(rsp *http.Response) (*GetJWKSHTTPResponse, error) 
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetJWKSHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAdminAllocationsHTTPResponse parses an HTTP response from a ListAdminAllocationsWithResponse call
+func ParseListAdminAllocationsHTTPResponse(rsp *http.Response) (*ListAdminAllocationsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAdminAllocationsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AllocationListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAdminAllocationsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAdminAllocationsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAdminAllocationsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAdminAllocationsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAdminAllocationsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAdminAllocationsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAdminAllocationsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAdminAllocationsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseForceReleaseAllocationHTTPResponse parses an HTTP response from a ForceReleaseAllocationWithResponse call
+func ParseForceReleaseAllocationHTTPResponse(rsp *http.Response) (*ForceReleaseAllocationHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ForceReleaseAllocationHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Allocation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ForceReleaseAllocationHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ForceReleaseAllocationHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ForceReleaseAllocationHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ForceReleaseAllocationHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ForceReleaseAllocationHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers ForceReleaseAllocationHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers ForceReleaseAllocationHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ForceReleaseAllocationHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ForceReleaseAllocationHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ForceReleaseAllocationHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -37424,6 +40090,1002 @@ func ParseUpdateTenantHTTPResponse(rsp *http.Response) (*UpdateTenantHTTPRespons
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers UpdateTenantHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAllocationsHTTPResponse parses an HTTP response from a ListAllocationsWithResponse call
+func ParseListAllocationsHTTPResponse(rsp *http.Response) (*ListAllocationsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAllocationsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AllocationListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAllocationsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAllocationsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAllocationsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAllocationsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAllocationsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAllocationsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAllocationsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAllocationsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateAllocationHTTPResponse parses an HTTP response from a CreateAllocationWithResponse call
+func ParseCreateAllocationHTTPResponse(rsp *http.Response) (*CreateAllocationHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateAllocationHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Allocation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 402:
+		var dest PaymentRequired
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON402 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateAllocationHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateAllocationHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateAllocationHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 402:
+		var headers CreateAllocationHTTPResponse402Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers402 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateAllocationHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreateAllocationHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateAllocationHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateAllocationHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateAllocationHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateAllocationHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateAllocationHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateAllocationHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAllocationHTTPResponse parses an HTTP response from a GetAllocationWithResponse call
+func ParseGetAllocationHTTPResponse(rsp *http.Response) (*GetAllocationHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAllocationHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Allocation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetAllocationHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers GetAllocationHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAllocationHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAllocationHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAllocationHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetAllocationHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAllocationHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetAllocationHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAllocationHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAllocationEventsHTTPResponse parses an HTTP response from a ListAllocationEventsWithResponse call
+func ParseListAllocationEventsHTTPResponse(rsp *http.Response) (*ListAllocationEventsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAllocationEventsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AllocationEventListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAllocationEventsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAllocationEventsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAllocationEventsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAllocationEventsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ListAllocationEventsHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAllocationEventsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAllocationEventsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAllocationEventsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAllocationEventsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseReleaseAllocationHTTPResponse parses an HTTP response from a ReleaseAllocationWithResponse call
+func ParseReleaseAllocationHTTPResponse(rsp *http.Response) (*ReleaseAllocationHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReleaseAllocationHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Allocation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ReleaseAllocationHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ReleaseAllocationHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ReleaseAllocationHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ReleaseAllocationHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ReleaseAllocationHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers ReleaseAllocationHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers ReleaseAllocationHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ReleaseAllocationHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ReleaseAllocationHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ReleaseAllocationHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -46512,6 +50174,12 @@ type ServerInterface interface {
 	// GetJWKS Public signing keys
 	// (GET /.well-known/jwks.json)
 	GetJWKS(w http.ResponseWriter, r *http.Request, params GetJWKSParams)
+	// ListAdminAllocations List allocations across tenants
+	// (GET /api/v1/admin/allocations)
+	ListAdminAllocations(w http.ResponseWriter, r *http.Request, params ListAdminAllocationsParams)
+	// ForceReleaseAllocation Force-release an allocation
+	// (POST /api/v1/admin/allocations/{allocation_id}/force-release)
+	ForceReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ForceReleaseAllocationParams)
 	// ListAuditEvents List audit events
 	// (GET /api/v1/admin/audit)
 	ListAuditEvents(w http.ResponseWriter, r *http.Request, params ListAuditEventsParams)
@@ -46626,6 +50294,21 @@ type ServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(w http.ResponseWriter, r *http.Request, tenantID openapi_types.UUID, params UpdateTenantParams)
+	// ListAllocations List the project's allocations
+	// (GET /api/v1/allocations)
+	ListAllocations(w http.ResponseWriter, r *http.Request, params ListAllocationsParams)
+	// CreateAllocation Launch GPUs of a SKU
+	// (POST /api/v1/allocations)
+	CreateAllocation(w http.ResponseWriter, r *http.Request, params CreateAllocationParams)
+	// GetAllocation Get an allocation
+	// (GET /api/v1/allocations/{allocation_id})
+	GetAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params GetAllocationParams)
+	// ListAllocationEvents Status history of an allocation
+	// (GET /api/v1/allocations/{allocation_id}/events)
+	ListAllocationEvents(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ListAllocationEventsParams)
+	// ReleaseAllocation Release an allocation
+	// (POST /api/v1/allocations/{allocation_id}/release)
+	ReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ReleaseAllocationParams)
 	// Login Personal sign-in
 	// (POST /api/v1/auth/login)
 	Login(w http.ResponseWriter, r *http.Request, params LoginParams)
@@ -46791,6 +50474,18 @@ type Unimplemented struct{}
 // GetJWKS Public signing keys
 // (GET /.well-known/jwks.json)
 func (_ Unimplemented) GetJWKS(w http.ResponseWriter, r *http.Request, params GetJWKSParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAdminAllocations List allocations across tenants
+// (GET /api/v1/admin/allocations)
+func (_ Unimplemented) ListAdminAllocations(w http.ResponseWriter, r *http.Request, params ListAdminAllocationsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ForceReleaseAllocation Force-release an allocation
+// (POST /api/v1/admin/allocations/{allocation_id}/force-release)
+func (_ Unimplemented) ForceReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ForceReleaseAllocationParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -47019,6 +50714,36 @@ func (_ Unimplemented) GetTenant(w http.ResponseWriter, r *http.Request, tenantI
 // UpdateTenant Update a tenant
 // (PATCH /api/v1/admin/tenants/{tenant_id})
 func (_ Unimplemented) UpdateTenant(w http.ResponseWriter, r *http.Request, tenantID openapi_types.UUID, params UpdateTenantParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAllocations List the project's allocations
+// (GET /api/v1/allocations)
+func (_ Unimplemented) ListAllocations(w http.ResponseWriter, r *http.Request, params ListAllocationsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateAllocation Launch GPUs of a SKU
+// (POST /api/v1/allocations)
+func (_ Unimplemented) CreateAllocation(w http.ResponseWriter, r *http.Request, params CreateAllocationParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetAllocation Get an allocation
+// (GET /api/v1/allocations/{allocation_id})
+func (_ Unimplemented) GetAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params GetAllocationParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAllocationEvents Status history of an allocation
+// (GET /api/v1/allocations/{allocation_id}/events)
+func (_ Unimplemented) ListAllocationEvents(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ListAllocationEventsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ReleaseAllocation Release an allocation
+// (POST /api/v1/allocations/{allocation_id}/release)
+func (_ Unimplemented) ReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ReleaseAllocationParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -47375,6 +51100,149 @@ func (siw *ServerInterfaceWrapper) GetJWKS(w http.ResponseWriter, r *http.Reques
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetJWKS(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAdminAllocations operation middleware
+func (siw *ServerInterfaceWrapper) ListAdminAllocations(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAdminAllocationsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "tenant_id" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant_id", r.URL.Query(), &params.TenantID, runtime.BindQueryParameterOptions{Type: "string", Format: "uuid"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant_id"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "status" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "status", r.URL.Query(), &params.Status, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "status"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "status", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAdminAllocations(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ForceReleaseAllocation operation middleware
+func (siw *ServerInterfaceWrapper) ForceReleaseAllocation(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ForceReleaseAllocationParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ForceReleaseAllocation(w, r, allocationID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -49572,6 +53440,424 @@ func (siw *ServerInterfaceWrapper) UpdateTenant(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UpdateTenant(w, r, tenantID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAllocations operation middleware
+func (siw *ServerInterfaceWrapper) ListAllocations(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAllocationsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAllocations(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateAllocation operation middleware
+func (siw *ServerInterfaceWrapper) CreateAllocation(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateAllocationParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateAllocation(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetAllocation operation middleware
+func (siw *ServerInterfaceWrapper) GetAllocation(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetAllocationParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetAllocation(w, r, allocationID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAllocationEvents operation middleware
+func (siw *ServerInterfaceWrapper) ListAllocationEvents(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAllocationEventsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAllocationEvents(w, r, allocationID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ReleaseAllocation operation middleware
+func (siw *ServerInterfaceWrapper) ReleaseAllocation(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ReleaseAllocationParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ReleaseAllocation(w, r, allocationID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -52739,6 +57025,27 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/v3/regions", wrapper.ListV3Regions)
 	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/allocations", wrapper.ListAllocations)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/allocations", wrapper.CreateAllocation)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/allocations/{allocation_id}", wrapper.GetAllocation)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/allocations/{allocation_id}/events", wrapper.ListAllocationEvents)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/allocations/{allocation_id}/release", wrapper.ReleaseAllocation)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/allocations", wrapper.ListAdminAllocations)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/admin/allocations/{allocation_id}/force-release", wrapper.ForceReleaseAllocation)
+	})
 
 	return r
 }
@@ -52925,6 +57232,355 @@ func (response GetJWKS500JSONResponse) VisitGetJWKSResponse(w http.ResponseWrite
 type GetJWKS503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response GetJWKS503JSONResponse) VisitGetJWKSResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocationsRequestObject struct {
+	Params ListAdminAllocationsParams
+}
+
+type ListAdminAllocationsResponseObject interface {
+	VisitListAdminAllocationsResponse(w http.ResponseWriter) error
+}
+
+type ListAdminAllocations200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAdminAllocations200JSONResponse struct {
+	Body    AllocationListResponse
+	Headers ListAdminAllocations200ResponseHeaders
+}
+
+func (response ListAdminAllocations200JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAdminAllocations400JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAdminAllocations401JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAdminAllocations403JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAdminAllocations422JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAdminAllocations429JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAdminAllocations500JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAllocations503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAdminAllocations503JSONResponse) VisitListAdminAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocationRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       ForceReleaseAllocationParams
+}
+
+type ForceReleaseAllocationResponseObject interface {
+	VisitForceReleaseAllocationResponse(w http.ResponseWriter) error
+}
+
+type ForceReleaseAllocation200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ForceReleaseAllocation200JSONResponse struct {
+	Body    Allocation
+	Headers ForceReleaseAllocation200ResponseHeaders
+}
+
+func (response ForceReleaseAllocation200JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ForceReleaseAllocation400JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ForceReleaseAllocation401JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ForceReleaseAllocation403JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response ForceReleaseAllocation404JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation409JSONResponse struct{ ConflictJSONResponse }
+
+func (response ForceReleaseAllocation409JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ForceReleaseAllocation422JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ForceReleaseAllocation429JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ForceReleaseAllocation500JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ForceReleaseAllocation503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ForceReleaseAllocation503JSONResponse) VisitForceReleaseAllocationResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -59898,6 +64554,931 @@ func (response UpdateTenant500JSONResponse) VisitUpdateTenantResponse(w http.Res
 type UpdateTenant503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response UpdateTenant503JSONResponse) VisitUpdateTenantResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationsRequestObject struct {
+	Params ListAllocationsParams
+}
+
+type ListAllocationsResponseObject interface {
+	VisitListAllocationsResponse(w http.ResponseWriter) error
+}
+
+type ListAllocations200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAllocations200JSONResponse struct {
+	Body    AllocationListResponse
+	Headers ListAllocations200ResponseHeaders
+}
+
+func (response ListAllocations200JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAllocations400JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAllocations401JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAllocations403JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAllocations422JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAllocations429JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAllocations500JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocations503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAllocations503JSONResponse) VisitListAllocationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationRequestObject struct {
+	Params CreateAllocationParams
+	Body   *CreateAllocationJSONRequestBody
+}
+
+type CreateAllocationResponseObject interface {
+	VisitCreateAllocationResponse(w http.ResponseWriter) error
+}
+
+type CreateAllocation201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateAllocation201JSONResponse struct {
+	Body    Allocation
+	Headers CreateAllocation201ResponseHeaders
+}
+
+func (response CreateAllocation201JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateAllocation400JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateAllocation401JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation402JSONResponse struct{ PaymentRequiredJSONResponse }
+
+func (response CreateAllocation402JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(402)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateAllocation403JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreateAllocation404JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateAllocation409JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateAllocation413JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateAllocation422JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateAllocation429JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateAllocation500JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocation503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateAllocation503JSONResponse) VisitCreateAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       GetAllocationParams
+}
+
+type GetAllocationResponseObject interface {
+	VisitGetAllocationResponse(w http.ResponseWriter) error
+}
+
+type GetAllocation200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetAllocation200JSONResponse struct {
+	Body    Allocation
+	Headers GetAllocation200ResponseHeaders
+}
+
+func (response GetAllocation200JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetAllocation400JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetAllocation401JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetAllocation403JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetAllocation404JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetAllocation422JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetAllocation429JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetAllocation500JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocation503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetAllocation503JSONResponse) VisitGetAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEventsRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       ListAllocationEventsParams
+}
+
+type ListAllocationEventsResponseObject interface {
+	VisitListAllocationEventsResponse(w http.ResponseWriter) error
+}
+
+type ListAllocationEvents200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAllocationEvents200JSONResponse struct {
+	Body    AllocationEventListResponse
+	Headers ListAllocationEvents200ResponseHeaders
+}
+
+func (response ListAllocationEvents200JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAllocationEvents400JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAllocationEvents401JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAllocationEvents403JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response ListAllocationEvents404JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAllocationEvents422JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAllocationEvents429JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAllocationEvents500JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationEvents503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAllocationEvents503JSONResponse) VisitListAllocationEventsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       ReleaseAllocationParams
+}
+
+type ReleaseAllocationResponseObject interface {
+	VisitReleaseAllocationResponse(w http.ResponseWriter) error
+}
+
+type ReleaseAllocation200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ReleaseAllocation200JSONResponse struct {
+	Body    Allocation
+	Headers ReleaseAllocation200ResponseHeaders
+}
+
+func (response ReleaseAllocation200JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ReleaseAllocation400JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ReleaseAllocation401JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ReleaseAllocation403JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response ReleaseAllocation404JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation409JSONResponse struct{ ConflictJSONResponse }
+
+func (response ReleaseAllocation409JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ReleaseAllocation422JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ReleaseAllocation429JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ReleaseAllocation500JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocation503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ReleaseAllocation503JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -68258,6 +73839,12 @@ type StrictServerInterface interface {
 	// GetJWKS Public signing keys
 	// (GET /.well-known/jwks.json)
 	GetJWKS(ctx context.Context, request GetJWKSRequestObject) (GetJWKSResponseObject, error)
+	// ListAdminAllocations List allocations across tenants
+	// (GET /api/v1/admin/allocations)
+	ListAdminAllocations(ctx context.Context, request ListAdminAllocationsRequestObject) (ListAdminAllocationsResponseObject, error)
+	// ForceReleaseAllocation Force-release an allocation
+	// (POST /api/v1/admin/allocations/{allocation_id}/force-release)
+	ForceReleaseAllocation(ctx context.Context, request ForceReleaseAllocationRequestObject) (ForceReleaseAllocationResponseObject, error)
 	// ListAuditEvents List audit events
 	// (GET /api/v1/admin/audit)
 	ListAuditEvents(ctx context.Context, request ListAuditEventsRequestObject) (ListAuditEventsResponseObject, error)
@@ -68372,6 +73959,21 @@ type StrictServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(ctx context.Context, request UpdateTenantRequestObject) (UpdateTenantResponseObject, error)
+	// ListAllocations List the project's allocations
+	// (GET /api/v1/allocations)
+	ListAllocations(ctx context.Context, request ListAllocationsRequestObject) (ListAllocationsResponseObject, error)
+	// CreateAllocation Launch GPUs of a SKU
+	// (POST /api/v1/allocations)
+	CreateAllocation(ctx context.Context, request CreateAllocationRequestObject) (CreateAllocationResponseObject, error)
+	// GetAllocation Get an allocation
+	// (GET /api/v1/allocations/{allocation_id})
+	GetAllocation(ctx context.Context, request GetAllocationRequestObject) (GetAllocationResponseObject, error)
+	// ListAllocationEvents Status history of an allocation
+	// (GET /api/v1/allocations/{allocation_id}/events)
+	ListAllocationEvents(ctx context.Context, request ListAllocationEventsRequestObject) (ListAllocationEventsResponseObject, error)
+	// ReleaseAllocation Release an allocation
+	// (POST /api/v1/allocations/{allocation_id}/release)
+	ReleaseAllocation(ctx context.Context, request ReleaseAllocationRequestObject) (ReleaseAllocationResponseObject, error)
 	// Login Personal sign-in
 	// (POST /api/v1/auth/login)
 	Login(ctx context.Context, request LoginRequestObject) (LoginResponseObject, error)
@@ -68588,6 +74190,59 @@ func (sh *strictHandler) GetJWKS(w http.ResponseWriter, r *http.Request, params 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetJWKSResponseObject); ok {
 		if err := validResponse.VisitGetJWKSResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAdminAllocations operation middleware
+func (sh *strictHandler) ListAdminAllocations(w http.ResponseWriter, r *http.Request, params ListAdminAllocationsParams) {
+	var request ListAdminAllocationsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAdminAllocations(ctx, request.(ListAdminAllocationsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAdminAllocations")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAdminAllocationsResponseObject); ok {
+		if err := validResponse.VisitListAdminAllocationsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ForceReleaseAllocation operation middleware
+func (sh *strictHandler) ForceReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ForceReleaseAllocationParams) {
+	var request ForceReleaseAllocationRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ForceReleaseAllocation(ctx, request.(ForceReleaseAllocationRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ForceReleaseAllocation")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ForceReleaseAllocationResponseObject); ok {
+		if err := validResponse.VisitForceReleaseAllocationResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -69716,6 +75371,146 @@ func (sh *strictHandler) UpdateTenant(w http.ResponseWriter, r *http.Request, te
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(UpdateTenantResponseObject); ok {
 		if err := validResponse.VisitUpdateTenantResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAllocations operation middleware
+func (sh *strictHandler) ListAllocations(w http.ResponseWriter, r *http.Request, params ListAllocationsParams) {
+	var request ListAllocationsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAllocations(ctx, request.(ListAllocationsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAllocations")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAllocationsResponseObject); ok {
+		if err := validResponse.VisitListAllocationsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateAllocation operation middleware
+func (sh *strictHandler) CreateAllocation(w http.ResponseWriter, r *http.Request, params CreateAllocationParams) {
+	var request CreateAllocationRequestObject
+
+	request.Params = params
+
+	var body CreateAllocationJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateAllocation(ctx, request.(CreateAllocationRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateAllocation")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateAllocationResponseObject); ok {
+		if err := validResponse.VisitCreateAllocationResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetAllocation operation middleware
+func (sh *strictHandler) GetAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params GetAllocationParams) {
+	var request GetAllocationRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetAllocation(ctx, request.(GetAllocationRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetAllocation")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetAllocationResponseObject); ok {
+		if err := validResponse.VisitGetAllocationResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAllocationEvents operation middleware
+func (sh *strictHandler) ListAllocationEvents(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ListAllocationEventsParams) {
+	var request ListAllocationEventsRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAllocationEvents(ctx, request.(ListAllocationEventsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAllocationEvents")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAllocationEventsResponseObject); ok {
+		if err := validResponse.VisitListAllocationEventsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ReleaseAllocation operation middleware
+func (sh *strictHandler) ReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ReleaseAllocationParams) {
+	var request ReleaseAllocationRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ReleaseAllocation(ctx, request.(ReleaseAllocationRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ReleaseAllocation")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ReleaseAllocationResponseObject); ok {
+		if err := validResponse.VisitReleaseAllocationResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -71223,406 +77018,436 @@ func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request, pa
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37d9u2si/+r2D5e++qfI4s20ma3cbrrLvcNGm98/K1nd3es90jQeRIQk0BLABaVrPyv38XBgBfIiVS",
-	"lh3H0f5hN6ZIPGc+mBnM49NOIKax4MC12nnxaWcCNASJ/zwDLefHIw3S/BWCCiSLNRN858XOOQSCh4po",
-	"QWaUaTKEkZBApPmE8XFvp7ujgglMqfl0yjibJtOdFwfdHT2PYefFDuMaxiB3Pn/u7vx+Bn8loPRJuNjP",
-	"SyElRNT8RVhIxIjoiekGPyAd80dAowjkd4r8vuca2jsJu0RIIjiQqekpJMM5fqhAXoPcLQ2P3rwFPtaT",
-	"nReHT35Ih6i0ZHy889kMMaaSTkG7hTlOQqbPhdQV6yKkJkKGIHvkZSKVkIpQCWQoEh6a1cJRmJcSBSGZ",
-	"TYCbR3MyAwmEKZVAaEbHTGN/JSDnO90dTqc4INNjfuD/S8Jo58XO/7efbeG+/VXtp2P8YAaD6/wTiyLG",
-	"xx8VHcOq0ZuVltSsXGJeJxHjoDYysPIosvHZ9Voc1YeY/pUAiemYcUsJAb5JRlJMySB73uNwo/v2x0Hd",
-	"YO3PdQTw/eGTrqHXlCAWyaG781qK6eIw3cRIDJKJkERiBtLue91QzPgLAxkJOaV658VOSDXsaTaFnW5+",
-	"dM+fVQ3nJIRpLDTwYP4G5osDe0evQBFKAglUA1F0BNHcsiodRvCCUCIhBqrJjOmJpVA6BXIFc0J5SIYi",
-	"NK/HEZ0r+6sWEkLSUZQzzf6GcJdIULHgCtKpWhzJ5pob5J4Z5TIGXLX+p4Z02N9gvq1a15iOoa/MC/le",
-	"QhjRJNI7L74/wEW1kPTk4KCbAdRhJUBdiJW7ncTxqt3WYgN7/fupFH9CUImV7icSCK7hRhsWpiS2D/dU",
-	"IGIIiYhBWl4hxymMmm0XiSZME6aIBPOBASdDDQPGr2nEwr57eVC7w7/vuQHsnfy8090x7zMJ4c4LLROo",
-	"nHmSsLA46afPKye97IBA9N9TSRxHDEISFA6MLoFgIiAkDGG2cESkNEvsTHrkIj0h8NhQeIAgRNOhAq6X",
-	"TD1rtu3R4keBJ8tPNPyFaphRZGPcSI44Tc30ApzW/p/KzPxTQ7x9JaWQZ64T22VxBY85SWKlJdApCSEG",
-	"HhomJSPKIsPkA/9jH0xLAzw8c1JCYe41Y3Gv7+c2EgfyEw3dk/ub7jsaGQKEMCV/YbZbKcPNnnU6C2R/",
-	"RGikhDlt5lPguq/YmFOdSOi7NwddMjDAaLAnpnrS15Jeg1Q0GnQJJSFwQ55chGB4cghEUzkGvcnlfCn4",
-	"KGLBPS6m7zE7OYJESuCaKG3Oms7gP/o0kkDDeR9umNJq0HU/Be5T1SXUsKo7HnS6LUqzKCIy4Zzx8SaX",
-	"6bWQQxaGwO+RxxI9EZL9bXHJ0YIhMpWMRixghqJikEiGgptFGtBwynjfo6h5ImYcpJqwuPBUaYj7SfEZ",
-	"jeM+F7oPXDMduWeJnpg+lOA06odMmbM/+wW4BhlLpqDYUuGr9JdNbseJ6ZnTCBfx/rbkI4eb2B50DvMR",
-	"33BX7IDuAPDeC/3ayAj3N80LVJeUSGQAJBSgCBeaIC8a4GP272um2DACr6BYlQq515DRyAx5o+twSueR",
-	"oOGFEG8NCt73cliAQbmWKRKZIUiiJ5TnlMTvFAloXHESdMkgBE1ZpHoSqBJ8gC31tRB9bGrDC2WOm7NU",
-	"mLqvhTrJQRMZ0ojyAMqI5R5vlDLOQV6zAD5yek1ZZDDqHlE6L/8wRZJsEKQzUHZk/dzThZmjyWQvtZks",
-	"m3jOumJE3Fss2YUQ7yifu6fq/tbrzJzjEZsyhJK/EqEpgZsAIMTTTVINffy575/ikRJFwo6nHwhu5YVg",
-	"bl/0hxfjShvS6mOjhc+9jFX65UHsxEdO3UF/n6xqhAtz0tvWM8FdiyvgfSfamqWzD3Lyqn0AN7E/7u0D",
-	"1BXT9zbJ3R95LEUASt0vY//LTKS0OtfpM3fOH6W4PiBGr7O2jhGDKNztkWMj/VNOSnYMIsEa8oz8S0nI",
-	"RiNA+dccCRtbuM9ep7TmxzB0mvY7mA5B5lQoGobMTIlGp9Ko+poZvXJEIwXdnTj36NOOFHYHli2s6+bM",
-	"vPq5u5MokH0WrqXDZ+aAf6ftdO0g/kjfF0PTnekKzZfHgRbyAn/6tAM8mfqPjY5t0dj8a640TI0yLsJ8",
-	"Y75z19ira09nzdeIBpaAViryXfOqkH3tBrvSMptNLf22+eryJHInozWtLAwmZwRxLa4c/zrb2t2ZgqYh",
-	"1bR+Xe0IS4CFy7qnYgjYiAXEt3JEOBhBXEEgQaO5eYEwRIAnRtinek0rGm6yaW5Diy1BoVmxwa6f2Vc/",
-	"d3es8r+4OU++/75Bl+5rT22r5quBU76Z6ZY4GVvIb0mZmAuMkR9JYRe6ntOKU8svU7rOC9Sdo8JaJEHm",
-	"f8uUTk+JdkDANEyL/1i51xZvPuMCn9iv0NbsBkilpHMkxvT6YiUaZ28u7AN2UGisdi3OUnr1kKqSwJzJ",
-	"O90dczomcgmKZjc2eYt6ngT6htd3uktvlszBSk1zJDJ6aEcBhORZ73D3dpdmfj4Vo8k/ovjEUlzxD/ey",
-	"pTT3k/vD/eQIkub/wJ+qV0xPLoxEtSbVUdyWPgplFTcQQCVI8s/fLnpFNv7h8MdVl1jdHSv0qT6raPkt",
-	"G4GB0nSrcBwEx0EYN/gseIj4vOxq16zdSIKa9Nt05r65RW8162WvEbvESMMR7CWq1FdpFVffBHZ3rLis",
-	"SxKK3ZhKikDhZQWbf1Tu2inP4AVSKHRc2MryIlRugRtGFUC4W63jIBAJbw6WJbUQFKD9aOjuyJgilMR0",
-	"DnJfUm2eROYPQofiGoikMwI83AsSpcUUJLGHhLt4pjxEIxUKBu4XNnUWSbzI2qlgGzP6RsJYccJeIHMD",
-	"7/uWNiSVSQiZ7kumrvpoy80TTRxRbTqwiIPrV0lBfpX6sWSBGWMcUb6hATo873udfJGHTs4/kGdPDv9B",
-	"/CskECF0iZ5IAHsJGlAFJAKtQaoSSz0tMNRTc1yZ10zD//Pv473//uPT08//a6dqYEzFEZ337XVbeVA/",
-	"219RafMo4knP7aDR32Z0rgj8ldDIHCkD8/agNMDDJwcreZ7xa8EC6EsIWIxmsA2KV/5G8TZTVMB1197g",
-	"X9MoAUIVGeRXcGD9ZvDQDSGIqATl1oMME3sBw/BZ4asjMhRGyZWAXeyusXYxlWg3vBP28myz2f1QmupE",
-	"5TnVyArXBnf9HQoKOxFoCCs5VtObvrvkZUMWMT1fxfdGkgn7ntOrG20xx4WPZxMRgaIRbB5ESsdWxU4X",
-	"lYACVjvqL/H7MrKp3PXlPFoBc8tWZAniVm5tFcynVLT6yC1bO+y4WxKHbzL8M1HaXx+0txDRqRnRqhP0",
-	"neAwt/xH1YKx5PuD1ahwC1oukVuBsuzo03EtW/vcQq0nqLdbKXdv0vj9CMKxoXBJuXKaynqMv7mVrh5S",
-	"t3oH/HyXbMFP9pU1Jc6Bv4kyouIVxJqMhCRDGlzNqAyJWVuqHYd6idIcgbFkUyrnxOFNKtUcEd+iGvh3",
-	"A8oFZwGNSAxyL5V/jAK7KIK23WHfW5V/U2W3/oMeeRkZgFNkmiiNd7kqmfqJMOez2cRokY4ls1c8f4a8",
-	"6/46LNsuyljv5pybzbINT8Ix6JfoktgUnsq3dRxmZIjt9Lz8Yja3JOwYgUVwLwx1QhGo/UBwLWmge9Nw",
-	"94hQTSKgSuNr6AFnZ9V17o960rVGByta4UoPwcqSVeoHygd5+0jhqBwKEQHlaPhthxtlMbil9AU8VLcx",
-	"mwIfCRkAuj9NRdhUt7I7/Sr7+J35NifqthUi0eMyf0hOBdeTyJy9fyVUapD4b8p5QqP0AK88KYuW4LIa",
-	"a6kAscReiZnvvUflUUoH1jmw/JpFQkMebVE6a6TVCp+bz7wGqzSV+la7bVQ6NRFR2DdKnbs7SSn6h4My",
-	"O/5GJScdEQMnlBO4NiqC45oYeEgk0GCCl2pMEdekUfC9jQlZgXQuk4ODp/BfXrtwbrkNnHTzUJRbwZRe",
-	"Um5bCUo/Q8CUs8emQn8UiZkRFKnk5j8iicL+MBLB1TIJrNiewdGWgoVFt+bHCL7ej0XEgvmaMkKYm31j",
-	"2kuXrAFK3TmuOOLqJwrCPvUeAOk6MK6fP9upMiAWPrQRLc2/ZCLsAw/Xv5SyTSDjPpCbLdcahH1k4cZk",
-	"aGhY4OKvq0F4tpsxPWG879ggD0qBFEqh7u2I3nuCVPLjRiA1hhZzqYTPFYFQBWmqzMrdEqrlb89K+vIC",
-	"Q+W4Ol3lEsUVaNhPdnErF4nCb8BO1ZyreaqSRRvD8nrKbCvOqOKENSi6tKXlRlrMeC2t9NZI3u7Ws/7M",
-	"KygVhweLt6ClhcoRq+155UqVT4EchHCh2WjeFxyFQjyy+xFNeDAxZJ5YIl55hq/jPdLy8F7ttLESsEdM",
-	"Kt1XAPw2kt96LBLRDXSdx4Wv7OjFqQceHZbfVLY7SjITdHOpyJDruf2ucBhd2QDBVXFJFV4exTaanR7p",
-	"yVDY13RGZYItEVFhTVdDQG7KOfY3Cgnama+4mKHVylmNRXQNDRj/VCidSFjDcczaAG6t9NuozVv5O4UQ",
-	"U4n2zXV1gqX3b3ahUiOaeWmD920trRYrMXLT2sa6aKlB6T6kx0oUfRjtvPh3Wx7f+fxHec61l4jL9mn1",
-	"peEaWyfkeF15685sPLe+D3y4xpnlZ04Sh7fDkUrXP7vDZYgpqScFxaXmiq9kpKlWJioUm/Q2NlvUEncV",
-	"ILSwDivPFAf+9+I0WHnqtJWcG4rLGTVWXTW6vVt9Nn7EpVzPev9yQvkYMIEIdUb8o9SSyiAKFbkCiIme",
-	"AJMWk3rkOG+ox7ecV1i+u8O7PIwjoLKfO5KKkzKYQSRMxbWLHgAeErNGOVfmXOdbe/6msf6ukLWNIbqO",
-	"9V66u7tz0JrxsVrzrtM3Q5Rrx1vQ3YUDecuugbz+nQSCX4NUmAjBRnnGIF3ou0uHk2aDIHpCNZGgE8kV",
-	"YRU3mg/WN2x001ecxmoi2gtSr38/959WylEqiWMhzWmRXagWAP1BrEDjC9u7crWocKipXLniZi05pXL7",
-	"0o45TqbTRGO85uvfCVyzEHgAPfIrU1pIvEW3jgsEuJYMrJu59S2VgIdMuEj6AY3NYXzbkBMzGlkRrrEK",
-	"Ht2XfQynXDNgxHy7SK+vbmigSQgBm9II0z0ZsZ8S+52PxqFkFAmqe4uzLI48T64Hez/+8Z+dy8ue/dfu",
-	"/6kkXBuV/vAgxfn1P7Bxle84S4u3OGy37Tniq6CmboG8l/DkifWp+xlDJFuyZbGJ82SKXjdxlCgywMxi",
-	"A9JxnqghGUVUkyEENFFgTykciuXVIBIKwt0KJr29mSR19LNufWOmtKR1AYCrnakT2KTZYsQ4jdjfrWa4",
-	"stH1lHMbcLPJcSANtNWUHDW9ZbxCT6oItLqtNeIhmJitp+smyLOVUdkzbmZQpjf9PxPJVMiqQmQbbbpp",
-	"Q6085qviRy/oTXq4Ew9fhBrFEZkkjQtZwDLTpxaaRs3vcc0XBlumDUz2brku6M1F+gmGCbXp8VqwcJPs",
-	"tdRus9SK7630dvz51auggPJS1ZPrMqQtkUXJdmNxYvUhhZjQ0oXUtI02KvT4pJlZlHT88pEJSDgiPnji",
-	"u8xT0MYxiinTRnuqOJ6+hNE/N70iQBw82eC1n3UENvL0fEMm1nQn2h8E3sKaZmkDTKi1qQgT3BOMS+vj",
-	"IDcVuGL0dOgHEyPA9Sv96O2eNcLUgGoYCzlfF5M9st4Ck51FwqxRLQzDDUxjfevZbuIUQll4GFdo9GZW",
-	"qBcxToZUMUViwbhWZe/EglnooLbbnDkeYS7BFdkcLVVBfcZNxS3Lm9rzVFNaklqkLw++alfraLtEaAW8",
-	"a4buZeN1jjXTEBwzxTSyw/a5090ZgQ0pQoBYZuNOe7unrAGVStIDSyBQKQ/mtiGUdGSW2qoIO6gFYatW",
-	"2KBSMxpF8757YESdne7OTDINfTEaNdgOvy7tdmKrHX7F2uFWcdsqblvF7StW3JacJG9RfTgDmyl5zUxm",
-	"6wWelpZ3dZhoeaxryQTSfb6BaE4nW4W3bmphJaqHWN/jkkU7lSxoq4sX7yVi04JRKQQHknCmScf/a8/m",
-	"htk14rl55k3fFebhnC1/E1cEpncMCF91rdIlKhnuTRkXcg8HH0vn3UwwpgjC5fcsT/+x6p7l02H38IfP",
-	"6WWL/bPmxsXqrmYcKy+i8t3Qvb9N0+6/vf6LvT8+HXSfN7mmyPXY3cldTeQWcAX1mP9ElN+/xLeu/NNP",
-	"o+SqPE7W9JJwV/mt1YncCv7LNtHAWF518jhHrdz0coNqCve50bQL/S1uLoxGgE49/ZErxbLeBhe2Kv2n",
-	"63JjW4dUvtbGQYX61zwg27vW2e6b7cp9a7t5Bi/T5W193SpI/94xZEOUulkSKlsQrrPVyQdcPH2y0yrq",
-	"1jezMOt0/GvAhNu5B4AWX4qNV/PvmVlSLKjV6OLjdrlLWBTdbh2xBS3WN8Tcnivv0mdsTanBZSzazI2C",
-	"b22DlxR3cM/T2K7TIFB547nwCk3mALKtscS3s57BxAFhZjTBBKha2EuJpXcsacfoJ9QkTfCG0yJjpseK",
-	"gDP0WKtQZhHaIewP5/21E42XFbNGkIaf/JVQrpme96eGzVXD4EPzaeN3UROSEAgZrjs5bCLb0eZ1FvGL",
-	"VQpgA/tTeRJ5i1Q+5KNyO0sT6BaVw+xkyc6Ims0pbLPfhdyFVon2FwGihr8r2LV4WBTIehEUF5G3gOxN",
-	"xZ/8eX6/4nhJkniQl0/nExqK2RnuwxryzgMQYCgPmfmgb28t2/qG5D9vA7EhRJq27Q0rRZle1hrroz2Y",
-	"X/pNIHHpiN7QYbw9x+7qHFs8wqppvJZRS5xUw5F3fdht8IxrCLbrad/Z4qxB0re4+t0iTw3yZFUbFG6u",
-	"I9pV4R01TJzyUVHWaF1Ipmj4a24dScXPheF0q0mvMbGvJXU5iRA9Wir8yVy0PX76gtj1Jy4nPmbJD+Wc",
-	"yIRXx4uu5Sa/IC6tMrMW/RzvZiZ4Gb3ODC7shwvpaHFl0na7pX2onFJDQrhIh7oW6K0lNt27pFZaztsd",
-	"iEsWtuBgUUzS1A8EH7FxIn2GGB5SWXQrXPAnXOYv5gSGynI16DXRN+J602o1Ptm+LUpRrlqTqz2z2HTu",
-	"iS0bEwiV1pPBf9Oa+jEVok8pJWXgnS9oHPdlwlEDqWrqJdU0EuPzNx/bmodtrcs0b30j6Ml6O85/vhCr",
-	"WgaekKmr/pgNC9ksDquE0NZJJsdxksvOlLruPu+u6Mh8NxUhRC2qqK2S7acwFXLebKItbx2yla+4eKha",
-	"8jaCdHfnOoiTVWOuMhuVsn1ki5rfGNd8YX1yNFGSoNMrpQKFVmFPDTW280nBqPqAxjRgem5QgZLzNx+9",
-	"44kYEaYVkTBmgquK8I98MduKLBT+54xEi73/KmZkSvmcZEzv4v6ZwnGMmCZczEgHaDAhwo6KixB2j8gB",
-	"SXiEBZywvNLYZQRIO11dWWkkAfrjOKmQA15LAPLL6cc0DcH5m4/fKYK7a8dhzuYuMQQaJraWrhmXyuo9",
-	"jZ3T36rqTmNbMjZspD+717HW/Cqm+dfTM3w7Tx7n+OGia1Q2iFIf+VVa3NHckxU0em8mv9yR8LDsfGUM",
-	"a8eoFykNWsexe3cNm4hERvO+bEB4t7CTNddOlx4vjf3YSm54KAZlzni/nH70vnhds+JT+qeQ+Hs5+P3Z",
-	"wSr7TLWTWHFdG1s7KukLjfA/pxmr1rNr3DJ5j4qScRnHni7zutv749Nh9/mTBi53pcMWe6pfh/ciXNOv",
-	"goahBKWqTiulXakqSU5OiXvRI76Bf9Ix5+X5+a8EeIgxVeV6Uk++f7pyESvW/vnTBo6MnWxND7rPDz/7",
-	"5zVek7EUQ+jHQlaczBcvT4n5heBL4RH55fj9xdn/67//8POr/unZh59e9U8/nF2QzpMnLh2+TXJViCB7",
-	"/v33T79fJYna0+YWfpvNnTYd5fgNrieeD+cnUzpel35yhTIKxc6snoa5wbRMGibPWtKGoTk6hTUyGIbM",
-	"/HuYVIRKPH3ScuWfHlafF2xqDVejsgd7gwKUazibtvP0XUIzBb+xxgtzvPffvo/0n66b6gWqJs3CxnRz",
-	"rmfZatZT7akN/juDUcLDe66NVSqaMZn7oqcJD8mMKjKlBh2xiBHj+Uq5YozlaATPfVEGzdZRD0tMNoW1",
-	"uhDxx/gelqr18FyF+vWO8HJe3PLmAMeYfg1h12aikWPKXZjSd4o41iNZO6hXKcXG3CaSaivEPTxhAkfU",
-	"YP3XUlh8pslVKoV7rSKhfilRZXl4Vq9bk25j1i8pncvPGPNWqyxZjY/nopHj1kot5nxCQ0bfpmadMK6r",
-	"XAhWkF2NLr6RCa862SI6rLDJtUQ/p8fbtuqp6PzNxy8k4WTW0CzZwLMfvv/HSrNlO+mIhWvIRndiUV0l",
-	"74TL6e3ZCnH/PzJJ//Ky9+9DQ4zmz/9zU51ZsWiozYvrz5uJ60VzzF0wyhLzLirQfyXgfncOyvcQA5Yz",
-	"FGd0++RZt7Xd+PaG4iVcff7rG5ivx9jrRgIlw4gFVUUYnj/94Vk77PLRPVmT9VO9wGSdx+GU8TWsaTbV",
-	"53eKYLUGX4SdmtYq8sTeziwSU6VmQhYtYOnDkoHgebG5JzUF91crQU9XKkFPmkY7uu5yM1m1LesaX9xm",
-	"LjXxLux+bZV3fzX68fznDWXRfKCyrOuh61Zw9e6sVxHYNI6Oz6v2yHbzUblz221OplKs+j6zY+a/bytZ",
-	"+9TAzUZbkw3YL6qdd+VkFke4agPMynwRC+2mochlTJYigmarfGbefBgYVhx91Zb9jBXwb6cOiqtqWf82",
-	"tdvK7mJXxUiF6qnkea9NRWJesBDsoXIVkkAovRcA1yAJ5cFEyB7J+iBUp5YswhSZUh5SLeQcC8q6oao7",
-	"SXjb2onibiLiIzaCYB5E0EyxzZburf8w1WvX9xetOXYWBYq7LaNScXVTirkvr1a78ia1i5d3LPIlVUKm",
-	"6DCqqZKVb+mebqyLR90DurF+JaWQLyuNROc2Hf2UBhPGYU8CDfEBmE/QZOQcyRRgOhXyj96T3R55iS4S",
-	"VAJRtgGKBU+Jz7iQdznT4gp4f8qUsm689m/Gr2lk8/Lh33ATM+tbZ/+2lp/sLZroST8GqczG9dOtdz8g",
-	"esWSKein61P+JvcD4yoZjVjAgGvzAg7OJoqwEkLuXTHjINWExfmHSkPcTwqPcKC2PCIuno2tMg/7LtrM",
-	"tJ76x/S50P2RSDAjUulxSuG55zQyezPvS4iAupXM/RwI7gXmfsSm6IJUmGVW/l5dJf2EZ/4e9kl+ONZ4",
-	"358xHopZVrk2l7eUjTnVicxvEBchFFrBB2I0ihgH/6cVvvxffk7oz4mRBApkoQ18sPCa0kIaDdpSeOED",
-	"/1NM9aSvJbWpgnI/1Db2VyI0zU+WxnFxk+LY39svPDd/A9dMR+mnjCttVnzh3fQHBMg8ied/XBgOprzE",
-	"rc0/ZYbwDXV7mktipSXQafpAgbxmARS2vAowESTWLPpi1HCLGMCvIRIxemLANci5ey5dwxWCQoPSPhmA",
-	"VRYiLUUgZL8TFmZ+XMiDpGP++H3Piex7J6Et3rS7YGH8oTJETVO2zNu6KiLitQTYMycxcZ/3yEsqbXkP",
-	"XzBq4HZp0MVLtIGWFGMyB/ZPFaMXycDd0Pt9PCIDe3PnXsOSU/iSxOjrOaFxHM0rAy+moDAb6cLyGYVm",
-	"T9ERdMkkmVKenQnukx55byuS0Bnx9RqIkCSkmg6pAqLhppwm6snBsx8aWrv9wBY2uupkex0B6F9OW3sN",
-	"W+C0RVwXJb4gCWm//vZ4kSwkuwa5JOZm0QkLaKQn8yp/RTG1gfNYI44oOo3NRvMkioitT40/W1uXsMH1",
-	"NSE9uRkxHsJN2eD5dJVPo7NfDucuxGIh+m7V51qyQDVPYeF38537sDKBxZSN+8Dt6V+5e83doeOA9YeJ",
-	"6jdzi0ZJvXVxWiff2w3wgystbWEkxRkuEFeJOrs5Ws7IKlv7ZUzzLrc/LdLVBIE9W1QfGTTQNbWQlxNH",
-	"rpmE36YhrMl7w6o/XZ3o2m2Erf++JqHHYgbSxkPOqNbrNGH5/FbqsoYp1kszYlnQoOCmZj6laYNacpVN",
-	"3LDQ72GairQIZ7+f/GwFAEUk2IpbRDEeWBD75fQjQckdQnvPx6+BayHnBd+EJgtYLj6UrWb1RKv2vbyC",
-	"Ffvarab+WmquWKIcwS7lTYMTa8V2Fc621X7zq99qjqcpEaygPF6IN1j1cu6sbEECHmj9qudhEuedb7o4",
-	"ptp9ee9E1Ta7MTb60i2icX1YQyMLRCoOrYyrmQilK+xq6NW6OtmSoeAJUKmHQHVlqdG3RqpNX7EiCx1K",
-	"FhBFZ6QTsWsgsQQFPIDdLoHIFdMy2jpTBiZMJ3sKgBODfwVEuE227hqf3MX3UF1dz1ZnY0ka2gsNUZ27",
-	"L1JDYbMs2vhpljtbUq6qvYD/SlhgRHQdxKRz8fac/CeZ02lys9slIy9w2u35TpHC3pTk+B/aZoX2y5gm",
-	"6EyTP5dWqVtilRyJVhFcfrqOSWrZ9gIiMPLQfE0r4Bg4yNsaszGoqB0jv3cK751YEvNBziVlHp+T4RzP",
-	"ZxcpZRQ+QyWziYiAjMzwuuYV+7N3X24FUvkjrjjL75+viKov7Ihf21x49Qp76K8I+xu9BVq8x6nq+MRZ",
-	"awzTqi9JjSLRQ3HTj4GH5skCDXzA3wlWKLfFeeegCTpzqEnJd7ShjOxuitaQje3d3jpfJgpk++8qL4+9",
-	"eVLt5OaysJDd4vZU0cA/f3tzfgYjCWpdCryCec6zbekCNCXWbq7RukFD2/vGU/T9IYqNOeNjcgVzRTpn",
-	"r1+Sf3x/+A/yz9/ekHOoKkZmXiwgZXNb2zH55/mH9+Q3GJI3MM962622gS0RkUprhGOqWpm3YszW9ODd",
-	"+A2+0HFlAGrh0+cVKdqf12SRf5jeSW/FWCR63WIMyHl9vGRqHdGyEG6bb6xqqDZsoPU1vY0rIGJEpqYB",
-	"wjhxTE0wVb8LXXSG2Fxm/qrQhj5+UpEixXbCeL5Nby5PKwd3RkISuEGFmhjdWe1Wov8i9jzs+sSFtckN",
-	"tmoX19H72gYfdgLKBcca4CoGTKyxa8veY+SeIoHgHAJNtKiKRFz0yL+t4rmJ7OJciijabLWl6jD/VFJV",
-	"eBOCB5nKdBsjIBrNxiilqZHJWaQay62GCn45/fgSD8lWCnYdBWD0lNmn1DhWtbV3VAgLdSqkreYGerME",
-	"p+aTM1BJVJNhGhs2ivsmt72p2l6Mhd1QBOvqoldfRuO33/SDCeXjzXLZnbgRlcJ2C5uVrn6FYSAzGSzM",
-	"t0RtBaNB2Z6QRyOHIwUuaOepZHbiFba4poP0Cnxe4f1pJ4POGFWizIK8WJkIot4E2EYKWhjKkl1YtZJr",
-	"6UPWctU3dLWItmYoLzACPh/e72yRnf/78eRl15zEF2/PrZHj4uUpmTE9cQayBUCuylzrBhDQfgzTxSGc",
-	"vnrnO3f9vjzOYf80UZpoaf6/A9NYz8lswjANjX+d4envso+Vh+SifTZpwMRPU7JadPXAJRwClSAJvkY6",
-	"gzHX/V6vN9g9ImoiZphZZ44VqXvkXAsJhGm7sOacJgfPDw56FTpOY2tiNsTy+ncLBLGc4mzssJtom0vQ",
-	"CvYrWVC4RUq3QEaKHowp13K+Z8Zut942M1hcstUr092xHnPqtkbJTbgtZ/tSAQa5cdZtRipWtUxjuBDe",
-	"9/xZd0O3WTXXSfUmEjOPe3M1vVPT8HpOpmXZsJ3S+yHRgZiCzVxmMNirO3g2W0UI74dExIK5r01XofLW",
-	"6V0Gt3LqltES8FTAlmdUkZBRIx2QDrraoKOVz8xBQhaiEVSCEtH1grNYI5HK+uNVplhgdgS2BxpMTDsv",
-	"/AowwfsSRonCKH82BZHoLkl4+mbXD6s/oszMAB138Vv3pKxAP2l0x6fRmbRK23rpVVGDb2g/CKSw+ZVU",
-	"1y5dOrqVpuLVLho2dc1tcC4dTQNraPZuXlTNLYffyvzA6hiiKOZXpXDQE5AkjmgAGG0xpXMSJ5pwmJGZ",
-	"kFc+nwb3ntgkFIHaxxuP3jTEc8X8jrdhyGwEHbKLST+z5HbWrS4U3PkWUcat3Rr/WeNLn9M66miBXTM9",
-	"J9Tp2Nkt7nBeFrqOyMBZywck4ZpFuRfQqc3RbsGHPLOv24R95h/Os7huwHisn3AthYohLSa8geh4l1rY",
-	"UCvpUHe+I4wwy8N4gcoUcVxrpZ5nB4e71XH0txXUmqnGZfOXdzEviVS1+TTSJV3zfLtLcRRmiyLpOjJV",
-	"E2lzxdpciyu4/xWS2G+FL/Rr01HuMDOrNKHmMLNUinOqIsvapfBdVa2DS7e1Rlgaul0xPt5Tc6VhSjBN",
-	"EqE8l1AUoXEIJKIJN3iGbFUhAKRcW+HX+wVi0lak6NpUDFs+SVf5jHGik8u/bH22MdzFGkg7lLv1ljAC",
-	"iXW8hCSUGNXZvD1CbZROF+Se7yuvodZM+rV5G9SyDGDNzVWlmLcGmb1KEXEp1LYxLzlWujeFwrPuw9Ip",
-	"Tgt9tcFSuMEMAqpK5P4Q078SvOJSIs2gbr4gMR17X3snd1lxho6hivRXl9LACivs7wop4tQwnPnJ1syz",
-	"chxT+b6siPyk4Ie7OjFJfur5EVSv77xRHPGtkssFNNaYNr/tB5s0aG+iKidlEXoGVwZSGkHER8N8p4h7",
-	"2UZQpuevi58jlWpZo3msm3zXDmw1x+L4Tv3ruU/7PvavKuSqNHk/TUtohIWkA71xj1DiOjjhGrPRhZX2",
-	"1dW1GzE+sQVFNbtccYPLeVTapAJrFpG6iyuUbES5Ta3epNy9Sa5AhmPF3BqWCLvIfu0OLbeA93Zoefh6",
-	"aIdWkYkqoN+yRxY8NyLUM02xWIdkcbWGW8gResf4fXvoXI+DhGRjxhsSgV2JD/aTz1mo8roKlU+IWs5e",
-	"2s79meWjpm2Qr+dFN7u0r5XVN6smukBbGL5OOnoiRTKeWJHi+PRkl9hkHZbeOtbQgs71jBva87+gw2eX",
-	"OLQOqZoMBZVhPp1rmoYB8xPlYGglma6bhTMTUhqCgUy5ojHhVPl22ZBt3/2SLamzjXlGx4vsHnkt5IzK",
-	"cE/waP6CuN0me5fJwcFTIM7Elf6tksBGeWdvUKkZjaJ534N3+pN/cOREC9KhGEEqbTNKEaVZFBGH7WrX",
-	"uslQHoB5G3iYIZC1ZXF0LfNnQX7j3cDN0qRWuXSwuGDlYS4eN/gP3/0yynGJfdcinCDCzAcKAgl6pdBi",
-	"3yb2bZTH8c5VTs2m5IU3l/Z4KMVMgeyRc2dnCtbVEdqRdznJrHveLU13Cbn+BsOJEFfHwVXbjFVJHLGg",
-	"0pJ9IZNUzjVaTAFQjAQ4o4q43AtEaSENrXKhJ2Z18bc4jhiEhI4pq6nKhm01kT99p40u7yUEwK6rg4kX",
-	"MMG92s0tRW5clWseUW1On5c0zlX2Se3a7tdeiqb+gYhVz6xW+RlWh1t4MeFDIa4WPuAihIWHmK/bPq1k",
-	"PPfemUsEVh5qXyUxyPJ4+yJW+T8xxVpl81nmtzY2Qp9pqkcGUkQwIMzWCwpoFOGem6foJ6vvJhfV8lzc",
-	"7wXfQ7NBIZlWljlrnWTbuS6bWxuzb5pmjLqbpFmNR7x+SizzZeNumqS189nhXF67Zgu4NF9WOsQyAS3u",
-	"7uLedUsJIXEKJdviKpHRzuj+FLIsX2OhhufBiugK2/iSGbyD6dCqUm3O/9uz/RT7rWT5kzS1jH1JTVh8",
-	"ROCvhEY+b7X94TtFDBq682gN083ayQXXIntMubRu3ezaeJEV3jXpMhcmnA2mmw8OcYzQjPYt5dw3Bzh6",
-	"fWCGidxGL95qpycoTc/anNCPWdDSrLSeMXa6O9cMZjVH/RnQkHFQ6uUEgqtMSUrbvDKoJ2a8wdeqdQZs",
-	"vXKvKseH6TyUHktY8/uyfO4b69oxVW1M2tCa6bfS79PoHcG1FBGJI8rhBRFXKC4ZER2vw1FOt9m5AjN0",
-	"86u4qpCb0pVvvgyqXdih66J6VTC6yl2sfwXBXk2q15aZzt5m53MwEjWhMZAO+vkEttZgbxru9ojRcnKV",
-	"7ZgrIRiSGGSuxJ33ufH11w0RHJXv0kGDVCTNWZ/Vwrvv2/SNlZC4nxK7i3pnFiQPNzTQEXpB2RKiNqqH",
-	"ME067//17u2uM6xd7rz/18nPJ8fk18ODA/LDwS8/kV9/evf0cqdRDrq1avhuujREmzIPm7nKX7MQ8O3q",
-	"O9xBXWC/uGv6BdxnBdaHV3rV1sRoOekh0xW22Tcwt9fvjBPzRpY1kdBoLCTTkymZUOVz7LVzWd3EdTPj",
-	"Y8xpW1Vw+UMM/Pz8V3L+6/GT75+T3LsOYwb2lxe9Xm9QBSu5mFn35s7GbANXMO/bh1WLnq6uH6lSkz0I",
-	"n3z//eGPg16ToIWmgF8sZ1JhMbT5Ca5sgLVfUproiZDsbwj7mLHAzr68hrYgSnMvotxYilubW66uJdWV",
-	"mo3lgvuDAct0DwwJ2Jgn8RcpvJDPob+tI5Mb9OLCVO3cRVrIo5Wg7Mr6dPKd7N6RqbeqAM0Xz1+wLho3",
-	"hsumBuNmzjR2mzOl+i4jip2BdGHjci4wbWQsO/R7w1dfs+ZB4WuuxEuFqcjwf+7ORU+AyXoOLXsMONtR",
-	"ldGnQDWtaz7kahXdu6W4XUVDD6DWFMMFB7wEHbNr645/R6VO1r9suYvqQA0YPHfQlHSx9I4lP7KVolNG",
-	"IffM3r6A1gNi8Y+IglnRkqbC1JTx/NPDDYtXGyu387l2zu9FCJuabS7gtFUShdqUJitLXHYKZTcPP2c1",
-	"QyulhjvJiLKZmv4129Oyav/KHVpiw7wlrd5lbfz7ql5fswmFi6w1ze9tLx/LFve6Ym6FEd5rhdQNV3+s",
-	"mVm7suAr6X+xUPjXWwJ8IXTQZkyxwyBBBFRaxyDzQSP/ryIfFtvHK7MpvQLlasiMmYsLcp8cEdyEfMej",
-	"iI6r/dfWrgleQyYt6n7fEiPv7JJmBbttC1zfb4HrGkJrVwh4Fa2tC71rmB0qp9RePbw73xusHrtpTan+",
-	"3PS95TRrVwu3XG04m4b56DemJz+5AnLtDHfmaxJHibLmATSVcQ03Gh3QXVE60gkhiKiE0KCnJkMIaOIK",
-	"AtjR21qDQSQUhLs98gp9F7DcFWGKUJuRQQHXNnoT79MFdyUKs4QudKhciE3piiibW6OQmDvWvlf6jC9z",
-	"fVztcO59dAPvksxaZKav8GcugGAuuDrTan2PhjL7SiQyWKBB5TX4IcOgAlVJjIWW2g/as1rOOfF5xXDb",
-	"uNytXm7X2tr79WVxJGdpKXjm5VxbCzNc2KOa7a+jw27KjFUIZkRGGmLlgHegaVszHw0mBcKb4JX8lGGK",
-	"n+E8psqlmaypkbiB3PvLKxnYEdbNfLxGEpuVwv8XEuRbB/02HT5T/UJ5oYpieKsKPtfJ6Y3qF5ZX3LdX",
-	"8twuDLNy0auXbhltLK5/3oSe6y2OKLcZoKbUyH/clYZdal33vdzCcmpvZvQKilwdBN/KAJtyzqoiI1g1",
-	"jzZpLg9BC2RQMcduapPFHqr38HwCUXSsNfC1k1X1NVXWYXN5EkT39kzIq0jQsMEXHCBUWJjYmaRWFO2S",
-	"QMM+F5qNmHU5VC3rdy0MsTSGbnHKNX0uWemXVg5tu875/VlOJqX9zJA1AvQia0PB2Na7haSPVdJLTpZt",
-	"ltTbSbWVtTbX4QebY7PtnLBYdKwXVPaGbXyI9QKLL5Htmq+O6yONbKlapipTw4YQSWfeEm2G6++Uq0ab",
-	"qNWJQFwz9taqIhXqziIxl/aw6zVLN4Ns6fM+kFlV8oyxVoOkY911D6GM8RssgYeJxdPePl8yzHeODUqq",
-	"truwzMXPo/S8EFHpH4hY1ZzHZepv6Qbl3CUiWlME6nioRJRoICNpJstDIkWioUlpZ68it0AApvrLrJBr",
-	"CmWoq3gBrDzjfKdL9rFpyOomjEYb9tZZ5TSzZNYN/bTucdK1k1kyizWsfa0DC+45WG6pY0T1UvzmpKiX",
-	"QmlHzUvxoqq01k80uAIe7okZh5AMGZaoQSueTPiMzn3UGBO8R15iLgJFJPAQJGHW3IeZ7m2WY4MHBlrs",
-	"tz1yopW15zmTndAuf6fLtqAAQhvWRAPdJUrkjIOEKTJKi+wzl4IglHSkj3yjM4b100lqaLQTv4aa8vjZ",
-	"mr1hNpVImv7Cjnynu/NnEs+1DYKLoqktSenT6foiFubXq2QIkoOtMUzjuAbNfYeL3k/SWt4hzfqkmHD9",
-	"pI5RLIxsrQwRxza7hpjGEWiXfUNpKrX9xP3RT/NwSIiAKv+j+XcxT4d75j9YMfpkOqWybc0r95XNhORl",
-	"/s3beWkQyATCfiCU3oiATH1+bs+elXkxRphO0xC9jbkT3C4MJqogbEToGELCuBZkwpQvgL14BtreUObC",
-	"zMkV3bEpuKzKswkLJtXdGs5ShlEwB2wqeRGVyBENQG2s2K5T0TaYxy+LYduQeZbGcZ9xpY0YusEm17b2",
-	"mo9rzvYGJjJbzCaH78sFsJpzYTMBLBORyGjel84OdWteqwrC9xPAHIPm0KDEbNpuVcjLan+cjL8WezoH",
-	"eQ1yLwTJriEkiUJ/Axtnu4dxtpgO/8jlEVIVh101U18xHjbfKTyN2siJZcPN4qGOOalMp1Qzg6c0YhQj",
-	"iQsrctvc5asrfNXkMm9mHcb49P4tchdkDTTNT3y7zAyrroUq8hTdymaqrpKqqierv2t07b4gvVQKrUXw",
-	"XsTeVDdBnsh57xdunkrXTUU7q5lmdVL7Mo0sbHkOe3MYXgodyE60IsB1i7LFIhZXmi/zokMZgSqO+0Xh",
-	"3mwQBIlken5utsJdZ2Me/OPE7LL/67Wnz3/+drGzEF5jc8S5UkW+aqJpwKdmF1z1iPNiR3nGpg9If+05",
-	"mXeKAIE9ZoAx0TpGiHXlrzGkv2Z4ApMzL4zwYgLkmkYJVog5eX/x6uz98dv+P397c94/e/X67NX5r/2L",
-	"D29evT+yGQ5OP5xfkH3f3z5N9GT/z9mV2ndR/I2Ga2jnp2VLWTNWl1/afL7nh+DW1si3nPhKdK6qB744",
-	"ojZYn+qJrU6T5uuPxJiMqYYZne82GPdnXOiRqCzVgerTnk3/ePbq/CJVqXzmiF+wRBVmEwgikYTFVBK9",
-	"S37J95xY7rQSzMsfUCnnZPD7nnMS2jsJB6QzpTfk8MkPJJhQqXaPHM1IZ7YjEEyE9ay75IQEQkqIbHoC",
-	"ZqThheb8qpgBQ/bOhflz7+TnwW4vGxyWaEGdgZPBK/OHtxYObD0OShQWSiEDgxwD/PTEaZ8fP578fP2P",
-	"IzzQlabT2D4+e/2SPH369McjX5VXVVblNS19WPBaIZ1BlT70wjoQDnZJwiPDg6EIkilwbVTUnFrbuzSY",
-	"oZk2UL3jdqmwN+T49CSXkP7FzmHvoHewh2owHnAxcBqznRc7T3sHvacYH6AniBf7vRlE0d4VFzOObNL7",
-	"02U/HdvEiSmbn4Q7L8xDw3g21SO1qSRqBbvslf3f3W6ehCjgeTrAITw5OEhts87qFNsMe0zwfT8ce9ys",
-	"OoxcsXLkhEUUcXXHDSdNgIauQHye1Orad68X5mH6ePbkx7pP0jnuXwjxjvK5+xRD4r63c17+3YkDEKRh",
-	"+9XT1V8ZaZUF8JFnt775s2Lnxb//6O4or6pXVWo31EbHZl93EP3+MN/v05jtXx/uo2l6HxMJ5qiknJQG",
-	"DzZFBhWZBwekI2T+F9PgYLdHXmLiess4Q5EYjremHiWktqnyfTb1OZmBBMKUSiA8ItQn9JcQR3Tu6+5Q",
-	"LrDEEn7PFBkwfk0jFvYdfGHIeZG+I6b0sRnqq2uwhf/Xp/PuyrftjJu8eUrHcM7+hibv4vjPhdT4cnFn",
-	"Xt0YwMfNIFbGwBrI5qe/EpBzL4e92EmFlYzxWmlVi31/MKczJsx0yYqY8wzUdWPIpzzPhtG2XOGnyral",
-	"LVXXbQgsuKi+9PGdQlhGfgVviwpIO8aKEShY4Ibatd0kujVBqZ9o6N2D8ZPD1Z985FmmBftRA1x7LeSQ",
-	"hSGg8vnsyZMm3cRSGOnWguBXhdYpPhsiKOxvHp0NdCK9VGG0s9Pv0/DPRGGYnM2p7QygpXzVDo4JfqtQ",
-	"lO6RYxILhbZyYpOXk0BCyLQNd5jRKALdJZRwGFN8S3AgIWBSFaZJx2aSHkIkZuRvkOKFwWCVjEYswITF",
-	"7g7YoP+pwKJxDvIjCI1shRmBla1hlJsGoQHm31nEb6uw/WRnfpx+ccc4fhLCNBZYJfCNM2G5I+YnEc43",
-	"hgwL00r5rqhyp64JBYQ6vMtx1IOU3devEpQaQEyaSN6t/XpgdvBs9RfvhX4tEu66aIBjLwUfRcxeaT07",
-	"fNpoLpGg4YUQb6kcw7cFsy8R14iQFr4I9TkNLMjlQNdR/zLEHd3sKU5jNREOcpPGiHsynSZWOYVrFgIP",
-	"4IWVgekUfM4RBqqbpVm32fzTui0WM4kEnUh3f4op14kfEek8OTjYzQoTSaqxZCWmr+2SZwc/EhSbZ0xB",
-	"j/w3SNHN8B2vcmlkxg0hfmrl9QEK1ta+h/p3hWwtIRAydMv3+vdzN57b65J3hrS5QTaC2IO7HkC5GqnN",
-	"qW8X1ms9KFebndkg5t7B6bF8amduSt+GMLvF/y+O/5bgCOXk9e8pVLZDfSuz7mE5Zqs9q/1Pub/6LPy8",
-	"L41ErGjUVhI3YpSPREY7Hx8T4FoyUCRi/CoTnW1xIRqRjuABYILY3CB2e+QsX5u4Wh53rhTu8CMzkUQh",
-	"GYucJF8F72ZcXvZ+i4txkXV8WxG8uEi2+fzEXI51VPVjqic5K0JhC3bKMH4708KD0gzsqpw5Evuy2kF5",
-	"LPUagn1nqyNsz4gHf0YgoRLqzRO6AG8tjgqXnxudR1StGb36JPgYG6Q/PDjAux9FhnMs0NwlQIOJBXWm",
-	"FXGXQaraxu3GeGrHcYrDeKh3OotjXWUYxQyvZk5bW+jjs4Xmc9urSrbrtpKsXqLJ0MpWpk3LQo59yGGP",
-	"HPuML/ZnTLyv3IW2NxIwPRGJJtS+IkbIgmLGV1goczT9qEyUuXnZ5f2yskh+mSvgwg5xq2tu5Yh7szVS",
-	"DVhsJ4OyWwgQ+5/Mf1C99Kd+W/USfawc5GlMegWjEQSaUO3+xa6hj+5hHY+GXMx2u87XfErn6PAaMZ8V",
-	"lsRU6RdoiApd6RKmXGlRCejPFTZHx38515aNKpGnueWvVx/d2j5mvXFxobeovUXtLWoXUPs4DEuQ7RGz",
-	"HXSrCQ3FbM+Ano28bYPTZ7BnL10Oez2jAlpgtRcA6FUzsCl7Bga4BwHlIQuptinn+ii5Dkgn57GI5kHz",
-	"L1cVWkxjKkFZGXg2oRpzUw+FuIKwR36TzPTtavcuored2lmG4A/4bufcj5XxcSucO7jbkSzXakM535MJ",
-	"JxHDyDf0kdM0UlsU3KLgvaDgz44ALXwZlKEkhRmrGzeDQ+7ToDQ2faEb9ZRlcROD3R75IEOQgIXvWGg9",
-	"pSs8Os1n712qiofm0HmXpjMz5+ZehLglW5PZ4zOZcUf6Bb9Byw9trWUX6ImHee9tFUoxhJB0Ll6ekkBw",
-	"blRGLcggyzw/6KbmsydPdskQRkLCJad8jkKEacQ6qFhDG2cQ2laJNuiqSScSIh7S4KpLEq5iCNiIQdgl",
-	"0yTSLKBKd/ECdC8SAY26BENXLvkUNA2ppl0sa8vnRMWAWNQlGJE9EWZd6NQIT0pE12YoWhDB4ci8IBKt",
-	"WAhk8P7Dz6/6p2cffnrVP3779sNvr37uvzz5+ex8cMnxjlSB3jVzeHZwsOhf7q5YQ9CURVjTXwk+sNPr",
-	"2+n17ZS7eJZz4RcRLzTVJZ/SEHrk2BbwnBmcSzTBdFeucmhuL5yfT3oDYFfR+jmTDibGFi5mx6jqQyBJ",
-	"fMnnoHfN0hutn9sVMQtkm/3P2LnOPzv4kQwwoI5ap5M+3DCl1aAKcq0S/95G5T0Co+bLdD5fSCHGpaxX",
-	"gbve8QeKe844GUTUxiIOYfCNyIhbke+uzJU2ZBGJSSHCePDBoMLdugOmWvTb/+QidT/boycCDc214Km4",
-	"dlc2OKgU8zDUUhnQvwauhZxbHQkimIKWcwuzwEMc/yXXCecQlVxiMqxjvJ9g1OCEYXC8D2HGqv5p73ii",
-	"2FdsaWbBjXpmurrkSrMoIi4lDCJ2x+jqgqOrqaSMm4/sAlZhqV2YTWBpcWFNi/U2zyyIemM2z0Ux91lV",
-	"rSxMW7NRpHosqum3o2IiETi8qZda27hMcIxvJSx8QZ4dPHPczYXuj8x+VAoxY9CPkusO7lwquXC4+C1w",
-	"8TfDlL+AXsmRMdXBpHloWTChfGzTsaEUIaQTX73S4ZRLm7KgQ7126PRCox49OzjoEizUTazSgaqMz06g",
-	"J1S7XlKjNZkVbdgVnJ+kheIeA/NvXh1aLKR3z3bzewWerTF8qxnVakaILStwcZX6s2/1gbY3ge8F4TAr",
-	"KCVUogdbACFxpcpMH0dEJhxzO2C2RKXpvFdQSPYuk4ODp0DsOCA8uuT2n2jgt0oKfu4UFp+8xpuFFqxe",
-	"HZ8Bs48Ossx63tu3jJJzBjG464PbYrUd6FZQuxVeElRCFdKT3zqChSi2iti3rIi9tIaKW8IbYsbt0a2b",
-	"ZsYqwJnBvKm4NpA3Gh1lFiGmyMAj18ClRXU4csllgh0RprvmC+5eBcw0pQnGTbnq3BaIzAcbRi7scQtc",
-	"W+DaAtcdOClQdmvcspn6psD1nrUqr+NTa1P/MeUymhtk6Zo/URZyyaHVxOi7mk3hkncGvxy/vzj7f328",
-	"d3z1/uzD27fvXr2/sBkO+xcXb3P3qYffkynjiQa128XM2cp1YJBSJTFG1YEiQGXEQF7yhKOV207Hp/1D",
-	"jYkMxphXbs/8RcfAtctUOCBa0hDt/TjcFGCxkeW3f6/SFcSsj48O6DZ7wVderRrcsxTV8fQUzckEJOxu",
-	"jW2PCL9OlEqMWim4zbhNMiyy+782qKFJrTWQFZ07PAR8l10AGsDJbHdHLk7dXkJ7x4RLnlNKc84eqTkP",
-	"fSg6CoBkELLrMo5coTCV846oQh4cwVakWok0p2ad0lx21dGTOT+CrTnt20YjJBcnTeV4novZ2jCEILYv",
-	"4VpcwTpilRuKPQuVFrFC+cd5pKL+ZnADPQLwih8THPEQwiObcxhFGEzTb6HVZU1y6YGNPlGG3B4Z2PGG",
-	"Ayw6g7X/0yRK2N6EogtXxK7hkruPvj94mr3lxhJgOg3ng4Wjsu5ZqbDoOjoiErScey85OoJKFwH7tln7",
-	"xylmbRb8cI3OcMlWJKXAmIetWPWo8jeIK8jLL7cTphK+nuk+NV/YSMsFMz5CUQeDLb1NvpuZ4ff2XMxl",
-	"QHkAkfWCsp5Ee3tEyEvujFkbNlj52W4FrK3Namuz2jg4fXTs1dZsJdQem9LxhmNpDO8tjab5oE5sr99W",
-	"QM2Hc5x285iaD+fEbs82rubxxdWkm1vmVkcmbcNrKrmyEJpRe+deGWlyyYXq4whduEaPvKNWS+J25FZ4",
-	"cPZkK46YJ6OIjrNiQLGEayYS5V+st/o6VHhMYR9uK79Q5IfrfZv/YOu7dEdRHTxFsSUgVi917H+y+LJG",
-	"HEcl2i24ajdFutSbuz6KYkPoVKpq4lavXoHxC7SNptjaMDYWHNGIbbu3VAjuhhnHUFAhHic7HtyHCHAx",
-	"gZQMtlz+2KItGrJ4i6iLGv1iI/ESj42b7ypuYh194usGk20ExVYLWRVBsZ4WEtvM6qpVIUosN3lEOMwM",
-	"5mFwWa/eznnqu3iQlSArCiz6NbnnEovLRoIJQdEPyN1yVA0kLfjdDMjcvqQlx+9SAnN9NTf6+plvbb6P",
-	"MP14jr/yOcDLuJUCxxLc2v/k/uVKw4wSHi5xM65FM5eWyVZoRK+WYS4NL/bwnfLVw2xKDKrJVLjKir56",
-	"WNoC44nKsj/StMyUGR+EpFNpgu4uJjqyX/ThJsD6976f3SNC/bis0MlQwMwG4szcncXUSW69jIJpWzf7",
-	"tHuE2Yad26F5SmaMh2JGOlgnEkJrzHbt77o8HQM3PvuuGyYGgTw7+HG3sKhM2bpwviV018kXiPPLjXXa",
-	"8mVpOssq7GRVNNFxSPAxSDIREeYnsb6P6arriRTJOE3zY4u/dQZJrLQEOnVl17J203ckJjdRR6lIjx5G",
-	"rmSYngDfrcvDnFYuMUO4Z6P+YrZmRzD1iZpTXvoKlIGXiwv8ha4YSmNY5hJlKXFbp2erVNzZOf2kET38",
-	"QjXM6HyTrmF4anRiKjURo13MauoOI4crbQ54CeP2WfgrrTPmDApcQCOeyOiERgIq5dydOUyak8x0OLjk",
-	"ncH//Jvu/X2w9+Mf7r97f3w66D5/+vl/5S+Tg6UB3DVWXdvJwlUysc83fJV8ho0+pptkO6MvhPL/euoW",
-	"dHuTvIXbO8oPKD3LFnDy/CpZhpH7nxysGEjCO+TbGrT9rZVpcO17q02ZxTcDY2VBDPE2cKluKkTh3JIu",
-	"lYVzsu/zZ92dKeP+z8N7NouvAY4H9wKOF6hTml+3RvGt/Hq/aYXaAaoyz+8xoT6O49ty/z1/87G5Ffj8",
-	"zcetBfgRWoDNvpIOxZJoNsyQ2z92azi1uwklkIXoAWyVql9OPxI1oTG4qj0J16QzmBweHOz9cDAe7qmb",
-	"ae/wZvDikkdiBjKgCkgE2nBKl4RsjMmbceQcJJnM4wlmTaYkFD4lju/GNm5eHtwMjlK78fNnlzyYUEkD",
-	"0+huGm5pX0eD540LsPwroREZjOOkjz8OeuQV2s2d2mhfMjplpp4ybwK+5E2T6qurxGumtTrl+VXymBTK",
-	"8zcfv5A2ef7m41aR3Mo9d6VIGvJqIfTsf1JXyWbcjxcTwS9mN1xUGw322Fzxuy4RfIRnQylhPNNHJAQ8",
-	"K8w8mSaMKw00NEPBE+SFjSsf7BItMK6dcJhd8ogmPJiAqndt3gCyFVfs/M1HwsIugd64R8oHS43WqXAQ",
-	"jbTNwyc/NFI3ty7O29DJ5gnj63Fj457QhuVXJpD3I3j8rHlw16KFEYHP33zcejk/upzyy5j2tqbgC6fE",
-	"TEUIUU5XwkzJ9qoPFR0W2h8p50KjYsPHQDqBj5ESegLSjHRz/tKPFRbuykDcVtn5KhFpaxXeakcrrcIt",
-	"tKO08NX+KAIrADWSgwwYTkRkqBSLSqf+hiJGtScc9MgpSFcRTHBAo2fXGo13XxDrzNu95MUMJ11iU4u6",
-	"utldElGlyQSo1EOgOs3w/MvpR5XWtGOSRFQbvDUzYYHqkQuseUyG80ueobu4BpuedDYRERCc8Avnomne",
-	"YuiIDDc00NGcmDGLkVfRIOyShE+ARnoy75KRBCAd9yfmLaTcVfXqFlLn8zRFYZLtm1kQ/GA0sl/EwEOs",
-	"PFmRzSeXr8e2dkQGWNIZs4zZ6atkWiNgvjaTvPCb/I0Z44uTX2aTxzezKnBbo/yjAsbS7i4EkMQ10Mjp",
-	"stCRpjJm5f3YhWv822JIO+vmF2RuC7bs+PjuyHTKAAVe/KjMJretOe1vhVSUjG1x4injJFFm9GlOnDof",
-	"9gsfnfForn3sjL7QzU9xCPVcXixNbIvF+l3LMtiHYLRwdOs3QpR/HEvxJwR6e4+01ZRudY/kI3Q8CdpK",
-	"gu4p0mMdQNWJC/uf0oDJzznRYUEw3wzqlAwOdty18S/5UM6vIrOFW6S6Qgdp3OrWvPKt24irQyxz0oS3",
-	"E1dZWh8XL96VfXUNqeK+kMBuY7hFhK3B9V4z8iLZrUSfvKiQ6Ml+JMbL6t199GoL1kyhSs2EDLskjhKF",
-	"lr8YvfZzcbxGYiYTqsjFh4tTV5YAwh75TQo+JoGEELhmNLK18J4dHJpmriCtuDk4IgMzsH4MUglOo37I",
-	"cF/CAdl3P4FZwVgyBZlpwzX3tMLCgTO8DZ7eEZK9NQP7QhB2nOiJqy1QrxWdszGHkLBvJJZgCzHVEANB",
-	"Ipme77z49x+FQiuOQYliY75XVE4SPanGGpHoPNgscKr5/WGyqkjaiRvPqjJiYJUO0qGREhYyWTlpBb6x",
-	"+zUy3JZ9mhX0oETCSIKaLNbzqGYb93o937gXbl9P54645yw3vod83h3b4iaBITRX3giTz+DjwqbZmnEi",
-	"CouPsfBRDF+n1L/l31bH35nQPo64FTeb0zKJ6yVuaw5UhBIvARcMgzYDUhSBJFTZkmE5A2HJJbxWku48",
-	"O3i6a0+guHSMGxrG4tQDI8r33cnkglVcsqGiuO+vNfDaY1H+dhN+gLh0jiP7QlcTDRGpTAQ+cskah1Hb",
-	"moH0RShtwTj72GDRQxHgt9cMD1p4R/asx60hiyLGx/s0QH/UWieEzA5O3CfEfXJEJChA1BoxiEKr/fMk",
-	"inpk4N7tu3f7zNYsNL+6UviGpt2vRIoZcZFzVT5GP9nGjt1Qb406dySPFIe5DALMopZWc+uC8Kj0gp+K",
-	"u+u9vO0p/51aNOi5D6qZ1KXsq2XSDxyIe8ccLlmexc7APVaDLgkoF5wFNNo9IoM0C6D18SOxZGboJGQq",
-	"jug810Qu0aC/Hfc/7vbIS/tPBo794RrQXXBqQ6LqePknN6MHzstumCt52S3ylokfFxO7bb0t9ybhGPQe",
-	"XNuEq/hfTLdKgysuZhGE4yUliC8mAsv8CjKlczKl3NfMwna+U8Q23yM2ETGZimtQZCTkjMrQ+QyKGDjZ",
-	"u0wODp6aQzftNUwfSlAiuraJUdPfXZmuwgfYaznkpGt16uKHaZvo6VybT3VgPbX7mLGUmUljVBuNIjFz",
-	"5QG46zWnJ9k4GWL0GNv0s0W0yY3bszMu1atr2PRlrG3YDbP2Stbv/NfiHVGxajUAiDPbXotuo2Zb4etx",
-	"xqCEOhyzpHRraHXYswFY/RB7k+ECDCoyhEBMM/Q8cv8q4V8lZvbIW6pBErimUeJC9JVmUeQTmLDxRDM+",
-	"xtNnobHOQAFwl85klwwT7UQvCQj2TK+Pm66rLWZuMXOLmQ/vwgmZ81Z4WR9yYtMiuZZzsGEw0mBGl4go",
-	"TIuWdAnQYJI5t7ogOYdQaOtBozIXHHZ7xHmsTWE6BKksBllJek8FIobQdayOvPt16TlqmBFT6Ikl0oac",
-	"dO6+IR3K50SKyIXFaVGwpqse+Q3N6O71PgsHXSsmYzC1e5weAMoqwH4dEqXJhF5DdqOU77tLIFJAivn2",
-	"Y5BTppQBeJf/2A7HJtn32awODw4OfJfVET0FZFEbrnJl5w/ppH3plpwffFXJlGwRN1+8pTwUpIXa2i3m",
-	"xz423F0Hqc/N9xfm83s8Hk6F0olcbV3w1G9jU5kksf1wa254XOYGC7tuc9sYHeqCmS7ywOeuk1ZALhEz",
-	"bkAVJV77XQcJL9/Urm+rwKNImQ4vyMAw5sBm7XM2xb57JCGrU2KEXzgiCnhIgGGOi85Q6IlFWkwDOASb",
-	"wG8XA76ZCBWZCq4n0bxL/kqo1CAjV1GG84RG2MHHi5dm5YCHVJLYfnaEtgapVZ/qgbdlphCOP6WLjlZN",
-	"7b40oB0kSoupe0A4QKgKzeFEgYf2L3tTm/5JR0bSz73eIwNb1qVn/9OfMi4kGmMPe73Dg/85/L5HTqz3",
-	"JGE8Tmy1GPwbYcfXWuF0apQNTHPPIAqPspgTPM68E9KEqsIRs8QeY9/oR2zKdF+aE746ytSSQAHQHkeM",
-	"W2FKPnH+F7lPrjot6k4JDjO3ud+pb+uA2N4r31n42tCzdRvtYj+EgCkmlrigvwOqEltHTIpYKAj7FggH",
-	"hI4p41aLkHPictymGomBNMNOoPIXUzlpnXIf8VmU8IvC/S5h3CaLLQC9tWOX8ieR89icTkwRs5hUgrOq",
-	"M27Vn5Tp/K0Y1hbDadHIvOWTN2XVz8Iwy9aExw/VfoodMyqmYUrURMyqFujAF/pa6NiekO65WwU3ZQjJ",
-	"f1k3NvKfxDfZdeXKDPDj+eKgPytDZr2J0ibsZcF/mZOE/G9/VvruBnoiQRmtph9IodSS73OvxiADMNP6",
-	"3155MsNmvG+bHZAO5kshjGsYm0XEPWBK8C5RIk2mYkfEFPFj3+1VTMfMcSaSKOwPIxFcDchISDLAf/dt",
-	"hkt3kKvErFU4KMjegxmV3H3DhWajed8QwuCocurYl/nA5gAT1yBpFBHPG/7eVWkp+NiozWbTv1M9csx9",
-	"QT+n4aL2TdUV9lxF9EeLBJ9X3q2wQlEnTmvyZXpdOZlnwMINnur3cUb/7Nb0C/mh1oxluVLn6SCriTej",
-	"CqFHwzY2Y3sMY1ZROd+TCfdHQwodBgdoiuII62HbM/qTA0cXRV6XtvjcKGkGOBShXoO0gJaePu4qZCy8",
-	"IbBXkyF4o6pC5V1C7S1COtm7vUa4p/TA2yDyrzdB8BKJujbZaD0TohHHxnF6880ouxqwN4L23rFHBkEE",
-	"VPZTo4QE6yqCl548JBhq2uFCE+d74XCmYPnoEm6EEDEGFGmLdg60bi9eHizeOVaZHbJUxrtH6DFSbMF+",
-	"jvecQvv7WiNj1drasciDQSZvAxExcAjJFUDs09qh60mvJj/qo8SrOxbFfCmtLy+IrTCX+Ij+b9Rk0hao",
-	"t7Ja01D9diYTr7rvKdDo7VF7Nftzyfe2S1QSx0IaIg5yTrgugam7i339O1GcxmoidFYCtezGW3FX+17Y",
-	"AhKvfyeB4C5bqsHbGKSBneXevc4peH7uJ/XA3XzL412lvKUL53dtexP3uOyf5f29pQdwoui43nv/LePg",
-	"kg2bD/rIp4yTf5t/dIkW1s1eCWk9IIYGldNrKyExZCxM4/fmNniMKZUA3gcF+C2REEd07sMIvVESv7dy",
-	"VLHKzFInhI84obu97XktxbTJexeiyVv5gZ8Lqb/G7KZuDmdGcMGJNE90KlHYQTokkaG3LWI9Lrew8v6u",
-	"iVgB1TQS432h9tiUjqFeHjm2NzMfzol9sUtEVrfTqDF1lTtf2i4+qBPbwbeVofjDOU67OeemC/w1cuy3",
-	"lXI43SpzONv7JDxsc0zniL+a6ZaWz3X8dv7mY5HVsOBKwQ0zlqwcB5jw0JUmSPHAvMX4mMQR5XiXesnT",
-	"eyXzzF3H5fUF8/iIwDTWc68s2M+xR2tJOn/z8TvlgCjhTGd1OY0+cekXkEVMZ1eoYoRvuHrsXbzkSwyg",
-	"pSoL1kPAogxiVFsHQa2AnG+wXLCf+bdQNfjbAhuLL0j7WA7Y3fYb1kdfuByftcGfrJJlNQpxkrhCdEKm",
-	"ZYcJVn5SLerSZRy5rUy3Djc/6AJ121ugpamEi5y7ijmzBPWqNt23OeN+zr33bZ1x2cybn3G5Vd1qwo+w",
-	"+AdKrekWr1aGT+31qWrsTO/rgmBFEH/DiHY452HlXLiWlwbJSPcxlQfJZvWF/KZzy7qtEb91jr4j5+gw",
-	"z7wVQFJ9iO9/yv5YVcNjc/BQvktMi97UuiAURvm1RF8vZ/yLwqmwvenfCuOrmbjWKatKHPgZk3H6gKyK",
-	"ElN10oD1Rnm87H5XJUPWlDTuE3C8o9EWeLblQ76UT1ILScWWHF4mlPxq33ioLj12eKs8eI5PTwjlagZy",
-	"o/r/PRLJkkSwb9k1cFCp2msm68g5t/9uHwu7z1wf+3idsm9LvSzJa230abyFGowp13K+Z76zFbbtt4Mj",
-	"wgUZApUgX9gE6xz2NJuCewFPJZdo3YW1iXDuoqMueVZcpkfOQCeS22umSPDxXsSuXc1q10JHTdAyzaM5",
-	"mYCEI6K0kECYJgfPDw52bcDbiA4lC8jLY6LFJdcyUVndb/cbDUPp0nuE2HfR7o16/uL4zeF+eMlLxW+6",
-	"hHICNzGTLhVerkCOezzokVfYmsu450vs2LlhRKQrI4HpwS95LOGaiSSf0R546HKHJ5xDVGV3t82+FyE8",
-	"xJAuMy67Cl/IapAfQD16vPLlj7blAB57Qm271YQiG+aQ03duCEYtBdBP5j+YkA4Z1fwshYoh0EvLcyGk",
-	"GjhC/o/EmIyphhmdd8lswoIJiSUoNGz6l75TxGAT9vKCUOu8a8FBjMggHcfgkrtjjwzs3d0LYvhqkFUi",
-	"cM0xxF2N0cwzKfi46yvZGASUWCkh3KMzOl8Of0cLo/Guhzg5/OrpkjAO0sGxT5maGkVstwrYsmU1W3L7",
-	"mikLGtRJmDchG5TGwXcwS8kQsr1Cyy9OdAjmjFLovlmtcrk9aXr3+PzZl7x6TBf2JF1rszR1lVM9RZid",
-	"//IXktvbklrA+4Rk+BMKaFgl4MW///hcQMFswx0SLlRFWR8PLYwsy9Lp+CoFvHzShkz4kRAAu8YKKxxm",
-	"KGWVZcHdrL6P4HDJlRaxIjMhr1Do0kRw5zqBPIxCFBFYzYspI10B5gGqRjE9oTyPsoSpS74K11zihdXw",
-	"ZldpC213DW2rlEZDWrgCW0T7qhHNlXnKKHsNPFOaLsmjeWap3pVWiKgeCTklAY295+PAP+yJGINgw0Fl",
-	"QJUfyjl291BtLoVRLuOilyLJX8cLc7RE6EP6VUoJX59J8NzwCYTkn+cf3hPliKpQVPhDXCL5KSyzBr57",
-	"uDU8PiqQvzE98bVG6oL5bIy51X+AUx7MkTLhxpqFXHGPLX3eB31mG5Kjy4o61yhO1sLvryIKXWbgDGjN",
-	"JxZpSSeFZJUYgrZ3eGazRax2jwhKdoqMQRvl9JIvSTJQ43Fuj45vyw/PzLm5B5512N/63j063zvuSN9z",
-	"b4UUJWLgNGa9OZ1Gyw6XDzHw49OTn0WQ3PpWvB3l+5FVqivPDn989vTg2aKWUnm+uEmQ0M3i8d03XUww",
-	"OSLXkgY6neeKq6aYzstOzascLI6MBpZmn68OUD71zX5b2Oum3Rx+/fJvEfhxej9nsXwZQ6Q3//5RJUPu",
-	"axHvJbFaYpWrcH3KlTi27aSmtFiKaxbamEP3kxi6Sg3kXEsWw57S8wiIG9cJ8sOuTbTpsp52nZkvuwHO",
-	"NRtERi4jCgKJeU/xigSvkqWYKcD7WrzLDQQfMWkjCv1Y0nsP36DNrFVoE+vuOnNiAKRDOck5VO+9gbnL",
-	"ruCStjJNJIQ00JiH1DQ3MzItthNICJn2SWTTosu56bgKvzMYToS4Mi0L6a56/KADGmujx+HFtF0iIhKt",
-	"WAg2gbj7H8G84hiIqYjL5uVCQp2LfCRsi6GwKW+xsEVck27cZbbFgZIRZVEibRKuJFZaAp2m73liwiZx",
-	"2ceod5qXlSXifpJR8aDOQd6RxIWIP8aPyUU+P68vdN1dHMJyy2fKLGn+uXCRcY5S/mKOrQaWi/qWiwZb",
-	"j/tvz4/tSaNt+sVeb2/QzoXVHKjHXXuk5UjW0bMn3eaHo0Nltf/Jf/u5/qB8712frIn5qODfZAgNuDbM",
-	"m134D9yBeM7GnBqIHxDLAqQz0P+F+bODhLMbczAJHiqbUbt7feh+m8AN+fXd8cu981+Pn3z/3Eh6lzv2",
-	"J23f7dm/JJ3hSOxD9w4MukQBZqomg+vDgS3PodyZAJgffZ6Hc3c8+t8xASTaRvjYHDfoN4DnGc6lSyjR",
-	"bApK02lMpkK6i7OnBwdE2Zs5WXhMlHcKGyW2ATzDcAXFtcto4M/JgMZ4vLit6qfdpq4IpPPs4GC3Mse7",
-	"TxUpwbqMhfakj0FmB56vVGfjqzELfegLre5Z/YSSMLF4bA7XiNkc9s7h4snBgYPF9KUBOl+4hLqZ31te",
-	"GjAbZXumNgs9JsKkigznZgYdtyMaL0TnMexWFfTD21FH2b/Z9drsLeJpiaFq7gVz/FZ/Mdjg0Dr17VQU",
-	"j7pYlKaQDBwjpSOzf2ZjK3PeTs1l5Q+HPz5p6eb+H/v/sfPi0/16phd3+zi4WlqHEE/2a5BsZIjaUJpj",
-	"g45hY5olUbWPd7/wUb51ZGvlyHZmASCnnKWg5tGzXEaw5hj0PuPLItFTx/KHejHkBrjKWHKR1UlQ+WzE",
-	"5uz2pRnEaHsvdK92jVz+opTKWgRx/2b07UEh2AlLdYgp09pXRBFyTDn7G0nrO1UTx0WV1dONyJP7JecZ",
-	"lI8Af1ar4NoxPyrd1k7pC6m1pTEs8UWweuxRibXRUjLjVlDYhmltw7TuL6A8TrFgeYyWhz7UQV3Fn6VV",
-	"PE4LtR2tupEmdfOla31REXwT9RR0254JeWX2RnVro1dttxtCsuqRs7BHXlIpGahCsV/vqOE8itJx1esf",
-	"Wb3arySiPbe2y+BsW2hkW1D8VpVJlqJPt/aOfsv2d6iirFBLtsy+TWGxknFr8lec1tV7rstO8Y0z+l2l",
-	"sFhHW7o3nPHJK7Z4s1WJvkjmilupRPvWSNfIWvnOvfrtodtX6OyW37LmLm+OGrYg9m0LTWhK9hw4Tdm+",
-	"hRG5XnRCy0qiQBIXPhkJX+Ibsurj3jLcGZhXc8mybeDBjCnYPbJZQ5jSjI/9bUOdAYaGYYEntij25Wzg",
-	"x6W9+FLeXQV6qMLFMNxai7YC3T2B7nEYppemtxPm9j/Zf7SzeRdA+gym4tpnaYyoci/VwqutlLtF2NKo",
-	"37lDKcTyMW5zsfgLPq3LDZBu373X4sZ934Le1kTetrga0s0K/FrD0EZ+hqnQLYCoYIjbAtGDBaI7thWu",
-	"IVge3J9gmbcb2iXeAu5WyrwfT4oJ5eMMqL9TRIoIVsqbSk32rmC+3E54fv7rG/POtxVXamfd3MZmlnEb",
-	"Uvo4Q0pT18vz819JnAwjFuB+5/jrXE2QSZZU0ZmA+QhLyVOpnLO5izSEkHQWow5tkKTNw4YRihxj6ouj",
-	"2D0iFBtOY3wUnQIZMT4GGUvGderCLnhxOjQIMIByeakeywmPyU/TzugL2afcctYZpo5yJGEIJLeP28o9",
-	"W/HgFkYoXoKvSvSqEA72P13BfNHoVOUJuRmoKBW2PP/V4mZdAQ87unu3qWzdDreXajkvwrbclaji/fyq",
-	"RBOksySjanZ7Vp0bxjZns4l9W2J8NvPmory7pMQd2or0j1Okx81dXR3TJ+BrUxrT3m07mbuPN9kKI7B/",
-	"3M2ynph3zPmFcc/UZdatkr4zAn5MEng2qy8kheeWdVsocytu31Fck7XD84YgU5YO9j8hkhRLZZYPLeyi",
-	"MvZywcem8+zg2W5lsuXNgcxCRQ9ZL7i72X0tkQnLIcP7P231gW1kAk25sjXjXz/dlzA2Un0tz7/C3Cr2",
-	"LWv0Y1oRNx6bZF1pquGIDFy9iL59uR+IEAY+04oPg3QNdXgSRSifXHIuOOzWJfj919MzN8CHmuXAj7BJ",
-	"mgO32F88l8G3JYHLlII8K5g9o+E7EULkOSKtOGCWav/P2ZXpZyRBTerzTr3ipstyikHg10SBRoeDwcn7",
-	"i1dn74/f9v/525vz/tmr12evzn/tX3x48+o98oYCfZRmLnp28CxTrl22IpvXCrmI6qwsRtlzCkdq+niw",
-	"fGIGd2bHuYxN3CsbFofXOqdanzpfZRUPT/hYmqW6kMdrIQMjYDoy80eNYmPO+HjvCuaGjvMVDpI0DfEU",
-	"tGSBWl7bwL5yt5Sr4UbvxxFlvDbh9PN/HB788MPzJhmnT6WYgp5AYg7aG03gJhaKmR+JFSIfX/rp3JSn",
-	"6Y5Vpp5GW8TftSIFJmgzaHkqlB5LOP+/b/Hy6f3xxbnDwi75/uBpGQvNo3z2NoPhjINKS6EQTqfezWtE",
-	"GVZZCiYQXHXxQhPB2UzTQDREIoZK9SRt9sFC6cLEq4GUhvMXBFB+CyEGHmJC2q+7HG8KfPe3kO+FxmSA",
-	"8xeEahIB+g9ysJRlaDEUs82VqlqaXsyN9sUSzqnkyTLmDxerNoG89lReUbslX0HIKAAQjUjH6NeKBFRK",
-	"TKrJJHF6BYkljNgNav+JjHZe7OwjQ7iBlXvwdZS7uMzM/lNPcGVtjnucpAOdXqbSuwlW3OKxMd9L4i4e",
-	"UXuMd11FNX+AYeI9e3qlrjSuTVyU6myHLnmRT7i9zKiba9CqXYstZiXtFekEQmkSgKF1tdvN0qGZvkox",
-	"VLmmUzerZeNddCTJteAvi0wD7tFPDMvT5R+lSepyz15STSNReM1WoMg9OI4iYfmy5vEvUiRx4bdzLSRF",
-	"C172elx85TiOj6VmIxoUR1QQ6vOjd0VozsDwbnGETkA6tq4pxc/s4h4HRgd6mdbHrlps34O1zDOl7YGS",
-	"3e7YjUyvePxEzNsZeeSfnokIFp9WjyX/xjtK1TnTUP3LWzaCYB5EsPDr4taZp+dXyeLDD+cnUzquGl15",
-	"n/BhiQQWqZQmIdNES8qi8tocm58WmixQY7G9D/4sd+lbp0gMLs8m1QuL/6E44mJBuoofjuP4VIqb+c7n",
-	"Pz7//wEAAP//",
+	"7P17c9s4sjeOvxWUf+epyOdIsp3bzsZ16imPk8x4c/PPl515znqPBJEtCWsK4ACgZW1q3vu30AB4EylR",
+	"suw4jvaPnZgice3+oLvRl687gZjEggPXaufN150x0BAk/vMMtJwdDTVI81cIKpAs1kzwnTc75xAIHiqi",
+	"BZlSpskAhkICkeYTxkfdnfaOCsYwoebTCeNskkx23uy3d/Qshp03O4xrGIHc+fPP9s7vZ/BHAkqfhPP9",
+	"HAspIaLmL8JCIoZEj003+AFpmT8CGkUgnynye8c11DkJ20RIIjiQiekpJIMZfqhA3oDcLQ2P3n4EPtLj",
+	"nTcHz39Kh6i0ZHy086cZYkwlnYB2C3OUhEyfC6kr1kVITYQMQXbJcSKVkIpQCWQgEh6a1cJRmJcSBSGZ",
+	"joGbRzMyBQmEKZVAaEbHTGN/JCBnO+0dTic4INNjfuD/IWG482bn/7eXbeGe/VXtpWP8YgaD6/wziyLG",
+	"R5eKjmDZ6M1KS2pWLjGvk4hxUBsZWHkU2fjses2P6ktM/0iAxHTEuKWEAN8kQykmpJ8973K41T37Y79u",
+	"sPbnOgJ4dfC8beg1JYh5cmjvvJdiMj9MNzESg2QiJJGYgrT7XjcUM/7CQIZCTqjeebMTUg0dzSaw086P",
+	"7vXLquGchDCJhQYezD7AbH5gn+g1KEJJIIFqIIoOIZpZVqWDCN4QSiTEQDWZMj22FEonQK5hRigPyUCE",
+	"5vU4ojNlf9VCQkhainKm2b8h3CUSVCy4gnSqFkeyueYG2TGjXMSAy9b/1JAO+zeYb6vWNaYj6CnzQr6X",
+	"EIY0ifTOm1f7uKgWkp7v77czgDqoBKgLsXS3kzhetttabGCvfz+V4l8QVGKl+4kEgmu41YaFKYntw44K",
+	"RAwhETFIyyvkKIVRs+0i0YRpwhSRYD4w4GSooc/4DY1Y2HMv92t3+PeOG0Dn5O1Oe8e8zySEO2+0TKBy",
+	"5knCwuKkX7yunPSiAwLRv6OSOI4YhCQoHBhtAsFYQEgYwmzhiEhpltiZdMlFekLgsaHwAEGIpgMFXC+Y",
+	"etbsqkeLHwWeLD/T8BeqYUqRjXEjOeI0NdMLcFp7/1Jm5l8b4u07KYU8c53YLosreMRJEistgU5ICDHw",
+	"0DApGVIWGSbv+x97YFrq4+GZkxIKc68Zi3t9L7eROJCfaeiePNx0P9HIECCEKfkLs91KGW72rNOaI/tD",
+	"QiMlzGkzmwDXPcVGnOpEQs+92W+TvgFGgz0x1eOelvQGpKJRv00oCYEb8uQiBMOTAyCayhHoTS7nseDD",
+	"iAUPuJi+x+zkCBIpgWuitDlrWv3/7NFIAg1nPbhlSqt+2/0UuE9Vm1DDqu540Om2KM2iiMiEc8ZHm1ym",
+	"90IOWBgCf0AeS/RYSPZvi0uOFgyRqWQ4ZAEzFBWDRDIU3CxSn4YTxnseRc0TMeUg1ZjFhadKQ9xLis9o",
+	"HPe40D3gmunIPUv02PShBKdRL2TKnP3ZL8A1yFgyBcWWCl+lv2xyO05Mz5xGuIgPtyWXHG5je9A5zEd8",
+	"w12xA7oHwPss9HsjIzzcNC9QXVIikQGQUIAiXGiCvGiAj9m/b5higwi8gmJVKuReQ0ZDM+SNrsMpnUWC",
+	"hhdCfDQo+NDLYQEG5VqmSGSGIIkeU55TEp8pEtC44iRok34ImrJIdSVQJXgfW+ppIXrY1IYXyhw3Z6kw",
+	"9VALdZKDJjKgEeUBlBHLPd4oZZyDvGEBXHJ6Q1lkMOoBUTov/zBFkmwQpNVXdmS93NO5maPJpJPaTBZN",
+	"PGddMSLuHZbsQohPlM/cU/Vw63VmzvGITRhCyR+J0JTAbQAQ4ukmqYYe/tzzT/FIiSJhx9MLBLfyQjCz",
+	"L/rDi3GlDWn1sNHC517GKv3yKHbiklN30D8kqxrhwpz0tvVMcNfiGnjPibZm6eyDnLxqH8Bt7I97+wB1",
+	"xfS9TXL3JY+lCECph2Xsv5uJlFbnJn3mzvnDFNf7xOh11tYxZBCFu11yZKR/yknJjkEkWEOekX8pCdlw",
+	"CCj/miNhYwv3p9cprfkxDJ2m/QkmA5A5FYqGITNTotGpNKq+ZkavHNJIQXsnzj36uiOF3YFFC+u6OTOv",
+	"/tneSRTIHgvX0uEzc8A/0nbadhD/TN8XA9Od6eooBYml0ypu9S+nl4qIIaru5x8uieD4T9S7WqEI1F6G",
+	"P6o7MVv77gbkzG60QX0aTelMEaPwHxKeRBb/BQdryTVPykaB4srSIJAJhL1AuE2Joi/DnTf/WLzWnwSH",
+	"2c6f/6wC2ZCYtogSZEilHRRJuGaRs86OqSIDAG5NtmZEftzW+vJne4cGmt1Aj+qmtqdiC3Nb2jasyyFI",
+	"t6jRJLNtPc6+NnOeG681VoYrDHhugOYk9w0U1/Q3s314axHQiREII6AKwrZHByGJGXwEbjU3sl6jOOkF",
+	"IrFgl9ofD14vNj/a7yYihKiBQam9MxaJjGY9Qwh3p71fsTGkKkI1iWjCg7G3pWnglGsjJrsj/DDHG+YF",
+	"w35jGhIuSCxZAOZDpiupcx1Q8da30qLsV70oQuit14dQPTYx8kajz5cSAerwvbWBFKHGYOSaX0sYWbkr",
+	"LC9cJQep66TRa2rcu4ZZj4WIf0zDRK0zugm9PbHfvnie/kylpDPsRVOdqGVH1t9f/CbktVEuz+376Zc9",
+	"q62VCWb/eRPmtcS+5qoncXg3LCudn9gpEn9+YAXaKFOa3cs8mOQBqUgYGb+ki15ew+KeF7mkcDIUAald",
+	"PBsLKF9Ypvx5lQPyxZLCcfFAai4z/CqmRAsigQZjI+PZvkkmKMyf8WN3tuf27fmrV1X86i5aU8B//erV",
+	"i1fLMN9s23LOK5HF2K5pbG9jsYnFC/buxovezdfqCwdiaYFoSbli1etDAy08xJXPrKXMZj+2j7/uADfL",
+	"ZKVGQxjhhHFHo4YOZ0rDJDfRXDOZorke3+buktadyibEGL9L85asiA0hmAUREHyJtPq2P6PKOaHG/DOW",
+	"4oYpMwulqdSo6nW7XVTslvU+lGLSy6C3mTwxD8JzosVnIyoI7nQsqbSfAs6ACb67QUHhTsgveuuePFWw",
+	"XSTK4vrmO/P7ng6+wBbtjMHmyLRAdA0A4CNTOlWeV9Mh05M+/Ucz4d8CT+HEx3v48pGfuXYs1VSzN+eW",
+	"HTsoNLZ4Vb7Bgjy2tUhCpo8MhV1Ug7CzhWb46/C4CoaxsWZHzdwZwua5tlLrKZ4YS/2isqml3zYXyRso",
+	"xsuOjblP1oO1CWgaUk3r19WOsGQuxGXtqBgCNmQB8a0cEg43IImCQIJGZ685whABKnt3Os9W0mCWLrYE",
+	"hU49DXb9zL5qMB2v3uc3B0W45SeC/dpT27L5rqI6LOm76kDJb0mZmEtnRq2uQL2wnp9afpnSda44bVIq",
+	"rEWSBz5mMrx5hKh6ltKrh1SVBAEo8/2QsiiRC1A085fM+7PlSaBneH2nvdCv04hc1DRHIqY0aSmAkLzs",
+	"HuzezWXVz6diNPlHFJ9Yiiv+4V62lOZ+cn+4nxxB0vwf+FP1iunxhbgGvibVUdyWHl6JVPj/AZUgyd9+",
+	"uyhJ0T8d/HWZC2l7x165qB6raPkjG4KB0nSrcBwEx0EYN/gseIj4vMix2qzdUIIa91bpzH1zh95q1ss6",
+	"8baJYnwUQSdRpb5Kq7jcD9cIy9fA59REuzGVFOG16kVsfqmc02eewQukUOi4sJXlRajcggWaufMpPQrQ",
+	"KtOYbEv3BaAAvTcGzkOVKUJJTGcg9yTV5klk/iB0IG6ASDolwMNOkCgtJiCdWdddLFCOVyJWMHC/sInz",
+	"B6rT/HH0jYSx4oS9QOYG3vMtbUgqkxAy3ZNMXffQNpYnmjii2nRgEQfXr5KC/Cr1YskCM8Y4onxDA3R4",
+	"3vPm9HkeOjn/Ql4+P/hLanEngQihTfRYAlgX5IAqIBFoDVKVWOpFgaFemOPKvGYa/t9/HHX+559fX/z5",
+	"HztVA2Mqjuis583txUG9tb/ilalHEU96bge75MjeqcEfCY3MkdI3b/dLA0Tb/RKeZ/xGsAB6EgIWoxPK",
+	"BsWr7EZh/Skq4Lpt/edvaJQAoYr08yvYt1EreOiGEERUgnLrQQaJdX9k+Kzw1SEZCD3Gg9l0sbvG2sVU",
+	"otfOvbCXZ5vN7kdmefGcam2zO0iV6MGIwg7e1FVyrKa3PedizQYsYnq2jO/R3tzznF7d6F1uA6ZjEYGi",
+	"EWweRErHVsVOF5WAAlanVwoFfl9ENpW7vphHK2Bu0YosQNzKra2C+ZSKlh+5ZWuHHfeKxOGbDP+VKO2d",
+	"91b3z6ATf1fc4Oa2xsT5an85KtyBlkvkVqCsSXqxhONatPa5hVpPUF9tpZzXYuP3IwhHhsIl5cppKusx",
+	"/uZWunpI7eod8PNdsAU/21fWlDj73g/UiIrXEGsyFJIMaHA9pTJETwqqHYd6idIcgbFkEypnxOFNzo/A",
+	"t6j6/t2AcsFZQCMSg+yk8o9RYOdF0FV32PdWFV1U2a3/oEuOIwNwikwSpdGTWiUTPxHmIiabGC3SsWT2",
+	"itcvkXfdXwdl20UZ692cc7NZtOFJOAJ9jPcETeGp7CvLYUoG2E7Xyy9mc0vCjhFYBPfCkPXACgTXkga6",
+	"Owl3D9GxBKjS+BrGn9lZtV3woR63rdHBila40gOwsmTlxaORD/L2kcJRORAiAooG9xVxoywGryh9AQ/V",
+	"3byZhkIGgMFHE+e/0UC3sjv9Lvv4k/l2gfPMMiES4x3zh+REcD2OzNn7R0KlBon/ppwnNEoP8MqTsmgJ",
+	"LquxlgoQS6xDqvnexzMepnRgvfDKr1kkLPhuNUTprJGVVvjcfOY1WLxmvdNuG5VOjUUU9oxSl14AO4r+",
+	"ab/Mjr9RyUlLxMAJ5fYqdddxTQw8tL4N6NLKFHFNGgXf25iQFUjrKtnffwH/7bUL56HQIEQ2D0W5FUzp",
+	"JeW2paD0FgK8qy4I/VEkpkZQpJKb/4gkCnuDSATXiySwYnsGR1cULCy6NT9G8PVeLCIWzNaUEcLc7BvT",
+	"XrpkDVDq3nHFEVcvURD2qPe/T9eBcf365U6VAbHwoc0n0fxLJsIe8HD9SynbBDLuI7nZcq1B2EMWbkyG",
+	"hoYFLv66GoRnuynTY8Z7jg3yoBRIoRTq3o7ofRxGJT9uBFJjWGEulfC5JA1JQZoqs3K7hGr527OSvjzH",
+	"UDmuznlzFCiuQMN+svNbOU8UfgN2quZczVOVLNoYltdTZu/mtboeRZe2tNzICjNeSyu9M5KvdutZf+YV",
+	"lIqD/flb0NJC5YjV9rx0pcqnQA5CuNBsOOsJjkIhHtk960ZuyDyxRLz0DF/He2TFw3sDvn7oxtZTAPwu",
+	"kt96LBLRDXSdx4Xv7OjFqWfRFQtvKlc7Spo5/82Ta+Z+ngHztU3PsywrSIWXR7GNZqdHejIU9jXn010k",
+	"2BIRFdZ0OQTkppxjf6OQoJ35mospWq2c1VhEN9CA8U+F0omENRzHrA3gzkr/Bvx3Q4ipRPvmujrBwvs3",
+	"u1CpEc28tMH7thWtFksxctPaxrpoqUHpXupZ3cyrueJIqgxdW32fll8arrF1Qo7WlbfuzcZz5/vAx2uc",
+	"WXzm3EsIkNvhMsSU1JOC4lJzxVcy0lQrExWKTXobmy1qibvqY3yWnikO/B/EabDy1FlVcm4oLmfUWHXV",
+	"6PZu+dl4iUu5nvX+eEz5CDB9J3VG/MPUksogChW5BoiJHgOTFpO65ChvqMe3nFdYvruD+zyMI6CylzuS",
+	"ipMymEEkTMSNi90HHhKzRjlX5lznW3v+prH+vpB1FUN0Hesdu7u7c9Ca8ZFa867TN0OUa8db0N2FA/nI",
+	"boC8/50Egt+AVJiG0OZYikG6xHMuGW2ai5HoMdVEgk4kVy5EumxMeKS+YcPbnuI0VmOxuiD1/vdz/2ml",
+	"HKWSOBbSnBbZhWoB0B/FCjS+sL0vV4sKh5rKlStu1oJTKrcvqzHHyWSSaMyW8f53AjcsBB5Al/zKlBYS",
+	"b9Gt4wIBriXz+TTQt1QCHjLhPOkHNDaH8V1DTsxoqkJql8Gj+xLjl9cNGPHJGIqr9e6WBpqEELAJjVyO",
+	"BUUosd/5aBxKhpGguiJUszjyPLnud/76z/9qXV117b92/28l4dqccI8PUpxf/yMbV/mOs7R488N2254j",
+	"vgpqahfIewFPnlifureYoGhFtiw2cZ5M0OsmjhJF+pjXu09azhM1JMOI2rwoiQJ7SuFQLK8GkVAQ7lYw",
+	"6d3NJKmjn3XrGzGlJa0LAFzuTJ1sNNfNkHEasX+vNMOlja6nnNuAm02OA2lgVU3JUdNHxiv0pIpAq7ta",
+	"Ix6Didl6um6CPFcyKnvGzQzK9Lb3r0QyFbKqENlGm27aUEuP+ar40Qt6mx7uxMMXoUZxRCZJ40LmsMz0",
+	"qYWmUfN7XPOFwZZJA5O9W64LenuRfoJhQqv0eCNYuEn2Wmi3WWjFz3ICaFS8stWroIDyUtWT6yKkLZFF",
+	"yXZjcWL5IYWYsKILqWkbbVT9Ugo20vLLR8Yg4ZD44IlnmaegjWMUE6aN9lRxPH0Lo39uehVpJzZ17Wcd",
+	"gY08PduQiTXdidUPAm9hTXOkA6az3lSECe4JxqX1cJCbClwxejr0grER4O6WJIre9gKqYSTkbF1M9sh6",
+	"B0x2FgmzRrUwDLcwifWdZ7uJUwhl4UFcodGbWaFexDgZUMUUiQXjWpW9Ewtmof3abnPmeIS5BFdkc7RU",
+	"BfUZNxW3LG9qz1NNaUlqkb48+KpdraPtEqEtzRdTw+g5k2GONdMQHEzV5CM7bJ877Z0h2JAiBIhFNu60",
+	"twfKGlCpJD2yBAKV8mBuG0JJh2aprYqwg1oQtmqFDSo1o1E067kHRtTZae9MJdPQE8Nhg+3w67LaTmy1",
+	"w+9YO9wqblvFbau4fceK24KT5COqD2dg6xStmUd8vcDT0vIuDxMtj3UtmUC6zzcQzelkq/DOTc2tRPUQ",
+	"63tcsGinkgWr6uLFewmbudklVE8406Tl/9WxuWF2jXhunnnTd4V5OGfL38QVgekdA8KXXau0iUoGnQnj",
+	"QnZw8LF03s2Y3XUK4eJ7lhd/WXbP8vWgffDTn+lli/2z5sbF6q5mHEsvovLd0M6/TdPuv93em84/v+63",
+	"Xze5psj12N7JXU3kFnAJ9Zj/RJQ/vMS3rvzTS6PkqjxO1vSScFf5K6sTuRX8u22igbF8Qbbn3PRyg2oK",
+	"97nRrBb6W9xcGA7BZmceukKo621wYavSf7ouN7Z1SOVrbRxUqH/NA7K9a53tvtmuPLS2m2fwMl3e1det",
+	"gvQfHEM2RKmbJaGyBeEmW518wMWL5zsrRd36ZuZmnY5/DZhwO/cI0OJbsfFy/sUCLVjOutHFx91yl7Ao",
+	"uts6YgtarG+IuTtX3qfP2JpSg8tYtJkbBd/aBi8p7uGep7Fdp0Gg8sZz4RWazAHkqsYS3856BhMHhJnR",
+	"BBOgamEvJRbesaQdo59QkzTBG06LjJkeKwLOqqtUuNqWEPYGs7tUpykqZo0gDT/5I6FcMz3rTQybq4bB",
+	"h+bTxu+iJiQhEDJcd3LYRLajDeAKj4Vz+8UyBbCB/ak8ibxFKh/yUbmdpQm0i8phdrJkZ0TN5hS22e9C",
+	"7kKrRPvzAFHD3xXsWjwsCmQ9D4rzyFtA9qbiT/48f1hxvCRJPMrLp/MxDcX0DPdhDXnnEQgwlIfMfNCz",
+	"t5ar+obkP18FYkOINF21N6zTbHpZa6xP9mA+9ptA4tIRvaHDeHuO3dc5Nn+EVdN4LaOWOKmGI+/7sNvg",
+	"GdcQbNfTvrPFWYOk73D1u0WeGuTJqjYo3FxHtMvCO2qYOOWjTRVePFjNOpKKn3PDaVeTXmNiX0vqchIh",
+	"erRU+JO5aHv89A2x609cTnzMkh/KGZEJr44XXctNfk5cWmZmLfo53s9M8DJ6nRlc2A/n0tHiyqTttkv7",
+	"UDmlhoRwkQ51LdBbS2x6cEmttJx3OxAXLGzBwaKYpKkXCD5ko0T6DDE8pLLoVjjnT7jIX8wJDJXlatBr",
+	"omfE9abVanyyfVuUoly1Jld7Zr7p3BNbNiYQKq0ng/+mNfVjKkSfUkrKwDtf0DjuyYSjBlLV1DHVNBKj",
+	"8w+Xq5qHbyiLaJa3vhH0ZL0d5T+fi1UtA0/I1HVvxAaFbBaV5UlXTjL5MLWv58IzK2X7CUyEnDWb6Iq3",
+	"DtnKV1w8VC35KoJ0e+cmiJNlY64yG5WyfdTVAMbmC+uTo4mSBJ1eKRUotAp7aqhxNZ8UjKoPaEwDpmcG",
+	"FShWF3eOJ2JImFbE1jBWFeEftuOoLguF/zkj0fn6wBPKZ7mKwC7unykcx5BpwsWUtLCCsLCj4iKE3UOy",
+	"TxIeYQEnLK80chkB0k6XV1YaSoDeKE4q5ID3EoD8cnqZpiE4/3D5TBHcXTsOcza3iSHQMMH+cFwqq/c0",
+	"ck5/y6o7rVQ43L2utIt8Xlw39QzfzpPHOX447xqVL1Jd6CO/SvM7mnuyhEYfzOSXOxIel52vjGGrMepF",
+	"SoNpyf+HdQ3Llxu/PztZc+10cZnvpn5sJTc8FIMyZ7xfTi+9L17brPiE/ktI/L0c/P5yf5l9ptpJrFzG",
+	"vaG1o5K+0Aiflb5dt/yAzSLql+T8w2WX/Mb0WCSa9HPF6fvEyKwzcg0zj3kBjSKQz5Sv3WTgOFFVuSfW",
+	"dDnKV8Nfy7O0gLXz9dcLWO9OvUOMf9S2bMIsO178kZN9013Z1qCuk/mB4Pkbtgl0R13SHx/s73d+2h8N",
+	"Oup20j247a/RS7ZpGzJmvHjezEfLzK+eVN+mydXWM8HdMc+UipJR+ch9schBtPPPrwft188beIeW5ELs",
+	"qX4dPotwTRcgGoYSlKoSrJR2VdUkOTkl7kVPrEZSIS0j2p2f/0qAhxj+Vy599vzVi6WLWLH2r1808Llt",
+	"ZWu633598Kd/XuPgG0sxgF4sZFW9/uNTYn4h+FJ4SH45+nxx9v96n7+8fdc7Pfvy87ve6ZezC9J6/txV",
+	"brD52ArBjq9fvXrxapnSZDn+Di7Gzf2LHeX4Da4nni/nJwYR16SfXE2XQl0+a1LANHZaJg3zvC1ow9Ac",
+	"ncAayTZDZv49SCqiel48X3HlXxxUizb2TEGB5uuqtVLX8ItezSl9Ac0UXBwbL8xR5398H+k/XTfVC1RN",
+	"moWNaee8JLPVrKfaUxunegbDhIcPXMatVN9lPPP1eRMekilVZEINOmK9LcbzRZ3FCCsnCZ77ogyaKwfo",
+	"LLAuFtbqQsSX8QMs1crDs/4xax7h5RTO5c0BnolfmDRJjih3EXXPFHGsR7J20ASgFBtxK3euKuQ8PmEC",
+	"R9Rg/dfSrX1S1GXar3utovZDKadqeXjWBLEm3cast1BmL58x5q2VEro1Pp6L9rg7218wPRna3Ho2i/CY",
+	"cV3l7bKE7GrMRhuZ8LKTLaKDCvPxiujnTE62rXoqOv9w+Y0knMxwn+XFePnTq78stbCvJh2xcA3Z6F6M",
+	"/8vknXAxvb1cIu7/ZybpX111/3FgiNH8+X9vq5OAFu8U8uL662bielHnvQ9GWXATgbaePxJwvztf+gcI",
+	"V8zdaWR0+/xle+UrjrvfaSzg6vNfP8BsPcZeN2gtGUQsqKoX8vrFTy9Xwy4fiJY1WT/VC8wrexROGF/D",
+	"8Guz0j5TBAuLuD8JNa1VpDS+m1kkpkpNhSwa2NKHJQPB62Jzzyv9aUAuV4JeLFWCnjcNzHXd5WaybFvW",
+	"Nb64zVx4GzG3+3+2a5JO+1v8y/O3G0r4+khlWddD263g8t1Zr3i1aRx99Jftke3mUrlz221OplIs+z6z",
+	"Y+a/X1Wy9lmsm422JnG1X1Q778rJzI9w2QaYlfkmFtpNQ5FL7i1FBM1W+cy8+TgwrDj6qi17CxHcVR0U",
+	"19Wy/l3KDJY9G6+LQTXVU8nz3iq3V7xgIeigchWSQCjdCYBrkITyYCxkl2R9EKpTSxZhikwoD6kWcoa1",
+	"j91Q1b3kZl7Z3+d+kjdEbAjBLIigmWKbLd1H/2Gq167v2lxz7MwLFPdb8afi6qaUHqK8WqtV4qldvLwP",
+	"nK/+EzJFB1FNQbd8Sw/kXFE86h6Rc8U7KYU8rjQSndvKCRMajBmHjgQa4gMwn6DJyPk8KsDMP+Qv3ee7",
+	"XXKM3jxUAlG2AYq1eYlPDpL3jtTiGnhvwpSyHuf2b8ZvaGRTSOLfcBsz6wZq/7aWn+wtmuhxLwapzMb1",
+	"0q13PyB6xZIp6KXrU/4m9wPjKhkOWcCAa/MCDs7mNLESQu5dMeUg1ZjF+YdKQ9xLCo9woLaSJy6eDQM0",
+	"D3suMNK0njog9LjQvaFIMHlX6XFK4bnnNDJ7M+tJiIC6lcz9HAjuBeZexCboLVeY5YBG1ObdVNdJL+GZ",
+	"a5J9kh+ONd73poyHYpoVWc6l2GUjTnUi8xvERQiFVvCBGA4jxsH/aYUv/5efE7oeY9CLAlloAx/Mvaa0",
+	"kEaDthRe+MD/FFM97mlJbVar3A+1jf2RCE3zk6VxXNykOPYuJnPPzd/ANdNR+injSpsVn3s3/QEBMk/i",
+	"+R/nhoPZWXFr80+ZIXxD3Z7mklhpCXSSPlAgb1gAhS2vAkwEiTXrExk13CIG8BuIRIzeItYFxj6XruEK",
+	"QaFBFaoMwCpr5paCZbLfCQszl0PkQdIyf/zecSJ75yS0dcZ25yyMP1VGU2rKFgUGVAXvvJcAHXMSE/d5",
+	"lxxTaSvR+NpmfbdL/TZeovW1pBg+3Ld/qhgdnvruht7v4yHp25s79xpWR8OXJCYKmBEax9GsMkZoAgoT",
+	"584tn1FoOooOoU3GyYTy7Exwn3TJZ1s8h06JLy1ChCQh1XRAFRANt+WMZs/3X/7U0NrtBza30VUn2/sI",
+	"QP9yurKDuwVOW294XuILkpD26m+P58lCshuQC8LD5v0FgUZ6PKtyrRUTm+MByxkSRSex2WieRBGxpdTx",
+	"Z2vrEjYPRE30WW5GjIdwWzZ4vljmfuvsl4OZiwaaCxRd9rmWLFDNs6343fzkPqzMtTJhox5we/pX7l5z",
+	"z/04YL1BonrNPPhRUl+5jrKT7+0G+MGVlrYwkuIM54irRJ3tHC1nZJWt/SKm+ZTbnxUyKwWBPVtUDxk0",
+	"0DVluxcTR66ZhN+lISwffcuqP12ek91tRKIwbcV6hB6LKUgbujulWq/ThOXzO6nLGiZY2s+IZUGD2rCa",
+	"+ey7DcoeVjZxy0K/h2nW3CKc/X7y1goAikiwxeGIYjywIPbL6SVByR1Ce8/Hb4BrIWcF34QmC1iuk5Wt",
+	"ZvVEq/a9vIIV+9qupv5aaq5YohzBLuRNgxNrhSEWzrblIR7L32qOpykRLKE8XgiNWfZy7qxcgQQ80PpV",
+	"z8MkzjvfdHFMtfvy2Ymqq+zGyOhLdwgc9xE4jSwQqTi0NARsLJSusKuhV+vyvGCGgsdApR4A1ZVVcT8a",
+	"qTZ9xYosdCBZQBSdklbEboDEEhTwAHbbBCJX981o60wZmDCddBQAJwb/Cohwl8TyNT658++hurqerc6G",
+	"PTW0FxqiOndfpIbCZgnf8dMszbukXFV7Af+RsMCI6DqISevi4zn5LzKjk+R2t02GXuC02/NMkcLelOT4",
+	"n1ZNYO6XMc0lm+YpL61Su8QqORKtIrj8dB2T1LLtBURg5KHZmlbAEXCQdzVmY/zbaoz82Sm892JJzMfj",
+	"l5R5fE4GMzyfXVCfUfgMlUzHIgIyNMNrm1fsz959eSWQyh9xxVm+er0kgqKwI35tc5kAlthDf0XY3+gt",
+	"0Pw9TlXHJ85aY5hWfUtqFIkeiNteDDw0T+bjffB3gsX0bR3pGWiCzhxqXPIdbSgju5uiNWRje7e3zpeJ",
+	"Arn6d5WXx948qXZyc5lbyHZxe6po4G+/fTg/g6EEtS4FXsMs59m2cAGaEms712jdoGHV+8ZT9P0hio04",
+	"4yNyDTNFWmfvj8lfXh38hfzttw/kHKrq5pkXC0jZ3NZ2RP52/uUz+Q0G5APMst52q21gC0Sk0hrhmKpW",
+	"5qMYsTU9eDd+gy90XBkrXfj0dUU1gdc1BQ8ep3fSRzESiV63bghyXg8vmVaOaJmLDM83VjVUGzaw8jW9",
+	"jSsgYkgmpgHCOHFMTbCqhIuydYbYXBGJqtCGHn5Skc3HdsJ4vs00WtUXuW4NhSRwiwo1Mbqz2q1E/3ns",
+	"edyltAtrkxts1S6uo/etGnzYCigXHMvVqxgwB8wu0WPqIvcUCQTnEGiiRVUk4rxH/l0Vz00kwudSRNFm",
+	"C4NVZ6RIJVWFNyF4kKlMtzECotFsjFKaGpmcRaqx3Gqo4JfTy2M8JFdSsOsoAKOnzD6lxrGqrb2nmm2o",
+	"UyFtNTfQmyU4NZ+cgUqimmTo2LBR3De57U3V9mIs7IYiWJfXZ/s2Gr/9pheMKR9tlsvuxY2oFLZb2Kx0",
+	"9SsMA5nJYG6+JWorGA3K9oQ8GjkcKXDBap5KZifeYYtrOkgvwecl3p92MuiMUSXKzMmLlTlL6k2Aq0hB",
+	"c0NZsAvLVnItfcharnqGrubR1gzlDUbA58P7nS2y9f+/PDlum5P44uO5NXJcHJ+SKdNjZyCbA+SqJMtu",
+	"AAHtxTCZH8Lpu0++c9fv8VEO+yeJ0kRL8/8tmMR6RqZjhhmT/OsMT3+XKK88JBfts0kDJn6aktW8qwcu",
+	"4QCoBEnwNdLqj7judbvd/u4hUWMxxSRQMyye3iXnWkggTNuFNec02X+9v9+t0HEaWxOzIZbXv10giMUU",
+	"Z2OH3URXuQStYL+5jCmIlG6BjBTdH1Gu5axjxm633jbTn1+y5SvT3rEec+quRslNuC1n+1IBBrlx1m1G",
+	"KlatmHFzLrzv9cv2hm6zaq6T6k0kZh4P5mp6r6bh9ZxMy7Lhakrvl0QHYgI2yZ7BYK/u4NlsFSG8HxIR",
+	"C2a+jGKFylundxncyqlbRkvAUwFbnlJFQkaNdEBa6GqDjlY+MwcJWYhGUAlKRDdzzmKNRCrrj1eZYoHZ",
+	"EdgeaDA27bzxK8AE70kYJgqj/NkERKLbJOHpm20/rN6QMjMDdNzFb92TsgL9vNEdn0Zn0ipt69irogbf",
+	"0H4QSGFTgam2Xbp0dEtNxctdNGzqmrvgXDqaBtbQ7N28qJpbDr+V+YHVMURRzK9K4aDHIEkc0QAw2mJC",
+	"ZyRONOEwJVMhr30+De49sUkoArWHNx7dSYjnivkdb8OQ2Qg6ZBfz02Z5GK1bXSi48y2ijFu7Nf6zxpc+",
+	"p3XU0QK7YXpGqNOxs1vcwawsdB2SvrOW90nCNYtyL6BTm6Pdgg95Zl+3uSXNP5xncd2A8Vg/4VoKFUNa",
+	"93oD0fEuC7ahVtKi7nxHGGGWh/EClSniuNZKPS/3D3ar4+jvKqg1U43L5i/vYl4SqWrzaaRLuub5dp/i",
+	"KEznRdJ1ZKom0uaStbkR1/DwKySx3wpf6Pemo9xhZlZpTM1hZqkU51RFlrVL4buqWgeXbmuNsDR0u2J8",
+	"1FEzpWFCME0SoTyX+xahcQAuA6NjqwoBIOXaCr/ebxCTtiRF16Zi2PJJuspnjBOdXKpw67ON4S7WQNqi",
+	"3K23hCFILDknJKHEqM7m7SFqo3QyJ/e8qryGWjPp1+ZtUIsygDU3V5Vi3hpk9ipFxKVQu4p5ybHSgykU",
+	"nnUfl05xWuhrFSyFW8wgoKpE7i8x/SPBKy4l0mT/5gsS05H3tXdylxVn6AiqSH951RcsBsT+XSFFnBqG",
+	"Mz/Z8o5WjmMq35cVkZ8X/HCXJybJTz0/gur1nTWKI75TcrmAxhorPKz6wSYN2psoIEtZhJ7BlYGURhDx",
+	"0TDPFHEv2wjK9Px18XOkUi1rNI9180TbgS3nWBzfqX8992nPx/5VhVyVJu+naQmNsJC0MF8vJa6DE64x",
+	"G11YaV9dXmYU4xNXoKhmlytucDmPSptUYM16Z/dxhZKNKLep1ZuUuzfJ1XJxrJhbwxJhF9lvtUPLLeCD",
+	"HVoevh7boVVkogrot+yRBc8NCfVMU6wrI1lcreEWcoTeM37fHTrX4yAh2YjxhkRgV+KL/eTPLFR5XYXK",
+	"J0QtZy9dzf2Z5aOmbZCv50U3u7SvpYViqyY6R1sYvk5aeixFMhpbkeLo9GSX2GQdlt5a1tCCzvWMG9rz",
+	"v6DDp8uuTklI1XggqAzz6VzTNAyYnygHQ0vJdN0snJmQ0hAMZMoVjQmnyrfLhmz77hdsSZ1tzDM6XmR3",
+	"yXshp1SGHcGj2Rvidpt0rpL9/RdAnIkr/VslgY3yzt6gUjMaRbOeB+/0J//g0IkWpEUxglTaZpQiSrMo",
+	"Ig7b1a51k6E8APM28DBDIGvL4uha5s+C/Ma7gZulSa1y6WBxwcrDnD9u8B+++0WU4xL7rkU4QYSZDxQE",
+	"EvRSocW+TezbKI/jnaucmE3JC28u7fFAiqkC2SXnzs4UrKsjrEbe5SSz7nm7NN0F5PobDMZCXB8F16tm",
+	"rEriiAWVluwLmaRyrtFiCoBiJMApVcTlXiBKC2lolQs9NquLv8VxxCAkdERZTQFBbKuJ/Ok7bXR5LyEA",
+	"dlMdTDyHCe7Vdm4pcuOqXPOIanP6HNM4V4QqtWu7X7spmvoHIlZds1rlZ1jIcO7FhA+EuJ77gIsQ5h5i",
+	"vm77tJLx3HtnLhFYeag9lcQgy+PtiVjl/8QUa5XNZ5nfViq84nzuu6QvRQR9wlSxqop5in6y+n5yUS3O",
+	"xf1Z8A6aDQrJtLLMWesk28512dzamH3TNGPU/STNajzi9VNimS8bd9MkrZ3PDufy2jVbwIX5stIhlglo",
+	"fnfn965dSgiJUyjZFpeJjHZGD6eQZfkaC+Vm95dEV9jGF8zgE0wGVpVa5fy/O9tPsN9Klj9JU8vYl9SY",
+	"xYcE/kho5PNW2x+eYZ0n6c6jNUw3aycXXIvsMeXSuiXea+NFlnjXpMtcmHA2mHY+OMQxQjPat5Tz0Bzg",
+	"6PWRGSZyGz1/q52eoDQ9a3NCP2ZBS7PSesbYae/cMJjWHPVnQEPGQanjMQTXmZKUtnltUE9MeYOv1coZ",
+	"sPXSvaocH6bzUHokYc3vy/K5b6xtx1S1MWlDa6bfSr9Po3cE11JEJI4ohzdEXKO4ZER0vA5HOd1m5wrM",
+	"0M2v4rpCbkpXvvkyqNXCDl0X1auC0VXuYv07CPZqUmi5up5gPgcjUWMaA2mhn09gy2J2J+FulxgtJ1eE",
+	"kblqlyGJQeaqMXqfG1cbEYngsHyXDhqkImnO+qxs40Pfpm+shMTDVIOe1zuzIHm4pYGO0AvKVru1UT2E",
+	"adL6/PdPH3edYe1q5/PfT96eHJFfD/b3yU/7v/xMfv3504urnUY56NYqN73p0hCrlHnYzFX+mjWr71bf",
+	"4R5KWPvFXdMv4CGLBT++KsG2JsaKkx4wXWGb/QAze/3OODFvZFkTCY1GQjI9npAxVT7H3mouq5u4bmZ8",
+	"hDltq2qDf4mBn5//Ss5/PXr+6jXJvetLo9pf3nS73X4VrORiZt2bOxuzDVzDrGcfVi16urp+pEqNOxA+",
+	"f/Xq4K9V9VsbF25YUs6kwmJo8xNc2wBrv6Q00WMh2b8h7GHGAjv78hragijNvYhyYylubW652pZUl2o2",
+	"lgseDgYs0z0yJGAjnsTfpPBCPof+to5MbtDzC1O1cxdpIY+VBGVX1qeV72T3nky9VQVovnn+gnXRuDFc",
+	"NjUYN3OmsducKdX3GVHsDKRzG5dzgVlFxrJDfzB89TVrHhW+5kq8VJiKDP/n7lz0GJis59Cyx4CzHVUZ",
+	"fQpUs3LNh1ytoge3FK9W0dADqDXFcMEBL0FH7Ma6499TqZP1L1vuozpQAwbPHTQlXSy9Y8mPbKnolFHI",
+	"A7O3L6D1iFj8ElEwK1rSVJiaMJ5/erBh8Wpj5Xb+rJ3zZxHCpmabCzhdKYlCbUqTpSUuW4Wymwd/ZjVD",
+	"K6WGe8mIspma/jXbs2LV/qU7tMCGeUdavc/a+A9Vvb5mEwoXWWua31e9fCxb3OuKuRVG+KAVUjdc/bFm",
+	"ZquVBV9K//OFwr/fEuBzoYM2Y4odBgkioNI6BpkPGvl/Ffmw2D5emU3oNShXQ2bEXFyQ++SQ4CbkOx5G",
+	"dFTtv7Z2TfAaMlmh7vcdMfLeLmmWsNu2wPXDFriuIbTVCgEvo7V1oXcNs0PllFZXD+/P9warx25aU6o/",
+	"N31vOc3a1cItVxvOpmE++o3p8c+ugNxqhjvzNYmjRFnzAJrKuIZbjQ7origdaYUQRFRCaNBTkwEENHEF",
+	"Aezoba3BIBIKwt0ueYe+C1juijBFqM3IoIBrG72J9+mCuxKFWUIXOlAuxKZ0RZTNrVFIzD1r30t9xhe5",
+	"Pi53OPc+uoF3SWYrZKav8GcugGAuuDrTan2PhjJ7SiQymKNB5TX4AcOgAlVJjIWWVh+0Z7Wcc+LriuGu",
+	"4nK3fLlda2vv17fFkZylpeCZl3NtLcxwbo9qtr+ODtspM1YhmBEZaYiVAz6Bpqua+WgwLhDeGK/kJwxT",
+	"/AxmMVUuzWRNjcQN5N5fXMnAjrBu5qM1ktgsFf6/kSC/ctBv0+Ez1SuUF6oohres4HOdnN6ofmF5xX17",
+	"Jc/twjArF7166RbRxvz6503oud7iiHKbAWpCjfzHXWnYhdZ138sdLKf2ZkYvocjlQfArGWBTzllWZASr",
+	"5tEmzeUhaI4MKubYTm2y2EP1Hp6PIYqOtAa+drKqnqbKOmwuToLo3p4KeR0JGjb4ggOECgsTO5PUkqJd",
+	"EmjY40KzIbMuh2rF+l1zQyyNoV2cck2fC1b62Mqhq65zfn8Wk0lpPzNkjQC9yFahYGzr01zSxyrpJSfL",
+	"Nkvq7aTaylqb6/CDzbG56pywWHSs51T2hm18ifUciy+Q7ZqvjusjjWypWqYqU8OGEEln3hKrDNffKVeN",
+	"NlHLE4G4ZuytVUUq1J15Yi7tYdtrlm4G2dLnfSCzquQZYy0HSce66x5CGeM3WAIPE/OnvX2+YJifHBuU",
+	"VG13YZmLn0fpeS6i0j8Qsao5j8vUv6IblHOXiGhNEaijgRJRooEMpZksD4kUiYYmpZ29irwCAjDVW2SF",
+	"XFMoQ13FC2DlGec7XbCPTUNWN2E02rC3zjKnmQWzbuin9YCTrp3MglmsYe1bObDggYPlFjpGVC/Fb06K",
+	"OhZKO2peiBdVpbV+psE18LAjphxCMmBYogateDLhUzrzUWNM8C45xlwEikjgIUjCrLkPM93bLMcGDwy0",
+	"2G+75EQra89zJjuhXf5Ol21BAYQ2rIkGuk2UyBkHCVNkmBbZZy4FQSjpUB/6RqcM66eT1NBoJ34DNeXx",
+	"szX7wGwqkTT9hR35TnvnX0k80zYILoomtiSlT6fri1iYX6+TAUgOtsYwjeMaNPcdzns/SWt5hzTrk2LC",
+	"9ZM6RrEwsrUyRBzb7BpiEkegXfYNpanU9hP3Ry/NwyEhAqr8j+bfxTwd7pn/YMnok8mEylVrXrmvbCYk",
+	"L/Nv3s5Lg0AmEPYCofRGBGTq83N79qzMizHEdJqG6G3MneB2YTBRBWFDQkcQEsa1IGOmfAHs+TPQ9oYy",
+	"F2ZOruiOTcBlVZ6OWTCu7tZwljKMgjlgU8mLqEQOaQBqY8V2nYq2wTx+WQzbhsyzNI57jCttxNANNrm2",
+	"tdd8XHO2NzCR2WI2OXxfLIDVnAubCWAZi0RGs550dqg781pVEL6fAOYYNIcGJWbTdqtCXpb742T8Nd/T",
+	"OcgbkJ0QJLuBkCQK/Q1snG0H42wxHf6hyyOkKg67aqa+ZjxsvlN4Gq0iJ5YNN/OHOuakMp1SzQye0ohR",
+	"jCQurMhdc5cvr/BVk8u8mXUY49N7d8hdkDXQND/x3TIzLLsWqshTdCebqbpOqqqeLP+u0bX7nPRSKbQW",
+	"wXsee1PdBHki571fuHkqXTcV7axmmtVJ7cs0MrflOezNYXgpdCA70YoA1y7KFvNYXGm+zIsOZQSqOO7n",
+	"hXuzQRAkkunZudkKd52NefCPErPL/q/3nj7/9tvFzlx4jc0R50oV+aqJpgGfml1w1SXOix3lGZs+IP21",
+	"62TeCQIE9pgBxljrGCHWlb/GkP6a4QlMzjw3wosxkBsaJVgh5uTzxbuzz0cfe3/77cN57+zd+7N357/2",
+	"Lr58ePf50GY4OP1yfkH2fH97NNHjvX9Nr9Wei+JvNFxDOz8vWsqasbr80ubzjh+CW1sj33LiK9G5qh74",
+	"4pDaYH2qx7Y6TZqvPxIjMqIapnS222Dcf+JCD0VlqQ5Unzo2/ePZu/OLVKXymSN+wRJVmE0giEQSFlNJ",
+	"dK/4Fe84sdxpJZiXP6BSzkj/945zEuqchH3SmtBbcvD8JxKMqVS7h45mpDPbEQjGwnrWXXFCAiElRDY9",
+	"ATPS8FxzflXMgCF758L82Tl529/tZoPDEi2oM3DSf2f+8NbCvq3HQYnCQimkb5Cjj5+eOO3z8vLk7c1f",
+	"DvFAV5pOYvv47P0xefHixV8PfVVeVVmV17T0Zc5rhbT6VfrQG+tA2N8lCY8MD4YiSCbAtVFRc2pt98pg",
+	"hmbaQPWO26XC3pCj05NcQvo3Owfd/e5+B9VgPOBi4DRmO292XnT3uy8wPkCPES/2ulOIos41F1OObNL9",
+	"l8t+OrKJE1M2Pwl33piHhvFsqkdqU0nUCnbZK3u/u908CVHA83SAQ3i+v5/aZp3VKbYZ9pjge3449rhZ",
+	"dhi5YuXICfMo4uqOG04aAw1dgfg8qdW1714vzMP08fL5X+s+See4dyHEJ8pn7lMMiXtl57z4uxMHIEjD",
+	"9qsXy78y0ioL4JJnt775s2LnzT/+2d5RXlWvqtRuqI2OzL7uIPr903y/R2O2d3Owh6bpvew4VzlaKaVA",
+	"ddZsgp8oi86GFSYsO/v6u13yRYYgbcEgFh4Se41AIzJkEaYqGcx8gJmBASsZdNE6nifNiCl9ZNo+yo3t",
+	"LnTaXvr2sU213+DNUzqCc/ZvwHfL1QKjmTVb2Uk+U7lsLThPZl77IwE582LSm0I28Iw1Vq3kVzmWXO+p",
+	"RS1b9KrBZFVaGzFphcR4n5iQ0UPBfaECI46wBAOe1MUd2BRaNOH6n2no3W3xk4Pln1zyLHOB/agBTrwX",
+	"csDCEFCZe/n8eZNuYimMtGhB5btCvxTvDA0USJwGUijPfAXsK4PJYhzc+1rQcf7cGwoZQMdZUDGbtTM9",
+	"rgmTR3xGuOCdITPgaHmOjIwYpbSkbDTWRAvS92bc/hsjylk5ImynVntnJW67dCdpWqhhREcjV40EZc/A",
+	"KPpJjLaVsbN4DJmcQE4+Zcq+ttslZ67bN+Tl/l9JP7cWLvVvL7U199NU1Zhp2dmq5z/kQrsrun6XHCUh",
+	"01aWSt/o4hK7hqG/O38o4AtuaNlW3vVYKBeFSxfR5nlEiDQSVoaQZfU304+t7r02hD8McNYJVNm02oSL",
+	"aY74fgzU3H+5/IvPQr8XCXddNADMY8GHEbN3UT8OLr/Po2UxZd2qmGyQolYqPbOcp0i/Iit2n7SEzP9i",
+	"GjTYayU9q9QNzG76aH4lpLZlnHylnxmZgjTQqBIIDwn1xaYkxBGd+ZqQ1KAqSPs9U6TP+A2NWNhzqnW/",
+	"RsA1Q313A/akeoSy7ZJ3cfznQuoKHH13SwNNcDOItX/VyZupIS3DsZUs/jWCLyZzd4k0U3H8vgXwqral",
+	"LaPcVJ7GRXWll+/5REjJbwVRGjfUru1Wln6CsnRuf+eQGqG4AqOdNLpHw38lClM4qNUk5C45IrFQ6MdB",
+	"bGEdEkgImbahuFMaRaDbhBIOI4pvCQ4kBEz4xzRp2SonA4jElPwbpHhjMFglwyELsJiG80806H8qsKCx",
+	"g/wIwhFIW61C2fqauWkQGmBuyHn8tpcJP9uZH6Vf3DOOn4QwiQVWsP7grlfdEfOzCGcbQ4a5aaV8V7wO",
+	"St1mCwh1cJ/jqAcpu6/fJSg1gJi0yJFb+8cq4h68aDSXSNDwQoiPVI7gx4LZY8Q1oywjfBHqzaEW5HKg",
+	"66h/EeIObzuK01iNhYPcpDHinkwmib04gRsWAg/gjZWB6QR8PjwGqp2VALKVptKaghYziQSdSOfbh+WA",
+	"iB8RaT3f39/NimZKqtHIgKUV2mggQLF5yhR0yf+AFO0M39HNkEZm3BDip1Ze76NgbZVvvBuqkK0lBEKG",
+	"bvne/37uxnP3e457Q9rcIBtB7P59D6BsFLH1nuzCeq0H5WqzMxvE3Hs4PRZP7cxNaWvi2OL/g+C/JThC",
+	"OXn/ewqVq6G+lVk7WlKurPas9r7m/kKDtTQSsaLRqpK4EaN8lhy8g+YjAlxLBopEjF9norMtfEkj0hI8",
+	"ACxekBsEWpGH1phi0KJaHnduvu7wI1ORRCEZiZwkXwXvZlxe9v6Ii3GRdbxZe7BtPj+xertwcQs2aRh+",
+	"bJqBXZUzR2LfVjsoj6VeQ7DvbHWE7Rnx6M8IJFRCvXlCF+BthaPC1Y5Bx+bVnDu65DI2SH+wv49+Sei5",
+	"YYCuTYAGYwvqTCviHJVqnDjcGE/tOE5xGI/V32h+rMsMo1h9wMxpawt9erbQfN0lVcl27ZUkq2M0GVrZ",
+	"yrRpWcixDznokiOfjdD+jEWhlHO29EYCpsci0YTaV8QQWVBM+RILZY6mn5SJMjcvu7zfVhbJL3MFXNgh",
+	"bnXNrRzxYLZGqgELQWZQdgcBYu+r+Q+ql/7UX1W9RP9/B3kaE7LCcAiBJlS7f7Eb6GHoQsujIRfT3baL",
+	"g5zQGQZjRcxXLCAxVfoNGqJCV1aPKVf2XgLGGoTN0fHvzu16o0rkaW7569VHt7ZPWW+cX+gtam9Re4va",
+	"BdQ+CsMSZHvEXA261ZiGYtoxoGezwqyC02fQsZcuB92uUQEtsNoLAPSq6dt0kn0D3P2A8pCFVNt0yD2U",
+	"XPuklYumQfOg+deuvUcSk5hKUFYGno6pxropAyGuIeyS3yQzfTtn1Xn0tlM7yxD8Ed/tnPuxMj5aCef2",
+	"73cki7XaUM46MuEkYpiVAX3kNI3UFgW3KPggKPjWEaCFL4MylKQwY3XjZnDIfYq+DcY12Si+mpClzy6N",
+	"2mNz6LxP05mZc3MvQtySrcns6ZnMuCP9gt+g5YdVrWUYkWBrMtkK6WIAIWldHJ+SQHBuVEYtSD+ritRv",
+	"p+az5893yQCGQsIVp3xmI14w8E1II14ckRA4g9C2SrRBV01akRDxgAbXbZJwFUPAhgzCNpkkkWYBVbqN",
+	"F6CdSAQ0ahMMq77iE9A0pJq2jTpK+YyoGBCL2gSzBY2FWRc6McKTEtGNGYoWRHA4NC+IRCsWAul//vL2",
+	"Xe/07MvP73pHHz9++e3d297xyduz8/4VxztSBXrXzOHl/v68f7m7Yg1BUxaprgSqBO/b6fXs9Hp2ym08",
+	"y7nwi4gXmuqKT2gIXXJkPfWnBucSTTAVq6tqn9sL5+eT3gDYVbR+zqSFRVuEiyc3qvoASBJf8RnoXbP0",
+	"RuvndkXMAtlm/yt2rvMYNoTJHnykEdwypVW/CnKtEv/ZZox4AkbN43Q+30ghxqWsV4Hb3vEHinvOOOlH",
+	"1ObJGMCPEi60Ffnuy1xp02kgMSlEGA8+mPBit+6AqRb99r66LDJ/2qMnAg3NteCJuHFXNjioFPMwDYgy",
+	"oH8DXAs5szoSRDABLWcWZoGHOP4rrhPOISq5xGRYx3gvwYwWYxZBIaDVl0/hWJhYSPcKQ7AU3Khnpqsr",
+	"rjSLIuLSFSJit4yuLji6mkrKuPnILmAVltqF2QSWFhf2M4aW1tk8swQ/9xhE+bKqjiuGqW4UqbZRit+b",
+	"iolE4PCmXmpdxWWCY+4VwjAA+qXjbi50b2j2o1KIGYF+kly3f+9SyYXDxR+Bi38YpvwF9FKOjKkOxs1D",
+	"y4Ix5SObKhilCCGd+OqVDqdc2nRaLeq1Q6cXGvXo5f5+m1DTJLFKB6oyPnOWHlPtekmN1mRatGFXcH6S",
+	"FjF+Csy/eXVovsjzA9vNHxR4tsbwrWZUqxkhtizBxWXqz57VB1a9CfwsCIdpMcuORA+2AELiyuiaPg6J",
+	"TDjmHcNM3krTWbegkHSukv39F0DsOCA8vOL2n2jgt0oKfu4UFp9Y0ZuF5qxeLZ+dvYcOssx63tu3jJJz",
+	"BjG464O7YrUd6FZQuxNeElRCFdKT3zrMfQRbRexHVsSOraHijvCGmHF3dGunWVsLcGYwbyJuDOQNh4eF",
+	"rFl9j1x9l7Lf4cgVlwl2RJjGFF3cvQqYBVUTjJtC674HIvPBhpELe9wC1xa4tsB1D04KlN0Zt2wW6Qlw",
+	"3bFW5XV8am1aaqZctR2DLG3zJ8pCrnCJGht9V7MJXPFW/5ejzxdn/6+H947vPp99+fjx07vPFzb7du/i",
+	"4mPuPvXgFZkwnmhQu22s6qJcB5jCNYkxqg4UASojBvKKJxyt3HY6PiU1akykP8Kcxx3zFx0B1y6Ldp9o",
+	"SUO09+NwU4DFRhbf/r1LVxAzkj85oNvsBV95tWpwz1JUy9NTNCNjkLC7NbY9Ifw6USoxaqXgthoMybDI",
+	"7v/aoIYmtZWBrOjc4SHgWXYBaAAns90dujh1ewntHROueE4pzTl7pOY89KFoKQCSQciuyzhyjcJUzjui",
+	"CnlwBFuRainSnJp1SnPZVUdP5vwItua0HxuNkFycNJXjeS6ma8MQgtiehBtxDeuIVW4o9ixUWsQK5R/n",
+	"kYr6m8EN9AjAK35McMRDCA9tPQwUYbCElIVWlzXJla4w+kQZcrukb8cb9rEgIo0UZEmUsL0xRReuiN3A",
+	"FXcfvdp/kb3lxhJgOg3ng4Wjsu5ZqbDoOjokErSceS85OoRKFwH7tln7pylmbRb8cI3OcMmWJKXAmIet",
+	"WPWk8jeIa8jLL3cTphK+nuk+NV/YSMs5Mz5CUQuDLb1Nvp2Z4TsdF3MZUB5AZL2grCdRp0OEvOLOmLVh",
+	"g5Wf7VbA2tqstjarjYPTpWOvVc1WQnXYhI42HEtjeG9hNM0XdWJ7/bECar6c47Sbx9R8OSd2e7ZxNU8v",
+	"ribd3DK3OjJZNbymuiRNPjSj9s69MtLkigvVwxG6cI0u+UStlsTtyK3w4OzJVhwxT4YRHWWFKmMJN0wk",
+	"yr9Yb/V1qPCUwj7cVn6jyA/X+zb/wdZ36Z6iOniKYgtArF7q2Ptq8WWNOI5KtJtz1W6KdKk3d30UxYbQ",
+	"qVTVxK1evQLjF2gbTbG1YWwsOKIR27bvqBDcDzOOoKBCPE123H8IEeBiDCkZbLn8qUVbNGTxFaIuavSL",
+	"jcRLPDVuvq+4iXX0ie8bTLYRFFstZFkExXpaSGwzq6uVClFiuclDwmFqMA+DyxYUOj/1XXwvVc79mjxw",
+	"icVFI8kXOIcN1Td3+/Igxc1dX82Nvn7mW5vvE0w/nuOvfA7wMm6lwLEAt/a+un+50jDDhIcL3Ixr0cyl",
+	"ZbIVGtGrZZBLw4s9PFO+ephNiUE1mQhXWdFXD0tbYDxRWfZHmpaZMuODkLQqTdDt+URH9ose3AYAoer5",
+	"fnYPCfXjskInQwEzG4gzc7fmUye59TIKpm3d7NPuIWYbdm6H5imZMh6KKWlhnUgIrTHbtb/r8nT03fjs",
+	"u26YGATycv+vu4VFZcrWhfMtobtOvkCcX26s05YvS9NaVGEnq6KJjkOCj0CSsYgwP4n1fUxXXY+lSEZp",
+	"mh9b/K3VT2KlJdCJK7uWtZu+IzG5iTpMRXr0MHIlw/QY+G5dHua0cokZwgMb9eezNTuCqU/UnPLSd6AM",
+	"HM8v8De6YiiNYZFLlKXEbZ2erVJxb+f080b08AvVMKWzTbqG4anRiqnURAx3MaupO4wcrqxywEsYrZ6F",
+	"v9I6Y86gwAU04omMTmgkoFLO3JnDpDnJTIf9K97q/+8/aOff+52//tP9t/PPr/vt1y/+/I/8ZXKwMIC7",
+	"xqprO5m7Sib2+Yavks+w0ad0k2xn9I1Q/u8v3IJub5K3cHtP+QGlZ9kCTp5fJ4swcu+rgxUDSXiHfFeD",
+	"tr+1Mg2ufW+1KbP4ZmCsLIgh3gYu1U2FKJxb0oWycE72ff2yvTNh3P958MBm8TXAcf9BwPECdUrz69Yo",
+	"vpVfHzat0GqAqszzB0yoj+P4sdx/zz9cNrcCn3+43FqAn6AF2OwraVEsiWbDDLn9Y7eGU9ubUAJZiB7A",
+	"Vqn65fSSqDGNwVXtSbgmrf74YH+/89P+aNBRt5PuwW3/zRWPxBRkQBWQCLThlDYJ2QiTN+PIOUgynsVj",
+	"zJpMSSh8ShzfjW3cvNy/7R+mduPXL694MKaSBqbR3TTc0r6OBs9bF2D5R0Ij0h/FSQ9/7HfJO7SbO7XR",
+	"vmR0ykw9Zd4EfMWbJtVX14nXTGt1yvPr5CkplOcfLr+RNnn+4XKrSG7lnvtSJA15rSD07H1V18lm3I/n",
+	"E8HPZzecVxsN9thc8bsuEXyEZ0MpYTzThyQEPCvMPJkmjCsNNDRDwRPkjY0r7+8SLTCunXCYXvGIJjwY",
+	"g6p3bd4AshVX7PzDJWFhm0B31CXlg6VG61Q4iEba5sHznxqpm1sX523oZPOE8fW4sXFPaMPySxPI+xE8",
+	"fdbcv2/RwojA5x8ut17OTy6n/CKmvasp+MIpMRMRQpTTlTBTsr3qQ0WHhfZHyrnQqNjwEZBW4GOkhB6D",
+	"NCPdnL/0U4WF+zIQr6rsfJeItLUKb7WjpVbhFbSjtPDV3jACKwA1koMMGI5FZKgUi0qn/oYiRrUn7HfJ",
+	"KUhXEUxwQKNn2xqNd98Q68zbvuLFDCdtYlOLurrZbRJRpckYqNQDoDrN8PzL6aVKa9oxSSKqDd6ambBA",
+	"dckF1jwmg9kVz9Bd3IBNTzodiwgITviNc9E0bzF0RIZbGuhoRsyYxdCraBC2ScLHQCM9nrXJUAKQlvsT",
+	"8xZS7qp6tQup83maojDJ9s0sCH4wHNovYuAhVp6syOaTy9djWzskfSzpjFnG7PRVMqkRMN+bSV74Tf7B",
+	"jPHFyS+yyeObWRW4rVH+SQFjaXfnAkjiGmjkdFHoSFMZs/J+7MI1/mMxpJ118wsytwVbdnx6d2Q6ZYAC",
+	"L14qs8mr1pz2t0IqSka2OPGEcZIoM/o0J06dD/uFj854Mtc+dkbf6OanOIR6Li+WJrbFYv2uZRnsQzBa",
+	"OLr1GyHKP46l+BcEenuPtNWU7nSP5CN0PAnaSoLuKdJjHUDViQt7X9OAyT9zosOcYL4Z1CkZHOy4a+Nf",
+	"8qGc30VmC7dIdYUO0rjVrXnlR7cRV4dY5qQJbyeusrQ+LV68L/vqGlLFQyGB3cZwiwhbg+uDZuRFsluK",
+	"PnlRIXP4qLUrHOWcQtztkxN3CeOk/3vn1P7VOXnbbxMRhWmWCtKy5tW2M2paIythPIiSEMIuOeKztC0p",
+	"IiATOiMSaFiT3yI32vtVj353c/o+zRrZOjU3beQoYWveeILmjYxrn6n8ZudBIve03uJxPIbgWrXTHClC",
+	"hiBRGR7AUEgglM/SqP2pZFoDf4P9n3+4tG6zzpVXEeeS3KpwUNk9dJkeoggk4oL1KUuzRDjYaN0wmIJ8",
+	"Q17uvyDFzAUxyAlTysynjxkcJCgR3eCNx/n5r+QaZqT18vlz0keHOZy5S0rQJtZVjvS56Ck17l3DrE+E",
+	"JH33x/xIB0k4Ak1CCJjCNAo1OSd8w/b9LIdDO9+KEcpCM1Xnuef7sLkYiEz4lJrB7z8n1dka3AcxyI5f",
+	"qUDwNKFGxCZMm8n/lfQzYujlXunhK6adgMY0YHrmZmS2KXd35JwWON5P5dNIYF1nrMKXpog3k1cgb/Cx",
+	"spdmWPlPC2lfpZjjApcKwn6dhSwj1Ed1DDyoTS1bg29kV8ttQr01rbShh3bPHRWEGWVsMzRsRevHfYja",
+	"wwfJ10hLZZ+GwtFZLWDvfc0hbdEaVxLKeO6Axt6cO1cqdivr0plrL+fZWenX+Y0Qs06TqLdDFNboe7EL",
+	"LsZCzMqUvrG1BmztgzTP4XeEkT24WZhR0oauoWTGNPow5VV0d91lhdK2EciFdG6nUkKUZ9ZF+vi7mwdI",
+	"Ofl4seV7NhHg1jW3EzgbjiW6LZb92Fhmk5mSMTMa3MyKKhtENgkRULWg3uonYXRJo9ibF1Gxz0lOWhjd",
+	"w/zC+KhPWqEIVK6/TsSGEMyCCLqT0OnL6B6KLp/PFKHBNRfTCMIR4IW/WaMItNVUW65p1NwHLIoYH9nC",
+	"rrtdcpQmoHS9EyGJf/+NDdPLzdXlq+xlgz0kQ8oioyHJtNuKD43UZ20o/S75OxpC1DJLSLeiHCsObCsj",
+	"PhoZsU24mOaJdwu02wjDFdMDIk+vgceJHu9FYsQWFIm99I5sWEWfKjUVMmyTOEoU+oLHmMcpl9k1USDJ",
+	"mCpy8eXi1BWqhrBLfpOCj0ggIQSuGY0Uxjm93D8wzVwD7znzaf+Q9M3ADJApwWnUCxluT9gne+4nMAsZ",
+	"S6Ygc3Z1zb2oEF9xhnfBuXuy7n00A/tGl9pHiR67atP1ouA5G3G0Tf8YmLS1jFUjDQSJZHq28+Yf/yyU",
+	"3ncMShQb8U7RXS3R42qsEYnOg80cp5rfHyerimQ1B5SXVTnSsW47adFICQuZrJzGHN/Y/R4Zbss+zUq8",
+	"Gx1mKEGN5yu8V7ONe72eb9wLF665R8c9Z7nxPebz7siWuw8ModnNseUI8HFh06wKKaKw+JgwRVQM36cf",
+	"2JZ/Vzr+zoT2mWVX4mZzWiZxvcRtr1MVocRLwAVX8ZynBLV363mX8VKSoFpJuvVy/8WuPYHi0jFuaFgM",
+	"h4ekb0T51GBhvTlc+YmiuO8DXTAQZl7+dhN+hLh0jiP7VpfqzRCpTAQ+l531ukNtawoSiHWXCA8zJcxg",
+	"0WMR4LeBJ49aeEf2rMctZ/PcowFmKKm9f8oiI1IzqfvkEB1BELWGDKLQav88iaIu6bt3e+7dHgsxvtz8",
+	"ShKuWYQ07X4lUkyda1nl9ffPtrEjN9Q7o849ySPFYS6CALOopdXcem0+Kb3g5+Lues9re8o/U/Mu3u6D",
+	"aiZ1boG1TPqFZ86FMcis8lar7x6rfpsElAvOAhrtHpJ+WhfKZn0gsWRm6CRkKo7oLNdErvSUj5f0P+52",
+	"ybH9JwPH/nADmEBiAuEiXv7ZzeiR87Ib5lJedou8ZeKnxcRuW+/KvegU3LF37ntf8b94QZq7oazXHS7G",
+	"QmGOGfSinlBOR4CjwXaeKedz3CXuNneCl6pDIadUhi6LhIiBk85Vsr//AvL3omH60PpW21J56e8IYLz4",
+	"AfZaTkLWtjp18cO0TfQtrq2w17cuCb3MxcXei0aRmLqC0dz1mtOTbOY0DDZx/nTzaJMbt2dnXCp0mdhs",
+	"eJ5t2A2z9uLT7/z3cudZsWo1AIgz295ybm85V8LXo4xBCfWxE3ADG4BWhz0bgNUvsTcZzsGgIgMIxCRD",
+	"z0P3rxL+VWJml3ykGiSBGxolLj5PaRZFPqU9G4014yPnsFxqrNVXANwluN8lg0Q70UsCgj3T6+Om62qL",
+	"mVvM3GLm47twQua8E14u8zZ2LZcC+AxmlL2PgQbjLN2JS5voEAptPWhU5oLDbpe4HAYTmAxAKotBVpLu",
+	"qEDEELqO1aEPlSg9Rw0zYgpj80XaUCmquUX5DMORbaJELQrWdNUlv6EZ3b3eY2G/bcVkTK+bRVn6Tlv5",
+	"dUiUJmN6A9mNUr7vNoFIwaI4RkwuZYdjyy77+iYH+/v7vstqd+0CsqjNYvEXO39IJ+2L+ecyI1UV0c8W",
+	"cfPl/MtDQVqoreZvfuxhw+11kPrcfH9hPn/A4+FUKJ3I5dYFT/02WymTJLYfbs0NT8vcYGHXbe4qRoe6",
+	"YO+LPPC566QlkEvElBtQRYnXftdCwss3tevbKvAoUqbDC9I3jNm3dZycTbHnHknIKtcb4RcOiQIeEmAY",
+	"JtcaCD22SIuFoQZgSzrtYgpgJkJFJoLrcTRrkz8SKjXIaGbHy3lCI+zg8uLYrBzwkEoS288O0dYgtepR",
+	"3fe2zBTC8ad00dGqqd2XBrSDRGkxcQ8IBwhVoTmcKPDQ/mVvatM/6dBI+rnXu6RvC/137X96E8aFRGPs",
+	"Qbd7sP+/B6+65MR6TxLG4wSjBucD3QmnE6NsYOFjBlF4mGUhw+PMOyGNqSocMQvsMS6yHQPIe9Kc8NV5",
+	"Ry0JFADtaWQ9LEzJl1L+JvfJVadF3SnBYeo295n6sQ6I7b3yvSU0HHi2XkW72PNJNBZE/gBViQSFYngs",
+	"FIQ9C4R9QkeUcatFyJlPMZJqJAbSDDuByl9M5aR1yn0O0KKEXxTudwnjtnxgAeitHbtUUYOcx2DznZjF",
+	"pBKcVZ1xq/6kTOdvxQwG22nRyLzl47/TKzUahln9Djx+qPZTbJlRMQ0TosZiWrVA+z6HylzH9oR0z90q",
+	"uClDSP7burGR/yK+SZuzxGU0MedLOamJ8yZKm7CXBf9tThLyf/xZ6bvr67EEZbSaXiCFUgu+z70agwzA",
+	"TOv/eOXJDJvxnm22T1qYQZ8wrmEE0u0Bw3BXJdL0+nZETBE/9t1uxXTMHKciicLeIBLBdZ8MhSR9/HfP",
+	"5qdxB7lKzFqF/YLs3Z9Syd03XGg2nPUMIfQPK6eOfZkPbFUYcQOSRlGWYMbduyotBR8Ztdls+jNls2rp",
+	"vKqM2jdV19hzFdEfzhN8Xnm3wgq1KbqK+Xe6FeXdAhZu8FR/iDP6rVvTb+SHWjOWxUqdp4PDrJAPTRMu",
+	"bWMztsfwzpudt3LWkQmfy01lcICmKI6wHq56Rn914OgymdQVsjw3SpoBDkWo1yAtoKWnj7sKGQlvCOzW",
+	"1IzcqKpQeZdQe4uQTvZ+rxEeqGDkNtT++y0ZuUCiri0/V8+EaMSxcZzefDPMrgbsjaC9d+ySfhABlb3U",
+	"KCHBuorgpScPCSYfbXGhifO9cDhTsHy0CTdCiBgBirRFOwdat+cvD+bvHKvMDoWMfJiNrtCC/RzvOYX2",
+	"97VGxqqPlCc2rUlqAxExcAjJNUDsCx2h60m3pmLek8SrexbFbA7bxyCILTGX+BzPP6jJZFWg3spqTZM3",
+	"r2Yy8ap7R4FGb4/aq9m3Jd/bNlFJHAtpiDjIOeG6knbuLvb970RxGqux0GQoxQR/K7vxVtzVfha2pPj7",
+	"30kguKufZ/A2BmlgZ7F3r3MKnp37ST1yN9/yeJcpb+nC+V3b3sQ9LftneX/v6AGcKDqq997/yDi48pPm",
+	"gx7yKePkH+YfbaKFdbNXQloPiIFB5fTaSkgMGQvT+L2ZDR5jSiWA90EBfkskxBGd+TBCb5TE760cVUx1",
+	"vNAJ4RIndL+3Pe+lmDR570I0eSs/8HMh9feYGN7N4cwILjiR5nnfJAo7SIckMvS2Rayn5RZW3t81ESug",
+	"mkZitCdUh03oCBbUlbA3M1/OiX2xbVPJG5F6hgnQq0rIGgg5tl18USe2gx+rZuWXc5x2c85NF/h75Ngf",
+	"q0pDulXmcHb1Dsxhm2M6R/zVTKeuk6X8dv7hsshqWIK/4IYZS1aOA0x46IpVp3hg3mJ8ROKIcrxLveLp",
+	"vZJ55q7j8vqCeXxIYBLrmVcW7OfYo/JVIp4pB0QJZ3o3jW43+sSVX0AWMZ1doYohviFhxARXbbzkSwyg",
+	"pSoLVsj26bvrKmOrJZCDVct/LLjxM/9w2RxxDIltweaxg43FF1sN5YMvX29ZH33hcny2Cv7sfVXXycLk",
+	"9gm/5mLKiZCEcZqiUprWvlgIpqaQfMaRmzWs4kAMInZHXTI+2N/v/LQ/GnTU7aR7cFtjbFU4iHoza86s",
+	"evD8p/bOhPH074cNLsm4uc4ycf7hcqOsu5aYvr0FWlhcssi5y5gzK1msagvAmjPube69H+uMy2be/IzL",
+	"repWE36a9dJyW7xcGXY5rVVjZ3pfKR5rxPsbRrTDOQ8r58K1uFh8RrpPqWB8Nqtv5DedW9b64lZb5+it",
+	"c/SdnKPDPPNWAEn1Ib73NftjWVX3zcFD+S7Rt1vvglAY5fcSfb2Y8S8Kp8L2pn8rjC9n4lqnrCpx4C0m",
+	"4/QBWd5sFua4rUYasN4oT5fd76uI/JqSxkMCjnc02gLPturlt/JJWkFSGQON9HiRUPKrfeOxuvTY4S3z",
+	"4Dk6PSGUqynIjer/D0gkCxLBfmQ3wEGlaq+ZrCPn3P67fSzsPnN97OF1yp4t9bIgr7XRp/EWqj+iXMtZ",
+	"x3yHBbhcmZj+IeGCDIBKkLaMuODQ0WwC7gU8lVyidRfWJsKZi4664llxmS45A51Ibq+ZIsFHnYjdQGiL",
+	"ftkWWmqMlmkezcgYJBza2tSEabL/en9/1wa8DelAsoAcHxEtrriWidKp25z7jYahdOk9Quy7aPdGPX9+",
+	"/OZwP7jipeI3bUI5gduYSZcKL1cgxz3ud8k7bM1l3PMldnxBM8q4KyOB6cGveCzhhokkn9EeeOhyhyec",
+	"Q1Rld7fNfhYhPMaQLjMuuwrfyGqQH0A9erzz5Y+25QCeekJtu9WuxnkOOX3nhmDUQgD9av6DCemQUc3P",
+	"UqgYAr2wPBdCalrQMBIjMqIapnTWJtMxC8YklqDQsOlfeqaIwSbs5Q2h1nnXgoMYkn46jv4Vd8ce6du7",
+	"uzfE8FU/q0TgmmOIuxqjmadS8FHbV7LBaohYKSHs0CmdLYa/w7nReNdDnBx+tajgIWnh2CdMTYwitlsF",
+	"bNmymi25e82UOQ3qJMybkA1K4+BbmKVkANleoeUXJzoAc0YpdN+sVrncnjS9e3z98ltePaYLe5Ku9YJa",
+	"iClFmJ3/9heS29uSWsD7imT4MwpoWCXgzT/++WcBBbMNd0g4VxVlfTy0MLIoS6fjqxTw8kkbMuFHQgDM",
+	"FpPlMEUpqywL7mb1fQSHK47FXslUyGsUujQR3LlOIA+jEEUEVvNiykhXgHmAqlFMjynPoyxh6oovwzWX",
+	"eGE5vNlV2kLbfUPbMqXRkBauwBbRvmtEc2WeMspeA8+UpgvyaJ5ZqnelFSKqh0JOSEBj7/nY9w+7IsYg",
+	"2LBfGVDlh3KO3T1Wm0thlIu46Fgk+et4YY6WCH1Iv0sp4Tss+W74BELyt/Mvn4lyRJVWCQonjH+JSyQ/",
+	"gUXWwE+Pt4bHpQL5G9NjX2ukLpjPxphb/Qc45cEMKRNurVnIFffY0udD0Ge2ITm6NBtZIkoUJ2vh91cR",
+	"hS4zcAa05hOLtKSVQrJKDEHbOzyz2SJWu4cEJTtFRqCNcnrFFyQZqPE4t0fHj+WHZ+bc3APPOuxvfe+e",
+	"nO8dd6TvubdCihIxcBqz7oxOokWHy5cY+NHpyVsRJHe+FV+N8v3IKtWVlwd/ffli/+W8llJ5vrhJkNDN",
+	"4undN12MMTki15IGOp3nkqummM7KTs3LHCwOjQaWZp+vDlA+9c3+WNjrpt0cfv3ybxH4aXo/Z7F8GUOk",
+	"N//+USVD7mkRd5JYLbDKVbg+5Uoc23ZSU1osxQ0Lbcyh+0kMXKUGcq4li6Gj9CwC4sZ1gvywaxNtuqyn",
+	"bWfmy26Ac80GkZHLiIJAYt5TvCLBq2QppgrwvhbvcgPBh0zaiEI/lvTewzdoM2sV2sS6u86cGABpUU5y",
+	"DtWdDzBz2RVc0lamiYSQBhrzkJrmpkamxXYCCSHTPolsWnQ5Nx1X4XcKg7EQ16ZlId1Vjx90QGNt9Di8",
+	"mLZLRESiFQvBJhB3/yOYVxwDMRVx2bxcSKhzkY+EbTEUNuUtFraIa9KNu8y2OFAypCxKpE3ClcRKS6CT",
+	"9D1PTNgkLvsI9U7zsrJE3EsyKu7XOcg7krgQ8WX8lFzk8/P6RtfdxSEstnymzJLmnwvnGecw5S/m2Kpv",
+	"uahnuai/9bj/8fzYnjfapl/s9fYG7VxYzYF63LVHWo5kHT170m1+ODpUVntf/bd/1h+Un73rkzUxHxb8",
+	"mwyhAdeGebML/747EM/ZiFMD8X1iWYC0+vq/MX92kHB2aw4mwUNlM2q3bw7cb2O4Jb9+OjrunP969PzV",
+	"ayPpXe3Yn7R9t2v/knSKI7EP3TvQbxMFmKma9G8O+rY8h3JnAmB+9Fkezt3x6H/HBJBoG+Ejc9yg3wCe",
+	"ZziXNqFEswkoTScxmQjpLs5e7O8TZW/mZOExUd4pbJjYBvAMwxUUNy6jgT8nAxrj8eK2qpd2m7oikNbL",
+	"/f3dyhzvPlWkBOsyFtqTPgaZHXi+Up2Nr8Ys9KEvtNqx+gklYWLx2ByuEbM57J3DxfP9fQeL6Ut9dL5w",
+	"CXUzv7e8NGA2yvZMbRZ6TIRJFRnMzAxabkc0XojOYtitKuiHt6OOsn+z67XZW8TTEkPV3Avm+K3+YrDB",
+	"oXXq26koHnUxL00hGThGSkdm/8zGVua8nZrLyp8O/vp8RTf3/9z7z503Xx/WM72420fB9cI6hHiy34Bk",
+	"Q0PUhtIcG7QMG9Msiap9vPuNj/KtI9tKjmxnFgByylkKah49y2UEa45B7zO+KBI9dSx/rBdDboDLjCUX",
+	"WZ0Elc9GbM5uX5pBDLf3Qg9q18jlL0qpbIUg7t+Mvt0vBDthqQ4xYVr7iihCjihn/0bSeqZq4riosnq6",
+	"EXlyv+Q8g/IR4C9rFVw75iel29opfSO1tjSGBb4IVo89LLE2Wkqm3AoK2zCtbZjWwwWUxykWLI7R8tCH",
+	"Oqir+LOwisdpobajVTfSpG6+dK0vKoJvop6CbttTIa/N3qh2bfSq7XZDSFY9chZ2yTGVkoEqFPv1jhrO",
+	"oygdV73+kdWr/U4i2nNruwjOtoVGtgXF71SZZCH6tGvv6Ldsf48qyhK1ZMvs2xQWSxm3Jn/FaV2957rs",
+	"FD84o99XCot1tKUHwxmfvGKLN1uV6JtkrriTSrRnjXSNrJWf3Ks/Hrp9h85u+S1r7vLmqGELYj+20ISm",
+	"ZM+Bk5TtVzAi14tOaFlJFEjiwicj4Ut8Q1Z93FuGW33zai5Ztg08mDIFu4c2awhTmvGRv22oM8DQMCzw",
+	"xBbFvp0N/Ki0F9/Ku6tAD1W4GIZba9FWoHsg0D0Kw/TS9G7C3N5X+4/VbN4FkD6DibjxWRojqtxLtfBq",
+	"K+VuEbY06k/uUAqxfIzbXCz+gk/rcgOk2/fgtbhx37egtzWRr1pcDelmCX6tYWgjb2Ei9ApAVDDEbYHo",
+	"0QLRPdsK1xAs9x9OsMzbDe0SbwF3K2U+jCfFmPJRBtTPFJEigqXyplLjzjXMFtsJz89//WDe+bHiSu2s",
+	"m9vYzDJuQ0qfZkhp6np5fv4riZNBxALc7xx/nasxMsmCKjpjMB9hKXkqlXM2d5GGEJLWfNShDZK0edgw",
+	"QpFjTH1xFLuHhGLDaYyPohMg/x971/fcxunE/xXGT/KM/JW/YzdN7Sc1ozRpHNnVedqXdmR6WslUJ7gB",
+	"zpGayf/eYYH7yV3s1ol/5N48CHML7C4LLJ/PkvEVyFQyrvMUdsGr3aFxjA8ou6l6rCU8pzxN26MHOp9y",
+	"w9l2MHVaUgmjIKV57Jl7+vDgPxxC8Zr7CnqvQHAw+riGXfPQKZQJeT+uokZsGb2xfrONwMNK99XPVPq0",
+	"w/5SrZRFeFfrylT1fv5zQBNk0IGoWtyehbFhbHMWTezbCuOLnt8+lHeXlDhDfUj/PEN6nNzPs2N6AL67",
+	"UGPau20Xc8/xJlvhC+wf9gvUE1PHrF/47pk6ZN1Q9F0o8HOKwItePVAUXhrWniizD7e/0Lsmew7Pb+lk",
+	"6tHB6CN6kipVZn3Rwk8E3142cmwGx4fH+0Gw5ftzMg1GD9keuLvePZWXCd0uw+c/9fuB/mUCza3yzoZ/",
+	"czSSsDJRfavNTxBbxdayh35MK+LksSDrSlMNp+TK8UXMbeV5LBZw5ZFW/DNI19CAZ0mC8cnvnAsO+20A",
+	"v78ezZyAjxXlwEt4G5gDN9gPjmXwbUXgMtcgbwpmzujivVhA4i0iZxwwQzX668PafGcpQV23405NuPlk",
+	"HWIQ+A1RoDHh4Ort9HIym47P5j//9i6azyavZ5Pozfzy/N1kirahQJ/myEXHh8fF5tqhFVlcK7Qiqgta",
+	"jHrmFEpqvvFo7cQIN7NydpmJq3LP4fC/WqfuvOo8SRYPr/hIzRIm8ngtZGwCTKdmfqlRbMUZXx2sYWf0",
+	"uMxwkOUwxBvQksWqm9vAVvmymqthq0dpQhlvBZx+8f3/D1++fHEbxOkLKTagryEzC+1WE9imQjHzI7FB",
+	"5PODny51eZPPWBB6Gs8i/m4NKRCgzXjLC6H0SkL0yxlePk3Hl5HzhUPy3eFR3ReaojJ6m/HhjIPKqVAI",
+	"pxuf5rWkDFmW4muI10O80ETnbLppXDQkIoXg9iRv9tG60kbHw46ULnYnBDB+W0AKfIGAtE+bjjd3fF9v",
+	"IKdCIxjg7oRQTRLA/EEOVrOMLi7Eh/ujquqEF3PSnnRYTtAm6z7/zyZrE8gbr+UB7pYyg5DZAECyJAOz",
+	"v1YkplIiqCaTxO0rSCphyba4+89ksneyN0KDcILVv+B5lIc4zMz+qa9xZC3GPXbSOZ3/FVt618HALR5b",
+	"8YMsHeISdcD40DGq+QUMgffs6pWn0rg2cVDCaIcOvMgDbncd6pYatNuuZosFpb0ig1goTWIwuq72hwUc",
+	"mvlW7Q1Vqek8zapL3mYiSakFf1lkGnBFPzKkpysX5SB1pbJXVNNEVKpZBopSwThJhLXLluKfpMjSym+R",
+	"FpLiCV5RPa1WGafpWGq2pHFVokpQX5bekdDMwNhuVUIXII1takr13+zgjmOzB3qV82OHBtt/wZ7MM6Xt",
+	"glLc7tiJzK94fEdM7UI9yqUzkUCzNCxLucZ7SlXENIR/OWNLiHdxAo1fm1NnSqN11iw8j95u6CokXX2e",
+	"sLCmAk0tpdmCaaIlZUl9bMbmp0aTFW2stnfu13IH37pBZXA4m1Q3Bv+8KnGVkC7wwzhNL6TY7vY+/fHp",
+	"nwAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -14,12 +14,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -40,6 +42,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/proto/api"
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/ids"
 	"github.com/gantry-gpu/gantry/shared/obs"
@@ -83,11 +86,14 @@ type App struct {
 	// (payments credits top-ups through it, budgets reads Billing.Spent).
 	Billing *billing.Service
 	// Budgets is budget posture, evaluation and the launch decision (DecideLaunch).
-	Budgets  *budgets.Service
-	Idem     *idempotency.Store
-	Relay    *outbox.Relay
-	Payments *payments.Service
-	Handler  http.Handler
+	Budgets *budgets.Service
+	// Allocations is GPU allocations (docs/allocations.md); it tells Nodes and the
+	// catalog which GPUs and SKUs live allocations hold.
+	Allocations *allocations.Service
+	Idem        *idempotency.Store
+	Relay       *outbox.Relay
+	Payments    *payments.Service
+	Handler     http.Handler
 
 	ownPool bool
 	redis   *redis.Client
@@ -158,6 +164,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
+	cat := catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes})
+	ac := cfg.Allocations
+	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout},
+		cat, a.Nodes, a.SSHKeys, a.Budgets, a.Billing, log)
+	a.Nodes.Allocations, cat.Usage, a.Allocations.Drains = a.Allocations, a.Allocations, a.Nodes
+
 	cursors := pagination.Codec{Key: a.cursorKey()}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
 	limiter, err := a.limiter()
@@ -171,16 +183,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	a.Payments = payments.MustNew(a.Pool, a.Clock, a.IDs, cfg.Payments.service(), a.Billing.Ledger, a.Metrics.Registry, log)
 	handlers := &server.API{
-		HealthAPI:   &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
-		AuthAPI:     auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
-		TenancyAPI:  tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
-		SSHKeysAPI:  sshkeys.NewHandlers(a.SSHKeys, cursors),
-		AuditAPI:    &audit.Handlers{Pool: a.Pool, Cursors: cursors},
-		BillingAPI:  billing.NewHandlers(a.Billing, cursors),
-		BudgetsAPI:  budgets.NewHandlers(a.Budgets),
-		PaymentsAPI: payments.NewHandlers(a.Payments, cursors),
-		NodesAPI:    nodes.NewHandlers(a.Nodes, cursors),
-		CatalogAPI:  catalog.NewHandlers(catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes}), cursors),
+		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
+		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
+		TenancyAPI:     tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
+		SSHKeysAPI:     sshkeys.NewHandlers(a.SSHKeys, cursors),
+		AuditAPI:       &audit.Handlers{Pool: a.Pool, Cursors: cursors},
+		BillingAPI:     billing.NewHandlers(a.Billing, cursors),
+		BudgetsAPI:     budgets.NewHandlers(a.Budgets),
+		PaymentsAPI:    payments.NewHandlers(a.Payments, cursors),
+		NodesAPI:       nodes.NewHandlers(a.Nodes, cursors),
+		CatalogAPI:     catalog.NewHandlers(cat, cursors),
+		AllocationsAPI: allocations.NewHandlers(a.Allocations, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -245,6 +258,13 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 	srv, err := fabric.New(ctx, cfg, fabric.Deps{
 		Pool: a.Pool, SealKey: a.Config.Auth.MasterKey.Derive("gantry/fabric-pki"),
 		NATS: a.NATS, JS: a.JS, Directory: a.Nodes, Clock: a.Clock, IDs: a.IDs, Log: a.Log,
+		// Agents' task reports drive allocations (assembled after the fabric; sessions
+		// only start in Run).
+		OnTaskResult: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) {
+			if a.Allocations != nil {
+				a.Allocations.OnTaskResult(ctx, nodeID, r)
+			}
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fabric: %w", err)

@@ -51,6 +51,16 @@ type Config struct {
 	Nodes NodesConfig
 	// Fabric is GANTRY_FABRIC_* and GANTRY_REPLICA_ID (docs/fabric.md).
 	Fabric FabricConfig
+	// Allocations is GANTRY_ALLOCATIONS_* and GANTRY_PROVISIONING_* (docs/allocations.md).
+	Allocations AllocationsConfig
+}
+
+// AllocationsConfig configures allocations (docs/allocations.md).
+type AllocationsConfig struct {
+	// MaxPerProject caps a project's live allocations (allocation_concurrency_limit).
+	MaxPerProject int `env:"GANTRY_ALLOCATIONS_MAX_PER_PROJECT" envDefault:"16"`
+	// ProvisioningTimeout is how long an allocation may wait for its node's agent.
+	ProvisioningTimeout time.Duration `env:"GANTRY_PROVISIONING_TIMEOUT" envDefault:"10m"`
 }
 
 // FabricConfig configures the node fabric server (docs/fabric.md). Fields left empty in

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -28,20 +29,22 @@ type API struct {
 	*PaymentsAPI
 	*NodesAPI
 	*CatalogAPI
+	*AllocationsAPI
 }
 
 // Aliases give each embedded slice its own field name.
 type (
-	HealthAPI   = health.Handlers
-	AuthAPI     = auth.Handlers
-	TenancyAPI  = tenancy.Handlers
-	SSHKeysAPI  = sshkeys.Handlers
-	AuditAPI    = audit.Handlers
-	BillingAPI  = billing.Handlers
-	BudgetsAPI  = budgets.Handlers
-	PaymentsAPI = payments.Handlers
-	NodesAPI    = nodes.Handlers
-	CatalogAPI  = catalog.Handlers
+	HealthAPI      = health.Handlers
+	AuthAPI        = auth.Handlers
+	TenancyAPI     = tenancy.Handlers
+	SSHKeysAPI     = sshkeys.Handlers
+	AuditAPI       = audit.Handlers
+	BillingAPI     = billing.Handlers
+	BudgetsAPI     = budgets.Handlers
+	PaymentsAPI    = payments.Handlers
+	NodesAPI       = nodes.Handlers
+	CatalogAPI     = catalog.Handlers
+	AllocationsAPI = allocations.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

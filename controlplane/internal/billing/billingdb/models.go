@@ -12,6 +12,67 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type Allocation struct {
+	ID              uuid.UUID
+	TenantID        uuid.UUID
+	ProjectID       uuid.UUID
+	OwnerUserID     uuid.UUID
+	Name            string
+	Sku             string
+	GpuModel        string
+	GpuCount        int32
+	UsageUnit       string
+	RegionCode      string
+	NodeID          uuid.UUID
+	OsImageID       uuid.NullUUID
+	SshKeyIds       []uuid.UUID
+	SshPublicKeys   []string
+	Status          string
+	StatusReason    *string
+	HourlyRateMinor pgtype.Int8
+	Currency        *string
+	ConnectionHost  *string
+	ConnectionPort  pgtype.Int4
+	ConnectionUser  *string
+	NodeCleanup     bool
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	ActiveAt        *time.Time
+	EndedAt         *time.Time
+}
+
+type AllocationEvent struct {
+	ID            uuid.UUID
+	AllocationID  uuid.UUID
+	FromStatus    *string
+	ToStatus      string
+	Event         string
+	Reason        *string
+	ActorType     string
+	ActorID       *string
+	CorrelationID *string
+	CreatedAt     time.Time
+}
+
+type AllocationGpu struct {
+	AllocationID uuid.UUID
+	NodeID       uuid.UUID
+	GpuUuid      string
+	GpuIndex     int32
+	ReservedAt   time.Time
+	ReleasedAt   *time.Time
+}
+
+type AllocationTask struct {
+	TaskID       uuid.UUID
+	AllocationID uuid.UUID
+	NodeID       uuid.UUID
+	Kind         string
+	CreatedAt    time.Time
+	AckedAt      *time.Time
+	FinishedAt   *time.Time
+}
+
 type AuditEvent struct {
 	ID            uuid.UUID
 	OccurredAt    time.Time

@@ -1,0 +1,266 @@
+package allocations
+
+import (
+	"context"
+
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+)
+
+// Handlers implements the Allocations slice of api.StrictServerInterface. Every
+// operation acts in the project of X-Project-ID (set by the project-context
+// middleware); an allocation of another project is allocation_not_found.
+type Handlers struct {
+	Svc     *Service
+	Cursors pagination.Codec
+}
+
+// NewHandlers returns the handlers over svc.
+func NewHandlers(svc *Service, cursors pagination.Codec) *Handlers {
+	return &Handlers{Svc: svc, Cursors: cursors}
+}
+
+const (
+	sortAllocations = "allocations.id"
+	sortEvents      = "allocation_events.id"
+)
+
+func scope(ctx context.Context) (*principal.Principal, projectctx.Project, error) {
+	p, ok := principal.From(ctx)
+	if !ok {
+		return nil, projectctx.Project{}, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	proj, ok := projectctx.From(ctx)
+	if !ok {
+		return nil, projectctx.Project{}, apierr.New(apierr.InvalidRequest, "project context is required: send the X-Project-ID header").
+			With("field", "X-Project-ID").With("reason", "project_context_missing")
+	}
+	return p, proj, nil
+}
+
+// APIAllocation is the contract's view of an allocation.
+func APIAllocation(a Allocation) api.Allocation {
+	out := api.Allocation{
+		ID: a.ID, Name: a.Name, TenantID: a.TenantID, ProjectID: a.ProjectID, OwnerUserID: a.OwnerUserID, Sku: a.Sku,
+		GpuModel: a.GpuModel, GpuCount: int(a.GpuCount), RegionCode: a.RegionCode, NodeID: a.NodeID,
+		Status: api.V3WorkloadStatus(a.Status), StatusReason: a.StatusReason, SSHKeyIds: a.SshKeyIds,
+		CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt, ActiveAt: a.ActiveAt, EndedAt: a.EndedAt,
+	}
+	if out.SSHKeyIds == nil {
+		out.SSHKeyIds = []uuid.UUID{}
+	}
+	if a.OsImageID.Valid {
+		out.OsImageID = &a.OsImageID.UUID
+	}
+	if a.ConnectionHost != nil && a.ConnectionPort.Valid && a.ConnectionUser != nil {
+		out.Connection = &api.AllocationConnection{Host: *a.ConnectionHost, Port: int(a.ConnectionPort.Int32), User: *a.ConnectionUser}
+	}
+	if a.HourlyRateMinor.Valid && a.Currency != nil {
+		out.HourlyRate = &api.Money{AmountMinor: a.HourlyRateMinor.Int64, Currency: *a.Currency}
+	}
+	return out
+}
+
+func apiEvent(e Event) api.AllocationEvent {
+	out := api.AllocationEvent{
+		ID: e.ID, AllocationID: e.AllocationID, ToStatus: api.V3WorkloadStatus(e.ToStatus), Event: e.Event,
+		Reason: e.Reason, ActorType: api.AllocationEventActorType(e.ActorType), ActorID: e.ActorID,
+		CorrelationID: e.CorrelationID, CreatedAt: e.CreatedAt,
+	}
+	if e.FromStatus != nil {
+		out.FromStatus = ptr(api.V3WorkloadStatus(*e.FromStatus))
+	}
+	return out
+}
+
+func (h *Handlers) cursor(c *string, sort string) (uuid.UUID, error) {
+	var after uuid.UUID
+	if c != nil && *c != "" {
+		if err := h.Cursors.Decode(*c, sort, &after); err != nil {
+			return uuid.Nil, err
+		}
+	}
+	return after, nil
+}
+
+func (h *Handlers) next(more bool, sort string, last uuid.UUID, size int) (api.Pagination, error) {
+	pg := api.Pagination{PageSize: size}
+	if more {
+		next, err := h.Cursors.Encode(sort, last)
+		if err != nil {
+			return pg, err
+		}
+		pg.NextCursor = &next
+	}
+	return pg, nil
+}
+
+// ListAllocations implements GET /api/v1/allocations.
+func (h *Handlers) ListAllocations(ctx context.Context, req api.ListAllocationsRequestObject) (api.ListAllocationsResponseObject, error) {
+	_, proj, err := scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	after, err := h.cursor(req.Params.Cursor, sortAllocations)
+	if err != nil {
+		return nil, err
+	}
+	size := pagination.Size(req.Params.PageSize)
+	pg, err := h.Svc.List(ctx, proj.ID, after, size)
+	if err != nil {
+		return nil, err
+	}
+	out := api.AllocationListResponse{Items: make([]api.Allocation, 0, len(pg.Items))}
+	for _, a := range pg.Items {
+		out.Items = append(out.Items, APIAllocation(a))
+	}
+	last := uuid.Nil
+	if len(pg.Items) > 0 {
+		last = pg.Items[len(pg.Items)-1].ID
+	}
+	if out.Pagination, err = h.next(pg.More, sortAllocations, last, size); err != nil {
+		return nil, err
+	}
+	return api.ListAllocations200JSONResponse{Body: out}, nil
+}
+
+// CreateAllocation implements POST /api/v1/allocations.
+func (h *Handlers) CreateAllocation(ctx context.Context, req api.CreateAllocationRequestObject) (api.CreateAllocationResponseObject, error) {
+	p, proj, err := scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b := req.Body
+	spec := CreateSpec{Name: b.Name, SKU: b.Sku, KeyIDs: b.SSHKeyIds}
+	if b.RegionCode != nil {
+		spec.Region = *b.RegionCode
+	}
+	if b.OsImageID != nil {
+		spec.OSImageID = uuid.NullUUID{UUID: *b.OsImageID, Valid: true}
+	}
+	a, err := h.Svc.Create(ctx, p, proj, spec)
+	if err != nil {
+		return nil, err
+	}
+	return api.CreateAllocation201JSONResponse{Body: APIAllocation(a)}, nil
+}
+
+// GetAllocation implements GET /api/v1/allocations/{allocation_id}.
+func (h *Handlers) GetAllocation(ctx context.Context, req api.GetAllocationRequestObject) (api.GetAllocationResponseObject, error) {
+	_, proj, err := scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, err := h.Svc.Get(ctx, proj.ID, req.AllocationID)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetAllocation200JSONResponse{Body: APIAllocation(a)}, nil
+}
+
+// ListAllocationEvents implements GET /api/v1/allocations/{allocation_id}/events.
+func (h *Handlers) ListAllocationEvents(ctx context.Context, req api.ListAllocationEventsRequestObject) (api.ListAllocationEventsResponseObject, error) {
+	_, proj, err := scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	after, err := h.cursor(req.Params.Cursor, sortEvents)
+	if err != nil {
+		return nil, err
+	}
+	size := pagination.Size(req.Params.PageSize)
+	pg, err := h.Svc.Events(ctx, proj.ID, req.AllocationID, after, size)
+	if err != nil {
+		return nil, err
+	}
+	out := api.AllocationEventListResponse{Items: make([]api.AllocationEvent, 0, len(pg.Items))}
+	for _, e := range pg.Items {
+		out.Items = append(out.Items, apiEvent(e))
+	}
+	last := uuid.Nil
+	if len(pg.Items) > 0 {
+		last = pg.Items[len(pg.Items)-1].ID
+	}
+	if out.Pagination, err = h.next(pg.More, sortEvents, last, size); err != nil {
+		return nil, err
+	}
+	return api.ListAllocationEvents200JSONResponse{Body: out}, nil
+}
+
+// ReleaseAllocation implements POST /api/v1/allocations/{allocation_id}/release.
+func (h *Handlers) ReleaseAllocation(ctx context.Context, req api.ReleaseAllocationRequestObject) (api.ReleaseAllocationResponseObject, error) {
+	p, proj, err := scope(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, err := h.Svc.Release(ctx, p, proj, req.AllocationID)
+	if err != nil {
+		return nil, err
+	}
+	return api.ReleaseAllocation200JSONResponse{Body: APIAllocation(a)}, nil
+}
+
+func admin(ctx context.Context) (*principal.Principal, error) {
+	p, ok := principal.From(ctx)
+	if !ok {
+		return nil, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	if !p.IsPlatformAdmin() {
+		return nil, apierr.New(apierr.AdminRequired, "this operation needs a platform admin")
+	}
+	return p, nil
+}
+
+// ListAdminAllocations implements GET /api/v1/admin/allocations.
+func (h *Handlers) ListAdminAllocations(ctx context.Context, req api.ListAdminAllocationsRequestObject) (api.ListAdminAllocationsResponseObject, error) {
+	if _, err := admin(ctx); err != nil {
+		return nil, err
+	}
+	after, err := h.cursor(req.Params.Cursor, sortAllocations)
+	if err != nil {
+		return nil, err
+	}
+	var tenant uuid.NullUUID
+	if req.Params.TenantID != nil {
+		tenant = uuid.NullUUID{UUID: *req.Params.TenantID, Valid: true}
+	}
+	var status *string
+	if req.Params.Status != nil {
+		status = ptr(string(*req.Params.Status))
+	}
+	size := pagination.Size(req.Params.PageSize)
+	pg, err := h.Svc.AdminList(ctx, tenant, status, after, size)
+	if err != nil {
+		return nil, err
+	}
+	out := api.AllocationListResponse{Items: make([]api.Allocation, 0, len(pg.Items))}
+	for _, a := range pg.Items {
+		out.Items = append(out.Items, APIAllocation(a))
+	}
+	last := uuid.Nil
+	if len(pg.Items) > 0 {
+		last = pg.Items[len(pg.Items)-1].ID
+	}
+	if out.Pagination, err = h.next(pg.More, sortAllocations, last, size); err != nil {
+		return nil, err
+	}
+	return api.ListAdminAllocations200JSONResponse{Body: out}, nil
+}
+
+// ForceReleaseAllocation implements POST /api/v1/admin/allocations/{allocation_id}/force-release.
+func (h *Handlers) ForceReleaseAllocation(ctx context.Context, req api.ForceReleaseAllocationRequestObject) (api.ForceReleaseAllocationResponseObject, error) {
+	p, err := admin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a, err := h.Svc.ForceRelease(ctx, p, req.AllocationID)
+	if err != nil {
+		return nil, err
+	}
+	return api.ForceReleaseAllocation200JSONResponse{Body: APIAllocation(a)}, nil
+}

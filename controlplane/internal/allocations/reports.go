@@ -1,0 +1,104 @@
+package allocations
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+)
+
+// ProvisionResult is the result payload (JSON) of a succeeded allocation.provision task:
+// how the user reaches the workload.
+type ProvisionResult struct {
+	Host string `json:"host"`
+	Port int    `json:"port"`
+	User string `json:"user"`
+}
+
+// ErrUnknownTask is a report for a task this control plane did not send to that node.
+var ErrUnknownTask = errors.New("allocations: report for an unknown task")
+
+const maxReason = 1024
+
+// TaskResult applies an agent's report of an allocation task (fabric.Deps.OnTaskResult):
+// provision succeeded → active (connection details stored, usage opens), provision
+// failed → failed (GPUs freed), release succeeded → released (GPUs freed, usage
+// closes), release failed → release_failed (usage closes, reason shown). A report that
+// repeats the persisted status writes nothing; one that does not fit the lifecycle is
+// refused (the caller logs and drops it).
+func (s *Service) TaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) error {
+	taskID, err := uuid.Parse(r.GetTaskId())
+	if err != nil {
+		return fmt.Errorf("%w: task id %q", ErrUnknownTask, r.GetTaskId())
+	}
+	task, err := s.read(ctx).GetTask(ctx, taskID)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && task.NodeID != nodeID) {
+		return fmt.Errorf("%w: %s from node %s", ErrUnknownTask, taskID, nodeID)
+	}
+	if err != nil {
+		return fmt.Errorf("load task: %w", err)
+	}
+	ok := r.GetStatus() == fabricv1.TaskResultStatus_TASK_RESULT_STATUS_SUCCEEDED
+	var ev lifecycle.Event
+	switch {
+	case task.Kind == TaskProvision && ok:
+		ev = lifecycle.Provisioned
+	case task.Kind == TaskProvision:
+		ev = lifecycle.ProvisionFailed
+	case task.Kind == TaskRelease && ok:
+		ev = lifecycle.ReleaseOK
+	default:
+		ev = lifecycle.ReleaseFailedEv
+	}
+	reason := ""
+	if !ok {
+		reason = truncate(fmt.Sprintf("%s: %s", r.GetErrorCode(), r.GetMessage()), maxReason)
+	}
+	var conn ProvisionResult
+	if ev == lifecycle.Provisioned && len(r.GetResult()) > 0 {
+		if err := json.Unmarshal(r.GetResult(), &conn); err != nil {
+			return fmt.Errorf("provision result of task %s: %w", taskID, err)
+		}
+	}
+	_, _, err = s.applyWith(ctx, task.AllocationID, nil, ev, Actor{Type: ActorNode, ID: nodeID.String()}, reason,
+		func(tx pgx.Tx, a Allocation, out lifecycle.Outcome) error {
+			q := allocationsdb.New(tx)
+			if out.Changed && ev == lifecycle.Provisioned && conn.Host != "" && conn.Port > 0 && conn.Port < 65536 && conn.User != "" {
+				if err := q.SetConnection(ctx, allocationsdb.SetConnectionParams{
+					ID: a.ID, ConnectionHost: ptr(truncate(conn.Host, 255)), ConnectionPort: pgtype.Int4{Int32: int32(conn.Port), Valid: true},
+					ConnectionUser: ptr(truncate(conn.User, 64)),
+				}); err != nil {
+					return fmt.Errorf("store connection: %w", err)
+				}
+			}
+			return q.FinishTask(ctx, allocationsdb.FinishTaskParams{TaskID: taskID, FinishedAt: ptr(s.now())})
+		})
+	return err
+}
+
+// OnTaskResult is TaskResult shaped for fabric.Deps.OnTaskResult: refusals and failures
+// are logged (the report is dropped; the agent's state is read again on reconnect).
+func (s *Service) OnTaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) {
+	if err := s.TaskResult(ctx, nodeID, r); err != nil {
+		s.Log.WarnContext(ctx, "allocation task report dropped", "node_id", nodeID, "task_id", r.GetTaskId(), "err", err)
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	for len(string(r)) > n {
+		r = r[:len(r)-1]
+	}
+	return string(r)
+}

@@ -1,0 +1,160 @@
+package allocations
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
+	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
+	"github.com/gantry-gpu/gantry/shared/correlation"
+)
+
+// Actor types of status events.
+const (
+	ActorUser   = "user"
+	ActorAdmin  = "admin"
+	ActorNode   = "node"
+	ActorSystem = "system"
+)
+
+// Actor is who caused a transition.
+type Actor struct {
+	Type string
+	ID   string // user id, node id; "" for the system
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// transition applies event to the locked allocation a inside tx: the lifecycle decides
+// the move; a repeat writes nothing; a change writes the new status, frees the GPUs when
+// the new status does not hold them, and records the status event, the outbox event
+// (allocation.<new status>) and the audit row (allocation.<event>).
+func (s *Service) transition(ctx context.Context, tx pgx.Tx, a Allocation, ev lifecycle.Event, actor Actor, reason string) (Allocation, lifecycle.Outcome, error) {
+	out, err := lifecycle.Apply(lifecycle.Status(a.Status), ev)
+	if err != nil || !out.Changed {
+		return a, out, err
+	}
+	q := allocationsdb.New(tx)
+	now := s.now()
+	a, err = q.SetStatus(ctx, allocationsdb.SetStatusParams{
+		ID: a.ID, Status: string(out.To), StatusReason: optional(reason), UpdatedAt: now, Cleanup: out.CleanupNode,
+	})
+	if err != nil {
+		return a, out, fmt.Errorf("set allocation status: %w", err)
+	}
+	if !lifecycle.HoldsGPUs(out.To) {
+		if err := q.FreeGPUs(ctx, allocationsdb.FreeGPUsParams{AllocationID: a.ID, ReleasedAt: &now}); err != nil {
+			return a, out, fmt.Errorf("free gpus: %w", err)
+		}
+	}
+	if err := s.meter(ctx, tx, a, out.To, now); err != nil {
+		return a, out, err
+	}
+	if err := s.recorded(ctx, tx, a, ptr(string(out.From)), string(ev), "allocation."+string(ev), actor, reason); err != nil {
+		return a, out, err
+	}
+	return a, out, nil
+}
+
+// recorded writes the status event, the outbox event and the audit row of a's current
+// status (a transition from `from`, nil on creation).
+func (s *Service) recorded(ctx context.Context, tx pgx.Tx, a Allocation, from *string, event, auditAction string, actor Actor, reason string) error {
+	if _, err := allocationsdb.New(tx).InsertEvent(ctx, allocationsdb.InsertEventParams{
+		ID: s.IDs.New(), AllocationID: a.ID, FromStatus: from, ToStatus: a.Status, Event: event,
+		Reason: optional(reason), ActorType: actor.Type, ActorID: optional(actor.ID),
+		CorrelationID: optional(correlation.ID(ctx)), CreatedAt: a.UpdatedAt,
+	}); err != nil {
+		return fmt.Errorf("insert allocation event: %w", err)
+	}
+	typ := "allocation." + a.Status
+	payload := map[string]any{
+		"allocation_id": a.ID.String(), "tenant_id": a.TenantID.String(), "project_id": a.ProjectID.String(),
+		"node_id": a.NodeID.String(), "sku": a.Sku, "status": a.Status, "event": event,
+	}
+	// Entering requested or releasing sends the agent a task: its id travels with the
+	// event, for the provisioning dispatcher.
+	if kind := taskKind(lifecycle.Status(a.Status)); kind != "" {
+		taskID := s.IDs.New()
+		if err := allocationsdb.New(tx).InsertTask(ctx, allocationsdb.InsertTaskParams{
+			TaskID: taskID, AllocationID: a.ID, NodeID: a.NodeID, Kind: kind, CreatedAt: a.UpdatedAt,
+		}); err != nil {
+			return fmt.Errorf("insert allocation task: %w", err)
+		}
+		payload["task_id"], payload["task_kind"] = taskID.String(), kind
+	}
+	if from != nil {
+		payload["from_status"] = *from
+	}
+	if _, err := s.Outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Subject: "gantry.events." + typ, Payload: payload}); err != nil {
+		return fmt.Errorf("enqueue %s: %w", typ, err)
+	}
+	meta := map[string]any{"status": a.Status, "sku": a.Sku, "node_id": a.NodeID.String()}
+	if from != nil {
+		meta["from_status"] = *from
+	}
+	if reason != "" {
+		meta["reason"] = reason
+	}
+	e := audit.Entry{
+		Action: auditAction, TargetType: "allocation", TargetID: a.ID.String(),
+		TenantID: a.TenantID, ProjectID: a.ProjectID, Metadata: meta,
+	}
+	if actor.Type == ActorNode || actor.Type == ActorSystem {
+		e.ActorType = actor.Type
+	}
+	return s.Audit.Record(ctx, tx, e)
+}
+
+// Task kinds sent to node agents.
+const (
+	TaskProvision = "allocation.provision"
+	TaskRelease   = "allocation.release"
+)
+
+// taskKind is the task that entering status sends to the node's agent, if any.
+func taskKind(status lifecycle.Status) string {
+	switch status {
+	case lifecycle.Requested:
+		return TaskProvision
+	case lifecycle.Releasing:
+		return TaskRelease
+	}
+	return ""
+}
+
+// meter applies the billing effect of entering status (lifecycle.UsageOnEntry): a usage
+// record opens on active (one per run; StartUsage is idempotent on an open one) and
+// closes on stopped, release_failed and the final statuses. Both run in tx.
+func (s *Service) meter(ctx context.Context, tx pgx.Tx, a Allocation, status lifecycle.Status, at time.Time) error {
+	switch lifecycle.UsageOnEntry(status) {
+	case lifecycle.UsageOpen:
+		currency := ""
+		if a.Currency != nil {
+			currency = *a.Currency
+		}
+		if _, err := s.Billing.StartUsage(ctx, tx, billing.UsageStart{
+			Source: billing.SourceAllocation, SourceID: a.ID, TenantID: a.TenantID, ProjectID: a.ProjectID,
+			UserID: a.OwnerUserID, Unit: a.UsageUnit, Quantity: int64(a.GpuCount), Currency: currency, StartedAt: at,
+		}); err != nil {
+			return fmt.Errorf("start usage: %w", err)
+		}
+	case lifecycle.UsageClose:
+		if _, err := s.Billing.StopUsage(ctx, tx, billing.SourceAllocation, a.ID, at); err != nil {
+			return fmt.Errorf("stop usage: %w", err)
+		}
+	}
+	return nil
+}
