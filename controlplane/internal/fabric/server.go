@@ -272,6 +272,14 @@ func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
 	for {
 		st, err := fs.AcceptStream(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				// The server is stopping (Run's context ended before shutdown runs): end
+				// as a shutdown, which leaves presence alone. Ending as lost would write
+				// presence for every tunnel at once, which stalled a 10,000-tunnel stop
+				// for about a minute.
+				ss.close(endShutdown, "control plane shutting down")
+				return
+			}
 			ss.close(endLost, "tunnel closed")
 			return
 		}
