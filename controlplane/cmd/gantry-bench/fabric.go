@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -360,7 +361,7 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	fmt.Printf("    directory calls while connected: online %d, offline %d (heartbeats write nothing)\n", hb0, dir.offline.Load())
 
 	t1 := time.Now()
-	stop()
+	dumpSlowStop(os.Getenv("GANTRY_BENCH_STOP_DUMP"), 5*time.Second, stop)
 	tStop := time.Since(t1)
 	srv2, stop2, err := start(addr)
 	if err != nil {
@@ -443,4 +444,26 @@ func fabricChild() error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// dumpSlowStop runs stop; when path is set and stop takes longer than after, it writes
+// the aggregated goroutine profile to path once (to see what a slow shutdown waits on).
+func dumpSlowStop(path string, after time.Duration, stop func()) {
+	if path == "" {
+		stop()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(after):
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 1)
+				_ = f.Close()
+			}
+		}
+	}()
+	stop()
+	close(done)
 }
