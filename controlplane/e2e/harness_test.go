@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,14 +27,6 @@ import (
 	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
-// agentTestProbeDialer answers every node probe at once with "connection refused", so creating
-// a node on a private address does not wait for the probe timeout.
-type agentTestProbeDialer struct{}
-
-func (agentTestProbeDialer) DialContext(context.Context, string, string) (net.Conn, error) {
-	return nil, errors.New("connection refused")
-}
-
 // cp is a running control plane: the HTTP API (apitest) and the fabric server.
 type cp struct {
 	t     *testing.T
@@ -50,7 +41,7 @@ type cp struct {
 
 func startCP(t *testing.T, opts ...apitest.Option) *cp {
 	t.Helper()
-	opts = append([]apitest.Option{apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = agentTestProbeDialer{} })}, opts...)
+	opts = append([]apitest.Option{apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = refusingProbeDialer{} })}, opts...)
 	env := apitest.New(t, opts...)
 	c := &cp{t: t, env: env, app: env.App, url: env.Server.URL}
 	_, c.admin = env.PlatformAdmin(t)
@@ -87,7 +78,7 @@ func (c *cp) restart() {
 	var err error
 	// The old listener's UDP socket may take a moment to be released by the kernel.
 	for i := 0; ; i++ {
-		a, err = app.New(context.Background(), cfg, log, app.Options{Pool: c.env.Pool, NodeProbeDialer: agentTestProbeDialer{}})
+		a, err = app.New(context.Background(), cfg, log, app.Options{Pool: c.env.Pool, NodeProbeDialer: refusingProbeDialer{}})
 		if err == nil || i == 50 {
 			break
 		}

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -24,14 +22,6 @@ import (
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/nodetoken"
 )
-
-// logGatewayProbeDialer stands in for the network when node administration probes a node's
-// address: the probe runs (and records "unreachable") without touching the network.
-type logGatewayProbeDialer struct{}
-
-func (logGatewayProbeDialer) DialContext(context.Context, string, string) (net.Conn, error) {
-	return nil, errors.New("connection refused")
-}
 
 // logGatewayEnrolledNode creates a node through the admin API, issues an enrollment token and
 // enrolls with it through the node-facing API, as `gantry-nodeagent enroll` does.
@@ -71,7 +61,7 @@ func logGatewayEnrolledNode(t *testing.T, e *apitest.Env, adminToken, name, addr
 // stamped with its node_id; a wrong, unknown, revoked or rotated-away token is 401
 // rejected_auth.
 func TestLogGatewayAuthenticatesAgainstControlPlane(t *testing.T) {
-	e := apitest.New(t, apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = logGatewayProbeDialer{} }))
+	e := apitest.New(t, apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = refusingProbeDialer{} }))
 	_, adminToken := e.PlatformAdmin(t)
 	nodeA, tokenA := logGatewayEnrolledNode(t, e, adminToken, "gpu-a", "10.20.0.7")
 	nodeB, tokenB := logGatewayEnrolledNode(t, e, adminToken, "gpu-b", "10.20.0.8")

@@ -80,24 +80,13 @@ func apiEvent(e Event) api.AllocationEvent {
 
 func (h *Handlers) cursor(c *string, sort string) (uuid.UUID, error) {
 	var after uuid.UUID
-	if c != nil && *c != "" {
-		if err := h.Cursors.Decode(*c, sort, &after); err != nil {
-			return uuid.Nil, err
-		}
-	}
-	return after, nil
+	err := h.Cursors.DecodeAfter(c, sort, &after)
+	return after, err
 }
 
 func (h *Handlers) next(more bool, sort string, last uuid.UUID, size int) (api.Pagination, error) {
-	pg := api.Pagination{PageSize: size}
-	if more {
-		next, err := h.Cursors.Encode(sort, last)
-		if err != nil {
-			return pg, err
-		}
-		pg.NextCursor = &next
-	}
-	return pg, nil
+	next, err := h.Cursors.Next(more, sort, last)
+	return api.Pagination{PageSize: size, NextCursor: next}, err
 }
 
 // ListAllocations implements GET /api/v1/allocations.
@@ -205,20 +194,9 @@ func (h *Handlers) ReleaseAllocation(ctx context.Context, req api.ReleaseAllocat
 	return api.ReleaseAllocation200JSONResponse{Body: APIAllocation(a)}, nil
 }
 
-func admin(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	if !p.IsPlatformAdmin() {
-		return nil, apierr.New(apierr.AdminRequired, "this operation needs a platform admin")
-	}
-	return p, nil
-}
-
 // ListAdminAllocations implements GET /api/v1/admin/allocations.
 func (h *Handlers) ListAdminAllocations(ctx context.Context, req api.ListAdminAllocationsRequestObject) (api.ListAdminAllocationsResponseObject, error) {
-	if _, err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	after, err := h.cursor(req.Params.Cursor, sortAllocations)
@@ -254,7 +232,7 @@ func (h *Handlers) ListAdminAllocations(ctx context.Context, req api.ListAdminAl
 
 // ForceReleaseAllocation implements POST /api/v1/admin/allocations/{allocation_id}/force-release.
 func (h *Handlers) ForceReleaseAllocation(ctx context.Context, req api.ForceReleaseAllocationRequestObject) (api.ForceReleaseAllocationResponseObject, error) {
-	p, err := admin(ctx)
+	p, err := principal.PlatformAdmin(ctx)
 	if err != nil {
 		return nil, err
 	}

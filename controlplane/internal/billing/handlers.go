@@ -48,17 +48,6 @@ func tenantOf(ctx context.Context) (*principal.Principal, uuid.UUID, error) {
 	return p, p.TenantID, nil
 }
 
-func admin(ctx context.Context) (*principal.Principal, error) {
-	p, err := caller(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if !p.IsPlatformAdmin() {
-		return nil, apierr.New(apierr.AdminRequired, "this operation needs a platform admin")
-	}
-	return p, nil
-}
-
 func apiMoney(m Money) api.Money { return api.Money{AmountMinor: m.AmountMinor, Currency: m.Currency} }
 
 // GetBillingBalance implements GET /api/v1/billing/balance.
@@ -217,7 +206,7 @@ func uuidPtr(n uuid.NullUUID) *uuid.UUID {
 
 // RecordBillingFXSnapshot implements PUT /api/v1/admin/billing/fx-snapshots.
 func (h *Handlers) RecordBillingFXSnapshot(ctx context.Context, req api.RecordBillingFXSnapshotRequestObject) (api.RecordBillingFXSnapshotResponseObject, error) {
-	if _, err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -236,7 +225,7 @@ func (h *Handlers) RecordBillingFXSnapshot(ctx context.Context, req api.RecordBi
 
 // ShadowRateBilling implements POST /api/v1/admin/billing/shadow-rating.
 func (h *Handlers) ShadowRateBilling(ctx context.Context, req api.ShadowRateBillingRequestObject) (api.ShadowRateBillingResponseObject, error) {
-	if _, err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -278,7 +267,7 @@ func (h *Handlers) ShadowRateBilling(ctx context.Context, req api.ShadowRateBill
 
 // CreateBillingAdjustment implements POST /api/v1/admin/billing/adjustments.
 func (h *Handlers) CreateBillingAdjustment(ctx context.Context, req api.CreateBillingAdjustmentRequestObject) (api.CreateBillingAdjustmentResponseObject, error) {
-	p, err := admin(ctx)
+	p, err := principal.PlatformAdmin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +290,7 @@ func (h *Handlers) CreateBillingAdjustment(ctx context.Context, req api.CreateBi
 // ReverseBillingLedgerTransaction implements POST
 // /api/v1/admin/billing/ledger-transactions/{transaction_id}/reversal.
 func (h *Handlers) ReverseBillingLedgerTransaction(ctx context.Context, req api.ReverseBillingLedgerTransactionRequestObject) (api.ReverseBillingLedgerTransactionResponseObject, error) {
-	p, err := admin(ctx)
+	p, err := principal.PlatformAdmin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -338,7 +327,7 @@ func priceInputs(in []api.BillingPrice) []PriceInput {
 
 // ListBillingPricingPlans implements GET /api/v1/admin/billing/pricing-plans.
 func (h *Handlers) ListBillingPricingPlans(ctx context.Context, _ api.ListBillingPricingPlansRequestObject) (api.ListBillingPricingPlansResponseObject, error) {
-	if _, err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	plans, err := h.Svc.ListPlans(ctx)
@@ -354,7 +343,7 @@ func (h *Handlers) ListBillingPricingPlans(ctx context.Context, _ api.ListBillin
 
 // CreateBillingPricingPlan implements POST /api/v1/admin/billing/pricing-plans.
 func (h *Handlers) CreateBillingPricingPlan(ctx context.Context, req api.CreateBillingPricingPlanRequestObject) (api.CreateBillingPricingPlanResponseObject, error) {
-	if _, err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -368,7 +357,7 @@ func (h *Handlers) CreateBillingPricingPlan(ctx context.Context, req api.CreateB
 // CreateBillingPricingPlanVersion implements POST
 // /api/v1/admin/billing/pricing-plans/{plan_id}/versions.
 func (h *Handlers) CreateBillingPricingPlanVersion(ctx context.Context, req api.CreateBillingPricingPlanVersionRequestObject) (api.CreateBillingPricingPlanVersionResponseObject, error) {
-	if _, err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	p, err := h.Svc.NewPlanVersion(ctx, req.PlanID, req.Body.EffectiveFrom, priceInputs(req.Body.Prices))

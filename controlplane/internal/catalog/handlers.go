@@ -37,37 +37,15 @@ func caller(ctx context.Context) (*principal.Principal, error) {
 	return p, nil
 }
 
-func admin(ctx context.Context) error {
-	p, err := caller(ctx)
-	if err != nil {
-		return err
-	}
-	if !p.IsPlatformAdmin() {
-		return apierr.New(apierr.AdminRequired, "this operation needs a platform admin")
-	}
-	return nil
-}
-
 func (h *Handlers) after(cursor *string, sort string) (string, error) {
 	var after string
-	if cursor != nil && *cursor != "" {
-		if err := h.Cursors.Decode(*cursor, sort, &after); err != nil {
-			return "", err
-		}
-	}
-	return after, nil
+	err := h.Cursors.DecodeAfter(cursor, sort, &after)
+	return after, err
 }
 
 func (h *Handlers) pagination(size int, more bool, sort, last string) (api.Pagination, error) {
-	out := api.Pagination{PageSize: size}
-	if more {
-		next, err := h.Cursors.Encode(sort, last)
-		if err != nil {
-			return out, err
-		}
-		out.NextCursor = &next
-	}
-	return out, nil
+	next, err := h.Cursors.Next(more, sort, last)
+	return api.Pagination{PageSize: size, NextCursor: next}, err
 }
 
 // SKUs ----------------------------------------------------------------------------
@@ -86,7 +64,7 @@ func apiSKU(k SKU) api.SKU {
 
 // ListAdminSkus implements GET /api/v1/admin/skus.
 func (h *Handlers) ListAdminSkus(ctx context.Context, req api.ListAdminSkusRequestObject) (api.ListAdminSkusResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	after, err := h.after(req.Params.Cursor, sortSKUs)
@@ -114,7 +92,7 @@ func (h *Handlers) ListAdminSkus(ctx context.Context, req api.ListAdminSkusReque
 
 // CreateSku implements POST /api/v1/admin/skus.
 func (h *Handlers) CreateSku(ctx context.Context, req api.CreateSkuRequestObject) (api.CreateSkuResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -130,7 +108,7 @@ func (h *Handlers) CreateSku(ctx context.Context, req api.CreateSkuRequestObject
 
 // GetAdminSku implements GET /api/v1/admin/skus/{sku}.
 func (h *Handlers) GetAdminSku(ctx context.Context, req api.GetAdminSkuRequestObject) (api.GetAdminSkuResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	k, err := h.Svc.GetSKU(ctx, req.Sku)
@@ -142,7 +120,7 @@ func (h *Handlers) GetAdminSku(ctx context.Context, req api.GetAdminSkuRequestOb
 
 // UpdateSku implements PATCH /api/v1/admin/skus/{sku}.
 func (h *Handlers) UpdateSku(ctx context.Context, req api.UpdateSkuRequestObject) (api.UpdateSkuResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -159,7 +137,7 @@ func (h *Handlers) UpdateSku(ctx context.Context, req api.UpdateSkuRequestObject
 
 // DeleteSku implements DELETE /api/v1/admin/skus/{sku}.
 func (h *Handlers) DeleteSku(ctx context.Context, req api.DeleteSkuRequestObject) (api.DeleteSkuResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	if err := h.Svc.DeleteSKU(ctx, req.Sku); err != nil {
@@ -272,7 +250,7 @@ func (h *Handlers) listImages(ctx context.Context, activeOnly bool, cursor *stri
 
 // ListAdminOsImages implements GET /api/v1/admin/os-images.
 func (h *Handlers) ListAdminOsImages(ctx context.Context, req api.ListAdminOsImagesRequestObject) (api.ListAdminOsImagesResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	out, err := h.listImages(ctx, false, req.Params.Cursor, req.Params.PageSize)
@@ -296,7 +274,7 @@ func (h *Handlers) ListCatalogOsImages(ctx context.Context, req api.ListCatalogO
 
 // CreateOsImage implements POST /api/v1/admin/os-images.
 func (h *Handlers) CreateOsImage(ctx context.Context, req api.CreateOsImageRequestObject) (api.CreateOsImageResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -313,7 +291,7 @@ func (h *Handlers) CreateOsImage(ctx context.Context, req api.CreateOsImageReque
 
 // GetAdminOsImage implements GET /api/v1/admin/os-images/{image_id}.
 func (h *Handlers) GetAdminOsImage(ctx context.Context, req api.GetAdminOsImageRequestObject) (api.GetAdminOsImageResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	im, err := h.Svc.GetOSImage(ctx, req.ImageID)
@@ -325,7 +303,7 @@ func (h *Handlers) GetAdminOsImage(ctx context.Context, req api.GetAdminOsImageR
 
 // UpdateOsImage implements PATCH /api/v1/admin/os-images/{image_id}.
 func (h *Handlers) UpdateOsImage(ctx context.Context, req api.UpdateOsImageRequestObject) (api.UpdateOsImageResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -340,7 +318,7 @@ func (h *Handlers) UpdateOsImage(ctx context.Context, req api.UpdateOsImageReque
 
 // DeleteOsImage implements DELETE /api/v1/admin/os-images/{image_id}.
 func (h *Handlers) DeleteOsImage(ctx context.Context, req api.DeleteOsImageRequestObject) (api.DeleteOsImageResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	if err := h.Svc.DeleteOSImage(ctx, req.ImageID); err != nil {
@@ -369,7 +347,7 @@ func strPtr(s *api.V3RegionAvailabilityState) *string {
 
 // CreateRegion implements POST /api/v1/admin/regions.
 func (h *Handlers) CreateRegion(ctx context.Context, req api.CreateRegionRequestObject) (api.CreateRegionResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body
@@ -385,7 +363,7 @@ func (h *Handlers) CreateRegion(ctx context.Context, req api.CreateRegionRequest
 
 // UpdateRegion implements PATCH /api/v1/admin/regions/{region_code}.
 func (h *Handlers) UpdateRegion(ctx context.Context, req api.UpdateRegionRequestObject) (api.UpdateRegionResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	b := req.Body

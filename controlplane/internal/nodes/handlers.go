@@ -26,18 +26,6 @@ func NewHandlers(svc *Service, cursors pagination.Codec) *Handlers {
 
 const sortNodes = "nodes.id"
 
-// admin lets platform admins through (admin operations, seed §5 rule 4).
-func admin(ctx context.Context) error {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	if !p.IsPlatformAdmin() {
-		return apierr.New(apierr.AdminRequired, "node administration needs a platform admin")
-	}
-	return nil
-}
-
 // node is the node authenticated by the chain (nodeBearerAuth).
 func node(ctx context.Context) (*principal.Node, error) {
 	n, ok := principal.NodeFrom(ctx)
@@ -49,10 +37,8 @@ func node(ctx context.Context) (*principal.Node, error) {
 
 func (h *Handlers) page(ctx context.Context, cursor *string, size *int) (uuid.UUID, int, error) {
 	var after uuid.UUID
-	if cursor != nil && *cursor != "" {
-		if err := h.Cursors.Decode(*cursor, sortNodes, &after); err != nil {
-			return uuid.Nil, 0, err
-		}
+	if err := h.Cursors.DecodeAfter(cursor, sortNodes, &after); err != nil {
+		return uuid.Nil, 0, err
 	}
 	return after, pagination.Size(size), nil
 }
@@ -71,11 +57,9 @@ func (h *Handlers) nodeList(ctx context.Context, cursor *string, size *int) (api
 		out.Items = append(out.Items, apiNode(it))
 	}
 	if pg.More {
-		next, err := h.Cursors.Encode(sortNodes, pg.Items[len(pg.Items)-1].ID)
-		if err != nil {
+		if out.Pagination.NextCursor, err = h.Cursors.Next(true, sortNodes, pg.Items[len(pg.Items)-1].ID); err != nil {
 			return out, err
 		}
-		out.Pagination.NextCursor = &next
 	}
 	return out, nil
 }
@@ -122,7 +106,7 @@ func apiProbe(r probe.Result) api.NodeProbeResult {
 
 // ListAdminNodes implements GET /api/v1/admin/nodes.
 func (h *Handlers) ListAdminNodes(ctx context.Context, req api.ListAdminNodesRequestObject) (api.ListAdminNodesResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	out, err := h.nodeList(ctx, req.Params.Cursor, req.Params.PageSize)
@@ -151,7 +135,7 @@ func (h *Handlers) ListNodes(ctx context.Context, req api.ListNodesRequestObject
 
 // CreateNode implements POST /api/v1/admin/nodes.
 func (h *Handlers) CreateNode(ctx context.Context, req api.CreateNodeRequestObject) (api.CreateNodeResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	n, err := h.Svc.Create(ctx, Spec{Name: req.Body.Name, Address: req.Body.Address, ProbePort: req.Body.ProbePort, Region: req.Body.Region})
@@ -163,7 +147,7 @@ func (h *Handlers) CreateNode(ctx context.Context, req api.CreateNodeRequestObje
 
 // GetNode implements GET /api/v1/admin/nodes/{node_id}.
 func (h *Handlers) GetNode(ctx context.Context, req api.GetNodeRequestObject) (api.GetNodeResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	n, err := h.Svc.Get(ctx, req.NodeID)
@@ -175,7 +159,7 @@ func (h *Handlers) GetNode(ctx context.Context, req api.GetNodeRequestObject) (a
 
 // UpdateNode implements PATCH /api/v1/admin/nodes/{node_id}.
 func (h *Handlers) UpdateNode(ctx context.Context, req api.UpdateNodeRequestObject) (api.UpdateNodeResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	n, err := h.Svc.Update(ctx, req.NodeID, Patch{Name: req.Body.Name, Address: req.Body.Address, ProbePort: req.Body.ProbePort, Region: req.Body.Region})
@@ -187,7 +171,7 @@ func (h *Handlers) UpdateNode(ctx context.Context, req api.UpdateNodeRequestObje
 
 // DeleteNode implements DELETE /api/v1/admin/nodes/{node_id}.
 func (h *Handlers) DeleteNode(ctx context.Context, req api.DeleteNodeRequestObject) (api.DeleteNodeResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	if err := h.Svc.Delete(ctx, req.NodeID); err != nil {
@@ -198,7 +182,7 @@ func (h *Handlers) DeleteNode(ctx context.Context, req api.DeleteNodeRequestObje
 
 // ProbeNode implements POST /api/v1/admin/nodes/{node_id}/probe.
 func (h *Handlers) ProbeNode(ctx context.Context, req api.ProbeNodeRequestObject) (api.ProbeNodeResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	_, res, err := h.Svc.Probe(ctx, req.NodeID)
@@ -210,7 +194,7 @@ func (h *Handlers) ProbeNode(ctx context.Context, req api.ProbeNodeRequestObject
 
 // CreateNodeEnrollmentToken implements POST /api/v1/admin/nodes/{node_id}/enrollment-tokens.
 func (h *Handlers) CreateNodeEnrollmentToken(ctx context.Context, req api.CreateNodeEnrollmentTokenRequestObject) (api.CreateNodeEnrollmentTokenResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	t, err := h.Svc.IssueEnrollmentToken(ctx, req.NodeID)
@@ -223,7 +207,7 @@ func (h *Handlers) CreateNodeEnrollmentToken(ctx context.Context, req api.Create
 }
 
 func (h *Handlers) schedule(ctx context.Context, id uuid.UUID, action ScheduleAction) (api.Node, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return api.Node{}, err
 	}
 	n, err := h.Svc.ChangeSchedule(ctx, id, action)
@@ -262,7 +246,7 @@ func (h *Handlers) DrainNode(ctx context.Context, req api.DrainNodeRequestObject
 
 // RevokeNodeToken implements POST /api/v1/admin/nodes/{node_id}/token/revoke.
 func (h *Handlers) RevokeNodeToken(ctx context.Context, req api.RevokeNodeTokenRequestObject) (api.RevokeNodeTokenResponseObject, error) {
-	if err := admin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	revoked, err := h.Svc.RevokeToken(ctx, req.NodeID)
@@ -314,11 +298,9 @@ func (h *Handlers) GetFleetTelemetry(ctx context.Context, req api.GetFleetTeleme
 		})
 	}
 	if v.More {
-		next, err := h.Cursors.Encode(sortNodes, v.Nodes[len(v.Nodes)-1].ID)
-		if err != nil {
+		if out.Pagination.NextCursor, err = h.Cursors.Next(true, sortNodes, v.Nodes[len(v.Nodes)-1].ID); err != nil {
 			return nil, err
 		}
-		out.Pagination.NextCursor = &next
 	}
 	return api.GetFleetTelemetry200JSONResponse{Body: out}, nil
 }

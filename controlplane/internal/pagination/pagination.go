@@ -88,6 +88,28 @@ func (c Codec) Decode(cursor, sort string, pos any) error {
 	return nil
 }
 
+// DecodeAfter reads an optional cursor parameter into pos; an absent or empty cursor
+// (the first page) leaves pos as it is.
+func (c Codec) DecodeAfter(cursor *string, sort string, pos any) error {
+	if cursor == nil || *cursor == "" {
+		return nil
+	}
+	return c.Decode(*cursor, sort, pos)
+}
+
+// Next is a page's next_cursor: nil on the last page, else the cursor for pos (the
+// position of the page's last row) under sort.
+func (c Codec) Next(more bool, sort string, pos any) (*string, error) {
+	if !more {
+		return nil, nil
+	}
+	s, err := c.Encode(sort, pos)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
 func (c Codec) mac(body []byte) []byte {
 	m := hmac.New(sha256.New, c.Key)
 	m.Write(body)

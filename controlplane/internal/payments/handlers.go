@@ -42,17 +42,6 @@ func tenantAdmin(ctx context.Context) (*principal.Principal, error) {
 	return p, nil
 }
 
-func platformAdmin(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	if !p.IsPlatformAdmin() {
-		return nil, apierr.New(apierr.AdminRequired, "this operation needs a platform admin")
-	}
-	return p, nil
-}
-
 func utc(t *time.Time) *time.Time {
 	if t == nil {
 		return nil
@@ -86,23 +75,18 @@ func (h *Handlers) listResponse(pg Page, size int, sort string) (api.PaymentList
 		out.Items = append(out.Items, apiPayment(p))
 	}
 	if pg.More {
-		next, err := h.Cursors.Encode(sort, pg.Items[len(pg.Items)-1].ID)
-		if err != nil {
+		var err error
+		if out.Pagination.NextCursor, err = h.Cursors.Next(true, sort, pg.Items[len(pg.Items)-1].ID); err != nil {
 			return out, err
 		}
-		out.Pagination.NextCursor = &next
 	}
 	return out, nil
 }
 
 func (h *Handlers) after(cursor *string, sort string) (uuid.UUID, error) {
 	var after uuid.UUID
-	if cursor != nil && *cursor != "" {
-		if err := h.Cursors.Decode(*cursor, sort, &after); err != nil {
-			return uuid.Nil, err
-		}
-	}
-	return after, nil
+	err := h.Cursors.DecodeAfter(cursor, sort, &after)
+	return after, err
 }
 
 // CreatePaymentTopUp implements POST /api/v1/payments/top-ups.
@@ -161,7 +145,7 @@ func (h *Handlers) ReceivePaymentWebhook(ctx context.Context, req api.ReceivePay
 
 // ListAdminPayments implements GET /api/v1/admin/payments.
 func (h *Handlers) ListAdminPayments(ctx context.Context, req api.ListAdminPaymentsRequestObject) (api.ListAdminPaymentsResponseObject, error) {
-	if _, err := platformAdmin(ctx); err != nil {
+	if _, err := principal.PlatformAdmin(ctx); err != nil {
 		return nil, err
 	}
 	after, err := h.after(req.Params.Cursor, sortAdmin)
@@ -190,7 +174,7 @@ func (h *Handlers) ListAdminPayments(ctx context.Context, req api.ListAdminPayme
 
 // CreatePaymentRefund implements POST /api/v1/admin/payments/{payment_id}/refunds.
 func (h *Handlers) CreatePaymentRefund(ctx context.Context, req api.CreatePaymentRefundRequestObject) (api.CreatePaymentRefundResponseObject, error) {
-	p, err := platformAdmin(ctx)
+	p, err := principal.PlatformAdmin(ctx)
 	if err != nil {
 		return nil, err
 	}

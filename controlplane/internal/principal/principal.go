@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // Platform roles (seed §2.3).
@@ -116,4 +118,18 @@ func WithNode(ctx context.Context, n *Node) context.Context {
 func NodeFrom(ctx context.Context) (*Node, bool) {
 	n, ok := ctx.Value(nodeKey{}).(*Node)
 	return n, ok && n != nil
+}
+
+// PlatformAdmin is the calling user when it holds platform.admin: admin operations
+// refuse everyone else with admin_required (seed §5 rule 4), and an unauthenticated
+// context (which the chain never lets through) with token_missing.
+func PlatformAdmin(ctx context.Context) (*Principal, error) {
+	p, ok := From(ctx)
+	if !ok {
+		return nil, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	if !p.IsPlatformAdmin() {
+		return nil, apierr.New(apierr.AdminRequired, "this operation needs a platform admin")
+	}
+	return p, nil
 }

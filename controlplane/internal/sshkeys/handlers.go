@@ -48,10 +48,8 @@ func (h *Handlers) ListSSHKeys(ctx context.Context, req api.ListSSHKeysRequestOb
 		return nil, err
 	}
 	var after uuid.UUID
-	if c := req.Params.Cursor; c != nil && *c != "" {
-		if err := h.Cursors.Decode(*c, sortKeys, &after); err != nil {
-			return nil, err
-		}
+	if err := h.Cursors.DecodeAfter(req.Params.Cursor, sortKeys, &after); err != nil {
+		return nil, err
 	}
 	size := pagination.Size(req.Params.PageSize)
 	pg, err := h.Svc.List(ctx, p.UserID, after, size)
@@ -63,11 +61,9 @@ func (h *Handlers) ListSSHKeys(ctx context.Context, req api.ListSSHKeysRequestOb
 		out.Items = append(out.Items, apiKey(k))
 	}
 	if pg.More {
-		next, err := h.Cursors.Encode(sortKeys, pg.Items[len(pg.Items)-1].ID)
-		if err != nil {
+		if out.Pagination.NextCursor, err = h.Cursors.Next(true, sortKeys, pg.Items[len(pg.Items)-1].ID); err != nil {
 			return nil, err
 		}
-		out.Pagination.NextCursor = &next
 	}
 	return api.ListSSHKeys200JSONResponse{Body: out}, nil
 }

@@ -55,31 +55,9 @@ const (
 
 // after decodes the keyset position of cursor (uuid.Nil for the first page).
 func (h *Handlers) after(cursor *string, sort string) (uuid.UUID, error) {
-	return AfterCursor(h.Cursors, cursor, sort)
-}
-
-// AfterCursor decodes an id-keyed cursor issued by NextCursor; uuid.Nil for none.
-func AfterCursor(c pagination.Codec, cursor *string, sort string) (uuid.UUID, error) {
-	if cursor == nil || *cursor == "" {
-		return uuid.Nil, nil
-	}
 	var id uuid.UUID
-	if err := c.Decode(*cursor, sort, &id); err != nil {
-		return uuid.Nil, err
-	}
-	return id, nil
-}
-
-// NextCursor is the cursor after last when more rows follow, else nil.
-func NextCursor(c pagination.Codec, sort string, more bool, last uuid.UUID) (*string, error) {
-	if !more {
-		return nil, nil
-	}
-	s, err := c.Encode(sort, last)
-	if err != nil {
-		return nil, err
-	}
-	return &s, nil
+	err := h.Cursors.DecodeAfter(cursor, sort, &id)
+	return id, err
 }
 
 func pageInfo[T any](h *Handlers, sort string, pg Page[T], size int, idOf func(T) uuid.UUID) (api.Pagination, error) {
@@ -87,6 +65,6 @@ func pageInfo[T any](h *Handlers, sort string, pg Page[T], size int, idOf func(T
 	if n := len(pg.Items); n > 0 {
 		last = idOf(pg.Items[n-1])
 	}
-	next, err := NextCursor(h.Cursors, sort, pg.More, last)
+	next, err := h.Cursors.Next(pg.More, sort, last)
 	return api.Pagination{NextCursor: next, PageSize: size}, err
 }
