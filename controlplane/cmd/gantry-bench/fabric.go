@@ -295,7 +295,7 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	}
 	cfg := fabric.Config{
 		Addr: "127.0.0.1:0", ReplicaID: "bench", Bucket: fx.app.Config.EventsStream + "_FABRIC_CAP",
-		SubjectPrefix: fx.app.Config.EventsSubjectPrefix + "fabriccap.",
+		SubjectPrefix: strings.TrimSuffix(fx.app.Config.EventsSubjectPrefix, "events.") + "fabriccap.",
 		// Heartbeats flow during the run: fleet-scaled to at most 1000/s, at least every 5s.
 		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
 	}

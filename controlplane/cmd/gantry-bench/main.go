@@ -217,7 +217,7 @@ func setup(ctx context.Context) (*fixture, error) {
 		DatabaseURL: url, NATSURL: natsURL, LogLevel: "error", MaxBodyBytes: 1 << 20,
 		RateLimits:           "auth=100000000,admin=100000000,api=100000000,internal=100000000",
 		IdempotencyRetention: 24 * time.Hour, EventsStream: "BENCH_" + hex.EncodeToString(suffix),
-		EventsSubjectPrefix: "bench." + hex.EncodeToString(suffix) + ".", ShutdownTimeout: 5 * time.Second,
+		EventsSubjectPrefix: "bench." + hex.EncodeToString(suffix) + ".events.", ShutdownTimeout: 5 * time.Second,
 		Auth: authCfg,
 	}
 	a, err := app.New(ctx, cfg, obs.NewLogger(io.Discard, "bench", slog.LevelError), app.Options{})

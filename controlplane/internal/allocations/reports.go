@@ -13,15 +13,12 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/alloctask"
 )
 
-// ProvisionResult is the result payload (JSON) of a succeeded allocation.provision task:
-// how the user reaches the workload.
-type ProvisionResult struct {
-	Host string `json:"host"`
-	Port int    `json:"port"`
-	User string `json:"user"`
-}
+// ProvisionResult is the result payload (JSON) of a succeeded provision or restart
+// task: how the user reaches the workload.
+type ProvisionResult = alloctask.ProvisionResult
 
 // ErrUnknownTask is a report for a task this control plane did not send to that node.
 var ErrUnknownTask = errors.New("allocations: report for an unknown task")
@@ -55,15 +52,23 @@ func (s *Service) TaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.
 		ev = lifecycle.ProvisionFailed
 	case task.Kind == TaskRelease && ok:
 		ev = lifecycle.ReleaseOK
-	default:
+	case task.Kind == TaskRelease:
 		ev = lifecycle.ReleaseFailedEv
+	case task.Kind == TaskRestart && ok:
+		ev = lifecycle.RestartOK
+	case task.Kind == TaskRestart:
+		ev = lifecycle.RestartFailedEv
+	default:
+		// A stop task's report changes no status (the allocation is already stopped and
+		// billing closed when it entered stopped); it only finishes the task.
+		return s.finishTask(ctx, taskID)
 	}
 	reason := ""
 	if !ok {
 		reason = truncate(fmt.Sprintf("%s: %s", r.GetErrorCode(), r.GetMessage()), maxReason)
 	}
 	var conn ProvisionResult
-	if ev == lifecycle.Provisioned && len(r.GetResult()) > 0 {
+	if (ev == lifecycle.Provisioned || ev == lifecycle.RestartOK) && len(r.GetResult()) > 0 {
 		if err := json.Unmarshal(r.GetResult(), &conn); err != nil {
 			return fmt.Errorf("provision result of task %s: %w", taskID, err)
 		}
@@ -71,7 +76,7 @@ func (s *Service) TaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.
 	_, _, err = s.applyWith(ctx, task.AllocationID, nil, ev, Actor{Type: ActorNode, ID: nodeID.String()}, reason,
 		func(tx pgx.Tx, a Allocation, out lifecycle.Outcome) error {
 			q := allocationsdb.New(tx)
-			if out.Changed && ev == lifecycle.Provisioned && conn.Host != "" && conn.Port > 0 && conn.Port < 65536 && conn.User != "" {
+			if out.Changed && (ev == lifecycle.Provisioned || ev == lifecycle.RestartOK) && conn.Host != "" && conn.Port > 0 && conn.Port < 65536 && conn.User != "" {
 				if err := q.SetConnection(ctx, allocationsdb.SetConnectionParams{
 					ID: a.ID, ConnectionHost: ptr(truncate(conn.Host, 255)), ConnectionPort: pgtype.Int4{Int32: int32(conn.Port), Valid: true},
 					ConnectionUser: ptr(truncate(conn.User, 64)),
@@ -82,6 +87,11 @@ func (s *Service) TaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.
 			return q.FinishTask(ctx, allocationsdb.FinishTaskParams{TaskID: taskID, FinishedAt: ptr(s.now())})
 		})
 	return err
+}
+
+// finishTask records that the agent reported on a task that moves no status.
+func (s *Service) finishTask(ctx context.Context, taskID uuid.UUID) error {
+	return allocationsdb.New(s.Pool).FinishTask(ctx, allocationsdb.FinishTaskParams{TaskID: taskID, FinishedAt: ptr(s.now())})
 }
 
 // OnTaskResult is TaskResult shaped for fabric.Deps.OnTaskResult: refusals and failures

@@ -12,6 +12,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
+	"github.com/gantry-gpu/gantry/shared/alloctask"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 )
 
@@ -84,7 +85,7 @@ func (s *Service) recorded(ctx context.Context, tx pgx.Tx, a Allocation, from *s
 		"allocation_id": a.ID.String(), "tenant_id": a.TenantID.String(), "project_id": a.ProjectID.String(),
 		"node_id": a.NodeID.String(), "sku": a.Sku, "status": a.Status, "event": event,
 	}
-	// Entering requested or releasing sends the agent a task: its id travels with the
+	// Entering requested, releasing, stopped or restarting sends the agent a task: its id travels with the
 	// event, for the provisioning dispatcher.
 	if kind := taskKind(lifecycle.Status(a.Status)); kind != "" {
 		taskID := s.IDs.New()
@@ -94,6 +95,11 @@ func (s *Service) recorded(ctx context.Context, tx pgx.Tx, a Allocation, from *s
 			return fmt.Errorf("insert allocation task: %w", err)
 		}
 		payload["task_id"], payload["task_kind"] = taskID.String(), kind
+		if _, err := s.Outbox.Enqueue(ctx, tx, outbox.Event{Type: DispatchEventType, Subject: DispatchSubject, Payload: map[string]any{
+			"task_id": taskID.String(), "allocation_id": a.ID.String(), "node_id": a.NodeID.String(), "task_kind": kind,
+		}}); err != nil {
+			return fmt.Errorf("enqueue task dispatch: %w", err)
+		}
 	}
 	if from != nil {
 		payload["from_status"] = *from
@@ -118,10 +124,12 @@ func (s *Service) recorded(ctx context.Context, tx pgx.Tx, a Allocation, from *s
 	return s.Audit.Record(ctx, tx, e)
 }
 
-// Task kinds sent to node agents.
+// Task kinds sent to node agents (shared/alloctask).
 const (
-	TaskProvision = "allocation.provision"
-	TaskRelease   = "allocation.release"
+	TaskProvision = alloctask.KindProvision
+	TaskRelease   = alloctask.KindRelease
+	TaskStop      = alloctask.KindStop
+	TaskRestart   = alloctask.KindRestart
 )
 
 // taskKind is the task that entering status sends to the node's agent, if any.
@@ -131,8 +139,32 @@ func taskKind(status lifecycle.Status) string {
 		return TaskProvision
 	case lifecycle.Releasing:
 		return TaskRelease
+	case lifecycle.Stopped:
+		return TaskStop
+	case lifecycle.Restarting:
+		return TaskRestart
 	}
 	return ""
+}
+
+// Provisioning dispatch: every task also goes out as a message on the PROVISIONING
+// stream (through the outbox, in the transaction that created it); the dispatcher
+// (internal/provisioning) consumes it and delivers the task to the node's agent.
+const (
+	// DispatchEventType is the outbox event type of a task to dispatch.
+	DispatchEventType = "provisioning.dispatch"
+	// DispatchSubject is the stored subject; the relay maps "gantry.provisioning." onto
+	// the configured provisioning prefix.
+	DispatchSubject = "gantry.provisioning.dispatch"
+)
+
+// DispatchMessage is the payload of a dispatch message: identifiers only; the dispatcher
+// reads the task's input from the database when it delivers it.
+type DispatchMessage struct {
+	TaskID       string `json:"task_id"`
+	AllocationID string `json:"allocation_id"`
+	NodeID       string `json:"node_id"`
+	Kind         string `json:"task_kind"`
 }
 
 // meter applies the billing effect of entering status (lifecycle.UsageOnEntry): a usage

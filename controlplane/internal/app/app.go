@@ -250,7 +250,7 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 		cfg.Bucket = a.Config.EventsStream + "_FABRIC_PRESENCE"
 	}
 	if cfg.SubjectPrefix == "" {
-		cfg.SubjectPrefix = a.Config.EventsSubjectPrefix + "fabric."
+		cfg.SubjectPrefix = a.Config.siblingSubjectPrefix("fabric")
 	}
 	if cfg.ReplicaID == "" {
 		cfg.ReplicaID = fabric.DefaultReplicaID()

@@ -63,6 +63,18 @@ type AllocationsConfig struct {
 	ProvisioningTimeout time.Duration `env:"GANTRY_PROVISIONING_TIMEOUT" envDefault:"10m"`
 }
 
+// siblingSubjectPrefix is a subject prefix beside the events prefix that the events
+// stream does not capture: "gantry.events." gives "gantry.<name>.". Subjects under the
+// events prefix would be stored by the events stream, and a NATS request published there
+// would be answered by JetStream's publish ack instead of its real responder.
+func (c Config) siblingSubjectPrefix(name string) string {
+	root, ok := strings.CutSuffix(c.EventsSubjectPrefix, "events.")
+	if !ok {
+		root = "sibling." + c.EventsSubjectPrefix
+	}
+	return root + name + "."
+}
+
 // FabricConfig configures the node fabric server (docs/fabric.md). Fields left empty in
 // a Config built by hand (tests, benchmarks) get values that cannot collide: an
 // ephemeral port, and a bucket and subjects named after the events stream.

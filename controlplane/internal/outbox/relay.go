@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,7 +40,15 @@ type Relay struct {
 	// Idle is the longest the relay sleeps without a notification; it bounds the delay
 	// when a NOTIFY is lost (for example across a database failover).
 	Idle time.Duration
+	// Routes map stored subjects outside the events prefix onto other streams' subjects
+	// (e.g. "gantry.provisioning." onto the PROVISIONING stream's prefix). The owner of
+	// each such stream must create it before the relay runs: a publish with no stream
+	// behind it fails, and the relay keeps order by stopping at the first failure.
+	Routes []Route
 }
+
+// Route maps stored subjects starting with From onto To.
+type Route struct{ From, To string }
 
 // EnsureStream creates or updates the events stream.
 func (r *Relay) EnsureStream(ctx context.Context) error {
@@ -170,6 +179,11 @@ func (r *Relay) publish(ctx context.Context, ev outboxdb.ClaimPendingOutboxEvent
 
 // subject maps the stored subject (gantry.events.<type>) onto this relay's prefix.
 func (r *Relay) subject(stored string) string {
+	for _, rt := range r.Routes {
+		if rest, ok := strings.CutPrefix(stored, rt.From); ok {
+			return rt.To + rest
+		}
+	}
 	if r.prefix() == SubjectPrefix {
 		return stored
 	}

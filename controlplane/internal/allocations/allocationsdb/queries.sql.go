@@ -166,7 +166,7 @@ func (q *Queries) GetAllocationAny(ctx context.Context, id uuid.UUID) (Allocatio
 }
 
 const getTask = `-- name: GetTask :one
-SELECT task_id, allocation_id, node_id, kind, created_at, acked_at, finished_at FROM allocation_tasks WHERE task_id = $1
+SELECT task_id, allocation_id, node_id, kind, created_at, acked_at, finished_at, attempts, last_error FROM allocation_tasks WHERE task_id = $1
 `
 
 func (q *Queries) GetTask(ctx context.Context, taskID uuid.UUID) (AllocationTask, error) {
@@ -180,6 +180,8 @@ func (q *Queries) GetTask(ctx context.Context, taskID uuid.UUID) (AllocationTask
 		&i.CreatedAt,
 		&i.AckedAt,
 		&i.FinishedAt,
+		&i.Attempts,
+		&i.LastError,
 	)
 	return i, err
 }

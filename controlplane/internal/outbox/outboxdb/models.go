@@ -71,6 +71,8 @@ type AllocationTask struct {
 	CreatedAt    time.Time
 	AckedAt      *time.Time
 	FinishedAt   *time.Time
+	Attempts     int32
+	LastError    *string
 }
 
 type AuditEvent struct {
