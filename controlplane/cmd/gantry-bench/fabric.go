@@ -361,6 +361,12 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	fmt.Printf("    directory calls while connected: online %d, offline %d (heartbeats write nothing)\n", hb0, dir.offline.Load())
 
 	t1 := time.Now()
+	if path := os.Getenv("GANTRY_BENCH_STOP_CPUPROFILE"); path != "" {
+		if f, err := os.Create(path); err == nil {
+			_ = pprof.StartCPUProfile(f)
+			defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+		}
+	}
 	dumpSlowStop(os.Getenv("GANTRY_BENCH_STOP_DUMP"), 5*time.Second, stop)
 	tStop := time.Since(t1)
 	srv2, stop2, err := start(addr)

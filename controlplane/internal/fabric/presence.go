@@ -67,6 +67,10 @@ type presenceMirror struct {
 	mu       sync.Mutex
 	nodes    map[uuid.UUID]mirroredEntry
 	replicas map[string]time.Time // replica -> when we last saw it announce (our clock)
+	// online counts the entries of nodes that are Online, kept with every change: every
+	// new tunnel asks for it (heartbeat TTLs scale with the fleet), and counting the map
+	// each time made a reconnect of n agents cost O(n²).
+	online   int
 	ready    chan struct{}
 	readyOne sync.Once
 }
@@ -79,8 +83,15 @@ func newPresenceMirror() *presenceMirror {
 func (m *presenceMirror) apply(e presenceEntry, rev uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if cur, ok := m.nodes[e.NodeID]; ok && cur.rev >= rev {
+	cur, ok := m.nodes[e.NodeID]
+	if ok && cur.rev >= rev {
 		return
+	}
+	if ok && cur.Online {
+		m.online--
+	}
+	if e.Online {
+		m.online++
 	}
 	m.nodes[e.NodeID] = mirroredEntry{e, rev}
 }
@@ -89,6 +100,9 @@ func (m *presenceMirror) remove(id uuid.UUID, rev uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if cur, ok := m.nodes[id]; ok && cur.rev < rev {
+		if cur.Online {
+			m.online--
+		}
 		delete(m.nodes, id)
 	}
 }
@@ -113,13 +127,7 @@ func (m *presenceMirror) all() []mirroredEntry {
 func (m *presenceMirror) onlineCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
-	for _, e := range m.nodes {
-		if e.Online {
-			n++
-		}
-	}
-	return n
+	return m.online
 }
 
 func (m *presenceMirror) replicaSeen(id string) (time.Time, bool) {
