@@ -10,6 +10,8 @@ import (
 	"github.com/gantry-gpu/gantry/nodeagent/config"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	"github.com/gantry-gpu/gantry/nodeagent/logship"
+	"github.com/gantry-gpu/gantry/nodeagent/runtime"
+	"github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
@@ -54,7 +56,8 @@ func OptionsFromConfig(cfg config.Config, agentVersion string) (Options, error) 
 }
 
 // RunConfig is `gantry-nodeagent run` as a function: it opens the configured GPU backend
-// (mock backends seeded with the node id, so GPU UUIDs are stable per node), starts the
+// (mock backends seeded with the node id, so GPU UUIDs are stable per node), runs the
+// allocation task kinds through the configured runtime (nodeagent/runtime), starts the
 // log shipper when a log gateway is configured (the agent's own log records then go to
 // both log and the gateway), builds the agent from cfg and runs it until ctx ends.
 // `make dev` can run an enrolled agent in-process through it.
@@ -98,11 +101,25 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 		return fmt.Errorf("gpu backend %s: %w", cfg.GPUBackend, err)
 	}
 	defer backend.Close()
-	opts.GPU, opts.Logger = backend, log
+	rt, err := runtime.FromConfig(cfg, backend, log)
+	if err != nil {
+		return fmt.Errorf("allocation runtime: %w", err)
+	}
+	opts.GPU, opts.Logger, opts.Executor = backend, log, rt.Mux()
+	// Browser terminals (nodeagent/terminal) in the runtime's live allocations; every
+	// session is ended (Run's Close) before RunConfig returns.
+	term := terminal.New(terminal.RuntimeEnvironments(rt), terminal.Options{DetachedTimeout: cfg.TerminalDetachedTimeout, Logger: log})
+	// Stop and release end the allocation's terminal sessions with an exit frame first.
+	rt.NotifyInactive(func(id, _ string) { term.EndAllocation(id) })
+	termCtx, stopTerm := context.WithCancel(ctx)
+	termDone := make(chan struct{})
+	go func() { defer close(termDone); _ = term.Run(termCtx) }()
+	defer func() { stopTerm(); <-termDone }()
+	opts.Streams = term
 	a, err := New(opts)
 	if err != nil {
 		return err
 	}
-	log.Info("agent starting", "node_id", cfg.NodeID, "fabric", cfg.FabricAddr, "transport", opts.Transport, "gpu_backend", backend.Name())
+	log.Info("agent starting", "node_id", cfg.NodeID, "fabric", cfg.FabricAddr, "transport", opts.Transport, "gpu_backend", backend.Name(), "runtime", rt.Name())
 	return a.Run(ctx)
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -75,6 +76,28 @@ type Config struct {
 	// LogSpoolDir keeps log batches on disk until the gateway has them (empty: memory).
 	LogSpoolDir string
 
+	// Runtime is how allocations exist on this host (nodeagent/runtime): "process"
+	// (unprivileged workspaces, for development), "linux-user" (a dedicated account per
+	// allocation; root) or "auto" (process on a mock GPU backend, linux-user on nvml).
+	Runtime string
+	// StateDir holds the runtime's allocation records and the process runtime's
+	// workspaces. Empty means "state"; relative paths are relative to the config file's
+	// directory.
+	StateDir string
+	// HomeRoot is the parent of the linux-user runtime's home directories.
+	HomeRoot string
+	// AdvertiseHost is the host name users connect to over SSH (default: Hostname, else
+	// the system's).
+	AdvertiseHost string
+	// SSHPort is the SSH port reported with the connection details.
+	SSHPort int
+	// StopGrace is how long a stop waits between SIGTERM and SIGKILL.
+	StopGrace time.Duration
+
+	// TerminalDetachedTimeout ends a browser terminal session nobody has been attached
+	// to for this long (nodeagent/terminal).
+	TerminalDetachedTimeout time.Duration
+
 	// Path is the file this was loaded from ("" when none).
 	Path string
 }
@@ -88,6 +111,12 @@ func Default() Config {
 		GPUBackend:        "nvml",
 		TelemetryInterval: 15 * time.Second,
 		LogLevel:          "info",
+		Runtime:           "auto",
+		HomeRoot:          "/home/gantry",
+		SSHPort:           22,
+		StopGrace:         10 * time.Second,
+
+		TerminalDetachedTimeout: 5 * time.Minute,
 	}
 }
 
@@ -117,6 +146,43 @@ var fields = map[string]field{
 	"log_level":          str(func(c *Config) *string { return &c.LogLevel }),
 	"log_gateway_url":    str(func(c *Config) *string { return &c.LogGatewayURL }),
 	"log_spool_dir":      str(func(c *Config) *string { return &c.LogSpoolDir }),
+	"runtime":            str(func(c *Config) *string { return &c.Runtime }),
+	"state_dir":          str(func(c *Config) *string { return &c.StateDir }),
+	"home_root":          str(func(c *Config) *string { return &c.HomeRoot }),
+	"advertise_host":     str(func(c *Config) *string { return &c.AdvertiseHost }),
+	"ssh_port": {
+		get: func(c *Config) string { return strconv.Itoa(c.SSHPort) },
+		set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 65535 {
+				return fmt.Errorf("not a port number (1-65535)")
+			}
+			c.SSHPort = n
+			return nil
+		},
+	},
+	"stop_grace": {
+		get: func(c *Config) string { return c.StopGrace.String() },
+		set: func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second || d > 10*time.Minute {
+				return fmt.Errorf("not a duration between 1s and 10m")
+			}
+			c.StopGrace = d
+			return nil
+		},
+	},
+	"terminal_detached_timeout": {
+		get: func(c *Config) string { return c.TerminalDetachedTimeout.String() },
+		set: func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 10*time.Second || d > 24*time.Hour {
+				return fmt.Errorf("not a duration between 10s and 24h")
+			}
+			c.TerminalDetachedTimeout = d
+			return nil
+		},
+	},
 	"telemetry_interval": {
 		get: func(c *Config) string { return c.TelemetryInterval.String() },
 		set: func(c *Config, v string) error {
@@ -253,6 +319,14 @@ func (c Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return fmt.Errorf("config: log_level %q is not debug, info, warn or error", c.LogLevel)
+	}
+	switch c.Runtime {
+	case "auto", "process", "linux-user":
+	default:
+		return fmt.Errorf("config: runtime %q is not auto, process or linux-user", c.Runtime)
+	}
+	if c.HomeRoot == "" || !filepath.IsAbs(c.HomeRoot) {
+		return fmt.Errorf("config: home_root %q is not an absolute path", c.HomeRoot)
 	}
 	return nil
 }

@@ -37,11 +37,16 @@ node_id = 0190f6a0-0000-7000-8000-000000000001
 fabric_addr = "cp.example:7443"
 gpu_backend = mock-h100
 telemetry_interval = 30s
+state_dir = /var/lib/gantry-nodeagent
+advertise_host = ssh.gpu-01.example
 `, 0o644)
 	c, err := Load(p, false, env(map[string]string{
 		"GANTRY_NODEAGENT_TRANSPORT":   "tcp",
 		"GANTRY_NODEAGENT_GPU_BACKEND": "mock-a100",
 		"GANTRY_NODEAGENT_HOSTNAME":    "", // empty does not override
+		"GANTRY_NODEAGENT_RUNTIME":     "process",
+		"GANTRY_NODEAGENT_SSH_PORT":    "2222",
+		"GANTRY_NODEAGENT_STOP_GRACE":  "3s",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +58,8 @@ telemetry_interval = 30s
 	want.GPUBackend = "mock-a100"
 	want.Transport = "tcp"
 	want.TelemetryInterval = 30 * time.Second
+	want.StateDir, want.AdvertiseHost = "/var/lib/gantry-nodeagent", "ssh.gpu-01.example"
+	want.Runtime, want.SSHPort, want.StopGrace = "process", 2222, 3*time.Second
 	want.Path = p
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -76,6 +83,11 @@ func TestLoadRejects(t *testing.T) {
 		"bad duration":   "telemetry_interval = soon\n",
 		"short interval": "telemetry_interval = 10ms\n",
 		"long value":     "hostname = " + strings.Repeat("h", maxValueBytes+1) + "\n",
+		"ssh port text":  "ssh_port = ssh\n",
+		"ssh port zero":  "ssh_port = 0\n",
+		"ssh port big":   "ssh_port = 65536\n",
+		"grace short":    "stop_grace = 10ms\n",
+		"grace long":     "stop_grace = 1h\n",
 	}
 	for name, body := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -110,6 +122,19 @@ func TestValidate(t *testing.T) {
 	if err := c.Validate(); err == nil {
 		t.Fatal("bad transport accepted")
 	}
+	c.Transport = "auto"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Runtime = "docker"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "runtime") {
+		t.Fatalf("bad runtime: %v", err)
+	}
+	c.Runtime = "linux-user"
+	c.HomeRoot = "homes"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "home_root") {
+		t.Fatalf("relative home_root: %v", err)
+	}
 }
 
 func TestSaveRoundTrip(t *testing.T) {
@@ -117,6 +142,8 @@ func TestSaveRoundTrip(t *testing.T) {
 	p := filepath.Join(dir, "sub", "nodeagent.conf")
 	c := Default()
 	c.ServerURL, c.NodeID, c.FabricAddr, c.Hostname = "https://cp", "id", "cp:7443", "gpu-01"
+	c.Runtime, c.StateDir, c.HomeRoot, c.AdvertiseHost = "linux-user", "/var/lib/gantry-nodeagent", "/srv/homes", "ssh.gpu-01"
+	c.SSHPort, c.StopGrace = 2222, 30*time.Second
 	if err := Save(p, c); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ type globals struct {
 	configPath string
 	transport  string
 	gpuBackend string
+	runtime    string
 }
 
 func newRoot() *cobra.Command {
@@ -71,6 +72,9 @@ func (g *globals) load(cmd *cobra.Command, missingOK bool) (config.Config, error
 	}
 	if f := cmd.Flags().Lookup("gpu-backend"); f != nil && f.Changed {
 		cfg.GPUBackend = g.gpuBackend
+	}
+	if f := cmd.Flags().Lookup("runtime"); f != nil && f.Changed {
+		cfg.Runtime = g.runtime
 	}
 	return cfg, nil
 }
@@ -196,6 +200,7 @@ func runCmd(g *globals) *cobra.Command {
 	}
 	addTransportFlag(cmd, g)
 	addBackendFlag(cmd, g)
+	cmd.Flags().StringVar(&g.runtime, "runtime", "auto", "allocation runtime: auto (process on a mock GPU backend, linux-user on nvml), process or linux-user")
 	return cmd
 }
 

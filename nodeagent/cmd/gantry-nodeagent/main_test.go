@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -75,5 +76,16 @@ func TestEnrollDoesNotFollowRedirects(t *testing.T) {
 	_, err := execute(t, "enroll", "--config", filepath.Join(t.TempDir(), "c.conf"), "--server", redirect.URL)
 	if err == nil || followed {
 		t.Fatalf("redirect followed=%v err=%v", followed, err)
+	}
+}
+
+func TestRunRuntimeFlagIsValidated(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "nodeagent.conf")
+	if err := os.WriteFile(cfg, []byte("node_id = 0190f6a0-0000-7000-8000-000000000001\nfabric_addr = 127.0.0.1:1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := execute(t, "run", "--config", cfg, "--gpu-backend", "mock-h100", "--runtime", "docker")
+	if err == nil || !strings.Contains(err.Error(), `runtime "docker" is not auto, process or linux-user`) {
+		t.Fatalf("err = %v", err)
 	}
 }
