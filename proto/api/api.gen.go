@@ -1124,11 +1124,14 @@ type AddProjectMemberRequest struct {
 
 // Allocation GPUs of one SKU on one node (docs/allocations.md). Every field is always sent; nullable ones are null when absent.
 type Allocation struct {
-	// AccruedCost Rated cost so far; null until usage has been rated.
-	AccruedCost *Money                `json:"accrued_cost"`
-	ActiveAt    *time.Time            `json:"active_at"`
-	Connection  *AllocationConnection `json:"connection"`
-	CreatedAt   time.Time             `json:"created_at"`
+	// AccruedCost What its usage has cost so far in the usage's currency (docs/allocations.md); the rated (booked) amount plus the running part not rated yet. Null until it has been active.
+	AccruedCost *Money     `json:"accrued_cost"`
+	ActiveAt    *time.Time `json:"active_at"`
+
+	// AllocationGroupID The allocation group it was launched in; null for a single launch.
+	AllocationGroupID *openapi_types.UUID   `json:"allocation_group_id"`
+	Connection        *AllocationConnection `json:"connection"`
+	CreatedAt         time.Time             `json:"created_at"`
 
 	// EndedAt When it became released, failed or completed.
 	EndedAt  *time.Time `json:"ended_at"`
@@ -1183,6 +1186,48 @@ type AllocationEventActorType string
 // AllocationEventListResponse defines model for AllocationEventListResponse.
 type AllocationEventListResponse struct {
 	Items      []AllocationEvent `json:"items"`
+	Pagination Pagination        `json:"pagination"`
+}
+
+// AllocationGroup Allocations of one SKU launched together in one region (docs/allocations.md).
+type AllocationGroup struct {
+	// AllocationIds The members, by id.
+	AllocationIds []openapi_types.UUID `json:"allocation_ids"`
+	Count         int                  `json:"count"`
+	CreatedAt     time.Time            `json:"created_at"`
+	ID            openapi_types.UUID   `json:"id"`
+
+	// LiveCount Members not released, failed or completed.
+	LiveCount   int                `json:"live_count"`
+	Name        string             `json:"name"`
+	OwnerUserID openapi_types.UUID `json:"owner_user_id"`
+	ProjectID   openapi_types.UUID `json:"project_id"`
+	RegionCode  string             `json:"region_code"`
+	Sku         string             `json:"sku"`
+	TenantID    openapi_types.UUID `json:"tenant_id"`
+	UpdatedAt   time.Time          `json:"updated_at"`
+}
+
+// AllocationGroupDetail An allocation group with its members (the AllocationGroup fields, declared flat, plus `members`).
+type AllocationGroupDetail struct {
+	AllocationIds []openapi_types.UUID `json:"allocation_ids"`
+	Count         int                  `json:"count"`
+	CreatedAt     time.Time            `json:"created_at"`
+	ID            openapi_types.UUID   `json:"id"`
+	LiveCount     int                  `json:"live_count"`
+	Members       []Allocation         `json:"members"`
+	Name          string               `json:"name"`
+	OwnerUserID   openapi_types.UUID   `json:"owner_user_id"`
+	ProjectID     openapi_types.UUID   `json:"project_id"`
+	RegionCode    string               `json:"region_code"`
+	Sku           string               `json:"sku"`
+	TenantID      openapi_types.UUID   `json:"tenant_id"`
+	UpdatedAt     time.Time            `json:"updated_at"`
+}
+
+// AllocationGroupListResponse defines model for AllocationGroupListResponse.
+type AllocationGroupListResponse struct {
+	Items      []AllocationGroup `json:"items"`
 	Pagination Pagination        `json:"pagination"`
 }
 
@@ -1794,6 +1839,21 @@ type CatalogSKUPrice struct {
 
 	// UnitPrice Exact decimal price of one usage unit (one GPU-second), in major units.
 	UnitPrice string `json:"unit_price"`
+}
+
+// CreateAllocationGroupRequest A gang launch of `count` allocations of one SKU in one region (docs/allocations.md). Members are named `<name>-<n>` (n = 1..count). Without `ssh_key_ids` every key of the caller's account is used.
+type CreateAllocationGroupRequest struct {
+	// Count How many allocations; all are placed or none.
+	Count     int                 `json:"count"`
+	Name      string              `json:"name"`
+	OsImageID *openapi_types.UUID `json:"os_image_id,omitempty"`
+
+	// RegionCode One of the SKU's regions; omitted, the first available region of the SKU that fits every member.
+	RegionCode *string `json:"region_code,omitempty"`
+
+	// Sku SKU id, e.g. `h100-80gb-sxm.1x`.
+	Sku       string               `json:"sku"`
+	SSHKeyIds []openapi_types.UUID `json:"ssh_key_ids,omitempty"`
 }
 
 // CreateAllocationRequest A launch of one SKU. Without `ssh_key_ids` every key of the caller's account is used.
@@ -2507,6 +2567,41 @@ type TenantUserListResponse struct {
 	Pagination Pagination   `json:"pagination"`
 }
 
+// TerminalSession defines model for TerminalSession.
+type TerminalSession struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+
+	// ExpiresAt The token is refused (token_expired) from this instant.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// Reattach Whether the token reattaches to an existing session.
+	Reattach bool `json:"reattach"`
+
+	// SessionID The terminal session the token opens (new, or the one reattached to).
+	SessionID openapi_types.UUID `json:"session_id"`
+
+	// Subprotocols The two subprotocols to offer, in this order.
+	Subprotocols []string `json:"subprotocols"`
+
+	// Token Single-use, base64url; shown only here. Offer it as the subprotocol `gantry.token.<token>`.
+	Token string `json:"token"`
+
+	// WebsocketPath Where to open the WebSocket, e.g. /ws/terminal/{allocation_id}.
+	WebsocketPath string `json:"websocket_path"`
+}
+
+// TerminalSessionCreateRequest defines model for TerminalSessionCreateRequest.
+type TerminalSessionCreateRequest struct {
+	// Cols Initial terminal width in columns.
+	Cols *int `json:"cols,omitempty"`
+
+	// Rows Initial terminal height in rows.
+	Rows *int `json:"rows,omitempty"`
+
+	// SessionID Reattach to this detached session of the caller's (its recent output is replayed).
+	SessionID *openapi_types.UUID `json:"session_id,omitempty"`
+}
+
 // UpdateDepartmentRequest defines model for UpdateDepartmentRequest.
 type UpdateDepartmentRequest struct {
 	DisplayName    *string                   `json:"display_name,omitempty"`
@@ -3133,6 +3228,49 @@ type UpdateTenantParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListAllocationGroupsParams defines parameters for ListAllocationGroups.
+type ListAllocationGroupsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// CreateAllocationGroupParams defines parameters for CreateAllocationGroup.
+type CreateAllocationGroupParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// GetAllocationGroupParams defines parameters for GetAllocationGroup.
+type GetAllocationGroupParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// ReleaseAllocationGroupParams defines parameters for ReleaseAllocationGroup.
+type ReleaseAllocationGroupParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
 // ListAllocationsParams defines parameters for ListAllocations.
 type ListAllocationsParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -3182,6 +3320,24 @@ type ListAllocationEventsParams struct {
 
 // ReleaseAllocationParams defines parameters for ReleaseAllocation.
 type ReleaseAllocationParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// RestartAllocationParams defines parameters for RestartAllocation.
+type RestartAllocationParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// XProjectID Project context of a project-scoped operation. A request without it is rejected with `invalid_request`.
+	XProjectID XProjectID `json:"X-Project-ID"`
+}
+
+// CreateTerminalSessionParams defines parameters for CreateTerminalSession.
+type CreateTerminalSessionParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 
@@ -3388,6 +3544,12 @@ type GetInternalStatsParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// RelayTerminalParams defines parameters for RelayTerminal.
+type RelayTerminalParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // GetMeParams defines parameters for GetMe.
 type GetMeParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
@@ -3576,6 +3738,18 @@ type GetReadinessParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ConnectNotificationsParams defines parameters for ConnectNotifications.
+type ConnectNotificationsParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// OpenTerminalParams defines parameters for OpenTerminal.
+type OpenTerminalParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // CreateBillingAdjustmentJSONRequestBody defines body for CreateBillingAdjustment for application/json ContentType.
 type CreateBillingAdjustmentJSONRequestBody = BillingAdjustmentRequest
 
@@ -3627,8 +3801,14 @@ type CreateTenantJSONRequestBody = CreateTenantRequest
 // UpdateTenantJSONRequestBody defines body for UpdateTenant for application/json ContentType.
 type UpdateTenantJSONRequestBody = UpdateTenantRequest
 
+// CreateAllocationGroupJSONRequestBody defines body for CreateAllocationGroup for application/json ContentType.
+type CreateAllocationGroupJSONRequestBody = CreateAllocationGroupRequest
+
 // CreateAllocationJSONRequestBody defines body for CreateAllocation for application/json ContentType.
 type CreateAllocationJSONRequestBody = CreateAllocationRequest
+
+// CreateTerminalSessionJSONRequestBody defines body for CreateTerminalSession for application/json ContentType.
+type CreateTerminalSessionJSONRequestBody = TerminalSessionCreateRequest
 
 // LoginJSONRequestBody defines body for Login for application/json ContentType.
 type LoginJSONRequestBody = LoginRequest
@@ -4270,6 +4450,45 @@ type ClientInterface interface {
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListAllocationGroups List the project's allocation groups
+	//
+	// Allocation groups of the project in `X-Project-ID`, oldest first (by id), with their members' ids. Any project role may read.
+	//
+	// Corresponds with GET /api/v1/allocation-groups (the `ListAllocationGroups` operationId).
+	ListAllocationGroups(ctx context.Context, params *ListAllocationGroupsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAllocationGroupWithBody Launch a group of allocations, all or nothing
+	//
+	// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+	CreateAllocationGroupWithBody(ctx context.Context, params *CreateAllocationGroupParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateAllocationGroup Launch a group of allocations, all or nothing
+	//
+	// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+	CreateAllocationGroup(ctx context.Context, params *CreateAllocationGroupParams, body CreateAllocationGroupJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetAllocationGroup Get an allocation group with its members
+	//
+	// A group of another project is 404 `allocation_not_found`.
+	//
+	// Corresponds with GET /api/v1/allocation-groups/{allocation_group_id} (the `GetAllocationGroup` operationId).
+	GetAllocationGroup(ctx context.Context, allocationGroupID openapi_types.UUID, params *GetAllocationGroupParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ReleaseAllocationGroup Release every member of a group
+	//
+	// Moves every releasable member to `releasing`, together, in one transaction (members already releasing, released, failed or completed are left as they are). When no member can move: 409 `allocation_already_releasing` if one is releasing or released, else 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`. Audited (`allocation_group.release`).
+	//
+	// Corresponds with POST /api/v1/allocation-groups/{allocation_group_id}/release (the `ReleaseAllocationGroup` operationId).
+	ReleaseAllocationGroup(ctx context.Context, allocationGroupID openapi_types.UUID, params *ReleaseAllocationGroupParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListAllocations List the project's allocations
 	//
 	// Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
@@ -4315,6 +4534,31 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
 	ReleaseAllocation(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RestartAllocation Restart an allocation
+	//
+	// Moves an active, idle, stopped or restart_failed allocation to `restarting` and sends the node agent a restart task; its report moves it to `active` or `restart_failed` (docs/allocation-lifecycle.md). A stopped allocation resumes billing when it is active again, so its launch checks run first: the budget decision (409 `invalid_request`, reason `budget_exceeded`) and the balance runway (402 `insufficient_balance`). Requested, provisioning, restarting, failed, completed or released: 409 `allocation_not_active`; releasing: 409 `allocation_already_releasing`. Viewers: 403 `insufficient_permissions`. Audited (`allocation.restart`).
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/restart (the `RestartAllocation` operationId).
+	RestartAllocation(ctx context.Context, allocationID openapi_types.UUID, params *RestartAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateTerminalSessionWithBody Mint a single-use terminal token
+	//
+	// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+	CreateTerminalSessionWithBody(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateTerminalSession Mint a single-use terminal token
+	//
+	// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+	CreateTerminalSession(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, body CreateTerminalSessionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// LoginWithBody Personal sign-in
 	//
@@ -4615,6 +4859,13 @@ type ClientInterface interface {
 	// Corresponds with GET /api/v1/internal/stats (the `GetInternalStats` operationId).
 	GetInternalStats(ctx context.Context, params *GetInternalStatsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// RelayTerminal Terminal stream relay between control-plane replicas
+	//
+	// Used by a control-plane replica whose terminal WebSocket landed on it while another replica holds the node's tunnel (docs/terminal.md). The bearer is a short-lived relay token signed with a key derived from `GANTRY_MASTER_KEY`, naming this replica, the node, the allocation and the session; it is good for one use. The replica opens the terminal stream to the agent and upgrades to a WebSocket (subprotocol `gantry.terminal-relay.v1`) whose binary messages carry the stream's bytes both ways. Not for clients.
+	//
+	// Corresponds with GET /api/v1/internal/terminal/relay/{allocation_id} (the `RelayTerminal` operationId).
+	RelayTerminal(ctx context.Context, allocationID openapi_types.UUID, params *RelayTerminalParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetMe The caller
 	//
 	// Corresponds with GET /api/v1/me (the `GetMe` operationId).
@@ -4854,6 +5105,32 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadiness(ctx context.Context, params *GetReadinessParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ConnectNotifications Notifications over WebSocket (per-user, per-organization and broadcast channels)
+	//
+	// Upgrades to a WebSocket that pushes the caller's notifications as JSON text messages:
+	// `{"channel": "user:<id>" | "org:<id>" | "broadcast", "type": "<event type>", "data": {...}, "sent_at": "<RFC 3339>"}`.
+	// The connection is subscribed to the caller's user channel, the caller's organization (tenant)
+	// channel and the broadcast channel. Organization messages about a project (allocation status
+	// changes, project budget events) reach only members who can see that project. Delivery is best
+	// effort and not persisted; see docs/notifications.md.
+	//
+	// Authentication: the access token (JWT) of `bearerAuth`, either in `Authorization: Bearer <token>`
+	// or, from browsers, as the WebSocket subprotocol `gantry.bearer.<token>` offered next to
+	// `gantry.notifications.v1` (the server echoes only `gantry.notifications.v1`, which is required).
+	// A query string is refused (a token in a URL ends up in logs). The `Origin` must be the
+	// request's own host or match GANTRY_NOTIFICATIONS_ALLOWED_ORIGINS. Failures before the
+	// upgrade are ErrorResponse envelopes with `route` and `method` in `details`.
+	//
+	// Corresponds with GET /ws/notifications (the `ConnectNotifications` operationId).
+	ConnectNotifications(ctx context.Context, params *ConnectNotificationsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// OpenTerminal WebSocket terminal into an allocation
+	//
+	// A WebSocket upgrade (seed 4.3). The client offers the subprotocols `gantry.terminal.v1` and `gantry.token.<token>` (the token of `createTerminalSession`); the server echoes only `gantry.terminal.v1`. A token in the query string is refused (400 `invalid_request`, `details.reason` token_in_query) and spent. The `Origin`, when sent, must be this host or match `GANTRY_TERMINAL_ALLOWED_ORIGINS` (403 `invalid_request`, reason origin_not_allowed). A missing token is 401 `token_missing`; an unknown, replayed or foreign token 401 `token_invalid`; an expired one 401 `token_expired`. Every failure before the upgrade is an ErrorResponse whose `details` carry `route` and `method`. After the upgrade binary frames carry terminal bytes both ways and text frames carry JSON control messages: `session_ready`, `exit`, `error` and `pong` from the server, `resize` and `ping` from the client (docs/terminal.md).
+	//
+	// Corresponds with GET /ws/terminal/{allocation_id} (the `OpenTerminal` operationId).
+	OpenTerminal(ctx context.Context, allocationID openapi_types.UUID, params *OpenTerminalParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // GetJWKS Public signing keys
@@ -5951,6 +6228,95 @@ func (c *Client) UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, 
 	return c.Client.Do(req)
 }
 
+// ListAllocationGroups List the project's allocation groups
+//
+// Allocation groups of the project in `X-Project-ID`, oldest first (by id), with their members' ids. Any project role may read.
+//
+// Corresponds with GET /api/v1/allocation-groups (the `ListAllocationGroups` operationId).
+func (c *Client) ListAllocationGroups(ctx context.Context, params *ListAllocationGroupsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAllocationGroupsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAllocationGroupWithBody Launch a group of allocations, all or nothing
+//
+// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+func (c *Client) CreateAllocationGroupWithBody(ctx context.Context, params *CreateAllocationGroupParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAllocationGroupRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateAllocationGroup Launch a group of allocations, all or nothing
+//
+// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+func (c *Client) CreateAllocationGroup(ctx context.Context, params *CreateAllocationGroupParams, body CreateAllocationGroupJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateAllocationGroupRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAllocationGroup Get an allocation group with its members
+//
+// A group of another project is 404 `allocation_not_found`.
+//
+// Corresponds with GET /api/v1/allocation-groups/{allocation_group_id} (the `GetAllocationGroup` operationId).
+func (c *Client) GetAllocationGroup(ctx context.Context, allocationGroupID openapi_types.UUID, params *GetAllocationGroupParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAllocationGroupRequest(c.Server, allocationGroupID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ReleaseAllocationGroup Release every member of a group
+//
+// Moves every releasable member to `releasing`, together, in one transaction (members already releasing, released, failed or completed are left as they are). When no member can move: 409 `allocation_already_releasing` if one is releasing or released, else 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`. Audited (`allocation_group.release`).
+//
+// Corresponds with POST /api/v1/allocation-groups/{allocation_group_id}/release (the `ReleaseAllocationGroup` operationId).
+func (c *Client) ReleaseAllocationGroup(ctx context.Context, allocationGroupID openapi_types.UUID, params *ReleaseAllocationGroupParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewReleaseAllocationGroupRequest(c.Server, allocationGroupID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListAllocations List the project's allocations
 //
 // Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
@@ -6047,6 +6413,61 @@ func (c *Client) ListAllocationEvents(ctx context.Context, allocationID openapi_
 // Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
 func (c *Client) ReleaseAllocation(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewReleaseAllocationRequest(c.Server, allocationID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RestartAllocation Restart an allocation
+//
+// Moves an active, idle, stopped or restart_failed allocation to `restarting` and sends the node agent a restart task; its report moves it to `active` or `restart_failed` (docs/allocation-lifecycle.md). A stopped allocation resumes billing when it is active again, so its launch checks run first: the budget decision (409 `invalid_request`, reason `budget_exceeded`) and the balance runway (402 `insufficient_balance`). Requested, provisioning, restarting, failed, completed or released: 409 `allocation_not_active`; releasing: 409 `allocation_already_releasing`. Viewers: 403 `insufficient_permissions`. Audited (`allocation.restart`).
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/restart (the `RestartAllocation` operationId).
+func (c *Client) RestartAllocation(ctx context.Context, allocationID openapi_types.UUID, params *RestartAllocationParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRestartAllocationRequest(c.Server, allocationID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateTerminalSessionWithBody Mint a single-use terminal token
+//
+// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+func (c *Client) CreateTerminalSessionWithBody(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateTerminalSessionRequestWithBody(c.Server, allocationID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateTerminalSession Mint a single-use terminal token
+//
+// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+func (c *Client) CreateTerminalSession(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, body CreateTerminalSessionJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateTerminalSessionRequest(c.Server, allocationID, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -6726,6 +7147,23 @@ func (c *Client) GetInternalStats(ctx context.Context, params *GetInternalStatsP
 	return c.Client.Do(req)
 }
 
+// RelayTerminal Terminal stream relay between control-plane replicas
+//
+// Used by a control-plane replica whose terminal WebSocket landed on it while another replica holds the node's tunnel (docs/terminal.md). The bearer is a short-lived relay token signed with a key derived from `GANTRY_MASTER_KEY`, naming this replica, the node, the allocation and the session; it is good for one use. The replica opens the terminal stream to the agent and upgrades to a WebSocket (subprotocol `gantry.terminal-relay.v1`) whose binary messages carry the stream's bytes both ways. Not for clients.
+//
+// Corresponds with GET /api/v1/internal/terminal/relay/{allocation_id} (the `RelayTerminal` operationId).
+func (c *Client) RelayTerminal(ctx context.Context, allocationID openapi_types.UUID, params *RelayTerminalParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRelayTerminalRequest(c.Server, allocationID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetMe The caller
 //
 // Corresponds with GET /api/v1/me (the `GetMe` operationId).
@@ -7276,6 +7714,52 @@ func (c *Client) GetMetrics(ctx context.Context, params *GetMetricsParams, reqEd
 // Corresponds with GET /readyz (the `GetReadiness` operationId).
 func (c *Client) GetReadiness(ctx context.Context, params *GetReadinessParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetReadinessRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ConnectNotifications Notifications over WebSocket (per-user, per-organization and broadcast channels)
+//
+// Upgrades to a WebSocket that pushes the caller's notifications as JSON text messages:
+// `{"channel": "user:<id>" | "org:<id>" | "broadcast", "type": "<event type>", "data": {...}, "sent_at": "<RFC 3339>"}`.
+// The connection is subscribed to the caller's user channel, the caller's organization (tenant)
+// channel and the broadcast channel. Organization messages about a project (allocation status
+// changes, project budget events) reach only members who can see that project. Delivery is best
+// effort and not persisted; see docs/notifications.md.
+//
+// Authentication: the access token (JWT) of `bearerAuth`, either in `Authorization: Bearer <token>`
+// or, from browsers, as the WebSocket subprotocol `gantry.bearer.<token>` offered next to
+// `gantry.notifications.v1` (the server echoes only `gantry.notifications.v1`, which is required).
+// A query string is refused (a token in a URL ends up in logs). The `Origin` must be the
+// request's own host or match GANTRY_NOTIFICATIONS_ALLOWED_ORIGINS. Failures before the
+// upgrade are ErrorResponse envelopes with `route` and `method` in `details`.
+//
+// Corresponds with GET /ws/notifications (the `ConnectNotifications` operationId).
+func (c *Client) ConnectNotifications(ctx context.Context, params *ConnectNotificationsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewConnectNotificationsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// OpenTerminal WebSocket terminal into an allocation
+//
+// A WebSocket upgrade (seed 4.3). The client offers the subprotocols `gantry.terminal.v1` and `gantry.token.<token>` (the token of `createTerminalSession`); the server echoes only `gantry.terminal.v1`. A token in the query string is refused (400 `invalid_request`, `details.reason` token_in_query) and spent. The `Origin`, when sent, must be this host or match `GANTRY_TERMINAL_ALLOWED_ORIGINS` (403 `invalid_request`, reason origin_not_allowed). A missing token is 401 `token_missing`; an unknown, replayed or foreign token 401 `token_invalid`; an expired one 401 `token_expired`. Every failure before the upgrade is an ErrorResponse whose `details` carry `route` and `method`. After the upgrade binary frames carry terminal bytes both ways and text frames carry JSON control messages: `session_ready`, `exit`, `error` and `pong` from the server, `resize` and `ping` from the client (docs/terminal.md).
+//
+// Corresponds with GET /ws/terminal/{allocation_id} (the `OpenTerminal` operationId).
+func (c *Client) OpenTerminal(ctx context.Context, allocationID openapi_types.UUID, params *OpenTerminalParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenTerminalRequest(c.Server, allocationID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -9901,6 +10385,287 @@ func NewUpdateTenantRequestWithBody(server string, tenantID openapi_types.UUID, 
 	return req, nil
 }
 
+// NewListAllocationGroupsRequest constructs an http.Request for the ListAllocationGroups method
+func NewListAllocationGroupsRequest(server string, params *ListAllocationGroupsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocation-groups")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewCreateAllocationGroupRequest calls the generic CreateAllocationGroup builder with application/json body
+func NewCreateAllocationGroupRequest(server string, params *CreateAllocationGroupParams, body CreateAllocationGroupJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateAllocationGroupRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateAllocationGroupRequestWithBody constructs an http.Request for the CreateAllocationGroup method, with any body, and a specified content type
+func NewCreateAllocationGroupRequestWithBody(server string, params *CreateAllocationGroupParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocation-groups")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+		if params.IdempotencyKey != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam2)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetAllocationGroupRequest constructs an http.Request for the GetAllocationGroup method
+func NewGetAllocationGroupRequest(server string, allocationGroupID openapi_types.UUID, params *GetAllocationGroupParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_group_id", allocationGroupID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocation-groups/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewReleaseAllocationGroupRequest constructs an http.Request for the ReleaseAllocationGroup method
+func NewReleaseAllocationGroupRequest(server string, allocationGroupID openapi_types.UUID, params *ReleaseAllocationGroupParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_group_id", allocationGroupID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocation-groups/%s/release", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
 // NewListAllocationsRequest constructs an http.Request for the ListAllocations method
 func NewListAllocationsRequest(server string, params *ListAllocationsParams) (*http.Request, error) {
 	var err error
@@ -10251,6 +11016,135 @@ func NewReleaseAllocationRequest(server string, allocationID openapi_types.UUID,
 	if err != nil {
 		return nil, err
 	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewRestartAllocationRequest constructs an http.Request for the RestartAllocation method
+func NewRestartAllocationRequest(server string, allocationID openapi_types.UUID, params *RestartAllocationParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations/%s/restart", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "X-Project-ID", params.XProjectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: "uuid"})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("X-Project-ID", headerParam1)
+
+	}
+
+	return req, nil
+}
+
+// NewCreateTerminalSessionRequest calls the generic CreateTerminalSession builder with application/json body
+func NewCreateTerminalSessionRequest(server string, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, body CreateTerminalSessionJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateTerminalSessionRequestWithBody(server, allocationID, params, "application/json", bodyReader)
+}
+
+// NewCreateTerminalSessionRequestWithBody constructs an http.Request for the CreateTerminalSession method, with any body, and a specified content type
+func NewCreateTerminalSessionRequestWithBody(server string, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/allocations/%s/terminal-sessions", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	if params != nil {
 
@@ -11859,6 +12753,55 @@ func NewGetInternalStatsRequest(server string, params *GetInternalStatsParams) (
 	return req, nil
 }
 
+// NewRelayTerminalRequest constructs an http.Request for the RelayTerminal method
+func NewRelayTerminalRequest(server string, allocationID openapi_types.UUID, params *RelayTerminalParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/internal/terminal/relay/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewGetMeRequest constructs an http.Request for the GetMe method
 func NewGetMeRequest(server string, params *GetMeParams) (*http.Request, error) {
 	var err error
@@ -13347,6 +14290,97 @@ func NewGetReadinessRequest(server string, params *GetReadinessParams) (*http.Re
 	return req, nil
 }
 
+// NewConnectNotificationsRequest constructs an http.Request for the ConnectNotifications method
+func NewConnectNotificationsRequest(server string, params *ConnectNotificationsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/ws/notifications")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewOpenTerminalRequest constructs an http.Request for the OpenTerminal method
+func NewOpenTerminalRequest(server string, allocationID openapi_types.UUID, params *OpenTerminalParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "allocation_id", allocationID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/ws/terminal/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -13954,6 +14988,51 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenantWithResponse(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateTenantHTTPResponse, error)
 
+	// ListAllocationGroupsWithResponse List the project's allocation groups
+	//
+	// Allocation groups of the project in `X-Project-ID`, oldest first (by id), with their members' ids. Any project role may read.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/allocation-groups (the `ListAllocationGroups` operationId).
+	ListAllocationGroupsWithResponse(ctx context.Context, params *ListAllocationGroupsParams, reqEditors ...RequestEditorFn) (*ListAllocationGroupsHTTPResponse, error)
+
+	// CreateAllocationGroupWithBodyWithResponse Launch a group of allocations, all or nothing
+	//
+	// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+	CreateAllocationGroupWithBodyWithResponse(ctx context.Context, params *CreateAllocationGroupParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAllocationGroupHTTPResponse, error)
+
+	// CreateAllocationGroupWithResponse Launch a group of allocations, all or nothing
+	//
+	// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+	CreateAllocationGroupWithResponse(ctx context.Context, params *CreateAllocationGroupParams, body CreateAllocationGroupJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAllocationGroupHTTPResponse, error)
+
+	// GetAllocationGroupWithResponse Get an allocation group with its members
+	//
+	// A group of another project is 404 `allocation_not_found`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/allocation-groups/{allocation_group_id} (the `GetAllocationGroup` operationId).
+	GetAllocationGroupWithResponse(ctx context.Context, allocationGroupID openapi_types.UUID, params *GetAllocationGroupParams, reqEditors ...RequestEditorFn) (*GetAllocationGroupHTTPResponse, error)
+
+	// ReleaseAllocationGroupWithResponse Release every member of a group
+	//
+	// Moves every releasable member to `releasing`, together, in one transaction (members already releasing, released, failed or completed are left as they are). When no member can move: 409 `allocation_already_releasing` if one is releasing or released, else 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`. Audited (`allocation_group.release`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocation-groups/{allocation_group_id}/release (the `ReleaseAllocationGroup` operationId).
+	ReleaseAllocationGroupWithResponse(ctx context.Context, allocationGroupID openapi_types.UUID, params *ReleaseAllocationGroupParams, reqEditors ...RequestEditorFn) (*ReleaseAllocationGroupHTTPResponse, error)
+
 	// ListAllocationsWithResponse List the project's allocations
 	//
 	// Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
@@ -14007,6 +15086,33 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/allocations/{allocation_id}/release (the `ReleaseAllocation` operationId).
 	ReleaseAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *ReleaseAllocationParams, reqEditors ...RequestEditorFn) (*ReleaseAllocationHTTPResponse, error)
+
+	// RestartAllocationWithResponse Restart an allocation
+	//
+	// Moves an active, idle, stopped or restart_failed allocation to `restarting` and sends the node agent a restart task; its report moves it to `active` or `restart_failed` (docs/allocation-lifecycle.md). A stopped allocation resumes billing when it is active again, so its launch checks run first: the budget decision (409 `invalid_request`, reason `budget_exceeded`) and the balance runway (402 `insufficient_balance`). Requested, provisioning, restarting, failed, completed or released: 409 `allocation_not_active`; releasing: 409 `allocation_already_releasing`. Viewers: 403 `insufficient_permissions`. Audited (`allocation.restart`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/restart (the `RestartAllocation` operationId).
+	RestartAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *RestartAllocationParams, reqEditors ...RequestEditorFn) (*RestartAllocationHTTPResponse, error)
+
+	// CreateTerminalSessionWithBodyWithResponse Mint a single-use terminal token
+	//
+	// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+	CreateTerminalSessionWithBodyWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTerminalSessionHTTPResponse, error)
+
+	// CreateTerminalSessionWithResponse Mint a single-use terminal token
+	//
+	// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+	CreateTerminalSessionWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, body CreateTerminalSessionJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTerminalSessionHTTPResponse, error)
 
 	// LoginWithBodyWithResponse Personal sign-in
 	//
@@ -14341,6 +15447,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /api/v1/internal/stats (the `GetInternalStats` operationId).
 	GetInternalStatsWithResponse(ctx context.Context, params *GetInternalStatsParams, reqEditors ...RequestEditorFn) (*GetInternalStatsHTTPResponse, error)
 
+	// RelayTerminalWithResponse Terminal stream relay between control-plane replicas
+	//
+	// Used by a control-plane replica whose terminal WebSocket landed on it while another replica holds the node's tunnel (docs/terminal.md). The bearer is a short-lived relay token signed with a key derived from `GANTRY_MASTER_KEY`, naming this replica, the node, the allocation and the session; it is good for one use. The replica opens the terminal stream to the agent and upgrades to a WebSocket (subprotocol `gantry.terminal-relay.v1`) whose binary messages carry the stream's bytes both ways. Not for clients.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/internal/terminal/relay/{allocation_id} (the `RelayTerminal` operationId).
+	RelayTerminalWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *RelayTerminalParams, reqEditors ...RequestEditorFn) (*RelayTerminalHTTPResponse, error)
+
 	// GetMeWithResponse The caller
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -14614,6 +15729,36 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /readyz (the `GetReadiness` operationId).
 	GetReadinessWithResponse(ctx context.Context, params *GetReadinessParams, reqEditors ...RequestEditorFn) (*GetReadinessHTTPResponse, error)
+
+	// ConnectNotificationsWithResponse Notifications over WebSocket (per-user, per-organization and broadcast channels)
+	//
+	// Upgrades to a WebSocket that pushes the caller's notifications as JSON text messages:
+	// `{"channel": "user:<id>" | "org:<id>" | "broadcast", "type": "<event type>", "data": {...}, "sent_at": "<RFC 3339>"}`.
+	// The connection is subscribed to the caller's user channel, the caller's organization (tenant)
+	// channel and the broadcast channel. Organization messages about a project (allocation status
+	// changes, project budget events) reach only members who can see that project. Delivery is best
+	// effort and not persisted; see docs/notifications.md.
+	//
+	// Authentication: the access token (JWT) of `bearerAuth`, either in `Authorization: Bearer <token>`
+	// or, from browsers, as the WebSocket subprotocol `gantry.bearer.<token>` offered next to
+	// `gantry.notifications.v1` (the server echoes only `gantry.notifications.v1`, which is required).
+	// A query string is refused (a token in a URL ends up in logs). The `Origin` must be the
+	// request's own host or match GANTRY_NOTIFICATIONS_ALLOWED_ORIGINS. Failures before the
+	// upgrade are ErrorResponse envelopes with `route` and `method` in `details`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /ws/notifications (the `ConnectNotifications` operationId).
+	ConnectNotificationsWithResponse(ctx context.Context, params *ConnectNotificationsParams, reqEditors ...RequestEditorFn) (*ConnectNotificationsHTTPResponse, error)
+
+	// OpenTerminalWithResponse WebSocket terminal into an allocation
+	//
+	// A WebSocket upgrade (seed 4.3). The client offers the subprotocols `gantry.terminal.v1` and `gantry.token.<token>` (the token of `createTerminalSession`); the server echoes only `gantry.terminal.v1`. A token in the query string is refused (400 `invalid_request`, `details.reason` token_in_query) and spent. The `Origin`, when sent, must be this host or match `GANTRY_TERMINAL_ALLOWED_ORIGINS` (403 `invalid_request`, reason origin_not_allowed). A missing token is 401 `token_missing`; an unknown, replayed or foreign token 401 `token_invalid`; an expired one 401 `token_expired`. Every failure before the upgrade is an ErrorResponse whose `details` carry `route` and `method`. After the upgrade binary frames carry terminal bytes both ways and text frames carry JSON control messages: `session_ready`, `exit`, `error` and `pong` from the server, `resize` and `ping` from the client (docs/terminal.md).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /ws/terminal/{allocation_id} (the `OpenTerminal` operationId).
+	OpenTerminalWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *OpenTerminalParams, reqEditors ...RequestEditorFn) (*OpenTerminalHTTPResponse, error)
 }
 
 // GetJWKSHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetJWKS
@@ -21447,6 +22592,696 @@ func (r UpdateTenantHTTPResponse) ContentType() string {
 	return ""
 }
 
+// ListAllocationGroupsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAllocationGroupsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAllocationGroups
+type ListAllocationGroupsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAllocationGroupsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AllocationGroupListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAllocationGroupsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAllocationGroupsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAllocationGroupsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAllocationGroupsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAllocationGroupsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAllocationGroupsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAllocationGroupsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAllocationGroupsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON200() *AllocationGroupListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAllocationGroupsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAllocationGroupsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAllocationGroupsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAllocationGroupsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAllocationGroupsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateAllocationGroupHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse402Headers the declared response headers of an HTTP 402 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse402Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse404Headers the declared response headers of an HTTP 404 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateAllocationGroupHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateAllocationGroup
+type CreateAllocationGroupHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateAllocationGroupHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *AllocationGroupDetail
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON402 the response for an HTTP 402 `application/json` response
+	JSON402 *PaymentRequired
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateAllocationGroupHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateAllocationGroupHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateAllocationGroupHTTPResponse401Headers
+	// Headers402 the parsed response headers for an HTTP 402 response
+	Headers402 *CreateAllocationGroupHTTPResponse402Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateAllocationGroupHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreateAllocationGroupHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateAllocationGroupHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateAllocationGroupHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateAllocationGroupHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateAllocationGroupHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateAllocationGroupHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateAllocationGroupHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON201() *AllocationGroupDetail {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON402 returns the response for an HTTP 402 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON402() *PaymentRequired {
+	return r.JSON402
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateAllocationGroupHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateAllocationGroupHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateAllocationGroupHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateAllocationGroupHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateAllocationGroupHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAllocationGroupHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse400Headers the declared response headers of an HTTP 400 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetAllocationGroupHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetAllocationGroup
+type GetAllocationGroupHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetAllocationGroupHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AllocationGroupDetail
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetAllocationGroupHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetAllocationGroupHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAllocationGroupHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAllocationGroupHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAllocationGroupHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetAllocationGroupHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAllocationGroupHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetAllocationGroupHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAllocationGroupHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON200() *AllocationGroupDetail {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAllocationGroupHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAllocationGroupHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAllocationGroupHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAllocationGroupHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAllocationGroupHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ReleaseAllocationGroupHTTPResponse200Headers the declared response headers of an HTTP 200 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse400Headers the declared response headers of an HTTP 400 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse401Headers the declared response headers of an HTTP 401 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse403Headers the declared response headers of an HTTP 403 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse404Headers the declared response headers of an HTTP 404 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse409Headers the declared response headers of an HTTP 409 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse422Headers the declared response headers of an HTTP 422 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse429Headers the declared response headers of an HTTP 429 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse500Headers the declared response headers of an HTTP 500 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ReleaseAllocationGroupHTTPResponse503Headers the declared response headers of an HTTP 503 response for ReleaseAllocationGroup
+type ReleaseAllocationGroupHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ReleaseAllocationGroupHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AllocationGroupDetail
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ReleaseAllocationGroupHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ReleaseAllocationGroupHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ReleaseAllocationGroupHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ReleaseAllocationGroupHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *ReleaseAllocationGroupHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *ReleaseAllocationGroupHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ReleaseAllocationGroupHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ReleaseAllocationGroupHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ReleaseAllocationGroupHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ReleaseAllocationGroupHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON200() *AllocationGroupDetail {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ReleaseAllocationGroupHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ReleaseAllocationGroupHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ReleaseAllocationGroupHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ReleaseAllocationGroupHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ReleaseAllocationGroupHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListAllocationsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAllocations
 type ListAllocationsHTTPResponse200Headers struct {
 	XRequestID *string
@@ -22293,6 +24128,372 @@ func (r ReleaseAllocationHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ReleaseAllocationHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RestartAllocationHTTPResponse200Headers the declared response headers of an HTTP 200 response for RestartAllocation
+type RestartAllocationHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse400Headers the declared response headers of an HTTP 400 response for RestartAllocation
+type RestartAllocationHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse401Headers the declared response headers of an HTTP 401 response for RestartAllocation
+type RestartAllocationHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse402Headers the declared response headers of an HTTP 402 response for RestartAllocation
+type RestartAllocationHTTPResponse402Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse403Headers the declared response headers of an HTTP 403 response for RestartAllocation
+type RestartAllocationHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse404Headers the declared response headers of an HTTP 404 response for RestartAllocation
+type RestartAllocationHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse409Headers the declared response headers of an HTTP 409 response for RestartAllocation
+type RestartAllocationHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse422Headers the declared response headers of an HTTP 422 response for RestartAllocation
+type RestartAllocationHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse429Headers the declared response headers of an HTTP 429 response for RestartAllocation
+type RestartAllocationHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse500Headers the declared response headers of an HTTP 500 response for RestartAllocation
+type RestartAllocationHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// RestartAllocationHTTPResponse503Headers the declared response headers of an HTTP 503 response for RestartAllocation
+type RestartAllocationHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type RestartAllocationHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Allocation
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON402 the response for an HTTP 402 `application/json` response
+	JSON402 *PaymentRequired
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *RestartAllocationHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RestartAllocationHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RestartAllocationHTTPResponse401Headers
+	// Headers402 the parsed response headers for an HTTP 402 response
+	Headers402 *RestartAllocationHTTPResponse402Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *RestartAllocationHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *RestartAllocationHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *RestartAllocationHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *RestartAllocationHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RestartAllocationHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RestartAllocationHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RestartAllocationHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON200() *Allocation {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON402 returns the response for an HTTP 402 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON402() *PaymentRequired {
+	return r.JSON402
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RestartAllocationHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RestartAllocationHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RestartAllocationHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RestartAllocationHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RestartAllocationHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateTerminalSessionHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse404Headers the declared response headers of an HTTP 404 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateTerminalSessionHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateTerminalSession
+type CreateTerminalSessionHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateTerminalSessionHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *TerminalSession
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateTerminalSessionHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateTerminalSessionHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateTerminalSessionHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateTerminalSessionHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreateTerminalSessionHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateTerminalSessionHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateTerminalSessionHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateTerminalSessionHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateTerminalSessionHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateTerminalSessionHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON201() *TerminalSession {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateTerminalSessionHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateTerminalSessionHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateTerminalSessionHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateTerminalSessionHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateTerminalSessionHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -26364,6 +28565,161 @@ func (r GetInternalStatsHTTPResponse) ContentType() string {
 	return ""
 }
 
+// RelayTerminalHTTPResponse101Headers the declared response headers of an HTTP 101 response for RelayTerminal
+type RelayTerminalHTTPResponse101Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse400Headers the declared response headers of an HTTP 400 response for RelayTerminal
+type RelayTerminalHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse401Headers the declared response headers of an HTTP 401 response for RelayTerminal
+type RelayTerminalHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse409Headers the declared response headers of an HTTP 409 response for RelayTerminal
+type RelayTerminalHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse422Headers the declared response headers of an HTTP 422 response for RelayTerminal
+type RelayTerminalHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse429Headers the declared response headers of an HTTP 429 response for RelayTerminal
+type RelayTerminalHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse500Headers the declared response headers of an HTTP 500 response for RelayTerminal
+type RelayTerminalHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse502Headers the declared response headers of an HTTP 502 response for RelayTerminal
+type RelayTerminalHTTPResponse502Headers struct {
+	XRequestID *string
+}
+
+// RelayTerminalHTTPResponse503Headers the declared response headers of an HTTP 503 response for RelayTerminal
+type RelayTerminalHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type RelayTerminalHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *BadGateway
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers101 the parsed response headers for an HTTP 101 response
+	Headers101 *RelayTerminalHTTPResponse101Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RelayTerminalHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RelayTerminalHTTPResponse401Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *RelayTerminalHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *RelayTerminalHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RelayTerminalHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RelayTerminalHTTPResponse500Headers
+	// Headers502 the parsed response headers for an HTTP 502 response
+	Headers502 *RelayTerminalHTTPResponse502Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RelayTerminalHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON502() *BadGateway {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RelayTerminalHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RelayTerminalHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RelayTerminalHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RelayTerminalHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RelayTerminalHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetMeHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetMe
 type GetMeHTTPResponse200Headers struct {
 	XRequestID *string
@@ -30096,6 +32452,316 @@ func (r GetReadinessHTTPResponse) ContentType() string {
 	return ""
 }
 
+// ConnectNotificationsHTTPResponse101Headers the declared response headers of an HTTP 101 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse101Headers struct {
+	XRequestID *string
+}
+
+// ConnectNotificationsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ConnectNotificationsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ConnectNotificationsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ConnectNotificationsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ConnectNotificationsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ConnectNotificationsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ConnectNotifications
+type ConnectNotificationsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ConnectNotificationsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers101 the parsed response headers for an HTTP 101 response
+	Headers101 *ConnectNotificationsHTTPResponse101Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ConnectNotificationsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ConnectNotificationsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ConnectNotificationsHTTPResponse403Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ConnectNotificationsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ConnectNotificationsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ConnectNotificationsHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ConnectNotificationsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ConnectNotificationsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ConnectNotificationsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ConnectNotificationsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ConnectNotificationsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ConnectNotificationsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ConnectNotificationsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ConnectNotificationsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ConnectNotificationsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ConnectNotificationsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// OpenTerminalHTTPResponse101Headers the declared response headers of an HTTP 101 response for OpenTerminal
+type OpenTerminalHTTPResponse101Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse400Headers the declared response headers of an HTTP 400 response for OpenTerminal
+type OpenTerminalHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse401Headers the declared response headers of an HTTP 401 response for OpenTerminal
+type OpenTerminalHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse403Headers the declared response headers of an HTTP 403 response for OpenTerminal
+type OpenTerminalHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse404Headers the declared response headers of an HTTP 404 response for OpenTerminal
+type OpenTerminalHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse409Headers the declared response headers of an HTTP 409 response for OpenTerminal
+type OpenTerminalHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse422Headers the declared response headers of an HTTP 422 response for OpenTerminal
+type OpenTerminalHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse429Headers the declared response headers of an HTTP 429 response for OpenTerminal
+type OpenTerminalHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse500Headers the declared response headers of an HTTP 500 response for OpenTerminal
+type OpenTerminalHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse502Headers the declared response headers of an HTTP 502 response for OpenTerminal
+type OpenTerminalHTTPResponse502Headers struct {
+	XRequestID *string
+}
+
+// OpenTerminalHTTPResponse503Headers the declared response headers of an HTTP 503 response for OpenTerminal
+type OpenTerminalHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type OpenTerminalHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON502 the response for an HTTP 502 `application/json` response
+	JSON502 *BadGateway
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers101 the parsed response headers for an HTTP 101 response
+	Headers101 *OpenTerminalHTTPResponse101Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *OpenTerminalHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *OpenTerminalHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *OpenTerminalHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *OpenTerminalHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *OpenTerminalHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *OpenTerminalHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *OpenTerminalHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *OpenTerminalHTTPResponse500Headers
+	// Headers502 the parsed response headers for an HTTP 502 response
+	Headers502 *OpenTerminalHTTPResponse502Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *OpenTerminalHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON502 returns the response for an HTTP 502 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON502() *BadGateway {
+	return r.JSON502
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r OpenTerminalHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenTerminalHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenTerminalHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenTerminalHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenTerminalHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetJWKSWithResponse Public signing keys
 //
 // Returns a wrapper object for the known response body format(s).
@@ -31007,6 +33673,81 @@ func (c *ClientWithResponses) UpdateTenantWithResponse(ctx context.Context, tena
 	return ParseUpdateTenantHTTPResponse(rsp)
 }
 
+// ListAllocationGroupsWithResponse List the project's allocation groups
+//
+// Allocation groups of the project in `X-Project-ID`, oldest first (by id), with their members' ids. Any project role may read.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/allocation-groups (the `ListAllocationGroups` operationId).
+func (c *ClientWithResponses) ListAllocationGroupsWithResponse(ctx context.Context, params *ListAllocationGroupsParams, reqEditors ...RequestEditorFn) (*ListAllocationGroupsHTTPResponse, error) {
+	rsp, err := c.ListAllocationGroups(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAllocationGroupsHTTPResponse(rsp)
+}
+
+// CreateAllocationGroupWithBodyWithResponse Launch a group of allocations, all or nothing
+//
+// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+func (c *ClientWithResponses) CreateAllocationGroupWithBodyWithResponse(ctx context.Context, params *CreateAllocationGroupParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateAllocationGroupHTTPResponse, error) {
+	rsp, err := c.CreateAllocationGroupWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAllocationGroupHTTPResponse(rsp)
+}
+
+// CreateAllocationGroupWithResponse Launch a group of allocations, all or nothing
+//
+// `count` allocations of one SKU in one region, placed across nodes in one transaction: every member or none. The checks of a single launch run first, in the same order, for the whole group: the SKU (404 `sku_not_found`); the caller's role (viewer: 403 `insufficient_permissions`); a resolvable SSH key (422 `validation_error`); the budget decision and the balance runway for `count` x the SKU's GPUs (409 `invalid_request` reason `budget_exceeded`; 402 `insufficient_balance`); the project's concurrency limit counting `count` allocations (429 `allocation_concurrency_limit`); capacity for every member in one region (409 `sku_unavailable`). A refusal writes nothing.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocation-groups (the `CreateAllocationGroup` operationId).
+func (c *ClientWithResponses) CreateAllocationGroupWithResponse(ctx context.Context, params *CreateAllocationGroupParams, body CreateAllocationGroupJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateAllocationGroupHTTPResponse, error) {
+	rsp, err := c.CreateAllocationGroup(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateAllocationGroupHTTPResponse(rsp)
+}
+
+// GetAllocationGroupWithResponse Get an allocation group with its members
+//
+// A group of another project is 404 `allocation_not_found`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/allocation-groups/{allocation_group_id} (the `GetAllocationGroup` operationId).
+func (c *ClientWithResponses) GetAllocationGroupWithResponse(ctx context.Context, allocationGroupID openapi_types.UUID, params *GetAllocationGroupParams, reqEditors ...RequestEditorFn) (*GetAllocationGroupHTTPResponse, error) {
+	rsp, err := c.GetAllocationGroup(ctx, allocationGroupID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAllocationGroupHTTPResponse(rsp)
+}
+
+// ReleaseAllocationGroupWithResponse Release every member of a group
+//
+// Moves every releasable member to `releasing`, together, in one transaction (members already releasing, released, failed or completed are left as they are). When no member can move: 409 `allocation_already_releasing` if one is releasing or released, else 409 `allocation_not_active`. Viewers: 403 `insufficient_permissions`. Audited (`allocation_group.release`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocation-groups/{allocation_group_id}/release (the `ReleaseAllocationGroup` operationId).
+func (c *ClientWithResponses) ReleaseAllocationGroupWithResponse(ctx context.Context, allocationGroupID openapi_types.UUID, params *ReleaseAllocationGroupParams, reqEditors ...RequestEditorFn) (*ReleaseAllocationGroupHTTPResponse, error) {
+	rsp, err := c.ReleaseAllocationGroup(ctx, allocationGroupID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseReleaseAllocationGroupHTTPResponse(rsp)
+}
+
 // ListAllocationsWithResponse List the project's allocations
 //
 // Allocations of the project in `X-Project-ID`, oldest first (by id), every status included. Any project role may read.
@@ -31095,6 +33836,51 @@ func (c *ClientWithResponses) ReleaseAllocationWithResponse(ctx context.Context,
 		return nil, err
 	}
 	return ParseReleaseAllocationHTTPResponse(rsp)
+}
+
+// RestartAllocationWithResponse Restart an allocation
+//
+// Moves an active, idle, stopped or restart_failed allocation to `restarting` and sends the node agent a restart task; its report moves it to `active` or `restart_failed` (docs/allocation-lifecycle.md). A stopped allocation resumes billing when it is active again, so its launch checks run first: the budget decision (409 `invalid_request`, reason `budget_exceeded`) and the balance runway (402 `insufficient_balance`). Requested, provisioning, restarting, failed, completed or released: 409 `allocation_not_active`; releasing: 409 `allocation_already_releasing`. Viewers: 403 `insufficient_permissions`. Audited (`allocation.restart`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/restart (the `RestartAllocation` operationId).
+func (c *ClientWithResponses) RestartAllocationWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *RestartAllocationParams, reqEditors ...RequestEditorFn) (*RestartAllocationHTTPResponse, error) {
+	rsp, err := c.RestartAllocation(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRestartAllocationHTTPResponse(rsp)
+}
+
+// CreateTerminalSessionWithBodyWithResponse Mint a single-use terminal token
+//
+// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+func (c *ClientWithResponses) CreateTerminalSessionWithBodyWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateTerminalSessionHTTPResponse, error) {
+	rsp, err := c.CreateTerminalSessionWithBody(ctx, allocationID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateTerminalSessionHTTPResponse(rsp)
+}
+
+// CreateTerminalSessionWithResponse Mint a single-use terminal token
+//
+// Mints the token that opens `GET /ws/terminal/{allocation_id}` (docs/terminal.md): 32 random bytes, base64url, valid for 60 seconds and for one WebSocket only, bound to the caller, the project and the allocation, and stored only as its SHA-256. The token is shown once, here. The allocation must be running (`active` or `idle`), else 409 `allocation_not_active`; viewers get 403 `insufficient_permissions`; an allocation of another project is 404 `allocation_not_found`. With `session_id` the token reattaches to the caller's own detached session of this allocation (422 `validation_error`, `details.reason` session_not_found, when there is none to reattach to).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/allocations/{allocation_id}/terminal-sessions (the `CreateTerminalSession` operationId).
+func (c *ClientWithResponses) CreateTerminalSessionWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *CreateTerminalSessionParams, body CreateTerminalSessionJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateTerminalSessionHTTPResponse, error) {
+	rsp, err := c.CreateTerminalSession(ctx, allocationID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateTerminalSessionHTTPResponse(rsp)
 }
 
 // LoginWithBodyWithResponse Personal sign-in
@@ -31652,6 +34438,21 @@ func (c *ClientWithResponses) GetInternalStatsWithResponse(ctx context.Context, 
 	return ParseGetInternalStatsHTTPResponse(rsp)
 }
 
+// RelayTerminalWithResponse Terminal stream relay between control-plane replicas
+//
+// Used by a control-plane replica whose terminal WebSocket landed on it while another replica holds the node's tunnel (docs/terminal.md). The bearer is a short-lived relay token signed with a key derived from `GANTRY_MASTER_KEY`, naming this replica, the node, the allocation and the session; it is good for one use. The replica opens the terminal stream to the agent and upgrades to a WebSocket (subprotocol `gantry.terminal-relay.v1`) whose binary messages carry the stream's bytes both ways. Not for clients.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/internal/terminal/relay/{allocation_id} (the `RelayTerminal` operationId).
+func (c *ClientWithResponses) RelayTerminalWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *RelayTerminalParams, reqEditors ...RequestEditorFn) (*RelayTerminalHTTPResponse, error) {
+	rsp, err := c.RelayTerminal(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRelayTerminalHTTPResponse(rsp)
+}
+
 // GetMeWithResponse The caller
 //
 // Returns a wrapper object for the known response body format(s).
@@ -32116,6 +34917,48 @@ func (c *ClientWithResponses) GetReadinessWithResponse(ctx context.Context, para
 		return nil, err
 	}
 	return ParseGetReadinessHTTPResponse(rsp)
+}
+
+// ConnectNotificationsWithResponse Notifications over WebSocket (per-user, per-organization and broadcast channels)
+//
+// Upgrades to a WebSocket that pushes the caller's notifications as JSON text messages:
+// `{"channel": "user:<id>" | "org:<id>" | "broadcast", "type": "<event type>", "data": {...}, "sent_at": "<RFC 3339>"}`.
+// The connection is subscribed to the caller's user channel, the caller's organization (tenant)
+// channel and the broadcast channel. Organization messages about a project (allocation status
+// changes, project budget events) reach only members who can see that project. Delivery is best
+// effort and not persisted; see docs/notifications.md.
+//
+// Authentication: the access token (JWT) of `bearerAuth`, either in `Authorization: Bearer <token>`
+// or, from browsers, as the WebSocket subprotocol `gantry.bearer.<token>` offered next to
+// `gantry.notifications.v1` (the server echoes only `gantry.notifications.v1`, which is required).
+// A query string is refused (a token in a URL ends up in logs). The `Origin` must be the
+// request's own host or match GANTRY_NOTIFICATIONS_ALLOWED_ORIGINS. Failures before the
+// upgrade are ErrorResponse envelopes with `route` and `method` in `details`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /ws/notifications (the `ConnectNotifications` operationId).
+func (c *ClientWithResponses) ConnectNotificationsWithResponse(ctx context.Context, params *ConnectNotificationsParams, reqEditors ...RequestEditorFn) (*ConnectNotificationsHTTPResponse, error) {
+	rsp, err := c.ConnectNotifications(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseConnectNotificationsHTTPResponse(rsp)
+}
+
+// OpenTerminalWithResponse WebSocket terminal into an allocation
+//
+// A WebSocket upgrade (seed 4.3). The client offers the subprotocols `gantry.terminal.v1` and `gantry.token.<token>` (the token of `createTerminalSession`); the server echoes only `gantry.terminal.v1`. A token in the query string is refused (400 `invalid_request`, `details.reason` token_in_query) and spent. The `Origin`, when sent, must be this host or match `GANTRY_TERMINAL_ALLOWED_ORIGINS` (403 `invalid_request`, reason origin_not_allowed). A missing token is 401 `token_missing`; an unknown, replayed or foreign token 401 `token_invalid`; an expired one 401 `token_expired`. Every failure before the upgrade is an ErrorResponse whose `details` carry `route` and `method`. After the upgrade binary frames carry terminal bytes both ways and text frames carry JSON control messages: `session_ready`, `exit`, `error` and `pong` from the server, `resize` and `ping` from the client (docs/terminal.md).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /ws/terminal/{allocation_id} (the `OpenTerminal` operationId).
+func (c *ClientWithResponses) OpenTerminalWithResponse(ctx context.Context, allocationID openapi_types.UUID, params *OpenTerminalParams, reqEditors ...RequestEditorFn) (*OpenTerminalHTTPResponse, error) {
+	rsp, err := c.OpenTerminal(ctx, allocationID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenTerminalHTTPResponse(rsp)
 }
 
 // ParseGetJWKSHTTPResponse parses an HTTP response from a GetJWKSWithResponse call
@@ -40110,6 +42953,813 @@ func ParseUpdateTenantHTTPResponse(rsp *http.Response) (*UpdateTenantHTTPRespons
 	return response, nil
 }
 
+// ParseListAllocationGroupsHTTPResponse parses an HTTP response from a ListAllocationGroupsWithResponse call
+func ParseListAllocationGroupsHTTPResponse(rsp *http.Response) (*ListAllocationGroupsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAllocationGroupsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AllocationGroupListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAllocationGroupsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAllocationGroupsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAllocationGroupsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAllocationGroupsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAllocationGroupsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAllocationGroupsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAllocationGroupsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAllocationGroupsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateAllocationGroupHTTPResponse parses an HTTP response from a CreateAllocationGroupWithResponse call
+func ParseCreateAllocationGroupHTTPResponse(rsp *http.Response) (*CreateAllocationGroupHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateAllocationGroupHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest AllocationGroupDetail
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 402:
+		var dest PaymentRequired
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON402 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateAllocationGroupHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateAllocationGroupHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateAllocationGroupHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 402:
+		var headers CreateAllocationGroupHTTPResponse402Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers402 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateAllocationGroupHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreateAllocationGroupHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateAllocationGroupHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateAllocationGroupHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateAllocationGroupHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateAllocationGroupHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateAllocationGroupHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateAllocationGroupHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAllocationGroupHTTPResponse parses an HTTP response from a GetAllocationGroupWithResponse call
+func ParseGetAllocationGroupHTTPResponse(rsp *http.Response) (*GetAllocationGroupHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAllocationGroupHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AllocationGroupDetail
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetAllocationGroupHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers GetAllocationGroupHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAllocationGroupHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAllocationGroupHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAllocationGroupHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetAllocationGroupHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAllocationGroupHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetAllocationGroupHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAllocationGroupHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseReleaseAllocationGroupHTTPResponse parses an HTTP response from a ReleaseAllocationGroupWithResponse call
+func ParseReleaseAllocationGroupHTTPResponse(rsp *http.Response) (*ReleaseAllocationGroupHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReleaseAllocationGroupHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AllocationGroupDetail
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ReleaseAllocationGroupHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ReleaseAllocationGroupHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ReleaseAllocationGroupHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ReleaseAllocationGroupHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers ReleaseAllocationGroupHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers ReleaseAllocationGroupHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers ReleaseAllocationGroupHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ReleaseAllocationGroupHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ReleaseAllocationGroupHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ReleaseAllocationGroupHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListAllocationsHTTPResponse parses an HTTP response from a ListAllocationsWithResponse call
 func ParseListAllocationsHTTPResponse(rsp *http.Response) (*ListAllocationsHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -41086,6 +44736,435 @@ func ParseReleaseAllocationHTTPResponse(rsp *http.Response) (*ReleaseAllocationH
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers ReleaseAllocationHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRestartAllocationHTTPResponse parses an HTTP response from a RestartAllocationWithResponse call
+func ParseRestartAllocationHTTPResponse(rsp *http.Response) (*RestartAllocationHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RestartAllocationHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Allocation
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 402:
+		var dest PaymentRequired
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON402 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers RestartAllocationHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers RestartAllocationHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RestartAllocationHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 402:
+		var headers RestartAllocationHTTPResponse402Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers402 = &headers
+	case rsp.StatusCode == 403:
+		var headers RestartAllocationHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers RestartAllocationHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers RestartAllocationHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers RestartAllocationHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers RestartAllocationHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers RestartAllocationHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers RestartAllocationHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateTerminalSessionHTTPResponse parses an HTTP response from a CreateTerminalSessionWithResponse call
+func ParseCreateTerminalSessionHTTPResponse(rsp *http.Response) (*CreateTerminalSessionHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateTerminalSessionHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest TerminalSession
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateTerminalSessionHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateTerminalSessionHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateTerminalSessionHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateTerminalSessionHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreateTerminalSessionHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateTerminalSessionHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateTerminalSessionHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateTerminalSessionHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateTerminalSessionHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateTerminalSessionHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -45837,6 +49916,191 @@ func ParseGetInternalStatsHTTPResponse(rsp *http.Response) (*GetInternalStatsHTT
 	return response, nil
 }
 
+// ParseRelayTerminalHTTPResponse parses an HTTP response from a RelayTerminalWithResponse call
+func ParseRelayTerminalHTTPResponse(rsp *http.Response) (*RelayTerminalHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RelayTerminalHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		var headers RelayTerminalHTTPResponse101Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers101 = &headers
+	case rsp.StatusCode == 400:
+		var headers RelayTerminalHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RelayTerminalHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 409:
+		var headers RelayTerminalHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers RelayTerminalHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers RelayTerminalHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers RelayTerminalHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 502:
+		var headers RelayTerminalHTTPResponse502Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers502 = &headers
+	case rsp.StatusCode == 503:
+		var headers RelayTerminalHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetMeHTTPResponse parses an HTTP response from a GetMeWithResponse call
 func ParseGetMeHTTPResponse(rsp *http.Response) (*GetMeHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -50169,6 +54433,376 @@ func ParseGetReadinessHTTPResponse(rsp *http.Response) (*GetReadinessHTTPRespons
 	return response, nil
 }
 
+// ParseConnectNotificationsHTTPResponse parses an HTTP response from a ConnectNotificationsWithResponse call
+func ParseConnectNotificationsHTTPResponse(rsp *http.Response) (*ConnectNotificationsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ConnectNotificationsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		var headers ConnectNotificationsHTTPResponse101Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers101 = &headers
+	case rsp.StatusCode == 400:
+		var headers ConnectNotificationsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ConnectNotificationsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ConnectNotificationsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 429:
+		var headers ConnectNotificationsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ConnectNotificationsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ConnectNotificationsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseOpenTerminalHTTPResponse parses an HTTP response from a OpenTerminalWithResponse call
+func ParseOpenTerminalHTTPResponse(rsp *http.Response) (*OpenTerminalHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &OpenTerminalHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest BadGateway
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 101:
+		var headers OpenTerminalHTTPResponse101Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers101 = &headers
+	case rsp.StatusCode == 400:
+		var headers OpenTerminalHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers OpenTerminalHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers OpenTerminalHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers OpenTerminalHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers OpenTerminalHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers OpenTerminalHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers OpenTerminalHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers OpenTerminalHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 502:
+		var headers OpenTerminalHTTPResponse502Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers502 = &headers
+	case rsp.StatusCode == 503:
+		var headers OpenTerminalHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
 	// GetJWKS Public signing keys
@@ -50294,6 +54928,18 @@ type ServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(w http.ResponseWriter, r *http.Request, tenantID openapi_types.UUID, params UpdateTenantParams)
+	// ListAllocationGroups List the project's allocation groups
+	// (GET /api/v1/allocation-groups)
+	ListAllocationGroups(w http.ResponseWriter, r *http.Request, params ListAllocationGroupsParams)
+	// CreateAllocationGroup Launch a group of allocations, all or nothing
+	// (POST /api/v1/allocation-groups)
+	CreateAllocationGroup(w http.ResponseWriter, r *http.Request, params CreateAllocationGroupParams)
+	// GetAllocationGroup Get an allocation group with its members
+	// (GET /api/v1/allocation-groups/{allocation_group_id})
+	GetAllocationGroup(w http.ResponseWriter, r *http.Request, allocationGroupID openapi_types.UUID, params GetAllocationGroupParams)
+	// ReleaseAllocationGroup Release every member of a group
+	// (POST /api/v1/allocation-groups/{allocation_group_id}/release)
+	ReleaseAllocationGroup(w http.ResponseWriter, r *http.Request, allocationGroupID openapi_types.UUID, params ReleaseAllocationGroupParams)
 	// ListAllocations List the project's allocations
 	// (GET /api/v1/allocations)
 	ListAllocations(w http.ResponseWriter, r *http.Request, params ListAllocationsParams)
@@ -50309,6 +54955,12 @@ type ServerInterface interface {
 	// ReleaseAllocation Release an allocation
 	// (POST /api/v1/allocations/{allocation_id}/release)
 	ReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ReleaseAllocationParams)
+	// RestartAllocation Restart an allocation
+	// (POST /api/v1/allocations/{allocation_id}/restart)
+	RestartAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params RestartAllocationParams)
+	// CreateTerminalSession Mint a single-use terminal token
+	// (POST /api/v1/allocations/{allocation_id}/terminal-sessions)
+	CreateTerminalSession(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params CreateTerminalSessionParams)
 	// Login Personal sign-in
 	// (POST /api/v1/auth/login)
 	Login(w http.ResponseWriter, r *http.Request, params LoginParams)
@@ -50390,6 +55042,9 @@ type ServerInterface interface {
 	// GetInternalStats Secured JSON stats
 	// (GET /api/v1/internal/stats)
 	GetInternalStats(w http.ResponseWriter, r *http.Request, params GetInternalStatsParams)
+	// RelayTerminal Terminal stream relay between control-plane replicas
+	// (GET /api/v1/internal/terminal/relay/{allocation_id})
+	RelayTerminal(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params RelayTerminalParams)
 	// GetMe The caller
 	// (GET /api/v1/me)
 	GetMe(w http.ResponseWriter, r *http.Request, params GetMeParams)
@@ -50465,6 +55120,12 @@ type ServerInterface interface {
 	// GetReadiness Readiness: PostgreSQL and NATS answer
 	// (GET /readyz)
 	GetReadiness(w http.ResponseWriter, r *http.Request, params GetReadinessParams)
+	// ConnectNotifications Notifications over WebSocket (per-user, per-organization and broadcast channels)
+	// (GET /ws/notifications)
+	ConnectNotifications(w http.ResponseWriter, r *http.Request, params ConnectNotificationsParams)
+	// OpenTerminal WebSocket terminal into an allocation
+	// (GET /ws/terminal/{allocation_id})
+	OpenTerminal(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params OpenTerminalParams)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -50717,6 +55378,30 @@ func (_ Unimplemented) UpdateTenant(w http.ResponseWriter, r *http.Request, tena
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListAllocationGroups List the project's allocation groups
+// (GET /api/v1/allocation-groups)
+func (_ Unimplemented) ListAllocationGroups(w http.ResponseWriter, r *http.Request, params ListAllocationGroupsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateAllocationGroup Launch a group of allocations, all or nothing
+// (POST /api/v1/allocation-groups)
+func (_ Unimplemented) CreateAllocationGroup(w http.ResponseWriter, r *http.Request, params CreateAllocationGroupParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetAllocationGroup Get an allocation group with its members
+// (GET /api/v1/allocation-groups/{allocation_group_id})
+func (_ Unimplemented) GetAllocationGroup(w http.ResponseWriter, r *http.Request, allocationGroupID openapi_types.UUID, params GetAllocationGroupParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ReleaseAllocationGroup Release every member of a group
+// (POST /api/v1/allocation-groups/{allocation_group_id}/release)
+func (_ Unimplemented) ReleaseAllocationGroup(w http.ResponseWriter, r *http.Request, allocationGroupID openapi_types.UUID, params ReleaseAllocationGroupParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListAllocations List the project's allocations
 // (GET /api/v1/allocations)
 func (_ Unimplemented) ListAllocations(w http.ResponseWriter, r *http.Request, params ListAllocationsParams) {
@@ -50744,6 +55429,18 @@ func (_ Unimplemented) ListAllocationEvents(w http.ResponseWriter, r *http.Reque
 // ReleaseAllocation Release an allocation
 // (POST /api/v1/allocations/{allocation_id}/release)
 func (_ Unimplemented) ReleaseAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params ReleaseAllocationParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// RestartAllocation Restart an allocation
+// (POST /api/v1/allocations/{allocation_id}/restart)
+func (_ Unimplemented) RestartAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params RestartAllocationParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateTerminalSession Mint a single-use terminal token
+// (POST /api/v1/allocations/{allocation_id}/terminal-sessions)
+func (_ Unimplemented) CreateTerminalSession(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params CreateTerminalSessionParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -50909,6 +55606,12 @@ func (_ Unimplemented) GetInternalStats(w http.ResponseWriter, r *http.Request, 
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// RelayTerminal Terminal stream relay between control-plane replicas
+// (GET /api/v1/internal/terminal/relay/{allocation_id})
+func (_ Unimplemented) RelayTerminal(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params RelayTerminalParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetMe The caller
 // (GET /api/v1/me)
 func (_ Unimplemented) GetMe(w http.ResponseWriter, r *http.Request, params GetMeParams) {
@@ -51056,6 +55759,18 @@ func (_ Unimplemented) GetMetrics(w http.ResponseWriter, r *http.Request, params
 // GetReadiness Readiness: PostgreSQL and NATS answer
 // (GET /readyz)
 func (_ Unimplemented) GetReadiness(w http.ResponseWriter, r *http.Request, params GetReadinessParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ConnectNotifications Notifications over WebSocket (per-user, per-organization and broadcast channels)
+// (GET /ws/notifications)
+func (_ Unimplemented) ConnectNotifications(w http.ResponseWriter, r *http.Request, params ConnectNotificationsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// OpenTerminal WebSocket terminal into an allocation
+// (GET /ws/terminal/{allocation_id})
+func (_ Unimplemented) OpenTerminal(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params OpenTerminalParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -53449,6 +58164,325 @@ func (siw *ServerInterfaceWrapper) UpdateTenant(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// ListAllocationGroups operation middleware
+func (siw *ServerInterfaceWrapper) ListAllocationGroups(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAllocationGroupsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAllocationGroups(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateAllocationGroup operation middleware
+func (siw *ServerInterfaceWrapper) CreateAllocationGroup(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateAllocationGroupParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateAllocationGroup(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetAllocationGroup operation middleware
+func (siw *ServerInterfaceWrapper) GetAllocationGroup(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_group_id" -------------
+	var allocationGroupID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_group_id", chi.URLParam(r, "allocation_group_id"), &allocationGroupID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_group_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetAllocationGroupParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetAllocationGroup(w, r, allocationGroupID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ReleaseAllocationGroup operation middleware
+func (siw *ServerInterfaceWrapper) ReleaseAllocationGroup(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_group_id" -------------
+	var allocationGroupID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_group_id", chi.URLParam(r, "allocation_group_id"), &allocationGroupID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_group_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ReleaseAllocationGroupParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ReleaseAllocationGroup(w, r, allocationGroupID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListAllocations operation middleware
 func (siw *ServerInterfaceWrapper) ListAllocations(w http.ResponseWriter, r *http.Request) {
 
@@ -53858,6 +58892,152 @@ func (siw *ServerInterfaceWrapper) ReleaseAllocation(w http.ResponseWriter, r *h
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ReleaseAllocation(w, r, allocationID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RestartAllocation operation middleware
+func (siw *ServerInterfaceWrapper) RestartAllocation(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RestartAllocationParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RestartAllocation(w, r, allocationID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateTerminalSession operation middleware
+func (siw *ServerInterfaceWrapper) CreateTerminalSession(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateTerminalSessionParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Required header parameter "X-Project-ID" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Project-ID")]; found {
+		var XProjectID XProjectID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Project-ID", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Project-ID", valueList[0], &XProjectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uuid"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Project-ID", Err: err})
+			return
+		}
+
+		params.XProjectID = XProjectID
+
+	} else {
+		err := fmt.Errorf("Header parameter X-Project-ID is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "X-Project-ID", Err: err})
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateTerminalSession(w, r, allocationID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -55262,6 +60442,56 @@ func (siw *ServerInterfaceWrapper) GetInternalStats(w http.ResponseWriter, r *ht
 	handler.ServeHTTP(w, r)
 }
 
+// RelayTerminal operation middleware
+func (siw *ServerInterfaceWrapper) RelayTerminal(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RelayTerminalParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RelayTerminal(w, r, allocationID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetMe operation middleware
 func (siw *ServerInterfaceWrapper) GetMe(w http.ResponseWriter, r *http.Request) {
 
@@ -56639,6 +61869,97 @@ func (siw *ServerInterfaceWrapper) GetReadiness(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// ConnectNotifications operation middleware
+func (siw *ServerInterfaceWrapper) ConnectNotifications(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ConnectNotificationsParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ConnectNotifications(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// OpenTerminal operation middleware
+func (siw *ServerInterfaceWrapper) OpenTerminal(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "allocation_id" -------------
+	var allocationID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "allocation_id", chi.URLParam(r, "allocation_id"), &allocationID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "allocation_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params OpenTerminalParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.OpenTerminal(w, r, allocationID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -57041,10 +62362,37 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/api/v1/allocations/{allocation_id}/release", wrapper.ReleaseAllocation)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/allocations/{allocation_id}/restart", wrapper.RestartAllocation)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/allocation-groups", wrapper.ListAllocationGroups)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/allocation-groups", wrapper.CreateAllocationGroup)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/allocation-groups/{allocation_group_id}", wrapper.GetAllocationGroup)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/allocation-groups/{allocation_group_id}/release", wrapper.ReleaseAllocationGroup)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/admin/allocations", wrapper.ListAdminAllocations)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/admin/allocations/{allocation_id}/force-release", wrapper.ForceReleaseAllocation)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/ws/notifications", wrapper.ConnectNotifications)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/allocations/{allocation_id}/terminal-sessions", wrapper.CreateTerminalSession)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/ws/terminal/{allocation_id}", wrapper.OpenTerminal)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/internal/terminal/relay/{allocation_id}", wrapper.RelayTerminal)
 	})
 
 	return r
@@ -64571,6 +69919,756 @@ func (response UpdateTenant503JSONResponse) VisitUpdateTenantResponse(w http.Res
 	return err
 }
 
+type ListAllocationGroupsRequestObject struct {
+	Params ListAllocationGroupsParams
+}
+
+type ListAllocationGroupsResponseObject interface {
+	VisitListAllocationGroupsResponse(w http.ResponseWriter) error
+}
+
+type ListAllocationGroups200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAllocationGroups200JSONResponse struct {
+	Body    AllocationGroupListResponse
+	Headers ListAllocationGroups200ResponseHeaders
+}
+
+func (response ListAllocationGroups200JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAllocationGroups400JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAllocationGroups401JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAllocationGroups403JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAllocationGroups422JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAllocationGroups429JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAllocationGroups500JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAllocationGroups503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAllocationGroups503JSONResponse) VisitListAllocationGroupsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroupRequestObject struct {
+	Params CreateAllocationGroupParams
+	Body   *CreateAllocationGroupJSONRequestBody
+}
+
+type CreateAllocationGroupResponseObject interface {
+	VisitCreateAllocationGroupResponse(w http.ResponseWriter) error
+}
+
+type CreateAllocationGroup201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateAllocationGroup201JSONResponse struct {
+	Body    AllocationGroupDetail
+	Headers CreateAllocationGroup201ResponseHeaders
+}
+
+func (response CreateAllocationGroup201JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateAllocationGroup400JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateAllocationGroup401JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup402JSONResponse struct{ PaymentRequiredJSONResponse }
+
+func (response CreateAllocationGroup402JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(402)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateAllocationGroup403JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreateAllocationGroup404JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateAllocationGroup409JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateAllocationGroup413JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateAllocationGroup422JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateAllocationGroup429JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateAllocationGroup500JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateAllocationGroup503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateAllocationGroup503JSONResponse) VisitCreateAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroupRequestObject struct {
+	AllocationGroupID openapi_types.UUID `json:"allocation_group_id"`
+	Params            GetAllocationGroupParams
+}
+
+type GetAllocationGroupResponseObject interface {
+	VisitGetAllocationGroupResponse(w http.ResponseWriter) error
+}
+
+type GetAllocationGroup200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetAllocationGroup200JSONResponse struct {
+	Body    AllocationGroupDetail
+	Headers GetAllocationGroup200ResponseHeaders
+}
+
+func (response GetAllocationGroup200JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetAllocationGroup400JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetAllocationGroup401JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetAllocationGroup403JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetAllocationGroup404JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetAllocationGroup422JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetAllocationGroup429JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetAllocationGroup500JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAllocationGroup503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetAllocationGroup503JSONResponse) VisitGetAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroupRequestObject struct {
+	AllocationGroupID openapi_types.UUID `json:"allocation_group_id"`
+	Params            ReleaseAllocationGroupParams
+}
+
+type ReleaseAllocationGroupResponseObject interface {
+	VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error
+}
+
+type ReleaseAllocationGroup200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ReleaseAllocationGroup200JSONResponse struct {
+	Body    AllocationGroupDetail
+	Headers ReleaseAllocationGroup200ResponseHeaders
+}
+
+func (response ReleaseAllocationGroup200JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ReleaseAllocationGroup400JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ReleaseAllocationGroup401JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ReleaseAllocationGroup403JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response ReleaseAllocationGroup404JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup409JSONResponse struct{ ConflictJSONResponse }
+
+func (response ReleaseAllocationGroup409JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ReleaseAllocationGroup422JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ReleaseAllocationGroup429JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ReleaseAllocationGroup500JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ReleaseAllocationGroup503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ReleaseAllocationGroup503JSONResponse) VisitReleaseAllocationGroupResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListAllocationsRequestObject struct {
 	Params ListAllocationsParams
 }
@@ -65479,6 +71577,408 @@ func (response ReleaseAllocation500JSONResponse) VisitReleaseAllocationResponse(
 type ReleaseAllocation503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response ReleaseAllocation503JSONResponse) VisitReleaseAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocationRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       RestartAllocationParams
+}
+
+type RestartAllocationResponseObject interface {
+	VisitRestartAllocationResponse(w http.ResponseWriter) error
+}
+
+type RestartAllocation200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type RestartAllocation200JSONResponse struct {
+	Body    Allocation
+	Headers RestartAllocation200ResponseHeaders
+}
+
+func (response RestartAllocation200JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response RestartAllocation400JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response RestartAllocation401JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation402JSONResponse struct{ PaymentRequiredJSONResponse }
+
+func (response RestartAllocation402JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(402)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response RestartAllocation403JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response RestartAllocation404JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation409JSONResponse struct{ ConflictJSONResponse }
+
+func (response RestartAllocation409JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response RestartAllocation422JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response RestartAllocation429JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response RestartAllocation500JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RestartAllocation503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response RestartAllocation503JSONResponse) VisitRestartAllocationResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSessionRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       CreateTerminalSessionParams
+	Body         *CreateTerminalSessionJSONRequestBody
+}
+
+type CreateTerminalSessionResponseObject interface {
+	VisitCreateTerminalSessionResponse(w http.ResponseWriter) error
+}
+
+type CreateTerminalSession201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateTerminalSession201JSONResponse struct {
+	Body    TerminalSession
+	Headers CreateTerminalSession201ResponseHeaders
+}
+
+func (response CreateTerminalSession201JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateTerminalSession400JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateTerminalSession401JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateTerminalSession403JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreateTerminalSession404JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateTerminalSession409JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateTerminalSession422JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateTerminalSession429JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateTerminalSession500JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateTerminalSession503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateTerminalSession503JSONResponse) VisitCreateTerminalSessionResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -69837,6 +76337,173 @@ func (response GetInternalStats503JSONResponse) VisitGetInternalStatsResponse(w 
 	return err
 }
 
+type RelayTerminalRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       RelayTerminalParams
+}
+
+type RelayTerminalResponseObject interface {
+	VisitRelayTerminalResponse(w http.ResponseWriter) error
+}
+
+type RelayTerminal101ResponseHeaders struct {
+	XRequestID *string
+}
+
+type RelayTerminal101Response struct {
+	Headers RelayTerminal101ResponseHeaders
+}
+
+func (response RelayTerminal101Response) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(101)
+	return nil
+}
+
+type RelayTerminal400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response RelayTerminal400JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response RelayTerminal401JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal409JSONResponse struct{ ConflictJSONResponse }
+
+func (response RelayTerminal409JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response RelayTerminal422JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response RelayTerminal429JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response RelayTerminal500JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal502JSONResponse struct{ BadGatewayJSONResponse }
+
+func (response RelayTerminal502JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(502)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RelayTerminal503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response RelayTerminal503JSONResponse) VisitRelayTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetMeRequestObject struct {
 	Params GetMeParams
 }
@@ -73834,6 +80501,339 @@ func (response GetReadiness503JSONResponse) VisitGetReadinessResponse(w http.Res
 	return err
 }
 
+type ConnectNotificationsRequestObject struct {
+	Params ConnectNotificationsParams
+}
+
+type ConnectNotificationsResponseObject interface {
+	VisitConnectNotificationsResponse(w http.ResponseWriter) error
+}
+
+type ConnectNotifications101ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ConnectNotifications101Response struct {
+	Headers ConnectNotifications101ResponseHeaders
+}
+
+func (response ConnectNotifications101Response) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(101)
+	return nil
+}
+
+type ConnectNotifications400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ConnectNotifications400JSONResponse) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ConnectNotifications401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ConnectNotifications401JSONResponse) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ConnectNotifications403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ConnectNotifications403JSONResponse) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ConnectNotifications429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ConnectNotifications429JSONResponse) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ConnectNotifications500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ConnectNotifications500JSONResponse) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ConnectNotifications503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ConnectNotifications503JSONResponse) VisitConnectNotificationsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminalRequestObject struct {
+	AllocationID openapi_types.UUID `json:"allocation_id"`
+	Params       OpenTerminalParams
+}
+
+type OpenTerminalResponseObject interface {
+	VisitOpenTerminalResponse(w http.ResponseWriter) error
+}
+
+type OpenTerminal101ResponseHeaders struct {
+	XRequestID *string
+}
+
+type OpenTerminal101Response struct {
+	Headers OpenTerminal101ResponseHeaders
+}
+
+func (response OpenTerminal101Response) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(101)
+	return nil
+}
+
+type OpenTerminal400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response OpenTerminal400JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response OpenTerminal401JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response OpenTerminal403JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response OpenTerminal404JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal409JSONResponse struct{ ConflictJSONResponse }
+
+func (response OpenTerminal409JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response OpenTerminal422JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response OpenTerminal429JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response OpenTerminal500JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal502JSONResponse struct{ BadGatewayJSONResponse }
+
+func (response OpenTerminal502JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(502)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type OpenTerminal503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response OpenTerminal503JSONResponse) VisitOpenTerminalResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// GetJWKS Public signing keys
@@ -73959,6 +80959,18 @@ type StrictServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(ctx context.Context, request UpdateTenantRequestObject) (UpdateTenantResponseObject, error)
+	// ListAllocationGroups List the project's allocation groups
+	// (GET /api/v1/allocation-groups)
+	ListAllocationGroups(ctx context.Context, request ListAllocationGroupsRequestObject) (ListAllocationGroupsResponseObject, error)
+	// CreateAllocationGroup Launch a group of allocations, all or nothing
+	// (POST /api/v1/allocation-groups)
+	CreateAllocationGroup(ctx context.Context, request CreateAllocationGroupRequestObject) (CreateAllocationGroupResponseObject, error)
+	// GetAllocationGroup Get an allocation group with its members
+	// (GET /api/v1/allocation-groups/{allocation_group_id})
+	GetAllocationGroup(ctx context.Context, request GetAllocationGroupRequestObject) (GetAllocationGroupResponseObject, error)
+	// ReleaseAllocationGroup Release every member of a group
+	// (POST /api/v1/allocation-groups/{allocation_group_id}/release)
+	ReleaseAllocationGroup(ctx context.Context, request ReleaseAllocationGroupRequestObject) (ReleaseAllocationGroupResponseObject, error)
 	// ListAllocations List the project's allocations
 	// (GET /api/v1/allocations)
 	ListAllocations(ctx context.Context, request ListAllocationsRequestObject) (ListAllocationsResponseObject, error)
@@ -73974,6 +80986,12 @@ type StrictServerInterface interface {
 	// ReleaseAllocation Release an allocation
 	// (POST /api/v1/allocations/{allocation_id}/release)
 	ReleaseAllocation(ctx context.Context, request ReleaseAllocationRequestObject) (ReleaseAllocationResponseObject, error)
+	// RestartAllocation Restart an allocation
+	// (POST /api/v1/allocations/{allocation_id}/restart)
+	RestartAllocation(ctx context.Context, request RestartAllocationRequestObject) (RestartAllocationResponseObject, error)
+	// CreateTerminalSession Mint a single-use terminal token
+	// (POST /api/v1/allocations/{allocation_id}/terminal-sessions)
+	CreateTerminalSession(ctx context.Context, request CreateTerminalSessionRequestObject) (CreateTerminalSessionResponseObject, error)
 	// Login Personal sign-in
 	// (POST /api/v1/auth/login)
 	Login(ctx context.Context, request LoginRequestObject) (LoginResponseObject, error)
@@ -74055,6 +81073,9 @@ type StrictServerInterface interface {
 	// GetInternalStats Secured JSON stats
 	// (GET /api/v1/internal/stats)
 	GetInternalStats(ctx context.Context, request GetInternalStatsRequestObject) (GetInternalStatsResponseObject, error)
+	// RelayTerminal Terminal stream relay between control-plane replicas
+	// (GET /api/v1/internal/terminal/relay/{allocation_id})
+	RelayTerminal(ctx context.Context, request RelayTerminalRequestObject) (RelayTerminalResponseObject, error)
 	// GetMe The caller
 	// (GET /api/v1/me)
 	GetMe(ctx context.Context, request GetMeRequestObject) (GetMeResponseObject, error)
@@ -74130,6 +81151,12 @@ type StrictServerInterface interface {
 	// GetReadiness Readiness: PostgreSQL and NATS answer
 	// (GET /readyz)
 	GetReadiness(ctx context.Context, request GetReadinessRequestObject) (GetReadinessResponseObject, error)
+	// ConnectNotifications Notifications over WebSocket (per-user, per-organization and broadcast channels)
+	// (GET /ws/notifications)
+	ConnectNotifications(ctx context.Context, request ConnectNotificationsRequestObject) (ConnectNotificationsResponseObject, error)
+	// OpenTerminal WebSocket terminal into an allocation
+	// (GET /ws/terminal/{allocation_id})
+	OpenTerminal(ctx context.Context, request OpenTerminalRequestObject) (OpenTerminalResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -75378,6 +82405,119 @@ func (sh *strictHandler) UpdateTenant(w http.ResponseWriter, r *http.Request, te
 	}
 }
 
+// ListAllocationGroups operation middleware
+func (sh *strictHandler) ListAllocationGroups(w http.ResponseWriter, r *http.Request, params ListAllocationGroupsParams) {
+	var request ListAllocationGroupsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAllocationGroups(ctx, request.(ListAllocationGroupsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAllocationGroups")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAllocationGroupsResponseObject); ok {
+		if err := validResponse.VisitListAllocationGroupsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateAllocationGroup operation middleware
+func (sh *strictHandler) CreateAllocationGroup(w http.ResponseWriter, r *http.Request, params CreateAllocationGroupParams) {
+	var request CreateAllocationGroupRequestObject
+
+	request.Params = params
+
+	var body CreateAllocationGroupJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateAllocationGroup(ctx, request.(CreateAllocationGroupRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateAllocationGroup")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateAllocationGroupResponseObject); ok {
+		if err := validResponse.VisitCreateAllocationGroupResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetAllocationGroup operation middleware
+func (sh *strictHandler) GetAllocationGroup(w http.ResponseWriter, r *http.Request, allocationGroupID openapi_types.UUID, params GetAllocationGroupParams) {
+	var request GetAllocationGroupRequestObject
+
+	request.AllocationGroupID = allocationGroupID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetAllocationGroup(ctx, request.(GetAllocationGroupRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetAllocationGroup")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetAllocationGroupResponseObject); ok {
+		if err := validResponse.VisitGetAllocationGroupResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ReleaseAllocationGroup operation middleware
+func (sh *strictHandler) ReleaseAllocationGroup(w http.ResponseWriter, r *http.Request, allocationGroupID openapi_types.UUID, params ReleaseAllocationGroupParams) {
+	var request ReleaseAllocationGroupRequestObject
+
+	request.AllocationGroupID = allocationGroupID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ReleaseAllocationGroup(ctx, request.(ReleaseAllocationGroupRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ReleaseAllocationGroup")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ReleaseAllocationGroupResponseObject); ok {
+		if err := validResponse.VisitReleaseAllocationGroupResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListAllocations operation middleware
 func (sh *strictHandler) ListAllocations(w http.ResponseWriter, r *http.Request, params ListAllocationsParams) {
 	var request ListAllocationsRequestObject
@@ -75511,6 +82651,67 @@ func (sh *strictHandler) ReleaseAllocation(w http.ResponseWriter, r *http.Reques
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ReleaseAllocationResponseObject); ok {
 		if err := validResponse.VisitReleaseAllocationResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// RestartAllocation operation middleware
+func (sh *strictHandler) RestartAllocation(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params RestartAllocationParams) {
+	var request RestartAllocationRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RestartAllocation(ctx, request.(RestartAllocationRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RestartAllocation")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RestartAllocationResponseObject); ok {
+		if err := validResponse.VisitRestartAllocationResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateTerminalSession operation middleware
+func (sh *strictHandler) CreateTerminalSession(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params CreateTerminalSessionParams) {
+	var request CreateTerminalSessionRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	var body CreateTerminalSessionJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateTerminalSession(ctx, request.(CreateTerminalSessionRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateTerminalSession")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateTerminalSessionResponseObject); ok {
+		if err := validResponse.VisitCreateTerminalSessionResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -76299,6 +83500,33 @@ func (sh *strictHandler) GetInternalStats(w http.ResponseWriter, r *http.Request
 	}
 }
 
+// RelayTerminal operation middleware
+func (sh *strictHandler) RelayTerminal(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params RelayTerminalParams) {
+	var request RelayTerminalRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RelayTerminal(ctx, request.(RelayTerminalRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RelayTerminal")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RelayTerminalResponseObject); ok {
+		if err := validResponse.VisitRelayTerminalResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetMe operation middleware
 func (sh *strictHandler) GetMe(w http.ResponseWriter, r *http.Request, params GetMeParams) {
 	var request GetMeRequestObject
@@ -77013,441 +84241,550 @@ func (sh *strictHandler) GetReadiness(w http.ResponseWriter, r *http.Request, pa
 	}
 }
 
+// ConnectNotifications operation middleware
+func (sh *strictHandler) ConnectNotifications(w http.ResponseWriter, r *http.Request, params ConnectNotificationsParams) {
+	var request ConnectNotificationsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ConnectNotifications(ctx, request.(ConnectNotificationsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ConnectNotifications")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ConnectNotificationsResponseObject); ok {
+		if err := validResponse.VisitConnectNotificationsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// OpenTerminal operation middleware
+func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, allocationID openapi_types.UUID, params OpenTerminalParams) {
+	var request OpenTerminalRequestObject
+
+	request.AllocationID = allocationID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.OpenTerminal(ctx, request.(OpenTerminalRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "OpenTerminal")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(OpenTerminalResponseObject); ok {
+		if err := validResponse.VisitOpenTerminalResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
 // Stored as a slice of fixed-width chunks rather than one concatenated
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7P17c9s4sjeOvxWUf+epyOdIsp3bzsZ16imPk8x4c/PPl515znqPBJEtCWsK4ACgZW1q3vu30AB4EylR",
-	"suw4jvaPnZgice3+oLvRl687gZjEggPXaufN150x0BAk/vMMtJwdDTVI81cIKpAs1kzwnTc75xAIHiqi",
-	"BZlSpskAhkICkeYTxkfdnfaOCsYwoebTCeNskkx23uy3d/Qshp03O4xrGIHc+fPP9s7vZ/BHAkqfhPP9",
-	"HAspIaLmL8JCIoZEj003+AFpmT8CGkUgnynye8c11DkJ20RIIjiQiekpJIMZfqhA3oDcLQ2P3n4EPtLj",
-	"nTcHz39Kh6i0ZHy086cZYkwlnYB2C3OUhEyfC6kr1kVITYQMQXbJcSKVkIpQCWQgEh6a1cJRmJcSBSGZ",
-	"joGbRzMyBQmEKZVAaEbHTGN/JCBnO+0dTic4INNjfuD/IWG482bn/7eXbeGe/VXtpWP8YgaD6/wziyLG",
-	"R5eKjmDZ6M1KS2pWLjGvk4hxUBsZWHkU2fjses2P6ktM/0iAxHTEuKWEAN8kQykmpJ8973K41T37Y79u",
-	"sPbnOgJ4dfC8beg1JYh5cmjvvJdiMj9MNzESg2QiJJGYgrT7XjcUM/7CQIZCTqjeebMTUg0dzSaw086P",
-	"7vXLquGchDCJhQYezD7AbH5gn+g1KEJJIIFqIIoOIZpZVqWDCN4QSiTEQDWZMj22FEonQK5hRigPyUCE",
-	"5vU4ojNlf9VCQkhainKm2b8h3CUSVCy4gnSqFkeyueYG2TGjXMSAy9b/1JAO+zeYb6vWNaYj6CnzQr6X",
-	"EIY0ifTOm1f7uKgWkp7v77czgDqoBKgLsXS3kzhetttabGCvfz+V4l8QVGKl+4kEgmu41YaFKYntw44K",
-	"RAwhETFIyyvkKIVRs+0i0YRpwhSRYD4w4GSooc/4DY1Y2HMv92t3+PeOG0Dn5O1Oe8e8zySEO2+0TKBy",
-	"5knCwuKkX7yunPSiAwLRv6OSOI4YhCQoHBhtAsFYQEgYwmzhiEhpltiZdMlFekLgsaHwAEGIpgMFXC+Y",
-	"etbsqkeLHwWeLD/T8BeqYUqRjXEjOeI0NdMLcFp7/1Jm5l8b4u07KYU8c53YLosreMRJEistgU5ICDHw",
-	"0DApGVIWGSbv+x97YFrq4+GZkxIKc68Zi3t9L7eROJCfaeiePNx0P9HIECCEKfkLs91KGW72rNOaI/tD",
-	"QiMlzGkzmwDXPcVGnOpEQs+92W+TvgFGgz0x1eOelvQGpKJRv00oCYEb8uQiBMOTAyCayhHoTS7nseDD",
-	"iAUPuJi+x+zkCBIpgWuitDlrWv3/7NFIAg1nPbhlSqt+2/0UuE9Vm1DDqu540Om2KM2iiMiEc8ZHm1ym",
-	"90IOWBgCf0AeS/RYSPZvi0uOFgyRqWQ4ZAEzFBWDRDIU3CxSn4YTxnseRc0TMeUg1ZjFhadKQ9xLis9o",
-	"HPe40D3gmunIPUv02PShBKdRL2TKnP3ZL8A1yFgyBcWWCl+lv2xyO05Mz5xGuIgPtyWXHG5je9A5zEd8",
-	"w12xA7oHwPss9HsjIzzcNC9QXVIikQGQUIAiXGiCvGiAj9m/b5higwi8gmJVKuReQ0ZDM+SNrsMpnUWC",
-	"hhdCfDQo+NDLYQEG5VqmSGSGIIkeU55TEp8pEtC44iRok34ImrJIdSVQJXgfW+ppIXrY1IYXyhw3Z6kw",
-	"9VALdZKDJjKgEeUBlBHLPd4oZZyDvGEBXHJ6Q1lkMOoBUTov/zBFkmwQpNVXdmS93NO5maPJpJPaTBZN",
-	"PGddMSLuHZbsQohPlM/cU/Vw63VmzvGITRhCyR+J0JTAbQAQ4ukmqYYe/tzzT/FIiSJhx9MLBLfyQjCz",
-	"L/rDi3GlDWn1sNHC517GKv3yKHbiklN30D8kqxrhwpz0tvVMcNfiGnjPibZm6eyDnLxqH8Bt7I97+wB1",
-	"xfS9TXL3JY+lCECph2Xsv5uJlFbnJn3mzvnDFNf7xOh11tYxZBCFu11yZKR/yknJjkEkWEOekX8pCdlw",
-	"CCj/miNhYwv3p9cprfkxDJ2m/QkmA5A5FYqGITNTotGpNKq+ZkavHNJIQXsnzj36uiOF3YFFC+u6OTOv",
-	"/tneSRTIHgvX0uEzc8A/0nbadhD/TN8XA9Od6eooBYml0ypu9S+nl4qIIaru5x8uieD4T9S7WqEI1F6G",
-	"P6o7MVv77gbkzG60QX0aTelMEaPwHxKeRBb/BQdryTVPykaB4srSIJAJhL1AuE2Joi/DnTf/WLzWnwSH",
-	"2c6f/6wC2ZCYtogSZEilHRRJuGaRs86OqSIDAG5NtmZEftzW+vJne4cGmt1Aj+qmtqdiC3Nb2jasyyFI",
-	"t6jRJLNtPc6+NnOeG681VoYrDHhugOYk9w0U1/Q3s314axHQiREII6AKwrZHByGJGXwEbjU3sl6jOOkF",
-	"IrFgl9ofD14vNj/a7yYihKiBQam9MxaJjGY9Qwh3p71fsTGkKkI1iWjCg7G3pWnglGsjJrsj/DDHG+YF",
-	"w35jGhIuSCxZAOZDpiupcx1Q8da30qLsV70oQuit14dQPTYx8kajz5cSAerwvbWBFKHGYOSaX0sYWbkr",
-	"LC9cJQep66TRa2rcu4ZZj4WIf0zDRK0zugm9PbHfvnie/kylpDPsRVOdqGVH1t9f/CbktVEuz+376Zc9",
-	"q62VCWb/eRPmtcS+5qoncXg3LCudn9gpEn9+YAXaKFOa3cs8mOQBqUgYGb+ki15ew+KeF7mkcDIUAald",
-	"PBsLKF9Ypvx5lQPyxZLCcfFAai4z/CqmRAsigQZjI+PZvkkmKMyf8WN3tuf27fmrV1X86i5aU8B//erV",
-	"i1fLMN9s23LOK5HF2K5pbG9jsYnFC/buxovezdfqCwdiaYFoSbli1etDAy08xJXPrKXMZj+2j7/uADfL",
-	"ZKVGQxjhhHFHo4YOZ0rDJDfRXDOZorke3+buktadyibEGL9L85asiA0hmAUREHyJtPq2P6PKOaHG/DOW",
-	"4oYpMwulqdSo6nW7XVTslvU+lGLSy6C3mTwxD8JzosVnIyoI7nQsqbSfAs6ACb67QUHhTsgveuuePFWw",
-	"XSTK4vrmO/P7ng6+wBbtjMHmyLRAdA0A4CNTOlWeV9Mh05M+/Ucz4d8CT+HEx3v48pGfuXYs1VSzN+eW",
-	"HTsoNLZ4Vb7Bgjy2tUhCpo8MhV1Ug7CzhWb46/C4CoaxsWZHzdwZwua5tlLrKZ4YS/2isqml3zYXyRso",
-	"xsuOjblP1oO1CWgaUk3r19WOsGQuxGXtqBgCNmQB8a0cEg43IImCQIJGZ685whABKnt3Os9W0mCWLrYE",
-	"hU49DXb9zL5qMB2v3uc3B0W45SeC/dpT27L5rqI6LOm76kDJb0mZmEtnRq2uQL2wnp9afpnSda44bVIq",
-	"rEWSBz5mMrx5hKh6ltKrh1SVBAEo8/2QsiiRC1A085fM+7PlSaBneH2nvdCv04hc1DRHIqY0aSmAkLzs",
-	"HuzezWXVz6diNPlHFJ9Yiiv+4V62lOZ+cn+4nxxB0vwf+FP1iunxhbgGvibVUdyWHl6JVPj/AZUgyd9+",
-	"uyhJ0T8d/HWZC2l7x165qB6raPkjG4KB0nSrcBwEx0EYN/gseIj4vMix2qzdUIIa91bpzH1zh95q1ss6",
-	"8baJYnwUQSdRpb5Kq7jcD9cIy9fA59REuzGVFOG16kVsfqmc02eewQukUOi4sJXlRajcggWaufMpPQrQ",
-	"KtOYbEv3BaAAvTcGzkOVKUJJTGcg9yTV5klk/iB0IG6ASDolwMNOkCgtJiCdWdddLFCOVyJWMHC/sInz",
-	"B6rT/HH0jYSx4oS9QOYG3vMtbUgqkxAy3ZNMXffQNpYnmjii2nRgEQfXr5KC/Cr1YskCM8Y4onxDA3R4",
-	"3vPm9HkeOjn/Ql4+P/hLanEngQihTfRYAlgX5IAqIBFoDVKVWOpFgaFemOPKvGYa/t9/HHX+559fX/z5",
-	"HztVA2Mqjuis583txUG9tb/ilalHEU96bge75MjeqcEfCY3MkdI3b/dLA0Tb/RKeZ/xGsAB6EgIWoxPK",
-	"BsWr7EZh/Skq4Lpt/edvaJQAoYr08yvYt1EreOiGEERUgnLrQQaJdX9k+Kzw1SEZCD3Gg9l0sbvG2sVU",
-	"otfOvbCXZ5vN7kdmefGcam2zO0iV6MGIwg7e1FVyrKa3PedizQYsYnq2jO/R3tzznF7d6F1uA6ZjEYGi",
-	"EWweRErHVsVOF5WAAlanVwoFfl9ENpW7vphHK2Bu0YosQNzKra2C+ZSKlh+5ZWuHHfeKxOGbDP+VKO2d",
-	"91b3z6ATf1fc4Oa2xsT5an85KtyBlkvkVqCsSXqxhONatPa5hVpPUF9tpZzXYuP3IwhHhsIl5cppKusx",
-	"/uZWunpI7eod8PNdsAU/21fWlDj73g/UiIrXEGsyFJIMaHA9pTJETwqqHYd6idIcgbFkEypnxOFNzo/A",
-	"t6j6/t2AcsFZQCMSg+yk8o9RYOdF0FV32PdWFV1U2a3/oEuOIwNwikwSpdGTWiUTPxHmIiabGC3SsWT2",
-	"itcvkXfdXwdl20UZ692cc7NZtOFJOAJ9jPcETeGp7CvLYUoG2E7Xyy9mc0vCjhFYBPfCkPXACgTXkga6",
-	"Owl3D9GxBKjS+BrGn9lZtV3woR63rdHBila40gOwsmTlxaORD/L2kcJRORAiAooG9xVxoywGryh9AQ/V",
-	"3byZhkIGgMFHE+e/0UC3sjv9Lvv4k/l2gfPMMiES4x3zh+REcD2OzNn7R0KlBon/ppwnNEoP8MqTsmgJ",
-	"LquxlgoQS6xDqvnexzMepnRgvfDKr1kkLPhuNUTprJGVVvjcfOY1WLxmvdNuG5VOjUUU9oxSl14AO4r+",
-	"ab/Mjr9RyUlLxMAJ5fYqdddxTQw8tL4N6NLKFHFNGgXf25iQFUjrKtnffwH/7bUL56HQIEQ2D0W5FUzp",
-	"JeW2paD0FgK8qy4I/VEkpkZQpJKb/4gkCnuDSATXiySwYnsGR1cULCy6NT9G8PVeLCIWzNaUEcLc7BvT",
-	"XrpkDVDq3nHFEVcvURD2qPe/T9eBcf365U6VAbHwoc0n0fxLJsIe8HD9SynbBDLuI7nZcq1B2EMWbkyG",
-	"hoYFLv66GoRnuynTY8Z7jg3yoBRIoRTq3o7ofRxGJT9uBFJjWGEulfC5JA1JQZoqs3K7hGr527OSvjzH",
-	"UDmuznlzFCiuQMN+svNbOU8UfgN2quZczVOVLNoYltdTZu/mtboeRZe2tNzICjNeSyu9M5KvdutZf+YV",
-	"lIqD/flb0NJC5YjV9rx0pcqnQA5CuNBsOOsJjkIhHtk960ZuyDyxRLz0DF/He2TFw3sDvn7oxtZTAPwu",
-	"kt96LBLRDXSdx4Xv7OjFqWfRFQtvKlc7Spo5/82Ta+Z+ngHztU3PsywrSIWXR7GNZqdHejIU9jXn010k",
-	"2BIRFdZ0OQTkppxjf6OQoJ35mospWq2c1VhEN9CA8U+F0omENRzHrA3gzkr/Bvx3Q4ipRPvmujrBwvs3",
-	"u1CpEc28tMH7thWtFksxctPaxrpoqUHpXupZ3cyrueJIqgxdW32fll8arrF1Qo7WlbfuzcZz5/vAx2uc",
-	"WXzm3EsIkNvhMsSU1JOC4lJzxVcy0lQrExWKTXobmy1qibvqY3yWnikO/B/EabDy1FlVcm4oLmfUWHXV",
-	"6PZu+dl4iUu5nvX+eEz5CDB9J3VG/MPUksogChW5BoiJHgOTFpO65ChvqMe3nFdYvruD+zyMI6CylzuS",
-	"ipMymEEkTMSNi90HHhKzRjlX5lznW3v+prH+vpB1FUN0Hesdu7u7c9Ca8ZFa867TN0OUa8db0N2FA/nI",
-	"boC8/50Egt+AVJiG0OZYikG6xHMuGW2ai5HoMdVEgk4kVy5EumxMeKS+YcPbnuI0VmOxuiD1/vdz/2ml",
-	"HKWSOBbSnBbZhWoB0B/FCjS+sL0vV4sKh5rKlStu1oJTKrcvqzHHyWSSaMyW8f53AjcsBB5Al/zKlBYS",
-	"b9Gt4wIBriXz+TTQt1QCHjLhPOkHNDaH8V1DTsxoqkJql8Gj+xLjl9cNGPHJGIqr9e6WBpqEELAJjVyO",
-	"BUUosd/5aBxKhpGguiJUszjyPLnud/76z/9qXV117b92/28l4dqccI8PUpxf/yMbV/mOs7R488N2254j",
-	"vgpqahfIewFPnlifureYoGhFtiw2cZ5M0OsmjhJF+pjXu09azhM1JMOI2rwoiQJ7SuFQLK8GkVAQ7lYw",
-	"6d3NJKmjn3XrGzGlJa0LAFzuTJ1sNNfNkHEasX+vNMOlja6nnNuAm02OA2lgVU3JUdNHxiv0pIpAq7ta",
-	"Ix6Didl6um6CPFcyKnvGzQzK9Lb3r0QyFbKqENlGm27aUEuP+ar40Qt6mx7uxMMXoUZxRCZJ40LmsMz0",
-	"qYWmUfN7XPOFwZZJA5O9W64LenuRfoJhQqv0eCNYuEn2Wmi3WWjFz3ICaFS8stWroIDyUtWT6yKkLZFF",
-	"yXZjcWL5IYWYsKILqWkbbVT9Ugo20vLLR8Yg4ZD44IlnmaegjWMUE6aN9lRxPH0Lo39uehVpJzZ17Wcd",
-	"gY08PduQiTXdidUPAm9hTXOkA6az3lSECe4JxqX1cJCbClwxejr0grER4O6WJIre9gKqYSTkbF1M9sh6",
-	"B0x2FgmzRrUwDLcwifWdZ7uJUwhl4UFcodGbWaFexDgZUMUUiQXjWpW9Ewtmof3abnPmeIS5BFdkc7RU",
-	"BfUZNxW3LG9qz1NNaUlqkb48+KpdraPtEqEtzRdTw+g5k2GONdMQHEzV5CM7bJ877Z0h2JAiBIhFNu60",
-	"twfKGlCpJD2yBAKV8mBuG0JJh2aprYqwg1oQtmqFDSo1o1E067kHRtTZae9MJdPQE8Nhg+3w67LaTmy1",
-	"w+9YO9wqblvFbau4fceK24KT5COqD2dg6xStmUd8vcDT0vIuDxMtj3UtmUC6zzcQzelkq/DOTc2tRPUQ",
-	"63tcsGinkgWr6uLFewmbudklVE8406Tl/9WxuWF2jXhunnnTd4V5OGfL38QVgekdA8KXXau0iUoGnQnj",
-	"QnZw8LF03s2Y3XUK4eJ7lhd/WXbP8vWgffDTn+lli/2z5sbF6q5mHEsvovLd0M6/TdPuv93em84/v+63",
-	"Xze5psj12N7JXU3kFnAJ9Zj/RJQ/vMS3rvzTS6PkqjxO1vSScFf5K6sTuRX8u22igbF8Qbbn3PRyg2oK",
-	"97nRrBb6W9xcGA7BZmceukKo621wYavSf7ouN7Z1SOVrbRxUqH/NA7K9a53tvtmuPLS2m2fwMl3e1det",
-	"gvQfHEM2RKmbJaGyBeEmW518wMWL5zsrRd36ZuZmnY5/DZhwO/cI0OJbsfFy/sUCLVjOutHFx91yl7Ao",
-	"uts6YgtarG+IuTtX3qfP2JpSg8tYtJkbBd/aBi8p7uGep7Fdp0Gg8sZz4RWazAHkqsYS3856BhMHhJnR",
-	"BBOgamEvJRbesaQdo59QkzTBG06LjJkeKwLOqqtUuNqWEPYGs7tUpykqZo0gDT/5I6FcMz3rTQybq4bB",
-	"h+bTxu+iJiQhEDJcd3LYRLajDeAKj4Vz+8UyBbCB/ak8ibxFKh/yUbmdpQm0i8phdrJkZ0TN5hS22e9C",
-	"7kKrRPvzAFHD3xXsWjwsCmQ9D4rzyFtA9qbiT/48f1hxvCRJPMrLp/MxDcX0DPdhDXnnEQgwlIfMfNCz",
-	"t5ar+obkP18FYkOINF21N6zTbHpZa6xP9mA+9ptA4tIRvaHDeHuO3dc5Nn+EVdN4LaOWOKmGI+/7sNvg",
-	"GdcQbNfTvrPFWYOk73D1u0WeGuTJqjYo3FxHtMvCO2qYOOWjTRVePFjNOpKKn3PDaVeTXmNiX0vqchIh",
-	"erRU+JO5aHv89A2x609cTnzMkh/KGZEJr44XXctNfk5cWmZmLfo53s9M8DJ6nRlc2A/n0tHiyqTttkv7",
-	"UDmlhoRwkQ51LdBbS2x6cEmttJx3OxAXLGzBwaKYpKkXCD5ko0T6DDE8pLLoVjjnT7jIX8wJDJXlatBr",
-	"omfE9abVanyyfVuUoly1Jld7Zr7p3BNbNiYQKq0ng/+mNfVjKkSfUkrKwDtf0DjuyYSjBlLV1DHVNBKj",
-	"8w+Xq5qHbyiLaJa3vhH0ZL0d5T+fi1UtA0/I1HVvxAaFbBaV5UlXTjL5MLWv58IzK2X7CUyEnDWb6Iq3",
-	"DtnKV1w8VC35KoJ0e+cmiJNlY64yG5WyfdTVAMbmC+uTo4mSBJ1eKRUotAp7aqhxNZ8UjKoPaEwDpmcG",
-	"FShWF3eOJ2JImFbE1jBWFeEftuOoLguF/zkj0fn6wBPKZ7mKwC7unykcx5BpwsWUtLCCsLCj4iKE3UOy",
-	"TxIeYQEnLK80chkB0k6XV1YaSoDeKE4q5ID3EoD8cnqZpiE4/3D5TBHcXTsOcza3iSHQMMH+cFwqq/c0",
-	"ck5/y6o7rVQ43L2utIt8Xlw39QzfzpPHOX447xqVL1Jd6CO/SvM7mnuyhEYfzOSXOxIel52vjGGrMepF",
-	"SoNpyf+HdQ3Llxu/PztZc+10cZnvpn5sJTc8FIMyZ7xfTi+9L17brPiE/ktI/L0c/P5yf5l9ptpJrFzG",
-	"vaG1o5K+0Aiflb5dt/yAzSLql+T8w2WX/Mb0WCSa9HPF6fvEyKwzcg0zj3kBjSKQz5Sv3WTgOFFVuSfW",
-	"dDnKV8Nfy7O0gLXz9dcLWO9OvUOMf9S2bMIsO178kZN9013Z1qCuk/mB4Pkbtgl0R13SHx/s73d+2h8N",
-	"Oup20j247a/RS7ZpGzJmvHjezEfLzK+eVN+mydXWM8HdMc+UipJR+ch9schBtPPPrwft188beIeW5ELs",
-	"qX4dPotwTRcgGoYSlKoSrJR2VdUkOTkl7kVPrEZSIS0j2p2f/0qAhxj+Vy599vzVi6WLWLH2r1808Llt",
-	"ZWu633598Kd/XuPgG0sxgF4sZFW9/uNTYn4h+FJ4SH45+nxx9v96n7+8fdc7Pfvy87ve6ZezC9J6/txV",
-	"brD52ArBjq9fvXrxapnSZDn+Di7Gzf2LHeX4Da4nni/nJwYR16SfXE2XQl0+a1LANHZaJg3zvC1ow9Ac",
-	"ncAayTZDZv49SCqiel48X3HlXxxUizb2TEGB5uuqtVLX8ItezSl9Ac0UXBwbL8xR5398H+k/XTfVC1RN",
-	"moWNaee8JLPVrKfaUxunegbDhIcPXMatVN9lPPP1eRMekilVZEINOmK9LcbzRZ3FCCsnCZ77ogyaKwfo",
-	"LLAuFtbqQsSX8QMs1crDs/4xax7h5RTO5c0BnolfmDRJjih3EXXPFHGsR7J20ASgFBtxK3euKuQ8PmEC",
-	"R9Rg/dfSrX1S1GXar3utovZDKadqeXjWBLEm3cast1BmL58x5q2VEro1Pp6L9rg7218wPRna3Ho2i/CY",
-	"cV3l7bKE7GrMRhuZ8LKTLaKDCvPxiujnTE62rXoqOv9w+Y0knMxwn+XFePnTq78stbCvJh2xcA3Z6F6M",
-	"/8vknXAxvb1cIu7/ZybpX111/3FgiNH8+X9vq5OAFu8U8uL662bielHnvQ9GWXATgbaePxJwvztf+gcI",
-	"V8zdaWR0+/xle+UrjrvfaSzg6vNfP8BsPcZeN2gtGUQsqKoX8vrFTy9Xwy4fiJY1WT/VC8wrexROGF/D",
-	"8Guz0j5TBAuLuD8JNa1VpDS+m1kkpkpNhSwa2NKHJQPB62Jzzyv9aUAuV4JeLFWCnjcNzHXd5WaybFvW",
-	"Nb64zVx4GzG3+3+2a5JO+1v8y/O3G0r4+khlWddD263g8t1Zr3i1aRx99Jftke3mUrlz221OplIs+z6z",
-	"Y+a/X1Wy9lmsm422JnG1X1Q778rJzI9w2QaYlfkmFtpNQ5FL7i1FBM1W+cy8+TgwrDj6qi17CxHcVR0U",
-	"19Wy/l3KDJY9G6+LQTXVU8nz3iq3V7xgIeigchWSQCjdCYBrkITyYCxkl2R9EKpTSxZhikwoD6kWcoa1",
-	"j91Q1b3kZl7Z3+d+kjdEbAjBLIigmWKbLd1H/2Gq167v2lxz7MwLFPdb8afi6qaUHqK8WqtV4qldvLwP",
-	"nK/+EzJFB1FNQbd8Sw/kXFE86h6Rc8U7KYU8rjQSndvKCRMajBmHjgQa4gMwn6DJyPk8KsDMP+Qv3ee7",
-	"XXKM3jxUAlG2AYq1eYlPDpL3jtTiGnhvwpSyHuf2b8ZvaGRTSOLfcBsz6wZq/7aWn+wtmuhxLwapzMb1",
-	"0q13PyB6xZIp6KXrU/4m9wPjKhkOWcCAa/MCDs7mNLESQu5dMeUg1ZjF+YdKQ9xLCo9woLaSJy6eDQM0",
-	"D3suMNK0njog9LjQvaFIMHlX6XFK4bnnNDJ7M+tJiIC6lcz9HAjuBeZexCboLVeY5YBG1ObdVNdJL+GZ",
-	"a5J9kh+ONd73poyHYpoVWc6l2GUjTnUi8xvERQiFVvCBGA4jxsH/aYUv/5efE7oeY9CLAlloAx/Mvaa0",
-	"kEaDthRe+MD/FFM97mlJbVar3A+1jf2RCE3zk6VxXNykOPYuJnPPzd/ANdNR+injSpsVn3s3/QEBMk/i",
-	"+R/nhoPZWXFr80+ZIXxD3Z7mklhpCXSSPlAgb1gAhS2vAkwEiTXrExk13CIG8BuIRIzeItYFxj6XruEK",
-	"QaFBFaoMwCpr5paCZbLfCQszl0PkQdIyf/zecSJ75yS0dcZ25yyMP1VGU2rKFgUGVAXvvJcAHXMSE/d5",
-	"lxxTaSvR+NpmfbdL/TZeovW1pBg+3Ld/qhgdnvruht7v4yHp25s79xpWR8OXJCYKmBEax9GsMkZoAgoT",
-	"584tn1FoOooOoU3GyYTy7Exwn3TJZ1s8h06JLy1ChCQh1XRAFRANt+WMZs/3X/7U0NrtBza30VUn2/sI",
-	"QP9yurKDuwVOW294XuILkpD26m+P58lCshuQC8LD5v0FgUZ6PKtyrRUTm+MByxkSRSex2WieRBGxpdTx",
-	"Z2vrEjYPRE30WW5GjIdwWzZ4vljmfuvsl4OZiwaaCxRd9rmWLFDNs6343fzkPqzMtTJhox5we/pX7l5z",
-	"z/04YL1BonrNPPhRUl+5jrKT7+0G+MGVlrYwkuIM54irRJ3tHC1nZJWt/SKm+ZTbnxUyKwWBPVtUDxk0",
-	"0DVluxcTR66ZhN+lISwffcuqP12ek91tRKIwbcV6hB6LKUgbujulWq/ThOXzO6nLGiZY2s+IZUGD2rCa",
-	"+ey7DcoeVjZxy0K/h2nW3CKc/X7y1goAikiwxeGIYjywIPbL6SVByR1Ce8/Hb4BrIWcF34QmC1iuk5Wt",
-	"ZvVEq/a9vIIV+9qupv5aaq5YohzBLuRNgxNrhSEWzrblIR7L32qOpykRLKE8XgiNWfZy7qxcgQQ80PpV",
-	"z8MkzjvfdHFMtfvy2Ymqq+zGyOhLdwgc9xE4jSwQqTi0NARsLJSusKuhV+vyvGCGgsdApR4A1ZVVcT8a",
-	"qTZ9xYosdCBZQBSdklbEboDEEhTwAHbbBCJX981o60wZmDCddBQAJwb/Cohwl8TyNT658++hurqerc6G",
-	"PTW0FxqiOndfpIbCZgnf8dMszbukXFV7Af+RsMCI6DqISevi4zn5LzKjk+R2t02GXuC02/NMkcLelOT4",
-	"n1ZNYO6XMc0lm+YpL61Su8QqORKtIrj8dB2T1LLtBURg5KHZmlbAEXCQdzVmY/zbaoz82Sm892JJzMfj",
-	"l5R5fE4GMzyfXVCfUfgMlUzHIgIyNMNrm1fsz959eSWQyh9xxVm+er0kgqKwI35tc5kAlthDf0XY3+gt",
-	"0Pw9TlXHJ85aY5hWfUtqFIkeiNteDDw0T+bjffB3gsX0bR3pGWiCzhxqXPIdbSgju5uiNWRje7e3zpeJ",
-	"Arn6d5WXx948qXZyc5lbyHZxe6po4G+/fTg/g6EEtS4FXsMs59m2cAGaEms712jdoGHV+8ZT9P0hio04",
-	"4yNyDTNFWmfvj8lfXh38hfzttw/kHKrq5pkXC0jZ3NZ2RP52/uUz+Q0G5APMst52q21gC0Sk0hrhmKpW",
-	"5qMYsTU9eDd+gy90XBkrXfj0dUU1gdc1BQ8ep3fSRzESiV63bghyXg8vmVaOaJmLDM83VjVUGzaw8jW9",
-	"jSsgYkgmpgHCOHFMTbCqhIuydYbYXBGJqtCGHn5Skc3HdsJ4vs00WtUXuW4NhSRwiwo1Mbqz2q1E/3ns",
-	"edyltAtrkxts1S6uo/etGnzYCigXHMvVqxgwB8wu0WPqIvcUCQTnEGiiRVUk4rxH/l0Vz00kwudSRNFm",
-	"C4NVZ6RIJVWFNyF4kKlMtzECotFsjFKaGpmcRaqx3Gqo4JfTy2M8JFdSsOsoAKOnzD6lxrGqrb2nmm2o",
-	"UyFtNTfQmyU4NZ+cgUqimmTo2LBR3De57U3V9mIs7IYiWJfXZ/s2Gr/9pheMKR9tlsvuxY2oFLZb2Kx0",
-	"9SsMA5nJYG6+JWorGA3K9oQ8GjkcKXDBap5KZifeYYtrOkgvwecl3p92MuiMUSXKzMmLlTlL6k2Aq0hB",
-	"c0NZsAvLVnItfcharnqGrubR1gzlDUbA58P7nS2y9f+/PDlum5P44uO5NXJcHJ+SKdNjZyCbA+SqJMtu",
-	"AAHtxTCZH8Lpu0++c9fv8VEO+yeJ0kRL8/8tmMR6RqZjhhmT/OsMT3+XKK88JBfts0kDJn6aktW8qwcu",
-	"4QCoBEnwNdLqj7judbvd/u4hUWMxxSRQMyye3iXnWkggTNuFNec02X+9v9+t0HEaWxOzIZbXv10giMUU",
-	"Z2OH3URXuQStYL+5jCmIlG6BjBTdH1Gu5axjxm633jbTn1+y5SvT3rEec+quRslNuC1n+1IBBrlx1m1G",
-	"KlatmHFzLrzv9cv2hm6zaq6T6k0kZh4P5mp6r6bh9ZxMy7Lhakrvl0QHYgI2yZ7BYK/u4NlsFSG8HxIR",
-	"C2a+jGKFylundxncyqlbRkvAUwFbnlJFQkaNdEBa6GqDjlY+MwcJWYhGUAlKRDdzzmKNRCrrj1eZYoHZ",
-	"EdgeaDA27bzxK8AE70kYJgqj/NkERKLbJOHpm20/rN6QMjMDdNzFb92TsgL9vNEdn0Zn0ipt69irogbf",
-	"0H4QSGFTgam2Xbp0dEtNxctdNGzqmrvgXDqaBtbQ7N28qJpbDr+V+YHVMURRzK9K4aDHIEkc0QAw2mJC",
-	"ZyRONOEwJVMhr30+De49sUkoArWHNx7dSYjnivkdb8OQ2Qg6ZBfz02Z5GK1bXSi48y2ijFu7Nf6zxpc+",
-	"p3XU0QK7YXpGqNOxs1vcwawsdB2SvrOW90nCNYtyL6BTm6Pdgg95Zl+3uSXNP5xncd2A8Vg/4VoKFUNa",
-	"93oD0fEuC7ahVtKi7nxHGGGWh/EClSniuNZKPS/3D3ar4+jvKqg1U43L5i/vYl4SqWrzaaRLuub5dp/i",
-	"KEznRdJ1ZKom0uaStbkR1/DwKySx3wpf6Pemo9xhZlZpTM1hZqkU51RFlrVL4buqWgeXbmuNsDR0u2J8",
-	"1FEzpWFCME0SoTyX+xahcQAuA6NjqwoBIOXaCr/ebxCTtiRF16Zi2PJJuspnjBOdXKpw67ON4S7WQNqi",
-	"3K23hCFILDknJKHEqM7m7SFqo3QyJ/e8qryGWjPp1+ZtUIsygDU3V5Vi3hpk9ipFxKVQu4p5ybHSgykU",
-	"nnUfl05xWuhrFSyFW8wgoKpE7i8x/SPBKy4l0mT/5gsS05H3tXdylxVn6AiqSH951RcsBsT+XSFFnBqG",
-	"Mz/Z8o5WjmMq35cVkZ8X/HCXJybJTz0/gur1nTWKI75TcrmAxhorPKz6wSYN2psoIEtZhJ7BlYGURhDx",
-	"0TDPFHEv2wjK9Px18XOkUi1rNI9180TbgS3nWBzfqX8992nPx/5VhVyVJu+naQmNsJC0MF8vJa6DE64x",
-	"G11YaV9dXmYU4xNXoKhmlytucDmPSptUYM16Z/dxhZKNKLep1ZuUuzfJ1XJxrJhbwxJhF9lvtUPLLeCD",
-	"HVoevh7boVVkogrot+yRBc8NCfVMU6wrI1lcreEWcoTeM37fHTrX4yAh2YjxhkRgV+KL/eTPLFR5XYXK",
-	"J0QtZy9dzf2Z5aOmbZCv50U3u7SvpYViqyY6R1sYvk5aeixFMhpbkeLo9GSX2GQdlt5a1tCCzvWMG9rz",
-	"v6DDp8uuTklI1XggqAzz6VzTNAyYnygHQ0vJdN0snJmQ0hAMZMoVjQmnyrfLhmz77hdsSZ1tzDM6XmR3",
-	"yXshp1SGHcGj2Rvidpt0rpL9/RdAnIkr/VslgY3yzt6gUjMaRbOeB+/0J//g0IkWpEUxglTaZpQiSrMo",
-	"Ig7b1a51k6E8APM28DBDIGvL4uha5s+C/Ma7gZulSa1y6WBxwcrDnD9u8B+++0WU4xL7rkU4QYSZDxQE",
-	"EvRSocW+TezbKI/jnaucmE3JC28u7fFAiqkC2SXnzs4UrKsjrEbe5SSz7nm7NN0F5PobDMZCXB8F16tm",
-	"rEriiAWVluwLmaRyrtFiCoBiJMApVcTlXiBKC2lolQs9NquLv8VxxCAkdERZTQFBbKuJ/Ok7bXR5LyEA",
-	"dlMdTDyHCe7Vdm4pcuOqXPOIanP6HNM4V4QqtWu7X7spmvoHIlZds1rlZ1jIcO7FhA+EuJ77gIsQ5h5i",
-	"vm77tJLx3HtnLhFYeag9lcQgy+PtiVjl/8QUa5XNZ5nfViq84nzuu6QvRQR9wlSxqop5in6y+n5yUS3O",
-	"xf1Z8A6aDQrJtLLMWesk28512dzamH3TNGPU/STNajzi9VNimS8bd9MkrZ3PDufy2jVbwIX5stIhlglo",
-	"fnfn965dSgiJUyjZFpeJjHZGD6eQZfkaC+Vm95dEV9jGF8zgE0wGVpVa5fy/O9tPsN9Klj9JU8vYl9SY",
-	"xYcE/kho5PNW2x+eYZ0n6c6jNUw3aycXXIvsMeXSuiXea+NFlnjXpMtcmHA2mHY+OMQxQjPat5Tz0Bzg",
-	"6PWRGSZyGz1/q52eoDQ9a3NCP2ZBS7PSesbYae/cMJjWHPVnQEPGQanjMQTXmZKUtnltUE9MeYOv1coZ",
-	"sPXSvaocH6bzUHokYc3vy/K5b6xtx1S1MWlDa6bfSr9Po3cE11JEJI4ohzdEXKO4ZER0vA5HOd1m5wrM",
-	"0M2v4rpCbkpXvvkyqNXCDl0X1auC0VXuYv07CPZqUmi5up5gPgcjUWMaA2mhn09gy2J2J+FulxgtJ1eE",
-	"kblqlyGJQeaqMXqfG1cbEYngsHyXDhqkImnO+qxs40Pfpm+shMTDVIOe1zuzIHm4pYGO0AvKVru1UT2E",
-	"adL6/PdPH3edYe1q5/PfT96eHJFfD/b3yU/7v/xMfv3504urnUY56NYqN73p0hCrlHnYzFX+mjWr71bf",
-	"4R5KWPvFXdMv4CGLBT++KsG2JsaKkx4wXWGb/QAze/3OODFvZFkTCY1GQjI9npAxVT7H3mouq5u4bmZ8",
-	"hDltq2qDf4mBn5//Ss5/PXr+6jXJvetLo9pf3nS73X4VrORiZt2bOxuzDVzDrGcfVi16urp+pEqNOxA+",
-	"f/Xq4K9V9VsbF25YUs6kwmJo8xNc2wBrv6Q00WMh2b8h7GHGAjv78hragijNvYhyYylubW652pZUl2o2",
-	"lgseDgYs0z0yJGAjnsTfpPBCPof+to5MbtDzC1O1cxdpIY+VBGVX1qeV72T3nky9VQVovnn+gnXRuDFc",
-	"NjUYN3OmsducKdX3GVHsDKRzG5dzgVlFxrJDfzB89TVrHhW+5kq8VJiKDP/n7lz0GJis59Cyx4CzHVUZ",
-	"fQpUs3LNh1ytoge3FK9W0dADqDXFcMEBL0FH7Ma6499TqZP1L1vuozpQAwbPHTQlXSy9Y8mPbKnolFHI",
-	"A7O3L6D1iFj8ElEwK1rSVJiaMJ5/erBh8Wpj5Xb+rJ3zZxHCpmabCzhdKYlCbUqTpSUuW4Wymwd/ZjVD",
-	"K6WGe8mIspma/jXbs2LV/qU7tMCGeUdavc/a+A9Vvb5mEwoXWWua31e9fCxb3OuKuRVG+KAVUjdc/bFm",
-	"ZquVBV9K//OFwr/fEuBzoYM2Y4odBgkioNI6BpkPGvl/Ffmw2D5emU3oNShXQ2bEXFyQ++SQ4CbkOx5G",
-	"dFTtv7Z2TfAaMlmh7vcdMfLeLmmWsNu2wPXDFriuIbTVCgEvo7V1oXcNs0PllFZXD+/P9warx25aU6o/",
-	"N31vOc3a1cItVxvOpmE++o3p8c+ugNxqhjvzNYmjRFnzAJrKuIZbjQ7origdaYUQRFRCaNBTkwEENHEF",
-	"Aezoba3BIBIKwt0ueYe+C1juijBFqM3IoIBrG72J9+mCuxKFWUIXOlAuxKZ0RZTNrVFIzD1r30t9xhe5",
-	"Pi53OPc+uoF3SWYrZKav8GcugGAuuDrTan2PhjJ7SiQymKNB5TX4AcOgAlVJjIWWVh+0Z7Wcc+LriuGu",
-	"4nK3fLlda2vv17fFkZylpeCZl3NtLcxwbo9qtr+ODtspM1YhmBEZaYiVAz6Bpqua+WgwLhDeGK/kJwxT",
-	"/AxmMVUuzWRNjcQN5N5fXMnAjrBu5qM1ktgsFf6/kSC/ctBv0+Ez1SuUF6oohres4HOdnN6ofmF5xX17",
-	"Jc/twjArF7166RbRxvz6503oud7iiHKbAWpCjfzHXWnYhdZ138sdLKf2ZkYvocjlQfArGWBTzllWZASr",
-	"5tEmzeUhaI4MKubYTm2y2EP1Hp6PIYqOtAa+drKqnqbKOmwuToLo3p4KeR0JGjb4ggOECgsTO5PUkqJd",
-	"EmjY40KzIbMuh2rF+l1zQyyNoV2cck2fC1b62Mqhq65zfn8Wk0lpPzNkjQC9yFahYGzr01zSxyrpJSfL",
-	"Nkvq7aTaylqb6/CDzbG56pywWHSs51T2hm18ifUciy+Q7ZqvjusjjWypWqYqU8OGEEln3hKrDNffKVeN",
-	"NlHLE4G4ZuytVUUq1J15Yi7tYdtrlm4G2dLnfSCzquQZYy0HSce66x5CGeM3WAIPE/OnvX2+YJifHBuU",
-	"VG13YZmLn0fpeS6i0j8Qsao5j8vUv6IblHOXiGhNEaijgRJRooEMpZksD4kUiYYmpZ29irwCAjDVW2SF",
-	"XFMoQ13FC2DlGec7XbCPTUNWN2E02rC3zjKnmQWzbuin9YCTrp3MglmsYe1bObDggYPlFjpGVC/Fb06K",
-	"OhZKO2peiBdVpbV+psE18LAjphxCMmBYogateDLhUzrzUWNM8C45xlwEikjgIUjCrLkPM93bLMcGDwy0",
-	"2G+75EQra89zJjuhXf5Ol21BAYQ2rIkGuk2UyBkHCVNkmBbZZy4FQSjpUB/6RqcM66eT1NBoJ34DNeXx",
-	"szX7wGwqkTT9hR35TnvnX0k80zYILoomtiSlT6fri1iYX6+TAUgOtsYwjeMaNPcdzns/SWt5hzTrk2LC",
-	"9ZM6RrEwsrUyRBzb7BpiEkegXfYNpanU9hP3Ry/NwyEhAqr8j+bfxTwd7pn/YMnok8mEylVrXrmvbCYk",
-	"L/Nv3s5Lg0AmEPYCofRGBGTq83N79qzMizHEdJqG6G3MneB2YTBRBWFDQkcQEsa1IGOmfAHs+TPQ9oYy",
-	"F2ZOruiOTcBlVZ6OWTCu7tZwljKMgjlgU8mLqEQOaQBqY8V2nYq2wTx+WQzbhsyzNI57jCttxNANNrm2",
-	"tdd8XHO2NzCR2WI2OXxfLIDVnAubCWAZi0RGs550dqg781pVEL6fAOYYNIcGJWbTdqtCXpb742T8Nd/T",
-	"OcgbkJ0QJLuBkCQK/Q1snG0H42wxHf6hyyOkKg67aqa+ZjxsvlN4Gq0iJ5YNN/OHOuakMp1SzQye0ohR",
-	"jCQurMhdc5cvr/BVk8u8mXUY49N7d8hdkDXQND/x3TIzLLsWqshTdCebqbpOqqqeLP+u0bX7nPRSKbQW",
-	"wXsee1PdBHki571fuHkqXTcV7axmmtVJ7cs0MrflOezNYXgpdCA70YoA1y7KFvNYXGm+zIsOZQSqOO7n",
-	"hXuzQRAkkunZudkKd52NefCPErPL/q/3nj7/9tvFzlx4jc0R50oV+aqJpgGfml1w1SXOix3lGZs+IP21",
-	"62TeCQIE9pgBxljrGCHWlb/GkP6a4QlMzjw3wosxkBsaJVgh5uTzxbuzz0cfe3/77cN57+zd+7N357/2",
-	"Lr58ePf50GY4OP1yfkH2fH97NNHjvX9Nr9Wei+JvNFxDOz8vWsqasbr80ubzjh+CW1sj33LiK9G5qh74",
-	"4pDaYH2qx7Y6TZqvPxIjMqIapnS222Dcf+JCD0VlqQ5Unzo2/ePZu/OLVKXymSN+wRJVmE0giEQSFlNJ",
-	"dK/4Fe84sdxpJZiXP6BSzkj/945zEuqchH3SmtBbcvD8JxKMqVS7h45mpDPbEQjGwnrWXXFCAiElRDY9",
-	"ATPS8FxzflXMgCF758L82Tl529/tZoPDEi2oM3DSf2f+8NbCvq3HQYnCQimkb5Cjj5+eOO3z8vLk7c1f",
-	"DvFAV5pOYvv47P0xefHixV8PfVVeVVmV17T0Zc5rhbT6VfrQG+tA2N8lCY8MD4YiSCbAtVFRc2pt98pg",
-	"hmbaQPWO26XC3pCj05NcQvo3Owfd/e5+B9VgPOBi4DRmO292XnT3uy8wPkCPES/2ulOIos41F1OObNL9",
-	"l8t+OrKJE1M2Pwl33piHhvFsqkdqU0nUCnbZK3u/u908CVHA83SAQ3i+v5/aZp3VKbYZ9pjge3449rhZ",
-	"dhi5YuXICfMo4uqOG04aAw1dgfg8qdW1714vzMP08fL5X+s+See4dyHEJ8pn7lMMiXtl57z4uxMHIEjD",
-	"9qsXy78y0ioL4JJnt775s2LnzT/+2d5RXlWvqtRuqI2OzL7uIPr903y/R2O2d3Owh6bpvew4VzlaKaVA",
-	"ddZsgp8oi86GFSYsO/v6u13yRYYgbcEgFh4Se41AIzJkEaYqGcx8gJmBASsZdNE6nifNiCl9ZNo+yo3t",
-	"LnTaXvr2sU213+DNUzqCc/ZvwHfL1QKjmTVb2Uk+U7lsLThPZl77IwE582LSm0I28Iw1Vq3kVzmWXO+p",
-	"RS1b9KrBZFVaGzFphcR4n5iQ0UPBfaECI46wBAOe1MUd2BRaNOH6n2no3W3xk4Pln1zyLHOB/agBTrwX",
-	"csDCEFCZe/n8eZNuYimMtGhB5btCvxTvDA0USJwGUijPfAXsK4PJYhzc+1rQcf7cGwoZQMdZUDGbtTM9",
-	"rgmTR3xGuOCdITPgaHmOjIwYpbSkbDTWRAvS92bc/hsjylk5ImynVntnJW67dCdpWqhhREcjV40EZc/A",
-	"KPpJjLaVsbN4DJmcQE4+Zcq+ttslZ67bN+Tl/l9JP7cWLvVvL7U199NU1Zhp2dmq5z/kQrsrun6XHCUh",
-	"01aWSt/o4hK7hqG/O38o4AtuaNlW3vVYKBeFSxfR5nlEiDQSVoaQZfU304+t7r02hD8McNYJVNm02oSL",
-	"aY74fgzU3H+5/IvPQr8XCXddNADMY8GHEbN3UT8OLr/Po2UxZd2qmGyQolYqPbOcp0i/Iit2n7SEzP9i",
-	"GjTYayU9q9QNzG76aH4lpLZlnHylnxmZgjTQqBIIDwn1xaYkxBGd+ZqQ1KAqSPs9U6TP+A2NWNhzqnW/",
-	"RsA1Q313A/akeoSy7ZJ3cfznQuoKHH13SwNNcDOItX/VyZupIS3DsZUs/jWCLyZzd4k0U3H8vgXwqral",
-	"LaPcVJ7GRXWll+/5REjJbwVRGjfUru1Wln6CsnRuf+eQGqG4AqOdNLpHw38lClM4qNUk5C45IrFQ6MdB",
-	"bGEdEkgImbahuFMaRaDbhBIOI4pvCQ4kBEz4xzRp2SonA4jElPwbpHhjMFglwyELsJiG80806H8qsKCx",
-	"g/wIwhFIW61C2fqauWkQGmBuyHn8tpcJP9uZH6Vf3DOOn4QwiQVWsP7grlfdEfOzCGcbQ4a5aaV8V7wO",
-	"St1mCwh1cJ/jqAcpu6/fJSg1gJi0yJFb+8cq4h68aDSXSNDwQoiPVI7gx4LZY8Q1oywjfBHqzaEW5HKg",
-	"66h/EeIObzuK01iNhYPcpDHinkwmib04gRsWAg/gjZWB6QR8PjwGqp2VALKVptKaghYziQSdSOfbh+WA",
-	"iB8RaT3f39/NimZKqtHIgKUV2mggQLF5yhR0yf+AFO0M39HNkEZm3BDip1Ze76NgbZVvvBuqkK0lBEKG",
-	"bvne/37uxnP3e457Q9rcIBtB7P59D6BsFLH1nuzCeq0H5WqzMxvE3Hs4PRZP7cxNaWvi2OL/g+C/JThC",
-	"OXn/ewqVq6G+lVk7WlKurPas9r7m/kKDtTQSsaLRqpK4EaN8lhy8g+YjAlxLBopEjF9norMtfEkj0hI8",
-	"ACxekBsEWpGH1phi0KJaHnduvu7wI1ORRCEZiZwkXwXvZlxe9v6Ii3GRdbxZe7BtPj+xertwcQs2aRh+",
-	"bJqBXZUzR2LfVjsoj6VeQ7DvbHWE7Rnx6M8IJFRCvXlCF+BthaPC1Y5Bx+bVnDu65DI2SH+wv49+Sei5",
-	"YYCuTYAGYwvqTCviHJVqnDjcGE/tOE5xGI/V32h+rMsMo1h9wMxpawt9erbQfN0lVcl27ZUkq2M0GVrZ",
-	"yrRpWcixDznokiOfjdD+jEWhlHO29EYCpsci0YTaV8QQWVBM+RILZY6mn5SJMjcvu7zfVhbJL3MFXNgh",
-	"bnXNrRzxYLZGqgELQWZQdgcBYu+r+Q+ql/7UX1W9RP9/B3kaE7LCcAiBJlS7f7Eb6GHoQsujIRfT3baL",
-	"g5zQGQZjRcxXLCAxVfoNGqJCV1aPKVf2XgLGGoTN0fHvzu16o0rkaW7569VHt7ZPWW+cX+gtam9Re4va",
-	"BdQ+CsMSZHvEXA261ZiGYtoxoGezwqyC02fQsZcuB92uUQEtsNoLAPSq6dt0kn0D3P2A8pCFVNt0yD2U",
-	"XPuklYumQfOg+deuvUcSk5hKUFYGno6pxropAyGuIeyS3yQzfTtn1Xn0tlM7yxD8Ed/tnPuxMj5aCef2",
-	"73cki7XaUM46MuEkYpiVAX3kNI3UFgW3KPggKPjWEaCFL4MylKQwY3XjZnDIfYq+DcY12Si+mpClzy6N",
-	"2mNz6LxP05mZc3MvQtySrcns6ZnMuCP9gt+g5YdVrWUYkWBrMtkK6WIAIWldHJ+SQHBuVEYtSD+ritRv",
-	"p+az5893yQCGQsIVp3xmI14w8E1II14ckRA4g9C2SrRBV01akRDxgAbXbZJwFUPAhgzCNpkkkWYBVbqN",
-	"F6CdSAQ0ahMMq77iE9A0pJq2jTpK+YyoGBCL2gSzBY2FWRc6McKTEtGNGYoWRHA4NC+IRCsWAul//vL2",
-	"Xe/07MvP73pHHz9++e3d297xyduz8/4VxztSBXrXzOHl/v68f7m7Yg1BUxaprgSqBO/b6fXs9Hp2ym08",
-	"y7nwi4gXmuqKT2gIXXJkPfWnBucSTTAVq6tqn9sL5+eT3gDYVbR+zqSFRVuEiyc3qvoASBJf8RnoXbP0",
-	"RuvndkXMAtlm/yt2rvMYNoTJHnykEdwypVW/CnKtEv/ZZox4AkbN43Q+30ghxqWsV4Hb3vEHinvOOOlH",
-	"1ObJGMCPEi60Ffnuy1xp02kgMSlEGA8+mPBit+6AqRb99r66LDJ/2qMnAg3NteCJuHFXNjioFPMwDYgy",
-	"oH8DXAs5szoSRDABLWcWZoGHOP4rrhPOISq5xGRYx3gvwYwWYxZBIaDVl0/hWJhYSPcKQ7AU3Khnpqsr",
-	"rjSLIuLSFSJit4yuLji6mkrKuPnILmAVltqF2QSWFhf2M4aW1tk8swQ/9xhE+bKqjiuGqW4UqbZRit+b",
-	"iolE4PCmXmpdxWWCY+4VwjAA+qXjbi50b2j2o1KIGYF+kly3f+9SyYXDxR+Bi38YpvwF9FKOjKkOxs1D",
-	"y4Ix5SObKhilCCGd+OqVDqdc2nRaLeq1Q6cXGvXo5f5+m1DTJLFKB6oyPnOWHlPtekmN1mRatGFXcH6S",
-	"FjF+Csy/eXVovsjzA9vNHxR4tsbwrWZUqxkhtizBxWXqz57VB1a9CfwsCIdpMcuORA+2AELiyuiaPg6J",
-	"TDjmHcNM3krTWbegkHSukv39F0DsOCA8vOL2n2jgt0oKfu4UFp9Y0ZuF5qxeLZ+dvYcOssx63tu3jJJz",
-	"BjG464O7YrUd6FZQuxNeElRCFdKT3zrMfQRbRexHVsSOraHijvCGmHF3dGunWVsLcGYwbyJuDOQNh4eF",
-	"rFl9j1x9l7Lf4cgVlwl2RJjGFF3cvQqYBVUTjJtC674HIvPBhpELe9wC1xa4tsB1D04KlN0Zt2wW6Qlw",
-	"3bFW5XV8am1aaqZctR2DLG3zJ8pCrnCJGht9V7MJXPFW/5ejzxdn/6+H947vPp99+fjx07vPFzb7du/i",
-	"4mPuPvXgFZkwnmhQu22s6qJcB5jCNYkxqg4UASojBvKKJxyt3HY6PiU1akykP8Kcxx3zFx0B1y6Ldp9o",
-	"SUO09+NwU4DFRhbf/r1LVxAzkj85oNvsBV95tWpwz1JUy9NTNCNjkLC7NbY9Ifw6USoxaqXgthoMybDI",
-	"7v/aoIYmtZWBrOjc4SHgWXYBaAAns90dujh1ewntHROueE4pzTl7pOY89KFoKQCSQciuyzhyjcJUzjui",
-	"CnlwBFuRainSnJp1SnPZVUdP5vwItua0HxuNkFycNJXjeS6ma8MQgtiehBtxDeuIVW4o9ixUWsQK5R/n",
-	"kYr6m8EN9AjAK35McMRDCA9tPQwUYbCElIVWlzXJla4w+kQZcrukb8cb9rEgIo0UZEmUsL0xRReuiN3A",
-	"FXcfvdp/kb3lxhJgOg3ng4Wjsu5ZqbDoOjokErSceS85OoRKFwH7tln7pylmbRb8cI3OcMmWJKXAmIet",
-	"WPWk8jeIa8jLL3cTphK+nuk+NV/YSMs5Mz5CUQuDLb1Nvp2Z4TsdF3MZUB5AZL2grCdRp0OEvOLOmLVh",
-	"g5Wf7VbA2tqstjarjYPTpWOvVc1WQnXYhI42HEtjeG9hNM0XdWJ7/bECar6c47Sbx9R8OSd2e7ZxNU8v",
-	"ribd3DK3OjJZNbymuiRNPjSj9s69MtLkigvVwxG6cI0u+UStlsTtyK3w4OzJVhwxT4YRHWWFKmMJN0wk",
-	"yr9Yb/V1qPCUwj7cVn6jyA/X+zb/wdZ36Z6iOniKYgtArF7q2Ptq8WWNOI5KtJtz1W6KdKk3d30UxYbQ",
-	"qVTVxK1evQLjF2gbTbG1YWwsOKIR27bvqBDcDzOOoKBCPE123H8IEeBiDCkZbLn8qUVbNGTxFaIuavSL",
-	"jcRLPDVuvq+4iXX0ie8bTLYRFFstZFkExXpaSGwzq6uVClFiuclDwmFqMA+DyxYUOj/1XXwvVc79mjxw",
-	"icVFI8kXOIcN1Td3+/Igxc1dX82Nvn7mW5vvE0w/nuOvfA7wMm6lwLEAt/a+un+50jDDhIcL3Ixr0cyl",
-	"ZbIVGtGrZZBLw4s9PFO+ephNiUE1mQhXWdFXD0tbYDxRWfZHmpaZMuODkLQqTdDt+URH9ose3AYAoer5",
-	"fnYPCfXjskInQwEzG4gzc7fmUye59TIKpm3d7NPuIWYbdm6H5imZMh6KKWlhnUgIrTHbtb/r8nT03fjs",
-	"u26YGATycv+vu4VFZcrWhfMtobtOvkCcX26s05YvS9NaVGEnq6KJjkOCj0CSsYgwP4n1fUxXXY+lSEZp",
-	"mh9b/K3VT2KlJdCJK7uWtZu+IzG5iTpMRXr0MHIlw/QY+G5dHua0cokZwgMb9eezNTuCqU/UnPLSd6AM",
-	"HM8v8De6YiiNYZFLlKXEbZ2erVJxb+f080b08AvVMKWzTbqG4anRiqnURAx3MaupO4wcrqxywEsYrZ6F",
-	"v9I6Y86gwAU04omMTmgkoFLO3JnDpDnJTIf9K97q/+8/aOff+52//tP9t/PPr/vt1y/+/I/8ZXKwMIC7",
-	"xqprO5m7Sib2+Yavks+w0ad0k2xn9I1Q/u8v3IJub5K3cHtP+QGlZ9kCTp5fJ4swcu+rgxUDSXiHfFeD",
-	"tr+1Mg2ufW+1KbP4ZmCsLIgh3gYu1U2FKJxb0oWycE72ff2yvTNh3P958MBm8TXAcf9BwPECdUrz69Yo",
-	"vpVfHzat0GqAqszzB0yoj+P4sdx/zz9cNrcCn3+43FqAn6AF2OwraVEsiWbDDLn9Y7eGU9ubUAJZiB7A",
-	"Vqn65fSSqDGNwVXtSbgmrf74YH+/89P+aNBRt5PuwW3/zRWPxBRkQBWQCLThlDYJ2QiTN+PIOUgynsVj",
-	"zJpMSSh8ShzfjW3cvNy/7R+mduPXL694MKaSBqbR3TTc0r6OBs9bF2D5R0Ij0h/FSQ9/7HfJO7SbO7XR",
-	"vmR0ykw9Zd4EfMWbJtVX14nXTGt1yvPr5CkplOcfLr+RNnn+4XKrSG7lnvtSJA15rSD07H1V18lm3I/n",
-	"E8HPZzecVxsN9thc8bsuEXyEZ0MpYTzThyQEPCvMPJkmjCsNNDRDwRPkjY0r7+8SLTCunXCYXvGIJjwY",
-	"g6p3bd4AshVX7PzDJWFhm0B31CXlg6VG61Q4iEba5sHznxqpm1sX523oZPOE8fW4sXFPaMPySxPI+xE8",
-	"fdbcv2/RwojA5x8ut17OTy6n/CKmvasp+MIpMRMRQpTTlTBTsr3qQ0WHhfZHyrnQqNjwEZBW4GOkhB6D",
-	"NCPdnL/0U4WF+zIQr6rsfJeItLUKb7WjpVbhFbSjtPDV3jACKwA1koMMGI5FZKgUi0qn/oYiRrUn7HfJ",
-	"KUhXEUxwQKNn2xqNd98Q68zbvuLFDCdtYlOLurrZbRJRpckYqNQDoDrN8PzL6aVKa9oxSSKqDd6ambBA",
-	"dckF1jwmg9kVz9Bd3IBNTzodiwgITviNc9E0bzF0RIZbGuhoRsyYxdCraBC2ScLHQCM9nrXJUAKQlvsT",
-	"8xZS7qp6tQup83maojDJ9s0sCH4wHNovYuAhVp6syOaTy9djWzskfSzpjFnG7PRVMqkRMN+bSV74Tf7B",
-	"jPHFyS+yyeObWRW4rVH+SQFjaXfnAkjiGmjkdFHoSFMZs/J+7MI1/mMxpJ118wsytwVbdnx6d2Q6ZYAC",
-	"L14qs8mr1pz2t0IqSka2OPGEcZIoM/o0J06dD/uFj854Mtc+dkbf6OanOIR6Li+WJrbFYv2uZRnsQzBa",
-	"OLr1GyHKP46l+BcEenuPtNWU7nSP5CN0PAnaSoLuKdJjHUDViQt7X9OAyT9zosOcYL4Z1CkZHOy4a+Nf",
-	"8qGc30VmC7dIdYUO0rjVrXnlR7cRV4dY5qQJbyeusrQ+LV68L/vqGlLFQyGB3cZwiwhbg+uDZuRFsluK",
-	"PnlRIXP4qLUrHOWcQtztkxN3CeOk/3vn1P7VOXnbbxMRhWmWCtKy5tW2M2paIythPIiSEMIuOeKztC0p",
-	"IiATOiMSaFiT3yI32vtVj353c/o+zRrZOjU3beQoYWveeILmjYxrn6n8ZudBIve03uJxPIbgWrXTHClC",
-	"hiBRGR7AUEgglM/SqP2pZFoDf4P9n3+4tG6zzpVXEeeS3KpwUNk9dJkeoggk4oL1KUuzRDjYaN0wmIJ8",
-	"Q17uvyDFzAUxyAlTysynjxkcJCgR3eCNx/n5r+QaZqT18vlz0keHOZy5S0rQJtZVjvS56Ck17l3DrE+E",
-	"JH33x/xIB0k4Ak1CCJjCNAo1OSd8w/b9LIdDO9+KEcpCM1Xnuef7sLkYiEz4lJrB7z8n1dka3AcxyI5f",
-	"qUDwNKFGxCZMm8n/lfQzYujlXunhK6adgMY0YHrmZmS2KXd35JwWON5P5dNIYF1nrMKXpog3k1cgb/Cx",
-	"spdmWPlPC2lfpZjjApcKwn6dhSwj1Ed1DDyoTS1bg29kV8ttQr01rbShh3bPHRWEGWVsMzRsRevHfYja",
-	"wwfJ10hLZZ+GwtFZLWDvfc0hbdEaVxLKeO6Axt6cO1cqdivr0plrL+fZWenX+Y0Qs06TqLdDFNboe7EL",
-	"LsZCzMqUvrG1BmztgzTP4XeEkT24WZhR0oauoWTGNPow5VV0d91lhdK2EciFdG6nUkKUZ9ZF+vi7mwdI",
-	"Ofl4seV7NhHg1jW3EzgbjiW6LZb92Fhmk5mSMTMa3MyKKhtENgkRULWg3uonYXRJo9ibF1Gxz0lOWhjd",
-	"w/zC+KhPWqEIVK6/TsSGEMyCCLqT0OnL6B6KLp/PFKHBNRfTCMIR4IW/WaMItNVUW65p1NwHLIoYH9nC",
-	"rrtdcpQmoHS9EyGJf/+NDdPLzdXlq+xlgz0kQ8oioyHJtNuKD43UZ20o/S75OxpC1DJLSLeiHCsObCsj",
-	"PhoZsU24mOaJdwu02wjDFdMDIk+vgceJHu9FYsQWFIm99I5sWEWfKjUVMmyTOEoU+oLHmMcpl9k1USDJ",
-	"mCpy8eXi1BWqhrBLfpOCj0ggIQSuGY0Uxjm93D8wzVwD7znzaf+Q9M3ADJApwWnUCxluT9gne+4nMAsZ",
-	"S6Ygc3Z1zb2oEF9xhnfBuXuy7n00A/tGl9pHiR67atP1ouA5G3G0Tf8YmLS1jFUjDQSJZHq28+Yf/yyU",
-	"3ncMShQb8U7RXS3R42qsEYnOg80cp5rfHyerimQ1B5SXVTnSsW47adFICQuZrJzGHN/Y/R4Zbss+zUq8",
-	"Gx1mKEGN5yu8V7ONe72eb9wLF665R8c9Z7nxPebz7siWuw8ModnNseUI8HFh06wKKaKw+JgwRVQM36cf",
-	"2JZ/Vzr+zoT2mWVX4mZzWiZxvcRtr1MVocRLwAVX8ZynBLV363mX8VKSoFpJuvVy/8WuPYHi0jFuaFgM",
-	"h4ekb0T51GBhvTlc+YmiuO8DXTAQZl7+dhN+hLh0jiP7VpfqzRCpTAQ+l531ukNtawoSiHWXCA8zJcxg",
-	"0WMR4LeBJ49aeEf2rMctZ/PcowFmKKm9f8oiI1IzqfvkEB1BELWGDKLQav88iaIu6bt3e+7dHgsxvtz8",
-	"ShKuWYQ07X4lUkyda1nl9ffPtrEjN9Q7o849ySPFYS6CALOopdXcem0+Kb3g5+Lues9re8o/U/Mu3u6D",
-	"aiZ1boG1TPqFZ86FMcis8lar7x6rfpsElAvOAhrtHpJ+WhfKZn0gsWRm6CRkKo7oLNdErvSUj5f0P+52",
-	"ybH9JwPH/nADmEBiAuEiXv7ZzeiR87Ib5lJedou8ZeKnxcRuW+/KvegU3LF37ntf8b94QZq7oazXHS7G",
-	"QmGOGfSinlBOR4CjwXaeKedz3CXuNneCl6pDIadUhi6LhIiBk85Vsr//AvL3omH60PpW21J56e8IYLz4",
-	"AfZaTkLWtjp18cO0TfQtrq2w17cuCb3MxcXei0aRmLqC0dz1mtOTbOY0DDZx/nTzaJMbt2dnXCp0mdhs",
-	"eJ5t2A2z9uLT7/z3cudZsWo1AIgz295ybm85V8LXo4xBCfWxE3ADG4BWhz0bgNUvsTcZzsGgIgMIxCRD",
-	"z0P3rxL+VWJml3ykGiSBGxolLj5PaRZFPqU9G4014yPnsFxqrNVXANwluN8lg0Q70UsCgj3T6+Om62qL",
-	"mVvM3GLm47twQua8E14u8zZ2LZcC+AxmlL2PgQbjLN2JS5voEAptPWhU5oLDbpe4HAYTmAxAKotBVpLu",
-	"qEDEELqO1aEPlSg9Rw0zYgpj80XaUCmquUX5DMORbaJELQrWdNUlv6EZ3b3eY2G/bcVkTK+bRVn6Tlv5",
-	"dUiUJmN6A9mNUr7vNoFIwaI4RkwuZYdjyy77+iYH+/v7vstqd+0CsqjNYvEXO39IJ+2L+ecyI1UV0c8W",
-	"cfPl/MtDQVqoreZvfuxhw+11kPrcfH9hPn/A4+FUKJ3I5dYFT/02WymTJLYfbs0NT8vcYGHXbe4qRoe6",
-	"YO+LPPC566QlkEvElBtQRYnXftdCwss3tevbKvAoUqbDC9I3jNm3dZycTbHnHknIKtcb4RcOiQIeEmAY",
-	"JtcaCD22SIuFoQZgSzrtYgpgJkJFJoLrcTRrkz8SKjXIaGbHy3lCI+zg8uLYrBzwkEoS288O0dYgtepR",
-	"3fe2zBTC8ad00dGqqd2XBrSDRGkxcQ8IBwhVoTmcKPDQ/mVvatM/6dBI+rnXu6RvC/137X96E8aFRGPs",
-	"Qbd7sP+/B6+65MR6TxLG4wSjBucD3QmnE6NsYOFjBlF4mGUhw+PMOyGNqSocMQvsMS6yHQPIe9Kc8NV5",
-	"Ry0JFADtaWQ9LEzJl1L+JvfJVadF3SnBYeo295n6sQ6I7b3yvSU0HHi2XkW72PNJNBZE/gBViQSFYngs",
-	"FIQ9C4R9QkeUcatFyJlPMZJqJAbSDDuByl9M5aR1yn0O0KKEXxTudwnjtnxgAeitHbtUUYOcx2DznZjF",
-	"pBKcVZ1xq/6kTOdvxQwG22nRyLzl47/TKzUahln9Djx+qPZTbJlRMQ0TosZiWrVA+z6HylzH9oR0z90q",
-	"uClDSP7burGR/yK+SZuzxGU0MedLOamJ8yZKm7CXBf9tThLyf/xZ6bvr67EEZbSaXiCFUgu+z70agwzA",
-	"TOv/eOXJDJvxnm22T1qYQZ8wrmEE0u0Bw3BXJdL0+nZETBE/9t1uxXTMHKciicLeIBLBdZ8MhSR9/HfP",
-	"5qdxB7lKzFqF/YLs3Z9Syd03XGg2nPUMIfQPK6eOfZkPbFUYcQOSRlGWYMbduyotBR8Ztdls+jNls2rp",
-	"vKqM2jdV19hzFdEfzhN8Xnm3wgq1KbqK+Xe6FeXdAhZu8FR/iDP6rVvTb+SHWjOWxUqdp4PDrJAPTRMu",
-	"bWMztsfwzpudt3LWkQmfy01lcICmKI6wHq56Rn914OgymdQVsjw3SpoBDkWo1yAtoKWnj7sKGQlvCOzW",
-	"1IzcqKpQeZdQe4uQTvZ+rxEeqGDkNtT++y0ZuUCiri0/V8+EaMSxcZzefDPMrgbsjaC9d+ySfhABlb3U",
-	"KCHBuorgpScPCSYfbXGhifO9cDhTsHy0CTdCiBgBirRFOwdat+cvD+bvHKvMDoWMfJiNrtCC/RzvOYX2",
-	"97VGxqqPlCc2rUlqAxExcAjJNUDsCx2h60m3pmLek8SrexbFbA7bxyCILTGX+BzPP6jJZFWg3spqTZM3",
-	"r2Yy8ap7R4FGb4/aq9m3Jd/bNlFJHAtpiDjIOeG6knbuLvb970RxGqux0GQoxQR/K7vxVtzVfha2pPj7",
-	"30kguKufZ/A2BmlgZ7F3r3MKnp37ST1yN9/yeJcpb+nC+V3b3sQ9LftneX/v6AGcKDqq997/yDi48pPm",
-	"gx7yKePkH+YfbaKFdbNXQloPiIFB5fTaSkgMGQvT+L2ZDR5jSiWA90EBfkskxBGd+TBCb5TE760cVUx1",
-	"vNAJ4RIndL+3Pe+lmDR570I0eSs/8HMh9feYGN7N4cwILjiR5nnfJAo7SIckMvS2Rayn5RZW3t81ESug",
-	"mkZitCdUh03oCBbUlbA3M1/OiX2xbVPJG5F6hgnQq0rIGgg5tl18USe2gx+rZuWXc5x2c85NF/h75Ngf",
-	"q0pDulXmcHb1Dsxhm2M6R/zVTKeuk6X8dv7hsshqWIK/4IYZS1aOA0x46IpVp3hg3mJ8ROKIcrxLveLp",
-	"vZJ55q7j8vqCeXxIYBLrmVcW7OfYo/JVIp4pB0QJZ3o3jW43+sSVX0AWMZ1doYohviFhxARXbbzkSwyg",
-	"pSoLVsj26bvrKmOrJZCDVct/LLjxM/9w2RxxDIltweaxg43FF1sN5YMvX29ZH33hcny2Cv7sfVXXycLk",
-	"9gm/5mLKiZCEcZqiUprWvlgIpqaQfMaRmzWs4kAMInZHXTI+2N/v/LQ/GnTU7aR7cFtjbFU4iHoza86s",
-	"evD8p/bOhPH074cNLsm4uc4ycf7hcqOsu5aYvr0FWlhcssi5y5gzK1msagvAmjPube69H+uMy2be/IzL",
-	"repWE36a9dJyW7xcGXY5rVVjZ3pfKR5rxPsbRrTDOQ8r58K1uFh8RrpPqWB8Nqtv5DedW9b64lZb5+it",
-	"c/SdnKPDPPNWAEn1Ib73NftjWVX3zcFD+S7Rt1vvglAY5fcSfb2Y8S8Kp8L2pn8rjC9n4lqnrCpx4C0m",
-	"4/QBWd5sFua4rUYasN4oT5fd76uI/JqSxkMCjnc02gLPturlt/JJWkFSGQON9HiRUPKrfeOxuvTY4S3z",
-	"4Dk6PSGUqynIjer/D0gkCxLBfmQ3wEGlaq+ZrCPn3P67fSzsPnN97OF1yp4t9bIgr7XRp/EWqj+iXMtZ",
-	"x3yHBbhcmZj+IeGCDIBKkLaMuODQ0WwC7gU8lVyidRfWJsKZi4664llxmS45A51Ibq+ZIsFHnYjdQGiL",
-	"ftkWWmqMlmkezcgYJBza2tSEabL/en9/1wa8DelAsoAcHxEtrriWidKp25z7jYahdOk9Quy7aPdGPX9+",
-	"/OZwP7jipeI3bUI5gduYSZcKL1cgxz3ud8k7bM1l3PMldnxBM8q4KyOB6cGveCzhhokkn9EeeOhyhyec",
-	"Q1Rld7fNfhYhPMaQLjMuuwrfyGqQH0A9erzz5Y+25QCeekJtu9WuxnkOOX3nhmDUQgD9av6DCemQUc3P",
-	"UqgYAr2wPBdCalrQMBIjMqIapnTWJtMxC8YklqDQsOlfeqaIwSbs5Q2h1nnXgoMYkn46jv4Vd8ce6du7",
-	"uzfE8FU/q0TgmmOIuxqjmadS8FHbV7LBaohYKSHs0CmdLYa/w7nReNdDnBx+tajgIWnh2CdMTYwitlsF",
-	"bNmymi25e82UOQ3qJMybkA1K4+BbmKVkANleoeUXJzoAc0YpdN+sVrncnjS9e3z98ltePaYLe5Ku9YJa",
-	"iClFmJ3/9heS29uSWsD7imT4MwpoWCXgzT/++WcBBbMNd0g4VxVlfTy0MLIoS6fjqxTw8kkbMuFHQgDM",
-	"FpPlMEUpqywL7mb1fQSHK47FXslUyGsUujQR3LlOIA+jEEUEVvNiykhXgHmAqlFMjynPoyxh6oovwzWX",
-	"eGE5vNlV2kLbfUPbMqXRkBauwBbRvmtEc2WeMspeA8+UpgvyaJ5ZqnelFSKqh0JOSEBj7/nY9w+7IsYg",
-	"2LBfGVDlh3KO3T1Wm0thlIu46Fgk+et4YY6WCH1Iv0sp4Tss+W74BELyt/Mvn4lyRJVWCQonjH+JSyQ/",
-	"gUXWwE+Pt4bHpQL5G9NjX2ukLpjPxphb/Qc45cEMKRNurVnIFffY0udD0Ge2ITm6NBtZIkoUJ2vh91cR",
-	"hS4zcAa05hOLtKSVQrJKDEHbOzyz2SJWu4cEJTtFRqCNcnrFFyQZqPE4t0fHj+WHZ+bc3APPOuxvfe+e",
-	"nO8dd6TvubdCihIxcBqz7oxOokWHy5cY+NHpyVsRJHe+FV+N8v3IKtWVlwd/ffli/+W8llJ5vrhJkNDN",
-	"4undN12MMTki15IGOp3nkqummM7KTs3LHCwOjQaWZp+vDlA+9c3+WNjrpt0cfv3ybxH4aXo/Z7F8GUOk",
-	"N//+USVD7mkRd5JYLbDKVbg+5Uoc23ZSU1osxQ0Lbcyh+0kMXKUGcq4li6Gj9CwC4sZ1gvywaxNtuqyn",
-	"bWfmy26Ac80GkZHLiIJAYt5TvCLBq2QppgrwvhbvcgPBh0zaiEI/lvTewzdoM2sV2sS6u86cGABpUU5y",
-	"DtWdDzBz2RVc0lamiYSQBhrzkJrmpkamxXYCCSHTPolsWnQ5Nx1X4XcKg7EQ16ZlId1Vjx90QGNt9Di8",
-	"mLZLRESiFQvBJhB3/yOYVxwDMRVx2bxcSKhzkY+EbTEUNuUtFraIa9KNu8y2OFAypCxKpE3ClcRKS6CT",
-	"9D1PTNgkLvsI9U7zsrJE3EsyKu7XOcg7krgQ8WX8lFzk8/P6RtfdxSEstnymzJLmnwvnGecw5S/m2Kpv",
-	"uahnuai/9bj/8fzYnjfapl/s9fYG7VxYzYF63LVHWo5kHT170m1+ODpUVntf/bd/1h+Un73rkzUxHxb8",
-	"mwyhAdeGebML/747EM/ZiFMD8X1iWYC0+vq/MX92kHB2aw4mwUNlM2q3bw7cb2O4Jb9+OjrunP969PzV",
-	"ayPpXe3Yn7R9t2v/knSKI7EP3TvQbxMFmKma9G8O+rY8h3JnAmB+9Fkezt3x6H/HBJBoG+Ejc9yg3wCe",
-	"ZziXNqFEswkoTScxmQjpLs5e7O8TZW/mZOExUd4pbJjYBvAMwxUUNy6jgT8nAxrj8eK2qpd2m7oikNbL",
-	"/f3dyhzvPlWkBOsyFtqTPgaZHXi+Up2Nr8Ys9KEvtNqx+gklYWLx2ByuEbM57J3DxfP9fQeL6Ut9dL5w",
-	"CXUzv7e8NGA2yvZMbRZ6TIRJFRnMzAxabkc0XojOYtitKuiHt6OOsn+z67XZW8TTEkPV3Avm+K3+YrDB",
-	"oXXq26koHnUxL00hGThGSkdm/8zGVua8nZrLyp8O/vp8RTf3/9z7z503Xx/WM72420fB9cI6hHiy34Bk",
-	"Q0PUhtIcG7QMG9Msiap9vPuNj/KtI9tKjmxnFgByylkKah49y2UEa45B7zO+KBI9dSx/rBdDboDLjCUX",
-	"WZ0Elc9GbM5uX5pBDLf3Qg9q18jlL0qpbIUg7t+Mvt0vBDthqQ4xYVr7iihCjihn/0bSeqZq4riosnq6",
-	"EXlyv+Q8g/IR4C9rFVw75iel29opfSO1tjSGBb4IVo89LLE2Wkqm3AoK2zCtbZjWwwWUxykWLI7R8tCH",
-	"Oqir+LOwisdpobajVTfSpG6+dK0vKoJvop6CbttTIa/N3qh2bfSq7XZDSFY9chZ2yTGVkoEqFPv1jhrO",
-	"oygdV73+kdWr/U4i2nNruwjOtoVGtgXF71SZZCH6tGvv6Ldsf48qyhK1ZMvs2xQWSxm3Jn/FaV2957rs",
-	"FD84o99XCot1tKUHwxmfvGKLN1uV6JtkrriTSrRnjXSNrJWf3Ks/Hrp9h85u+S1r7vLmqGELYj+20ISm",
-	"ZM+Bk5TtVzAi14tOaFlJFEjiwicj4Ut8Q1Z93FuGW33zai5Ztg08mDIFu4c2awhTmvGRv22oM8DQMCzw",
-	"xBbFvp0N/Ki0F9/Ku6tAD1W4GIZba9FWoHsg0D0Kw/TS9G7C3N5X+4/VbN4FkD6DibjxWRojqtxLtfBq",
-	"K+VuEbY06k/uUAqxfIzbXCz+gk/rcgOk2/fgtbhx37egtzWRr1pcDelmCX6tYWgjb2Ei9ApAVDDEbYHo",
-	"0QLRPdsK1xAs9x9OsMzbDe0SbwF3K2U+jCfFmPJRBtTPFJEigqXyplLjzjXMFtsJz89//WDe+bHiSu2s",
-	"m9vYzDJuQ0qfZkhp6np5fv4riZNBxALc7xx/nasxMsmCKjpjMB9hKXkqlXM2d5GGEJLWfNShDZK0edgw",
-	"QpFjTH1xFLuHhGLDaYyPohMg/x971/fcxunE/xXGT/KM/JW/YzdN7Sc1ozRpHNnVedqXdmR6WslUJ7gB",
-	"zpGayf/eYYH7yV3s1ol/5N48CHML7C4LLJ/PkvEVyFQyrvMUdsGr3aFxjA8ou6l6rCU8pzxN26MHOp9y",
-	"w9l2MHVaUgmjIKV57Jl7+vDgPxxC8Zr7CnqvQHAw+riGXfPQKZQJeT+uokZsGb2xfrONwMNK99XPVPq0",
-	"w/5SrZRFeFfrylT1fv5zQBNk0IGoWtyehbFhbHMWTezbCuOLnt8+lHeXlDhDfUj/PEN6nNzPs2N6AL67",
-	"UGPau20Xc8/xJlvhC+wf9gvUE1PHrF/47pk6ZN1Q9F0o8HOKwItePVAUXhrWniizD7e/0Lsmew7Pb+lk",
-	"6tHB6CN6kipVZn3Rwk8E3142cmwGx4fH+0Gw5ftzMg1GD9keuLvePZWXCd0uw+c/9fuB/mUCza3yzoZ/",
-	"czSSsDJRfavNTxBbxdayh35MK+LksSDrSlMNp+TK8UXMbeV5LBZw5ZFW/DNI19CAZ0mC8cnvnAsO+20A",
-	"v78ezZyAjxXlwEt4G5gDN9gPjmXwbUXgMtcgbwpmzujivVhA4i0iZxwwQzX668PafGcpQV23405NuPlk",
-	"HWIQ+A1RoDHh4Ort9HIym47P5j//9i6azyavZ5Pozfzy/N1kirahQJ/myEXHh8fF5tqhFVlcK7Qiqgta",
-	"jHrmFEpqvvFo7cQIN7NydpmJq3LP4fC/WqfuvOo8SRYPr/hIzRIm8ngtZGwCTKdmfqlRbMUZXx2sYWf0",
-	"uMxwkOUwxBvQksWqm9vAVvmymqthq0dpQhlvBZx+8f3/D1++fHEbxOkLKTagryEzC+1WE9imQjHzI7FB",
-	"5PODny51eZPPWBB6Gs8i/m4NKRCgzXjLC6H0SkL0yxlePk3Hl5HzhUPy3eFR3ReaojJ6m/HhjIPKqVAI",
-	"pxuf5rWkDFmW4muI10O80ETnbLppXDQkIoXg9iRv9tG60kbHw46ULnYnBDB+W0AKfIGAtE+bjjd3fF9v",
-	"IKdCIxjg7oRQTRLA/EEOVrOMLi7Eh/ujquqEF3PSnnRYTtAm6z7/zyZrE8gbr+UB7pYyg5DZAECyJAOz",
-	"v1YkplIiqCaTxO0rSCphyba4+89ksneyN0KDcILVv+B5lIc4zMz+qa9xZC3GPXbSOZ3/FVt618HALR5b",
-	"8YMsHeISdcD40DGq+QUMgffs6pWn0rg2cVDCaIcOvMgDbncd6pYatNuuZosFpb0ig1goTWIwuq72hwUc",
-	"mvlW7Q1Vqek8zapL3mYiSakFf1lkGnBFPzKkpysX5SB1pbJXVNNEVKpZBopSwThJhLXLluKfpMjSym+R",
-	"FpLiCV5RPa1WGafpWGq2pHFVokpQX5bekdDMwNhuVUIXII1takr13+zgjmOzB3qV82OHBtt/wZ7MM6Xt",
-	"glLc7tiJzK94fEdM7UI9yqUzkUCzNCxLucZ7SlXENIR/OWNLiHdxAo1fm1NnSqN11iw8j95u6CokXX2e",
-	"sLCmAk0tpdmCaaIlZUl9bMbmp0aTFW2stnfu13IH37pBZXA4m1Q3Bv+8KnGVkC7wwzhNL6TY7vY+/fHp",
-	"nwAAAP//",
+	"7L15d9u2tij+VbD8u29FfleS7Uynjdddb7kZ2pykiX8eTvvuSa8EkVsSjimABUDLOln97m9hA+AkUiJl",
+	"2XES/dPGFIlhY2PPw+e9QMxiwYFrtffi894UaAgS/3kGWi5Oxhqk+SsEFUgWayb43ou9cwgEDxXRgswp",
+	"02QEYyGBSPMJ45P+XndPBVOYUfPpjHE2S2Z7Lw67e3oRw96LPcY1TEDu/fVXd+/3M/gzAaXfhsvzvBRS",
+	"QkTNX4SFRIyJnppp8APSMX8ENIpAPlLk954bqPc27BIhieBAZmamkIwW+KECeQ1yv7Q8evMe+ERP914c",
+	"Pf4hXaLSkvHJ3l9miTGVdAbaAeYkCZk+F1JXwEVITYQMQfbJy0QqIRWhEshIJDw00MJVmJcSBSGZT4Gb",
+	"RwsyBwmEKZVAaFbHzGB/JiAXe909Tme4IDNjfuH/IWG892Lv/zvIjvDA/qoO0jV+NItBOP/EoojxyaWi",
+	"E1i3egNpSQ3kEvM6iRgHtZWFlVeRrc/Ca3lVH2P6ZwIkphPGLSYE+CYZSzEjw+x5n8ONHtgfh3WLtT/X",
+	"IcCzo8ddg68pQiyjQ3fvjRSz5WW6jZEYJBMhicQcpD33uqWY9RcWMhZyRvXei72QauhpNoO9bn51z59W",
+	"LedtCLNYaODB4h0slhf2K70CRSgJJFANRNExRAt7VekogheEEgkxUE3mTE8thtIZkCtYEMpDMhKheT2O",
+	"6ELZX7WQEJKOopxp9m8I94kEFQuuIN2qpSPZXnOL7JlVrrqA6+B/alCH/RvMt1VwjekEBsq8kJ8lhDFN",
+	"Ir334tkhAtWSpMeHh92MQB1VEqgLsfa0kzhed9pabOGsfz+V4l8QVNJK9xMJBNdwo80VpiS2D3sqEDGE",
+	"RMQg7V0hJykZNccuEk2YJkwRCeYDQ5wMNgwZv6YRCwfu5WHtCf/ecwvovX21190z7zMJ4d4LLROo3HmS",
+	"sLC46SfPKze9ikEg9e+pJI4jBiEJCgyjSyCYCggJQzJbYBEpzhK7kz65SDkEsg2FDARJNB0p4HrF1rNh",
+	"27IWvwrkLD/R8GeqYU7xGuNBcqTT1GwvwG0d/EuZnX9uSG9fSynkmZvETlmE4AknSay0BDojIcTAQ3NJ",
+	"yZiyyFzyof9xAGakITLPnJRQ2HvNWtzrB7mDxIX8REP35P62+yuNDAJCmKK/MMetlLnN/up0ltD+mNBI",
+	"CcNtFjPgeqDYhFOdSBi4N4ddMjSE0dCemOrpQEt6DVLRaNgllITADXpyEYK5kyMgmsoJ6G2C86Xg44gF",
+	"9whMP2PGOYJESuCaKG14TWf4vwc0kkDDxQBumNJq2HU/Be5T1SXUXFXHHnR6LEqzKCIy4ZzxyTbB9EbI",
+	"EQtD4Pd4xxI9FZL929IlhwsGyVQyHrOAGYyKQSIaCm6ANKThjPGBp6LmiZhzkGrK4sJTpSEeJMVnNI4H",
+	"XOgBcM105J4lemrmUILTaBAyZXh/9gtwDTKWTEFxpMJX6S/bPI63ZmZOIwTi/R3JJYeb2DI6R/ORvuGp",
+	"2AXdAcH7IPQbIyPc3zYvUF1SIpEBkFCAIlxognfRED5m/75mio0i8AqKVanw9ho0GpslbxUOp3QRCRpe",
+	"CPHeUMH7BoclMCjXMkUiswRJ9JTynJL4SJGAxhWcoEuGIWjKItWXQJXgQxxpoIUY4FBbBpRhN2epMHVf",
+	"gHqbI01kRCPKAyhTLPd4q5hxDvKaBXDJ6TVlkaFR90il8/IPUyTJFkE6Q2VXNsg9Xdo5mkx6qc1k1cZz",
+	"1hUj4t4CZBdC/Er5wj1V9wevM8PHIzZjSEr+TISmBG4CgBC5m6QaBvjzwD9FlhJFwq5nEAhu5YVgYV/0",
+	"zItxpQ1qDXDQwudexir98iBO4pJTx+jv86oa4cJwejt6JrhrcQV84ERbAzr7ICev2gdwE3t2bx+grpi+",
+	"t83bfcljKQJQ6n4v9j/MRkrQuU6fOT5/nNL1ITF6nbV1jBlE4X6fnBjpn3JSsmMQCdaQZ+RfSkI2HgPK",
+	"v4YlbA1wf3md0pofw9Bp2r/CbAQyp0LRMGRmSzQ6lUbV18zolWMaKejuxblHn/eksCewCrBumjPz6l/d",
+	"vUSBHLBwIx0+Mwf8Mx2naxfxR/q+GJnpzFQnKZFYu63iUf98eqmIGKPqfv7ukgiO/0S9qxOKQB1k9Ef1",
+	"Z+ZoX1+DXNiDNlSfRnO6UMQo/MeEJ5Gl/4KDteSaJ2WjQBGyNAhkAuEgEO5QoujjeO/FP1fD+lfBYbH3",
+	"1x/lDf02pZowrZwhdkoVMQMTJciYSm/YwB+NyOLIafVej631HO26nZEQVxDuEzoTCdckjhKL8U7jIjGV",
+	"GoVD+/4CdJ98MJtPuGYRYRrXMgIDiUCza7T9eXhZq89f3T3704Dqpjav4ghLqNTdy/GPiRRJ7DByWc7L",
+	"XiT4olnynBp5L+HBFI1C9oDJWEhCiSGTEbifzWbWIPnalQaCcwhSJG6EBhniv8y+NlixBFlrzg1bgHZp",
+	"gUbW8QOUsQ44Qb9OQGdGZI6AKgi7nn4KScziI9DWX7GVk53EySAwyOhMZ84m+3y1gdZ+NxMhRA1Mbt29",
+	"qUhktBgYrL797fwFB8MrQqh2uOMvpQZOuc7dyuMc9TAvGAI1pSHhgsSSBWA+ZLryHm1Cdr19sgSUw6oX",
+	"RQiDzeYQasBmRiJr9PlaJEArx2BjVoPE2HCRDb+WMLGSaVgGXOUNUldJo9fUdHAFiwELkUMwDTO1yepm",
+	"9Oat/fbJ4/RnKiVd4Cya6kStY+r/ePKbkFdG/T6376dfDqw+W0aYw8dNLq9F9g2hnsTh7WhZScLASRH5",
+	"8wsr4EYZ0+xZ5olJniAVESO7LynQyzAsnnnxlhQ4Q5EgdYvSQzW3K9D+AvDy/DZH3ldLWC+LbKq5rPWL",
+	"mBMtiAQaTI1sbOfO8d1l2WjqZKLcaT5+9qzqFjsHdcoGnj979uTZOk5gDnP9fSwhy9RCOrZebBxiNcBe",
+	"X3uVpTmsPnIgFkOIlpQrVg0fGmjhCV+Zk62XjPBj+/jzHnADJittG8QIZ4w7zDXYuVAaZrmNVgpYm93m",
+	"nA9u061sQ7jxp7QsGUZsDMEiiIDgS6QztPMZFdiJOuafsRTXTJldKE2lRhW53++jQrxu9rEUs0FGkJtJ",
+	"GcukeUngQAlccKebSqX9FnAHTPD9LYoPt+IHYrApP6oi5kWkLMI3P5k/93TxhWvRzS7YEpoWkK4BAXjP",
+	"lE6NDu1075T/p/9ophJYwlOQAzB+oSwIZCExazX87M0lsOMEhcFWQ+Vnw59aksXs64LWnqpoWkxATwH1",
+	"XPOj5cI1mvwyNc0jjaqmBTO0oaguGS0Is8Ebt5fOciQhPZRlzca8tZqfbYEMbnbzIyNEpCsuedAtxKxt",
+	"YJ1iWL3Zw6rNVikrh4ffi4rwrcjP1fJy6SYWEKxenG1Ab16hybYt1eHLxiG04DKtPEGwwaWl2ayVUHVJ",
+	"CEFEJYRkHFHdtcazofty2IgS7ahMmcq0IBUO0huw0PUQ3JGhHRkqa9Ue3xoQpC8gFlrB66GKhV8AIA8N",
+	"FknI9IlRPC6qdXMXWpCp5U5Nr9LOcbBmFogl0wJbVuYqTeRFQ8LaNINsa+m3zaliAy/KOmvClrjRDDQN",
+	"qab1cLUrLMkSCNaeiiFgYxYQP8ox4XANkigIJGjMnVhCDBGgZ+BWnLcVE1kLbAkKY+QbnPqZfdXwDIxk",
+	"XT4ctOytNxTYrz22bZNBrZm7itvkj6SMzCVTQi1Hot6ym99aHkwpnCuMECkW1lKSe7Y+ZPTmAVLVsxRf",
+	"PUlVSRCAMt8bjTSRK6holn6UTw/Jo8DA3PW97so0KaMmUDMciZjSpKMAQvK0f7R/uwwwv5+K1eQfUXxi",
+	"Ma74h3vZYpr7yf3hfnIISfN/4E/VENPTC3EFfEOso3gsA4wwqkinASpBkr//dlEyrv5w9OO6jKzuno1g",
+	"UgNWMfJ7NgZDStOjwnUQXAdh3NBnwUOkz6t1DgljCWo6aDOZ++YWs9XAy+bEdV3MQi9RpblKUFyf1tbd",
+	"s7FfZe+BPZhKjPDOllXX/FK5HKr8BS+gQmHiwlGWgVB5BCscNi5F6yRA+b4x2pZiHEEBBkOPXMIXU4SS",
+	"mC5AHkiqzZPI/EHoSFwDkXROgIe9IFFazEC6GAAXvEM5RhhZwcD9wmYuvL7OIYSrbySMFTfsBTK38IEf",
+	"aUtSmYSQ6YFk6mqAGlgeaeKIajOBpTgIv0oM8lAaxJIFZo1xRPmWFujo+cDHXizfobfnH8nTx0d/y4Km",
+	"jJbYJXoqAWxGX0AVkAi0BqlKV+pJ4UI9MezKvGYG/p9/nvT++4/PT/76j72qhTEVR3Qx8HaG4qJe2V8x",
+	"AtFTEY967gT75MSGqMGfCY0MSxmat4elBWKgx5o7z/i1YAEMJAQsxpjuLYpXmSll8y0q4Lpr01GvaZQA",
+	"oYoM8xAcWjsdMl1nlFMOHmSU2Gwihs8KXx2TkdBTZMxmiv0NYBdTiUHwd3K9/LXZ7nlkDjl/U63Lfg+x",
+	"EhOCUNhB633ljdX0ZuAyFtmIRUwv1t17DEMY+JtePehtbE7zqYhA0Qi2T0RKbKvipItKQIFWp4arwn1f",
+	"hTaVp776jlaQuVUQWUFxK4+2isynWLSe5ZatHXbdLZHDDxn+K1Ha58K0D3e2Ua7rOKgL86vxfD87XE8V",
+	"boHLJXQrYNYsNWfiulbBPgeozQT1dpBySUCN348gnBgMl5Qrp6lsdvG3B+nqJXWrT8Dvd8UR/GRf2VDi",
+	"HPq0KiMqXkGsMTx5RIOrOZUhelepdjfUS5SGBcaSzahcEEdvckGnfkQ19O8GlAvOAhqRGGQvlX+MArss",
+	"grY9YT9bVbJ+5bT+gz55GRkCp8gsUTb2XCUzvxHmCpA0MVqkaym6emaMu7+OyraLMq13e87tZtWBJ+EE",
+	"9Et0HzQlT+XUMw5zMsJx+l5+MYdbEnaMwCK4F4ZsGEQguJY00DbCn2oSAVUaX8NyDnZXXVfLQ0+71uhg",
+	"RSuE9AisLFkZj2bkg7x9pMAqR0JEQNHg3pJulMXgltIX8FDdLvR9LGQAmMs/cy60BrqVPenX2ce/mm9X",
+	"RFqvEyKxfEieSc4E19PI8N4/Eyo1SPw35TyhUcrAKzll0RJcVmMtFiAtsfld5ntfHuQ4xQOb1FJ+zVLC",
+	"BjkRyyJnOkgrCJ+bz7wGi9F3tzpto9KpqYjCgVHq0rhAh9E/HC4l3VDJSUfEwAnlNsJu392aGHhoQ14x",
+	"Q4wp4oY0Cr63MdmUms6n5PDwCfzXfiEQ5qhBxZk8KcpBMMWX9LatJUqvIMAQxoLQH0VibgRFKrn5n0ii",
+	"cDCKRHC1SgIrjmfoaEvBwlK35mwEXx/EImLBYkMZIcztvjHupSBrQKXunK445BokCsIB9emsKRwY18+f",
+	"7lUZEAsf2vJszb9kIhwADzd3Stkh8OI+EM+WGw3CAV7hxmhocFgg8DfVIPy1mzM9ZXzgrkGeKAVSKIW6",
+	"t0N6n9ZceR+3QlJjaLGXSvK5pqpfQZoqX+VuiarlvWclfXnpQuVudS7It4BxBRz2m10+ymWk8AewV7Xn",
+	"6jtVeUUbk+XNlNnbBQ5thtGlIy0P0mLHG2mlt6bk7bye9TyvoFQcHS57QUuAyiGrnXktpMpcIEdCuNBs",
+	"vBgIjkIhsuyBjZU2aJ5YJF7LwzeJHmnJvLeQAoLZDQMFwL9AYCLdwtR5uvCVsV7cehaYudJT2Y6VNMsJ",
+	"WUbXLFcxI8xXttrluiJ7FVEexTGacY+UMxTONZcAWETYEhIVYLqeBOS2nLv+RiFBO/MVF3O0WjmrsYiu",
+	"ocHFPxVKJxI2CByzNoBbK/1biDQOIaYS7Zub6gQr/W8WUKkRzby0RX9bS6vFWhq5bW1jU2qpQelBmnDX",
+	"LNmtgiVV1jlof07rnYYbHJ2Qk03lrTuz8dzaH/hwjTOrec6dBJq7Ey6TmJJ6UlBcalx8JSNNtTJRodik",
+	"3tgMqKXb1S5Xpor430vQYCXXaSs5NxSXM2yscjW6s1vPGy8RlJtZ719OKZ8AVsOnzoh/nFpSMWOIXAHE",
+	"RE+BSUuT+uQkb6jHt1xUWH66o7tkxhFQOcixpOKmDM0gEmbi2pXCAh4SA6NcKHNu8p09f9u0/q4oaxtD",
+	"dN3Ve+l8d+egNeMTtaGv0w9DlBvHW9Cdw4G8Z9dA3vxOAsGvQSqs6m0zT2OQro6z6+2QljYneko1kaAT",
+	"yZWrp1M2JjzQ2LDxzUBxGqupaC9Ivfn93H9aKUepJI6FNNwic6gWCPqDgEBjh+1dhVpUBNRUQq54WCu4",
+	"VO5c2l2Ot7NZorH43JvfCVyzEHgAffILU1pI9KLbwAUCXEvmy9NhbKkEZDLhMuoHNDbM+LYpJ2Y1VZVW",
+	"1pFH9yUWu9k0YcRX7ipC6/UNDTQJIWAzGrmCXIpQYr/z2TiUjCNBdUUFj+LK8+h62Pvxj//sfPrUt//a",
+	"/z+ViGtLLD88kuLi+h/Yuso+zhLwlpftjj2HfBXY1C2g94o7+dbG1G2UPF4c4jyZYdSNzQDHNjlD0imk",
+	"h2MRvUSB5VK4FHtXg0goqKpbsQUzSRroZ8P6JkxpSesSANcHUydbLeE4ZpxG7N+tdrh20M2Uc5tws811",
+	"IA601ZQcNr1nvEJPqki0uq014iGYmG2k6zbQs5VR2V/czKBMbwb/SiRTIatKkW106GYMtZbNV+WPXtCb",
+	"lLkTT74INYojXpI0L2SJlpk5tdA0au7HNV8Y2jJrYLJ34LqgNxfpJ5gm1GbGa8HCbV6vlXablVb8rFSU",
+	"RsUrg14FBpRBVY+uqyhtCS1KthtLJ9YzKaQJLUNIzdhooxqWKhqTjgcfmYKEY+KTJx5lkYI2j1HMmDba",
+	"U1Uxky9g9M9tr6Ia2bbcfjYQ2MjTiy2ZWNOTaM8IvIU1bTkE2B1mWxkmeCaYlzbARW4rccXo6TAIpkaA",
+	"u11FUXozCKiGiZCLTWmyp6y3oMnOImFgVEuG4QZmsb71brfBhVAWHsVV1c7ojdWLGCcjqpgisWBcq3J0",
+	"YsEsdFg7bc4cj2QuQYhsD5eqSH12m4pHlje157GmBJJaSl9efNWp1uF2CdHWlhGsueg5k2HuaqYpOFjB",
+	"02d22Dn3untjsClFSCBW2bjT2e6pakClkvTACghUyoO5YwglHRtQWxVhD7UgHNUKG1RqRqNoMXAPjKiz",
+	"192bS6ZhIMbjBsfh4dLuJHba4VesHe4Ut53itlPcvmLFbQUneY/qwxnYtp8btuXZLPG0BN71aaLltW4k",
+	"E0j3+RayOZ1sFd56qCVIVC+xfsYVQDuVLGirixf9ErbNh6t0nHCmScf/q2drw+z7Usfe9F1hHs7Z8rfh",
+	"IjCzY0L4OrdKl6hk1JsxLmQPFx9LF92M9VTnEK72szz52zo/y+ej7tEPf6XOFvtnjcfF6q5mHWsdUflp",
+	"aO/fZmj3//7gRe+Pz4fd503cFLkZu3s510QOgGuwx/wvovz+Jb5N5Z9BmiVXFXGyYZSEc+W3VidyEPyH",
+	"HaKBsXxFTdHc9nKLakruc6tpl/pbPFwYj8E27RhLMdv8gAtHlf7TTbm1o0Ms3+jgoEL9a56Q7UPr7PTN",
+	"TuW+td38BS/j5W1j3SpQ/95pyJYwdbsoVLYgXGfQySdcPHm81yrr1g+ztOt0/RuQCXdyD4BafKlrvP7+",
+	"nhmQXhpG28jxcbvaJSyKbgdHHEGLzQ0xt7+VdxkztqHU4CoWbcej4EfbopPiDvw8je06DRKVt14LrzBk",
+	"jkC2NZb4cTYzmDhCmBlNsACqFtYpsdLHkk6McUJNygRvuSwyVnqsSDirbl7mWsVDOBgtbtMgoKiYNSJp",
+	"+MmfCeWa6cVgZq65aph8aD5t/C5qQhICIcNNN4dDZCfagFwhWzi3X6xTABvYn8qbyFuk8ikflcdZ2kC3",
+	"qBxmnCXjETWHUzhmfwo5h1YJ95cJRM39rriuRWZRQOtlorhMeQuUvan4k+fn9yuOlySJB+l8Op/SUMzP",
+	"8Bw2kHcegABDecjMBwPrtWwbG5L/vA2JDSHStO1scMMUzrLRWr9ZxvzSHwKJSyx6S8x4x8fuio8ts7Bq",
+	"HK+9qKWbVHMj75rZbZHHNSS2m2nfGXA2QOlbuH53lKeG8mRdGxQerkPadekdNZc4vUfb6tB21M46koqf",
+	"S8vpVqNeY2TfSOpyEiFGtFTEk7lse/z0BbHwJ64mPlbJD+WCyIRX54tuFCa/JC6tM7MW4xzvZifojN5k",
+	"Bxf2w6VytAiZdNxu6Rwqt9QQES7SpW5E9DYSm+5dUiuB83YMcQVgCwEWxSJNg0DwMZsk0leI4SGVxbDC",
+	"pXjCVfFiTmCobFeDURMDI6437Vbji+3bphTlrjW53jPLQ+ee2LYxgVBpPxn8N63pH1Mh+pRKUgY++ILG",
+	"8UAmHDWQqqFeUk0jMTl/d9nWPHxNWUSzuvWNSE8220n+87V9JEOmrgYTNipUs6jsv9m6yOQkTiraZh49",
+	"X9fo03w3EyFELbqorZPtZzATctFsoy29DhnkKxwPVSBvI0h3966DOFm35iqzUanaRwbU/MG44QvwyeFE",
+	"SYJOXUoFDK2iPTXY2C4mBbPqAxrTgOmFoQoUu267wBMxxj64tnOmqkj/sBNHdVUo/M91/aN/EXMyo3yR",
+	"68Hr8v6ZwnWMmSZczEkHaDAlwq6KixD2j8khSXiEDZymaTdww6L9pOs7K40lwGASJxVywBsJQH4+vUzL",
+	"EJy/u3ykCJ6uXYfhzV1iEDRMcD5cl8r6PU1c0N+67k6tere615V2mc+r2+mf4dt59DjHD5dDo/KtUQtz",
+	"5KG0fKK5J2tw9N5MfjmW8LDsfGUa1u6iXqQ4aAPH7j00bCoSGS0GsgHi3cJO1lw7XcleGsexlcLwUAzK",
+	"gvF+Pr30sXhdA/EZ/ZeQ+Hs5+f3p4Tr7THWQWBGuja0dlfiFRvhSL+BNexBMKLYzS7ghu2MyxOs+LNNp",
+	"A6Mcu3BE2PYiyL3an4X7ffKr66aOtSnoDEIyxKrogfnD1kfvuQf2ryHpcPJf5Kjfx9n3++Q3pqci0WSo",
+	"1HRwBQujEA+JkZ0X5AoWnvYGNIpAPlK+h5RhC4mqrIHRnC8dmz9w8XFEAwiJkIQL66Vs0WG9rqf4uppz",
+	"asBmRkzYSofwUgdBDkUu5/j9MWZ+agi7+BsWtczYqz/t7EtbbWdsJAZ7JLZXdr+1CcY1KC8pLwbPwi6B",
+	"/qRPhtOjw8PeD4eTUU/dzPpHN8MNZslwaEs2niePm4Wu5fuSN7nJm17i7P66i3oHN2jD4MEvjM94t+sx",
+	"eYeyVShbj6qv0jKJmxnTb1kxTkXJpCw8P1kV6t374/NR9/njBnHeJQ0PZ6qHwwcRbhjMR8NQglJVrEhp",
+	"1x9RkrenxL3okdXoHKRjSO75+S8EeIiJvOUmho+fPVkLxArYP3/SIHq+k8H0sPv86C//vCZUP5ZiBINY",
+	"yAq2e/HylJhfCL4UHpOfTz5cnP3fwYePr14PTs8+/vR6cPrx7IJ0Hj92PVhsZcUiC3727MmzdVzY3vhb",
+	"JAs0zxRwmOMPuB55Pp6/NRRxQ/zJdWcqdNi0xkEsSKll0rBi44oxplZ426BsbsjMv0dJRX7ek8ctIf/k",
+	"qFpJsTwFVZPPbbseb5Dh0C69ZAXOFIKVGwPmpPfffo70n26aagBVo2bhYLq5eOcMmvVYe2ozzs9gnPDw",
+	"nhsyljo1TRe+03bCQzKnisyooY7YOY/xfHt2McEeaILnvigTzdapdiv8BAVYXYj4Mr4HULVeno1025CF",
+	"l4uxlw8HeFGdEHJCucuNfaSIu3okGweNeUqxCbdyZ1sh5+EJE7iiBvDfyErmyxuvs2O51yq6uJSqI5eX",
+	"Z42JG+JtzAYrZfYyjzFvtSrN2Jg9Fy3rt7akYqFBtJ4PbD3wKeO6Km5tDdrVGIC3suF1nC2iowpHUEvq",
+	"54zHdqx6LDp/d/mFJJzMBZdVuHn6w7O/rfWVtZOOWLiBbHQnbrx18k64Gt+erhH3/3cm6X/61P/nkUFG",
+	"8+f/uaku51v0DubF9efNxPWiznsXF2WFTxGttn8m4H53WTH3kHic805mePv4abe1s/L23skVt/r8l3ew",
+	"2Oxib5p+mowiFlR1/nn+5Ien7WiXTynNhqzf6gVWiD4JZ4xv4MKx9aUfKWdNtX8SakarKE5+O7NITJWa",
+	"C1k0sKUPSwaC58XhHldGxoFcrwQ9WasEPW6aYu+my+1k3bFsanxxh7nSr7h0+n91a8rH+3icy/NXWyrd",
+	"/EBlWTdD10Fw/els1obeDI7ZNuvOyE5zqRzfdoeTqRTrvs/smPnv20rWvh59s9XWlKD3QLX7rtzM8grX",
+	"HYCBzBex0G6bFLky/VJE0AzKZ+bNh0HDiquvOrJXEMFt1UFxVS3r36ZhaDlG+aqYHle9lfzda+O94gUL",
+	"QQ+Vq5AEQuleAFyDJJQHUyH7JJuDUJ1asghTZEZ5SLWQC+xi7paq7qTKeuvIvbspwxKxMQSLIIJmim0G",
+	"uvf+w1Sv3TxJoYbtLAsUd9u7q8J1Uyr0UoZWu55atcDLR7P6Pl4hU3QU1bRmzI90T2FSRVb3gMKkXksp",
+	"5MtKI9G57YEyo8GUcehJoCE+APMJmoxc9LICrOFF/tZ/vN8nLzEuj0ogyg5Ascs28WV+8nHOWlwBH8yY",
+	"UjZ3xP7N+DWNbDFY/BtuYmYDuu3f1vKTvUUTPR3EIJU5uEF69O4HpF6xZAoGKXzK3+R+YFwl4zELGHBt",
+	"XsDF2epEVkLIvSvmHKSasjj/UGmIB0nhES7U9uRF4NmEXvNw4FKczehpAMKACz0YiwTL8JUepxiee04j",
+	"czaLgYQIqINk7udAcC8wDyI2w7jXwi5HNKK2gq66SgYJz4IM7ZP8cqzxfjBnPBTzrF16rlg2m3CqE5k/",
+	"IC5CKIyCD8R4HDEO/k8rfPm//J4wiQDT1xTIwhj4YOk1pYU0GrTF8MIH/qeY6ulAS2rr0+V+qB3sz0Ro",
+	"mt8sjePiIcWxDxZbem7+Bq6ZjtJPGVfaQHzp3fQHJJB5FM//uLQcrLOMR5t/ygziG+z2OJfESkugs/SB",
+	"AnnNAigceRXBRCKxYacxo4ZbigH8GiIRY7SIDYGxz6UbuCpebH0/uYyAVXa/LqW9Zb8TFmbBw3gHScf8",
+	"8XvPiey9t6HtGLi/ZGH8oTIvWlO2KsWnKg3vjQToGU5M3Od98pJK21PKdykculMadtGJNtSSYiGAof1T",
+	"xRi6OHQeen+Ox2RoPXfuNexziC9JLPmxIDSOo0Vltt8MFJbAXgKfUWh6io6hS6bJjPKMJ7hP+uSDbYNF",
+	"58Q3CSJCkpBqOqIKiIabcm3Cx4dPf2ho7fYLWzroKs72JgLQP5+2TlWxhNN2Dl+W+IIkpIN67/EyWkh2",
+	"DXJFoudy5C/QSE8XVUHyYmartWBjUqLoLDYHzZMoIiMYC3uyztblYiVr8khzO2I8hJuywfPJukB6Z78c",
+	"LVxe31LK97rPtWSBal43yZ/mr+7DyqpJMzYZALfcv/L0mufgxAEbjBI1aJaLg5J6647oTr63B+AXVwJt",
+	"YSXFHS4hVwk7uzlcztAqg/2qS/Nr7nxa1EgLAstb1AAvaKBrGvCvRo7cMAm/zUDYCP6GVX+6vruCO4hE",
+	"YQGazRA9FnOQNgl/TrXeZAh7z2+lLmuYYZNOI5YFDbo8a+braDdoYFo5xA0L/Rmm9a+L5Oz3t6+sAKCI",
+	"BNvmkSjGA0vEfj69JCi5Q2j9fPwauBZyUYhNaALAcse7DJrVG6069zIEK861W439tdhcAaIcwq68m4ZO",
+	"bJRQXOBt65O11r/VnJ6mSLAG83ghyW3dyzle2QIFPKH1UM+TSdx3fujimmrP5YMTVducxsToS7coAeFz",
+	"6RpZIFJxaG0y51QoXWFXw6jW9RX+DAZPgUo9Aqor+1u/N1Jt+ooVWehIsoAoOiediF0DiSUo4AHsdwlE",
+	"roOj0daZMmTCTNJTAJwY+legCLdpEVETk7v8Hqqrm9nqbAJjQ3uhQapz90VqKGzWugE/zRo2SMpVdRTw",
+	"nwkLjIiug5h0Lt6fk/8kCzpLbva7ZOwFTns8jxQpnE1Jjv+hbSsCD8a0KnTacaAEpW7pquRQtArh8tt1",
+	"l6T22l5ABEYeWmxoBZwAB3lbYzZmsra7yB+cwnsnlsR8ZY2SMo/PyWiB/Nml5xqFz2DJfCoiIGOzvK55",
+	"xf7sw5dbEak8iyvu8tnzNRkUhRPxsM3V9FhjD/0Fyf5WvUDLfpyqid86a425tOpLYqNI9EjcDGLgoXmy",
+	"nO+DvxMw8pjtCL8ATTCYQ01LsaMNZWTnKdpANra+vU2+TBTI9t9VOo+9eVLt5fayBMhu8XiqcODvv707",
+	"P4OxBLUpBl7BIhfZthIATZG1mxu0btHQ1t94irE/RLEJZ3xCrmChSOfszUvyt2dHfyN//+0dOYeqDpjm",
+	"xQKlbG5rOyF/P//4gfwGI/IOFtls+9U2sBUiUglGuKYqyLwXE7ZhBO/WPfhCx5VVDwqfPq/oC/K8pnXJ",
+	"w4xOei8mItGbdgDCmzdAJ1PrjJalGg/5waqWatMGWrvpbV4BEWMyMwMQxom71AT7w7h8eWeIzbWDqUpt",
+	"GOAnFXW57CSM58dMs1V9u/rOWEgCN6hQE6M7q/1K6r9Mex52U/wCbHKLrTrFTfS+tsmHnYBywVlAI6Ji",
+	"wGpO+zb7GzP3FAkE5xBookVVJuJyRP5tFc9ttLTgUkTRdlv8VdeWSSVVhZ4QZGQq022MgGg0G6OUpkYm",
+	"Z5FqLLcaLPj59PIlMslWCnYdBmD2lDmn1DhWdbR31H0RdSrEreYGegOCU/PJGagkqmlrgAMbxX2bx95U",
+	"bS/mwm4pg3V9p8Uvo/HbbwbBlPLJdm/ZnYQRldJ2C4eVQr/CMJCZDJb2W8K2gtGgbE/IUyNHRwq3oF2k",
+	"kjmJ1zjihgHSa+jzmuhPuxkMxqgSZZbkxcrqQ/UmwDZS0NJSVpzCOkhupA9Zy9XA4NUytTVLeYEZ8Pn0",
+	"fmeL7Pz/l29fdg0nvnh/bo0cFy9PyZzpqTOQLRHkqnLpbgEBHcQwW17C6etf/eRu3pcnOdo/S5QmWpr/",
+	"dmAW6wWZTxnWPvOvM+T+ruRleUku22ebBkz8NEWr5VAPBOEIqARJ8DXSGU64HvT7/eH+MVFTMcdybgsy",
+	"BQl9cq6FBMK0Bazh0+Tw+eFhv0LHaWxNzJZYhn+3gBCrMc7mDruNtnGCVly/pYopSCkdgIwUPZxQruWi",
+	"Z9Zuj94OM1wG2XrIdPdsxJy6rVFyG2HL2blUEIPcOusOIxWrWtbOXUrvKxSLupU3q8adVG8iMfu4t1DT",
+	"OzUNbxZkWpYN2ym9HxMdiBnYcpmGBnt1B3mzVYTQPyQiFix8Q9QKlbdO7zJ0K6duGS0BuQKOPKeKhIwa",
+	"6YB0MNQGA618ZQ4SshCNoBKUiK6XgsUaiVQ2Hq+yxAKzK7Az0GBqxnnhIcAEH0gYJwqz/NkMRKK7JOHp",
+	"m12/rMGYsshWUXPfuidlBfpxIx+fxmDSKm3rpVdFDX1D+0EghS3qp7oWdOnq1pqK14do2NI1t6Fz6Woa",
+	"WEOzd/Oiag4c/ijzC6u7EEUxv6qEg56CtOXvMNtiRhckTjThMCdzIa98PQ3uI7EJVgJEj0d/FiJfMb+j",
+	"NwwvG8GA7GKl6ayiqg2rCwV3sUWUcWu3xn/WxNLntI46XGDXTC8IdTp25sUdLcpC1zEZOmv5kCRcsyj3",
+	"Aga1OdwtxJBn9nVbJdb8w0UW1y0Y2fpbrqVQMaQd7LeQHe/q2RtsJR3q+DuSEWbvMDpQmSLu1lqp5+nh",
+	"0X51Hv1tBbVmqnHZ/OVDzEsiVW09jRSkG/K3uxRHYb4skm4iUzWRNtfA5lpcwf1DSOK8FbHQb8xEOWZm",
+	"oDSlhplZLMU9VaFlLSj8VFVwcOW2NkhLw7Arxic9tVAaZgTLJBHKc9VCkTSOwFVgdNeqQgBIb21FXO8X",
+	"yElbU6JrWzls+SJdZR7jRCdX9N/GbGO6izWQdih38JYwBonNI4UklBjV2bw9Rm2UzpbknmeVbqgNi35t",
+	"3wa1qgJYc3NVKeetQWWvUkZcSmrbmJfcVbo3hcJf3YelU5wW5mpDS+EGKwioKpH7Y0z/TNDFpUTatsN8",
+	"QWI68bH2Tu6y4gydQBXqr+/fhG292L8rpIhTc+HMT7ZRq5XjmMrPZUXkx4U43PWFSfJbz6+gGr6LRnnE",
+	"tyouF9BYY6+Wth9s06C9jVbQlEUYGVyZSGkEEZ8N80gR97LNoEz5r8ufI5VqWaN9bFrx3S5s/Y3F9Z36",
+	"13OfDnzuX1XKVWnzfpsW0QgLSQfr9VLiJnjLNVajCyvtq+sbBmN+YguMauZccYvLRVTaogIbdi68CxdK",
+	"tqLcoVYfUs5vkuvK5K5iDoYlxC5ev3ZMywHw3piWJ18PjWkVL1EF6bfXI0ueGxPqL02xQ5RkcbWGW6gR",
+	"esf0+/akc7MbJCSbMN4QCSwkPtpP/spSlTdVqHxB1HL10nbhzyyfNW2TfP1ddLtL51rb8rlqo0u4henr",
+	"pKOnUiSTqRUpTk7f7hNbrMPiW8caWjC4nnGDe/4XDPh01dUpCamajgSVYb6ca1qGAesT5cjQWjTdtApn",
+	"JqQ0JAYyvRWNEacqtsumbPvpVxxJnW3MX3R0ZPfJGyHnVIY9waPFC+JOm9gGHUCciSv9WyWBzfLO3qBS",
+	"MxpFi4En3ulP/sGxEy1Ih2IGqbTDKEWUZlFEHG1X+zZMhvIAzNvAw4wCWVsWx9AyzwvyB+8WbkCTWuXS",
+	"xSLAystcZjf4Dz/9KsxxhX03QpwgwsoHCgIJeq3QYt8m9m2Ux9HnKmfmUPLCmyt7PJJirkD2ybmzMwWb",
+	"6gjt0LtcZNY975a2uwJdf4PRVIirk+CqbcWqJI5YUGnJvpBJKucaLaZAUIwEOKeKuNoLRGkhDa5yoacG",
+	"uvhbHEcMQkInlNW0AsWxmsifftJGznsJAbDr6mTiJZrgXu3mQJFbVyXMI6oN93lJ41w7udSu7X7tp9TU",
+	"PxCx6htolZ9hS9KlFxM+EuJq6QMuQlh6iPW67dPKi+feO3OFwMpLHagkBlle70DEKv8nllirHD6r/Naq",
+	"8YqLue+ToRQRDAlTxa4q5inGyeq7qUW1uhb3B8F7aDYoFNPKKmdtUmw7N2Vza2P2TdOKUXdTNKvxijcv",
+	"iWW+bDxNk7J2vjqcq2vXDIAr62WlSywj0PLpLp9dt1QQErdQsi2uExntju5PIcvqNRYaRx+uya6wg6/Y",
+	"gW101pb/3/7a23ZblVf+bVpaxr6kpiw+JvBnQiNft9r+8Aj7PEnHjzYw3WxcXHAjtMeSSxuaPOrzRdZE",
+	"16RgLmw4W0w3nxziLkIz3LeYc983wOHrAzNM5A562audclCa8tqc0I9V0NKqtP5i7HX3rhnMa1j9GdCQ",
+	"cVDq5RSCq0xJSse8MlRPzHmDr1XrCth67VlVrg/LeSg9kbDh92X53A/WtWuqOph0oA3Lb6Xfp9k7gmsp",
+	"IhJHlMMLIq5QXDIiOrrDUU631bkCs3Tzq7iqkJtSyDcHg2qXduimqIYKZlc5x/pXkOzVpGV6dT/BfA1G",
+	"oqY0BtfxM7ANbm23T6Pl5NqpMte3NiQxyFxfVR9z47qcIhIcl33poEEqktaszxqw3rc3fWstJO6nr/uy",
+	"3pklycMNDXSEUVC2b7XN6iFMk86Hf/z6ft8Z1j7tffjH21dvT8gvR4eH5IfDn38iv/z065NPe41q0G3U",
+	"OH7brSHatHnYjit/w+7zt+vvcAfN6D1wN4wLuM+23w+v37ftidFy0yOmK2yz72Bh3e+ME/NGVjWR0Ggi",
+	"JNPTGZlS5WvstQtZ3Ya7mfEJ1rSt6qb8MQZ+fv4LOf/l5PGz5yT3rm+Nan950e/3h1VkJZcz697c25pt",
+	"4AoWA/uwCugpdP1KlZr2IHz87NnRj1X9Wxs3bljTzqTCYmjrE1zZBGsPUproqZDs3xAOsGKB3X0ZhrYh",
+	"SvMootxaikebA1fXoupazcbegvsjA/bSPTBKwCY8ib9I44V8Df1dH5ncopcBU3VyF2kjj1aCsmvr08lP",
+	"sn9Hpt6qBjRfvH7BptS4MblsajBuFkxjjzlTqu8yo9gZSJcOLhcC00bGsku/N/rqe9Y8KPqaa/FSYSoy",
+	"9z/nc9FTYLL+hpYjBpztqMroU8Ca1j0fcr2K7t1S3K6joSeg1hTDBQd0gk7YtQ3Hv6NWJ5s7W+6iO1CD",
+	"C55jNCVdLPWx5Fe2VnTKMOSer7dvoPWgrricMU6jc1Bqg+yorPfEZhhVTF+uaOuHeVW5NKpOoVHIvq/u",
+	"whSxTRN00xqhVdFeWtNgWp+gp9MF+XcB7zLlBBtJMD4hysKxOnbB/VgbvaDdYfhRcjOKGLgiHQ5zrFSA",
+	"jZ45ZAsJiRb7m7iWVDKKpdAiEFFNwqyeC5J/y2xZjMcgu5bsM0WEDEEWauistWDl7gCKQtkf5etQk/R1",
+	"zvgkgl6ioEtGVMHzp4mMKuoOfDRLJUwTaoMFclvxyfh9mwGFYVQB/ttGVDXSROcwUiK4Ao3tRiqxRwLC",
+	"LHYB4L/B6By/cMrvwVwd+KM/+Fy4U381sAaWKxW6jPscsnVLFzWH7IUruLSZEno0ICC+pfUmKlmGgi6m",
+	"4IfDsgrwljPNaJTdlDkL9dTgYSCiZMZVIWvCOp3X2DnFvDjp46drJ50Cm0wxBsx83XrKVWTgzB2MlRGY",
+	"wnYheL89TfDeHR/z0mHakMcAY+0THSfa0kvDJ12hkNZlHZZO+RKF5ay3VdMDnjGef3q0ZS18a13Z6vf8",
+	"QYSwrd3m6hK0qrVTW/lqbSfkTqE789FfWWvpSuXyTgpnbaGDdP3xuJS1rZ3QClfXLXG1kJ3Zyge5PtCq",
+	"PsWxHvgnvf/28E//ieafw+6To3aHUIh32NBL2zZGpeyYrev5WVjhvTbS3nKT4JqdneG12xr+x2xgL3Jl",
+	"Ddlt9YN3bRYwErYZ6f7HE7vRk9yXadm8gMY0wKGwX+C00ltywoktrGWXQYIIqLQiofmgUZhw8R4Wx8fI",
+	"ihm9AuVajU28BO8+OSZ4CPmJxxGdVKsKER1VVCg6XB+tUIMm5+8u74lG3pkvf811u2Nn91bwfoWDvLuX",
+	"cPZnAu53V0ZzpcO76ZL6gxcrV7WZn7wG0dr1i1+Ha5uS3g2s05Vbam9FvLsQTWwyvm2DWj3f9LPlDLCu",
+	"ZXq5KX22DfPRb0xPf3J9Rtv5d8zXJI4SZa3I6FHhGm405im53qWkE0IQUQmhoZ6ajCCgiesbY1dvW9IG",
+	"kVBG/SGvMcQNuyIaxYjawj0KuLZJ/hh2JbjrZJvV/aIj5TIxS5EE2d4aZU7esZF2bWrRqgj59XlJPpUj",
+	"8JkrrEUDk4q0lwIRfFJh7UlnNJg5UCKRwRIOKm/oHTHMPVOVyFgYqf2i/VXLxbA/r1hum8js9eB2o218",
+	"Xl+WjuQM8oUA7lwGRGGHS2dUc/x1eNhNL2MVBTMiIw2xwcyvoGlbYxQNpgXEm2Lk1oxhJbjRIqbKVSOu",
+	"aaW7hRYtqxve2BXW7XyygTV/rfD/hQT51rUhmi6fqUGhC11Fz9Q1mnetnN6ozW0Z4n68UoJPYZmVQK8G",
+	"3SrcWIZ/3tOamy2OKLeFAmfUyH/cdRBf6YT1s9zCwWYd+HoNRq6vldLKT5fenHW9qLC5Km0yXJ4ELaFB",
+	"xR67qesOZ6g+w/MpRNGJ1sA3rmk40FTZuP7VtXLd23MhryJBwwZfcIBQYf96Z5Ja09tRAg0HXGg2ZtZH",
+	"oVq2eVxaYmkN3eKWa+ZcAemXVg5tC+f8+axGk9J5ZpQ1Agw2boPBONavS7WBq6SXnCzbrPeDk2orWzJv",
+	"ch9sKea2exIhDESsl1T2hmN8jPXSFV8h2zWHjpsjTYCsAlOVqWFLFElnQXVtlutDj6pWm6j19aLcMDa4",
+	"oaJi9t4yMpfOsOs1S7eDDPT5UHmPrN3cxVpPJN3V3ZQJZRe/AQg8mVjm9vb5imX+6q5BSdV2cS25Miso",
+	"PS8l3vsHIlY1/LiM/S2jZV1UXURregWejJSIEg1kLM1meUikSPRSvdXDp/XZLC0oALOkvc4KuaFQhrqK",
+	"F8DKO85PuuIcm1Y22IbRaMtBnetiK1fsumE47z1uunYzK3axgbWvdf7ZPedUr4yfqwbFb06KeimUdti8",
+	"kl5UdWD8iQZXwMOemHMIyYhhJzO04smEz+nCJxczwfvkJZasUUQCD12kDg9tQxRbDN/QA0Na7Ld98lYr",
+	"a89zJjuhXdSPK8qjAEKb/UoD3SVK5IyDhCkylgA9cwRp/FIo6Vgf+0HnLIrICEhqaLQbv4ZoUdlBMoPZ",
+	"O2YrTqVVkuzK97p7/0rihba50lE0s52LfdV13+vI/HqVjEBysK3oaRzXUHM/4XKQrLSWd0iLAyom3Dxp",
+	"/CwLI9tSScSxLcIkZnEE2hVpUppKbT9xfwzSck0SIqDK/2j+XSzn5J75D9asPpnNqGzbGtF9ZQvmeZl/",
+	"+3ZeGgQygXAQCKW3IiBT38bBX8/K8kljrLpskN6mZgtuAYP1jAgbEzqBkDCuBZkypYVcVDsQ7Wwoc2GB",
+	"/Yrp2Axc8f35lAXT6mnNzVLmomCp8FTyIiqRYxqA2lpPdqeibbHca9vo1PUDxvHAhpkGsMUhN7b2mo9r",
+	"eHsDE5nteZaj76sFsBq+sJ08x6lIZLQYSGeHuvVdqwqt8xvAUrSGaVBiDm2/KsRyfTxOdr8qQlNBXoPs",
+	"hSDZNYQkURhvYMsx9LAcA3ZNOXbl5lQFs6u+1FeMh81PCrlRGzmxbLhZZupYutBMSjUz9JRGjGLBiQJE",
+	"btviYn0jyJqWF82sw1jGZHCLEjfZAE3L2N+ugM86t1BFLPutbKbqKqmK4V7/XSO3+5L0Uim0liOWy7Q3",
+	"1U3wTuSSvAqep5K7qWhnNdus7n1SxpGlI8/R3hwNL2WYZRytSOC6RdlimRZXmi/zokOZAlWw+2XhHiOP",
+	"g0QyvTg3R+Hc2dgu5SSxoev2rzceP//+28XeUhamLSXqOtr55rpmAN/BQ3DVJy7ZCeUZW2Um/bXvZN4Z",
+	"EgicMSMYU61jJLFcG1hHWPmlZnkCa/gvrfBiCuSaRgk2Env74eL12YeT94O///bufHD2+s3Z6/NfBhcf",
+	"373+cGzTBE4/nl+QAz/fAU309OBf8yt14Iq9NFquwZ2fVoGyZq2uDYH5vOeX4FM+xphZ4hqWuuZP+OKY",
+	"2pouVE9tE7O0rUskJmRCNczpYr/RuiVgCcsziOiiZuW//HrychkLSvzMjfMISyX0EmWeRHThO0OaMXqu",
+	"TkGCah7FlHvPIlM8mlGlQZrf9t3xDH9+fUEOaMwOro+yU0rzJXCactbEsNHe/RgFFFtGJZUmmmQHM7QX",
+	"vZT8MOzaxBijMqpiqkertBMyAsVCyN5z0/Svj4YFqKxIHEEQMGx+CtQWiLfsY+8cgl66rt6pW1QGHhoz",
+	"l+qfZoP81JZIGLjRPKEQY5JRGiI4oTnYTCkP1ZReAen4bRVcM/td1OO8fn/iijPYKkZ2e0TIrqveQX1V",
+	"XhJQjsYBMwW+pbqrsoDsAivO49gVQsa6aH8mhphZptcnWO4q3+Ist2x/EwnTCiIDgLFw1UWSeCJpCA3Q",
+	"9C+khWNR2XQNLRw9W8j77PX5RWr18FkiP+POsC5UEIkkLBYF63/in3jPac7OcIAdlgIq5YIMf++5OL7e",
+	"23BIOjN6Q44e/0CCKZVq/9iRdeks6wSCqbDBr584IYGQ5mriETGjsC4N5wmXWTBk71yYP3tvXw33+9ni",
+	"sNkeqvWcDF+bP7xBf2g7q1GisOUdGRrmPsRP3zoD0eXl21fXfztGmVtpOovt47M3L8mTJ09+PCYzo0gQ",
+	"zCFEByOZMS6kK4dlRvq4FFhGOsMqk8ULG+M73CcJjwz2hyJIZsC1JQmp5an/ybB1zbSRpvbcKRXOhpyc",
+	"vs21Fnqxd9Q/7B/20FKFMmgMnMZs78Xek/5h/wlmeuopsvSD/hyiqHfFxZwjJ+v/y9Wxn9gS2Cknfhvu",
+	"vTAPDW+0RbupLQpWq3tlrxz87k7zbYg6mMcDXMLjw8PUfeIMw7GtlcwEP/DLsRLhOnnRLA60vQnLVObv",
+	"v70j54D2G3fHzXh5VKsb371e2IeZ4+njH+s+Sfd4cCHEr5Qv3KdY3OCZ3fPq7946BoY4bL96sv4ro1Cy",
+	"AC55FpiRF+f2Xvzzj+6e8ta0vVNb00axCTdywhUsjGCs6cSc6x6S8T/M956rovfoIOMfKocrpWL2zuFE",
+	"8BNleZG5CjOWiafD/T75KEPkg6MFYeExsZ4+GpExi7DonKGXtlSAIQNWeO+jAyuPmhFT+sSMfZJb223w",
+	"tLv27Ze2aVKDN0/pBM7ZvwHfLfd9jhbWsmw3+Ujl6u6plDMjK8kYc76vS3Y12ibvVa4lN3tq9M6AXrWY",
+	"rN9+o0taodTdJU3I8KEQYVRBI06wmRYK08UT2Ba1aHLrf6Khj4jHT47Wf3LJsxpU9qMGdOKNkCMWhoD2",
+	"lqePHzeZJpbCyGmWqHxV1C+ldwYHCihOAymUv3wF2lcmJqvpYFmoPhgLGUDPOTmwL4nzDmxIJk/4gnDB",
+	"e2Ob9o9Xh0yMGKW0pJhlrAUZek/L8IUR5awcEXZTx5pz5HRd4bq0wOc4opOJ6yuH6mEQAeVJjObPqTNK",
+	"jpmcQU6FZMq+tt8nZ27aF+Tp4Y9kmIOFa+IwSN1Bw7TpCPbMcO6k5Q+50M6LPuyTkyRk2spS6Rt9BLEb",
+	"GIb7y0wBX3BLy47ytmyh3N43BaKt2I0k0uXEOwq5nFPvTVjWPLYxCb8fwlknUGXb6hIu5jnk+z6o5uHT",
+	"9V98EPqNSLibogHBfCn4OGLWXfz90OU3eWpZLD7cliYbSlErlZ7Zm6fIsKK/yZB0hMz/YgY0tNdKelap",
+	"G5nT9HWZlJDaNuT0PRsXZA7SkEaVQHhMqG8b6qssOB3UUFWQ9numyJDxaxqxcOBU62GNgGuW+voaLKd6",
+	"gLLtmndx/edC6go6+vqGBprgYRBroq6TN1Nbd0bHWjnlagRfbMvjSqKn4vhdC+BVY0tQNpi/IZ02IDuz",
+	"39wxR0jRr4UojQdqYbuTpb9BWTp3vkuUGklxBY120ugBDf+VKKyyotpJyH1yQmKhMNSK2BaJJJAQMm1t",
+	"tnMaRaC7hBIOE4pvCQ4kBCzdzDTpWDPtCCIxJ/8GKV4YGqyS8ZgF2BbNhRAb6n8qlIaU5EcQTkDavmPK",
+	"dkrPbYPQAKt8L9Nv6wb4ye78JP3ijun42xBmsdDAg8U7FwHhWMxPIlxsjTIsbSu9d0WPbRrZXqBQR3e5",
+	"jnoiZc/1qyRKDUhM2q7Swf6hirhHTxrtJRI0vBDiPZUT+L7I7Euka0ZZRvJFqDeHWiKXI7oO+1dR3PFN",
+	"T3Eaq6lwJDdpTHHfzmaJdZzANQuBB/DCysB0Br6yMQPVzZo52p6haXdoSzOJBJ1IF36LjR2JXxHpPD48",
+	"3M/an0uq0ciATbK6aCBAsXnOFPTJf4MU3Yy+YyQwjcy6IcRPrbw+RMHaKt/oG6qQrSUEQoYOfG9+P3fr",
+	"ub2f484obW6RjUjs4V0voGwUsZ07LWC91oNytTmZLdLcO+Aeq7d25ra0M3Hs6P+90H+LcIRy8ub3lFS2",
+	"o/pWZu1pSbmy2rM6+Jz7Cw3W0kjEikZtJXEjRvlCVuiD5hMCXEsGikSMX2Wis21hTiPSETwAbEOVWwRa",
+	"kW3pXqQW1fK4i8R3zI/MRRKFZCJyknwVeTfr8rL3ewTGRTbxdu3Bdvj8xurtwsUj2KZh+KFpBhYqZw7F",
+	"vqx2UF5LvYZg39npCDse8eB5BCIqod48oQvkrQWrcF0AMVazXXBHn1zGhtIfHR5iXBJGbhhC1yVAg6kl",
+	"6kwr4gKVaoI43BpP7TpOcRkPNd5oea3rDKPYR8rsaWcL/fZsofkOmqry2nVbSVa2QrqVrcyY9gq560OO",
+	"+uTEFwy1P2N7T+WCLb2RgOmpSDSh9hUxxiso5nyNhTKH09+UiTK3r2IB+i8ji+TBXEEu7BJ3uuZOjrg3",
+	"WyPVgC29M1J2CwHi4LP5H6qXnuu3VS8xRceRPI01k2E8hkATqt2/2DUMMCuk46khF/P9rktVntEF5ktG",
+	"zPeeIjFV+gUaokLXIJkpF7cvAdOBwubU8R8u7HqrSuRpDvz16qOD7besNy4Deke1d1R7R7ULVPskDEsk",
+	"21PMdqRbTWko5j1D9GzhpjZ0+gx61uly1O8bFdASVusAwKiaoa34OjSEexhQHrKQaluxfICS65B0ctk0",
+	"aB40/9q3fiQxi6kEZWXg+ZRq7IA3EuIKwj75TTIztwtWXabedmtnGQV/wL6dc79Wxiet6Nzh3a5ktVYb",
+	"ykVPJpxEDAunYIycppHaUcEdFbwXKvjKIaAlX4bKUJKSGasbNyOH3FfR3GJek83iq0lZ+uAqHT60gM67",
+	"NJ2ZPTePIsQj2ZnMvj2TGXeoX4gbtPehrbUMMxJs2zSjz2GDspB0Ll6ekkBwblRGLcgwa1w27Kbms8eP",
+	"913O9SdO+cJmvGDim5BGvDghIXAGoR2VaENdNelEQsQjGlx1ScJVDAEbMwi7ZJZEmgVU6S46QHuRCGjU",
+	"JZhW/YnPQNOQaoo9MSlfEBUD0iJs10nJVBi40JkRnpSIrs1StCCCw7F5QSTaZvx/+Pjq9eD07ONPrwcn",
+	"799//O31q8HLt6/OzoefOPpIFeh9s4enh4fL8eXOxRqCpixSfQlUCT602xvY7Q3slrvIy7nwQESHpvrE",
+	"ZzSEPjmxkfpzQ+cSTbBacjDFKKHcWbg4n9QDYKFo45xJB/sqCZdPblT1EZAk/sQXoPcN6I3Wzy1EDIDs",
+	"sP8Zu9B5TBvCeiw+0wg7rKphFcm1SvwHW9TlGzBqvkz384UUYgRlvQrc9YE/UDxzxskworaUzQi+l3Sh",
+	"nch3V+ZKW/EGkUkhhfHEBwte7NcxmGrR7+CzK/T0l2U9EWhorgXPxLVz2eCiUpqHVUKUIfrXwLWQC6sj",
+	"QQQz0HJhySzwENf/ieuEc4hKITEZrWN8kGBFiymLoJDQ6jscmdeQo9hXGBJLwY16Zqb6xJVmUURcRVGk",
+	"2B2jqwuOoaaSMm4+sgCsoqUWMNugpUXAfsDU0jqbZ1aD6w6TKJ9WdeTHNNWtUqpdluLXpmIiEjh6Uy+1",
+	"tgmZ4Fh7hTBMgH7qbjcXejA251EpxExAf5O37vDOpZILRxe/h1v83VzKn0GvvZEx1cG0eWpZMKV8Yqt5",
+	"oxQhpBNfvdLhlEtbTqtDvXbo9EKjHj09PMQKYoITq3SgKuMrZ+kp1W6W1GhN5kUbdsXNT9I+49/C5d++",
+	"OrTch/2e7eb3Snh2xvCdZlSrGSFtWUMX16k/B1YfaOsJ/CAIh3mxyo7ECLYAQuI6XZs5jolMONYdw2L7",
+	"StNFv6CQ9GxVRWLXAeHxJ27/iQZ+q6Tg505h8bVPvVloyerV8Q0UBhggy2zkvX3LKDlnEINzH9yWVtuF",
+	"7gS1W9FLgkqoQnzyR4e1j2CniH3PithLa6i4JXlDmnF76tZNCysXyJmheTNxbUjeeHxcqJo19JRr6Lpq",
+	"ODryicsEJyJMY4ku7l4FrIKqCeZNoXXfEyLzwZYpF864I1w7wrUjXHcQpEDZremWLfQ+A6571qq8SUyt",
+	"LbbNlGuIZShL1/yJspDrLaSmRt/VbAafeGf488mHi7P/O0C/4+sPZx/fv//19YcLWyB/cHHxPudPPXpG",
+	"ZownGtR+FxsvKTcBlnBNYsyqA0WAyoiB/MQTjlZuux1fkho1Jl9zu2f+ohPg2hW6HxItaYj2flxuSmBd",
+	"rfRV3r/XKQSxovs3R+i26+ArQ6uG7rkC/h6fogWZgoT9nbHtG6Jfb5VKjFopuG3YRDJaZM9/Y6KGJrXW",
+	"hKwY3OFJwKPMAWgITma7O3Z56tYJ7QMTPvGcUpoL9kjNeRhD0VEAJCMh+67iyBUKU7noiCrKgyvYiVRr",
+	"Kc2pgVNay646ezIXR7Azp33f1AjRxUlTuTvPxXxjMoRE7EDCtbiCTcQqtxTLC5UWsUL5x0Wkov5m6AZG",
+	"BKCLHwsc8RDCY9sPA0UY7PJmSaurmuRaVxh9okxy+2Ro1xsOsWcpjRRkRZRwvCnFEK6IXcMn7j56dvgk",
+	"e8utJcByGi4GC1dlw7NSYdFNdEwkaLnwUXJ0DJUhAvZtA/tvU8zaLvFDGJ0hyNYUpcCch51Y9U3VbxBX",
+	"kJdfbidMJXwz031qvrCZlktmfCRFHUy29Db5bmaG7/VczmVAeQCRjYKykUS9HhHyE3fGrC0brPxudwLW",
+	"zma1s1ltnThduuvV1mwlVI/N6GTLuTTm7q3Mpvmo3tpZv6+Emo/nuO3mOTUfz4k9nl1ezbeXV5Mebvm2",
+	"OjRpm15T3ZImn5pR63OvzDT5xIUa4Apdukaf/EqtlsTtyq3w4OzJVhwxT8YRnWQ9QGMJ10wkyr9Yb/V1",
+	"VOFbSvtwR/mFMj/c7Lv6B7vYpTvK6uApFVtBxOqljoPPlr5skMdRSe2WQrWbUro0mrs+i2JL1KnU1cRB",
+	"r16B8QDaZVPsbBhbS45odG27t1QI7uYyTqCgQnyb1/HwPkSAiymkaLC75d9atkXDK94i66JGv9hKvsS3",
+	"dpvvKm9iE33i6yYmuwyKnRayLoNiMy0ktpXVVatGlNhu8phwmBuah8llKxqdn/opvpYu5x4m99xicdVK",
+	"8g3OYUv9zd253EtzczdXc6Ov3/nO5vsNlh/P3a98DfAy3UoJxwq6dfDZ/cu1hhknPFwRZlxLzVxZJtuh",
+	"EaNaRrkyvDjDI+W7h9mSGFSTmXCdFX33sHQExhOVVX+kaZspsz4ISafSBN1dLnRkvxjATQAQqoGfZ/+Y",
+	"UL8uK3QyFDCzhTgzd2e5dJKDl1Ew7ejmnPaPsdqwCzs0T8mc8VDMSQf7REJojdlu/H1Xp2Po1mffdcvE",
+	"JJCnhz/uF4DKlO0L50fCcJ18gzgPbuzTlm9L01nVYSfroomBQ4JPQJKpiLA+iY19TKGup1Ikk7TMj23+",
+	"1hkmsdIS6My1XcvGTd+RWNxEHaciPUYYuZZhegp8v64Oc9q5xCzhno36y9WaHcLUF2pO79JXoAy8XAbw",
+	"F3IxlNawKiTKYuKuT89OqbgzPv24ET78TDXM6WKboWHINToxlZqI8T5WNXXMyNGVNgxewqR9Ff5K64zh",
+	"QYFLaESOjEFoJKBSLhzPYdJwMjPh8BPvDP/nn7T378Pej3+4//f++HzYff7kr//IO5ODlQncNVZdO8mS",
+	"K5nY51t2JZ/hoN+SJ9nu6AtR+X88cQDdeZJ35PaO6gNKf2ULdPL8KllFIw8+O7JiSBL6kG9r0PZeKzPg",
+	"xn6rbZnFt0PGyoIY0tvAlbqpEIVzIF0pC+dk3+dPu3szxv2fR/dsFt+AOB7eC3G8QJ3S/Loziu/k1/st",
+	"K9SOoCrz/B4L6uM6vq/w3/N3l82twOfvLncW4G/QAmzOlXQotkSzaYbc/rFfc1O721ACWYgRwFap+vn0",
+	"kqgpjcF17Um4Jp3h9OjwsPfD4WTUUzez/tHN8MUnHok5yIAqIBFoc1O6JGQTLN6MK+cgyXQRT7FqMiWh",
+	"8CVx/DR2cPPy8GZ4nNqNnz/9xIMplTQwg+6n6Zb2dTR43rgEyz8TGpHhJE4G+OOwT16j3dypjfYlo1Nm",
+	"6inzJuBPvGlRfXWVeM20Vqc8v0q+JYXy/N3lF9Imz99d7hTJndxzV4qkQa8WQs/BZ3WVbCf8eLkQ/HJ1",
+	"w2W10dAeWyt+3xWCj5A3lArGM31MQkBeYfbJNGFcaaChWQpykBc2r3y4T7TAvHbCYf6JRzThwRRUfWjz",
+	"FihbEWLn7y4JC7sE+pM+KTOWGq1T4SIaaZtHj39opG7uQpx3qZPNC8bX042tR0KbK7+2gLxfwbd/NQ/v",
+	"WrQwIvD5u8tdlPM3V1N+1aW9rSn4wikxMxFClNOVsFKydfWhosNC+yPlXGhUbPgESCfwOVJCT0GalW4v",
+	"XvpbJQt3ZSBuq+x8lRRpZxXeaUdrrcIttKO08dXBOAIrADWSgwwxnIrIYCk2lU7jDUWMak847JNTkK4j",
+	"mOCARs+uNRrvvyA2mLf7iRcrnHSJLS3q+mZ3SUSVJlOgUo+A6rTC88+nlyrtacckiag29NbshAWqTy6w",
+	"5zEZLT7xjLqLa7DlSedTEQHBDb9wIZrmLYaByHBDAx0tiFmzGHsVDcIuSfgUaKSniy4ZSwDScX9i3ULK",
+	"XVevbqF0Pk9LFCbZuRmA4Afjsf0iBh5i58mKaj65ej12tGMyxJbOWGXMbl8lsxoB843Z5IU/5O/MGF/c",
+	"/CqbPL6ZdYHbGeW/KcJYOt2lBJK4hjRyuip1pKmMWekfu3CDf18X0u66uYPMHcHuOn57PjKdXoDCXbxU",
+	"5pDb9pz2XiEVJRPbnHjGOEmUWX1aE6cuhv3CZ2d8M24fu6Mv5PkpLqH+lhdbE9tmsf7Usgr2IRgtHMP6",
+	"jRDlH8dS/AsCvfMj7TSlW/mRfIaOR0HbSdA9RXysI1B14sLB5zRh8q+c6LAkmG+H6pQMDnbdtfkv+VTO",
+	"r6KyhQNSXaODNG91Z1753m3E1SmWOWnC24mrLK3f1l28K/vqBlLFfVECe4zhjiLsDK73WpEX0W4t9cmL",
+	"CmnAR28iRRLXWxdO0jeJfdN7opzoSxgnw997p/av3ttXwy4RUZhWrCAda2rt5s2kM5iNQKpHhIWqT074",
+	"Ih1NigjIjC6IBBrWVLtIV/SzXfrdaky/u619nZaOErCamzxo+dx3xo9v0PiR3eNHavnI84SkfOnqTSND",
+	"GzxbCCoTY/RjoOeX4z9tTG3XtwGmgRTYqgU7uNlXcsUJvHvEEg4iJOGCg0s6nUJwhVNQohifREBsGBqR",
+	"CbdEqFsoeiBkaFR73yTOemFwxy/wgVllpyJ2Zv/YFaGIIpCPlKVVnWsGc5AvyNPDJ6RYQSEGOWNKGQAM",
+	"sZKEBCWia/S8nJ//Qq5gQTpPHz8mQwzcQ1C54ghuqlESTkCTEAJmhkndTq42g9ngnC5wJx7qN34Lj5T1",
+	"TlXXwCA2JJAM7RRZSYlj8vTwMakuBeFWlWFMIHhaqyNiM6Zt1ALjE1KFBZ2nj38kw+zJIPf9AL83UwQ0",
+	"pgHTdluFYy+gjtuYOaKcS8vXiRsnikblEIcaw1sJtx8UP7lXe10JEF/IcFdaxSuMYV1huTsuIsnQwQfC",
+	"YdfeAAkK5PWuHMROjn/oPNmyLWqZUVEKU13zh+V8SM1WM+dVsv7B5xwJxkclI2FZJsyW4+LLUtlf2RjT",
+	"3Hi5UNPKQNMvSWtXazb1NpIKcH0tlsvGxNRIUhYMPkHKKWk7K8bOrkn5knKQ+SocnmybHh1IiICqFV0X",
+	"fxXXoBzzty+jaO3kAC2MKGCeMj4ZdokWEzDEq1uhXpCO20SuhJz7suv+CWGXjCmLIDQ02IAS8zkwQDeC",
+	"sSYUg6AW5sF+n/xmm/L7xQSUY/P/FzZVJ7dfN+EgWyphVlnC4mfuoZkzWwdECpYGMoTX5uYM++QfqJSo",
+	"dVpJn5wkIdaK6wzLZ9B381VFjrifdsT8ayPmhI61Cz50Z7gj77scppYFyBBvSgaZsZdaN2ADTYzPm5ud",
+	"7TptnC9hPIiSEMJbGJ139uZmJGoTU/POyPwdGZmrJcZVluWXaOntpmW60ZCLLG4EYyGBUL5IC8fOJdMa",
+	"eGbStTUXLEdUxFXFWGvnRbrg7MmMF0jQ3Zh+u6lplouBUtPBFSyGRv4buj+WV1o2E9eVPa6z+Xbzoxgx",
+	"KTRbdcnjfo6iybmz3koMsuchtWwnbmkKrrX1Xhg5uyzNo09BEaZJ2qW0662ACsUhtAsaTFBaSPsqVXnT",
+	"4Xpb8c5M/MVKROYOod4sXDrQ46ItOMOMnVV4ZxX+GqzCiL4oZ5fS6gqss1rALlhYVtp6C4aeLVt8H4h9",
+	"oIll4Gu0CdQZArJt7XT9nSm3YMq9JRk5gOuVTY1s9TSUzJjGaI+8iu4iwqxQ2jUCuZCu8oGUEOUv6yp9",
+	"/PX1PXQ9eri05Ws2EeDRNbcTOBuORbodLfu+aZntp0WmzGhwCyuqbJGyNXQ+0bzjKSc5FZ1PpBOKQOUd",
+	"XxEbQ7AIIujPQqcvY4UCrDrwSBEaXHExjyCcAOaceX8TaqqdoXcFDbtkxKKI8QnWYFP7fXJSdmDlXUdN",
+	"3E/HVW6uF9txN613JO1kxC8sI3YJF/M88u4I7c5BtJGDaMv0WGkq9Vp6zJ1ht0tYGEEXyWJsiZkbYuDI",
+	"2xK1xl+RXKNhEHioSoTZ2nHNa0RTdXWMpkQJsZAavftInc1gjjCi1bY47Tpe0Ccn6ZpzK5SgkhmolNpj",
+	"7zTbG86Xd55QxrtECVyUM1i70Og0DvrFVszF+3VxyKuMwn1y5m1xXdvxzcztAiw86H2IRTcXYLGSfeW4",
+	"0HHG8pqwuVvGSPTdoqujI/CnHVN7eEwtveM7q++OG94TN7QMY6vcUBv6xGnUU2Cp1Aq+yLi2fEyLK6yW",
+	"TzURMXBFhj+/viAHc5UOV57HMyv/u2FQL8iTx0RSHooZGS00qC4ZUQXPnyYy6hJkIZi48fyQKAiEYaKG",
+	"W5hHggP5DUbnIrgCjRVTumRkUMjwzMzj2i04WT2ryV/m1HEX2mJH1Dr1zn856T1+9txmBdndMkXUVMw5",
+	"ETyALpmCdElDOd7q29DKhGOhs06BfRsxYri/PubumFhvsCKGt65mKcelgMrWdnbyG3YWcKc/YOEwd8IS",
+	"qNY0mIIqwvWRIgYSIeCPRsLBr9P227kF1bqml5sZuCWki+umfV0l2G653CwsXRXRYr++Ao7Fs3M76PfN",
+	"NrfvvS2B1/f6+yIu3PJR15XWMBjdLdxhW/FxbnDKlqrfKag7ltyKJRuWmOaK9gwSeQZn8a0Rd0709CAS",
+	"E8brWe+lr/tlUDamSs2FNMpPlCgsnRlj27tcI+xEgSRTqsjFx4tTAlyKKIKwT36Tgk9IICEErhmNFEad",
+	"Pz08MsNcAR843W14TIZmYYbZKMFpNAgZnlQ4JAfuJzAwjSVTkNUGdMM9qXC14A5vQ4fviJa9Nwv7QjVA",
+	"ThI9vTBwX+W2OGcTjnFU3wd52kVxVBMdCBLJ9GLvxT//yJOgU3dBiWIT3itW90r0tJrWiKRg/1q6qeb3",
+	"h3lVRdKuXk9F/5QzuBZXEJIOjZRI7V9zmk/ZwTf2v8YLt7s+a9Voc7hogB1LUNNlTl19bdzr9ffGvXDh",
+	"hntwt+cst76HzO9OCIc5oYFBNKeIGrGH4uPCoVl3p4jC4mPU1WP4Ostm7e5vK/Z3JrRvxN3qNhtumcT1",
+	"ErdVaRWhxEvAhcqauah+ZzLKV9gs9VSrlaQ7Tw+f7FsOFJfYuMFhMR4fk6ER5VOvg808wC9/3C+K+74u",
+	"MNYNXpa/3YYfIF06x5V9qQDwZhSpjAQ+GdJmiKG2NQcJJPCFRFIlzNCihyLA7+r0PmjhvZjyuES3nMf2",
+	"gAZYEKk2VjIrJJs6ed0nx5i0gFRrzCAKrfbPkyjqk6F7d+DeRVMwU/grSbhmkTWe21+JFHOXBlUZqv2T",
+	"HezELfXWVOeO5JHiMleRAAPUEjR3GYbflF7wU/F0fZZw6vFYqojpPqi+pC5aofaSfuRZzEMMkqRJbZ2h",
+	"e6yGXRJQLjgLaLR/TPxz3ySHxJKZpZOQqTiii9wQOqMAvry8/3G/T17afzJw1x+uAfvtzCBcdZd/cjt6",
+	"4HfZLXPtXXZA3l3ib+sSu2O97e3FOKWejQ8/+Iz/R3d5Lpq2Xne4mAqFxSAx43dGOZ0ArgbHeaRc2FSf",
+	"uMhjG/A1FnJOpfNDd0QMnPQ+JYeHTyAfwxumD20eMIT7x7nfkYDx4gc4a7lno/V+lT5Mx/RVY54e/rjc",
+	"+5kMbfj8IEvHsO7rKBJz24PyhLtZc3qSbTSJhRGcT3qZ2uTW7a8zggrD+7dbzdwO7JZZ65j1J/+1hDJV",
+	"QK2GAOLOdg7PncOzFX09yS4ooT78E9ztvB1pdbRnC2T1Y+xNhktkUJERBGKWUc9j968S/aukmX3ynmqQ",
+	"BK5plLhaMkqzKHIddhWbTDXjE5dcWxqsM1QAfGCL2e6TUaKd6CUBiT3Tm9NNN9WOZu5o5o5mPsC4TXM5",
+	"b0Uv12XGupFLxWYMzShnygINplnFRddl1lEotPXMbb1BDvt94lq++JJvSIOsJN1TgYghdBOrYx9uWHpu",
+	"ixoyha1MRDpQqQJXh/IFls5y+QCiYE1XPkjRvT5g4bBrxWQMQc0qAvlJO3k4JEqTKb2GzKOUn9uFY66o",
+	"uYO9+OxypgJtZprMhNLk6PDw0E9ZnVpcoCxqu7T4o90/pJv2wZe5RnJInP9MABuEOuqcAXHvdrnCFcsp",
+	"LwVxoW4h+OMAB+5uQqnPzfcX5vN7ZA+nQulErrcueOy3IcdMkth+uDM3fFvmBkt23eG2MTrUFSa7yBM+",
+	"505aQ3KJmHMsyGkkXvtdBxEvP9S+H6twRxEzHb0gQ3Mxbcra0NkUB+6RhKznhRF+4Riz2ggwDDXvjISe",
+	"WkqrDfcYAYE/ExrtY8d0JkJFZoLrabTokj8TKjXIaGHXy3lCI5zg8uKlgRzwkEoS28+O0dYgtRpQPfS2",
+	"zJSE23QID3S0amr3pSHaQaK0mLkHhAOEqjAcbhR4aP+yntr0T1vdNPd6nwzpDM3+9n+DGeNCojH2qN8/",
+	"Ovyfo2d98tZGTxLG4wQj75cj3wmnM6NsmDWjE+Y4a9qI7MwHIU2pKrCYFfYYl1aHxc4GEjAof1gbG18g",
+	"aN9Gk9jClr5oNHoVt6jjEhzm7nAfqe+LQez8ynfW/3Xkr3Ub7eLAZ/CuyP4CqhIJCsXwWCgIB5YQDm3C",
+	"sNUi5MJnEacaiSFp5jqByjumctI65b5lclHCLwr3+4RxVFmKhN7asUvdech5DLY2pwEmTbO7GLfqT3rp",
+	"vFfM0GC7LRqZt3wOVepSo2GYDm/ZD9V+ix2zKqZhhsklVQA69PU+lya2HNI9d1BwW4aQ/JcNYyP/SfyQ",
+	"XVdwG9OpDX8pZ1S7aKJ0COss+C/DScj/8rzSTzfUUwnKaDUDbJq14vvcqzHIAMy2/pdXnsyyGR/YYYek",
+	"AzcU6yprmIB0Z8CwNJMSBH+MFm5FTBG/9v1+xXbMHuciicLBKBLB1dB2qMJ/D2xqumPkKjGwCocF2Xs4",
+	"p5K7b7jQbLwYGEQYHlduHecyH9jEPnENkkZRlt3u/K5KS8EnRm02h/7ItR3UeVUZtW+qrtLOYGWkP15G",
+	"+LzyboUVastJF2vFLnN1s75wi1z9Pnj0KwfTLxSHWrOW1Uqdx4PjlBDMaVoceJebsWPDey/2XslFTyZ8",
+	"qTCGoQM0peJI1sO2PPqzI46u6mYIEWhYZtTnRkkzhEMR6jVIS9BS7uNcIRPhDYFVRMWMvlVVodKXUOtF",
+	"SDd7t26EivyQV7j1cGfn/77Lwlk0WC1R57qwN72EaMSxeZzefDPOXAPWI2j9jn0yDCKgcpAaJSTYUBF0",
+	"evKQYK/mDheauNgLR2cKlo8u4UYIcT2LSnYOtG4vOw+WfY5VZodC9XhMzi+MYD9HP6fQ3l9rZKwVBXJs",
+	"Cc7UBiJi4BCSK4DYWats6MkyvbL90r9JenXHopht+f0QBLE15hLfEv87NZm0JdQ7Wa1pr/t2JhOvuvcU",
+	"aIz2qHXNvirF3naJSuJYSIPEQS4I19Wlcb7YN78TxWmspkKTsRQz/K0cxlvhq/0gSMSuwXwfCH4N0uus",
+	"MUhDdlZH97qg4MW539QDD/Mtr3ed8pYCzp/azhP3bdk/y+d7ywjgRNFJffT+e8ZBWVHKfDDAe8o4+af5",
+	"RxcLExFbLNtGQBRqUykhMWUsTPP3FjZ5jCmVAPqDAvyWSIgjuvBphN4oid9bOapYZ3FlEMIlbuhuvT1v",
+	"pJg1ee9CNHkrv/BzIfXX2MTM7eHMCC64keY1yiUKO4iHJDL4tqNY31ZYWPl8N6RYAdU0EpMDoXpsRiew",
+	"ogei9cx8PCf2xa5te2ZE6gU26+p/4pUk5KWd4qN6aye4Wyry0O7wx3PcdvObmwL4a7yx31dHwfSoDHN2",
+	"pY4Ns81dOof81ZdOXSVr79v5u8viVWNhOQwzlqycB5jw0LXXTemBeYvxCYkjytGX+omnfiXzzLnj8vqC",
+	"eXxMYBbrhVcW7Oc4o/IdDR8pR4gSzvR+mt1u9IlPHoAsYjpzoYqxK1k9YYIrW2U5MQQtVVnGEiBtNSW4",
+	"IXFdYu5UmOBxYDVstYbknBv4fl/kxu/83WVzimNQbEdsHjqxsfTFdu58d6m8t99cfYyFy92zNvTn4LO6",
+	"SlY2Ykv4Fceyl5IwTlOqlJaGLTYtrbqSE8jdyO0aVnEhhiL2J30yPTo87P1wOBn11M2sf3RTY2xVuIh6",
+	"M2vOrHr0+Ifu3ozx9O/7TS7JbnOdZeL83eVWr+5GYvrOC7Sq0Vnp5q67nCHEVOpZqaHZMo97lXvv++Jx",
+	"2c6b87gcVHea8LfZ2zt3xOuVYVdzWzUOphc8WmBTlCiZpB5GtMO5CCsXwmXjrOuipzPU/TZCp1+WdvWF",
+	"4qZzYK1vxLwLjt4FR98qODrMX94KQlLNxA8+Z3+Ueh4vScnbIw9lX6Iftz4EobDKryX7evXFvyhwhZ2n",
+	"fyeMr7/EtUFZVeLAKyzG6ROyvNkszN22GmnARqN8u9d9+5LGZQliXyjkaD3B8YFGO8Kz7ZoPO0mlaUxS",
+	"C0llCjTS01VCyS/2jYca0mOXty6C5+T0LaFczUFuVf+/RyRZUQj2PbsGDipVe81mHTrnzt+dY+H0mZvj",
+	"AN0pB7bVy4q61kafRi/UcEK5loue+c72JLXfDo8JF2QEVIK0XT4Fh55mM3AvIFdyhdZdWpsIFy476hPP",
+	"msv0yRnoRHLrZooEn/Qidg2h7YNqR+j4hkzRAnuqHdt2bIRpcvj88HDfJryN6UiygLw8IVp84lomKmvn",
+	"5n6jYShdeY/w/7F3fU+N41r6X1HxMsmtEGDgzs5A7UNuDzPNdDewhNmuW5tbWNhKosWRvJJMyPT2/35L",
+	"R0eyndgBumlowPMytO3Isn58Ojo65/vg3VW/N+zzV+tvF/edkVgSv+kRKgi7ybhCKrySQA5ejvrkEEpD",
+	"xj0vseM1XikXKCMB9OAjkSl2zWVeZrQHXVjgDs+FYGmd390VeywT9j2mdNl6uVZ4Iq9BuQLN6HHo5Y9a",
+	"OYCXTqjtuppQmIYl5PQvtwNGrwXQT/Z/ThrTTlR7W0mdsdislecCSA0az6mckAk1bE4XPTKf8nhKMsU0",
+	"8wKa9iEUUYS37BPqgncdOMgxiUI9opHAZc+rQe8TO6+iQokAi+OAuwaymedKOkFkp3UjFVGglJBs0jld",
+	"rIe/g5Xa+NBD+Dj41TpRStKBus+4ntmNWLcO2IpmtV3y9ZopKzuoo6TsQrYoDZXveI3O0FeF3OUls2uU",
+	"9rqSNVsu7JO7nj3+tPeUR4+hYY9CW9+mj2j71vb80x9ItqcljYD3CYbhP8BAA5WA/f/51+cKChYdjki4",
+	"oory5XjoYGQdSyfOqwB4ZdKGwvhRLGYchPaBB8VaWcu2YLfQ95GCjYQ2MtNkLtUVGF0GZDyDHeiMKCK9",
+	"mj0TCQMeoHoUM1MqyihLuB6J23ANiRduhzfXSi20fWtou23TaIcWtECLaM8a0VDmqRjZX4Bn2tA1PJqo",
+	"c4/SCik1Y6lmJKaZj3yM/MW+zCAJNolqE6p8VYbwuu/V51Kp5bpZ9Ebm5eN4aZeWFGJIn6WV8PxcgkM7",
+	"T1hC/hieHBONgyqoBCUzLk6ypiEf5PgVS+liWZS/cS74/Qz1/b0J/Q35SDymZA5M3EHquFDiT6lddHEN",
+	"nk95ysKi63/rOFRLuxZctzuJjHWocH+WdJG0AlDBLuiU6KlUBn1I8EW4uqHAlsuSIldsQRKm4CmIRo5+",
+	"Hxyfn/3z4sNgeH54dvHu8J9Rr6Dh49rXrReq5f4qydh7IwNF6g/QxphI6XLurfmSa0zx958qM4a+r9BU",
+	"2ihGZz4TzLndbNl5NlE0cWHotNSgHZ1fZkoaGcvUe+z6vrRNaIP+9U7UxS655IKqBZnZBWHCNImpUgtP",
+	"WsTo7AdNLheGaQKEjXO60H1yLA18QpxyH1u1TC6e0oVXWX9YS+bptfFL8LrjMGgpOnXOTTxlIXmv6Jo7",
+	"dMuzPDZ6kTzeP96p8X53LpsHtWwQDM7smKi3bc6XwMEh2yUzc8ZEPQLru5k+M7buVOjD96vl9Kdm6iM3",
+	"U6851ZTU7bhGnB+MCSriBbQXu3GoiiJPrZ3yGHZK0SGlwWk7cmlQgluh0fR4K9MEGeILg9v+xFncpBNM",
+	"c53bAe1iOWxny0x3DwgYG5pMmCF727sjsYZspiHzyM2j1xWPbb/57pHYLnGrjcF+cTHYAoe+n701S4q1",
+	"aWnG+ws6S9ctLicZE4PTo19lnH91dNT9Rr6vWa3bam/nl73d7b1VY7B2fcGPIAl+xcuLOzifAkmuMIrG",
+	"JnznLSEHGV0sJ7fcFmh3QASbBxWSeqKKU1/s68Je/Oy7w69v/haBX2YWTJHTXUyIEAHmL9VOyC0js808",
+	"02tOZ2pCYEtS966c4O3IlLzmics9x1vyEhV7yNAonrFNbRYpI1ivI5gPXUe4jOzXPTzuKSKBSsU6pwPR",
+	"LFbAfw1H5RBSpORcM4jbAadILMWYK5dZ7usSzr99gc79UikT9NfxWClmpEMFKSXWbL5jC2TZQfJubohi",
+	"CY0N8w6oubVpoZxYsYQbTyYexPdLn+MdUexyKuWVLVkqPPL3lY5pZnIFJ1OCuCYiMjeaJ8wJSeB/BPQl",
+	"ICFfE2R1RGoATJVKpSsxkY76HASOsgbZCWQ4h4qSMeVprhwZY565bWd4zg8mKBKafQL+R/uwdoP4Ii9G",
+	"cdSUKIVD4lxmf2YvKVWq/F1PFPZUrcL6E7AwWQIPabI6cQ7C/OI4rSI3iy7cLIrazKvXF8/8uD6z4rwD",
+	"VH2ox123pJWGLI5nP3TvvjgiKuutT/63n5sXymMfAuuOGA4qca52oDFh7OQtAr8iXBCHfCKohfiIuClA",
+	"OpH5T9BRiHPBb+zCJEWinbJC73oH703ZDXn7YfBmc/h28OPff7KW3mjD3TLu2b77l6JzqIm7iM+wqEc0",
+	"A8UCEl3vRE6mSeOawEAnY1GGc1we/X0gAgbfiJjY5Qbix2A9g2/pEUoMnzFt6CwjM6kwgGJ3e5toF6Gh",
+	"KpeJ9sHB49wVAGsYtKC8RmYbv07GNIPlBbvqIrw2hKSRzt72drdW68NTBivmQocTt9JnTBULnlcsdTwb",
+	"oEaSeMHtTbc/oSTJHR7bxTXlTssEA+9+3N5GWAwPRRCEh2dURfxz2RqwHeXeTJ0aCRAiU38G08EeMRAY",
+	"s8hYt+7sBaJkcGR/dO31sGcwp0sTquEYpjTfmk9g7rBonfpyakQEz1etKRgGOJFCzdw/i7otz7yNhqCV",
+	"n3d++fGe6U5/2/rbxv6nx81Qqvb2IL5aq0cLK/s1U3xsB7UdaTgNOnYa04JM213uPvFS3gY03yug+cwB",
+	"QGlzFkDNo+eynGzDMuhzh9YxkoQEo+/1YAgreJuz5LzQy9FlVnqIIkCJHjluz4Ue1a9R4rELo+weZB4f",
+	"7X47qiS9gmSTnHFjvDKWVBMq+F8wtH7QDfm8VLt9ujV5SndKEaJlJpC9xg2uq/OL2tu6T3qibe1SHdbE",
+	"pLl97MHS1AZPyVw4Q6FN123TdR+PWCQLWLA+V9dDH+xBUfltrZrTaUXj1203ArmnlzD34lLwJOxTIH1n",
+	"LtWV7Rvda2QxcK99ICSrrzlP+uQNVYozXRF994EaGFka6tW8/yh0y58Js0mpbdfBWSs49aCo9foUqtai",
+	"T6/xjL6d9t9wi3LLtqSd7C2V0a0Tt4HH6LRJ97+JpeiVT/RvRWX0JbulR8MZT2LU4k27JXoSBqOv2hJt",
+	"OSfdnbyVH/DR14duzzDYrdxldw95w9HQgtjrNprAlexn4CxM+3s4kZtNJ/Cs5Jopgmn0qRQTn/WF7ww0",
+	"1KQT2UdLogku8WDONeseOPYorg0XE3/a0OSAoUlSmRMtij2dD3yw1BdPFd1VGQ91uJgkrbeoNegeCXQH",
+	"SRIOTb/OmNv65P64n8+7AtJnbCavPVtvSjU+1AivTjG9RdilWn/ARSkBGTHsXBABg6tNHDGh+76tL26v",
+	"jp3D9mMLeq2L/J4imzBubsGvL3C0kV/ZTJp7AFHFEdcC0XcLRN/YV/gFhuX24xmWZb+ha+IWcFsr83Ei",
+	"KaZUTAqg/kETJVN2q72p9XTzii3W+wmHw7fv7DOvK6/UffXdfWy2GduU0peZUhpCL4fDtyTLL1MeQ3+X",
+	"5tdQT2GSrFFTmzLg1uKaZFRpDDbHTEOWkM5q1qFLknRcWZChKCCnvlqL7gGSdoUcH01njIy5mDCVKS5M",
+	"CGGXovo5NI4hgXK9ZJubCS8pTtN90RP5p7A5mxxTB6UhYQdIqR9bBbfWPPgKJ5RYgq9a9KoxDrY+XbHF",
+	"qtOpLhLyYaBiiUJu+NbhZhPDnavdo/tU2rDD9lCtFEV439mV6+r5/G1EE6Szhlm7OD2r54ZxxTk2sddl",
+	"xhdffndTHg8poYdak/5lmvTQuberJHsCvvtIJLuzbbS5L+AkW0MG9i/dgvXEPmPXL8h7psiwXmd9FwP4",
+	"JVngxVc9kRVeatZWMLk1t79RXpPzw4s7gsyydbD1CZBkHdX4wL2iNvdyJcams7e9160l3X84kFlhQlfN",
+	"hjt+3XPJTFgPGT7+qd0PtJkJNMzKe0/8690txSbWqm+c84fAreKeck4/bjTB+jixDW2oYQckQt2gC/fw",
+	"RSwTFnmmFZ8GiQV1RJ6mYJ+MhJCCdZsIfv979wwr+L2yHPga3oXmABv7ybkMXpcFrsII8lPB9hlNPsiE",
+	"pX5GBBkO21Rb/zu/su8ZK6anzbxTh8K+cplikIlropmBgIPo6Pj88Ox48P7ij4/vhhdnh7+dHQ7fXpyf",
+	"vDs8hrmhmTkIzEV723vF5npZUcNMqSnkkZYjp6Cm9h3f7TyxlTtz9Vw3TfCRBzaHv2iduveq8yzVnPzA",
+	"B4muetGD36SKrYGJw8wvNZpPBBeTzSu2sOO4rHSTBxriGTOKx3q9toF75NuOXMNuzFaWUi4aCad/+o+d",
+	"7Z9//ukujNOnSs6YmbLcLrQ3hrCbTGoO4ijOiHx59NOlT56FHqulngZfxF+NJgUQtFm0PJXaTBQb/td7",
+	"OHw6HpwPEQt75O/bu8tYaC+V2dsshnPBdJDEKnSCGNCm2r/jKYuvenCgCeBsP9NCNEtlxmq3J6HY7xZK",
+	"Vz68HkhpstgnDOy3hGVMJEBI+7xl2QPwPV5DHksDZICLfUINSRnEDwrmRpYdi4mcP5xk4Vp6Mazt/pqZ",
+	"0zQn53pLSMPH2FDNBv+fDepWYH9kuZ4yXd1oVIolVDvxM0BFr221PxLRp9FGPKVCsHS0sU9GsB/fdySZ",
+	"PPH0mOT/yWhDqkn9jUslaRJTbUYbPTICkHZluacdwx5cxV/ZpxJqqH3qU7/f/2wvaLtHoab8y7Pf3pDd",
+	"3d1f/O8+R/2ROHcSesJJ8YKxll/alrosFKZCI8AWDL+vV71VprkiHbct644EPhz4u8PH+WL65KT8y6AT",
+	"Ri9lXspHJ52S9JndiuXaFT5huhceusyTCTOOfk537XiOp85uxXh/Mp9KElNBNGPY15iMTH71DJtck0um",
+	"zUiw8Vgqx5RpgTVjSnMNJE/21yAOVxkV/VnSH4kRmBfIxcql2He6arHdZKA4XOePj+dd0JO5DAKTUY8w",
+	"Dt4mLkg0QCMNS3A6lASpV20ZyLA6ElL1nKQc0pPrnh2cVV2wOsU29+b+apFEjsdMsYQIO7aNHAn/k+rH",
+	"Xu9ELkJWM3XNFGHxVDI8V2v8hedTB+ZR55+ym+IB+b/cNr2zRNzdca5ZQjrUy0ALQsmfZ+8JE4kmeWYv",
+	"pHKikRI9OlF8wkVESoqzI4HOdtQ1n0qLaYqARi5BBb7jk/Oj347eDM6PTo6HF4P3708+Hv56cXJ29PvR",
+	"8bBPfnO85HZIjB2XLBsJlMYDgldA7LA0+yVXIzerkrlhEQyhyJoVMomgfxNmKE/rFX9wNh5XcOwhF+k1",
+	"qnK29U9xqGhHZlYePFw3d+0rOdV7lrufObvUAAXrBG0rA84xIpdUHzOmNi389ywOblbQHnTNlnFdd9d7",
+	"IuaFsuadRUAHpQr5OdjRjCVkr7/brUgtAIjp5QGsV5QRAcZgevob4HuogcVOIV1tkdufJLpihk6EM0J9",
+	"8DWQWH5xIQWO5xmNKLi3vU0iZJ6+QFSLegFH+k4FPHKlXXBxASU5dmqdMWGqKNlzOxNrI/RKiMn1EkZ6",
+	"mdLzw7MPR8eD98v4COcfu3U1Q1lyCe+DAxPbx/MlVu+g8L+3vUMiV3m8F0HOci6uhJyLHipiMCD1tkDM",
+	"JwJ/Xfqpp+bGdOeMO+ptVn4GL0fA0q0WQXiiwPcwtLi25VQB3omaBvxGOdM6nO+Twdggq7gvEcVQxxam",
+	"gxSq11pckkF1JpNdgyuPg9npNY+D5UkilIG9ABveDg12w2GIYNgrVC2TYhI5c6EYpj0SKab5X77+Ga88",
+	"hBOqRgx3ZeWSGROtKuudVVlfz6rZpg8+seSrH3Jr3J+lPbBHJC7s7liUVKfL3s9wEZb05TderloagDYO",
+	"C2qEU8sy7oQbzdIx6dgZXtKM5orgoR7JFBvzGwChXKUb+xtbYOhi7Zbf8J5fM8G0hoXJuRd6bsHzAnOA",
+	"fejx6xeggt6FmhBaPhGbedYD//AmFz1cjrz3GFZe5zoOeSxYJjRKvdQAMgf73fK6iKpSge7Mc7XEXwOT",
+	"tCad2K7sMbOjUnd7BRe5fdcSgUmp6JDjtK6+q1kcpRJ8pKYtAC/9g6cpQGtxKTDEl669oYamsvKYk38s",
+	"XSiPwtrLvyuZZ5V7QyMVhfCZ4vGs+sggywbK8DGNqzWq2LHl2qMC7BlLGdXVGuL0HLi8kOrPXOMOwDfw",
+	"RrGECcNpWtfY/g0uLI5r45bdIrTSdWSIr/QfYp8uhkf56plM2erV+rqUn/hAqR5yw+rvvOdjFi/ilK3c",
+	"Xe06e3V4la9ePBkezaxZs1q75X6Ci0tDYHWU0jzhhhhFebrcNgN7a6XIymislnfiLR7UTpnBYECRC2pW",
+	"Gv+kWuOqNHbNjUGWnSp5s9j4/K/P/w4AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -48,7 +48,7 @@ func main() {
 	conc := flag.Int("concurrency", 8, "concurrent clients")
 	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 1000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
-	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\" or \"fabric\" (default: everything)")
+	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\" or \"allocations\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	flag.Parse()
 	if *child {
@@ -103,6 +103,9 @@ func run(dur time.Duration, rounds, conc int) error {
 	if benchOnly == "billing" {
 		return runBilling(ctx, fx, dur, rounds)
 	}
+	if benchOnly == "allocations" {
+		return runAllocations(ctx, fx, rounds, conc)
+	}
 	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
 		return err
 	}
@@ -112,7 +115,11 @@ func run(dur time.Duration, rounds, conc int) error {
 	if err := runBilling(ctx, fx, dur, rounds); err != nil {
 		return err
 	}
-	return runFabric(ctx, fx, fabricOptions)
+	if err := runFabric(ctx, fx, fabricOptions); err != nil {
+		return err
+	}
+	// Last: it runs the whole app (relay, dispatcher, fabric) until it returns.
+	return runAllocations(ctx, fx, rounds, conc)
 }
 
 func runHTTP(ctx context.Context, fx *fixture, dur time.Duration, rounds, conc int) error {
@@ -219,8 +226,11 @@ func setup(ctx context.Context) (*fixture, error) {
 		IdempotencyRetention: 24 * time.Hour, EventsStream: "BENCH_" + hex.EncodeToString(suffix),
 		EventsSubjectPrefix: "bench." + hex.EncodeToString(suffix) + ".events.", ShutdownTimeout: 5 * time.Second,
 		Auth: authCfg,
+		// Many tenants' creates in flight, no per-project cap in the way.
+		Allocations: app.AllocationsConfig{MaxPerProject: 100000, ProvisioningTimeout: 10 * time.Minute},
+		Fabric:      app.FabricConfig{StartupTTL: 5 * time.Minute},
 	}
-	a, err := app.New(ctx, cfg, obs.NewLogger(io.Discard, "bench", slog.LevelError), app.Options{})
+	a, err := app.New(ctx, cfg, obs.NewLogger(io.Discard, "bench", slog.LevelError), app.Options{NodeProbeDialer: probeOK{}})
 	if err != nil {
 		return nil, err
 	}

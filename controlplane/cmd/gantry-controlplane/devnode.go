@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/devenv"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 )
 
@@ -23,12 +24,18 @@ func startDevAgent(ctx context.Context, svc *nodes.Service, kids *children, dir,
 	if err != nil {
 		return uuid.Nil, err
 	}
+	region := devenv.DevRegion
 	if node == uuid.Nil {
-		n, err := svc.Create(ctx, nodes.Spec{Name: devNodeName, Address: hostAddress()})
+		n, err := svc.Create(ctx, nodes.Spec{Name: devNodeName, Address: hostAddress(), Region: &region})
 		if err != nil {
 			return uuid.Nil, fmt.Errorf("register the dev node: %w", err)
 		}
 		node = n.ID
+	} else if n, err := svc.Get(ctx, node); err == nil && n.Region == nil {
+		// A dev database from before the dev catalog existed: put the node in its region.
+		if _, err := svc.Update(ctx, node, nodes.Patch{Region: &region}); err != nil {
+			return uuid.Nil, fmt.Errorf("place the dev node in %s: %w", region, err)
+		}
 	}
 	tok, err := svc.IssueEnrollmentToken(ctx, node)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
@@ -43,8 +44,9 @@ func scope(ctx context.Context) (*principal.Principal, projectctx.Project, error
 	return p, proj, nil
 }
 
-// APIAllocation is the contract's view of an allocation.
-func APIAllocation(a Allocation) api.Allocation {
+// APIAllocation is the contract's view of an allocation; accrued is its accrued cost
+// (nil: never active, shown as null).
+func APIAllocation(a Allocation, accrued *billing.Money) api.Allocation {
 	out := api.Allocation{
 		ID: a.ID, Name: a.Name, TenantID: a.TenantID, ProjectID: a.ProjectID, OwnerUserID: a.OwnerUserID, Sku: a.Sku,
 		GpuModel: a.GpuModel, GpuCount: int(a.GpuCount), RegionCode: a.RegionCode, NodeID: a.NodeID,
@@ -63,7 +65,39 @@ func APIAllocation(a Allocation) api.Allocation {
 	if a.HourlyRateMinor.Valid && a.Currency != nil {
 		out.HourlyRate = &api.Money{AmountMinor: a.HourlyRateMinor.Int64, Currency: *a.Currency}
 	}
+	if accrued != nil {
+		out.AccruedCost = &api.Money{AmountMinor: accrued.AmountMinor, Currency: accrued.Currency}
+	}
+	if a.GroupID.Valid {
+		out.AllocationGroupID = &a.GroupID.UUID
+	}
 	return out
+}
+
+// views is the contract's view of allocations, with their accrued costs read at once.
+func (h *Handlers) views(ctx context.Context, as []Allocation) ([]api.Allocation, error) {
+	costs, err := h.Svc.AccruedCosts(ctx, as)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Allocation, 0, len(as))
+	for _, a := range as {
+		var c *billing.Money
+		if m, ok := costs[a.ID]; ok {
+			c = &m
+		}
+		out = append(out, APIAllocation(a, c))
+	}
+	return out, nil
+}
+
+// view is views of one allocation.
+func (h *Handlers) view(ctx context.Context, a Allocation) (api.Allocation, error) {
+	v, err := h.views(ctx, []Allocation{a})
+	if err != nil {
+		return api.Allocation{}, err
+	}
+	return v[0], nil
 }
 
 func apiEvent(e Event) api.AllocationEvent {
@@ -104,10 +138,11 @@ func (h *Handlers) ListAllocations(ctx context.Context, req api.ListAllocationsR
 	if err != nil {
 		return nil, err
 	}
-	out := api.AllocationListResponse{Items: make([]api.Allocation, 0, len(pg.Items))}
-	for _, a := range pg.Items {
-		out.Items = append(out.Items, APIAllocation(a))
+	items, err := h.views(ctx, pg.Items)
+	if err != nil {
+		return nil, err
 	}
+	out := api.AllocationListResponse{Items: items}
 	last := uuid.Nil
 	if len(pg.Items) > 0 {
 		last = pg.Items[len(pg.Items)-1].ID
@@ -136,7 +171,11 @@ func (h *Handlers) CreateAllocation(ctx context.Context, req api.CreateAllocatio
 	if err != nil {
 		return nil, err
 	}
-	return api.CreateAllocation201JSONResponse{Body: APIAllocation(a)}, nil
+	v, err := h.view(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	return api.CreateAllocation201JSONResponse{Body: v}, nil
 }
 
 // GetAllocation implements GET /api/v1/allocations/{allocation_id}.
@@ -149,7 +188,11 @@ func (h *Handlers) GetAllocation(ctx context.Context, req api.GetAllocationReque
 	if err != nil {
 		return nil, err
 	}
-	return api.GetAllocation200JSONResponse{Body: APIAllocation(a)}, nil
+	v, err := h.view(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	return api.GetAllocation200JSONResponse{Body: v}, nil
 }
 
 // ListAllocationEvents implements GET /api/v1/allocations/{allocation_id}/events.
@@ -191,7 +234,11 @@ func (h *Handlers) ReleaseAllocation(ctx context.Context, req api.ReleaseAllocat
 	if err != nil {
 		return nil, err
 	}
-	return api.ReleaseAllocation200JSONResponse{Body: APIAllocation(a)}, nil
+	v, err := h.view(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	return api.ReleaseAllocation200JSONResponse{Body: v}, nil
 }
 
 // ListAdminAllocations implements GET /api/v1/admin/allocations.
@@ -216,10 +263,11 @@ func (h *Handlers) ListAdminAllocations(ctx context.Context, req api.ListAdminAl
 	if err != nil {
 		return nil, err
 	}
-	out := api.AllocationListResponse{Items: make([]api.Allocation, 0, len(pg.Items))}
-	for _, a := range pg.Items {
-		out.Items = append(out.Items, APIAllocation(a))
+	items, err := h.views(ctx, pg.Items)
+	if err != nil {
+		return nil, err
 	}
+	out := api.AllocationListResponse{Items: items}
 	last := uuid.Nil
 	if len(pg.Items) > 0 {
 		last = pg.Items[len(pg.Items)-1].ID
@@ -240,5 +288,9 @@ func (h *Handlers) ForceReleaseAllocation(ctx context.Context, req api.ForceRele
 	if err != nil {
 		return nil, err
 	}
-	return api.ForceReleaseAllocation200JSONResponse{Body: APIAllocation(a)}, nil
+	v, err := h.view(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	return api.ForceReleaseAllocation200JSONResponse{Body: v}, nil
 }

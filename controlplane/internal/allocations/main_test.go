@@ -53,10 +53,16 @@ type world struct {
 
 func newWorld(t *testing.T, maxPerProject int) *world {
 	t.Helper()
-	e := apitest.New(t,
+	return newWorldWith(t, maxPerProject)
+}
+
+// newWorldWith is newWorld with more options (a manual clock, configuration).
+func newWorldWith(t *testing.T, maxPerProject int, opts ...apitest.Option) *world {
+	t.Helper()
+	e := apitest.New(t, append([]apitest.Option{
 		apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = okDialer{} }),
 		apitest.WithConfig(func(c *app.Config) { c.Allocations.MaxPerProject = maxPerProject }),
-	)
+	}, opts...)...)
 	ctx := context.Background()
 	_, rootTok := e.PlatformAdmin(t)
 	w := &world{Env: e, Root: e.Client(rootTok)}

@@ -1,25 +1,14 @@
 package allocations
 
 import (
-	"bytes"
-	"context"
-	"fmt"
-	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 
-	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 )
-
-// candidate is a node that could take the SKU: online, schedulable, in an allowed region,
-// with its usable GPUs of the SKU's model (healthy or not sampled yet), by index.
-type candidate struct {
-	NodeID uuid.UUID
-	Region string
-	GPUs   []nodes.FleetGPU
-}
 
 // gpuSlot is one GPU chosen for an allocation.
 type gpuSlot struct {
@@ -34,79 +23,98 @@ type placement struct {
 	GPUs   []gpuSlot
 }
 
-// candidates reads the fleet once and keeps the nodes that could take count GPUs of
-// model in one of regions, judged by the fleet's own view of what is held (a snapshot;
-// placement re-checks under its lock).
-func (s *Service) candidates(ctx context.Context, model string, count int, regions []string) ([]candidate, error) {
-	view, err := s.Fleet.Fleet(ctx, uuid.Nil, math.MaxInt32)
-	if err != nil {
-		return nil, fmt.Errorf("fleet: %w", err)
-	}
-	var out []candidate
-	for _, n := range view.Nodes {
-		if n.Status != nodes.StatusOnline || nodes.ScheduleState(n.ScheduleState) != nodes.Schedulable || n.Region == nil {
-			continue
-		}
-		if !slices.Contains(regions, *n.Region) {
-			continue
-		}
-		c := candidate{NodeID: n.ID, Region: *n.Region}
-		free := 0
-		for _, g := range n.GPUs {
-			if g.Model != model || (g.Healthy.Valid && !g.Healthy.Bool) {
-				continue
-			}
-			c.GPUs = append(c.GPUs, g)
-			if !g.Allocated {
-				free++
-			}
-		}
-		if free >= count {
-			slices.SortFunc(c.GPUs, func(a, b nodes.FleetGPU) int { return int(a.GpuIndex) - int(b.GpuIndex) })
-			out = append(out, c)
-		}
-	}
-	return out, nil
+// freeNode is a candidate node with the GPUs placement still believes free, by index.
+type freeNode struct {
+	NodeID uuid.UUID
+	Region string
+	free   []gpuSlot
 }
 
-// place chooses a node and its GPUs among cands, against what live allocations hold now
-// (read inside tx, under the GPU model's lock). Policy: pack — the node with the fewest
-// free GPUs that still fits the SKU (best fit, ties by node id), its lowest-index free
-// GPUs. Packing keeps whole nodes free for the larger SKUs. ok is false when none fits.
-func place(ctx context.Context, q *allocationsdb.Queries, cands []candidate, count int) (placement, bool, error) {
-	ids := make([]uuid.UUID, 0, len(cands))
+// freePool is placement's working view of the candidates (nodes.PlacementCandidates:
+// best fit first, equal nodes in random order). Policy: pack (best fit) — an allocation
+// goes to the node with the fewest free GPUs that still fits it; among equal nodes the
+// first in the pool's order, which the database shuffled, so that concurrent launches
+// spread over equal nodes instead of all reaching for the same GPU. Packing keeps whole
+// nodes free for the larger SKUs and a group's members together where they fit.
+type freePool struct {
+	nodes []freeNode
+}
+
+func newFreePool(cands []nodes.PlacementNode) *freePool {
+	p := &freePool{nodes: make([]freeNode, 0, len(cands))}
 	for _, c := range cands {
-		ids = append(ids, c.NodeID)
-	}
-	rows, err := q.HeldGPUsOnNodes(ctx, ids)
-	if err != nil {
-		return placement{}, false, fmt.Errorf("held gpus: %w", err)
-	}
-	held := map[uuid.UUID]map[string]bool{}
-	for _, r := range rows {
-		if held[r.NodeID] == nil {
-			held[r.NodeID] = map[string]bool{}
-		}
-		held[r.NodeID][r.GpuUuid] = true
-	}
-	var best *placement
-	bestFree := 0
-	for _, c := range cands {
-		var free []gpuSlot
+		n := freeNode{NodeID: c.NodeID, Region: c.Region, free: make([]gpuSlot, 0, len(c.GPUs))}
 		for _, g := range c.GPUs {
-			if !held[c.NodeID][g.GpuUuid] {
-				free = append(free, gpuSlot{UUID: g.GpuUuid, Index: g.GpuIndex})
-			}
+			n.free = append(n.free, gpuSlot{UUID: g.UUID, Index: g.Index})
 		}
-		if len(free) < count {
+		slices.SortStableFunc(n.free, func(a, b gpuSlot) int { return int(a.Index) - int(b.Index) })
+		p.nodes = append(p.nodes, n)
+	}
+	return p
+}
+
+// best is the index of the node with the fewest free GPUs that still has count, in
+// region when region is not "", the first of equal ones; -1 when none fits.
+func (p *freePool) best(count int, region string) int {
+	best := -1
+	for i, n := range p.nodes {
+		if len(n.free) < count || (region != "" && n.Region != region) {
 			continue
 		}
-		if best == nil || len(free) < bestFree || (len(free) == bestFree && bytes.Compare(c.NodeID[:], best.NodeID[:]) < 0) {
-			best, bestFree = &placement{NodeID: c.NodeID, Region: c.Region, GPUs: free[:count]}, len(free)
+		if best < 0 || len(n.free) < len(p.nodes[best].free) {
+			best = i
 		}
 	}
-	if best == nil {
-		return placement{}, false, nil
+	return best
+}
+
+// pick chooses count free GPUs of node i without taking them: the lowest-index free
+// GPUs for a multi-GPU allocation (neighbours), one at random for a single GPU (two
+// launches that chose the same node then rarely reach for the same GPU).
+func (p *freePool) pick(i, count int) []gpuSlot {
+	free := p.nodes[i].free
+	if count == 1 {
+		return []gpuSlot{free[rand.IntN(len(free))]}
 	}
-	return *best, true, nil
+	return slices.Clone(free[:count])
+}
+
+// remove drops GPUs of node i from the pool (placed, or found taken).
+func (p *freePool) remove(i int, gpus []gpuSlot) {
+	p.nodes[i].free = slices.DeleteFunc(p.nodes[i].free, func(g gpuSlot) bool {
+		return slices.ContainsFunc(gpus, func(o gpuSlot) bool { return o.UUID == g.UUID })
+	})
+}
+
+// placeMembers chooses a node and GPUs for each of n allocations of count GPUs, all in
+// one region: the first of regions (the catalog's order) that fits them all. The pool
+// must be exact (read under the GPU model's exclusive lock, see lockLaunch); since every
+// member needs the same count, a node with f free GPUs takes f / count of them in any
+// order, so the greedy best fit finds a placement whenever one exists. ok is false when
+// none fits.
+func placeMembers(cands []nodes.PlacementNode, regions []string, count, n int) ([]placement, bool) {
+	for _, r := range regions {
+		p := newFreePool(cands)
+		out := make([]placement, 0, n)
+		for range n {
+			i := p.best(count, r)
+			if i < 0 {
+				break
+			}
+			gpus := slices.Clone(p.nodes[i].free[:count])
+			p.remove(i, gpus)
+			out = append(out, placement{NodeID: p.nodes[i].NodeID, Region: r, GPUs: gpus})
+		}
+		if len(out) == n {
+			return out, true
+		}
+	}
+	return nil, false
+}
+
+// byUUID orders GPUs the way every claim inserts them (see ClaimGPUs).
+func byUUID(gpus []gpuSlot) []gpuSlot {
+	out := slices.Clone(gpus)
+	slices.SortFunc(out, func(a, b gpuSlot) int { return strings.Compare(a.UUID, b.UUID) })
+	return out
 }

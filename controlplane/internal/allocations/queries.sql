@@ -1,13 +1,30 @@
 -- name: InsertAllocation :one
 INSERT INTO allocations (
     id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code,
-    node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, hourly_rate_minor, currency, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $18)
+    node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, hourly_rate_minor, currency, created_at, updated_at,
+    group_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $18, sqlc.narg('group_id'))
 RETURNING *;
 
--- name: InsertGPU :exec
+-- name: ClaimGPUs :many
+-- Reserves GPUs of one node for an allocation, each only if no live allocation holds it
+-- (the partial unique index allocation_gpus_held_key decides): a GPU already held is
+-- skipped, one being reserved by a launch not yet committed is waited for and then
+-- skipped if that launch commits. The caller sees which it got. The GPUs are inserted in
+-- the order given (launch.go gives them by uuid, so two launches never wait on each
+-- other in a cycle).
 INSERT INTO allocation_gpus (allocation_id, node_id, gpu_uuid, gpu_index, reserved_at)
-VALUES ($1, $2, $3, $4, $5);
+SELECT sqlc.arg('allocation_id')::uuid, sqlc.arg('node_id')::uuid,
+       unnest(sqlc.arg('gpu_uuids')::text[]), unnest(sqlc.arg('gpu_indexes')::integer[]),
+       sqlc.arg('reserved_at')::timestamptz
+ON CONFLICT (node_id, gpu_uuid) WHERE released_at IS NULL DO NOTHING
+RETURNING gpu_uuid;
+
+-- name: MoveAllocation :one
+-- A launch whose first choice of GPUs was taken meanwhile moves its (uncommitted) row to
+-- the node it claims next.
+UPDATE allocations SET node_id = $2, region_code = $3 WHERE id = $1
+RETURNING *;
 
 -- name: InsertEvent :one
 INSERT INTO allocation_events (id, allocation_id, from_status, to_status, event, reason, actor_type, actor_id,
@@ -41,7 +58,9 @@ UPDATE allocations
 SET status = $2, status_reason = $3, updated_at = $4,
     active_at = CASE WHEN $2 = 'active' AND active_at IS NULL THEN $4 ELSE active_at END,
     ended_at = CASE WHEN $2 IN ('released', 'failed', 'completed') THEN $4 ELSE ended_at END,
-    node_cleanup = node_cleanup OR sqlc.arg('cleanup')::boolean
+    node_cleanup = node_cleanup OR sqlc.arg('cleanup')::boolean,
+    -- Every status change starts the idle observation afresh (docs/allocations.md).
+    under_threshold_since = NULL
 WHERE id = $1
 RETURNING *;
 
@@ -55,10 +74,6 @@ WHERE project_id = $1 AND status NOT IN ('released', 'failed', 'completed');
 -- name: HeldGPUs :many
 SELECT node_id, gpu_uuid FROM allocation_gpus WHERE released_at IS NULL ORDER BY node_id, gpu_uuid;
 
--- name: HeldGPUsOnNodes :many
-SELECT node_id, gpu_uuid FROM allocation_gpus
-WHERE released_at IS NULL AND node_id = ANY(sqlc.arg('node_ids')::uuid[]);
-
 -- name: NodeInUse :one
 SELECT EXISTS (SELECT 1 FROM allocation_gpus WHERE node_id = $1 AND released_at IS NULL);
 
@@ -68,9 +83,16 @@ SELECT EXISTS (SELECT 1 FROM allocations WHERE sku = $1 AND status NOT IN ('rele
 -- name: AllocationGPUs :many
 SELECT * FROM allocation_gpus WHERE allocation_id = $1 ORDER BY gpu_index;
 
--- name: LockKey :exec
--- A transaction-scoped advisory lock on a named key (project, GPU model).
-SELECT pg_advisory_xact_lock(hashtextextended(sqlc.arg(key)::text, 0));
+-- name: LockLaunch :exec
+-- A launch's transaction-scoped advisory locks, in the one order every launch takes
+-- them: the project's (creates of a project serialize, so its concurrency limit holds),
+-- then the GPU model's, shared for a single launch and exclusive for a group (launch.go
+-- says why). One round trip; the target list is evaluated left to right.
+SELECT pg_advisory_xact_lock(hashtextextended(sqlc.arg('project_key')::text, 0)),
+       CASE WHEN sqlc.arg('exclusive')::boolean
+            THEN pg_advisory_xact_lock(hashtextextended(sqlc.arg('model_key')::text, 0))
+            ELSE pg_advisory_xact_lock_shared(hashtextextended(sqlc.arg('model_key')::text, 0))
+       END;
 
 -- name: ListAllAllocations :many
 SELECT * FROM allocations
@@ -91,3 +113,69 @@ SELECT * FROM allocation_tasks WHERE task_id = $1;
 
 -- name: FinishTask :exec
 UPDATE allocation_tasks SET finished_at = $2 WHERE task_id = $1 AND finished_at IS NULL;
+
+-- Allocation groups (groups.go).
+
+-- name: InsertGroup :one
+INSERT INTO allocation_groups (id, tenant_id, project_id, owner_user_id, name, sku, member_count, region_code,
+    created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+RETURNING *;
+
+-- name: GetGroup :one
+SELECT * FROM allocation_groups WHERE id = $1 AND project_id = $2;
+
+-- name: LockGroup :one
+SELECT * FROM allocation_groups WHERE id = $1 AND project_id = $2 FOR UPDATE;
+
+-- name: ListGroups :many
+SELECT * FROM allocation_groups
+WHERE project_id = $1 AND (sqlc.narg('after')::uuid IS NULL OR id > sqlc.narg('after')::uuid)
+ORDER BY id
+LIMIT $2;
+
+-- name: GroupMembers :many
+SELECT * FROM allocations WHERE group_id = ANY(sqlc.arg('group_ids')::uuid[]) ORDER BY group_id, id;
+
+-- name: LockGroupMembers :many
+SELECT * FROM allocations WHERE group_id = $1 ORDER BY id FOR UPDATE;
+
+-- name: TouchGroup :exec
+UPDATE allocation_groups SET updated_at = $2 WHERE id = $1;
+
+-- Idle detection (idle.go).
+
+-- name: RunningGPUs :many
+-- The GPUs held by active and idle allocations, with the allocation's idle observation.
+SELECT a.id, a.status, a.under_threshold_since, g.node_id, g.gpu_uuid
+FROM allocations a JOIN allocation_gpus g ON g.allocation_id = a.id AND g.released_at IS NULL
+WHERE a.status IN ('active', 'idle')
+ORDER BY a.id, g.gpu_uuid;
+
+-- name: MarkUnderThreshold :execrows
+-- Compare-and-set: only the first evaluator (any replica) to see it under starts the clock.
+UPDATE allocations SET under_threshold_since = $2
+WHERE id = $1 AND status = 'active' AND under_threshold_since IS NULL;
+
+-- name: ClearUnderThreshold :execrows
+UPDATE allocations SET under_threshold_since = NULL WHERE id = $1 AND under_threshold_since IS NOT NULL;
+
+-- Stop consumers (suspend.go).
+
+-- name: StopScope :many
+-- Allocations in a stop request's scope that are running or still being set up: the
+-- tenant's, optionally one project's, optionally billed in one currency.
+SELECT id, status FROM allocations
+WHERE tenant_id = $1
+  AND (sqlc.narg('project_id')::uuid IS NULL OR project_id = sqlc.narg('project_id')::uuid)
+  AND (sqlc.narg('currency')::text IS NULL OR currency = sqlc.narg('currency')::text)
+  AND status IN ('requested', 'provisioning', 'active', 'idle', 'restarting', 'restart_failed')
+ORDER BY id;
+
+-- name: StopRequestApplied :one
+SELECT EXISTS (SELECT 1 FROM allocation_stop_requests WHERE event_id = $1);
+
+-- name: InsertStopRequest :execrows
+INSERT INTO allocation_stop_requests (event_id, event_type, tenant_id, project_id, reason, stopped, released, applied_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (event_id) DO NOTHING;

@@ -34,14 +34,15 @@ type Event = allocationsdb.AllocationEvent
 // Catalog is what a launch reads from the catalog: the active SKU with its prices in
 // force for the tenant and its regions' states (implemented by *catalog.Service).
 type Catalog interface {
-	Offer(ctx context.Context, tenantID uuid.UUID, sku string) (catalog.Offer, error)
+	LaunchTerms(ctx context.Context, tenantID uuid.UUID, sku string) (catalog.LaunchTerms, error)
 	GetOSImage(ctx context.Context, id uuid.UUID) (catalog.OSImage, error)
 }
 
-// Fleet is the GPU inventory of every node with what live allocations hold
-// (implemented by *nodes.Service).
+// Fleet is the GPU inventory of every node with what live allocations hold, and the
+// narrow read placement makes for every launch (implemented by *nodes.Service).
 type Fleet interface {
 	Fleet(ctx context.Context, after uuid.UUID, limit int) (nodes.FleetView, error)
+	PlacementCandidates(ctx context.Context, model string, regions []string, gpuCount, maxNodes int) ([]nodes.PlacementNode, error)
 }
 
 // Keys resolves a caller's SSH keys (implemented by *sshkeys.Service).
@@ -60,6 +61,8 @@ type Billing interface {
 	CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, usageUnit string, quantity int64, currency string) (billing.Decision, error)
 	StartUsage(ctx context.Context, tx pgx.Tx, u billing.UsageStart) (billing.UsageRecord, error)
 	StopUsage(ctx context.Context, tx pgx.Tx, source string, sourceID uuid.UUID, endedAt time.Time) (billing.RateResult, error)
+	// Accrued is what each source's usage has cost so far (accrued_cost).
+	Accrued(ctx context.Context, source string, sourceIDs []uuid.UUID, now time.Time) (map[uuid.UUID]billing.Money, error)
 }
 
 // Drains completes a node's drain once nothing holds it any more (implemented by
@@ -82,6 +85,13 @@ type Config struct {
 	// ProvisioningTimeout bounds how long an allocation may wait for its node's agent
 	// before it fails (used by the provisioning dispatcher).
 	ProvisioningTimeout time.Duration
+	// IdleUtilizationPercent: an active allocation whose every GPU stays under it for
+	// IdleAfter goes idle; a GPU at or over it makes an idle one active again.
+	IdleUtilizationPercent int
+	// IdleAfter is how long utilization must stay under the threshold.
+	IdleAfter time.Duration
+	// IdleSampleMaxAge: a GPU sample older than this is no evidence (node silent).
+	IdleSampleMaxAge time.Duration
 }
 
 // Service is allocations over PostgreSQL.
@@ -108,6 +118,15 @@ func New(pool *pgxpool.Pool, clk clock.Clock, idSrc ids.Source, cfg Config, cat 
 	}
 	if cfg.ProvisioningTimeout <= 0 {
 		cfg.ProvisioningTimeout = DefaultProvisioningTimeout
+	}
+	if cfg.IdleUtilizationPercent <= 0 || cfg.IdleUtilizationPercent > 100 {
+		cfg.IdleUtilizationPercent = DefaultIdleUtilizationPercent
+	}
+	if cfg.IdleAfter <= 0 {
+		cfg.IdleAfter = DefaultIdleAfter
+	}
+	if cfg.IdleSampleMaxAge <= 0 {
+		cfg.IdleSampleMaxAge = DefaultIdleSampleMaxAge
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -92,6 +92,9 @@ func New(t testing.TB, opts ...Option) *Env {
 		t.Fatal(err)
 	}
 	testenv.CleanupStreams(t, js, cfg.EventsStream)
+	if cfg.Provisioning.Stream == "" { // app derives it from the events stream (provisioning dispatch)
+		testenv.CleanupStreams(t, js, cfg.EventsStream+"_PROVISIONING")
+	}
 	if cfg.Fabric.PresenceBucket == "" { // app derives it from the events stream
 		testenv.CleanupKV(t, js, cfg.EventsStream+"_FABRIC_PRESENCE")
 	}

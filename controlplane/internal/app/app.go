@@ -34,13 +34,16 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
+	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
+	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
@@ -59,6 +62,8 @@ type Options struct {
 	// (tests: nodes on addresses the machine does not have). The policy still applies.
 	NodeProbeDialer   probe.Dialer
 	NodeProbeResolver probe.Resolver
+	// Notifications replaces GANTRY_NOTIFICATIONS_* (tests); nil reads the environment.
+	Notifications *notifications.Config
 }
 
 // App is an assembled control plane.
@@ -90,10 +95,17 @@ type App struct {
 	// Allocations is GPU allocations (docs/allocations.md); it tells Nodes and the
 	// catalog which GPUs and SKUs live allocations hold.
 	Allocations *allocations.Service
-	Idem        *idempotency.Store
-	Relay       *outbox.Relay
-	Payments    *payments.Service
-	Handler     http.Handler
+	// Notifications is GET /ws/notifications and its publisher (docs/notifications.md).
+	Notifications *notifications.Hub
+	Idem          *idempotency.Store
+	Relay         *outbox.Relay
+	// Provisioning delivers allocation tasks to node agents from the PROVISIONING
+	// stream (docs/provisioning.md); it runs in Run.
+	Provisioning *provisioning.Dispatcher
+	Payments     *payments.Service
+	Handler      http.Handler
+	// Terminal is the browser terminal (docs/terminal.md); it runs in Run.
+	Terminal *terminal.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -166,7 +178,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	cat := catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes})
 	ac := cfg.Allocations
-	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout},
+	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout,
+		IdleUtilizationPercent: ac.IdleUtilizationPercent, IdleAfter: ac.IdleAfter, IdleSampleMaxAge: ac.IdleSampleMaxAge},
 		cat, a.Nodes, a.SSHKeys, a.Budgets, a.Billing, log)
 	a.Nodes.Allocations, cat.Usage, a.Allocations.Drains = a.Allocations, a.Allocations, a.Nodes
 
@@ -180,8 +193,39 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Pool: a.Pool, JS: a.JS, Clock: a.Clock, Logger: log,
 		Stream: cfg.EventsStream, SubjectPrefix: cfg.EventsSubjectPrefix,
 	}
+	// Provisioning dispatch (docs/provisioning.md): the stream must exist before the relay
+	// publishes to it (the relay stops at the first event it cannot publish).
+	pc := cfg.provisioning()
+	if err := provisioning.EnsureStream(ctx, a.JS, pc); err != nil {
+		return nil, err
+	}
+	a.Relay.Routes = append(a.Relay.Routes, pc.Route())
+	pm, err := provisioning.NewMetrics(a.Metrics.Registry)
+	if err != nil {
+		return nil, err
+	}
+	a.Provisioning = provisioning.New(a.JS, a.Allocations, a.Fabric, a.Clock, pc, pm, log)
 
 	a.Payments = payments.MustNew(a.Pool, a.Clock, a.IDs, cfg.Payments.service(), a.Billing.Ledger, a.Metrics.Registry, log)
+	// Notifications (docs/notifications.md): fed by the events stream and the notification
+	// subjects; every replica gets every message and serves its own sockets.
+	if a.Notifications, err = notifications.New(notifications.Deps{Config: opt.Notifications, NATS: a.NATS,
+		EventsPrefix: cfg.EventsSubjectPrefix, SubjectPrefix: cfg.siblingSubjectPrefix("notifications"),
+		Projects: a.Tenancy, Registry: a.Metrics.Registry, Clock: a.Clock, Log: log}); err != nil {
+		return nil, err
+	}
+	// Browser terminal (docs/terminal.md): tokens, /ws/terminal, the bridge to the node's
+	// agent over the fabric and the hop to the replica holding the node's tunnel.
+	tc := cfg.Terminal
+	if tc.ReplicaBucket == "" {
+		tc.ReplicaBucket = cfg.EventsStream + "_TERMINAL_REPLICAS"
+	}
+	if a.Terminal, err = terminal.New(ctx, tc, terminal.Deps{Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Log: log,
+		Allocations: terminal.AllocationsService{Svc: a.Allocations}, Fabric: a.Fabric, NATS: a.NATS, JS: a.JS,
+		Registry: a.Metrics.Registry, RelayKey: cfg.Auth.MasterKey.Derive("gantry/terminal-relay"),
+		EventsSubjectPrefix: cfg.EventsSubjectPrefix}); err != nil {
+		return nil, err
+	}
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
@@ -194,6 +238,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		NodesAPI:       nodes.NewHandlers(a.Nodes, cursors),
 		CatalogAPI:     catalog.NewHandlers(cat, cursors),
 		AllocationsAPI: allocations.NewHandlers(a.Allocations, cursors),
+		TerminalAPI:    a.Terminal.Handlers(),
+		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
+		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), log),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -207,7 +254,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Metrics:           a.Metrics,
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
 	})
 	ok = true
 	return a, nil
@@ -321,6 +368,21 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	// Budget evaluation (docs/budgets.md): every GANTRY_BUDGETS_EVALUATE_INTERVAL.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Budgets.Run(bg, a.Config.Budgets.EvaluateInterval, a.Log) }()
+	// Allocations (docs/allocations.md): budget suspend and runway exhaustion stop running
+	// allocations (one durable consumer shared by every replica), and idle detection
+	// every GANTRY_ALLOCATIONS_IDLE_CHECK_INTERVAL.
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		stops := &allocations.StopConsumer{Svc: a.Allocations, JS: a.JS, Stream: a.Config.EventsStream, SubjectPrefix: a.Config.EventsSubjectPrefix, Log: a.Log}
+		if err := stops.Run(bg); err != nil {
+			a.Log.ErrorContext(bg, "allocation stop consumer stopped", "err", err)
+		}
+	}()
+	go func() { defer wg.Done(); a.Allocations.RunIdleDetection(bg, a.Config.Allocations.IdleCheckInterval) }()
+	// Provisioning dispatcher (docs/provisioning.md): every replica shares the consumer.
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = a.Provisioning.Run(bg) }()
 	// Node fabric (docs/fabric.md): agent tunnels until shutdown; agents reconnect.
 	wg.Add(1)
 	go func() {
@@ -330,6 +392,15 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 		}
 	}()
 
+	// Browser terminal (docs/terminal.md): publishes this replica's relay address, ends
+	// terminals of allocations that stop; detaches every terminal at shutdown.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := a.Terminal.Run(bg, "http://"+ln.Addr().String()); err != nil {
+			a.Log.ErrorContext(bg, "terminal stopped", "err", err)
+		}
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	var serveErr error
@@ -381,6 +452,9 @@ func (a *App) maintain(ctx context.Context) {
 
 // Close releases connections.
 func (a *App) Close() {
+	if a.Notifications != nil { // before NATS: it unsubscribes and says goodbye to sockets
+		a.Notifications.Close()
+	}
 	if a.Fabric != nil {
 		a.Fabric.Close()
 	}

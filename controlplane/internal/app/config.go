@@ -14,7 +14,9 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 )
 
 // Config is the control plane's configuration, read from the environment. Every field
@@ -53,6 +55,52 @@ type Config struct {
 	Fabric FabricConfig
 	// Allocations is GANTRY_ALLOCATIONS_* and GANTRY_PROVISIONING_* (docs/allocations.md).
 	Allocations AllocationsConfig
+	// Terminal is GANTRY_TERMINAL_* (docs/terminal.md).
+	Terminal terminal.Config
+	// Provisioning is the provisioning dispatcher's GANTRY_PROVISIONING_* (docs/provisioning.md).
+	Provisioning ProvisioningConfig
+}
+
+// ProvisioningConfig configures the provisioning stream and dispatcher
+// (docs/provisioning.md); GANTRY_PROVISIONING_TIMEOUT is in AllocationsConfig. Stream and
+// SubjectPrefix left empty in a Config built by hand (tests, benchmarks) are named after
+// the events stream, so they cannot collide.
+type ProvisioningConfig struct {
+	// Stream is the JetStream work-queue stream of dispatch messages.
+	Stream string `env:"GANTRY_PROVISIONING_STREAM" envDefault:"PROVISIONING"`
+	// SubjectPrefix is the stream's subject prefix.
+	SubjectPrefix string `env:"GANTRY_PROVISIONING_SUBJECT_PREFIX" envDefault:"gantry.provisioning."`
+	// Consumer is the durable consumer every replica shares.
+	Consumer string `env:"GANTRY_PROVISIONING_CONSUMER" envDefault:"provisioning-dispatcher"`
+	// AckWait: a delivered message unacknowledged this long goes to another replica.
+	AckWait time.Duration `env:"GANTRY_PROVISIONING_ACK_WAIT" envDefault:"1m"`
+	// MaxAckPending bounds the messages delivered and not yet acknowledged (all replicas).
+	MaxAckPending int `env:"GANTRY_PROVISIONING_MAX_ACK_PENDING" envDefault:"10000"`
+	// Workers bounds one replica's deliveries in flight.
+	Workers int `env:"GANTRY_PROVISIONING_WORKERS" envDefault:"64"`
+	// AttemptTimeout bounds one delivery (waiting for the agent's ack).
+	AttemptTimeout time.Duration `env:"GANTRY_PROVISIONING_ATTEMPT_TIMEOUT" envDefault:"15s"`
+	// BackoffMin and BackoffMax bound the retry delay of an undelivered task.
+	BackoffMin time.Duration `env:"GANTRY_PROVISIONING_BACKOFF_MIN" envDefault:"1s"`
+	BackoffMax time.Duration `env:"GANTRY_PROVISIONING_BACKOFF_MAX" envDefault:"30s"`
+	// DepthInterval is how often the queue metrics are refreshed.
+	DepthInterval time.Duration `env:"GANTRY_PROVISIONING_DEPTH_INTERVAL" envDefault:"15s"`
+}
+
+// provisioning is the dispatcher's configuration.
+func (c Config) provisioning() provisioning.Config {
+	p := c.Provisioning
+	if p.Stream == "" {
+		p.Stream = c.EventsStream + "_PROVISIONING"
+	}
+	if p.SubjectPrefix == "" {
+		p.SubjectPrefix = c.siblingSubjectPrefix("provisioning")
+	}
+	return provisioning.Config{
+		Stream: p.Stream, SubjectPrefix: p.SubjectPrefix, Consumer: p.Consumer, AckWait: p.AckWait,
+		MaxAckPending: p.MaxAckPending, Workers: p.Workers, AttemptTimeout: p.AttemptTimeout,
+		BackoffMin: p.BackoffMin, BackoffMax: p.BackoffMax, DepthInterval: p.DepthInterval,
+	}
 }
 
 // AllocationsConfig configures allocations (docs/allocations.md).
@@ -61,6 +109,13 @@ type AllocationsConfig struct {
 	MaxPerProject int `env:"GANTRY_ALLOCATIONS_MAX_PER_PROJECT" envDefault:"16"`
 	// ProvisioningTimeout is how long an allocation may wait for its node's agent.
 	ProvisioningTimeout time.Duration `env:"GANTRY_PROVISIONING_TIMEOUT" envDefault:"10m"`
+	// Idle detection: every GPU under IdleUtilizationPercent for IdleAfter makes an
+	// active allocation idle; checked every IdleCheckInterval (0 turns it off); samples
+	// older than IdleSampleMaxAge are no evidence.
+	IdleUtilizationPercent int           `env:"GANTRY_ALLOCATIONS_IDLE_UTILIZATION_PERCENT" envDefault:"5"`
+	IdleAfter              time.Duration `env:"GANTRY_ALLOCATIONS_IDLE_AFTER" envDefault:"30m"`
+	IdleCheckInterval      time.Duration `env:"GANTRY_ALLOCATIONS_IDLE_CHECK_INTERVAL" envDefault:"1m"`
+	IdleSampleMaxAge       time.Duration `env:"GANTRY_ALLOCATIONS_IDLE_SAMPLE_MAX_AGE" envDefault:"5m"`
 }
 
 // siblingSubjectPrefix is a subject prefix beside the events prefix that the events

@@ -57,8 +57,12 @@ func seed(t *testing.T, pool *pgxpool.Pool, admin, demo string) devenv.Seeded {
 func TestSeedTwiceChangesNothing(t *testing.T) {
 	pool := testenv.NewDatabase(t, template)
 	first := seed(t, pool, adminPW, demoPW)
-	if len(first.Changes) != 4 {
-		t.Fatalf("first seed changes = %q, want admin, demo tenant, pricing plan and demo credit", first.Changes)
+	if len(first.Changes) != 7 {
+		t.Fatalf("first seed changes = %q, want admin, demo tenant, pricing plan, demo credit, dev region and two SKUs", first.Changes)
+	}
+	var skus int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM catalog_skus WHERE $1 = ANY(regions)`, devenv.DevRegion).Scan(&skus); err != nil || skus != 2 {
+		t.Fatalf("dev SKUs in %s: %d, %v", devenv.DevRegion, skus, err)
 	}
 	second := seed(t, pool, adminPW, demoPW)
 	if len(second.Changes) != 0 {

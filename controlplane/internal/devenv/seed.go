@@ -85,6 +85,9 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, in SeedInput) (Seeded, error)
 	if err := seedBilling(ctx, pool, in, &s.out); err != nil {
 		return Seeded{}, fmt.Errorf("seed: %w", err)
 	}
+	if err := seedCatalog(ctx, pool, in, &s.out); err != nil {
+		return Seeded{}, fmt.Errorf("seed: %w", err)
+	}
 	return s.out, nil
 }
 

@@ -134,3 +134,27 @@ SELECT node_id, model, count(*) AS count FROM node_gpus
 WHERE node_id = ANY(sqlc.arg('node_ids')::uuid[])
 GROUP BY node_id, model
 ORDER BY node_id, model;
+
+-- Placement (placement.go).
+
+-- name: PlacementCandidates :many
+-- The nodes that can take gpu_count GPUs of model now: online, schedulable, in one of
+-- regions, with their GPUs of the model that are healthy or not sampled yet and that no
+-- live allocation holds (the held rows are the partial unique index
+-- allocation_gpus_held_key, which the anti-join probes). Best fit first: the fewest free
+-- GPUs, ties in random order so that concurrent launches spread over equal nodes.
+SELECT n.id AS node_id, n.region::text AS region,
+       array_agg(g.gpu_uuid ORDER BY g.gpu_index, g.gpu_uuid)::text[] AS gpu_uuids,
+       array_agg(g.gpu_index ORDER BY g.gpu_index, g.gpu_uuid)::integer[] AS gpu_indexes
+FROM nodes n
+JOIN node_gpus g ON g.node_id = n.id
+WHERE n.status = 'online' AND n.schedule_state = 'schedulable'
+  AND n.region = ANY(sqlc.arg('regions')::text[])
+  AND g.model = sqlc.arg('model')
+  AND g.healthy IS NOT FALSE
+  AND NOT EXISTS (SELECT 1 FROM allocation_gpus h
+                  WHERE h.node_id = g.node_id AND h.gpu_uuid = g.gpu_uuid AND h.released_at IS NULL)
+GROUP BY n.id, n.region
+HAVING count(*) >= sqlc.arg('gpu_count')::integer
+ORDER BY count(*), random()
+LIMIT sqlc.arg('max_nodes');

@@ -9,9 +9,11 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
+	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
+	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
 )
 
@@ -30,6 +32,9 @@ type API struct {
 	*NodesAPI
 	*CatalogAPI
 	*AllocationsAPI
+	*TerminalAPI // browser terminal (docs/terminal.md)
+	// NotificationsAPI is GET /ws/notifications (its upgrade runs in its StrictMiddleware).
+	*NotificationsAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -45,6 +50,9 @@ type (
 	NodesAPI       = nodes.Handlers
 	CatalogAPI     = catalog.Handlers
 	AllocationsAPI = allocations.Handlers
+	TerminalAPI    = terminal.Handlers
+	// NotificationsAPI: see notifications.Handlers.StrictMiddleware.
+	NotificationsAPI = notifications.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

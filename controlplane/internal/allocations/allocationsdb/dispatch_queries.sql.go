@@ -15,7 +15,10 @@ import (
 const getTaskForDispatch = `-- name: GetTaskForDispatch :one
 
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
-       a.status AS allocation_status
+       t.last_error, a.status AS allocation_status,
+       EXISTS (SELECT 1 FROM allocation_tasks n
+               WHERE n.allocation_id = t.allocation_id
+                 AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded
 FROM allocation_tasks t JOIN allocations a ON a.id = t.allocation_id
 WHERE t.task_id = $1
 `
@@ -29,10 +32,14 @@ type GetTaskForDispatchRow struct {
 	AckedAt          *time.Time
 	FinishedAt       *time.Time
 	Attempts         int32
+	LastError        *string
 	AllocationStatus string
+	Superseded       bool
 }
 
 // Queries of the provisioning dispatcher (dispatch.go).
+// The task with its allocation's status, and whether a newer task of the same
+// allocation replaced it (a retried release sends a new task).
 func (q *Queries) GetTaskForDispatch(ctx context.Context, taskID uuid.UUID) (GetTaskForDispatchRow, error) {
 	row := q.db.QueryRow(ctx, getTaskForDispatch, taskID)
 	var i GetTaskForDispatchRow
@@ -45,7 +52,74 @@ func (q *Queries) GetTaskForDispatch(ctx context.Context, taskID uuid.UUID) (Get
 		&i.AckedAt,
 		&i.FinishedAt,
 		&i.Attempts,
+		&i.LastError,
 		&i.AllocationStatus,
+		&i.Superseded,
 	)
 	return i, err
+}
+
+const giveUpTask = `-- name: GiveUpTask :exec
+UPDATE allocation_tasks
+SET attempts = GREATEST(attempts, $1::integer), last_error = $2,
+    finished_at = $3
+WHERE task_id = $4 AND finished_at IS NULL
+`
+
+type GiveUpTaskParams struct {
+	Attempts   int32
+	LastError  *string
+	FinishedAt *time.Time
+	TaskID     uuid.UUID
+}
+
+// The dispatcher stops delivering the task (refused by the agent, or past its deadline):
+// finished, with the reason.
+func (q *Queries) GiveUpTask(ctx context.Context, arg GiveUpTaskParams) error {
+	_, err := q.db.Exec(ctx, giveUpTask,
+		arg.Attempts,
+		arg.LastError,
+		arg.FinishedAt,
+		arg.TaskID,
+	)
+	return err
+}
+
+const markTaskAcked = `-- name: MarkTaskAcked :execrows
+UPDATE allocation_tasks
+SET acked_at = $1, attempts = GREATEST(attempts, $2::integer)
+WHERE task_id = $3 AND acked_at IS NULL
+`
+
+type MarkTaskAckedParams struct {
+	AckedAt  *time.Time
+	Attempts int32
+	TaskID   uuid.UUID
+}
+
+// The agent acknowledged the task (first time only).
+func (q *Queries) MarkTaskAcked(ctx context.Context, arg MarkTaskAckedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, markTaskAcked, arg.AckedAt, arg.Attempts, arg.TaskID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const recordTaskAttempt = `-- name: RecordTaskAttempt :exec
+UPDATE allocation_tasks
+SET attempts = GREATEST(attempts, $1::integer), last_error = $2
+WHERE task_id = $3 AND acked_at IS NULL AND finished_at IS NULL
+`
+
+type RecordTaskAttemptParams struct {
+	Attempts  int32
+	LastError *string
+	TaskID    uuid.UUID
+}
+
+// A delivery attempt that did not reach the agent (node offline, no ack in time).
+func (q *Queries) RecordTaskAttempt(ctx context.Context, arg RecordTaskAttemptParams) error {
+	_, err := q.db.Exec(ctx, recordTaskAttempt, arg.Attempts, arg.LastError, arg.TaskID)
+	return err
 }

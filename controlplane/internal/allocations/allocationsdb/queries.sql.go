@@ -44,6 +44,67 @@ func (q *Queries) AllocationGPUs(ctx context.Context, allocationID uuid.UUID) ([
 	return items, nil
 }
 
+const claimGPUs = `-- name: ClaimGPUs :many
+INSERT INTO allocation_gpus (allocation_id, node_id, gpu_uuid, gpu_index, reserved_at)
+SELECT $1::uuid, $2::uuid,
+       unnest($3::text[]), unnest($4::integer[]),
+       $5::timestamptz
+ON CONFLICT (node_id, gpu_uuid) WHERE released_at IS NULL DO NOTHING
+RETURNING gpu_uuid
+`
+
+type ClaimGPUsParams struct {
+	AllocationID uuid.UUID
+	NodeID       uuid.UUID
+	GpuUuids     []string
+	GpuIndexes   []int32
+	ReservedAt   time.Time
+}
+
+// Reserves GPUs of one node for an allocation, each only if no live allocation holds it
+// (the partial unique index allocation_gpus_held_key decides): a GPU already held is
+// skipped, one being reserved by a launch not yet committed is waited for and then
+// skipped if that launch commits. The caller sees which it got. The GPUs are inserted in
+// the order given (launch.go gives them by uuid, so two launches never wait on each
+// other in a cycle).
+func (q *Queries) ClaimGPUs(ctx context.Context, arg ClaimGPUsParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, claimGPUs,
+		arg.AllocationID,
+		arg.NodeID,
+		arg.GpuUuids,
+		arg.GpuIndexes,
+		arg.ReservedAt,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var gpu_uuid string
+		if err := rows.Scan(&gpu_uuid); err != nil {
+			return nil, err
+		}
+		items = append(items, gpu_uuid)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const clearUnderThreshold = `-- name: ClearUnderThreshold :execrows
+UPDATE allocations SET under_threshold_since = NULL WHERE id = $1 AND under_threshold_since IS NOT NULL
+`
+
+func (q *Queries) ClearUnderThreshold(ctx context.Context, id uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, clearUnderThreshold, id)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const countLiveInProject = `-- name: CountLiveInProject :one
 SELECT count(*) FROM allocations
 WHERE project_id = $1 AND status NOT IN ('released', 'failed', 'completed')
@@ -85,7 +146,7 @@ func (q *Queries) FreeGPUs(ctx context.Context, arg FreeGPUsParams) error {
 }
 
 const getAllocation = `-- name: GetAllocation :one
-SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at FROM allocations WHERE id = $1 AND project_id = $2
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations WHERE id = $1 AND project_id = $2
 `
 
 type GetAllocationParams struct {
@@ -123,12 +184,14 @@ func (q *Queries) GetAllocation(ctx context.Context, arg GetAllocationParams) (A
 		&i.UpdatedAt,
 		&i.ActiveAt,
 		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
 	)
 	return i, err
 }
 
 const getAllocationAny = `-- name: GetAllocationAny :one
-SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at FROM allocations WHERE id = $1
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations WHERE id = $1
 `
 
 func (q *Queries) GetAllocationAny(ctx context.Context, id uuid.UUID) (Allocation, error) {
@@ -161,6 +224,35 @@ func (q *Queries) GetAllocationAny(ctx context.Context, id uuid.UUID) (Allocatio
 		&i.UpdatedAt,
 		&i.ActiveAt,
 		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
+	)
+	return i, err
+}
+
+const getGroup = `-- name: GetGroup :one
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, member_count, region_code, created_at, updated_at FROM allocation_groups WHERE id = $1 AND project_id = $2
+`
+
+type GetGroupParams struct {
+	ID        uuid.UUID
+	ProjectID uuid.UUID
+}
+
+func (q *Queries) GetGroup(ctx context.Context, arg GetGroupParams) (AllocationGroup, error) {
+	row := q.db.QueryRow(ctx, getGroup, arg.ID, arg.ProjectID)
+	var i AllocationGroup
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.OwnerUserID,
+		&i.Name,
+		&i.Sku,
+		&i.MemberCount,
+		&i.RegionCode,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
@@ -184,6 +276,59 @@ func (q *Queries) GetTask(ctx context.Context, taskID uuid.UUID) (AllocationTask
 		&i.LastError,
 	)
 	return i, err
+}
+
+const groupMembers = `-- name: GroupMembers :many
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations WHERE group_id = ANY($1::uuid[]) ORDER BY group_id, id
+`
+
+func (q *Queries) GroupMembers(ctx context.Context, groupIds []uuid.UUID) ([]Allocation, error) {
+	rows, err := q.db.Query(ctx, groupMembers, groupIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Allocation
+	for rows.Next() {
+		var i Allocation
+		if err := rows.Scan(
+			&i.ID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.OwnerUserID,
+			&i.Name,
+			&i.Sku,
+			&i.GpuModel,
+			&i.GpuCount,
+			&i.UsageUnit,
+			&i.RegionCode,
+			&i.NodeID,
+			&i.OsImageID,
+			&i.SshKeyIds,
+			&i.SshPublicKeys,
+			&i.Status,
+			&i.StatusReason,
+			&i.HourlyRateMinor,
+			&i.Currency,
+			&i.ConnectionHost,
+			&i.ConnectionPort,
+			&i.ConnectionUser,
+			&i.NodeCleanup,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ActiveAt,
+			&i.EndedAt,
+			&i.GroupID,
+			&i.UnderThresholdSince,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const heldGPUs = `-- name: HeldGPUs :many
@@ -215,42 +360,13 @@ func (q *Queries) HeldGPUs(ctx context.Context) ([]HeldGPUsRow, error) {
 	return items, nil
 }
 
-const heldGPUsOnNodes = `-- name: HeldGPUsOnNodes :many
-SELECT node_id, gpu_uuid FROM allocation_gpus
-WHERE released_at IS NULL AND node_id = ANY($1::uuid[])
-`
-
-type HeldGPUsOnNodesRow struct {
-	NodeID  uuid.UUID
-	GpuUuid string
-}
-
-func (q *Queries) HeldGPUsOnNodes(ctx context.Context, nodeIds []uuid.UUID) ([]HeldGPUsOnNodesRow, error) {
-	rows, err := q.db.Query(ctx, heldGPUsOnNodes, nodeIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []HeldGPUsOnNodesRow
-	for rows.Next() {
-		var i HeldGPUsOnNodesRow
-		if err := rows.Scan(&i.NodeID, &i.GpuUuid); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const insertAllocation = `-- name: InsertAllocation :one
 INSERT INTO allocations (
     id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code,
-    node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, hourly_rate_minor, currency, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $18)
-RETURNING id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at
+    node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, hourly_rate_minor, currency, created_at, updated_at,
+    group_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $18, $19)
+RETURNING id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since
 `
 
 type InsertAllocationParams struct {
@@ -272,6 +388,7 @@ type InsertAllocationParams struct {
 	HourlyRateMinor pgtype.Int8
 	Currency        *string
 	CreatedAt       time.Time
+	GroupID         uuid.NullUUID
 }
 
 func (q *Queries) InsertAllocation(ctx context.Context, arg InsertAllocationParams) (Allocation, error) {
@@ -294,6 +411,7 @@ func (q *Queries) InsertAllocation(ctx context.Context, arg InsertAllocationPara
 		arg.HourlyRateMinor,
 		arg.Currency,
 		arg.CreatedAt,
+		arg.GroupID,
 	)
 	var i Allocation
 	err := row.Scan(
@@ -323,6 +441,8 @@ func (q *Queries) InsertAllocation(ctx context.Context, arg InsertAllocationPara
 		&i.UpdatedAt,
 		&i.ActiveAt,
 		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
 	)
 	return i, err
 }
@@ -376,28 +496,87 @@ func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (Alloc
 	return i, err
 }
 
-const insertGPU = `-- name: InsertGPU :exec
-INSERT INTO allocation_gpus (allocation_id, node_id, gpu_uuid, gpu_index, reserved_at)
-VALUES ($1, $2, $3, $4, $5)
+const insertGroup = `-- name: InsertGroup :one
+
+INSERT INTO allocation_groups (id, tenant_id, project_id, owner_user_id, name, sku, member_count, region_code,
+    created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)
+RETURNING id, tenant_id, project_id, owner_user_id, name, sku, member_count, region_code, created_at, updated_at
 `
 
-type InsertGPUParams struct {
-	AllocationID uuid.UUID
-	NodeID       uuid.UUID
-	GpuUuid      string
-	GpuIndex     int32
-	ReservedAt   time.Time
+type InsertGroupParams struct {
+	ID          uuid.UUID
+	TenantID    uuid.UUID
+	ProjectID   uuid.UUID
+	OwnerUserID uuid.UUID
+	Name        string
+	Sku         string
+	MemberCount int32
+	RegionCode  string
+	CreatedAt   time.Time
 }
 
-func (q *Queries) InsertGPU(ctx context.Context, arg InsertGPUParams) error {
-	_, err := q.db.Exec(ctx, insertGPU,
-		arg.AllocationID,
-		arg.NodeID,
-		arg.GpuUuid,
-		arg.GpuIndex,
-		arg.ReservedAt,
+// Allocation groups (groups.go).
+func (q *Queries) InsertGroup(ctx context.Context, arg InsertGroupParams) (AllocationGroup, error) {
+	row := q.db.QueryRow(ctx, insertGroup,
+		arg.ID,
+		arg.TenantID,
+		arg.ProjectID,
+		arg.OwnerUserID,
+		arg.Name,
+		arg.Sku,
+		arg.MemberCount,
+		arg.RegionCode,
+		arg.CreatedAt,
 	)
-	return err
+	var i AllocationGroup
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.OwnerUserID,
+		&i.Name,
+		&i.Sku,
+		&i.MemberCount,
+		&i.RegionCode,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const insertStopRequest = `-- name: InsertStopRequest :execrows
+INSERT INTO allocation_stop_requests (event_id, event_type, tenant_id, project_id, reason, stopped, released, applied_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (event_id) DO NOTHING
+`
+
+type InsertStopRequestParams struct {
+	EventID   uuid.UUID
+	EventType string
+	TenantID  uuid.UUID
+	ProjectID uuid.NullUUID
+	Reason    string
+	Stopped   int32
+	Released  int32
+	AppliedAt time.Time
+}
+
+func (q *Queries) InsertStopRequest(ctx context.Context, arg InsertStopRequestParams) (int64, error) {
+	result, err := q.db.Exec(ctx, insertStopRequest,
+		arg.EventID,
+		arg.EventType,
+		arg.TenantID,
+		arg.ProjectID,
+		arg.Reason,
+		arg.Stopped,
+		arg.Released,
+		arg.AppliedAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const insertTask = `-- name: InsertTask :exec
@@ -424,7 +603,7 @@ func (q *Queries) InsertTask(ctx context.Context, arg InsertTaskParams) error {
 }
 
 const listAllAllocations = `-- name: ListAllAllocations :many
-SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at FROM allocations
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations
 WHERE ($2::uuid IS NULL OR tenant_id = $2::uuid)
   AND ($3::text IS NULL OR status = $3::text)
   AND ($4::uuid IS NULL OR id > $4::uuid)
@@ -480,6 +659,8 @@ func (q *Queries) ListAllAllocations(ctx context.Context, arg ListAllAllocations
 			&i.UpdatedAt,
 			&i.ActiveAt,
 			&i.EndedAt,
+			&i.GroupID,
+			&i.UnderThresholdSince,
 		); err != nil {
 			return nil, err
 		}
@@ -492,7 +673,7 @@ func (q *Queries) ListAllAllocations(ctx context.Context, arg ListAllAllocations
 }
 
 const listAllocations = `-- name: ListAllocations :many
-SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at FROM allocations
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations
 WHERE project_id = $1 AND ($3::uuid IS NULL OR id > $3::uuid)
 ORDER BY id
 LIMIT $2
@@ -540,6 +721,8 @@ func (q *Queries) ListAllocations(ctx context.Context, arg ListAllocationsParams
 			&i.UpdatedAt,
 			&i.ActiveAt,
 			&i.EndedAt,
+			&i.GroupID,
+			&i.UnderThresholdSince,
 		); err != nil {
 			return nil, err
 		}
@@ -595,8 +778,52 @@ func (q *Queries) ListEvents(ctx context.Context, arg ListEventsParams) ([]Alloc
 	return items, nil
 }
 
+const listGroups = `-- name: ListGroups :many
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, member_count, region_code, created_at, updated_at FROM allocation_groups
+WHERE project_id = $1 AND ($3::uuid IS NULL OR id > $3::uuid)
+ORDER BY id
+LIMIT $2
+`
+
+type ListGroupsParams struct {
+	ProjectID uuid.UUID
+	Limit     int32
+	After     uuid.NullUUID
+}
+
+func (q *Queries) ListGroups(ctx context.Context, arg ListGroupsParams) ([]AllocationGroup, error) {
+	rows, err := q.db.Query(ctx, listGroups, arg.ProjectID, arg.Limit, arg.After)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []AllocationGroup
+	for rows.Next() {
+		var i AllocationGroup
+		if err := rows.Scan(
+			&i.ID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.OwnerUserID,
+			&i.Name,
+			&i.Sku,
+			&i.MemberCount,
+			&i.RegionCode,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const lockAllocation = `-- name: LockAllocation :one
-SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at FROM allocations WHERE id = $1 FOR UPDATE
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) LockAllocation(ctx context.Context, id uuid.UUID) (Allocation, error) {
@@ -629,18 +856,181 @@ func (q *Queries) LockAllocation(ctx context.Context, id uuid.UUID) (Allocation,
 		&i.UpdatedAt,
 		&i.ActiveAt,
 		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
 	)
 	return i, err
 }
 
-const lockKey = `-- name: LockKey :exec
-SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))
+const lockGroup = `-- name: LockGroup :one
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, member_count, region_code, created_at, updated_at FROM allocation_groups WHERE id = $1 AND project_id = $2 FOR UPDATE
 `
 
-// A transaction-scoped advisory lock on a named key (project, GPU model).
-func (q *Queries) LockKey(ctx context.Context, key string) error {
-	_, err := q.db.Exec(ctx, lockKey, key)
+type LockGroupParams struct {
+	ID        uuid.UUID
+	ProjectID uuid.UUID
+}
+
+func (q *Queries) LockGroup(ctx context.Context, arg LockGroupParams) (AllocationGroup, error) {
+	row := q.db.QueryRow(ctx, lockGroup, arg.ID, arg.ProjectID)
+	var i AllocationGroup
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.OwnerUserID,
+		&i.Name,
+		&i.Sku,
+		&i.MemberCount,
+		&i.RegionCode,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const lockGroupMembers = `-- name: LockGroupMembers :many
+SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations WHERE group_id = $1 ORDER BY id FOR UPDATE
+`
+
+func (q *Queries) LockGroupMembers(ctx context.Context, groupID uuid.NullUUID) ([]Allocation, error) {
+	rows, err := q.db.Query(ctx, lockGroupMembers, groupID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []Allocation
+	for rows.Next() {
+		var i Allocation
+		if err := rows.Scan(
+			&i.ID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.OwnerUserID,
+			&i.Name,
+			&i.Sku,
+			&i.GpuModel,
+			&i.GpuCount,
+			&i.UsageUnit,
+			&i.RegionCode,
+			&i.NodeID,
+			&i.OsImageID,
+			&i.SshKeyIds,
+			&i.SshPublicKeys,
+			&i.Status,
+			&i.StatusReason,
+			&i.HourlyRateMinor,
+			&i.Currency,
+			&i.ConnectionHost,
+			&i.ConnectionPort,
+			&i.ConnectionUser,
+			&i.NodeCleanup,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ActiveAt,
+			&i.EndedAt,
+			&i.GroupID,
+			&i.UnderThresholdSince,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const lockLaunch = `-- name: LockLaunch :exec
+SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0)),
+       CASE WHEN $2::boolean
+            THEN pg_advisory_xact_lock(hashtextextended($3::text, 0))
+            ELSE pg_advisory_xact_lock_shared(hashtextextended($3::text, 0))
+       END
+`
+
+type LockLaunchParams struct {
+	ProjectKey string
+	Exclusive  bool
+	ModelKey   string
+}
+
+// A launch's transaction-scoped advisory locks, in the one order every launch takes
+// them: the project's (creates of a project serialize, so its concurrency limit holds),
+// then the GPU model's, shared for a single launch and exclusive for a group (launch.go
+// says why). One round trip; the target list is evaluated left to right.
+func (q *Queries) LockLaunch(ctx context.Context, arg LockLaunchParams) error {
+	_, err := q.db.Exec(ctx, lockLaunch, arg.ProjectKey, arg.Exclusive, arg.ModelKey)
 	return err
+}
+
+const markUnderThreshold = `-- name: MarkUnderThreshold :execrows
+UPDATE allocations SET under_threshold_since = $2
+WHERE id = $1 AND status = 'active' AND under_threshold_since IS NULL
+`
+
+type MarkUnderThresholdParams struct {
+	ID                  uuid.UUID
+	UnderThresholdSince *time.Time
+}
+
+// Compare-and-set: only the first evaluator (any replica) to see it under starts the clock.
+func (q *Queries) MarkUnderThreshold(ctx context.Context, arg MarkUnderThresholdParams) (int64, error) {
+	result, err := q.db.Exec(ctx, markUnderThreshold, arg.ID, arg.UnderThresholdSince)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const moveAllocation = `-- name: MoveAllocation :one
+UPDATE allocations SET node_id = $2, region_code = $3 WHERE id = $1
+RETURNING id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since
+`
+
+type MoveAllocationParams struct {
+	ID         uuid.UUID
+	NodeID     uuid.UUID
+	RegionCode string
+}
+
+// A launch whose first choice of GPUs was taken meanwhile moves its (uncommitted) row to
+// the node it claims next.
+func (q *Queries) MoveAllocation(ctx context.Context, arg MoveAllocationParams) (Allocation, error) {
+	row := q.db.QueryRow(ctx, moveAllocation, arg.ID, arg.NodeID, arg.RegionCode)
+	var i Allocation
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.OwnerUserID,
+		&i.Name,
+		&i.Sku,
+		&i.GpuModel,
+		&i.GpuCount,
+		&i.UsageUnit,
+		&i.RegionCode,
+		&i.NodeID,
+		&i.OsImageID,
+		&i.SshKeyIds,
+		&i.SshPublicKeys,
+		&i.Status,
+		&i.StatusReason,
+		&i.HourlyRateMinor,
+		&i.Currency,
+		&i.ConnectionHost,
+		&i.ConnectionPort,
+		&i.ConnectionUser,
+		&i.NodeCleanup,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ActiveAt,
+		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
+	)
+	return i, err
 }
 
 const nodeInUse = `-- name: NodeInUse :one
@@ -652,6 +1042,50 @@ func (q *Queries) NodeInUse(ctx context.Context, nodeID uuid.UUID) (bool, error)
 	var exists bool
 	err := row.Scan(&exists)
 	return exists, err
+}
+
+const runningGPUs = `-- name: RunningGPUs :many
+
+SELECT a.id, a.status, a.under_threshold_since, g.node_id, g.gpu_uuid
+FROM allocations a JOIN allocation_gpus g ON g.allocation_id = a.id AND g.released_at IS NULL
+WHERE a.status IN ('active', 'idle')
+ORDER BY a.id, g.gpu_uuid
+`
+
+type RunningGPUsRow struct {
+	ID                  uuid.UUID
+	Status              string
+	UnderThresholdSince *time.Time
+	NodeID              uuid.UUID
+	GpuUuid             string
+}
+
+// Idle detection (idle.go).
+// The GPUs held by active and idle allocations, with the allocation's idle observation.
+func (q *Queries) RunningGPUs(ctx context.Context) ([]RunningGPUsRow, error) {
+	rows, err := q.db.Query(ctx, runningGPUs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []RunningGPUsRow
+	for rows.Next() {
+		var i RunningGPUsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Status,
+			&i.UnderThresholdSince,
+			&i.NodeID,
+			&i.GpuUuid,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const sKUInUse = `-- name: SKUInUse :one
@@ -691,9 +1125,11 @@ UPDATE allocations
 SET status = $2, status_reason = $3, updated_at = $4,
     active_at = CASE WHEN $2 = 'active' AND active_at IS NULL THEN $4 ELSE active_at END,
     ended_at = CASE WHEN $2 IN ('released', 'failed', 'completed') THEN $4 ELSE ended_at END,
-    node_cleanup = node_cleanup OR $5::boolean
+    node_cleanup = node_cleanup OR $5::boolean,
+    -- Every status change starts the idle observation afresh (docs/allocations.md).
+    under_threshold_since = NULL
 WHERE id = $1
-RETURNING id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at
+RETURNING id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since
 `
 
 type SetStatusParams struct {
@@ -740,6 +1176,77 @@ func (q *Queries) SetStatus(ctx context.Context, arg SetStatusParams) (Allocatio
 		&i.UpdatedAt,
 		&i.ActiveAt,
 		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
 	)
 	return i, err
+}
+
+const stopRequestApplied = `-- name: StopRequestApplied :one
+SELECT EXISTS (SELECT 1 FROM allocation_stop_requests WHERE event_id = $1)
+`
+
+func (q *Queries) StopRequestApplied(ctx context.Context, eventID uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, stopRequestApplied, eventID)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
+const stopScope = `-- name: StopScope :many
+
+SELECT id, status FROM allocations
+WHERE tenant_id = $1
+  AND ($2::uuid IS NULL OR project_id = $2::uuid)
+  AND ($3::text IS NULL OR currency = $3::text)
+  AND status IN ('requested', 'provisioning', 'active', 'idle', 'restarting', 'restart_failed')
+ORDER BY id
+`
+
+type StopScopeParams struct {
+	TenantID  uuid.UUID
+	ProjectID uuid.NullUUID
+	Currency  *string
+}
+
+type StopScopeRow struct {
+	ID     uuid.UUID
+	Status string
+}
+
+// Stop consumers (suspend.go).
+// Allocations in a stop request's scope that are running or still being set up: the
+// tenant's, optionally one project's, optionally billed in one currency.
+func (q *Queries) StopScope(ctx context.Context, arg StopScopeParams) ([]StopScopeRow, error) {
+	rows, err := q.db.Query(ctx, stopScope, arg.TenantID, arg.ProjectID, arg.Currency)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StopScopeRow
+	for rows.Next() {
+		var i StopScopeRow
+		if err := rows.Scan(&i.ID, &i.Status); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const touchGroup = `-- name: TouchGroup :exec
+UPDATE allocation_groups SET updated_at = $2 WHERE id = $1
+`
+
+type TouchGroupParams struct {
+	ID        uuid.UUID
+	UpdatedAt time.Time
+}
+
+func (q *Queries) TouchGroup(ctx context.Context, arg TouchGroupParams) error {
+	_, err := q.db.Exec(ctx, touchGroup, arg.ID, arg.UpdatedAt)
+	return err
 }

@@ -13,32 +13,34 @@ import (
 )
 
 type Allocation struct {
-	ID              uuid.UUID
-	TenantID        uuid.UUID
-	ProjectID       uuid.UUID
-	OwnerUserID     uuid.UUID
-	Name            string
-	Sku             string
-	GpuModel        string
-	GpuCount        int32
-	UsageUnit       string
-	RegionCode      string
-	NodeID          uuid.UUID
-	OsImageID       uuid.NullUUID
-	SshKeyIds       []uuid.UUID
-	SshPublicKeys   []string
-	Status          string
-	StatusReason    *string
-	HourlyRateMinor pgtype.Int8
-	Currency        *string
-	ConnectionHost  *string
-	ConnectionPort  pgtype.Int4
-	ConnectionUser  *string
-	NodeCleanup     bool
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	ActiveAt        *time.Time
-	EndedAt         *time.Time
+	ID                  uuid.UUID
+	TenantID            uuid.UUID
+	ProjectID           uuid.UUID
+	OwnerUserID         uuid.UUID
+	Name                string
+	Sku                 string
+	GpuModel            string
+	GpuCount            int32
+	UsageUnit           string
+	RegionCode          string
+	NodeID              uuid.UUID
+	OsImageID           uuid.NullUUID
+	SshKeyIds           []uuid.UUID
+	SshPublicKeys       []string
+	Status              string
+	StatusReason        *string
+	HourlyRateMinor     pgtype.Int8
+	Currency            *string
+	ConnectionHost      *string
+	ConnectionPort      pgtype.Int4
+	ConnectionUser      *string
+	NodeCleanup         bool
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+	ActiveAt            *time.Time
+	EndedAt             *time.Time
+	GroupID             uuid.NullUUID
+	UnderThresholdSince *time.Time
 }
 
 type AllocationEvent struct {
@@ -61,6 +63,30 @@ type AllocationGpu struct {
 	GpuIndex     int32
 	ReservedAt   time.Time
 	ReleasedAt   *time.Time
+}
+
+type AllocationGroup struct {
+	ID          uuid.UUID
+	TenantID    uuid.UUID
+	ProjectID   uuid.UUID
+	OwnerUserID uuid.UUID
+	Name        string
+	Sku         string
+	MemberCount int32
+	RegionCode  string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+type AllocationStopRequest struct {
+	EventID   uuid.UUID
+	EventType string
+	TenantID  uuid.UUID
+	ProjectID uuid.NullUUID
+	Reason    string
+	Stopped   int32
+	Released  int32
+	AppliedAt time.Time
 }
 
 type AllocationTask struct {
@@ -552,6 +578,41 @@ type Tenant struct {
 	Status          string
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
+}
+
+type TerminalSession struct {
+	ID           uuid.UUID
+	TenantID     uuid.UUID
+	ProjectID    uuid.UUID
+	AllocationID uuid.UUID
+	NodeID       uuid.UUID
+	UserID       uuid.UUID
+	Status       string
+	Attachment   int32
+	Cols         int32
+	Rows         int32
+	StartedAt    time.Time
+	AttachedAt   time.Time
+	DetachedAt   *time.Time
+	EndedAt      *time.Time
+	EndedBy      *string
+	ExitCode     pgtype.Int4
+}
+
+type TerminalToken struct {
+	ID           uuid.UUID
+	TokenHash    []byte
+	UserID       uuid.UUID
+	TenantID     uuid.UUID
+	ProjectID    uuid.UUID
+	AllocationID uuid.UUID
+	SessionID    uuid.UUID
+	Reattach     bool
+	Cols         int32
+	Rows         int32
+	CreatedAt    time.Time
+	ExpiresAt    time.Time
+	ConsumedAt   *time.Time
 }
 
 type User struct {

@@ -559,6 +559,75 @@ func (q *Queries) NodeGPUs(ctx context.Context, nodeID uuid.UUID) ([]NodeGpu, er
 	return items, nil
 }
 
+const placementCandidates = `-- name: PlacementCandidates :many
+
+SELECT n.id AS node_id, n.region::text AS region,
+       array_agg(g.gpu_uuid ORDER BY g.gpu_index, g.gpu_uuid)::text[] AS gpu_uuids,
+       array_agg(g.gpu_index ORDER BY g.gpu_index, g.gpu_uuid)::integer[] AS gpu_indexes
+FROM nodes n
+JOIN node_gpus g ON g.node_id = n.id
+WHERE n.status = 'online' AND n.schedule_state = 'schedulable'
+  AND n.region = ANY($1::text[])
+  AND g.model = $2
+  AND g.healthy IS NOT FALSE
+  AND NOT EXISTS (SELECT 1 FROM allocation_gpus h
+                  WHERE h.node_id = g.node_id AND h.gpu_uuid = g.gpu_uuid AND h.released_at IS NULL)
+GROUP BY n.id, n.region
+HAVING count(*) >= $3::integer
+ORDER BY count(*), random()
+LIMIT $4
+`
+
+type PlacementCandidatesParams struct {
+	Regions  []string
+	Model    string
+	GpuCount int32
+	MaxNodes int32
+}
+
+type PlacementCandidatesRow struct {
+	NodeID     uuid.UUID
+	Region     string
+	GpuUuids   []string
+	GpuIndexes []int32
+}
+
+// Placement (placement.go).
+// The nodes that can take gpu_count GPUs of model now: online, schedulable, in one of
+// regions, with their GPUs of the model that are healthy or not sampled yet and that no
+// live allocation holds (the held rows are the partial unique index
+// allocation_gpus_held_key, which the anti-join probes). Best fit first: the fewest free
+// GPUs, ties in random order so that concurrent launches spread over equal nodes.
+func (q *Queries) PlacementCandidates(ctx context.Context, arg PlacementCandidatesParams) ([]PlacementCandidatesRow, error) {
+	rows, err := q.db.Query(ctx, placementCandidates,
+		arg.Regions,
+		arg.Model,
+		arg.GpuCount,
+		arg.MaxNodes,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []PlacementCandidatesRow
+	for rows.Next() {
+		var i PlacementCandidatesRow
+		if err := rows.Scan(
+			&i.NodeID,
+			&i.Region,
+			&i.GpuUuids,
+			&i.GpuIndexes,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const revokeNodeTokens = `-- name: RevokeNodeTokens :execrows
 UPDATE node_tokens SET revoked_at = $2, revoke_reason = $3 WHERE node_id = $1 AND revoked_at IS NULL
 `

@@ -1,0 +1,59 @@
+package terminal
+
+import (
+	"encoding/json"
+
+	"github.com/gantry-gpu/gantry/shared/apierr"
+)
+
+// Text frames between the browser and the control plane: one JSON object each, with a
+// "type". Binary frames are terminal bytes and carry no framing of ours.
+
+// Server → client.
+type (
+	readyFrame struct {
+		Type      string `json:"type"` // session_ready
+		SessionID string `json:"session_id"`
+		Cols      int    `json:"cols"`
+		Rows      int    `json:"rows"`
+		// Replayed: a reattach; a terminal reset and the recent output follow.
+		Replayed bool `json:"replayed"`
+	}
+	exitFrame struct {
+		Type string `json:"type"` // exit
+		// Code is the shell's exit status; null when the session was ended for it
+		// (allocation released) and the node reported none.
+		Code *int `json:"code"`
+		// Reason is how the session ended when the shell did not end it by itself.
+		Reason string `json:"reason,omitempty"`
+	}
+	errorFrame struct {
+		Type  string          `json:"type"` // error
+		Error apierr.Envelope `json:"error"`
+	}
+	pongFrame struct {
+		Type string `json:"type"` // pong
+	}
+)
+
+// clientFrame is a control message from the browser: resize {cols, rows} or ping.
+type clientFrame struct {
+	Type string `json:"type"`
+	Cols int    `json:"cols"`
+	Rows int    `json:"rows"`
+}
+
+// Frame type names.
+const (
+	frameSessionReady = "session_ready"
+	frameExit         = "exit"
+	frameError        = "error"
+	framePong         = "pong"
+	frameResize       = "resize"
+	framePing         = "ping"
+)
+
+func marshal(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}

@@ -1,0 +1,121 @@
+package terminal
+
+import (
+	"context"
+	"net"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+	"github.com/gantry-gpu/gantry/shared/clock"
+)
+
+// The session table, walked whole: every (status, event) pair is either the documented
+// move or refused.
+func TestSessionTransitions(t *testing.T) {
+	want := map[Status]map[event]Status{
+		"":             {evAttach: StatusAttached},
+		StatusAttached: {evAttach: StatusAttached, evDetach: StatusDetached, evEnd: StatusEnded},
+		StatusDetached: {evAttach: StatusAttached, evEnd: StatusEnded},
+		StatusEnded:    {},
+	}
+	for from, moves := range want {
+		for _, e := range []event{evAttach, evDetach, evEnd} {
+			to, ok := apply(from, e)
+			wantTo, wantOK := moves[e]
+			if ok != wantOK || to != wantTo {
+				t.Errorf("%q --%s--> %q (%v), want %q (%v)", from, e, to, ok, wantTo, wantOK)
+			}
+		}
+	}
+}
+
+type replicaOnly string
+
+func (r replicaOnly) OpenStream(context.Context, uuid.UUID, *fabricv1.StreamPreamble) (net.Conn, error) {
+	return nil, nil
+}
+func (r replicaOnly) ReplicaID() string { return string(r) }
+
+// A relay token is good once, for its replica and allocation, until it expires, and
+// only with the deployment's key.
+func TestRelayTokens(t *testing.T) {
+	clk := clock.NewManual(time.Now())
+	key := []byte(strings.Repeat("k", 32))
+	ra := &Service{deps: Deps{RelayKey: key, Fabric: replicaOnly("ra"), Clock: clk}}
+	rb := &Service{deps: Deps{RelayKey: key, Fabric: replicaOnly("rb"), Clock: clk}}
+	other := &Service{deps: Deps{RelayKey: []byte(strings.Repeat("x", 32)), Fabric: replicaOnly("ra"), Clock: clk}}
+	alloc := uuid.New()
+	claims := func() relayClaims {
+		return relayClaims{Replica: "ra", Node: uuid.NewString(), Allocated: alloc.String(),
+			Expires: clk.Now().Add(relayTokenTTL).UnixMilli(), Nonce: uuid.NewString()}
+	}
+	tok := rb.signRelay(claims())
+	if _, err := ra.verifyRelay(tok, alloc); err != nil {
+		t.Fatalf("good token: %v", err)
+	}
+	if _, err := ra.verifyRelay(tok, alloc); apierr.CodeOf(err) != apierr.TokenInvalid {
+		t.Fatalf("replay: %v", err)
+	}
+	cases := map[string]struct {
+		svc   *Service
+		tok   string
+		alloc uuid.UUID
+		code  apierr.Code
+	}{
+		"wrong replica":    {rb, ra.signRelay(claims()), alloc, apierr.TokenInvalid},
+		"wrong allocation": {ra, ra.signRelay(claims()), uuid.New(), apierr.TokenInvalid},
+		"foreign key":      {ra, other.signRelay(claims()), alloc, apierr.TokenInvalid},
+		"tampered":         {ra, strings.Replace(ra.signRelay(claims()), "ey", "eX", 1), alloc, apierr.TokenInvalid},
+		"malformed":        {ra, "nodot", alloc, apierr.TokenInvalid},
+	}
+	for name, tc := range cases {
+		if _, err := tc.svc.verifyRelay(tc.tok, tc.alloc); apierr.CodeOf(err) != tc.code {
+			t.Errorf("%s: %v, want %s", name, err, tc.code)
+		}
+	}
+	late := ra.signRelay(claims())
+	clk.Advance(relayTokenTTL)
+	if _, err := ra.verifyRelay(late, alloc); apierr.CodeOf(err) != apierr.TokenExpired {
+		t.Fatalf("expired: %v", err)
+	}
+}
+
+func TestOriginAndSubprotocols(t *testing.T) {
+	s := &Service{cfg: Config{AllowedOrigins: []string{"console.example.com", "*.tenants.example.com", "https://ops.example.org"}}}
+	for origin, want := range map[string]bool{
+		"":                                 true, // not a browser
+		"http://gantry.local:8080":         true, // this host
+		"https://console.example.com":      true,
+		"https://a.tenants.example.com":    true,
+		"https://ops.example.org":          true,
+		"http://ops.example.org":           false, // the pattern names the scheme
+		"https://evil.example.net":         false,
+		"https://console.example.com.evil": false,
+		"null":                             false,
+	} {
+		r := httptest.NewRequest("GET", "http://gantry.local:8080/ws/terminal/x", nil)
+		if origin != "" {
+			r.Header.Set("Origin", origin)
+		}
+		if got := s.originAllowed(r); got != want {
+			t.Errorf("origin %q allowed = %v, want %v", origin, got, want)
+		}
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Add("Sec-WebSocket-Protocol", "gantry.terminal.v1, gantry.token.abc")
+	if tok, err := tokenFromSubprotocols(r); err != nil || tok != "abc" {
+		t.Fatalf("token %q %v", tok, err)
+	}
+	if tok, err := newToken(); err != nil || !wellFormed(tok) || len(tok) != 43 {
+		t.Fatalf("newToken %q %v", tok, err)
+	}
+	if wellFormed("abc") || wellFormed(strings.Repeat("=", 43)) {
+		t.Fatal("malformed tokens accepted")
+	}
+}
