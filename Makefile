@@ -22,6 +22,9 @@ test:
 bench:
 	$(GO) run ./controlplane/cmd/gantry-bench
 	$(GO) run ./loggateway/cmd/gantry-loggateway-bench
+	@echo; echo "browser terminal (keystroke echo through WebSocket -> control plane -> tunnel -> agent PTY; added = vs pty-direct in the same run):"
+	@{ $(GO) test -run '^$$' -bench 'BenchmarkTerminalEcho' -benchtime 2000x ./controlplane/internal/terminal; \
+	   $(GO) test -run '^$$' -bench 'BenchmarkTerminalThroughput' -benchtime 3x ./controlplane/internal/terminal; } | ./scripts/terminal-bench-report.awk
 
 build:
 	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/...

@@ -193,6 +193,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Pool: a.Pool, JS: a.JS, Clock: a.Clock, Logger: log,
 		Stream: cfg.EventsStream, SubjectPrefix: cfg.EventsSubjectPrefix,
 	}
+	// The events stream exists before any consumer of it starts (the stop consumers, the
+	// notifications), not only once the relay runs.
+	if err := a.Relay.EnsureStream(ctx); err != nil {
+		return nil, err
+	}
 	// Provisioning dispatch (docs/provisioning.md): the stream must exist before the relay
 	// publishes to it (the relay stops at the first event it cannot publish).
 	pc := cfg.provisioning()

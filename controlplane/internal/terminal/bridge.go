@@ -59,14 +59,13 @@ type bridge struct {
 	grant Grant
 	alloc Allocation
 
-	stMu   sync.Mutex    // frames toward the agent come from the client loop and from finish
-	causes chan cause    // first one stops the bridge; later ones are read while ending
-	att    atomic.Int32  // attachment number once the agent said ready (0 before)
-	done   chan struct{} // closed when run returns
+	stMu   sync.Mutex   // frames toward the agent come from the client loop and from finish
+	causes chan cause   // first one stops the bridge; later ones are read while ending
+	att    atomic.Int32 // attachment number once the agent said ready (0 before)
 }
 
 func newBridge(s *Service, ctx context.Context, r *http.Request, ws *websocket.Conn, st net.Conn, g Grant, a Allocation) *bridge {
-	return &bridge{s: s, ctx: ctx, req: r, ws: ws, st: st, grant: g, alloc: a, causes: make(chan cause, 16), done: make(chan struct{})}
+	return &bridge{s: s, ctx: ctx, req: r, ws: ws, st: st, grant: g, alloc: a, causes: make(chan cause, 16)}
 }
 
 // stop asks the bridge to stop for c (non-blocking; safe from any goroutine).
@@ -80,7 +79,6 @@ func (b *bridge) stop(c cause) {
 // run bridges until a cause stops it, ends or detaches the session accordingly and
 // closes both sides.
 func (b *bridge) run() {
-	defer close(b.done)
 	ctx, cancel := context.WithCancel(b.ctx)
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -97,9 +95,9 @@ func (b *bridge) run() {
 
 // refuse answers a WebSocket that cannot be bridged with an error frame and closes it.
 func (b *bridge) refuse(err error) {
+	abandon(b.st, b.grant.Reattach)
 	b.sendError(context.Background(), err)
 	_ = b.ws.Close(websocket.StatusTryAgainLater, "not available")
-	_ = b.st.Close()
 }
 
 func (b *bridge) fromAgent(ctx context.Context) {
@@ -294,12 +292,15 @@ func (b *bridge) finish(ctx context.Context, c cause) {
 		_ = b.ws.Close(websocket.StatusServiceRestart, "control plane restarting; reattach")
 	case causeRefused:
 		err := c.err
-		if errors.Is(err, errSessionGone) {
-			// The session ended meanwhile: the PTY the agent just gave us is nobody's.
-			b.tellAgent(termproto.TypeClose)
+		gone := errors.Is(err, errSessionGone)
+		if gone {
 			err = sessionGoneError()
+		}
+		if gone || !b.grant.Reattach {
+			// Unrecorded, the PTY the agent just gave us is nobody's.
+			b.tellAgent(termproto.TypeClose)
 		} else {
-			b.tellAgent(termproto.TypeDetach) // kept for a retry
+			b.tellAgent(termproto.TypeDetach) // the recorded session stays reattachable
 		}
 		b.sendError(ctx, err)
 		_ = b.ws.Close(websocket.StatusInternalError, "session not recorded")
@@ -357,13 +358,13 @@ func (b *bridge) askToEnd(typ string) *int {
 	}
 }
 
-// tellAgent writes one control frame toward the agent, bounded in time.
+// tellAgent writes one control frame toward the agent, bounded in time. The deadline
+// is set before taking the lock: it also frees an input write stuck on an agent that
+// reads nothing, which holds the lock.
 func (b *bridge) tellAgent(typ string) error {
+	_ = b.st.SetWriteDeadline(time.Now().Add(closeWait))
 	return b.toAgent(func() error {
-		_ = b.st.SetWriteDeadline(time.Now().Add(closeWait))
-		err := termproto.WriteControl(b.st, termproto.Control{Type: typ, SessionID: b.grant.SessionID.String()})
-		_ = b.st.SetWriteDeadline(time.Time{})
-		return err
+		return termproto.WriteControl(b.st, termproto.Control{Type: typ, SessionID: b.grant.SessionID.String()})
 	})
 }
 

@@ -15,7 +15,7 @@ type Config struct {
 	// TokenTTL is how long a minted token may wait for its WebSocket (seed: short-lived).
 	TokenTTL time.Duration `env:"GANTRY_TERMINAL_TOKEN_TTL" envDefault:"60s"`
 	// DetachGrace is how long a session nobody is attached to is kept for a reattach;
-	// it must match the agent's (GANTRY_NODEAGENT_TERMINAL_IDLE_TIMEOUT) so that the
+	// it must match the agent's (GANTRY_NODEAGENT_TERMINAL_DETACHED_TIMEOUT) so that the
 	// audit's idle_timeout end is when the agent ended the PTY.
 	DetachGrace time.Duration `env:"GANTRY_TERMINAL_DETACH_GRACE" envDefault:"5m"`
 	// PingInterval is how often the server pings the browser so load balancers keep an

@@ -22,6 +22,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
@@ -37,6 +38,7 @@ import (
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 	"github.com/gantry-gpu/gantry/shared/obs"
+	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
 const (
@@ -146,6 +148,11 @@ func runFabric(t testing.TB, a *app.App) {
 // runTerminal runs a's terminal service (relay address, allocation events) with the
 // base URL other replicas reach it at.
 func runTerminal(t testing.TB, a *app.App, url string) {
+	js, err := jetstream.New(a.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.CleanupKV(t, js, a.Config.EventsStream+"_TERMINAL_REPLICAS")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Terminal.Run(ctx, url) }()

@@ -52,20 +52,36 @@ const (
 	relayReadLimit = 1 << 20
 )
 
-// relayDirectory is the replica -> relay URL bucket.
+// relayDirectory is the replica -> relay URL bucket. The bucket is opened on first
+// use (a replica's Run, or its first hop), so a control plane that never serves
+// terminals across replicas (tests of other features) creates nothing.
 type relayDirectory struct {
-	kv      jetstream.KeyValue
+	js      jetstream.JetStream
+	bucket  string
 	replica string
+
+	mu sync.Mutex
+	kv jetstream.KeyValue
 }
 
-func openRelayDirectory(ctx context.Context, js jetstream.JetStream, bucket, replica string) (*relayDirectory, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: bucket, Description: "gantry terminal relay: replica -> internal base URL", History: 1, TTL: relayEntryTTL,
+func newRelayDirectory(js jetstream.JetStream, bucket, replica string) *relayDirectory {
+	return &relayDirectory{js: js, bucket: bucket, replica: replica}
+}
+
+func (d *relayDirectory) open(ctx context.Context) (jetstream.KeyValue, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.kv != nil {
+		return d.kv, nil
+	}
+	kv, err := d.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: d.bucket, Description: "gantry terminal relay: replica -> internal base URL", History: 1, TTL: relayEntryTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("terminal: replica bucket: %w", err)
 	}
-	return &relayDirectory{kv: kv, replica: replica}, nil
+	d.kv = kv
+	return kv, nil
 }
 
 type relayEntry struct {
@@ -76,15 +92,30 @@ func (d *relayDirectory) publish(ctx context.Context, url string) error {
 	if url == "" {
 		return errors.New("no relay URL")
 	}
+	kv, err := d.open(ctx)
+	if err != nil {
+		return err
+	}
 	b, _ := json.Marshal(relayEntry{URL: strings.TrimRight(url, "/")})
-	_, err := d.kv.Put(ctx, d.replica, b)
+	_, err = kv.Put(ctx, d.replica, b)
 	return err
 }
 
-func (d *relayDirectory) withdraw(ctx context.Context) { _ = d.kv.Delete(ctx, d.replica) }
+func (d *relayDirectory) withdraw(ctx context.Context) {
+	d.mu.Lock()
+	kv := d.kv
+	d.mu.Unlock()
+	if kv != nil {
+		_ = kv.Delete(ctx, d.replica)
+	}
+}
 
 func (d *relayDirectory) lookup(ctx context.Context, replica string) (string, error) {
-	e, err := d.kv.Get(ctx, replica)
+	kv, err := d.open(ctx)
+	if err != nil {
+		return "", err
+	}
+	e, err := kv.Get(ctx, replica)
 	if err != nil {
 		return "", err
 	}
@@ -280,7 +311,7 @@ func (s *Service) serveRelay(ctx context.Context, w http.ResponseWriter, r *http
 		// No second hop: a tunnel that moved again is the edge's to retry.
 		return openError(octx, err)
 	}
-	ws, err := accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{RelaySubprotocol}, InsecureSkipVerify: true})
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{RelaySubprotocol}, InsecureSkipVerify: true})
 	if err != nil {
 		_ = st.Close()
 		return nil

@@ -70,7 +70,8 @@ type Service struct {
 	wg      sync.WaitGroup
 }
 
-// New assembles the service and opens the replica directory bucket.
+// New assembles the service. ctx is unused today (the replica bucket opens on first
+// use) and kept for assemblies that will need it.
 func New(ctx context.Context, cfg Config, deps Deps) (*Service, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -97,12 +98,8 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("terminal metrics: %w", err)
 	}
-	dir, err := openRelayDirectory(ctx, deps.JS, cfg.ReplicaBucket, deps.Fabric.ReplicaID())
-	if err != nil {
-		return nil, err
-	}
 	return &Service{
-		cfg: cfg, deps: deps, metrics: m, relays: dir,
+		cfg: cfg, deps: deps, metrics: m, relays: newRelayDirectory(deps.JS, cfg.ReplicaBucket, deps.Fabric.ReplicaID()),
 		audit:   &audit.Log{Clock: deps.Clock, IDs: deps.IDs},
 		bridges: map[uuid.UUID]map[*bridge]struct{}{},
 		pipes:   map[*relayPipe]struct{}{},

@@ -297,8 +297,8 @@ func TestRelayRequiresAReplicaToken(t *testing.T) {
 	}
 }
 
-// A hijacked connection keeps the HTTP server's read deadline unless it is cleared: a
-// terminal must outlive the server's ReadTimeout.
+// A terminal outlives the HTTP server's ReadTimeout (app.Run sets one): the upgrade's
+// hijack must leave the connection without the request's deadlines.
 func TestSessionOutlivesServerReadTimeout(t *testing.T) {
 	w := newWorld(t)
 	runFabric(t, w.App)

@@ -20,6 +20,7 @@ import (
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
+	"github.com/gantry-gpu/gantry/shared/termproto"
 )
 
 // Wire names.
@@ -129,10 +130,10 @@ func (s *Service) openTerminal(ctx context.Context, w http.ResponseWriter, r *ht
 	if err != nil {
 		return err
 	}
-	ws, err := accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}, OriginPatterns: s.cfg.AllowedOrigins})
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}, OriginPatterns: s.cfg.AllowedOrigins})
 	if err != nil {
 		// Accept has answered the request itself.
-		_ = st.Close()
+		abandon(st, grant.Reattach)
 		s.deps.Log.WarnContext(ctx, "terminal: websocket accept failed", "err", err)
 		return nil
 	}
@@ -145,16 +146,6 @@ func (s *Service) openTerminal(ctx context.Context, w http.ResponseWriter, r *ht
 	defer s.untrack(b)
 	b.run()
 	return nil
-}
-
-// accept upgrades after clearing the connection deadlines the HTTP server set for
-// ordinary requests (ReadTimeout would otherwise cut every terminal after a minute):
-// a hijacked connection keeps them.
-func accept(w http.ResponseWriter, r *http.Request, opts *websocket.AcceptOptions) (*websocket.Conn, error) {
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(time.Time{})
-	_ = rc.SetWriteDeadline(time.Time{})
-	return websocket.Accept(w, r, opts)
 }
 
 // refuseQueryToken refuses a request carrying anything token-like in its query string
@@ -298,4 +289,16 @@ func refusedError(code string) error {
 			With("reason", "session_ended").WithStatus(http.StatusConflict)
 	}
 	return apierr.New(apierr.UpstreamError, "the node refused the terminal").With("agent_error_code", code)
+}
+
+// abandon ends a stream nobody will bridge: a session the stream just started is
+// closed (nobody ever saw it), one it reattached to is detached again.
+func abandon(st net.Conn, reattach bool) {
+	typ := termproto.TypeClose
+	if reattach {
+		typ = termproto.TypeDetach
+	}
+	_ = st.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = termproto.WriteControl(st, termproto.Control{Type: typ})
+	_ = st.Close()
 }
