@@ -9,6 +9,13 @@ package main
 //   - create-to-agent latency: creates paced at a fixed rate against simulated agents
 //     on the real fabric, with the outbox relay and the PROVISIONING dispatcher running;
 //     the time from sending the create to the agent receiving the provision task.
+//
+// Every node of the fleet has a simulated agent (a fleet of online nodes: each task is
+// delivered once), and each round waits for its tasks to be delivered before the next
+// measurement. The CPU used per create by this process and by the PostgreSQL backends
+// is printed. GANTRY_BENCH_CPUPROFILE=<file> profiles the creates (of the last round);
+// GANTRY_BENCH_PGLOG=1 has PostgreSQL log 20 sequential creates' statements with their
+// durations (server log).
 
 import (
 	"bytes"
@@ -175,7 +182,7 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 		rate, pct(lat, 50), pct(lat, 99))
 	fmt.Printf("  raw PostgreSQL single-row inserts         %7.0f inserts/s, same concurrency; create / insert = %.2fx\n", raw, rate/raw)
 	fmt.Printf("  every task of the round at its agent and the outbox empty %.1fs after the last create\n", median(drains))
-	fmt.Printf("  CPU per create, until then: this process %.2f ms (HTTP, relay, dispatcher, fabric, agents), PostgreSQL backends %.2f ms\n",
+	fmt.Printf("  CPU per create, until then: this process %.2f ms (bench clients, server, relay, dispatcher, fabric, simulated agents), PostgreSQL backends %.2f ms\n",
 		median(goCPU), median(pgCPU))
 
 	return b.agentLatency(ctx, client)
@@ -411,13 +418,19 @@ func (b *allocBench) settle(ctx context.Context, ids []string) (time.Duration, e
 }
 
 // forceRelease frees the GPUs of ids (between rounds; not measured) the way an admin
-// would, so every round places onto the same free fleet.
+// would, so every round places onto the same free fleet, then vacuums and analyzes what
+// the round wrote, as autovacuum keeps a running system (a round rewrites in seconds
+// what production churns through in hours).
 func (b *allocBench) forceRelease(ctx context.Context, ids []string) error {
 	_, err := b.fx.pool.Exec(ctx, `UPDATE allocation_gpus SET released_at = now() WHERE released_at IS NULL AND allocation_id = ANY($1::uuid[])`, ids)
 	if err != nil {
 		return err
 	}
 	_, err = b.fx.pool.Exec(ctx, `UPDATE allocations SET status = 'released', ended_at = now() WHERE id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return err
+	}
+	_, err = b.fx.pool.Exec(ctx, `VACUUM ANALYZE allocations, allocation_gpus, allocation_tasks, allocation_events, outbox_events, audit_events, idempotency_keys`)
 	return err
 }
 

@@ -9,7 +9,9 @@
 //
 // It never reads another feature's tables: SKUs and prices come through Catalog, GPU
 // inventory and telemetry through Fleet, keys through Keys, money through Billing and
-// Budgets. It must never give a GPU to two live allocations: placement serializes per
-// GPU model and a partial unique index on allocation_gpus stands behind it; a group is
-// placed whole in one transaction or not at all.
+// Budgets (placement's candidates come from nodes.Service.PlacementCandidates). It must
+// never give a GPU to two live allocations: a create claims its GPUs with an insert that
+// the partial unique index on allocation_gpus (allocation_gpus_held_key) decides, and a
+// claim that loses moves on to the next free GPU; a group places alone under the GPU
+// model's exclusive lock and is placed whole in one transaction or not at all.
 package allocations

@@ -50,13 +50,14 @@ func groupNotFound() error {
 }
 
 // CreateGroup launches count allocations of one SKU, all or nothing. The checks of a
-// single launch run first, in the same order, for the whole group (checkLaunch: money
-// for count × the SKU's GPUs, the concurrency limit counting count allocations,
-// capacity for every member in one region); a refusal writes nothing. Then ONE
-// transaction places every member under the project's and the GPU model's locks,
+// single launch run in the same order for the whole group (checkLaunch, then lockLaunch
+// in the transaction: money for count × the SKU's GPUs, the concurrency limit counting
+// count allocations, capacity for every member in one region); a refusal writes
+// nothing. ONE transaction places every member under the project's lock and the GPU
+// model's exclusive lock (on an exact read: no other launch of the model is placing),
 // inserts the group, its members as requested (each with its GPUs, status event, task,
 // outbox event and audit row), the group's outbox event and its audit row. If any member
-// no longer fits, the whole transaction rolls back: sku_unavailable, nothing persisted.
+// does not fit, the whole transaction rolls back: sku_unavailable, nothing persisted.
 func (s *Service) CreateGroup(ctx context.Context, p *principal.Principal, proj projectctx.Project, spec CreateSpec, count int) (GroupView, error) {
 	name, err := checkName(spec, maxGroupNameLen)
 	if err != nil {
