@@ -23,7 +23,21 @@ const killRounds = 100
 // escalate sends SIGTERM to what find returns, waits up to grace for it to be empty,
 // then sends SIGKILL until it is (a bounded number of rounds). grace 0 goes straight to
 // SIGKILL.
-func escalate(ctx context.Context, grace time.Duration, find func() ([]int, error), signal func(syscall.Signal) error) error {
+func escalate(ctx context.Context, grace time.Duration, find func() ([]int, error)) error {
+	// Each signal goes to the processes found at that moment: one forked since the last
+	// scan is signalled too.
+	signal := func(sig syscall.Signal) error {
+		pids, err := find()
+		if err != nil {
+			return err
+		}
+		for _, pid := range pids {
+			if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("signal %d to pid %d: %w", sig, pid, err)
+			}
+		}
+		return nil
+	}
 	pids, err := find()
 	if err != nil || len(pids) == 0 {
 		return err
@@ -67,19 +81,7 @@ func escalate(ctx context.Context, grace time.Duration, find func() ([]int, erro
 // cleared their environment).
 func killTagged(ctx context.Context, procDir, id string, grace time.Duration) error {
 	find := func() ([]int, error) { return taggedPIDs(procDir, id) }
-	signal := func(sig syscall.Signal) error {
-		pids, err := find()
-		if err != nil {
-			return err
-		}
-		for _, pid := range pids {
-			if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-				return fmt.Errorf("signal %d to pid %d: %w", sig, pid, err)
-			}
-		}
-		return nil
-	}
-	return escalate(ctx, grace, find, signal)
+	return escalate(ctx, grace, find)
 }
 
 // taggedPIDs scans procDir/<pid>/environ. Processes whose environment cannot be read
@@ -116,19 +118,7 @@ func taggedPIDs(procDir, id string) ([]int, error) {
 // (a setuid program the user started counts too).
 func killUID(ctx context.Context, procDir string, uid uint32, grace time.Duration) error {
 	find := func() ([]int, error) { return uidPIDs(procDir, uid) }
-	signal := func(sig syscall.Signal) error {
-		pids, err := find()
-		if err != nil {
-			return err
-		}
-		for _, pid := range pids {
-			if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-				return fmt.Errorf("signal %d to pid %d: %w", sig, pid, err)
-			}
-		}
-		return nil
-	}
-	return escalate(ctx, grace, find, signal)
+	return escalate(ctx, grace, find)
 }
 
 // uidPIDs scans procDir/<pid>/status for the Uid line. Zombies (state Z) are skipped:

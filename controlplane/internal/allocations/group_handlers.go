@@ -78,11 +78,7 @@ func (h *Handlers) ListAllocationGroups(ctx context.Context, req api.ListAllocat
 	for _, g := range pg.Items {
 		out.Items = append(out.Items, apiGroup(g))
 	}
-	last := uuid.Nil
-	if len(pg.Items) > 0 {
-		last = pg.Items[len(pg.Items)-1].ID
-	}
-	if out.Pagination, err = h.next(pg.More, sortGroups, last, size); err != nil {
+	if out.Pagination, err = nextPage(h, pg, func(g GroupView) uuid.UUID { return g.ID }, sortGroups, size); err != nil {
 		return nil, err
 	}
 	return api.ListAllocationGroups200JSONResponse{Body: out}, nil

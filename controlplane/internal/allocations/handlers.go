@@ -118,8 +118,15 @@ func (h *Handlers) cursor(c *string, sort string) (uuid.UUID, error) {
 	return after, err
 }
 
-func (h *Handlers) next(more bool, sort string, last uuid.UUID, size int) (api.Pagination, error) {
-	next, err := h.Cursors.Next(more, sort, last)
+func allocationID(a Allocation) uuid.UUID { return a.ID }
+
+// nextPage is pg's pagination: its size, and the cursor after its last item's id.
+func nextPage[T any](h *Handlers, pg Page[T], id func(T) uuid.UUID, sort string, size int) (api.Pagination, error) {
+	last := uuid.Nil
+	if n := len(pg.Items); n > 0 {
+		last = id(pg.Items[n-1])
+	}
+	next, err := h.Cursors.Next(pg.More, sort, last)
 	return api.Pagination{PageSize: size, NextCursor: next}, err
 }
 
@@ -143,11 +150,7 @@ func (h *Handlers) ListAllocations(ctx context.Context, req api.ListAllocationsR
 		return nil, err
 	}
 	out := api.AllocationListResponse{Items: items}
-	last := uuid.Nil
-	if len(pg.Items) > 0 {
-		last = pg.Items[len(pg.Items)-1].ID
-	}
-	if out.Pagination, err = h.next(pg.More, sortAllocations, last, size); err != nil {
+	if out.Pagination, err = nextPage(h, pg, allocationID, sortAllocations, size); err != nil {
 		return nil, err
 	}
 	return api.ListAllocations200JSONResponse{Body: out}, nil
@@ -214,11 +217,7 @@ func (h *Handlers) ListAllocationEvents(ctx context.Context, req api.ListAllocat
 	for _, e := range pg.Items {
 		out.Items = append(out.Items, apiEvent(e))
 	}
-	last := uuid.Nil
-	if len(pg.Items) > 0 {
-		last = pg.Items[len(pg.Items)-1].ID
-	}
-	if out.Pagination, err = h.next(pg.More, sortEvents, last, size); err != nil {
+	if out.Pagination, err = nextPage(h, pg, func(e Event) uuid.UUID { return e.ID }, sortEvents, size); err != nil {
 		return nil, err
 	}
 	return api.ListAllocationEvents200JSONResponse{Body: out}, nil
@@ -268,11 +267,7 @@ func (h *Handlers) ListAdminAllocations(ctx context.Context, req api.ListAdminAl
 		return nil, err
 	}
 	out := api.AllocationListResponse{Items: items}
-	last := uuid.Nil
-	if len(pg.Items) > 0 {
-		last = pg.Items[len(pg.Items)-1].ID
-	}
-	if out.Pagination, err = h.next(pg.More, sortAllocations, last, size); err != nil {
+	if out.Pagination, err = nextPage(h, pg, allocationID, sortAllocations, size); err != nil {
 		return nil, err
 	}
 	return api.ListAdminAllocations200JSONResponse{Body: out}, nil

@@ -1,0 +1,36 @@
+// Package atomicfile writes files so that readers see the old content or the new, never
+// half of one: a temporary file in the same directory, synced, then renamed over.
+package atomicfile
+
+import (
+	"os"
+	"path/filepath"
+)
+
+// Write writes data to path with mode through a temporary file beside it and a rename.
+// The directory must exist.
+func Write(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // a no-op after the rename
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
