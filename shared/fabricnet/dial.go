@@ -113,15 +113,15 @@ func dialTCP(ctx context.Context, addr string, tc *tls.Config, yc *yamux.Config)
 	if t, ok := c.(*net.TCPConn); ok {
 		_ = t.SetNoDelay(true)
 	}
-	tlsConn := tls.Client(c, tc)
-	if err := tlsConn.HandshakeContext(ctx); err != nil {
+	fc := newFrameConn(c, tc, false)
+	if err := fc.HandshakeContext(ctx); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
-	mux, err := yamux.Client(tlsConn, yamuxConfig(yc))
+	mux, err := yamux.Client(fc, yamuxConfig(yc))
 	if err != nil {
-		_ = tlsConn.Close()
+		_ = fc.Close()
 		return nil, err
 	}
-	return &yamuxSession{mux: mux, tls: tlsConn}, nil
+	return &yamuxSession{mux: mux, tls: fc.Conn}, nil
 }

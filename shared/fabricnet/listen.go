@@ -212,17 +212,17 @@ func (l *Listener) serverTLS(c net.Conn) (Session, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	tc := tls.Server(c, l.tlsConf)
+	fc := newFrameConn(c, l.tlsConf, true)
 	ctx, cancel := context.WithTimeout(context.Background(), l.opts.HandshakeTimeout)
 	defer cancel()
-	if err := tc.HandshakeContext(ctx); err != nil {
+	if err := fc.HandshakeContext(ctx); err != nil {
 		return nil, err
 	}
-	mux, err := yamux.Server(tc, yamuxConfig(l.opts.Yamux))
+	mux, err := yamux.Server(fc, yamuxConfig(l.opts.Yamux))
 	if err != nil {
 		return nil, err
 	}
-	return &yamuxSession{mux: mux, tls: tc}, nil
+	return &yamuxSession{mux: mux, tls: fc.Conn}, nil
 }
 
 // Close stops accepting. QUIC tunnels share the listener's UDP socket and end with it;

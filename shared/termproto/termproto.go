@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // Frame types.
@@ -69,11 +70,17 @@ func WriteFrame(w io.Writer, typ byte, payload []byte) error {
 	}
 	// One write per frame keeps frames whole on streams shared by several writers'
 	// goroutines only if the caller serializes; callers must not write concurrently.
-	buf := make([]byte, 0, len(hdr)+len(payload))
-	buf = append(append(buf, hdr[:]...), payload...)
+	// The buffer comes from a pool: a bulk output stream writes thousands of frames a
+	// second, and a fresh buffer each was most of the terminal path's garbage.
+	bp := frameBufs.Get().(*[]byte)
+	buf := append(append((*bp)[:0], hdr[:]...), payload...)
 	_, err := w.Write(buf)
+	*bp = buf[:0]
+	frameBufs.Put(bp)
 	return err
 }
+
+var frameBufs = sync.Pool{New: func() any { b := make([]byte, 0, 5+MaxPayload); return &b }}
 
 // WriteData writes p as one or more data frames.
 func WriteData(w io.Writer, p []byte) error {

@@ -46,7 +46,7 @@ func main() {
 	dur := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	rounds := flag.Int("rounds", 3, "interleaved rounds per pair (median reported)")
 	conc := flag.Int("concurrency", 8, "concurrent clients")
-	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 1000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
+	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 10000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
 	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\" or \"allocations\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
@@ -369,4 +369,11 @@ func report(what, baseline string, r [2]float64, goal float64) {
 	}
 	fmt.Printf("%s\n  baseline (%s): %.0f req/s\n  full chain: %.0f req/s\n  ratio chain/baseline = %.2fx (goal >= %.1fx: %s)\n\n",
 		what, baseline, r[0], r[1], ratio, goal, verdict)
+}
+
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "missed"
 }

@@ -20,7 +20,8 @@ import (
 // through the whole path (WebSocket -> control plane -> [replica hop] -> tunnel ->
 // agent PTY -> back). One goroutine per client.
 type BenchClient struct {
-	ws *websocket.Conn
+	ws  *websocket.Conn
+	buf bytes.Buffer
 	// SessionID and Replayed are from the server's session_ready.
 	SessionID string
 	Replayed  bool
@@ -98,13 +99,17 @@ func (c *BenchClient) Throughput(ctx context.Context, command string) (bytesRead
 	if err := c.ws.Write(ctx, websocket.MessageBinary, []byte(line)); err != nil {
 		return 0, 0, err
 	}
-	var tail []byte
+	// The marker may straddle two messages: keep the previous message's last bytes.
+	m := []byte(marker)
+	tail := make([]byte, 0, 2*len(m))
 	err = c.readUntil(ctx, func(p []byte) bool {
 		bytesRead += int64(len(p))
-		tail = append(tail, p...)
-		found := bytes.Contains(tail, []byte(marker))
-		if len(tail) > len(marker) {
-			tail = tail[len(tail)-len(marker):]
+		found := bytes.Contains(p, m) || bytes.Contains(append(tail, p[:min(len(p), len(m)-1)]...), m)
+		if len(p) >= len(m)-1 {
+			tail = append(tail[:0], p[len(p)-(len(m)-1):]...)
+		} else {
+			tail = append(tail, p...)
+			tail = append(tail[:0], tail[max(0, len(tail)-(len(m)-1)):]...)
 		}
 		return found
 	})
@@ -112,12 +117,20 @@ func (c *BenchClient) Throughput(ctx context.Context, command string) (bytesRead
 }
 
 // readUntil reads binary messages until done says so; an exit or error frame ends it.
+// Messages are read into one reused buffer, as a browser's terminal would consume them,
+// so that the client's own garbage does not weigh on a machine it shares with the path
+// it measures.
 func (c *BenchClient) readUntil(ctx context.Context, done func([]byte) bool) error {
 	for {
-		typ, p, err := c.ws.Read(ctx)
+		typ, r, err := c.ws.Reader(ctx)
 		if err != nil {
 			return err
 		}
+		c.buf.Reset()
+		if _, err := c.buf.ReadFrom(r); err != nil {
+			return err
+		}
+		p := c.buf.Bytes()
 		if typ == websocket.MessageBinary {
 			if done(p) {
 				return nil

@@ -1,0 +1,117 @@
+package fabricnet
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"io"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+)
+
+func selfSigned(t *testing.T) (*tls.Config, *tls.Config) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"peer"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
+		&tls.Config{RootCAs: pool, ServerName: "peer"}
+}
+
+// countingConn counts the writes that reach the socket.
+type countingConn struct {
+	net.Conn
+	writes int
+}
+
+func (c *countingConn) Write(p []byte) (int, error) { c.writes++; return c.Conn.Write(p) }
+
+func dataHeader(length uint32) []byte {
+	h := make([]byte, yamuxHeaderSize)
+	h[1] = yamuxTypeData
+	binary.BigEndian.PutUint32(h[4:8], 7)
+	binary.BigEndian.PutUint32(h[8:12], length)
+	return h
+}
+
+// The peer must read exactly the bytes yamux wrote, in its order, whatever follows a held
+// header; a header with its body goes to the socket in one write.
+func TestFrameConnKeepsTheByteStream(t *testing.T) {
+	srvConf, cliConf := selfSigned(t)
+	a, b := net.Pipe()
+	counted := &countingConn{Conn: a}
+	fc := newFrameConn(counted, cliConf, false)
+	peer := tls.Server(b, srvConf)
+	got := make(chan []byte, 1)
+	go func() {
+		data, _ := io.ReadAll(peer)
+		got <- data
+	}()
+	if err := fc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+
+	body := bytes.Repeat([]byte("x"), 300<<10) // above corkLimit: flushed in parts
+	small := []byte("hello")
+	window := make([]byte, yamuxHeaderSize) // a window update: type 1, never held
+	window[1] = 1
+	var want []byte
+	write := func(p []byte) {
+		t.Helper()
+		if n, err := fc.Write(p); err != nil || n != len(p) {
+			t.Fatalf("write %d bytes: n=%d err=%v", len(p), n, err)
+		}
+		want = append(want, p...)
+	}
+
+	before := counted.writes
+	write(dataHeader(uint32(len(small))))
+	write(small)
+	if w := counted.writes - before; w != 1 {
+		t.Fatalf("a small frame took %d socket writes, want 1", w)
+	}
+	write(window)
+	write(dataHeader(uint32(len(body))))
+	write(body)
+	// A held header followed by something that is not its body (yamux drops the body of
+	// a frame whose send timed out): the bytes still go out as written.
+	write(dataHeader(10))
+	write(window)
+	write(dataHeader(0)) // no body announced: never held
+	if err := fc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if data := <-got; !bytes.Equal(data, want) {
+		t.Fatalf("peer read %d bytes, want %d (equal prefix %v)", len(data), len(want), bytes.HasPrefix(want, data))
+	}
+}
+
+func TestIsDataHeader(t *testing.T) {
+	for _, tc := range []struct {
+		p    []byte
+		want bool
+	}{
+		{dataHeader(1), true},
+		{dataHeader(0), false},
+		{append(dataHeader(1), 0), false},
+		{dataHeader(1)[:11], false},
+		{func() []byte { h := dataHeader(5); h[1] = 2; return h }(), false},
+	} {
+		if got := isDataHeader(tc.p); got != tc.want {
+			t.Errorf("isDataHeader(% x) = %v, want %v", tc.p, got, tc.want)
+		}
+	}
+}
