@@ -93,6 +93,13 @@ func (c *BenchClient) EchoRoundTrips(ctx context.Context, n int) ([]time.Duratio
 // (a marker echoed after it, which never appears in the echoed command line itself).
 // cat of a large file, or `head -c 104857600 /dev/zero | tr '\0' x`, are typical.
 func (c *BenchClient) Throughput(ctx context.Context, command string) (bytesRead int64, elapsed time.Duration, err error) {
+	return c.PacedThroughput(ctx, command, 0)
+}
+
+// PacedThroughput is Throughput for a reader that consumes at most bytesPerSecond (0:
+// as fast as it can), like a browser whose terminal renders at its own speed: the
+// backpressure reaches the shell through the control plane and the tunnel.
+func (c *BenchClient) PacedThroughput(ctx context.Context, command string, bytesPerSecond int64) (bytesRead int64, elapsed time.Duration, err error) {
 	const marker = "__GANTRY_BENCH_42__"
 	line := command + "; echo __GANTRY_BENCH_$((40+2))__\r"
 	start := time.Now()
@@ -104,6 +111,12 @@ func (c *BenchClient) Throughput(ctx context.Context, command string) (bytesRead
 	tail := make([]byte, 0, 2*len(m))
 	err = c.readUntil(ctx, func(p []byte) bool {
 		bytesRead += int64(len(p))
+		if bytesPerSecond > 0 {
+			due := start.Add(time.Duration(float64(bytesRead) / float64(bytesPerSecond) * float64(time.Second)))
+			if wait := time.Until(due); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
 		found := bytes.Contains(p, m) || bytes.Contains(append(tail, p[:min(len(p), len(m)-1)]...), m)
 		if len(p) >= len(m)-1 {
 			tail = append(tail[:0], p[len(p)-(len(m)-1):]...)
