@@ -15,7 +15,7 @@ package main
 // measurement. The CPU used per create by this process and by the PostgreSQL backends
 // is printed. GANTRY_BENCH_CPUPROFILE=<file> profiles the creates (of the last round);
 // GANTRY_BENCH_PGLOG=1 has PostgreSQL log 20 sequential creates' statements with their
-// durations (server log).
+// durations (server log); GANTRY_BENCH_PGLOG=round every statement of the first round.
 
 import (
 	"bytes"
@@ -121,21 +121,36 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 	if _, err := fx.pool.Exec(ctx, `ANALYZE`); err != nil {
 		return err
 	}
-	if os.Getenv("GANTRY_BENCH_PGLOG") != "" {
-		// Diagnostics: PostgreSQL logs every statement of this database with its
-		// duration while a few creates run one at a time (new connections only).
-		if _, err := fx.pool.Exec(ctx, `DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET log_min_duration_statement = 0', current_database()); END$$`); err != nil {
+	pgLog := func(on bool) error {
+		stmt := `DO $$BEGIN EXECUTE format('ALTER DATABASE %I RESET log_min_duration_statement', current_database()); END$$`
+		if on {
+			stmt = `DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET log_min_duration_statement = 0', current_database()); END$$`
+		}
+		if _, err := fx.pool.Exec(ctx, stmt); err != nil {
 			return err
 		}
 		fx.pool.Reset()
+		return nil
+	}
+	if os.Getenv("GANTRY_BENCH_PGLOG") == "round" {
+		// Diagnostics: PostgreSQL logs every statement of the first round (the creates
+		// at full concurrency, then the tasks' delivery), with durations (server log).
+		if err := pgLog(true); err != nil {
+			return err
+		}
+	} else if os.Getenv("GANTRY_BENCH_PGLOG") != "" {
+		// Diagnostics: PostgreSQL logs every statement of this database with its
+		// duration while a few creates run one at a time (new connections only).
+		if err := pgLog(true); err != nil {
+			return err
+		}
 		_, _, ids, err := b.creates(client, 20, 1)
 		if err != nil {
 			return err
 		}
-		if _, err := fx.pool.Exec(ctx, `DO $$BEGIN EXECUTE format('ALTER DATABASE %I RESET log_min_duration_statement', current_database()); END$$`); err != nil {
+		if err := pgLog(false); err != nil {
 			return err
 		}
-		fx.pool.Reset()
 		if err := b.forceRelease(ctx, ids); err != nil {
 			return err
 		}
@@ -170,6 +185,12 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 		cpu1, err := b.cpu(ctx)
 		if err != nil {
 			return err
+		}
+		if r == 0 && os.Getenv("GANTRY_BENCH_PGLOG") == "round" {
+			// After the CPU reading: this closes the round's connections.
+			if err := pgLog(false); err != nil {
+				return err
+			}
 		}
 		goCPU = append(goCPU, float64(cpu1.proc-cpu0.proc)/float64(time.Millisecond)/perRound)
 		pgCPU = append(pgCPU, float64(cpu1.pg-cpu0.pg)/float64(time.Millisecond)/perRound)

@@ -6,7 +6,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
@@ -65,7 +67,7 @@ func (s *Service) Create(ctx context.Context, p *principal.Principal, proj proje
 		return Allocation{}, err
 	}
 	var a Allocation
-	err = db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = inLaunchTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		cands, err := s.lockLaunch(ctx, tx, proj, l)
 		if err != nil {
 			return err
@@ -79,6 +81,18 @@ func (s *Service) Create(ctx context.Context, p *principal.Principal, proj proje
 		return Allocation{}, err
 	}
 	return a, nil
+}
+
+// inLaunchTx runs a launch's writes in the request's ambient transaction when there is
+// one (the idempotency layer's), else in a transaction of their own. The ambient
+// transaction needs no savepoint around them: a launch that fails fails its request,
+// and a request that fails rolls the ambient transaction back whole (nothing persisted),
+// so the savepoint would only cost two round trips.
+func inLaunchTx(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) error {
+	if tx, ok := db.TxFrom(ctx); ok {
+		return fn(tx)
+	}
+	return db.InTx(ctx, pool, fn)
 }
 
 func (s *Service) concurrencyLimit() error {
@@ -99,12 +113,16 @@ func launchRegions(t catalog.LaunchTerms, requested string) []string {
 	return out
 }
 
-// hourlyRate is the SKU's hourly rate in currency under the plan in force, if priced.
-func hourlyRate(t catalog.LaunchTerms, currency string) (int64, bool) {
-	for _, p := range t.Prices {
-		if p.Currency == currency {
-			return p.HourlyMinor, true
-		}
+// hourlyRate is the hourly rate of gpus GPUs at the runway decision's unit price, in its
+// currency; not priced when the decision names no price.
+func hourlyRate(d billing.Decision, gpus int32) (int64, bool, error) {
+	exp, known := billing.Exponent(d.Currency)
+	if d.UnitPrice == "" || !known {
+		return 0, false, nil
 	}
-	return 0, false
+	h, err := catalog.HourlyMinor(d.UnitPrice, gpus, exp)
+	if err != nil {
+		return 0, false, err
+	}
+	return h, true, nil
 }

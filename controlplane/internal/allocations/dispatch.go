@@ -99,10 +99,10 @@ func (s *Service) deadline(createdAt time.Time) time.Time {
 }
 
 // DispatchTask loads the task for delivery: ErrUnknownTask when there is no such task.
-// A settled task comes without its payload.
+// A settled task comes without its payload. One read: the task, its allocation and the
+// allocation's GPUs.
 func (s *Service) DispatchTask(ctx context.Context, taskID uuid.UUID) (DispatchTask, error) {
-	q := s.read(ctx)
-	row, err := q.GetTaskForDispatch(ctx, taskID)
+	row, err := s.read(ctx).GetTaskWithPayload(ctx, taskID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return DispatchTask{}, fmt.Errorf("%w: %s", ErrUnknownTask, taskID)
 	}
@@ -112,34 +112,34 @@ func (s *Service) DispatchTask(ctx context.Context, taskID uuid.UUID) (DispatchT
 	t := DispatchTask{
 		TaskID: row.TaskID, AllocationID: row.AllocationID, NodeID: row.NodeID, Kind: row.Kind,
 		CreatedAt: row.CreatedAt, Deadline: s.deadline(row.CreatedAt), Attempts: int(row.Attempts),
-		AllocationStatus: row.AllocationStatus, Settled: settled(row),
+		AllocationStatus: row.AllocationStatus,
+		Settled: settled(allocationsdb.GetTaskForDispatchRow{
+			Kind: row.Kind, AckedAt: row.AckedAt, FinishedAt: row.FinishedAt,
+			AllocationStatus: row.AllocationStatus, Superseded: row.Superseded,
+		}),
 	}
 	if !t.Pending() {
 		return t, nil
 	}
-	a, err := q.GetAllocationAny(ctx, row.AllocationID)
-	if err != nil {
-		return DispatchTask{}, fmt.Errorf("load allocation: %w", err)
+	if len(row.GpuUuids) != len(row.GpuIndexes) {
+		return DispatchTask{}, fmt.Errorf("load task: %d gpu uuids for %d indexes", len(row.GpuUuids), len(row.GpuIndexes))
 	}
-	gpus, err := q.AllocationGPUs(ctx, row.AllocationID)
-	if err != nil {
-		return DispatchTask{}, fmt.Errorf("load allocation gpus: %w", err)
-	}
+	id := row.AllocationID.String()
 	p := alloctask.Payload{
-		AllocationID: a.ID.String(), TenantID: a.TenantID.String(), ProjectID: a.ProjectID.String(),
-		User: alloctask.UserName(a.ID.String()), GPUs: make([]alloctask.GPU, 0, len(gpus)),
-		SSHPublicKeys: a.SshPublicKeys,
+		AllocationID: id, TenantID: row.TenantID.String(), ProjectID: row.ProjectID.String(),
+		User: alloctask.UserName(id), GPUs: make([]alloctask.GPU, 0, len(row.GpuUuids)),
+		SSHPublicKeys: row.SshPublicKeys,
 	}
 	if p.SSHPublicKeys == nil {
 		p.SSHPublicKeys = []string{}
 	}
-	for _, g := range gpus {
-		p.GPUs = append(p.GPUs, alloctask.GPU{UUID: g.GpuUuid, Index: int(g.GpuIndex)})
+	for i, u := range row.GpuUuids {
+		p.GPUs = append(p.GPUs, alloctask.GPU{UUID: u, Index: int(row.GpuIndexes[i])})
 	}
-	if a.OsImageID.Valid && s.Catalog != nil {
+	if row.OsImageID.Valid && s.Catalog != nil {
 		// The image's name is informational for the runtimes there are; an image deleted
 		// since launch leaves it out rather than holding the task back.
-		if im, err := s.Catalog.GetOSImage(ctx, a.OsImageID.UUID); err == nil {
+		if im, err := s.Catalog.GetOSImage(ctx, row.OsImageID.UUID); err == nil {
 			p.OSImage = im.Name
 		}
 	}
@@ -156,18 +156,31 @@ func (s *Service) DispatchTask(ctx context.Context, taskID uuid.UUID) (DispatchT
 func (s *Service) TaskAcknowledged(ctx context.Context, taskID uuid.UUID, attempt int) (bool, error) {
 	recorded := false
 	_, err := s.onTask(ctx, taskID, func(tx pgx.Tx, a Allocation, t allocationsdb.GetTaskForDispatchRow) (lifecycle.Outcome, error) {
-		n, err := allocationsdb.New(tx).MarkTaskAcked(ctx, allocationsdb.MarkTaskAckedParams{
+		// t was read under the allocation's lock, under which every acknowledgement is
+		// written: an acknowledged task stays so, an unacknowledged one cannot be
+		// acknowledged meanwhile.
+		if t.AckedAt != nil {
+			return lifecycle.Outcome{}, nil
+		}
+		// The acknowledgement goes out with the transition's first statement.
+		p, _ := pipeline(tx)
+		if err := allocationsdb.New(p).MarkTaskAcked(ctx, allocationsdb.MarkTaskAckedParams{
 			TaskID: taskID, AckedAt: ptr(s.now()), Attempts: int32(attempt),
-		})
-		if err != nil || n == 0 {
+		}); err != nil {
 			return lifecycle.Outcome{}, err
 		}
 		recorded = true
-		if settled(t) != "" || t.Kind != TaskProvision {
-			return lifecycle.Outcome{}, nil
+		var out lifecycle.Outcome
+		if settled(t) == "" && t.Kind == TaskProvision {
+			var err error
+			if _, out, err = s.transition(ctx, p, a, lifecycle.ProvisionStarted, Actor{Type: ActorSystem}, "node acknowledged the task"); err != nil {
+				return out, err
+			}
 		}
-		_, out, err := s.transition(ctx, tx, a, lifecycle.ProvisionStarted, Actor{Type: ActorSystem}, "node acknowledged the task")
-		return out, err
+		if err := p.flush(ctx); err != nil {
+			return out, fmt.Errorf("record task acknowledgement: %w", err)
+		}
+		return out, nil
 	})
 	return recorded, err
 }
@@ -265,18 +278,15 @@ func (s *Service) giveUp(ctx context.Context, taskID uuid.UUID, attempt int, cod
 // after the commit.
 func (s *Service) onTask(ctx context.Context, taskID uuid.UUID,
 	fn func(tx pgx.Tx, a Allocation, t allocationsdb.GetTaskForDispatchRow) (lifecycle.Outcome, error)) (lifecycle.Outcome, error) {
-	first, err := s.read(ctx).GetTaskForDispatch(ctx, taskID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return lifecycle.Outcome{}, fmt.Errorf("%w: %s", ErrUnknownTask, taskID)
-	}
-	if err != nil {
-		return lifecycle.Outcome{}, fmt.Errorf("load task: %w", err)
-	}
 	var out lifecycle.Outcome
 	var nodeID uuid.UUID
-	err = db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := allocationsdb.New(tx)
-		a, err := q.LockAllocation(ctx, first.AllocationID)
+		// The task's allocation never changes: its lock is taken through the task.
+		a, err := q.LockTaskAllocation(ctx, taskID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: %s", ErrUnknownTask, taskID)
+		}
 		if err != nil {
 			return fmt.Errorf("lock allocation: %w", err)
 		}

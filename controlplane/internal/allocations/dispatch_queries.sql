@@ -11,8 +11,32 @@ SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, 
 FROM allocation_tasks t JOIN allocations a ON a.id = t.allocation_id
 WHERE t.task_id = $1;
 
--- name: MarkTaskAcked :execrows
--- The agent acknowledged the task (first time only).
+-- name: GetTaskWithPayload :one
+-- GetTaskForDispatch with what a pending task's payload needs, in one read: the
+-- allocation's tenant, project, SSH keys and OS image, and its GPUs by index.
+SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
+       a.status AS allocation_status,
+       EXISTS (SELECT 1 FROM allocation_tasks n
+               WHERE n.allocation_id = t.allocation_id
+                 AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded,
+       a.tenant_id, a.project_id, a.ssh_public_keys, a.os_image_id,
+       ARRAY(SELECT g.gpu_uuid FROM allocation_gpus g WHERE g.allocation_id = t.allocation_id
+             ORDER BY g.gpu_index, g.gpu_uuid)::text[] AS gpu_uuids,
+       ARRAY(SELECT g.gpu_index FROM allocation_gpus g WHERE g.allocation_id = t.allocation_id
+             ORDER BY g.gpu_index, g.gpu_uuid)::integer[] AS gpu_indexes
+FROM allocation_tasks t JOIN allocations a ON a.id = t.allocation_id
+WHERE t.task_id = $1;
+
+-- name: LockTaskAllocation :one
+-- The allocation of a task, locked (every change to an allocation's tasks happens under
+-- its lock).
+SELECT a.* FROM allocations a
+WHERE a.id = (SELECT t.allocation_id FROM allocation_tasks t WHERE t.task_id = $1)
+FOR UPDATE;
+
+-- name: MarkTaskAcked :exec
+-- The agent acknowledged the task (first time only; the caller, holding the
+-- allocation's lock, has read that it was not acknowledged yet).
 UPDATE allocation_tasks
 SET acked_at = sqlc.arg('acked_at'), attempts = GREATEST(attempts, sqlc.arg('attempts')::integer)
 WHERE task_id = sqlc.arg('task_id') AND acked_at IS NULL;

@@ -71,7 +71,7 @@ func (s *Service) CreateGroup(ctx context.Context, p *principal.Principal, proj 
 		return GroupView{}, err
 	}
 	var out GroupView
-	err = db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+	err = inLaunchTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := allocationsdb.New(tx)
 		cands, err := s.lockLaunch(ctx, tx, proj, l)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
@@ -43,7 +44,7 @@ type launch struct {
 // budget see members × the SKU's GPUs, the limit members more live allocations.
 func (s *Service) checkLaunch(ctx context.Context, p *principal.Principal, proj projectctx.Project, spec CreateSpec, members int, group bool) (launch, error) {
 	// 1. The SKU exists and is active.
-	terms, err := s.Catalog.LaunchTerms(ctx, proj.TenantID, spec.SKU)
+	terms, err := s.Catalog.LaunchSKU(ctx, spec.SKU)
 	if err != nil {
 		return launch{}, err
 	}
@@ -76,8 +77,11 @@ func (s *Service) checkLaunch(ctx context.Context, p *principal.Principal, proj 
 		l.keyIDs = append(l.keyIDs, k.ID)
 		l.pubKeys = append(l.pubKeys, k.PublicKey)
 	}
-	// 4 and 5. Budgets, then the balance runway.
-	hourlyIn := func(currency string) (int64, bool) { return hourlyRate(terms, currency) }
+	// 4 and 5. Budgets, then the balance runway. The runway decision carries the unit
+	// price in force for the tenant, which makes the SKU's hourly rate.
+	hourlyIn := func(d billing.Decision) (int64, bool, error) {
+		return hourlyRate(d, l.sku.GpuCount)
+	}
 	if l.currency, l.hourly, l.priced, err = s.affordable(ctx, proj.TenantID, proj.ID, l.sku.UsageUnit, int64(l.sku.GpuCount), "", hourlyIn, members); err != nil {
 		return launch{}, err
 	}
@@ -91,12 +95,15 @@ func (s *Service) checkLaunch(ctx context.Context, p *principal.Principal, proj 
 // wallet's currency ("" = the tenant's default), in which the budget estimate is priced
 // — but its refusal comes after the budget's, so clients see the documented order.
 func (s *Service) affordable(ctx context.Context, tenantID, projectID uuid.UUID, unit string, gpus int64, currency string,
-	hourlyIn func(currency string) (int64, bool), members int) (string, int64, bool, error) {
+	hourlyIn func(runway billing.Decision) (int64, bool, error), members int) (string, int64, bool, error) {
 	runway, err := s.Billing.CanLaunch(ctx, tenantID, projectID, unit, gpus*int64(members), currency)
 	if err != nil {
 		return "", 0, false, err
 	}
-	hourly, priced := hourlyIn(runway.Currency)
+	hourly, priced, err := hourlyIn(runway)
+	if err != nil {
+		return "", 0, false, err
+	}
 	estimate := int64(0)
 	if priced {
 		// The launch's cost over the minimum runway, rounded up to whole minor units.
@@ -144,7 +151,10 @@ const (
 // the lock exclusively, so they place alone, on an exact read, and keep their
 // all-or-nothing placement by best fit. Lock order is always project, then model.
 func (s *Service) lockLaunch(ctx context.Context, tx pgx.Tx, proj projectctx.Project, l launch) ([]nodes.PlacementNode, error) {
-	q := allocationsdb.New(tx)
+	// The locks and the count go in one round trip (the count is its own statement, so
+	// it reads after the locks are held).
+	p, _ := pipeline(tx)
+	q := allocationsdb.New(p)
 	if err := q.LockLaunch(ctx, allocationsdb.LockLaunchParams{
 		ProjectKey: "allocations/project/" + proj.ID.String(), ModelKey: "allocations/gpu-model/" + l.sku.GpuModel, Exclusive: l.group,
 	}); err != nil {

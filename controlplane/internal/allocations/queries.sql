@@ -26,11 +26,10 @@ RETURNING gpu_uuid;
 UPDATE allocations SET node_id = $2, region_code = $3 WHERE id = $1
 RETURNING *;
 
--- name: InsertEvent :one
+-- name: InsertEvent :exec
 INSERT INTO allocation_events (id, allocation_id, from_status, to_status, event, reason, actor_type, actor_id,
     correlation_id, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-RETURNING *;
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: GetAllocation :one
 SELECT * FROM allocations WHERE id = $1 AND project_id = $2;

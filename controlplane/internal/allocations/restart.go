@@ -6,6 +6,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/shared/apierr"
@@ -42,11 +43,11 @@ func (s *Service) Restart(ctx context.Context, p *principal.Principal, proj proj
 		if a.Currency != nil {
 			currency = *a.Currency
 		}
-		hourlyIn := func(c string) (int64, bool) {
-			if a.HourlyRateMinor.Valid && a.Currency != nil && *a.Currency == c {
-				return a.HourlyRateMinor.Int64, true
+		hourlyIn := func(d billing.Decision) (int64, bool, error) {
+			if a.HourlyRateMinor.Valid && a.Currency != nil && *a.Currency == d.Currency {
+				return a.HourlyRateMinor.Int64, true, nil
 			}
-			return 0, false
+			return 0, false, nil
 		}
 		if _, _, _, err := s.affordable(ctx, a.TenantID, a.ProjectID, a.UsageUnit, int64(a.GpuCount), currency, hourlyIn, 1); err != nil {
 			return Allocation{}, err

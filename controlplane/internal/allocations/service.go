@@ -31,10 +31,11 @@ type Allocation = allocationsdb.Allocation
 // Event is one persisted status transition.
 type Event = allocationsdb.AllocationEvent
 
-// Catalog is what a launch reads from the catalog: the active SKU with its prices in
-// force for the tenant and its regions' states (implemented by *catalog.Service).
+// Catalog is what a launch reads from the catalog: the active SKU with its regions'
+// states (implemented by *catalog.Service). Its price comes with billing's runway
+// decision.
 type Catalog interface {
-	LaunchTerms(ctx context.Context, tenantID uuid.UUID, sku string) (catalog.LaunchTerms, error)
+	LaunchSKU(ctx context.Context, sku string) (catalog.LaunchTerms, error)
 	GetOSImage(ctx context.Context, id uuid.UUID) (catalog.OSImage, error)
 }
 

@@ -48,32 +48,62 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, a Allocation, ev li
 	if err != nil || !out.Changed {
 		return a, out, err
 	}
-	q := allocationsdb.New(tx)
 	now := s.now()
-	a, err = q.SetStatus(ctx, allocationsdb.SetStatusParams{
+	a, err = allocationsdb.New(tx).SetStatus(ctx, allocationsdb.SetStatusParams{
 		ID: a.ID, Status: string(out.To), StatusReason: optional(reason), UpdatedAt: now, Cleanup: out.CleanupNode,
 	})
 	if err != nil {
 		return a, out, fmt.Errorf("set allocation status: %w", err)
 	}
+	// Metering runs on the transaction itself (billing reads what it writes, and counts
+	// rows), after anything a pipeline holds.
+	if lifecycle.UsageOnEntry(out.To) != lifecycle.UsageKeep {
+		plain, err := unpipelined(ctx, tx)
+		if err != nil {
+			return a, out, err
+		}
+		if err := s.meter(ctx, plain, a, out.To, now); err != nil {
+			return a, out, err
+		}
+	}
+	// What follows writes rows nothing in this transaction reads back: one round trip.
+	p, own := pipeline(tx)
 	if !lifecycle.HoldsGPUs(out.To) {
-		if err := q.FreeGPUs(ctx, allocationsdb.FreeGPUsParams{AllocationID: a.ID, ReleasedAt: &now}); err != nil {
+		if err := allocationsdb.New(p).FreeGPUs(ctx, allocationsdb.FreeGPUsParams{AllocationID: a.ID, ReleasedAt: &now}); err != nil {
 			return a, out, fmt.Errorf("free gpus: %w", err)
 		}
 	}
-	if err := s.meter(ctx, tx, a, out.To, now); err != nil {
+	if err := s.recorded(ctx, p, a, ptr(string(out.From)), string(ev), "allocation."+string(ev), actor, reason); err != nil {
 		return a, out, err
 	}
-	if err := s.recorded(ctx, tx, a, ptr(string(out.From)), string(ev), "allocation."+string(ev), actor, reason); err != nil {
-		return a, out, err
+	if own {
+		if err := p.flush(ctx); err != nil {
+			return a, out, fmt.Errorf("record allocation %s: %w", ev, err)
+		}
 	}
 	return a, out, nil
 }
 
 // recorded writes the status event, the outbox event and the audit row of a's current
-// status (a transition from `from`, nil on creation).
+// status (a transition from `from`, nil on creation), in one round trip: they are
+// pipelined, and flushed here unless tx is a pipeline already (its owner flushes it).
 func (s *Service) recorded(ctx context.Context, tx pgx.Tx, a Allocation, from *string, event, auditAction string, actor Actor, reason string) error {
-	if _, err := allocationsdb.New(tx).InsertEvent(ctx, allocationsdb.InsertEventParams{
+	p, own := pipeline(tx)
+	if err := s.record(ctx, p, a, from, event, auditAction, actor, reason); err != nil {
+		return err
+	}
+	if !own {
+		return nil
+	}
+	if err := p.flush(ctx); err != nil {
+		return fmt.Errorf("record allocation %s: %w", a.Status, err)
+	}
+	return nil
+}
+
+// record queues recorded's writes on p.
+func (s *Service) record(ctx context.Context, tx *pipelined, a Allocation, from *string, event, auditAction string, actor Actor, reason string) error {
+	if err := allocationsdb.New(tx).InsertEvent(ctx, allocationsdb.InsertEventParams{
 		ID: s.IDs.New(), AllocationID: a.ID, FromStatus: from, ToStatus: a.Status, Event: event,
 		Reason: optional(reason), ActorType: actor.Type, ActorID: optional(actor.ID),
 		CorrelationID: optional(correlation.ID(ctx)), CreatedAt: a.UpdatedAt,

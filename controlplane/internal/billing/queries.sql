@@ -245,3 +245,35 @@ ORDER BY amount_minor, id LIMIT @lim;
 
 -- name: FXSnapshotsByID :many
 SELECT * FROM billing_fx_snapshots WHERE id = ANY(@ids::uuid[]);
+
+-- name: LaunchPricing :one
+-- CanLaunch's reads in one statement: the wallet's currency (the requested one, else the
+-- tenant's default; '' when the tenant does not exist), the plan that prices the tenant
+-- (its own, else the default), the price of one unit of usage_unit in that currency
+-- under the plan's version in force at `at` ('' when none), the wallet's balance (0
+-- without a wallet), and whether the wallet has open runs: only then does the runway
+-- need the runs and the plan's whole schedule.
+WITH cur AS (
+    SELECT COALESCE(NULLIF(sqlc.arg('currency')::text, ''),
+                    (SELECT t.default_currency FROM tenants t WHERE t.id = sqlc.arg('tenant_id')::uuid)) AS currency
+), plan AS (
+    SELECT COALESCE((SELECT a.customer_pricing_plan_id FROM billing_accounts a WHERE a.tenant_id = sqlc.arg('tenant_id')::uuid),
+                    (SELECT p.id FROM billing_pricing_plans p WHERE p.is_default)) AS plan_id
+), ver AS (
+    SELECT v.id, v.version
+    FROM billing_pricing_plan_versions v JOIN plan ON v.plan_id = plan.plan_id
+    WHERE v.effective_from <= sqlc.arg('at')::timestamptz
+    ORDER BY v.effective_from DESC, v.version DESC
+    LIMIT 1
+)
+SELECT COALESCE(cur.currency, '')::text AS currency,
+       (plan.plan_id IS NOT NULL)::boolean AS has_plan,
+       COALESCE(plan.plan_id, '00000000-0000-0000-0000-000000000000')::uuid AS plan_id,
+       COALESCE(ver.version, 0)::integer AS plan_version,
+       COALESCE((SELECT pr.unit_price FROM billing_prices pr
+                 WHERE pr.version_id = ver.id AND pr.usage_unit = sqlc.arg('usage_unit')::text AND pr.currency = cur.currency), '')::text AS unit_price,
+       COALESCE((SELECT w.balance_minor FROM billing_ledger_accounts w
+                 WHERE w.tenant_id = sqlc.arg('tenant_id')::uuid AND w.kind = 'tenant_wallet' AND w.currency = cur.currency), 0)::bigint AS balance_minor,
+       EXISTS (SELECT 1 FROM billing_usage_records u
+               WHERE u.tenant_id = sqlc.arg('tenant_id')::uuid AND u.currency = cur.currency AND u.bill_to IS NULL)::boolean AS open_usage
+FROM cur CROSS JOIN plan LEFT JOIN ver ON true;

@@ -126,6 +126,12 @@ type Decision struct {
 	// Runway is how long Available lasts with the launch (-1: forever).
 	Runway    time.Duration
 	MinRunway time.Duration
+	// UnitPrice is the price of one unit of the launch's usage unit in Currency (exact
+	// decimal, major units) under PlanVersion of PlanID, the version in force: what the
+	// launch will be billed at, so the launch needs no price read of its own.
+	UnitPrice   string
+	PlanID      uuid.UUID
+	PlanVersion int32
 }
 
 // Err is nil when allowed, else insufficient_balance (402) with the figures in details.
@@ -145,43 +151,51 @@ func (d Decision) Err() error {
 // launch's. It writes nothing. A refusal is Decision.Allowed false; Decision.Err() is
 // the insufficient_balance error the launch path returns. A unit without a price is a
 // validation_error (reason no_price).
+//
+// One statement reads the currency, the price in force and the balance (LaunchPricing);
+// the open runs and the plan's schedule are read only when the wallet has open runs.
 func (s *Service) CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, usageUnit string, quantity int64, currency string) (Decision, error) {
 	_ = projectID // budgets decide per project; the wallet is the tenant's
 	if quantity < 1 {
 		quantity = 1
 	}
 	q := s.read(ctx)
-	if currency == "" {
-		def, err := q.TenantDefaultCurrency(ctx, tenantID)
-		if err != nil {
-			return Decision{}, fmt.Errorf("tenant currency: %w", err)
-		}
-		currency = def
+	now := s.Clock.Now()
+	lp, err := q.LaunchPricing(ctx, billingdb.LaunchPricingParams{TenantID: tenantID, Currency: currency, UsageUnit: usageUnit, At: now})
+	if err != nil {
+		return Decision{}, fmt.Errorf("launch pricing: %w", err)
 	}
+	if lp.Currency == "" {
+		return Decision{}, fmt.Errorf("tenant currency: %w", pgx.ErrNoRows)
+	}
+	currency = lp.Currency
 	if err := checkCurrency("currency", currency); err != nil {
 		return Decision{}, err
 	}
-	now := s.Clock.Now()
-	pr := newPricer(q)
-	sc, err := pr.forTenant(ctx, tenantID)
-	if err != nil {
-		return Decision{}, err
+	if !lp.HasPlan {
+		return Decision{}, apierr.Validation("usage_unit", "no pricing plan applies").With("reason", "no_pricing_plan").Wrap(ErrNoPrice)
 	}
-	pv, _, err := sc.priceAt(usageUnit, currency)(now)
-	if err != nil {
-		return Decision{}, err
+	if lp.UnitPrice == "" {
+		return Decision{}, errNoPrice(usageUnit, currency)
 	}
-	rw, err := s.runwayOf(ctx, q, pr, tenantID, currency, now)
+	price, _, err := apd.NewFromString(lp.UnitPrice)
 	if err != nil {
-		return Decision{}, err
+		return Decision{}, fmt.Errorf("stored price %q: %w", lp.UnitPrice, err)
+	}
+	rw := Runway{TenantID: tenantID, Currency: currency, Balance: lp.BalanceMinor, Burn: apd.New(0, 0), Available: lp.BalanceMinor}
+	if lp.OpenUsage {
+		if rw, err = s.runwayOf(ctx, q, newPricer(q), tenantID, currency, now); err != nil {
+			return Decision{}, err
+		}
 	}
 	var extra apd.Decimal
-	_, _ = decimalCtx.Mul(&extra, pv.price, apd.New(quantity, 0))
+	_, _ = decimalCtx.Mul(&extra, price, apd.New(quantity, 0))
 	var total apd.Decimal
 	_, _ = decimalCtx.Add(&total, rw.Burn, &extra)
 	d := Decision{
 		Currency: currency, Available: rw.Available, Balance: rw.Balance, Pending: rw.Pending,
 		Required: need(&total, s.Config.MinRunway, exponents[currency]), Runway: rw.Duration(&extra), MinRunway: s.Config.MinRunway,
+		UnitPrice: lp.UnitPrice, PlanID: lp.PlanID, PlanVersion: lp.PlanVersion,
 	}
 	d.Allowed = d.Available >= d.Required && d.Available >= 0
 	return d, nil

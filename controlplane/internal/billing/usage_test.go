@@ -262,6 +262,10 @@ func TestRunwayLaunchWatcherAndTopUp(t *testing.T) {
 	if err != nil || !d.Allowed || d.Required != 720 {
 		t.Fatalf("2 GPUs for 1h: %+v %v", d, err)
 	}
+	// The decision carries the price the launch is billed at: the plan's version in force.
+	if d.UnitPrice != "0.001" || d.PlanVersion != 1 || d.PlanID == uuid.Nil {
+		t.Fatalf("price in force: %+v", d)
+	}
 	d, _ = f.svc.CanLaunch(f.ctx, tenant, project, "gpu.h100", 3, "USD")
 	if d.Allowed || d.Required != 1080 {
 		t.Fatalf("3 GPUs: %+v", d)

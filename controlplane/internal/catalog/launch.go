@@ -2,9 +2,11 @@ package catalog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // LaunchTerms is what a launch reads from the catalog: the active SKU, its prices in
@@ -30,42 +32,48 @@ type RegionState struct {
 // LaunchTerms is the SKU id for a launch by tenantID; an unknown or inactive SKU is
 // sku_not_found (as Offer).
 func (s *Service) LaunchTerms(ctx context.Context, tenantID uuid.UUID, id string) (LaunchTerms, error) {
-	k, err := s.GetSKU(ctx, id)
-	if err != nil {
-		return LaunchTerms{}, err
-	}
-	if !k.Active {
-		return LaunchTerms{}, skuNotFound(id)
-	}
-	regions, err := s.Regions(ctx)
-	if err != nil {
-		return LaunchTerms{}, err
-	}
-	state := make(map[string]string, len(regions))
-	for _, r := range regions {
-		state[r.Code] = r.AvailabilityState
-	}
-	t := LaunchTerms{SKU: k, Prices: []OfferPrice{}, Regions: make([]RegionState, 0, len(k.Regions))}
-	for _, code := range k.Regions {
-		st, ok := state[code]
-		if !ok {
-			st = RegionDisabled
-		}
-		t.Regions = append(t.Regions, RegionState{Region: code, State: st})
-	}
-	if s.Prices == nil {
-		return t, nil
+	t, err := s.LaunchSKU(ctx, id)
+	if err != nil || s.Prices == nil {
+		return t, err
 	}
 	prices, err := s.Prices.UnitPrices(ctx, tenantID)
 	if err != nil {
 		return LaunchTerms{}, fmt.Errorf("prices: %w", err)
 	}
-	for _, p := range prices[k.UsageUnit] {
-		h, err := HourlyMinor(p.UnitPrice, k.GpuCount, p.Exponent)
+	for _, p := range prices[t.SKU.UsageUnit] {
+		h, err := HourlyMinor(p.UnitPrice, t.SKU.GpuCount, p.Exponent)
 		if err != nil {
 			return LaunchTerms{}, err
 		}
 		t.Prices = append(t.Prices, OfferPrice{Price: p, HourlyMinor: h})
+	}
+	return t, nil
+}
+
+// LaunchSKU is LaunchTerms without the prices, in one read: the launch path takes its
+// price from billing's runway decision, which resolves the tenant's plan already.
+func (s *Service) LaunchSKU(ctx context.Context, id string) (LaunchTerms, error) {
+	row, err := s.read(ctx).GetSKUForLaunch(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return LaunchTerms{}, skuNotFound(id)
+	}
+	if err != nil {
+		return LaunchTerms{}, fmt.Errorf("load sku: %w", err)
+	}
+	k := row.CatalogSku
+	if !k.Active {
+		return LaunchTerms{}, skuNotFound(id)
+	}
+	if len(row.RegionStates) != len(k.Regions) {
+		return LaunchTerms{}, fmt.Errorf("load sku: %d region states for %d regions", len(row.RegionStates), len(k.Regions))
+	}
+	t := LaunchTerms{SKU: k, Prices: []OfferPrice{}, Regions: make([]RegionState, 0, len(k.Regions))}
+	for i, code := range k.Regions {
+		st := row.RegionStates[i]
+		if st == "" {
+			st = RegionDisabled
+		}
+		t.Regions = append(t.Regions, RegionState{Region: code, State: st})
 	}
 	return t, nil
 }

@@ -38,6 +38,16 @@ RETURNING *;
 -- name: GetSKU :one
 SELECT * FROM catalog_skus WHERE id = $1;
 
+-- name: GetSKUForLaunch :one
+-- A launch's catalog read in one statement: the SKU with the availability_state of each
+-- of its regions, in the SKU's order ('' for a region that no longer exists).
+SELECT sqlc.embed(catalog_skus),
+       ARRAY(SELECT COALESCE(r.availability_state, '')
+             FROM unnest(catalog_skus.regions) WITH ORDINALITY AS u(code, n)
+             LEFT JOIN catalog_regions r ON r.code = u.code
+             ORDER BY u.n)::text[] AS region_states
+FROM catalog_skus WHERE id = $1;
+
 -- name: LockSKU :one
 SELECT * FROM catalog_skus WHERE id = $1 FOR UPDATE;
 

@@ -94,9 +94,9 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 	}()
 
 	// A transaction-scoped advisory lock tells a concurrent duplicate apart without
-	// waiting for the first request to finish.
-	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, scope.lockKey()).Scan(&locked); err != nil {
+	// waiting for the first request to finish; the key is read after it.
+	locked, prev, err := lockAndRead(ctx, tx, scope)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		fail(w, r, apierr.Internal(err))
 		return
 	}
@@ -108,9 +108,6 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 
 	q := idemdb.New(tx)
 	now := s.Clock.Now()
-	prev, err := q.GetIdempotencyKey(ctx, idemdb.GetIdempotencyKeyParams{
-		Principal: scope.Principal, Method: scope.Method, Route: scope.Route, IdempotencyKey: scope.Key,
-	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -161,6 +158,39 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 	}
 	committed = true
 	rec.flushTo(w)
+}
+
+// readKeySQL is idemdb.GetIdempotencyKey, sent in lockAndRead's batch.
+const readKeySQL = `SELECT request_hash, status_code, response_body, expires_at
+FROM idempotency_keys
+WHERE principal = $1 AND method = $2 AND route = $3 AND idempotency_key = $4`
+
+// lockAndRead tries the scope's advisory lock, then reads its stored key (pgx.ErrNoRows
+// when there is none), in one round trip. They stay two statements: in READ COMMITTED
+// each statement reads a snapshot taken when it starts, so the read, which starts
+// after the lock is held, sees a first request's key if that request committed before
+// the lock was released to this one. (One statement would read a snapshot taken before
+// it took the lock, and could miss the key of a request committing meanwhile.) The
+// read runs whether or not the lock was free; when it was not, its answer is ignored.
+func lockAndRead(ctx context.Context, tx pgx.Tx, scope Scope) (bool, idemdb.GetIdempotencyKeyRow, error) {
+	var locked bool
+	var prev idemdb.GetIdempotencyKeyRow
+	var readErr error
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, scope.lockKey()).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&locked)
+	})
+	b.Queue(readKeySQL, scope.Principal, scope.Method, scope.Route, scope.Key).QueryRow(func(row pgx.Row) error {
+		readErr = row.Scan(&prev.RequestHash, &prev.StatusCode, &prev.ResponseBody, &prev.ExpiresAt)
+		if errors.Is(readErr, pgx.ErrNoRows) {
+			return nil
+		}
+		return readErr
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return false, prev, err
+	}
+	return locked, prev, readErr
 }
 
 // storedBody is the sanitized JSON to keep, or nil (counted) when the body is not kept.

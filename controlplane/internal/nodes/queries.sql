@@ -142,32 +142,22 @@ ORDER BY node_id, model;
 -- regions, with their GPUs of the model that are healthy or not sampled yet and that no
 -- live allocation holds (the held rows are the partial unique index
 -- allocation_gpus_held_key). Best fit first: the fewest free GPUs, ties in random order
--- so that concurrent launches spread over equal nodes; at most max_nodes. Two steps: the
--- free counts of every node (one anti-join, no per-node arrays), then the free GPUs of
--- the chosen nodes only.
-WITH fit AS (
-    SELECT g.node_id, n.region, count(*) AS free, random() AS tiebreak
-    FROM nodes n
-    JOIN node_gpus g ON g.node_id = n.id
-    WHERE n.status = 'online' AND n.schedule_state = 'schedulable'
-      AND n.region = ANY(sqlc.arg('regions')::text[])
-      AND g.model = sqlc.arg('model')
-      AND g.healthy IS NOT FALSE
-      AND NOT EXISTS (SELECT 1 FROM allocation_gpus h
-                      WHERE h.node_id = g.node_id AND h.gpu_uuid = g.gpu_uuid AND h.released_at IS NULL)
-    GROUP BY g.node_id, n.region
-    HAVING count(*) >= sqlc.arg('gpu_count')::integer
-    ORDER BY free, tiebreak
-    LIMIT sqlc.arg('max_nodes')
-)
-SELECT f.node_id, f.region::text AS region,
+-- so that concurrent launches spread over equal nodes; at most max_nodes. One pass (one
+-- anti-join): a second anti-join over the chosen nodes' GPUs turned into a nested loop
+-- over every held GPU whenever the statistics still counted few held rows (a fleet that
+-- filled up since the last ANALYZE), ~25 ms instead of ~6 ms.
+SELECT g.node_id, n.region::text AS region,
        array_agg(g.gpu_uuid ORDER BY g.gpu_index, g.gpu_uuid)::text[] AS gpu_uuids,
        array_agg(g.gpu_index ORDER BY g.gpu_index, g.gpu_uuid)::integer[] AS gpu_indexes
-FROM fit f
-JOIN node_gpus g ON g.node_id = f.node_id
-WHERE g.model = sqlc.arg('model')
+FROM nodes n
+JOIN node_gpus g ON g.node_id = n.id
+WHERE n.status = 'online' AND n.schedule_state = 'schedulable'
+  AND n.region = ANY(sqlc.arg('regions')::text[])
+  AND g.model = sqlc.arg('model')
   AND g.healthy IS NOT FALSE
   AND NOT EXISTS (SELECT 1 FROM allocation_gpus h
                   WHERE h.node_id = g.node_id AND h.gpu_uuid = g.gpu_uuid AND h.released_at IS NULL)
-GROUP BY f.node_id, f.region, f.free, f.tiebreak
-ORDER BY f.free, f.tiebreak;
+GROUP BY g.node_id, n.region
+HAVING count(*) >= sqlc.arg('gpu_count')::integer
+ORDER BY count(*), random()
+LIMIT sqlc.arg('max_nodes');

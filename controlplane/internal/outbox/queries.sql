@@ -12,8 +12,10 @@ ORDER BY created_at, id
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
 
--- name: MarkOutboxEventPublished :exec
-UPDATE outbox_events SET published_at = $2, attempts = attempts + 1, last_error = NULL WHERE id = $1;
+-- name: MarkOutboxEventsPublished :exec
+-- One statement for every event of a batch the relay published.
+UPDATE outbox_events SET published_at = sqlc.arg('published_at'), attempts = attempts + 1, last_error = NULL
+WHERE id = ANY(sqlc.arg('ids')::uuid[]);
 
 -- name: MarkOutboxEventFailed :exec
 UPDATE outbox_events SET attempts = attempts + 1, last_error = $2 WHERE id = $1;

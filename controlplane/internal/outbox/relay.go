@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -131,7 +132,9 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
-	published := 0
+	// The events published are marked in one statement at the end of the batch: they
+	// stay locked until the commit either way, so nothing else sees them meanwhile.
+	done := make([]uuid.UUID, 0, len(rows))
 	var firstErr error
 	for _, ev := range rows {
 		if err := r.publish(ctx, ev); err != nil {
@@ -140,16 +143,19 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 				msg = msg[:maxErrorLength]
 			}
 			if mErr := q.MarkOutboxEventFailed(ctx, outboxdb.MarkOutboxEventFailedParams{ID: ev.ID, LastError: &msg}); mErr != nil {
-				return published, mErr
+				return 0, mErr
 			}
 			firstErr = err
 			// Keep order per relay: stop at the first failure, retry on the next wake.
 			break
 		}
-		if err := q.MarkOutboxEventPublished(ctx, outboxdb.MarkOutboxEventPublishedParams{ID: ev.ID, PublishedAt: timePtr(r.Clock.Now())}); err != nil {
-			return published, err
+		done = append(done, ev.ID)
+	}
+	published := len(done)
+	if published > 0 {
+		if err := q.MarkOutboxEventsPublished(ctx, outboxdb.MarkOutboxEventsPublishedParams{Ids: done, PublishedAt: timePtr(r.Clock.Now())}); err != nil {
+			return 0, err
 		}
-		published++
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err

@@ -59,6 +59,66 @@ func (q *Queries) GetTaskForDispatch(ctx context.Context, taskID uuid.UUID) (Get
 	return i, err
 }
 
+const getTaskWithPayload = `-- name: GetTaskWithPayload :one
+SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
+       a.status AS allocation_status,
+       EXISTS (SELECT 1 FROM allocation_tasks n
+               WHERE n.allocation_id = t.allocation_id
+                 AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded,
+       a.tenant_id, a.project_id, a.ssh_public_keys, a.os_image_id,
+       ARRAY(SELECT g.gpu_uuid FROM allocation_gpus g WHERE g.allocation_id = t.allocation_id
+             ORDER BY g.gpu_index, g.gpu_uuid)::text[] AS gpu_uuids,
+       ARRAY(SELECT g.gpu_index FROM allocation_gpus g WHERE g.allocation_id = t.allocation_id
+             ORDER BY g.gpu_index, g.gpu_uuid)::integer[] AS gpu_indexes
+FROM allocation_tasks t JOIN allocations a ON a.id = t.allocation_id
+WHERE t.task_id = $1
+`
+
+type GetTaskWithPayloadRow struct {
+	TaskID           uuid.UUID
+	AllocationID     uuid.UUID
+	NodeID           uuid.UUID
+	Kind             string
+	CreatedAt        time.Time
+	AckedAt          *time.Time
+	FinishedAt       *time.Time
+	Attempts         int32
+	AllocationStatus string
+	Superseded       bool
+	TenantID         uuid.UUID
+	ProjectID        uuid.UUID
+	SshPublicKeys    []string
+	OsImageID        uuid.NullUUID
+	GpuUuids         []string
+	GpuIndexes       []int32
+}
+
+// GetTaskForDispatch with what a pending task's payload needs, in one read: the
+// allocation's tenant, project, SSH keys and OS image, and its GPUs by index.
+func (q *Queries) GetTaskWithPayload(ctx context.Context, taskID uuid.UUID) (GetTaskWithPayloadRow, error) {
+	row := q.db.QueryRow(ctx, getTaskWithPayload, taskID)
+	var i GetTaskWithPayloadRow
+	err := row.Scan(
+		&i.TaskID,
+		&i.AllocationID,
+		&i.NodeID,
+		&i.Kind,
+		&i.CreatedAt,
+		&i.AckedAt,
+		&i.FinishedAt,
+		&i.Attempts,
+		&i.AllocationStatus,
+		&i.Superseded,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.SshPublicKeys,
+		&i.OsImageID,
+		&i.GpuUuids,
+		&i.GpuIndexes,
+	)
+	return i, err
+}
+
 const giveUpTask = `-- name: GiveUpTask :exec
 UPDATE allocation_tasks
 SET attempts = GREATEST(attempts, $1::integer), last_error = $2,
@@ -85,7 +145,51 @@ func (q *Queries) GiveUpTask(ctx context.Context, arg GiveUpTaskParams) error {
 	return err
 }
 
-const markTaskAcked = `-- name: MarkTaskAcked :execrows
+const lockTaskAllocation = `-- name: LockTaskAllocation :one
+SELECT a.id, a.tenant_id, a.project_id, a.owner_user_id, a.name, a.sku, a.gpu_model, a.gpu_count, a.usage_unit, a.region_code, a.node_id, a.os_image_id, a.ssh_key_ids, a.ssh_public_keys, a.status, a.status_reason, a.hourly_rate_minor, a.currency, a.connection_host, a.connection_port, a.connection_user, a.node_cleanup, a.created_at, a.updated_at, a.active_at, a.ended_at, a.group_id, a.under_threshold_since FROM allocations a
+WHERE a.id = (SELECT t.allocation_id FROM allocation_tasks t WHERE t.task_id = $1)
+FOR UPDATE
+`
+
+// The allocation of a task, locked (every change to an allocation's tasks happens under
+// its lock).
+func (q *Queries) LockTaskAllocation(ctx context.Context, taskID uuid.UUID) (Allocation, error) {
+	row := q.db.QueryRow(ctx, lockTaskAllocation, taskID)
+	var i Allocation
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.OwnerUserID,
+		&i.Name,
+		&i.Sku,
+		&i.GpuModel,
+		&i.GpuCount,
+		&i.UsageUnit,
+		&i.RegionCode,
+		&i.NodeID,
+		&i.OsImageID,
+		&i.SshKeyIds,
+		&i.SshPublicKeys,
+		&i.Status,
+		&i.StatusReason,
+		&i.HourlyRateMinor,
+		&i.Currency,
+		&i.ConnectionHost,
+		&i.ConnectionPort,
+		&i.ConnectionUser,
+		&i.NodeCleanup,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ActiveAt,
+		&i.EndedAt,
+		&i.GroupID,
+		&i.UnderThresholdSince,
+	)
+	return i, err
+}
+
+const markTaskAcked = `-- name: MarkTaskAcked :exec
 UPDATE allocation_tasks
 SET acked_at = $1, attempts = GREATEST(attempts, $2::integer)
 WHERE task_id = $3 AND acked_at IS NULL
@@ -97,13 +201,11 @@ type MarkTaskAckedParams struct {
 	TaskID   uuid.UUID
 }
 
-// The agent acknowledged the task (first time only).
-func (q *Queries) MarkTaskAcked(ctx context.Context, arg MarkTaskAckedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markTaskAcked, arg.AckedAt, arg.Attempts, arg.TaskID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// The agent acknowledged the task (first time only; the caller, holding the
+// allocation's lock, has read that it was not acknowledged yet).
+func (q *Queries) MarkTaskAcked(ctx context.Context, arg MarkTaskAckedParams) error {
+	_, err := q.db.Exec(ctx, markTaskAcked, arg.AckedAt, arg.Attempts, arg.TaskID)
+	return err
 }
 
 const recordTaskAttempt = `-- name: RecordTaskAttempt :exec

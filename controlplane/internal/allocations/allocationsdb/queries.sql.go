@@ -447,11 +447,10 @@ func (q *Queries) InsertAllocation(ctx context.Context, arg InsertAllocationPara
 	return i, err
 }
 
-const insertEvent = `-- name: InsertEvent :one
+const insertEvent = `-- name: InsertEvent :exec
 INSERT INTO allocation_events (id, allocation_id, from_status, to_status, event, reason, actor_type, actor_id,
     correlation_id, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-RETURNING id, allocation_id, from_status, to_status, event, reason, actor_type, actor_id, correlation_id, created_at
 `
 
 type InsertEventParams struct {
@@ -467,8 +466,8 @@ type InsertEventParams struct {
 	CreatedAt     time.Time
 }
 
-func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (AllocationEvent, error) {
-	row := q.db.QueryRow(ctx, insertEvent,
+func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) error {
+	_, err := q.db.Exec(ctx, insertEvent,
 		arg.ID,
 		arg.AllocationID,
 		arg.FromStatus,
@@ -480,20 +479,7 @@ func (q *Queries) InsertEvent(ctx context.Context, arg InsertEventParams) (Alloc
 		arg.CorrelationID,
 		arg.CreatedAt,
 	)
-	var i AllocationEvent
-	err := row.Scan(
-		&i.ID,
-		&i.AllocationID,
-		&i.FromStatus,
-		&i.ToStatus,
-		&i.Event,
-		&i.Reason,
-		&i.ActorType,
-		&i.ActorID,
-		&i.CorrelationID,
-		&i.CreatedAt,
-	)
-	return i, err
+	return err
 }
 
 const insertGroup = `-- name: InsertGroup :one

@@ -819,6 +819,76 @@ func (q *Queries) LatestFXFrom(ctx context.Context, sourceCurrency string) (Bill
 	return i, err
 }
 
+const launchPricing = `-- name: LaunchPricing :one
+WITH cur AS (
+    SELECT COALESCE(NULLIF($3::text, ''),
+                    (SELECT t.default_currency FROM tenants t WHERE t.id = $2::uuid)) AS currency
+), plan AS (
+    SELECT COALESCE((SELECT a.customer_pricing_plan_id FROM billing_accounts a WHERE a.tenant_id = $2::uuid),
+                    (SELECT p.id FROM billing_pricing_plans p WHERE p.is_default)) AS plan_id
+), ver AS (
+    SELECT v.id, v.version
+    FROM billing_pricing_plan_versions v JOIN plan ON v.plan_id = plan.plan_id
+    WHERE v.effective_from <= $4::timestamptz
+    ORDER BY v.effective_from DESC, v.version DESC
+    LIMIT 1
+)
+SELECT COALESCE(cur.currency, '')::text AS currency,
+       (plan.plan_id IS NOT NULL)::boolean AS has_plan,
+       COALESCE(plan.plan_id, '00000000-0000-0000-0000-000000000000')::uuid AS plan_id,
+       COALESCE(ver.version, 0)::integer AS plan_version,
+       COALESCE((SELECT pr.unit_price FROM billing_prices pr
+                 WHERE pr.version_id = ver.id AND pr.usage_unit = $1::text AND pr.currency = cur.currency), '')::text AS unit_price,
+       COALESCE((SELECT w.balance_minor FROM billing_ledger_accounts w
+                 WHERE w.tenant_id = $2::uuid AND w.kind = 'tenant_wallet' AND w.currency = cur.currency), 0)::bigint AS balance_minor,
+       EXISTS (SELECT 1 FROM billing_usage_records u
+               WHERE u.tenant_id = $2::uuid AND u.currency = cur.currency AND u.bill_to IS NULL)::boolean AS open_usage
+FROM cur CROSS JOIN plan LEFT JOIN ver ON true
+`
+
+type LaunchPricingParams struct {
+	UsageUnit string
+	TenantID  uuid.UUID
+	Currency  string
+	At        time.Time
+}
+
+type LaunchPricingRow struct {
+	Currency     string
+	HasPlan      bool
+	PlanID       uuid.UUID
+	PlanVersion  int32
+	UnitPrice    string
+	BalanceMinor int64
+	OpenUsage    bool
+}
+
+// CanLaunch's reads in one statement: the wallet's currency (the requested one, else the
+// tenant's default; ” when the tenant does not exist), the plan that prices the tenant
+// (its own, else the default), the price of one unit of usage_unit in that currency
+// under the plan's version in force at `at` (” when none), the wallet's balance (0
+// without a wallet), and whether the wallet has open runs: only then does the runway
+// need the runs and the plan's whole schedule.
+func (q *Queries) LaunchPricing(ctx context.Context, arg LaunchPricingParams) (LaunchPricingRow, error) {
+	row := q.db.QueryRow(ctx, launchPricing,
+		arg.UsageUnit,
+		arg.TenantID,
+		arg.Currency,
+		arg.At,
+	)
+	var i LaunchPricingRow
+	err := row.Scan(
+		&i.Currency,
+		&i.HasPlan,
+		&i.PlanID,
+		&i.PlanVersion,
+		&i.UnitPrice,
+		&i.BalanceMinor,
+		&i.OpenUsage,
+	)
+	return i, err
+}
+
 const listCurrencies = `-- name: ListCurrencies :many
 SELECT code, exponent FROM billing_currencies ORDER BY code
 `

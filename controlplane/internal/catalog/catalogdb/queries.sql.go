@@ -164,6 +164,43 @@ func (q *Queries) GetSKU(ctx context.Context, id string) (CatalogSku, error) {
 	return i, err
 }
 
+const getSKUForLaunch = `-- name: GetSKUForLaunch :one
+SELECT catalog_skus.id, catalog_skus.display_name, catalog_skus.gpu_model, catalog_skus.gpu_count, catalog_skus.vcpu, catalog_skus.memory_gib, catalog_skus.disk_gib, catalog_skus.usage_unit, catalog_skus.regions, catalog_skus.active, catalog_skus.created_at, catalog_skus.updated_at,
+       ARRAY(SELECT COALESCE(r.availability_state, '')
+             FROM unnest(catalog_skus.regions) WITH ORDINALITY AS u(code, n)
+             LEFT JOIN catalog_regions r ON r.code = u.code
+             ORDER BY u.n)::text[] AS region_states
+FROM catalog_skus WHERE id = $1
+`
+
+type GetSKUForLaunchRow struct {
+	CatalogSku   CatalogSku
+	RegionStates []string
+}
+
+// A launch's catalog read in one statement: the SKU with the availability_state of each
+// of its regions, in the SKU's order (” for a region that no longer exists).
+func (q *Queries) GetSKUForLaunch(ctx context.Context, id string) (GetSKUForLaunchRow, error) {
+	row := q.db.QueryRow(ctx, getSKUForLaunch, id)
+	var i GetSKUForLaunchRow
+	err := row.Scan(
+		&i.CatalogSku.ID,
+		&i.CatalogSku.DisplayName,
+		&i.CatalogSku.GpuModel,
+		&i.CatalogSku.GpuCount,
+		&i.CatalogSku.Vcpu,
+		&i.CatalogSku.MemoryGib,
+		&i.CatalogSku.DiskGib,
+		&i.CatalogSku.UsageUnit,
+		&i.CatalogSku.Regions,
+		&i.CatalogSku.Active,
+		&i.CatalogSku.CreatedAt,
+		&i.CatalogSku.UpdatedAt,
+		&i.RegionStates,
+	)
+	return i, err
+}
+
 const insertOSImage = `-- name: InsertOSImage :one
 
 INSERT INTO catalog_os_images (id, name, display_name, distribution, version, image_ref, is_default, active,

@@ -114,16 +114,18 @@ func (q *Queries) MarkOutboxEventFailed(ctx context.Context, arg MarkOutboxEvent
 	return err
 }
 
-const markOutboxEventPublished = `-- name: MarkOutboxEventPublished :exec
-UPDATE outbox_events SET published_at = $2, attempts = attempts + 1, last_error = NULL WHERE id = $1
+const markOutboxEventsPublished = `-- name: MarkOutboxEventsPublished :exec
+UPDATE outbox_events SET published_at = $1, attempts = attempts + 1, last_error = NULL
+WHERE id = ANY($2::uuid[])
 `
 
-type MarkOutboxEventPublishedParams struct {
-	ID          uuid.UUID
+type MarkOutboxEventsPublishedParams struct {
 	PublishedAt *time.Time
+	Ids         []uuid.UUID
 }
 
-func (q *Queries) MarkOutboxEventPublished(ctx context.Context, arg MarkOutboxEventPublishedParams) error {
-	_, err := q.db.Exec(ctx, markOutboxEventPublished, arg.ID, arg.PublishedAt)
+// One statement for every event of a batch the relay published.
+func (q *Queries) MarkOutboxEventsPublished(ctx context.Context, arg MarkOutboxEventsPublishedParams) error {
+	_, err := q.db.Exec(ctx, markOutboxEventsPublished, arg.PublishedAt, arg.Ids)
 	return err
 }
