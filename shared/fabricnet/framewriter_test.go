@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -34,10 +35,24 @@ func selfSigned(t *testing.T) (*tls.Config, *tls.Config) {
 // countingConn counts the writes that reach the socket.
 type countingConn struct {
 	net.Conn
-	writes int
+	writes atomic.Int64
 }
 
-func (c *countingConn) Write(p []byte) (int, error) { c.writes++; return c.Conn.Write(p) }
+func (c *countingConn) Write(p []byte) (int, error) { c.writes.Add(1); return c.Conn.Write(p) }
+
+// settle waits until f's drain goroutine wrote everything queued.
+func settle(t *testing.T, f *frameConn) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		f.mu.Lock()
+		idle := !f.running && len(f.queue) == 0
+		f.mu.Unlock()
+		if idle {
+			return
+		}
+	}
+	t.Fatal("frames still queued after 10s")
+}
 
 func dataHeader(length uint32) []byte {
 	h := make([]byte, yamuxHeaderSize)
@@ -77,10 +92,11 @@ func TestFrameConnKeepsTheByteStream(t *testing.T) {
 		want = append(want, p...)
 	}
 
-	before := counted.writes
+	before := counted.writes.Load()
 	write(dataHeader(uint32(len(small))))
 	write(small)
-	if w := counted.writes - before; w != 1 {
+	settle(t, fc)
+	if w := counted.writes.Load() - before; w != 1 {
 		t.Fatalf("a small frame took %d socket writes, want 1", w)
 	}
 	write(window)
@@ -91,9 +107,8 @@ func TestFrameConnKeepsTheByteStream(t *testing.T) {
 	write(dataHeader(10))
 	write(window)
 	write(dataHeader(0)) // no body announced: never held
-	if err := fc.Close(); err != nil {
-		t.Fatal(err)
-	}
+	settle(t, fc)
+	_ = fc.Close()
 	if data := <-got; !bytes.Equal(data, want) {
 		t.Fatalf("peer read %d bytes, want %d (equal prefix %v)", len(data), len(want), bytes.HasPrefix(want, data))
 	}
@@ -114,4 +129,27 @@ func TestIsDataHeader(t *testing.T) {
 			t.Errorf("isDataHeader(% x) = %v, want %v", tc.p, got, tc.want)
 		}
 	}
+}
+
+// Once the connection fails under the drain goroutine, yamux's next write gets the error
+// (its send loop then ends the session) instead of queueing forever.
+func TestFrameConnReportsAFailedConnection(t *testing.T) {
+	srvConf, cliConf := selfSigned(t)
+	a, b := net.Pipe()
+	fc := newFrameConn(a, cliConf, false)
+	peer := tls.Server(b, srvConf)
+	go func() { _ = peer.Handshake() }()
+	if err := fc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.Close()
+	window := make([]byte, yamuxHeaderSize)
+	window[1] = 1
+	for range 1000 {
+		if _, err := fc.Write(window); err != nil {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatal("writes kept succeeding after the peer closed")
 }
