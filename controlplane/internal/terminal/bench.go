@@ -159,5 +159,10 @@ func (c *BenchClient) readUntil(ctx context.Context, done func([]byte) bool) err
 	}
 }
 
+// Interrupt types Ctrl-C (ends the running command, as in any terminal).
+func (c *BenchClient) Interrupt(ctx context.Context) error {
+	return c.ws.Write(ctx, websocket.MessageBinary, []byte{0x03})
+}
+
 // Close ends the session (normal closure: the agent closes the shell).
 func (c *BenchClient) Close() error { return c.ws.Close(websocket.StatusNormalClosure, "bench done") }

@@ -116,10 +116,15 @@ func BenchmarkTerminalEcho(b *testing.B) {
 			done <- result{n, elapsed}
 		}()
 		return func() {
+			// Stop the command and end the session with a normal closure before the
+			// reader's context goes: a dropped WebSocket would leave the session
+			// detached for its grace period, its command still streaming into the
+			// replay ring and taking CPU from the next measurement.
+			_ = c.Interrupt(context.Background())
+			_ = c.Close()
 			cancel()
 			r := <-done
 			b.ReportMetric(float64(r.n)/1e6/r.elapsed.Seconds(), "bulk-MB/s")
-			_ = c.Close()
 		}
 	}
 	b.Run("pty-direct", directEcho)
