@@ -34,9 +34,6 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 -- name: GetAllocation :one
 SELECT * FROM allocations WHERE id = $1 AND project_id = $2;
 
--- name: GetAllocationAny :one
-SELECT * FROM allocations WHERE id = $1;
-
 -- name: LockAllocation :one
 SELECT * FROM allocations WHERE id = $1 FOR UPDATE;
 
@@ -78,9 +75,6 @@ SELECT EXISTS (SELECT 1 FROM allocation_gpus WHERE node_id = $1 AND released_at 
 
 -- name: SKUInUse :one
 SELECT EXISTS (SELECT 1 FROM allocations WHERE sku = $1 AND status NOT IN ('released', 'failed', 'completed'));
-
--- name: AllocationGPUs :many
-SELECT * FROM allocation_gpus WHERE allocation_id = $1 ORDER BY gpu_index;
 
 -- name: LockLaunch :exec
 -- A launch's transaction-scoped advisory locks, in the one order every launch takes

@@ -135,9 +135,6 @@ RETURNING *;
 -- name: OpenUsageBySource :one
 SELECT * FROM billing_usage_records WHERE source = $1 AND source_id = $2 AND bill_to IS NULL;
 
--- name: GetUsageRecord :one
-SELECT * FROM billing_usage_records WHERE id = $1;
-
 -- name: LockUsageRecords :many
 SELECT * FROM billing_usage_records WHERE id = ANY(@ids::uuid[]) ORDER BY id FOR UPDATE;
 
@@ -204,12 +201,6 @@ ORDER BY usage_record_id, segment_from, cumulative_units DESC, id DESC;
 
 -- name: RecordsByID :many
 SELECT * FROM billing_usage_records WHERE tenant_id = $1 AND id = ANY(@ids::uuid[]) ORDER BY id;
-
--- name: CountRows :one
-SELECT (SELECT count(*) FROM billing_ledger_entries)::bigint AS entries,
-       (SELECT count(*) FROM billing_ledger_transactions)::bigint AS txns,
-       (SELECT count(*) FROM billing_rated_usage_lines)::bigint AS lines,
-       (SELECT count(*) FROM billing_rating_events)::bigint AS events;
 
 -- name: CopyRatedLines :copyfrom
 INSERT INTO billing_rated_usage_lines (id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source,

@@ -5,18 +5,17 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
-// LaunchTerms is what a launch reads from the catalog: the active SKU, its prices in
-// force for the tenant, and the availability state of each of its regions. Unlike an
-// Offer it carries no capacity: placement reads the free GPUs itself, under its own
-// rules, and the fleet-wide count an Offer shows would cost every launch a read of the
-// whole fleet.
+// LaunchTerms is what a launch reads from the catalog: the active SKU and the
+// availability state of each of its regions. Unlike an Offer it carries no capacity
+// (placement reads the free GPUs itself, under its own rules, and the fleet-wide count an
+// Offer shows would cost every launch a read of the whole fleet) and no prices (the launch
+// takes its price from billing's runway decision, which resolves the tenant's plan
+// already).
 type LaunchTerms struct {
-	SKU    SKU
-	Prices []OfferPrice
+	SKU SKU
 	// Regions are the SKU's regions in the SKU's order, each with its
 	// availability_state (a region that no longer exists reads as disabled, as in an
 	// Offer).
@@ -29,29 +28,8 @@ type RegionState struct {
 	State  string
 }
 
-// LaunchTerms is the SKU id for a launch by tenantID; an unknown or inactive SKU is
+// LaunchSKU is the launch terms of SKU id, in one read; an unknown or inactive SKU is
 // sku_not_found (as Offer).
-func (s *Service) LaunchTerms(ctx context.Context, tenantID uuid.UUID, id string) (LaunchTerms, error) {
-	t, err := s.LaunchSKU(ctx, id)
-	if err != nil || s.Prices == nil {
-		return t, err
-	}
-	prices, err := s.Prices.UnitPrices(ctx, tenantID)
-	if err != nil {
-		return LaunchTerms{}, fmt.Errorf("prices: %w", err)
-	}
-	for _, p := range prices[t.SKU.UsageUnit] {
-		h, err := HourlyMinor(p.UnitPrice, t.SKU.GpuCount, p.Exponent)
-		if err != nil {
-			return LaunchTerms{}, err
-		}
-		t.Prices = append(t.Prices, OfferPrice{Price: p, HourlyMinor: h})
-	}
-	return t, nil
-}
-
-// LaunchSKU is LaunchTerms without the prices, in one read: the launch path takes its
-// price from billing's runway decision, which resolves the tenant's plan already.
 func (s *Service) LaunchSKU(ctx context.Context, id string) (LaunchTerms, error) {
 	row, err := s.read(ctx).GetSKUForLaunch(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -67,7 +45,7 @@ func (s *Service) LaunchSKU(ctx context.Context, id string) (LaunchTerms, error)
 	if len(row.RegionStates) != len(k.Regions) {
 		return LaunchTerms{}, fmt.Errorf("load sku: %d region states for %d regions", len(row.RegionStates), len(k.Regions))
 	}
-	t := LaunchTerms{SKU: k, Prices: []OfferPrice{}, Regions: make([]RegionState, 0, len(k.Regions))}
+	t := LaunchTerms{SKU: k, Regions: make([]RegionState, 0, len(k.Regions))}
 	for i, code := range k.Regions {
 		st := row.RegionStates[i]
 		if st == "" {

@@ -160,7 +160,8 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 	rec.flushTo(w)
 }
 
-// readKeySQL is idemdb.GetIdempotencyKey, sent in lockAndRead's batch.
+// readKeySQL is idemdb.GetIdempotencyKey's SQL, sent in lockAndRead's batch (sqlc's
+// method cannot join one); TestReadKeySQLIsTheGeneratedQuery keeps the two equal.
 const readKeySQL = `SELECT request_hash, status_code, response_body, expires_at
 FROM idempotency_keys
 WHERE principal = $1 AND method = $2 AND route = $3 AND idempotency_key = $4`

@@ -117,13 +117,10 @@ func (c *BenchClient) PacedThroughput(ctx context.Context, command string, bytes
 				time.Sleep(wait)
 			}
 		}
-		found := bytes.Contains(p, m) || bytes.Contains(append(tail, p[:min(len(p), len(m)-1)]...), m)
-		if len(p) >= len(m)-1 {
-			tail = append(tail[:0], p[len(p)-(len(m)-1):]...)
-		} else {
-			tail = append(tail, p...)
-			tail = append(tail[:0], tail[max(0, len(tail)-(len(m)-1)):]...)
-		}
+		keep := len(m) - 1
+		found := bytes.Contains(p, m) || bytes.Contains(append(tail, p[:min(len(p), keep)]...), m)
+		tail = append(tail, p[max(0, len(p)-keep):]...)
+		tail = append(tail[:0], tail[max(0, len(tail)-keep):]...)
 		return found
 	})
 	return bytesRead, time.Since(start), err

@@ -13,37 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const allocationGPUs = `-- name: AllocationGPUs :many
-SELECT allocation_id, node_id, gpu_uuid, gpu_index, reserved_at, released_at FROM allocation_gpus WHERE allocation_id = $1 ORDER BY gpu_index
-`
-
-func (q *Queries) AllocationGPUs(ctx context.Context, allocationID uuid.UUID) ([]AllocationGpu, error) {
-	rows, err := q.db.Query(ctx, allocationGPUs, allocationID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var items []AllocationGpu
-	for rows.Next() {
-		var i AllocationGpu
-		if err := rows.Scan(
-			&i.AllocationID,
-			&i.NodeID,
-			&i.GpuUuid,
-			&i.GpuIndex,
-			&i.ReservedAt,
-			&i.ReleasedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const claimGPUs = `-- name: ClaimGPUs :many
 INSERT INTO allocation_gpus (allocation_id, node_id, gpu_uuid, gpu_index, reserved_at)
 SELECT $1::uuid, $2::uuid,
@@ -156,46 +125,6 @@ type GetAllocationParams struct {
 
 func (q *Queries) GetAllocation(ctx context.Context, arg GetAllocationParams) (Allocation, error) {
 	row := q.db.QueryRow(ctx, getAllocation, arg.ID, arg.ProjectID)
-	var i Allocation
-	err := row.Scan(
-		&i.ID,
-		&i.TenantID,
-		&i.ProjectID,
-		&i.OwnerUserID,
-		&i.Name,
-		&i.Sku,
-		&i.GpuModel,
-		&i.GpuCount,
-		&i.UsageUnit,
-		&i.RegionCode,
-		&i.NodeID,
-		&i.OsImageID,
-		&i.SshKeyIds,
-		&i.SshPublicKeys,
-		&i.Status,
-		&i.StatusReason,
-		&i.HourlyRateMinor,
-		&i.Currency,
-		&i.ConnectionHost,
-		&i.ConnectionPort,
-		&i.ConnectionUser,
-		&i.NodeCleanup,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.ActiveAt,
-		&i.EndedAt,
-		&i.GroupID,
-		&i.UnderThresholdSince,
-	)
-	return i, err
-}
-
-const getAllocationAny = `-- name: GetAllocationAny :one
-SELECT id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code, node_id, os_image_id, ssh_key_ids, ssh_public_keys, status, status_reason, hourly_rate_minor, currency, connection_host, connection_port, connection_user, node_cleanup, created_at, updated_at, active_at, ended_at, group_id, under_threshold_since FROM allocations WHERE id = $1
-`
-
-func (q *Queries) GetAllocationAny(ctx context.Context, id uuid.UUID) (Allocation, error) {
-	row := q.db.QueryRow(ctx, getAllocationAny, id)
 	var i Allocation
 	err := row.Scan(
 		&i.ID,

@@ -136,32 +136,6 @@ type CopyRatedLinesParams struct {
 	CreatedAt             time.Time
 }
 
-const countRows = `-- name: CountRows :one
-SELECT (SELECT count(*) FROM billing_ledger_entries)::bigint AS entries,
-       (SELECT count(*) FROM billing_ledger_transactions)::bigint AS txns,
-       (SELECT count(*) FROM billing_rated_usage_lines)::bigint AS lines,
-       (SELECT count(*) FROM billing_rating_events)::bigint AS events
-`
-
-type CountRowsRow struct {
-	Entries int64
-	Txns    int64
-	Lines   int64
-	Events  int64
-}
-
-func (q *Queries) CountRows(ctx context.Context) (CountRowsRow, error) {
-	row := q.db.QueryRow(ctx, countRows)
-	var i CountRowsRow
-	err := row.Scan(
-		&i.Entries,
-		&i.Txns,
-		&i.Lines,
-		&i.Events,
-	)
-	return i, err
-}
-
 const defaultPricingPlan = `-- name: DefaultPricingPlan :one
 SELECT id, name, is_default, created_at, updated_at FROM billing_pricing_plans WHERE is_default
 `
@@ -425,36 +399,6 @@ func (q *Queries) GetTxn(ctx context.Context, id uuid.UUID) (BillingLedgerTransa
 		&i.ActorUserID,
 		&i.CorrelationID,
 		&i.CreatedAt,
-	)
-	return i, err
-}
-
-const getUsageRecord = `-- name: GetUsageRecord :one
-SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at FROM billing_usage_records WHERE id = $1
-`
-
-func (q *Queries) GetUsageRecord(ctx context.Context, id uuid.UUID) (BillingUsageRecord, error) {
-	row := q.db.QueryRow(ctx, getUsageRecord, id)
-	var i BillingUsageRecord
-	err := row.Scan(
-		&i.ID,
-		&i.TenantID,
-		&i.ProjectID,
-		&i.RequestedByUserID,
-		&i.Source,
-		&i.SourceID,
-		&i.UsageUnit,
-		&i.Quantity,
-		&i.Currency,
-		&i.BillFrom,
-		&i.BillTo,
-		&i.RatedThrough,
-		&i.RatedQuantityMillis,
-		&i.SegFrom,
-		&i.SegUnits,
-		&i.SegAmountMinor,
-		&i.CreatedAt,
-		&i.UpdatedAt,
 	)
 	return i, err
 }
