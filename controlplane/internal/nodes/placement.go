@@ -1,9 +1,12 @@
 package nodes
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -50,14 +53,27 @@ func (s *Service) PlacementCandidates(ctx context.Context, model string, regions
 	}
 	out := make([]PlacementNode, 0, len(rows))
 	for _, r := range rows {
-		if len(r.GpuUuids) != len(r.GpuIndexes) {
-			return nil, fmt.Errorf("placement candidates: node %s: %d uuids for %d indexes", r.NodeID, len(r.GpuUuids), len(r.GpuIndexes))
-		}
-		n := PlacementNode{NodeID: r.NodeID, Region: r.Region, GPUs: make([]PlacementGPU, len(r.GpuUuids))}
-		for i, u := range r.GpuUuids {
-			n.GPUs[i] = PlacementGPU{UUID: u, Index: r.GpuIndexes[i]}
+		n, err := placementNode(r)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// placementNode is one candidate row with its GPUs by index, as the node numbers them
+// (the query leaves the order of its arrays open).
+func placementNode(r nodesdb.PlacementCandidatesRow) (PlacementNode, error) {
+	if len(r.GpuUuids) != len(r.GpuIndexes) {
+		return PlacementNode{}, fmt.Errorf("placement candidates: node %s: %d uuids for %d indexes", r.NodeID, len(r.GpuUuids), len(r.GpuIndexes))
+	}
+	n := PlacementNode{NodeID: r.NodeID, Region: r.Region, GPUs: make([]PlacementGPU, len(r.GpuUuids))}
+	for i, u := range r.GpuUuids {
+		n.GPUs[i] = PlacementGPU{UUID: u, Index: r.GpuIndexes[i]}
+	}
+	slices.SortFunc(n.GPUs, func(a, b PlacementGPU) int {
+		return cmp.Or(cmp.Compare(a.Index, b.Index), strings.Compare(a.UUID, b.UUID))
+	})
+	return n, nil
 }

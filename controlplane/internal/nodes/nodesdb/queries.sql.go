@@ -562,8 +562,8 @@ func (q *Queries) NodeGPUs(ctx context.Context, nodeID uuid.UUID) ([]NodeGpu, er
 const placementCandidates = `-- name: PlacementCandidates :many
 
 SELECT g.node_id, n.region::text AS region,
-       array_agg(g.gpu_uuid ORDER BY g.gpu_index, g.gpu_uuid)::text[] AS gpu_uuids,
-       array_agg(g.gpu_index ORDER BY g.gpu_index, g.gpu_uuid)::integer[] AS gpu_indexes
+       array_agg(g.gpu_uuid)::text[] AS gpu_uuids,
+       array_agg(g.gpu_index)::integer[] AS gpu_indexes
 FROM nodes n
 JOIN node_gpus g ON g.node_id = n.id
 WHERE n.status = 'online' AND n.schedule_state = 'schedulable'
@@ -600,7 +600,10 @@ type PlacementCandidatesRow struct {
 // so that concurrent launches spread over equal nodes; at most max_nodes. One pass (one
 // anti-join): a second anti-join over the chosen nodes' GPUs turned into a nested loop
 // over every held GPU whenever the statistics still counted few held rows (a fleet that
-// filled up since the last ANALYZE), ~25 ms instead of ~6 ms.
+// filled up since the last ANALYZE), ~25 ms instead of ~6 ms. The arrays are in no
+// particular order, but pairwise (both aggregates take each row in turn); the caller
+// sorts them. An ORDER BY inside the aggregates sorted every node's GPUs on its own and
+// took 4.0 ms of a 2,000-GPU fleet's 5.7 ms (pgbench, prepared) instead of 2.3 ms.
 func (q *Queries) PlacementCandidates(ctx context.Context, arg PlacementCandidatesParams) ([]PlacementCandidatesRow, error) {
 	rows, err := q.db.Query(ctx, placementCandidates,
 		arg.Regions,
