@@ -234,41 +234,51 @@ func (s *Service) giveUp(ctx context.Context, taskID uuid.UUID, attempt int, cod
 			return lifecycle.Outcome{}, nil
 		}
 		done = true
-		q := allocationsdb.New(tx)
-		if err := q.GiveUpTask(ctx, allocationsdb.GiveUpTaskParams{
-			TaskID: taskID, Attempts: int32(attempt), LastError: ptr(reason), FinishedAt: ptr(s.now()),
-		}); err != nil {
-			return lifecycle.Outcome{}, fmt.Errorf("give up task: %w", err)
-		}
-		var ev lifecycle.Event
-		var typ string
-		switch t.Kind {
-		case TaskProvision:
-			ev, typ = lifecycle.ProvisionFailed, ProvisioningFailedEvent
-		case TaskRelease:
-			ev, typ = lifecycle.ReleaseFailedEv, ReleaseFailedEvent
-		case TaskRestart:
-			ev = lifecycle.RestartFailedEv
-		default:
-			// A stop that never reached the node moves nothing: the allocation is stopped
-			// and billing closed already; the node's processes are the agent's to stop
-			// when it returns.
-			return lifecycle.Outcome{}, nil
-		}
-		a, out, err := s.transition(ctx, tx, a, ev, Actor{Type: ActorSystem}, reason)
-		if err != nil || typ == "" {
-			return out, err
-		}
-		if _, err := s.Outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Subject: "gantry.events." + typ, Payload: map[string]any{
-			"allocation_id": a.ID.String(), "tenant_id": a.TenantID.String(), "project_id": a.ProjectID.String(),
-			"node_id": a.NodeID.String(), "task_id": taskID.String(), "task_kind": t.Kind,
-			"reason_code": code, "reason": reason, "status": a.Status,
-		}}); err != nil {
-			return out, fmt.Errorf("enqueue %s: %w", typ, err)
-		}
-		return out, nil
+		return s.failTask(ctx, tx, a, t, attempt, code, reason, true)
 	})
 	return done, err
+}
+
+// failTask finishes task t of the locked allocation a with reason and, when move is
+// set, applies the failure event of its kind with its provisioning.* event; t must be
+// unfinished. A stop task never moves anything: the allocation is stopped and billing
+// closed already; the node's processes are the agent's to stop when it returns.
+func (s *Service) failTask(ctx context.Context, tx pgx.Tx, a Allocation, t allocationsdb.GetTaskForDispatchRow, attempt int, code, reason string, move bool) (lifecycle.Outcome, error) {
+	if err := allocationsdb.New(tx).GiveUpTask(ctx, allocationsdb.GiveUpTaskParams{
+		TaskID: t.TaskID, Attempts: int32(attempt), LastError: ptr(reason), FinishedAt: ptr(s.now()),
+	}); err != nil {
+		return lifecycle.Outcome{}, fmt.Errorf("give up task: %w", err)
+	}
+	ev, typ := failureOf(t.Kind)
+	if !move || ev == "" {
+		return lifecycle.Outcome{}, nil
+	}
+	a, out, err := s.transition(ctx, tx, a, ev, Actor{Type: ActorSystem}, reason)
+	if err != nil || typ == "" {
+		return out, err
+	}
+	if _, err := s.Outbox.Enqueue(ctx, tx, outbox.Event{Type: typ, Subject: "gantry.events." + typ, Payload: map[string]any{
+		"allocation_id": a.ID.String(), "tenant_id": a.TenantID.String(), "project_id": a.ProjectID.String(),
+		"node_id": a.NodeID.String(), "task_id": t.TaskID.String(), "task_kind": t.Kind,
+		"reason_code": code, "reason": reason, "status": a.Status,
+	}}); err != nil {
+		return out, fmt.Errorf("enqueue %s: %w", typ, err)
+	}
+	return out, nil
+}
+
+// failureOf is the lifecycle event and the provisioning.* event type of a failed task of
+// kind ("" where there is none).
+func failureOf(kind string) (lifecycle.Event, string) {
+	switch kind {
+	case TaskProvision:
+		return lifecycle.ProvisionFailed, ProvisioningFailedEvent
+	case TaskRelease:
+		return lifecycle.ReleaseFailedEv, ReleaseFailedEvent
+	case TaskRestart:
+		return lifecycle.RestartFailedEv, ""
+	}
+	return "", ""
 }
 
 // onTask runs fn in a transaction holding the task's allocation locked, with the task

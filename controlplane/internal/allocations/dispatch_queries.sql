@@ -54,3 +54,15 @@ UPDATE allocation_tasks
 SET attempts = GREATEST(attempts, sqlc.arg('attempts')::integer), last_error = sqlc.arg('last_error'),
     finished_at = sqlc.arg('finished_at')
 WHERE task_id = sqlc.arg('task_id') AND finished_at IS NULL;
+
+-- name: UnreportedTasks :many
+-- Tasks an agent acknowledged before acked_before and never reported on, oldest first
+-- (the partial index allocation_tasks_unreported_idx holds only these).
+SELECT task_id FROM allocation_tasks
+WHERE acked_at IS NOT NULL AND finished_at IS NULL AND acked_at < sqlc.arg('acked_before')
+ORDER BY acked_at, task_id
+LIMIT sqlc.arg('max_tasks');
+
+-- name: FlagNodeCleanup :exec
+-- Nothing confirmed that the allocation's workload is gone from its node.
+UPDATE allocations SET node_cleanup = true WHERE id = $1;

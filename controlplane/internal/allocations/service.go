@@ -86,6 +86,9 @@ type Config struct {
 	// ProvisioningTimeout bounds how long an allocation may wait for its node's agent
 	// before it fails (used by the provisioning dispatcher).
 	ProvisioningTimeout time.Duration
+	// ReportTimeout bounds how long an agent that acknowledged a task may take to
+	// report its result before the task fails (ExpireUnreported).
+	ReportTimeout time.Duration
 	// IdleUtilizationPercent: an active allocation whose every GPU stays under it for
 	// IdleAfter goes idle; a GPU at or over it makes an idle one active again.
 	IdleUtilizationPercent int
@@ -119,6 +122,9 @@ func New(pool *pgxpool.Pool, clk clock.Clock, idSrc ids.Source, cfg Config, cat 
 	}
 	if cfg.ProvisioningTimeout <= 0 {
 		cfg.ProvisioningTimeout = DefaultProvisioningTimeout
+	}
+	if cfg.ReportTimeout <= 0 {
+		cfg.ReportTimeout = DefaultReportTimeout
 	}
 	if cfg.IdleUtilizationPercent <= 0 || cfg.IdleUtilizationPercent > 100 {
 		cfg.IdleUtilizationPercent = DefaultIdleUtilizationPercent

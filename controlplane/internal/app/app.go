@@ -178,7 +178,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	cat := catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes})
 	ac := cfg.Allocations
-	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout,
+	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout, ReportTimeout: ac.ReportTimeout,
 		IdleUtilizationPercent: ac.IdleUtilizationPercent, IdleAfter: ac.IdleAfter, IdleSampleMaxAge: ac.IdleSampleMaxAge},
 		cat, a.Nodes, a.SSHKeys, a.Budgets, a.Billing, log)
 	a.Nodes.Allocations, cat.Usage, a.Allocations.Drains = a.Allocations, a.Allocations, a.Nodes
@@ -375,7 +375,8 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); a.Budgets.Run(bg, a.Config.Budgets.EvaluateInterval, a.Log) }()
 	// Allocations (docs/allocations.md): budget suspend and runway exhaustion stop running
 	// allocations (one durable consumer shared by every replica), and idle detection
-	// every GANTRY_ALLOCATIONS_IDLE_CHECK_INTERVAL.
+	// every GANTRY_ALLOCATIONS_IDLE_CHECK_INTERVAL, and tasks acknowledged but never
+	// reported fail after GANTRY_ALLOCATIONS_REPORT_TIMEOUT.
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -385,6 +386,8 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 		}
 	}()
 	go func() { defer wg.Done(); a.Allocations.RunIdleDetection(bg, a.Config.Allocations.IdleCheckInterval) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Allocations.RunReportTimeouts(bg, a.Config.Allocations.ReportCheckInterval) }()
 	// Provisioning dispatcher (docs/provisioning.md): every replica shares the consumer.
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = a.Provisioning.Run(bg) }()

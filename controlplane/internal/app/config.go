@@ -109,6 +109,11 @@ type AllocationsConfig struct {
 	MaxPerProject int `env:"GANTRY_ALLOCATIONS_MAX_PER_PROJECT" envDefault:"16"`
 	// ProvisioningTimeout is how long an allocation may wait for its node's agent.
 	ProvisioningTimeout time.Duration `env:"GANTRY_PROVISIONING_TIMEOUT" envDefault:"10m"`
+	// ReportTimeout is how long an agent that acknowledged a task (provision, release,
+	// restart) may take to report its result before the task fails; checked every
+	// ReportCheckInterval (0 turns the check off).
+	ReportTimeout       time.Duration `env:"GANTRY_ALLOCATIONS_REPORT_TIMEOUT" envDefault:"30m"`
+	ReportCheckInterval time.Duration `env:"GANTRY_ALLOCATIONS_REPORT_CHECK_INTERVAL" envDefault:"1m"`
 	// Idle detection: every GPU under IdleUtilizationPercent for IdleAfter makes an
 	// active allocation idle; checked every IdleCheckInterval (0 turns it off); samples
 	// older than IdleSampleMaxAge are no evidence.

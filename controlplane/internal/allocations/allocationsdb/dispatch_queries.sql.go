@@ -12,6 +12,16 @@ import (
 	"github.com/google/uuid"
 )
 
+const flagNodeCleanup = `-- name: FlagNodeCleanup :exec
+UPDATE allocations SET node_cleanup = true WHERE id = $1
+`
+
+// Nothing confirmed that the allocation's workload is gone from its node.
+func (q *Queries) FlagNodeCleanup(ctx context.Context, id uuid.UUID) error {
+	_, err := q.db.Exec(ctx, flagNodeCleanup, id)
+	return err
+}
+
 const getTaskForDispatch = `-- name: GetTaskForDispatch :one
 
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
@@ -224,4 +234,38 @@ type RecordTaskAttemptParams struct {
 func (q *Queries) RecordTaskAttempt(ctx context.Context, arg RecordTaskAttemptParams) error {
 	_, err := q.db.Exec(ctx, recordTaskAttempt, arg.Attempts, arg.LastError, arg.TaskID)
 	return err
+}
+
+const unreportedTasks = `-- name: UnreportedTasks :many
+SELECT task_id FROM allocation_tasks
+WHERE acked_at IS NOT NULL AND finished_at IS NULL AND acked_at < $1
+ORDER BY acked_at, task_id
+LIMIT $2
+`
+
+type UnreportedTasksParams struct {
+	AckedBefore *time.Time
+	MaxTasks    int32
+}
+
+// Tasks an agent acknowledged before acked_before and never reported on, oldest first
+// (the partial index allocation_tasks_unreported_idx holds only these).
+func (q *Queries) UnreportedTasks(ctx context.Context, arg UnreportedTasksParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, unreportedTasks, arg.AckedBefore, arg.MaxTasks)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []uuid.UUID
+	for rows.Next() {
+		var task_id uuid.UUID
+		if err := rows.Scan(&task_id); err != nil {
+			return nil, err
+		}
+		items = append(items, task_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
