@@ -38,8 +38,11 @@ const (
 
 	caLifetime     = 10 * 365 * 24 * time.Hour
 	serverLifetime = 365 * 24 * time.Hour
-	// renewBefore: a server certificate this close to expiry is replaced at start.
-	renewBefore = 30 * 24 * time.Hour
+	// renewBefore: a server certificate this close to expiry is replaced, at start and
+	// by the server's check every certCheckInterval (a month of daily-or-better retries
+	// before it expires).
+	renewBefore       = 30 * 24 * time.Hour
+	certCheckInterval = 6 * time.Hour
 )
 
 // PKI is the fabric CA (handed to agents at enrollment) and the server certificate the

@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -52,6 +54,7 @@ type Server struct {
 	cfg       Config
 	deps      Deps
 	pki       *PKI
+	cert      atomic.Pointer[tls.Certificate] // the server certificate handshakes present
 	ln        *fabricnet.Listener
 	grpcLn    *fabricnet.StreamListener
 	grpc      *grpc.Server
@@ -102,6 +105,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	s.pki = pki
+	s.cert.Store(&pki.Server)
 
 	s.kv, err = deps.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      cfg.Bucket,
@@ -112,7 +116,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
 		return nil, fmt.Errorf("fabric: presence bucket: %w", err)
 	}
 
-	tlsConf := &tls.Config{Certificates: []tls.Certificate{pki.Server}}
+	// Every handshake takes the current certificate: RenewCertificate replaces it
+	// while the listener runs.
+	tlsConf := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Load(), nil }}
 	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP})
 	if err != nil {
 		return nil, err
@@ -163,6 +169,43 @@ func (s *Server) ListenAddr() net.Addr { return s.ln.Addr() }
 // PKI is the fabric CA and server certificate.
 func (s *Server) PKI() *PKI { return s.pki }
 
+// Certificate is the server certificate handshakes present now.
+func (s *Server) Certificate() *x509.Certificate { return s.cert.Load().Leaf }
+
+// RenewCertificate replaces the server certificate once it is within renewBefore of
+// expiry (LoadPKI issues the next one, or finds the one another replica issued), so a
+// replica that runs for a year does not start refusing agents. Live tunnels keep their
+// session; new handshakes get the new certificate. It reports whether it replaced it.
+func (s *Server) RenewCertificate(ctx context.Context) (bool, error) {
+	if !s.Certificate().NotAfter.Before(s.deps.Clock.Now().Add(renewBefore)) {
+		return false, nil
+	}
+	pki, err := LoadPKI(ctx, s.deps.Pool, s.deps.SealKey, s.certNames(), s.deps.Clock, s.deps.IDs)
+	if err != nil {
+		return false, err
+	}
+	s.cert.Store(&pki.Server)
+	s.deps.Log.InfoContext(ctx, "fabric server certificate renewed", "serial", pki.Server.Leaf.SerialNumber.String(),
+		"not_after", pki.Server.Leaf.NotAfter)
+	return true, nil
+}
+
+// renewLoop checks the server certificate every certCheckInterval.
+func (s *Server) renewLoop(ctx context.Context) {
+	t := time.NewTicker(certCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := s.RenewCertificate(ctx); err != nil && ctx.Err() == nil {
+			s.deps.Log.WarnContext(ctx, "fabric server certificate renewal failed; retrying", "err", err, "retry_in", certCheckInterval)
+		}
+	}
+}
+
 // ReplicaID names this replica.
 func (s *Server) ReplicaID() string { return s.cfg.ReplicaID }
 
@@ -188,6 +231,7 @@ func (s *Server) Run(ctx context.Context) error {
 	_ = s.WaitPresence(wctx)
 	wcancel()
 	run(s.announceReplica)
+	run(s.renewLoop)
 	run(s.sweepLoop)
 	run(s.acceptLoop)
 
