@@ -169,7 +169,7 @@ func (s *Service) lockLaunch(ctx context.Context, tx pgx.Tx, proj projectctx.Pro
 		return nil, s.concurrencyLimit()
 	}
 	// 7. Capacity.
-	cands, err := s.candidates(ctx, tx, l)
+	cands, err := s.candidates(ctx, tx, l, false)
 	if err != nil {
 		return nil, err
 	}
@@ -179,18 +179,30 @@ func (s *Service) lockLaunch(ctx context.Context, tx pgx.Tx, proj projectctx.Pro
 	return cands, nil
 }
 
-// candidates reads the placement candidates of l inside tx.
-func (s *Service) candidates(ctx context.Context, tx pgx.Tx, l launch) ([]nodes.PlacementNode, error) {
-	limit := singleCandidates
+// candidates reads the placement candidates of l inside tx; a single launch takes this
+// replica's hint when it has a young one, unless fresh (hints.go).
+func (s *Service) candidates(ctx context.Context, tx pgx.Tx, l launch, fresh bool) ([]nodes.PlacementNode, error) {
+	limit, hinted := singleCandidates, !l.group && s.Config.PlacementHintTTL > 0
 	if l.group {
 		limit = 0
+	}
+	key := l.hintKey()
+	if hinted && !fresh {
+		if cands, ok := s.hints.get(key, s.now(), s.Config.PlacementHintTTL); ok {
+			return cands, nil
+		}
 	}
 	cands, err := s.Fleet.PlacementCandidates(db.WithTx(ctx, tx), l.sku.GpuModel, l.regions, int(l.sku.GpuCount), limit)
 	if err != nil {
 		return nil, fmt.Errorf("placement: %w", err)
 	}
+	if hinted {
+		s.hints.put(key, s.now(), int(l.sku.GpuCount), cands)
+	}
 	return cands, nil
 }
+
+func (l launch) hintKey() string { return hintKey(l.sku.GpuModel, l.regions, int(l.sku.GpuCount)) }
 
 // member is one allocation of a launch to insert.
 type member struct {
@@ -220,10 +232,11 @@ func (s *Service) insertRequested(ctx context.Context, q *allocationsdb.Queries,
 	return a, nil
 }
 
-// claim reserves gpus of node for allocation id and returns the ones it got.
-func claim(ctx context.Context, q *allocationsdb.Queries, id uuid.UUID, node uuid.UUID, gpus []gpuSlot, now time.Time) (map[string]bool, error) {
+// claim reserves gpus of node for allocation id and returns the ones it got (free, of
+// model, healthy, on a node online and schedulable).
+func claim(ctx context.Context, q *allocationsdb.Queries, id uuid.UUID, node uuid.UUID, model string, gpus []gpuSlot, now time.Time) (map[string]bool, error) {
 	gpus = byUUID(gpus)
-	params := allocationsdb.ClaimGPUsParams{AllocationID: id, NodeID: node, ReservedAt: now,
+	params := allocationsdb.ClaimGPUsParams{AllocationID: id, NodeID: node, Model: model, ReservedAt: now,
 		GpuUuids: make([]string, len(gpus)), GpuIndexes: make([]int32, len(gpus))}
 	for i, g := range gpus {
 		params.GpuUuids[i], params.GpuIndexes[i] = g.UUID, g.Index
@@ -253,7 +266,7 @@ func (s *Service) placeSingle(ctx context.Context, tx pgx.Tx, p *principal.Princ
 	for range maxClaims {
 		i := pool.best(count, "")
 		if i < 0 {
-			fresh, err := s.candidates(ctx, tx, l)
+			fresh, err := s.candidates(ctx, tx, l, true)
 			if err != nil {
 				return Allocation{}, err
 			}
@@ -276,7 +289,9 @@ func (s *Service) placeSingle(ctx context.Context, tx pgx.Tx, p *principal.Princ
 		if err != nil {
 			return Allocation{}, err
 		}
-		taken, err := claimAll(ctx, tx, a.ID, n.NodeID, pool.pick(i, count), now)
+		gpus := pool.pick(i, count)
+		s.hints.take(l.hintKey(), n.NodeID, gpus)
+		taken, err := claimAll(ctx, tx, a.ID, n.NodeID, l.sku.GpuModel, gpus, now)
 		if err != nil {
 			return Allocation{}, err
 		}
@@ -291,7 +306,7 @@ func (s *Service) placeSingle(ctx context.Context, tx pgx.Tx, p *principal.Princ
 
 // claimAll reserves every one of gpus for allocation id, or none: it returns nil when it
 // got them all, else the GPUs it found taken (its partial claim rolled back).
-func claimAll(ctx context.Context, tx pgx.Tx, id, node uuid.UUID, gpus []gpuSlot, now time.Time) ([]gpuSlot, error) {
+func claimAll(ctx context.Context, tx pgx.Tx, id, node uuid.UUID, model string, gpus []gpuSlot, now time.Time) ([]gpuSlot, error) {
 	taken := func(got map[string]bool) []gpuSlot {
 		var out []gpuSlot
 		for _, g := range gpus {
@@ -303,7 +318,7 @@ func claimAll(ctx context.Context, tx pgx.Tx, id, node uuid.UUID, gpus []gpuSlot
 	}
 	if len(gpus) == 1 {
 		// One row: it is reserved or it is not, nothing to undo.
-		got, err := claim(ctx, allocationsdb.New(tx), id, node, gpus, now)
+		got, err := claim(ctx, allocationsdb.New(tx), id, node, model, gpus, now)
 		if err != nil {
 			return nil, err
 		}
@@ -313,7 +328,7 @@ func claimAll(ctx context.Context, tx pgx.Tx, id, node uuid.UUID, gpus []gpuSlot
 	if err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
-	got, err := claim(ctx, allocationsdb.New(sp), id, node, gpus, now)
+	got, err := claim(ctx, allocationsdb.New(sp), id, node, model, gpus, now)
 	if err == nil && len(got) == len(gpus) {
 		if err := sp.Commit(ctx); err != nil {
 			return nil, fmt.Errorf("release savepoint: %w", err)
@@ -339,7 +354,7 @@ func (s *Service) insertMember(ctx context.Context, tx pgx.Tx, p *principal.Prin
 	if err != nil {
 		return Allocation{}, err
 	}
-	got, err := claim(ctx, q, a.ID, m.place.NodeID, m.place.GPUs, now)
+	got, err := claim(ctx, q, a.ID, m.place.NodeID, l.sku.GpuModel, m.place.GPUs, now)
 	if err != nil {
 		return Allocation{}, err
 	}

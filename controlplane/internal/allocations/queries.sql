@@ -10,13 +10,21 @@ RETURNING *;
 -- Reserves GPUs of one node for an allocation, each only if no live allocation holds it
 -- (the partial unique index allocation_gpus_held_key decides): a GPU already held is
 -- skipped, one being reserved by a launch not yet committed is waited for and then
--- skipped if that launch commits. The caller sees which it got. The GPUs are inserted in
--- the order given (launch.go gives them by uuid, so two launches never wait on each
--- other in a cycle).
+-- skipped if that launch commits. The caller sees which it got. The GPUs are inserted by
+-- uuid, byte order (as launch.go also gives them), so two launches never wait on each
+-- other in a cycle. Only a GPU placement could choose now is reserved: of the model,
+-- healthy or not sampled, on a node online and schedulable. Single launches read their
+-- candidates from a replica's short-lived hint (hints.go), so the claim is where a node
+-- cordoned or gone offline, or a GPU found unhealthy, since that read is turned down:
+-- such a GPU comes back as not got, like one another launch holds.
 INSERT INTO allocation_gpus (allocation_id, node_id, gpu_uuid, gpu_index, reserved_at)
-SELECT sqlc.arg('allocation_id')::uuid, sqlc.arg('node_id')::uuid,
-       unnest(sqlc.arg('gpu_uuids')::text[]), unnest(sqlc.arg('gpu_indexes')::integer[]),
-       sqlc.arg('reserved_at')::timestamptz
+SELECT sqlc.arg('allocation_id')::uuid, g.node_id, g.gpu_uuid, u.gpu_index, sqlc.arg('reserved_at')::timestamptz
+FROM (SELECT unnest(sqlc.arg('gpu_uuids')::text[]) AS gpu_uuid, unnest(sqlc.arg('gpu_indexes')::integer[]) AS gpu_index) AS u
+JOIN node_gpus g ON g.node_id = sqlc.arg('node_id')::uuid AND g.gpu_uuid = u.gpu_uuid
+JOIN nodes n ON n.id = g.node_id
+WHERE g.model = sqlc.arg('model') AND g.healthy IS NOT FALSE
+  AND n.status = 'online' AND n.schedule_state = 'schedulable'
+ORDER BY u.gpu_uuid COLLATE "C"
 ON CONFLICT (node_id, gpu_uuid) WHERE released_at IS NULL DO NOTHING
 RETURNING gpu_uuid;
 

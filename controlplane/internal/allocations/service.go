@@ -89,6 +89,9 @@ type Config struct {
 	// ReportTimeout bounds how long an agent that acknowledged a task may take to
 	// report its result before the task fails (ExpireUnreported).
 	ReportTimeout time.Duration
+	// PlacementHintTTL is how long a replica reuses one read of the placement
+	// candidates for single launches (hints.go); < 0 reads them for every launch.
+	PlacementHintTTL time.Duration
 	// IdleUtilizationPercent: an active allocation whose every GPU stays under it for
 	// IdleAfter goes idle; a GPU at or over it makes an idle one active again.
 	IdleUtilizationPercent int
@@ -113,6 +116,8 @@ type Service struct {
 	Drains  Drains
 	Config  Config
 	Log     *slog.Logger
+
+	hints placementHints
 }
 
 // New returns the service with production defaults for what cfg leaves zero.
@@ -122,6 +127,9 @@ func New(pool *pgxpool.Pool, clk clock.Clock, idSrc ids.Source, cfg Config, cat 
 	}
 	if cfg.ProvisioningTimeout <= 0 {
 		cfg.ProvisioningTimeout = DefaultProvisioningTimeout
+	}
+	if cfg.PlacementHintTTL == 0 {
+		cfg.PlacementHintTTL = DefaultPlacementHintTTL
 	}
 	if cfg.ReportTimeout <= 0 {
 		cfg.ReportTimeout = DefaultReportTimeout

@@ -114,6 +114,9 @@ type AllocationsConfig struct {
 	// ReportCheckInterval (0 turns the check off).
 	ReportTimeout       time.Duration `env:"GANTRY_ALLOCATIONS_REPORT_TIMEOUT" envDefault:"30m"`
 	ReportCheckInterval time.Duration `env:"GANTRY_ALLOCATIONS_REPORT_CHECK_INTERVAL" envDefault:"1m"`
+	// PlacementHintTTL is how long a replica reuses one read of the placement
+	// candidates for single launches (the claim re-checks everything); -1ns: never.
+	PlacementHintTTL time.Duration `env:"GANTRY_ALLOCATIONS_PLACEMENT_HINT_TTL" envDefault:"250ms"`
 	// Idle detection: every GPU under IdleUtilizationPercent for IdleAfter makes an
 	// active allocation idle; checked every IdleCheckInterval (0 turns it off); samples
 	// older than IdleSampleMaxAge are no evidence.

@@ -15,34 +15,44 @@ import (
 
 const claimGPUs = `-- name: ClaimGPUs :many
 INSERT INTO allocation_gpus (allocation_id, node_id, gpu_uuid, gpu_index, reserved_at)
-SELECT $1::uuid, $2::uuid,
-       unnest($3::text[]), unnest($4::integer[]),
-       $5::timestamptz
+SELECT $1::uuid, g.node_id, g.gpu_uuid, u.gpu_index, $2::timestamptz
+FROM (SELECT unnest($3::text[]) AS gpu_uuid, unnest($4::integer[]) AS gpu_index) AS u
+JOIN node_gpus g ON g.node_id = $5::uuid AND g.gpu_uuid = u.gpu_uuid
+JOIN nodes n ON n.id = g.node_id
+WHERE g.model = $6 AND g.healthy IS NOT FALSE
+  AND n.status = 'online' AND n.schedule_state = 'schedulable'
+ORDER BY u.gpu_uuid COLLATE "C"
 ON CONFLICT (node_id, gpu_uuid) WHERE released_at IS NULL DO NOTHING
 RETURNING gpu_uuid
 `
 
 type ClaimGPUsParams struct {
 	AllocationID uuid.UUID
-	NodeID       uuid.UUID
+	ReservedAt   time.Time
 	GpuUuids     []string
 	GpuIndexes   []int32
-	ReservedAt   time.Time
+	NodeID       uuid.UUID
+	Model        string
 }
 
 // Reserves GPUs of one node for an allocation, each only if no live allocation holds it
 // (the partial unique index allocation_gpus_held_key decides): a GPU already held is
 // skipped, one being reserved by a launch not yet committed is waited for and then
-// skipped if that launch commits. The caller sees which it got. The GPUs are inserted in
-// the order given (launch.go gives them by uuid, so two launches never wait on each
-// other in a cycle).
+// skipped if that launch commits. The caller sees which it got. The GPUs are inserted by
+// uuid, byte order (as launch.go also gives them), so two launches never wait on each
+// other in a cycle. Only a GPU placement could choose now is reserved: of the model,
+// healthy or not sampled, on a node online and schedulable. Single launches read their
+// candidates from a replica's short-lived hint (hints.go), so the claim is where a node
+// cordoned or gone offline, or a GPU found unhealthy, since that read is turned down:
+// such a GPU comes back as not got, like one another launch holds.
 func (q *Queries) ClaimGPUs(ctx context.Context, arg ClaimGPUsParams) ([]string, error) {
 	rows, err := q.db.Query(ctx, claimGPUs,
 		arg.AllocationID,
-		arg.NodeID,
+		arg.ReservedAt,
 		arg.GpuUuids,
 		arg.GpuIndexes,
-		arg.ReservedAt,
+		arg.NodeID,
+		arg.Model,
 	)
 	if err != nil {
 		return nil, err
