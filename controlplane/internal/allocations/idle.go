@@ -178,19 +178,8 @@ func (s *Service) goIdle(ctx context.Context, id uuid.UUID, now time.Time) (bool
 
 // RunIdleDetection runs EvaluateIdle every interval until ctx ends (interval <= 0: never).
 func (s *Service) RunIdleDetection(ctx context.Context, interval time.Duration) {
-	if interval <= 0 {
-		return
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := s.EvaluateIdle(ctx); err != nil && ctx.Err() == nil {
-			s.Log.WarnContext(ctx, "idle detection failed", "err", err)
-		}
-	}
+	s.every(ctx, interval, "idle detection", func(ctx context.Context) error {
+		_, err := s.EvaluateIdle(ctx)
+		return err
+	})
 }

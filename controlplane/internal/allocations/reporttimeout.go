@@ -95,6 +95,15 @@ func moves(from lifecycle.Status, ev lifecycle.Event) bool {
 // RunReportTimeouts runs ExpireUnreported every interval until ctx ends (interval <= 0:
 // never).
 func (s *Service) RunReportTimeouts(ctx context.Context, interval time.Duration) {
+	s.every(ctx, interval, "report timeout sweep", func(ctx context.Context) error {
+		_, err := s.ExpireUnreported(ctx)
+		return err
+	})
+}
+
+// every runs pass every interval until ctx ends (interval <= 0: never), logging a
+// failed pass as what and trying again at the next tick.
+func (s *Service) every(ctx context.Context, interval time.Duration, what string, pass func(context.Context) error) {
 	if interval <= 0 {
 		return
 	}
@@ -106,8 +115,8 @@ func (s *Service) RunReportTimeouts(ctx context.Context, interval time.Duration)
 			return
 		case <-t.C:
 		}
-		if _, err := s.ExpireUnreported(ctx); err != nil && ctx.Err() == nil {
-			s.Log.WarnContext(ctx, "report timeout sweep failed", "err", err)
+		if err := pass(ctx); err != nil && ctx.Err() == nil {
+			s.Log.WarnContext(ctx, what+" failed", "err", err)
 		}
 	}
 }
