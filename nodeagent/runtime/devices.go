@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gantry-gpu/gantry/nodeagent/internal/atomicfile"
+
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 )
 
@@ -125,7 +127,7 @@ func (d *LinuxUser) applyDevicePolicy(ctx context.Context, s Spec, u *passwdEntr
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", err
 	}
-	if err := writeFileAtomic(path, want, 0o644); err != nil {
+	if err := atomicfile.Write(path, want, 0o644); err != nil {
 		return "", err
 	}
 	if _, err := run(ctx, d.Runner, nil, "systemctl", "daemon-reload"); err != nil {

@@ -4,15 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-
-	"github.com/gantry-gpu/gantry/nodeagent/internal/atomicfile"
 )
-
-// writeFileAtomic writes data to path so that readers (sshd, a shell, the next agent
-// start) see the old file or the new one, never half of one.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	return atomicfile.Write(path, data, mode)
-}
 
 func readFileLimited(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)

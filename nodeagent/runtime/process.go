@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/gantry-gpu/gantry/nodeagent/internal/atomicfile"
 )
 
 // Process is the unprivileged driver for development and tests: an allocation is a
@@ -44,10 +46,10 @@ func (d *Process) Provision(ctx context.Context, s Spec) (Account, error) {
 		shell = "/bin/sh"
 	}
 	env := allocationEnv(s.AllocationID, s.User, home, shell, s.GPUs)
-	if err := writeFileAtomic(filepath.Join(ws, "authorized_keys"), authorizedKeys(s.SSHPublicKeys), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(ws, "authorized_keys"), authorizedKeys(s.SSHPublicKeys), 0o600); err != nil {
 		return Account{}, err
 	}
-	if err := writeFileAtomic(filepath.Join(ws, "env"), envFile(env), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(ws, "env"), envFile(env), 0o600); err != nil {
 		return Account{}, err
 	}
 	return Account{User: s.User, Home: home, Shell: shell, Env: env}, nil

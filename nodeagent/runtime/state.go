@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gantry-gpu/gantry/nodeagent/internal/atomicfile"
+
 	"github.com/gantry-gpu/gantry/shared/alloctask"
 )
 
@@ -126,7 +128,7 @@ func (s store) save(r *record) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.path(r.AllocationID), append(b, '\n'), 0o600)
+	return atomicfile.Write(s.path(r.AllocationID), append(b, '\n'), 0o600)
 }
 
 func (s store) remove(id string) error {

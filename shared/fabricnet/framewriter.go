@@ -25,8 +25,9 @@ const (
 	corkLimit = 256 << 10
 )
 
-// corkBuffers are shared by every tunnel: an idle tunnel holds none.
-var corkBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 80<<10); return &b }}
+// buffers hold queued frames (frameConn) and sealed records being gathered (corkConn);
+// shared by every tunnel, so an idle tunnel holds none.
+var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 80<<10); return &b }}
 
 // corkConn is the TCP connection under the tunnel's TLS connection. Between cork and
 // uncork, writes (TLS records) are gathered and written together; otherwise they go
@@ -62,7 +63,7 @@ func (c *corkConn) flushLocked() error {
 		_, err = c.Conn.Write(b)
 	}
 	*c.buf = b[:0]
-	corkBuffers.Put(c.buf)
+	buffers.Put(c.buf)
 	c.buf = nil
 	return err
 }
@@ -82,7 +83,7 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	if c.buf == nil {
-		c.buf = corkBuffers.Get().(*[]byte)
+		c.buf = buffers.Get().(*[]byte)
 	}
 	*c.buf = append(*c.buf, p...)
 	return len(p), nil
@@ -145,7 +146,7 @@ func (f *frameConn) Write(p []byte) (int, error) {
 	}
 	// The held header goes first whatever p is, so the byte stream is always exactly
 	// what yamux wrote; normally p is that header's body.
-	bp := frameBuffers.Get().(*[]byte)
+	bp := buffers.Get().(*[]byte)
 	b := (*bp)[:0]
 	if f.held {
 		b = append(b, f.hdr[:]...)
@@ -159,7 +160,7 @@ func (f *frameConn) Write(p []byte) (int, error) {
 		f.space.Wait()
 	}
 	if f.err != nil {
-		frameBuffers.Put(bp)
+		buffers.Put(bp)
 		return 0, f.err
 	}
 	f.queue = append(f.queue, bp)
@@ -192,7 +193,7 @@ func (f *frameConn) drain() {
 			err = ferr
 		}
 		*bp = (*bp)[:0]
-		frameBuffers.Put(bp)
+		buffers.Put(bp)
 		if err != nil {
 			f.fail(err)
 		}
@@ -205,7 +206,7 @@ func (f *frameConn) fail(err error) {
 		f.err = err
 	}
 	for _, bp := range f.queue {
-		frameBuffers.Put(bp)
+		buffers.Put(bp)
 	}
 	f.queue = nil
 	f.space.Broadcast()
@@ -219,6 +220,3 @@ func (f *frameConn) Close() error {
 	f.fail(net.ErrClosed)
 	return f.Conn.Close()
 }
-
-// frameBuffers hold queued frames; shared by every tunnel, so idle tunnels hold none.
-var frameBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 80<<10); return &b }}

@@ -81,14 +81,19 @@ func taskStatus(kind string) lifecycle.Status {
 
 // settled is DispatchTask.Settled of a task row.
 func settled(t allocationsdb.GetTaskForDispatchRow) string {
+	return settledOf(t.Kind, t.AckedAt, t.FinishedAt, t.AllocationStatus, t.Superseded)
+}
+
+// settledOf is settled from the fields both task reads have.
+func settledOf(kind string, ackedAt, finishedAt *time.Time, allocationStatus string, superseded bool) string {
 	switch {
-	case t.FinishedAt != nil:
+	case finishedAt != nil:
 		return "finished"
-	case t.AckedAt != nil:
+	case ackedAt != nil:
 		return "acknowledged"
-	case t.AllocationStatus != string(taskStatus(t.Kind)):
-		return "allocation_" + t.AllocationStatus
-	case t.Superseded:
+	case allocationStatus != string(taskStatus(kind)):
+		return "allocation_" + allocationStatus
+	case superseded:
 		return "superseded"
 	}
 	return ""
@@ -113,10 +118,7 @@ func (s *Service) DispatchTask(ctx context.Context, taskID uuid.UUID) (DispatchT
 		TaskID: row.TaskID, AllocationID: row.AllocationID, NodeID: row.NodeID, Kind: row.Kind,
 		CreatedAt: row.CreatedAt, Deadline: s.deadline(row.CreatedAt), Attempts: int(row.Attempts),
 		AllocationStatus: row.AllocationStatus,
-		Settled: settled(allocationsdb.GetTaskForDispatchRow{
-			Kind: row.Kind, AckedAt: row.AckedAt, FinishedAt: row.FinishedAt,
-			AllocationStatus: row.AllocationStatus, Superseded: row.Superseded,
-		}),
+		Settled:          settledOf(row.Kind, row.AckedAt, row.FinishedAt, row.AllocationStatus, row.Superseded),
 	}
 	if !t.Pending() {
 		return t, nil

@@ -186,9 +186,8 @@ func (s *Service) candidates(ctx context.Context, tx pgx.Tx, l launch, fresh boo
 	if l.group {
 		limit = 0
 	}
-	key := l.hintKey()
 	if hinted && !fresh {
-		if cands, ok := s.hints.get(key, s.now(), s.Config.PlacementHintTTL); ok {
+		if cands, ok := s.hints.get(l.hintKey(), s.now(), s.Config.PlacementHintTTL); ok {
 			return cands, nil
 		}
 	}
@@ -197,7 +196,7 @@ func (s *Service) candidates(ctx context.Context, tx pgx.Tx, l launch, fresh boo
 		return nil, fmt.Errorf("placement: %w", err)
 	}
 	if hinted {
-		s.hints.put(key, s.now(), int(l.sku.GpuCount), cands)
+		s.hints.put(l.hintKey(), s.now(), int(l.sku.GpuCount), cands)
 	}
 	return cands, nil
 }
@@ -260,7 +259,7 @@ func claim(ctx context.Context, q *allocationsdb.Queries, id uuid.UUID, node uui
 // GPUs runs in a savepoint so that one that got only some of them leaves nothing behind.
 func (s *Service) placeSingle(ctx context.Context, tx pgx.Tx, p *principal.Principal, proj projectctx.Project, l launch, spec CreateSpec, name string, cands []nodes.PlacementNode, now time.Time) (Allocation, error) {
 	q := allocationsdb.New(tx)
-	count := int(l.sku.GpuCount)
+	count, key := int(l.sku.GpuCount), l.hintKey()
 	pool := newFreePool(cands)
 	var a Allocation
 	for range maxClaims {
@@ -290,7 +289,7 @@ func (s *Service) placeSingle(ctx context.Context, tx pgx.Tx, p *principal.Princ
 			return Allocation{}, err
 		}
 		gpus := pool.pick(i, count)
-		s.hints.take(l.hintKey(), n.NodeID, gpus)
+		s.hints.take(key, n.NodeID, gpus)
 		taken, err := claimAll(ctx, tx, a.ID, n.NodeID, l.sku.GpuModel, gpus, now)
 		if err != nil {
 			return Allocation{}, err

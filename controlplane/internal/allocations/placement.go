@@ -22,7 +22,8 @@ type placement struct {
 	GPUs   []gpuSlot
 }
 
-// freeNode is a candidate node with the GPUs placement still believes free, by index.
+// freeNode is a candidate node with the GPUs placement still believes free, by index
+// (nodes.PlacementCandidates lists them so).
 type freeNode struct {
 	NodeID uuid.UUID
 	Region string
@@ -46,7 +47,6 @@ func newFreePool(cands []nodes.PlacementNode) *freePool {
 		for _, g := range c.GPUs {
 			n.free = append(n.free, gpuSlot{UUID: g.UUID, Index: g.Index})
 		}
-		slices.SortStableFunc(n.free, func(a, b gpuSlot) int { return int(a.Index) - int(b.Index) })
 		p.nodes = append(p.nodes, n)
 	}
 	return p

@@ -73,7 +73,7 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, a Allocation, ev li
 			return a, out, fmt.Errorf("free gpus: %w", err)
 		}
 	}
-	if err := s.recorded(ctx, p, a, ptr(string(out.From)), string(ev), "allocation."+string(ev), actor, reason); err != nil {
+	if err := s.record(ctx, p, a, ptr(string(out.From)), string(ev), "allocation."+string(ev), actor, reason); err != nil {
 		return a, out, err
 	}
 	if own {
