@@ -13,6 +13,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,6 +200,88 @@ func TestConcurrentStreamsCarryEveryByte(t *testing.T) {
 				if err := <-errs; err != nil {
 					t.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// TestCloseUnblocksABlockedWrite: a stream's Close returns a Write that waits for a peer
+// that stopped reading, on both transports, as net.Conn promises. quic-go's own Close
+// concurrent with such a Write left it blocked for good (a terminal session's output
+// pump hung on a browser that had gone away).
+func TestCloseUnblocksABlockedWrite(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	for _, mode := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
+		t.Run(string(mode), func(t *testing.T) {
+			ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			accepted := make(chan net.Conn, 1)
+			go func() { // accept the stream and never read it
+				s, err := ln.Accept(ctx)
+				if err != nil {
+					return
+				}
+				st, err := s.AcceptStream(ctx)
+				if err != nil {
+					return
+				}
+				accepted <- st
+			}()
+			s, err := fabricnet.Dial(ctx, ln.Addr().String(), mode, cliTLS, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close("done")
+			st, err := s.OpenStream(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var written atomic.Int64
+			done := make(chan error, 1)
+			go func() {
+				chunk := make([]byte, 64<<10)
+				for {
+					n, err := st.Write(chunk)
+					written.Add(int64(n))
+					if err != nil {
+						done <- err
+						return
+					}
+				}
+			}()
+			select {
+			case peer := <-accepted:
+				defer peer.Close()
+			case <-ctx.Done():
+				t.Fatal("the stream never reached the peer")
+			}
+			// Wait until the windows are full: the writer makes no progress.
+			for last := int64(-1); ; {
+				time.Sleep(100 * time.Millisecond)
+				if n := written.Load(); n == last {
+					break
+				} else {
+					last = n
+				}
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("the Write returned before Close: %v", err)
+			default:
+			}
+			_ = st.Close()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("the blocked Write returned no error")
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the Write is still blocked 10 s after Close (%d bytes written)", written.Load())
 			}
 		})
 	}

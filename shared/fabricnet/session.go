@@ -114,20 +114,48 @@ func (s *quicSession) Close(reason string) error {
 }
 
 // quicStream makes a QUIC stream a net.Conn: addresses from its connection, and Close
-// ending both directions (quic-go's Close only ends the sending side).
+// ending both directions (quic-go's Close only ends the sending side) and, as net.Conn
+// promises, unblocking a Write in progress.
+//
+// quic-go's Close must not run concurrently with Write: it marks the sending side
+// finished, and a Write already waiting for flow-control credit then waits for good (the
+// connection's shutdown skips a finished stream, and a peer that stopped reading never
+// sends credit). A terminal session's output pump blocked on a browser that went away
+// hung that way while the session's reader closed the stream. Writes therefore hold wmu;
+// Close takes it when no Write is under way, and otherwise resets the sending side
+// (CancelWrite), which returns the blocked Write with an error.
 type quicStream struct {
 	*quic.Stream
 	conn *quic.Conn
+	wmu  sync.Mutex
 }
 
 func (s *quicStream) LocalAddr() net.Addr  { return s.conn.LocalAddr() }
 func (s *quicStream) RemoteAddr() net.Addr { return s.conn.RemoteAddr() }
 
-// CloseWrite ends the sending side only (FIN); the stream stays readable.
-func (s *quicStream) CloseWrite() error { return s.Stream.Close() }
+func (s *quicStream) Write(p []byte) (int, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.Stream.Write(p)
+}
+
+// CloseWrite ends the sending side only (FIN) after the Write under way, if any; the
+// stream stays readable.
+func (s *quicStream) CloseWrite() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.Stream.Close()
+}
 
 func (s *quicStream) Close() error {
 	s.Stream.CancelRead(0)
+	if !s.wmu.TryLock() {
+		// A Write is under way, possibly blocked on a peer that no longer reads: what it
+		// has not sent cannot be delivered once the stream is closed anyway.
+		s.Stream.CancelWrite(0)
+		return nil
+	}
+	defer s.wmu.Unlock()
 	return s.Stream.Close()
 }
 
