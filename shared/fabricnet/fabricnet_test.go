@@ -134,17 +134,24 @@ func TestFrameLimit(t *testing.T) {
 
 // Many streams at once, in both directions, with writes of every size from one byte to
 // past the stream window: every byte arrives, in order, on its own stream.
+// listenFor starts a fabric listener on loopback and a context of at most a minute, both
+// ended with the test.
+func listenFor(t *testing.T, srvTLS *tls.Config) (*fabricnet.Listener, context.Context) {
+	ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ln, ctx
+}
+
 func TestConcurrentStreamsCarryEveryByte(t *testing.T) {
 	srvTLS, cliTLS := certs(t)
 	for _, mode := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
 		t.Run(string(mode), func(t *testing.T) {
-			ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
+			ln, ctx := listenFor(t, srvTLS)
 			go func() { // echo every stream back
 				s, err := ln.Accept(ctx)
 				if err != nil {
@@ -213,13 +220,7 @@ func TestCloseUnblocksABlockedWrite(t *testing.T) {
 	srvTLS, cliTLS := certs(t)
 	for _, mode := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
 		t.Run(string(mode), func(t *testing.T) {
-			ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
+			ln, ctx := listenFor(t, srvTLS)
 			accepted := make(chan net.Conn, 1)
 			go func() { // accept the stream and never read it
 				s, err := ln.Accept(ctx)
