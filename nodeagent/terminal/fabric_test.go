@@ -157,3 +157,57 @@ func TestReadUntil(t *testing.T) {
 		t.Fatalf("without the marker: %v", err)
 	}
 }
+
+// A session's stream that ends while the output pump is blocked writing to it (the
+// control plane stopped reading during a flood, then half-closed) detaches the session
+// and frees the pump: the agent's Close returns. Over QUIC, quic-go's own Close under a
+// blocked Write left the pump, the session and the agent's shutdown stuck for good.
+func TestStreamEndedUnderABlockedWriteFreesTheSession(t *testing.T) {
+	for _, mode := range []fabricnet.Mode{fabricnet.ModeQUIC, fabricnet.ModeTCP} {
+		t.Run(string(mode), func(t *testing.T) {
+			e := &envs{m: map[string]SessionEnv{}}
+			alloc := uuid.NewString()
+			e.set(alloc, testEnv(t, alloc))
+			// Not closed in a cleanup: a regression would hang it, and the test fails
+			// below instead.
+			srv := New(e, Options{})
+			cp := tunnel(t, srv, mode)
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			id := uuid.NewString()
+			st, err := fabricnet.OpenRaw(ctx, cp, preamble(id, alloc, "/bin/sh", "-c", `cat /dev/zero | tr '\0' x`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sess *session
+			waitFor(t, "the session", func() bool { sess = srv.session(id); return sess != nil })
+			// Nobody reads: the windows fill and the pump blocks in its write.
+			for last := int64(-1); ; {
+				time.Sleep(100 * time.Millisecond)
+				if ctx.Err() != nil {
+					t.Fatal("the output pump never blocked")
+				}
+				if n := sess.handledBytes.Load(); n == last && sess.readBytes.Load() > n {
+					break
+				} else {
+					last = n
+				}
+			}
+			// End the sending side only, as a peer that half-closes does: the agent's
+			// reader sees the end and closes the stream while the write is blocked.
+			if cw, ok := st.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			} else {
+				_ = st.Close()
+			}
+			waitFor(t, "the session detached", func() bool { return sess.state() == stateDetached })
+			closed := make(chan struct{})
+			go func() { srv.Close(); close(closed) }()
+			select {
+			case <-closed:
+			case <-time.After(waitLimit):
+				t.Fatalf("the agent's Close is still waiting on the session %s after the stream ended (pump blocked in its write)", waitLimit)
+			}
+		})
+	}
+}
