@@ -167,8 +167,10 @@ func TestAllocationLifecycleWithAgentProcess(t *testing.T) {
 		}
 		return out
 	}
-	if got := strings.Join(events(), ","); got != "requested,provisioning,active" {
-		t.Fatalf("transitions %s, want requested,provisioning,active", got)
+	// The agent's result travels apart from its acknowledgement and can overtake it: the
+	// lifecycle then moves requested -> active directly (docs/allocation-lifecycle.md).
+	if got := strings.Join(events(), ","); got != "requested,provisioning,active" && got != "requested,active" {
+		t.Fatalf("transitions %s, want requested,provisioning,active (or requested,active when the result overtook the acknowledgement)", got)
 	}
 
 	// A control-plane restart; the agent comes back to the new one. The provision task
