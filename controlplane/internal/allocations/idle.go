@@ -13,6 +13,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
 )
 
 // Defaults of idle detection (Config).
@@ -178,7 +179,7 @@ func (s *Service) goIdle(ctx context.Context, id uuid.UUID, now time.Time) (bool
 
 // RunIdleDetection runs EvaluateIdle every interval until ctx ends (interval <= 0: never).
 func (s *Service) RunIdleDetection(ctx context.Context, interval time.Duration) {
-	s.every(ctx, interval, "idle detection", func(ctx context.Context) error {
+	loop.Every(ctx, interval, s.Log, "idle detection", func(ctx context.Context) error {
 		_, err := s.EvaluateIdle(ctx)
 		return err
 	})

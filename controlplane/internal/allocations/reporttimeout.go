@@ -10,6 +10,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/allocationsdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
+	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
 )
 
 // Defaults of the report timeout (Config).
@@ -95,28 +96,8 @@ func moves(from lifecycle.Status, ev lifecycle.Event) bool {
 // RunReportTimeouts runs ExpireUnreported every interval until ctx ends (interval <= 0:
 // never).
 func (s *Service) RunReportTimeouts(ctx context.Context, interval time.Duration) {
-	s.every(ctx, interval, "report timeout sweep", func(ctx context.Context) error {
+	loop.Every(ctx, interval, s.Log, "report timeout sweep", func(ctx context.Context) error {
 		_, err := s.ExpireUnreported(ctx)
 		return err
 	})
-}
-
-// every runs pass every interval until ctx ends (interval <= 0: never), logging a
-// failed pass as what and trying again at the next tick.
-func (s *Service) every(ctx context.Context, interval time.Duration, what string, pass func(context.Context) error) {
-	if interval <= 0 {
-		return
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := pass(ctx); err != nil && ctx.Err() == nil {
-			s.Log.WarnContext(ctx, what+" failed", "err", err)
-		}
-	}
 }

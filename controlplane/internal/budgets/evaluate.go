@@ -13,6 +13,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets/budgetsdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 )
 
@@ -189,19 +190,8 @@ func (s *Service) EvaluateAll(ctx context.Context) (Evaluation, error) {
 // replica: events dedupe on (budget, period, threshold_key), suspend requests on the
 // event.
 func (s *Service) Run(ctx context.Context, interval time.Duration, log *slog.Logger) {
-	if interval <= 0 {
-		return
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := s.EvaluateAll(ctx); err != nil && ctx.Err() == nil {
-			log.WarnContext(ctx, "budget evaluation failed", "err", err)
-		}
-	}
+	loop.Every(ctx, interval, log, "budget evaluation", func(ctx context.Context) error {
+		_, err := s.EvaluateAll(ctx)
+		return err
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
+	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 )
 
@@ -152,18 +153,7 @@ func (s *Server) announce(ctx context.Context) error {
 }
 
 func (s *Server) announceReplica(ctx context.Context) {
-	t := time.NewTicker(s.cfg.ReplicaRefresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := s.announce(ctx); err != nil && ctx.Err() == nil {
-				s.deps.Log.Warn("fabric: replica announcement failed", "err", err)
-			}
-		}
-	}
+	loop.Every(ctx, s.cfg.ReplicaRefresh, s.deps.Log, "fabric: replica announcement", s.announce)
 }
 
 // WaitPresence blocks until the mirror holds the bucket's current contents (Run

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
+	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
@@ -192,18 +193,10 @@ func (s *Server) RenewCertificate(ctx context.Context) (bool, error) {
 
 // renewLoop checks the server certificate every certCheckInterval.
 func (s *Server) renewLoop(ctx context.Context) {
-	t := time.NewTicker(certCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := s.RenewCertificate(ctx); err != nil && ctx.Err() == nil {
-			s.deps.Log.WarnContext(ctx, "fabric server certificate renewal failed; retrying", "err", err, "retry_in", certCheckInterval)
-		}
-	}
+	loop.Every(ctx, certCheckInterval, s.deps.Log, "fabric server certificate renewal", func(ctx context.Context) error {
+		_, err := s.RenewCertificate(ctx)
+		return err
+	}, "retry_in", certCheckInterval)
 }
 
 // ReplicaID names this replica.
