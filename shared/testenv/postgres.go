@@ -101,6 +101,9 @@ type Template struct {
 	// Migrate brings the empty database at url to the schema. It must close
 	// its connections before returning.
 	Migrate func(ctx context.Context, url string) error
+	// Configure, if set, adjusts the config of pools NewDatabase opens on the
+	// template's clones, as the program configures its own (types it registers).
+	Configure func(*pgxpool.Config)
 }
 
 // NewDatabase creates a private database cloned from tmpl (migrating the
@@ -112,7 +115,14 @@ func NewDatabase(t testing.TB, tmpl Template) *pgxpool.Pool {
 	u := DatabaseURL(t, tmpl)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, u)
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		t.Fatalf("testenv: test database URL: %v", err)
+	}
+	if tmpl.Configure != nil {
+		tmpl.Configure(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("testenv: open pool on test database: %v", err)
 	}

@@ -29,7 +29,7 @@ import (
 )
 
 // Template is the migrated template every test database is cloned from.
-var Template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate}
+var Template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool}
 
 // Env is one running control plane.
 type Env struct {

@@ -149,7 +149,12 @@ func (e *Env) checkSigningKeys(ctx context.Context, ownDB bool, note func(string
 	}
 	cfg := auth.DefaultConfig()
 	cfg.MasterKey = mk
-	pool, err := pgxpool.New(ctx, e.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(e.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	db.ConfigurePool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate}
+var template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool}
 
 const (
 	adminPW = "admin-password-one"

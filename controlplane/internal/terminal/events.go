@@ -23,6 +23,19 @@ type allocationEvent struct {
 	Status       string    `json:"status"`
 }
 
+// mayEndSessions is whether entering status can end an allocation's terminals. Entering
+// a running status cannot, nor can entering a status only reached before the first start
+// (requested, provisioning, and failed, which only they lead to): a session needs a
+// running allocation (docs/allocation-lifecycle.md; a unit test walks its table). Two of
+// every create's events are of those, and each would cost a database read.
+func mayEndSessions(status string) bool {
+	switch status {
+	case "requested", "provisioning", "failed":
+		return false
+	}
+	return !running(status)
+}
+
 func (s *Service) subscribeAllocationEvents() (*nats.Subscription, error) {
 	prefix := s.deps.EventsSubjectPrefix
 	if prefix == "" {
@@ -30,8 +43,8 @@ func (s *Service) subscribeAllocationEvents() (*nats.Subscription, error) {
 	}
 	return s.deps.NATS.Subscribe(prefix+"allocation.>", func(m *nats.Msg) {
 		var ev allocationEvent
-		if err := json.Unmarshal(m.Data, &ev); err != nil || ev.AllocationID == uuid.Nil || running(ev.Status) {
-			return // entering a running status ends nothing
+		if err := json.Unmarshal(m.Data, &ev); err != nil || ev.AllocationID == uuid.Nil || !mayEndSessions(ev.Status) {
+			return
 		}
 		// Off the NATS delivery goroutine: this reads and writes the database.
 		go s.AllocationChanged(context.Background(), ev.AllocationID)

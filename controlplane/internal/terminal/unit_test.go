@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
+
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/clock"
@@ -117,5 +119,34 @@ func TestOriginAndSubprotocols(t *testing.T) {
 	}
 	if wellFormed("abc") || wellFormed(strings.Repeat("=", 43)) {
 		t.Fatal("malformed tokens accepted")
+	}
+}
+
+// Every allocation status, from the lifecycle's own table: entering one may end
+// terminals exactly when the status is not running and can be reached after the
+// allocation ran (a session needs a running allocation).
+func TestWhichStatusEventsMayEndSessions(t *testing.T) {
+	afterRun := map[lifecycle.Status]bool{}
+	queue := []lifecycle.Status{lifecycle.Active, lifecycle.Idle}
+	for len(queue) > 0 {
+		from := queue[0]
+		queue = queue[1:]
+		for _, e := range lifecycle.Events {
+			out, err := lifecycle.Apply(from, e)
+			if err != nil || afterRun[out.To] {
+				continue
+			}
+			afterRun[out.To] = true
+			queue = append(queue, out.To)
+		}
+	}
+	for _, st := range lifecycle.Statuses {
+		want := afterRun[st] && st != lifecycle.Active && st != lifecycle.Idle
+		if got := mayEndSessions(string(st)); got != want {
+			t.Errorf("mayEndSessions(%s) = %v, want %v (reachable after running: %v)", st, got, want, afterRun[st])
+		}
+	}
+	if !afterRun[lifecycle.Released] || afterRun[lifecycle.Requested] || afterRun[lifecycle.Provisioning] {
+		t.Errorf("lifecycle walk went wrong: %v", afterRun)
 	}
 }
