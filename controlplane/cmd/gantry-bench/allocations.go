@@ -220,7 +220,7 @@ func (b *allocBench) catalog(ctx context.Context) error {
 		DiskGiB: 2000, UsageUnit: benchUnit, Regions: []string{benchRegion}}); err != nil {
 		return fmt.Errorf("sku: %w", err)
 	}
-	if _, err := a.Billing.CreatePlan(ctx, "bench", true, nil, []billing.PriceInput{{Unit: benchUnit, Currency: "USD", UnitPrice: "0.0007"}}); err != nil {
+	if _, err := a.Billing.CreatePlan(ctx, "bench-allocations", true, nil, []billing.PriceInput{{Unit: benchUnit, Currency: "USD", UnitPrice: "0.0007"}}); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
 	return nil
@@ -458,7 +458,7 @@ func (b *allocBench) forceRelease(ctx context.Context, ids []string) error {
 // rawInserts is the baseline: n single-row INSERTs (a uuid, a text, a timestamp) from
 // conc goroutines, each its own autocommit transaction.
 func rawInserts(ctx context.Context, fx *fixture, n, conc int) (float64, error) {
-	if _, err := fx.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_raw_inserts (id uuid PRIMARY KEY, name text NOT NULL, created_at timestamptz NOT NULL)`); err != nil {
+	if _, err := fx.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_alloc_raw_inserts (id uuid PRIMARY KEY, name text NOT NULL, created_at timestamptz NOT NULL)`); err != nil {
 		return 0, err
 	}
 	var next atomic.Int64
@@ -470,7 +470,7 @@ func rawInserts(ctx context.Context, fx *fixture, n, conc int) (float64, error) 
 		go func() {
 			defer wg.Done()
 			for int(next.Add(1)) <= n {
-				if _, err := fx.pool.Exec(ctx, `INSERT INTO bench_raw_inserts (id, name, created_at) VALUES ($1, $2, now())`, uuid.New(), "bench"); err != nil {
+				if _, err := fx.pool.Exec(ctx, `INSERT INTO bench_alloc_raw_inserts (id, name, created_at) VALUES ($1, $2, now())`, uuid.New(), "bench"); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
