@@ -17,7 +17,7 @@ import (
 // encode as one (an error built with fmt, then thrown away), is parsed back and only then
 // encoded, and each scanned one is formatted and parsed again. An allocation create
 // passes and reads some thirty uuids, and that detour was about a tenth of the control
-// plane's CPU in the allocation benchmark (docs/allocations.md, "Create throughput").
+// plane's CPU in the allocation benchmark (docs/allocations.md, "Performance").
 func ConfigurePool(cfg *pgxpool.Config) {
 	prev := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
