@@ -368,10 +368,7 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); _ = a.Relay.Run(bg) }()
-	go func() {
-		defer wg.Done()
-		a.Billing.Run(bg, func(step string, err error) { a.Log.WarnContext(bg, "billing "+step+" failed", "err", err) })
-	}()
+	go func() { defer wg.Done(); a.Billing.Run(bg, a.Log) }()
 	go func() { defer wg.Done(); a.maintain(bg) }()
 	// Budget evaluation (docs/budgets.md): every GANTRY_BUDGETS_EVALUATE_INTERVAL.
 	wg.Add(1)

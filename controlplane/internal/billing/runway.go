@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/cockroachdb/apd/v3"
@@ -13,6 +14,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing/billingdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 )
@@ -338,22 +340,17 @@ func (s *Service) liftBlockIfRestored(ctx context.Context, tx pgx.Tx, tenantID u
 }
 
 // Run is billing's background loop: every WatchInterval it rates running usage (so
-// balances move while workloads run) and then checks runways. Every step is idempotent
-// and safe on every replica.
-func (s *Service) Run(ctx context.Context, onError func(step string, err error)) {
-	t := time.NewTicker(s.Config.WatchInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+// balances move while workloads run) and then checks runways, even when rating failed.
+// Every step is idempotent and safe on every replica.
+func (s *Service) Run(ctx context.Context, log *slog.Logger) {
+	loop.Every(ctx, s.Config.WatchInterval, log, "billing pass", func(ctx context.Context) error {
+		var errs []error
+		if _, err := s.RateRunning(ctx, s.Clock.Now(), 500); err != nil {
+			errs = append(errs, fmt.Errorf("rate running usage: %w", err))
 		}
-		if _, err := s.RateRunning(ctx, s.Clock.Now(), 500); err != nil && ctx.Err() == nil {
-			onError("rate running usage", err)
+		if _, _, err := s.WatchRunway(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("runway watch: %w", err))
 		}
-		if _, _, err := s.WatchRunway(ctx); err != nil && ctx.Err() == nil {
-			onError("runway watch", err)
-		}
-	}
+		return errors.Join(errs...)
+	})
 }

@@ -343,16 +343,10 @@ func (s *Server) toFleet(e presenceEntry) fleet.Presence {
 // sweepLoop checks TTLs, refreshes presence, ends the startup window and reaps nodes
 // nobody holds any more.
 func (s *Server) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.sweep(ctx)
-		}
-	}
+	loop.Every(ctx, s.cfg.SweepInterval, s.deps.Log, "fabric: presence sweep", func(ctx context.Context) error {
+		s.sweep(ctx) // its presence writes log their own failures, node by node
+		return nil
+	})
 }
 
 func (s *Server) sweep(ctx context.Context) {
