@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
@@ -285,5 +287,38 @@ func TestCloseUnblocksABlockedWrite(t *testing.T) {
 				t.Fatalf("the Write is still blocked 10 s after Close (%d bytes written)", written.Load())
 			}
 		})
+	}
+}
+
+// Closing the listener ends the QUIC tunnels it accepted with a CONNECTION_CLOSE, so
+// their peers learn at once instead of at their idle timeout (here ten minutes, past
+// the test's wait). quic-go's transport close alone drops them silently; the control
+// plane's shutdown raced its tunnels' own closes against it, and an agent that lost
+// the race came back 45 s later (a flaky restart test in CI).
+func TestListenerCloseTellsQUICPeers(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	ln, ctx := listenFor(t, srvTLS)
+	accepted := make(chan fabricnet.Session, 1)
+	go func() {
+		if s, err := ln.Accept(ctx); err == nil {
+			accepted <- s
+		}
+	}()
+	s, err := fabricnet.Dial(ctx, ln.Addr().String(), fabricnet.ModeQUIC, cliTLS,
+		&fabricnet.DialOptions{QUIC: &quic.Config{MaxIdleTimeout: 10 * time.Minute, KeepAlivePeriod: 5 * time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close("done")
+	select {
+	case <-accepted:
+	case <-ctx.Done():
+		t.Fatal("the listener did not accept the tunnel")
+	}
+	_ = ln.Close()
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the peer was not told the listener closed")
 	}
 }

@@ -46,6 +46,13 @@ type Listener struct {
 	// handshakes is the semaphore of TCP TLS handshakes in progress.
 	handshakes chan struct{}
 
+	// live holds the QUIC tunnels accepted and not yet ended. They cannot outlive the
+	// UDP socket, and the transport's own close drops them without a word to the peer
+	// (quic-go's destroy), which leaves every agent to its idle timeout (45 s) before it
+	// reconnects: Close ends them with a CONNECTION_CLOSE first.
+	liveMu sync.Mutex
+	live   map[*quic.Conn]struct{}
+
 	closeOnce sync.Once
 	closed    chan struct{}
 	wg        sync.WaitGroup
@@ -55,7 +62,7 @@ type Listener struct {
 // that is free for both TCP and UDP (binding one, then the other, retrying on a
 // conflict). tlsConf must carry the server certificate; ALPN and TLS 1.3 are set here.
 func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, error) {
-	l := &Listener{tlsConf: withALPN(tlsConf), sessions: make(chan Session, 256), closed: make(chan struct{})}
+	l := &Listener{tlsConf: withALPN(tlsConf), sessions: make(chan Session, 256), closed: make(chan struct{}), live: map[*quic.Conn]struct{}{}}
 	if opts != nil {
 		l.opts = *opts
 	}
@@ -172,6 +179,19 @@ func (l *Listener) acceptQUIC() {
 		if err != nil {
 			return
 		}
+		l.liveMu.Lock()
+		if l.live == nil { // Close took the set: nobody will end this one
+			l.liveMu.Unlock()
+			_ = c.CloseWithError(0, "listener closed")
+			return
+		}
+		l.live[c] = struct{}{}
+		l.liveMu.Unlock()
+		context.AfterFunc(c.Context(), func() {
+			l.liveMu.Lock()
+			delete(l.live, c)
+			l.liveMu.Unlock()
+		})
 		l.deliver(newQUICSession(c, nil))
 	}
 }
@@ -225,14 +245,26 @@ func (l *Listener) serverTLS(c net.Conn) (Session, error) {
 	return &yamuxSession{mux: mux, tls: fc.Conn}, nil
 }
 
-// Close stops accepting. QUIC tunnels share the listener's UDP socket and end with it;
-// TCP tunnels already accepted stay up until their owner closes them.
+// Close stops accepting. QUIC tunnels share the listener's UDP socket and end with it,
+// their peers told (a CONNECTION_CLOSE, so agents reconnect at once); TCP tunnels
+// already accepted stay up until their owner closes them.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
 		if l.quicLn != nil {
 			_ = l.quicLn.Close()
 		}
+		l.liveMu.Lock()
+		live := l.live
+		l.live = nil
+		l.liveMu.Unlock()
+		// In parallel: CloseWithError waits for the connection's loop to end, and a
+		// replica may hold thousands.
+		var wg sync.WaitGroup
+		for c := range live {
+			wg.Go(func() { _ = c.CloseWithError(0, "listener closed") })
+		}
+		wg.Wait()
 		if l.quicTr != nil {
 			_ = l.quicTr.Close()
 		}

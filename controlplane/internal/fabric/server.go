@@ -235,10 +235,13 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 func (s *Server) shutdown() {
-	_ = s.ln.Close()
 	for _, sub := range s.subs {
 		_ = sub.Unsubscribe()
 	}
+	// Sessions end before the listener closes: closing it ends the QUIC tunnels still
+	// open, which their sessions would take for lost tunnels (presence written for each)
+	// rather than a shutdown. A tunnel accepted meanwhile fails to authenticate on the
+	// ended context and is closed.
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {
@@ -255,6 +258,10 @@ func (s *Server) shutdown() {
 			ss.close(endShutdown, "control plane shutting down")
 		}()
 	}
+	for range cap(sem) {
+		sem <- struct{}{} // every close returned
+	}
+	_ = s.ln.Close()
 	s.grpcLn.Close()
 	s.grpc.Stop()
 	s.ending.Wait()
