@@ -51,27 +51,29 @@ func (h *placementHints) get(key string, now time.Time, ttl time.Duration) ([]no
 		!slices.ContainsFunc(e.nodes, func(n nodes.PlacementNode) bool { return len(n.GPUs) >= e.count }) {
 		return nil, false
 	}
-	out := make([]nodes.PlacementNode, len(e.nodes))
-	for i, n := range e.nodes {
-		out[i] = n
-		out[i].GPUs = slices.Clone(n.GPUs)
-	}
-	return out, true
+	return cloneCandidates(e.nodes), true
 }
 
 // put stores a fresh read (a copy of it).
 func (h *placementHints) put(key string, now time.Time, count int, cands []nodes.PlacementNode) {
-	cp := make([]nodes.PlacementNode, len(cands))
-	for i, n := range cands {
-		cp[i] = n
-		cp[i].GPUs = slices.Clone(n.GPUs)
-	}
+	cp := cloneCandidates(cands)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.entries == nil {
 		h.entries = map[string]*placementHint{}
 	}
 	h.entries[key] = &placementHint{readAt: now, count: count, nodes: cp}
+}
+
+// cloneCandidates copies candidates with their GPU lists, so that a launch's picks and
+// the hint's own edits never reach each other.
+func cloneCandidates(cands []nodes.PlacementNode) []nodes.PlacementNode {
+	out := make([]nodes.PlacementNode, len(cands))
+	for i, n := range cands {
+		out[i] = n
+		out[i].GPUs = slices.Clone(n.GPUs)
+	}
+	return out
 }
 
 // take removes GPUs of node from the hint for key (picked by a launch of this replica;
