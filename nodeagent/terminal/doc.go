@@ -13,10 +13,12 @@
 // first, which gets an `error` control (session_replaced) and is closed.
 //
 // Backpressure is end to end: the session reads the PTY only as fast as the attached
-// stream takes the output (the stream is flow-controlled by yamux / QUIC windows), so a
-// slow reader blocks the shell instead of growing a buffer; input is written to the PTY
-// before the next frame is read from the stream, so no keystroke is ever dropped. The
-// only per-session buffer is the 64 KiB replay ring.
+// stream takes the output (the stream is flow-controlled by yamux / QUIC windows and,
+// when the control plane turns it on, by the terminal's own output window), so a slow
+// reader blocks the shell instead of growing a buffer. Input is written to the PTY before
+// the next frame is read from the stream or, with the terminal's flow control, queued
+// within the 64 KiB input window the agent grants; no keystroke is ever dropped. The
+// per-session buffers are the 64 KiB replay ring and that input queue.
 //
 // The package never decides whether an allocation is live: it asks Environments (the
 // allocation runtime), and the runtime calls EndAllocation when it stops or releases an

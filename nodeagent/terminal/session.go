@@ -215,7 +215,7 @@ func (s *session) wait() {
 	case <-time.After(stuckWriteTimeout):
 		s.mu.Lock()
 		if s.att != nil {
-			_ = s.att.conn.SetWriteDeadline(time.Unix(1, 0))
+			s.att.unblock()
 		}
 		s.mu.Unlock()
 		<-s.pumpDone

@@ -6,8 +6,10 @@
 // the payload. Data frames carry terminal bytes (keystrokes toward the agent, PTY output
 // from it). Control frames carry one JSON object with a "type" field.
 //
-// Flow control comes from the stream itself (yamux / QUIC windows): each side reads a
-// frame only when it can pass it on, so nothing is buffered without bound.
+// Window frames acknowledge data bytes, for the terminal's own flow control (flow.go),
+// which both sides turn on with a `flow` control frame. Without it, flow control comes
+// from the stream itself (yamux / QUIC windows): each side reads a frame only when it
+// can pass it on, so nothing is buffered without bound.
 package termproto
 
 import (
@@ -51,6 +53,8 @@ type Control struct {
 	Code      *int   `json:"code,omitempty"`
 	ErrorCode string `json:"error_code,omitempty"`
 	Message   string `json:"message,omitempty"`
+	// Window is a `flow` frame's window in bytes (flow.go).
+	Window int `json:"window,omitempty"`
 }
 
 // ErrTooLarge is a frame whose declared length exceeds MaxPayload.
@@ -121,7 +125,7 @@ func ReadFrame(r io.Reader, buf []byte) (typ byte, payload []byte, err error) {
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, nil, fmt.Errorf("termproto: short frame: %w", err)
 	}
-	if hdr[0] != FrameData && hdr[0] != FrameControl {
+	if hdr[0] != FrameData && hdr[0] != FrameControl && hdr[0] != FrameWindow {
 		return 0, nil, fmt.Errorf("termproto: unknown frame type %d", hdr[0])
 	}
 	return hdr[0], buf, nil

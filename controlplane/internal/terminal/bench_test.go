@@ -5,12 +5,16 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
+	"github.com/gantry-gpu/gantry/controlplane/internal/app"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	nodeterm "github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -18,6 +22,21 @@ import (
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 	"github.com/gantry-gpu/gantry/shared/termproto"
 )
+
+// benchWorld is newWorld with GANTRY_BENCH_TERMINAL_WINDOW, when set, as the terminal's
+// output window (bytes; -1 for the terminal's flow control off), to compare settings
+// with the same benchmark.
+func benchWorld(b *testing.B) *world {
+	v := os.Getenv("GANTRY_BENCH_TERMINAL_WINDOW")
+	if v == "" {
+		return newWorld(b)
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		b.Fatalf("GANTRY_BENCH_TERMINAL_WINDOW: %v", err)
+	}
+	return newWorld(b, apitest.WithConfig(func(c *app.Config) { c.Terminal.OutputWindow = n }))
+}
 
 func reportRTT(b *testing.B, rtts []time.Duration) {
 	if len(rtts) == 0 {
@@ -34,7 +53,7 @@ func reportRTT(b *testing.B, rtts []time.Duration) {
 // QUIC) -> agent PTY -> back, idle and while another session floods the same tunnel,
 // and through the replica hop. Figures are printed, never asserted.
 func BenchmarkTerminalEcho(b *testing.B) {
-	w := newWorld(b)
+	w := benchWorld(b)
 	runFabric(b, w.App)
 	runTerminal(b, w.App, w.Server.URL)
 	tcp := w.agentNode(b, w.App, fabricnet.ModeTCP, nodeterm.Options{})
@@ -167,7 +186,7 @@ func BenchmarkTerminalEcho(b *testing.B) {
 // BenchmarkTerminalThroughput counts the output of a 64 MiB command through the
 // whole path (MB/s is printed), against the agent's PTY server alone.
 func BenchmarkTerminalThroughput(b *testing.B) {
-	w := newWorld(b)
+	w := benchWorld(b)
 	runFabric(b, w.App)
 	const command = "head -c 67108864 /dev/zero | tr '\\0' x"
 	b.Run("pty-direct", func(b *testing.B) {

@@ -62,6 +62,13 @@ type bridge struct {
 	stMu   sync.Mutex   // frames toward the agent come from the client loop and from finish
 	causes chan cause   // first one stops the bridge; later ones are read while ending
 	att    atomic.Int32 // attachment number once the agent said ready (0 before)
+
+	// Terminal flow control (shared/termproto flow.go), when Config.OutputWindow is on:
+	// in is the agent's window for input, counted from the bridge's flow frame and
+	// limited once the agent answers; outDebt, set by that answer (fromAgent's goroutine
+	// only), is the output handed to the browser and not yet acknowledged.
+	in      termproto.Credit
+	outDebt *termproto.Debt
 }
 
 func newBridge(s *Service, ctx context.Context, r *http.Request, ws *websocket.Conn, st net.Conn, g Grant, a Allocation) *bridge {
@@ -80,6 +87,15 @@ func (b *bridge) stop(c cause) {
 // closes both sides.
 func (b *bridge) run() {
 	ctx, cancel := context.WithCancel(b.ctx)
+	if w := b.s.cfg.OutputWindow; w > 0 {
+		// The first frame toward the agent: an agent without flow control ignores it.
+		b.in.Count()
+		if err := b.toAgent(func() error {
+			return termproto.WriteControl(b.st, termproto.Control{Type: termproto.TypeFlow, Window: w})
+		}); err != nil {
+			b.stop(cause{kind: causeStreamLost})
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); b.fromAgent(ctx) }()
@@ -88,6 +104,7 @@ func (b *bridge) run() {
 	first := <-b.causes
 	b.finish(ctx, first)
 	cancel()
+	b.in.Close()
 	_ = b.st.Close()
 	_ = b.ws.CloseNow()
 	wg.Wait()
@@ -102,14 +119,43 @@ func (b *bridge) refuse(err error) {
 
 func (b *bridge) fromAgent(ctx context.Context) {
 	buf := make([]byte, termproto.MaxPayload)
+	closed := false // the browser closed the WebSocket: output is dropped
 	for {
 		typ, p, err := termproto.ReadFrame(b.st, buf)
 		if err != nil {
 			b.stop(cause{kind: causeStreamLost})
 			return
 		}
-		if typ == termproto.FrameData {
-			if !b.write(ctx, websocket.MessageBinary, p) {
+		switch typ {
+		case termproto.FrameData:
+			if !closed {
+				if err := b.write(ctx, websocket.MessageBinary, p); err != nil {
+					if !errors.Is(err, net.ErrClosed) {
+						return
+					}
+					// The browser closed the WebSocket and fromClient is about to say
+					// how. Reading goes on for the agent's exit (a normal close waits for
+					// it), and output nobody will see still counts as consumed, so that
+					// the agent's pump is not held on a window that never comes back.
+					closed = true
+				}
+			}
+			if b.outDebt != nil {
+				if n := b.outDebt.Consumed(len(p)); n > 0 {
+					if err := b.toAgent(func() error { return termproto.WriteWindow(b.st, n) }); err != nil {
+						b.stop(cause{kind: causeStreamLost})
+						return
+					}
+				}
+			}
+			continue
+		case termproto.FrameWindow:
+			n, err := termproto.ParseWindow(p)
+			if err == nil {
+				err = b.in.Ack(n)
+			}
+			if err != nil {
+				b.stop(cause{kind: causeAgentError, agentCode: "protocol_error"})
 				return
 			}
 			continue
@@ -124,6 +170,15 @@ func (b *bridge) fromAgent(ctx context.Context) {
 			if !b.ready(ctx, ctl) {
 				return
 			}
+		case termproto.TypeFlow:
+			// The agent's answer to the bridge's flow frame: its output from here on
+			// counts against OutputWindow, and input is limited to the agent's window.
+			if b.s.cfg.OutputWindow <= 0 || b.outDebt != nil || !termproto.ValidWindow(ctl.Window) {
+				b.stop(cause{kind: causeAgentError, agentCode: "protocol_error"})
+				return
+			}
+			b.outDebt = termproto.NewDebt(b.s.cfg.OutputWindow)
+			b.in.Limit(ctl.Window)
 		case termproto.TypeExit:
 			b.stop(cause{kind: causeExit, code: ctl.Code, agentWhy: ctl.Message})
 			return
@@ -153,20 +208,24 @@ func (b *bridge) ready(ctx context.Context, ctl termproto.Control) bool {
 	b.att.Store(att)
 	return b.write(ctx, websocket.MessageText, marshal(readyFrame{
 		Type: frameSessionReady, SessionID: b.grant.SessionID.String(), Cols: cols, Rows: rows, Replayed: ctl.Replayed,
-	}))
+	})) == nil
 }
 
-// write sends one message to the browser within the write timeout; false (and the
-// bridge detaches) when the browser is gone or does not read.
-func (b *bridge) write(ctx context.Context, typ websocket.MessageType, p []byte) bool {
+// write sends one message to the browser within the write timeout. When the browser is
+// gone or does not read, the bridge detaches, except on a WebSocket already closed
+// (net.ErrClosed): fromClient's Read fails too and gives the cause, which matters for a
+// browser that closed normally while output was under way. The library closes the
+// connection as it answers the close frame, before Read returns the status, so output
+// written in between failed here first and turned "the user closed the terminal" into
+// a detach (seen as a flaky end-to-end test under load).
+func (b *bridge) write(ctx context.Context, typ websocket.MessageType, p []byte) error {
 	wctx, cancel := context.WithTimeout(ctx, b.s.cfg.WriteTimeout)
 	err := b.ws.Write(wctx, typ, p)
 	cancel()
-	if err != nil {
+	if err != nil && !errors.Is(err, net.ErrClosed) {
 		b.stop(cause{kind: causeClientGone})
-		return false
 	}
-	return true
+	return err
 }
 
 func (b *bridge) fromClient(ctx context.Context) {
@@ -181,7 +240,7 @@ func (b *bridge) fromClient(ctx context.Context) {
 			return
 		}
 		if typ == websocket.MessageBinary {
-			if err := b.toAgent(func() error { return termproto.WriteData(b.st, p) }); err != nil {
+			if err := b.input(ctx, p); err != nil {
 				b.stop(cause{kind: causeStreamLost})
 				return
 			}
@@ -215,11 +274,19 @@ func (b *bridge) control(ctx context.Context, p []byte) bool {
 			return false
 		}
 	case framePing:
-		return b.write(ctx, websocket.MessageText, marshal(pongFrame{Type: framePong}))
+		// On a closed WebSocket the next Read says why (write).
+		err := b.write(ctx, websocket.MessageText, marshal(pongFrame{Type: framePong}))
+		return err == nil || errors.Is(err, net.ErrClosed)
 	default:
 		b.sendError(ctx, apierr.New(apierr.InvalidRequest, "unknown control message type").With("reason", "bad_control_frame"))
 	}
 	return true
+}
+
+// input writes keystrokes to the agent as data frames, each within the agent's input
+// window once flow control is on (waiting, without holding stMu, for its window frames).
+func (b *bridge) input(ctx context.Context, p []byte) error {
+	return b.in.WriteData(&b.stMu, b.st, p, ctx.Done())
 }
 
 func (b *bridge) toAgent(f func() error) error {
@@ -241,7 +308,8 @@ func (b *bridge) ping(ctx context.Context) {
 			err := b.ws.Ping(pctx)
 			cancel()
 			if err != nil {
-				if ctx.Err() == nil {
+				// A closed WebSocket is fromClient's to report (write).
+				if ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
 					b.stop(cause{kind: causeClientGone})
 				}
 				return

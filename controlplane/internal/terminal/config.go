@@ -2,7 +2,10 @@ package terminal
 
 import (
 	"errors"
+	"fmt"
 	"time"
+
+	"github.com/gantry-gpu/gantry/shared/termproto"
 )
 
 // Config is GANTRY_TERMINAL_*. Zero values in a Config built by hand (tests, benchmarks)
@@ -35,6 +38,12 @@ type Config struct {
 	// ReplicaBucket is the JetStream KV bucket where replicas publish InternalURL;
 	// empty in a hand-built Config: "<events stream>_TERMINAL_REPLICAS".
 	ReplicaBucket string `env:"GANTRY_TERMINAL_REPLICA_BUCKET" envDefault:"gantry_terminal_replicas"`
+	// OutputWindow is how many bytes of a terminal's output the agent may have sent and
+	// the browser not yet been handed (the terminal's own flow control, shared/termproto
+	// flow.go): it bounds what a terminal printing at full speed puts in flight on the
+	// node's tunnel, ahead of other sessions' keystroke echo. 32 KiB..16 MiB; -1 turns the
+	// terminal's flow control off (the tunnel's windows alone, as agents without it).
+	OutputWindow int `env:"GANTRY_TERMINAL_OUTPUT_WINDOW" envDefault:"65536"`
 }
 
 // Defaults.
@@ -44,6 +53,11 @@ const (
 	DefaultPingInterval = 15 * time.Second
 	DefaultWriteTimeout = 10 * time.Second
 	DefaultOpenTimeout  = 15 * time.Second
+	// DefaultOutputWindow: 64 KiB in flight keeps a browser terminal fed (about 500 MB/s
+	// at a 0.1 ms round trip, 1.3 MB/s at 50 ms, more than a browser renders) while a
+	// flood on the same tunnel adds about a millisecond to other sessions' echo
+	// (docs/terminal.md).
+	DefaultOutputWindow = 64 << 10
 )
 
 func (c *Config) setDefaults() error {
@@ -57,6 +71,14 @@ func (c *Config) setDefaults() error {
 	def(&c.PingInterval, DefaultPingInterval)
 	def(&c.WriteTimeout, DefaultWriteTimeout)
 	def(&c.OpenTimeout, DefaultOpenTimeout)
+	switch {
+	case c.OutputWindow == 0:
+		c.OutputWindow = DefaultOutputWindow
+	case c.OutputWindow < 0:
+		c.OutputWindow = -1
+	case !termproto.ValidWindow(c.OutputWindow):
+		return fmt.Errorf("terminal: GANTRY_TERMINAL_OUTPUT_WINDOW must be %d..%d bytes, or -1 for off", termproto.MinWindow, termproto.MaxWindow)
+	}
 	if c.ReplicaBucket == "" {
 		return errors.New("terminal: ReplicaBucket is required")
 	}

@@ -19,22 +19,36 @@ import (
 )
 
 // A megabyte pasted in 64 KiB messages reaches the shell whole: input is written to the
-// stream before the next message is read, and nothing is dropped on the way.
+// stream before the next message is read, and nothing is dropped on the way. Then 4 MiB
+// of output reaches the browser whole. Both with the terminal's flow control (its
+// windows are far smaller than either) and without it.
 func TestInputIsNeverDropped(t *testing.T) {
-	w := newWorld(t)
-	runFabric(t, w.App)
-	node := w.agentNode(t, w.App, fabricnet.ModeTCP, nodeterm.Options{})
-	a := w.activeAllocation(t, node.id, node)
-	tm := w.dial(t, a.ID, w.mustMint(t, a.ID, api.TerminalSessionCreateRequest{}).Token)
-	tm.waitControl("session_ready")
-	// Raw mode: the line discipline passes every byte (a canonical line stops at 4 KiB).
-	tm.send("stty raw -echo; echo RE$((0))ADY; head -c 1048576 | wc -c; stty sane\r")
-	tm.waitOutput("RE0ADY")
-	chunk := bytes.Repeat([]byte("y"), 64<<10)
-	for i := 0; i < 16; i++ {
-		tm.send(string(chunk))
+	for name, window := range map[string]int{"flow-control": 0, "stream-windows-only": -1} {
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, apitest.WithConfig(func(c *app.Config) { c.Terminal.OutputWindow = window }))
+			runFabric(t, w.App)
+			node := w.agentNode(t, w.App, fabricnet.ModeTCP, nodeterm.Options{})
+			a := w.activeAllocation(t, node.id, node)
+			tm := w.dial(t, a.ID, w.mustMint(t, a.ID, api.TerminalSessionCreateRequest{}).Token)
+			tm.waitControl("session_ready")
+			// Raw mode: the line discipline passes every byte (a canonical line stops at 4 KiB).
+			tm.send("stty raw -echo; echo RE$((0))ADY; head -c 1048576 | wc -c; stty sane; echo SA$((0))NE\r")
+			tm.waitOutput("RE0ADY")
+			chunk := bytes.Repeat([]byte("y"), 64<<10)
+			for i := 0; i < 16; i++ {
+				tm.send(string(chunk))
+			}
+			tm.waitOutput("1048576")
+			tm.waitOutput("SA0NE") // the terminal is back in canonical mode for the next line
+
+			// \132 is Z: the command line's echo has none.
+			tm.send("head -c 4194304 /dev/zero | tr '\\0' '\\132'; echo; echo DO$((0))NE\r")
+			tm.waitOutput("DO0NE")
+			if n := strings.Count(tm.output(), "Z"); n != 4<<20 {
+				t.Fatalf("%d bytes of output arrived, want %d", n, 4<<20)
+			}
+		})
 	}
-	tm.waitOutput("1048576")
 }
 
 // A browser that stops reading is detached after the write timeout instead of having

@@ -109,6 +109,31 @@ func TestReattachWithReplay(t *testing.T) {
 	wantAPIError(t, r.StatusCode(), r.Body, 422, "validation_error", "session_not_found")
 }
 
+// A browser that closes normally while the shell prints ends the session as
+// client_closed. The WebSocket library closes the connection as it answers the close
+// frame, before Read hands the bridge the status: output written in between fails, and
+// used to turn the close into a detach (found as a flaky TestReattachWithReplay on CI;
+// 1 close in 30-40 here). Twenty closes, each racing a flood.
+func TestNormalCloseDuringOutput(t *testing.T) {
+	w := newWorld(t)
+	runFabric(t, w.App)
+	node := w.agentNode(t, w.App, fabricnet.ModeTCP, nodeterm.Options{})
+	a := w.activeAllocation(t, node.id, node)
+	for i := 0; i < 20; i++ {
+		ts := w.mustMint(t, a.ID, api.TerminalSessionCreateRequest{})
+		tm := w.dial(t, a.ID, ts.Token)
+		tm.waitControl("session_ready")
+		// The shell itself prints (a child would get SIGHUP only through it): the close
+		// ends it at once.
+		tm.send("s=$(printf %01000d 0); while :; do echo FL$((0))OD$s; done\r")
+		tm.waitOutput("FL0OD")
+		// The handshake may time out behind the flood; the status was sent either way.
+		_ = tm.ws.Close(websocket.StatusNormalClosure, "bye")
+		w.waitSession(t, ts.SessionID, "ended", "client_closed")
+	}
+	eventually(t, "the PTYs gone", func() bool { return node.term.Len() == 0 })
+}
+
 // A session left detached past the grace is ended as idle_timeout (by the injected
 // clock), audited as the platform's doing, and cannot be reattached.
 func TestIdleExpiry(t *testing.T) {

@@ -150,3 +150,35 @@ func TestWhichStatusEventsMayEndSessions(t *testing.T) {
 		t.Errorf("lifecycle walk went wrong: %v", afterRun)
 	}
 }
+
+// The output window: 0 takes the default, any negative value is off, and a window the
+// agent would refuse is a configuration error at start rather than a protocol error on
+// every terminal.
+func TestOutputWindowConfig(t *testing.T) {
+	cases := []struct {
+		in, want int
+		ok       bool
+	}{
+		{0, DefaultOutputWindow, true},
+		{-1, -1, true},
+		{-5, -1, true},
+		{32 << 10, 32 << 10, true},
+		{16 << 20, 16 << 20, true},
+		{32<<10 - 1, 0, false},
+		{16<<20 + 1, 0, false},
+	}
+	for _, c := range cases {
+		cfg := Config{ReplicaBucket: "b", OutputWindow: c.in}
+		err := cfg.setDefaults()
+		if (err == nil) != c.ok {
+			t.Errorf("OutputWindow %d: error %v, want ok %v", c.in, err, c.ok)
+			continue
+		}
+		if c.ok && cfg.OutputWindow != c.want {
+			t.Errorf("OutputWindow %d became %d, want %d", c.in, cfg.OutputWindow, c.want)
+		}
+		if !c.ok && !strings.Contains(err.Error(), "GANTRY_TERMINAL_OUTPUT_WINDOW") {
+			t.Errorf("OutputWindow %d: error %q does not name the variable", c.in, err)
+		}
+	}
+}
