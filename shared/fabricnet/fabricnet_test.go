@@ -322,3 +322,27 @@ func TestListenerCloseTellsQUICPeers(t *testing.T) {
 		t.Fatal("the peer was not told the listener closed")
 	}
 }
+
+// A tunnel whose handshake completed but that nobody accepted before the listener
+// closed is closed with it, on both transports: its peer learns at once instead of
+// waiting out its own authentication timeout.
+func TestListenerCloseEndsUnacceptedTunnels(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	for _, mode := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
+		t.Run(string(mode), func(t *testing.T) {
+			ln, ctx := listenFor(t, srvTLS)
+			s, err := fabricnet.Dial(ctx, ln.Addr().String(), mode, cliTLS, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close("done")
+			time.Sleep(100 * time.Millisecond) // the server side completes its handshake
+			_ = ln.Close()
+			select {
+			case <-s.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the peer of an unaccepted tunnel was not told the listener closed")
+			}
+		})
+	}
+}

@@ -166,6 +166,12 @@ func (l *Listener) Accept(ctx context.Context) (Session, error) {
 
 func (l *Listener) deliver(s Session) {
 	select {
+	case <-l.closed:
+		_ = s.Close("listener closed")
+		return
+	default:
+	}
+	select {
 	case l.sessions <- s:
 	case <-l.closed:
 		_ = s.Close("listener closed")
@@ -247,7 +253,8 @@ func (l *Listener) serverTLS(c net.Conn) (Session, error) {
 
 // Close stops accepting. QUIC tunnels share the listener's UDP socket and end with it,
 // their peers told (a CONNECTION_CLOSE, so agents reconnect at once); TCP tunnels
-// already accepted stay up until their owner closes them.
+// already accepted stay up until their owner closes them, and those handed over but not
+// yet accepted are closed.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.closed)
@@ -273,6 +280,16 @@ func (l *Listener) Close() error {
 		}
 		if l.tcp != nil {
 			_ = l.tcp.Close()
+		}
+		// Tunnels handed over but never accepted would wait for their peers' timeouts.
+		for {
+			select {
+			case s := <-l.sessions:
+				_ = s.Close("listener closed")
+				continue
+			default:
+			}
+			break
 		}
 	})
 	return nil

@@ -241,7 +241,7 @@ func (s *Server) shutdown() {
 	// Sessions end before the listener closes: closing it ends the QUIC tunnels still
 	// open, which their sessions would take for lost tunnels (presence written for each)
 	// rather than a shutdown. A tunnel accepted meanwhile fails to authenticate on the
-	// ended context and is closed.
+	// ended context and is closed (acceptLoop).
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {
@@ -274,7 +274,10 @@ func (s *Server) shutdown() {
 
 func (s *Server) acceptLoop(ctx context.Context) {
 	for {
-		fs, err := s.ln.Accept(ctx)
+		// Accepting goes on until shutdown closes the listener: a tunnel that arrives
+		// while the replica stops fails to authenticate on the ended context and is
+		// closed at once, so its agent tries again (another replica) without waiting.
+		fs, err := s.ln.Accept(context.WithoutCancel(ctx))
 		if err != nil {
 			return
 		}
