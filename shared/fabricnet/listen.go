@@ -282,14 +282,13 @@ func (l *Listener) Close() error {
 			_ = l.tcp.Close()
 		}
 		// Tunnels handed over but never accepted would wait for their peers' timeouts.
-		for {
+		for drained := false; !drained; {
 			select {
 			case s := <-l.sessions:
 				_ = s.Close("listener closed")
-				continue
 			default:
+				drained = true
 			}
-			break
 		}
 	})
 	return nil
