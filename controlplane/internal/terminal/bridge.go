@@ -62,6 +62,9 @@ type bridge struct {
 	stMu   sync.Mutex   // frames toward the agent come from the client loop and from finish
 	causes chan cause   // first one stops the bridge; later ones are read while ending
 	att    atomic.Int32 // attachment number once the agent said ready (0 before)
+	// wsClosed: a write found the browser's WebSocket closed; later output is dropped
+	// and fromClient's Read gives the cause (write).
+	wsClosed atomic.Bool
 
 	// Terminal flow control (shared/termproto flow.go), when Config.OutputWindow is on:
 	// in is the agent's window for input, counted from the bridge's flow frame and
@@ -119,7 +122,6 @@ func (b *bridge) refuse(err error) {
 
 func (b *bridge) fromAgent(ctx context.Context) {
 	buf := make([]byte, termproto.MaxPayload)
-	closed := false // the browser closed the WebSocket: output is dropped
 	for {
 		typ, p, err := termproto.ReadFrame(b.st, buf)
 		if err != nil {
@@ -128,18 +130,11 @@ func (b *bridge) fromAgent(ctx context.Context) {
 		}
 		switch typ {
 		case termproto.FrameData:
-			if !closed {
-				if err := b.write(ctx, websocket.MessageBinary, p); err != nil {
-					if !errors.Is(err, net.ErrClosed) {
-						return
-					}
-					// The browser closed the WebSocket and fromClient is about to say
-					// how. Reading goes on for the agent's exit (a normal close waits for
-					// it), and output nobody will see still counts as consumed, so that
-					// the agent's pump is not held on a window that never comes back.
-					closed = true
-				}
+			if !b.write(ctx, websocket.MessageBinary, p) {
+				return
 			}
+			// Output dropped on a closed WebSocket counts as consumed too, so that the
+			// agent's pump is not held on a window that never comes back while it ends.
 			if b.outDebt != nil {
 				if n := b.outDebt.Consumed(len(p)); n > 0 {
 					if err := b.toAgent(func() error { return termproto.WriteWindow(b.st, n) }); err != nil {
@@ -208,24 +203,34 @@ func (b *bridge) ready(ctx context.Context, ctl termproto.Control) bool {
 	b.att.Store(att)
 	return b.write(ctx, websocket.MessageText, marshal(readyFrame{
 		Type: frameSessionReady, SessionID: b.grant.SessionID.String(), Cols: cols, Rows: rows, Replayed: ctl.Replayed,
-	})) == nil
+	}))
 }
 
-// write sends one message to the browser within the write timeout. When the browser is
-// gone or does not read, the bridge detaches, except on a WebSocket already closed
-// (net.ErrClosed): fromClient's Read fails too and gives the cause, which matters for a
-// browser that closed normally while output was under way. The library closes the
-// connection as it answers the close frame, before Read returns the status, so output
-// written in between failed here first and turned "the user closed the terminal" into
-// a detach (seen as a flaky end-to-end test under load).
-func (b *bridge) write(ctx context.Context, typ websocket.MessageType, p []byte) error {
+// write sends one message to the browser within the write timeout; false when the
+// bridge must stop (it detaches: the browser is gone or does not read). On a WebSocket
+// already closed (net.ErrClosed) the message is dropped and the bridge goes on:
+// fromClient's Read fails too and gives the cause, which matters for a browser that
+// closed normally while output was under way. The library closes the connection as it
+// answers the close frame, before Read returns the status, so output written in
+// between failed here first and turned "the user closed the terminal" into a detach
+// (seen as a flaky end-to-end test under load). Reading from the agent goes on too,
+// for its exit, which a normal close waits for.
+func (b *bridge) write(ctx context.Context, typ websocket.MessageType, p []byte) bool {
+	if b.wsClosed.Load() {
+		return true
+	}
 	wctx, cancel := context.WithTimeout(ctx, b.s.cfg.WriteTimeout)
 	err := b.ws.Write(wctx, typ, p)
 	cancel()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
+	switch {
+	case err == nil:
+	case errors.Is(err, net.ErrClosed):
+		b.wsClosed.Store(true)
+	default:
 		b.stop(cause{kind: causeClientGone})
+		return false
 	}
-	return err
+	return true
 }
 
 func (b *bridge) fromClient(ctx context.Context) {
@@ -274,9 +279,7 @@ func (b *bridge) control(ctx context.Context, p []byte) bool {
 			return false
 		}
 	case framePing:
-		// On a closed WebSocket the next Read says why (write).
-		err := b.write(ctx, websocket.MessageText, marshal(pongFrame{Type: framePong}))
-		return err == nil || errors.Is(err, net.ErrClosed)
+		return b.write(ctx, websocket.MessageText, marshal(pongFrame{Type: framePong}))
 	default:
 		b.sendError(ctx, apierr.New(apierr.InvalidRequest, "unknown control message type").With("reason", "bad_control_frame"))
 	}
