@@ -5,7 +5,8 @@ package main
 //   - allocation create through the full HTTP path (JWT, project access, contract checks,
 //     idempotency, the ordered pre-checks, placement with GPU reservation, outbox and
 //     audit in one transaction), many clients at once, vs raw single-row PostgreSQL
-//     inserts measured in the same run with the same concurrency;
+//     inserts and vs the barest write endpoint (an HTTP POST that inserts one row in a
+//     transaction of its own), both measured in the same run with the same concurrency;
 //   - create-to-agent latency: creates paced at a fixed rate against simulated agents
 //     on the real fabric, with the outbox relay and the PROVISIONING dispatcher running;
 //     the time from sending the create to the agent receiving the provision task.
@@ -13,7 +14,10 @@ package main
 // Every node of the fleet has a simulated agent (a fleet of online nodes: each task is
 // delivered once), and each round waits for its tasks to be delivered before the next
 // measurement. The CPU used per create by this process and by the PostgreSQL backends
-// is printed. GANTRY_BENCH_CPUPROFILE=<file> profiles the creates (of the last round);
+// is printed, with the whole machine's (every process: the NATS server, PostgreSQL's
+// own background processes) and the rate those allow on this machine's cores: what
+// bounds the creates on a small machine is CPU, and this says how far that bound is from
+// the goal. GANTRY_BENCH_CPUPROFILE=<file> profiles the creates (of the last round);
 // GANTRY_BENCH_PGLOG=1 has PostgreSQL log 20 sequential creates' statements with their
 // durations (server log); GANTRY_BENCH_PGLOG=round every statement of the first round.
 
@@ -156,7 +160,7 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 		}
 	}
 	fmt.Printf("\nallocations (%d clients over %d tenants, %d creates per round, %d rounds):\n", conc, len(b.tenants), perRound, rounds)
-	var rates, raws, drains, goCPU, pgCPU []float64
+	var rates, raws, floors, drains, goCPU, pgCPU, natsCPU, machineCPU []float64
 	var lat []time.Duration
 	for r := 0; r < rounds; r++ {
 		raw, err := rawInserts(ctx, fx, perRound, conc)
@@ -164,6 +168,11 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 			return err
 		}
 		raws = append(raws, raw)
+		floor, err := floorWrites(ctx, fx, perRound, conc)
+		if err != nil {
+			return err
+		}
+		floors = append(floors, floor)
 		cpu0, err := b.cpu(ctx)
 		if err != nil {
 			return err
@@ -194,6 +203,8 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 		}
 		goCPU = append(goCPU, float64(cpu1.proc-cpu0.proc)/float64(time.Millisecond)/perRound)
 		pgCPU = append(pgCPU, float64(cpu1.pg-cpu0.pg)/float64(time.Millisecond)/perRound)
+		natsCPU = append(natsCPU, float64(cpu1.nats-cpu0.nats)/float64(time.Millisecond)/perRound)
+		machineCPU = append(machineCPU, float64(cpu1.machine-cpu0.machine)/float64(time.Millisecond)/perRound)
 		if err := b.forceRelease(ctx, ids); err != nil {
 			return err
 		}
@@ -201,10 +212,18 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 	rate, raw := median(rates), median(raws)
 	fmt.Printf("  POST /api/v1/allocations (full path)      %7.0f creates/s (goal >= 1000), latency p50 %s p99 %s (goal p99 <= 50ms)\n",
 		rate, pct(lat, 50), pct(lat, 99))
+	floor := median(floors)
 	fmt.Printf("  raw PostgreSQL single-row inserts         %7.0f inserts/s, same concurrency; create / insert = %.2fx\n", raw, rate/raw)
+	fmt.Printf("  HTTP POST inserting one row (no checks)   %7.0f requests/s, same clients; create / this = %.2fx\n", floor, rate/floor)
 	fmt.Printf("  every task of the round at its agent and the outbox empty %.1fs after the last create\n", median(drains))
-	fmt.Printf("  CPU per create, until then: this process %.2f ms (bench clients, server, relay, dispatcher, fabric, simulated agents), PostgreSQL backends %.2f ms\n",
-		median(goCPU), median(pgCPU))
+	fmt.Printf("  CPU per create, until then: this process %.2f ms (bench clients, server, relay, dispatcher, fabric, simulated agents), PostgreSQL backends %.2f ms, NATS server %s\n",
+		median(goCPU), median(pgCPU), natsShare(median(natsCPU)))
+	if m := median(machineCPU); m > 0 {
+		// Everything runs on this machine's cores: a create cannot go faster, with every
+		// part sharing them, than the cores' time over the CPU time it costs.
+		fmt.Printf("  the whole machine (every process) %.2f ms per create: at most %.0f creates/s on its %d cores\n",
+			m, float64(runtimeCPUs())*1000/m, runtimeCPUs())
+	}
 
 	return b.agentLatency(ctx, client)
 }
@@ -376,10 +395,11 @@ func (b *allocBench) create(client *http.Client, t allocTenant, name string) (st
 	return a.ID, nil
 }
 
-// cpuTimes is CPU time used so far: by this process, and by the PostgreSQL backends
-// serving this database (read from /proc: PostgreSQL runs on this machine; 0 when it
-// cannot be read).
-type cpuTimes struct{ proc, pg time.Duration }
+// cpuTimes is CPU time used so far: by this process, by the PostgreSQL backends serving
+// this database, by the NATS server, and by the whole machine (read from /proc:
+// PostgreSQL and NATS run on this machine; 0 when it cannot be read; nats is -1 when no
+// nats-server runs here).
+type cpuTimes struct{ proc, pg, nats, machine time.Duration }
 
 func (b *allocBench) cpu(ctx context.Context) (cpuTimes, error) {
 	var t cpuTimes
@@ -396,21 +416,74 @@ func (b *allocBench) cpu(ctx context.Context) (cpuTimes, error) {
 		return t, err
 	}
 	for _, pid := range pids {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		t.pg += procCPU(int(pid))
+	}
+	t.nats = -1
+	if pid := findProcess("nats-server"); pid > 0 {
+		t.nats = procCPU(pid)
+	}
+	t.machine = machineBusy()
+	return t, nil
+}
+
+// procCPU is the CPU time process pid has used (user and system), 0 when unknown.
+func procCPU(pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may hold spaces): utime and stime are the
+	// 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
+// findProcess is the pid of a process named comm on this machine, 0 when there is none.
+func findProcess(comm string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		// Fields after the command name (which may hold spaces): utime and stime are
-		// the 12th and 13th, in clock ticks (100 a second on Linux).
-		f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
-		if len(f) < 13 {
-			continue
+		if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(c)) == comm {
+			return pid
 		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		t.pg += time.Duration(u+st) * 10 * time.Millisecond
 	}
-	return t, nil
+	return 0
+}
+
+// machineBusy is the CPU time the machine's CPUs have spent busy (user, nice, system,
+// irq and softirq: not idle, I/O wait or stolen), summed over CPUs; 0 when unknown.
+func machineBusy() time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7} {
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// natsShare prints the NATS server's CPU per create, or why there is none.
+func natsShare(ms float64) string {
+	if ms < 0 {
+		return "not on this machine"
+	}
+	return fmt.Sprintf("%.2f ms", ms)
 }
 
 // settle waits until the provision task of every one of ids reached its agent and the
@@ -472,6 +545,77 @@ func rawInserts(ctx context.Context, fx *fixture, n, conc int) (float64, error) 
 			for int(next.Add(1)) <= n {
 				if _, err := fx.pool.Exec(ctx, `INSERT INTO bench_alloc_raw_inserts (id, name, created_at) VALUES ($1, $2, now())`, uuid.New(), "bench"); err != nil {
 					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// floorWrites is the barest write endpoint on this machine, the create's second baseline:
+// n HTTP POSTs of a create's body from conc clients (the creates' client settings), each
+// decoded and answered with JSON by net/http, and each inserting one row in a
+// transaction of its own (BEGIN, INSERT, COMMIT) — no authentication, no checks, no
+// events. Whatever a create must do comes on top of this.
+func floorWrites(ctx context.Context, fx *fixture, n, conc int) (float64, error) {
+	if _, err := fx.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_alloc_raw_inserts (id uuid PRIMARY KEY, name text NOT NULL, created_at timestamptz NOT NULL)`); err != nil {
+		return 0, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var in struct {
+			Name string `json:"name"`
+			SKU  string `json:"sku"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		id := uuid.New()
+		err := pgx.BeginFunc(r.Context(), fx.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(r.Context(), `INSERT INTO bench_alloc_raw_inserts (id, name, created_at) VALUES ($1, $2, now())`, id, in.Name)
+			return err
+		})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(map[string]string{"id": id.String(), "name": in.Name, "sku": in.SKU})
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() { _ = srv.Close() }()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc}}
+	defer client.CloseIdleConnections()
+	url := "http://" + ln.Addr().String() + "/"
+	var next atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := 0; c < conc; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < n && firstErr.Load() == nil; i = int(next.Add(1)) - 1 {
+				body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("floor-%d", i), "sku": benchSKU})
+				resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				out, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusCreated {
+					firstErr.CompareAndSwap(nil, fmt.Errorf("floor write: %d %s", resp.StatusCode, out))
 					return
 				}
 			}
