@@ -25,6 +25,8 @@ const (
 	defaultBatch   = 100
 	defaultIdle    = 5 * time.Second
 	maxErrorLength = 500
+	// publishTimeout bounds the wait for a batch's acknowledgements.
+	publishTimeout = 5 * time.Second
 )
 
 // Relay publishes pending outbox events to JetStream.
@@ -135,21 +137,15 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	// The events published are marked in one statement at the end of the batch: they
 	// stay locked until the commit either way, so nothing else sees them meanwhile.
 	done := make([]uuid.UUID, 0, len(rows))
-	var firstErr error
-	for _, ev := range rows {
-		if err := r.publish(ctx, ev); err != nil {
-			msg := err.Error()
-			if len(msg) > maxErrorLength {
-				msg = msg[:maxErrorLength]
-			}
-			if mErr := q.MarkOutboxEventFailed(ctx, outboxdb.MarkOutboxEventFailedParams{ID: ev.ID, LastError: &msg}); mErr != nil {
-				return 0, mErr
-			}
-			firstErr = err
-			// Keep order per relay: stop at the first failure, retry on the next wake.
-			break
+	failed, firstErr := r.publishAll(ctx, rows, func(id uuid.UUID) { done = append(done, id) })
+	if firstErr != nil {
+		msg := firstErr.Error()
+		if len(msg) > maxErrorLength {
+			msg = msg[:maxErrorLength]
 		}
-		done = append(done, ev.ID)
+		if mErr := q.MarkOutboxEventFailed(ctx, outboxdb.MarkOutboxEventFailedParams{ID: failed, LastError: &msg}); mErr != nil {
+			return 0, mErr
+		}
 	}
 	published := len(done)
 	if published > 0 {
@@ -166,7 +162,47 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 	return published, nil
 }
 
-func (r *Relay) publish(ctx context.Context, ev outboxdb.ClaimPendingOutboxEventsRow) error {
+// publishAll publishes rows in their order, all sent before the first acknowledgement is
+// awaited (one round trip to the server for the batch instead of one per event), and
+// calls published with each event the stream acknowledged, in order, up to the first
+// that failed, which it returns with its error. The events sent behind a failed one are
+// not counted as published even when the stream took them: they are published again
+// with the rest (their Nats-Msg-Id makes that a no-op in the stream), so such an event
+// may sit in the stream before the failed one once that one gets through.
+func (r *Relay) publishAll(ctx context.Context, rows []outboxdb.ClaimPendingOutboxEventsRow, published func(uuid.UUID)) (uuid.UUID, error) {
+	pubCtx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	acks := make([]jetstream.PubAckFuture, 0, len(rows))
+	var sendErr error
+	for _, ev := range rows {
+		// The event id as Nats-Msg-Id makes a re-publish after a crash a no-op in the stream.
+		f, err := r.JS.PublishMsgAsync(r.message(ev), jetstream.WithMsgID(ev.ID.String()))
+		if err != nil {
+			sendErr = err
+			break
+		}
+		acks = append(acks, f)
+	}
+	for i, f := range acks {
+		select {
+		case <-f.Ok():
+			published(rows[i].ID)
+			continue
+		case err := <-f.Err():
+			return rows[i].ID, err
+		case <-pubCtx.Done():
+			return rows[i].ID, fmt.Errorf("publish %s: %w", rows[i].ID, pubCtx.Err())
+		}
+	}
+	if sendErr != nil {
+		return rows[len(acks)].ID, sendErr
+	}
+	return uuid.Nil, nil
+}
+
+// message is the NATS message of a stored event: its payload, its stored headers and
+// its type.
+func (r *Relay) message(ev outboxdb.ClaimPendingOutboxEventsRow) *nats.Msg {
 	msg := nats.NewMsg(r.subject(ev.Subject))
 	msg.Data = ev.Payload
 	var hdr map[string]string
@@ -176,11 +212,7 @@ func (r *Relay) publish(ctx context.Context, ev outboxdb.ClaimPendingOutboxEvent
 		}
 	}
 	msg.Header.Set("Gantry-Event-Type", ev.EventType)
-	pubCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	// The event id as Nats-Msg-Id makes a re-publish after a crash a no-op in the stream.
-	_, err := r.JS.PublishMsg(pubCtx, msg, jetstream.WithMsgID(ev.ID.String()))
-	return err
+	return msg
 }
 
 // subject maps the stored subject (gantry.events.<type>) onto this relay's prefix.

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
+	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
@@ -137,5 +139,54 @@ func TestPruneRemovesOnlyLongPublishedEvents(t *testing.T) {
 	count()
 	if total != before-1 || pending != pendingBefore || pending == 0 {
 		t.Fatalf("total %d->%d, pending %d->%d", before, total, pendingBefore, pending)
+	}
+}
+
+// A batch is sent whole before its acknowledgements are awaited; the first event the
+// stream refuses stops the batch there: the events before it are published and marked,
+// it is marked failed with the cause, and the events behind it stay pending (sent again
+// with the next drain) even if the stream took them.
+func TestRelayStopsAtFirstFailure(t *testing.T) {
+	e := apitest.New(t)
+	ctx := context.Background()
+	if _, err := e.App.Relay.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Stored subjects under gantry.nostream. go to subjects no stream holds.
+	e.App.Relay.Routes = append(e.App.Relay.Routes, outbox.Route{From: "gantry.nostream.", To: "gantry-test-nostream-" + uuid.NewString()[:8] + "."})
+	ids := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	subjects := []string{"gantry.events.test.first", "gantry.nostream.second", "gantry.events.test.third"}
+	base := time.Now().Add(-time.Minute)
+	for i, id := range ids {
+		if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox_events (id, event_type, subject, payload, headers, created_at) VALUES ($1, $2, $3, '{}', '{}', $4)`,
+			id, "test.event", subjects[i], base.Add(time.Duration(i)*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := e.App.Relay.Drain(ctx)
+	if err == nil || n != 1 {
+		t.Fatalf("drain: published %d, err %v; want 1 and the second event's error", n, err)
+	}
+	for i, id := range ids {
+		var published bool
+		var attempts int
+		var lastError *string
+		if err := e.Pool.QueryRow(ctx, `SELECT published_at IS NOT NULL, attempts, last_error FROM outbox_events WHERE id = $1`, id).Scan(&published, &attempts, &lastError); err != nil {
+			t.Fatal(err)
+		}
+		switch i {
+		case 0:
+			if !published || attempts != 1 || lastError != nil {
+				t.Fatalf("first event: published %v attempts %d error %v", published, attempts, lastError)
+			}
+		case 1:
+			if published || attempts != 1 || lastError == nil || *lastError == "" {
+				t.Fatalf("refused event: published %v attempts %d error %v", published, attempts, lastError)
+			}
+		case 2:
+			if published || attempts != 0 || lastError != nil {
+				t.Fatalf("event behind the refused one: published %v attempts %d error %v", published, attempts, lastError)
+			}
+		}
 	}
 }
