@@ -528,12 +528,24 @@ func (b *allocBench) forceRelease(ctx context.Context, ids []string) error {
 	return err
 }
 
+// rawTable is the table both baselines insert into.
+const rawTable = `CREATE TABLE IF NOT EXISTS bench_alloc_raw_inserts (id uuid PRIMARY KEY, name text NOT NULL, created_at timestamptz NOT NULL)`
+
 // rawInserts is the baseline: n single-row INSERTs (a uuid, a text, a timestamp) from
 // conc goroutines, each its own autocommit transaction.
 func rawInserts(ctx context.Context, fx *fixture, n, conc int) (float64, error) {
-	if _, err := fx.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_alloc_raw_inserts (id uuid PRIMARY KEY, name text NOT NULL, created_at timestamptz NOT NULL)`); err != nil {
+	if _, err := fx.pool.Exec(ctx, rawTable); err != nil {
 		return 0, err
 	}
+	return inParallel(n, conc, func(int) error {
+		_, err := fx.pool.Exec(ctx, `INSERT INTO bench_alloc_raw_inserts (id, name, created_at) VALUES ($1, $2, now())`, uuid.New(), "bench")
+		return err
+	})
+}
+
+// inParallel runs do(0) to do(n-1) from conc goroutines and returns the rate; the first
+// error stops it.
+func inParallel(n, conc int, do func(i int) error) (float64, error) {
 	var next atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
@@ -542,8 +554,8 @@ func rawInserts(ctx context.Context, fx *fixture, n, conc int) (float64, error) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for int(next.Add(1)) <= n {
-				if _, err := fx.pool.Exec(ctx, `INSERT INTO bench_alloc_raw_inserts (id, name, created_at) VALUES ($1, $2, now())`, uuid.New(), "bench"); err != nil {
+			for i := int(next.Add(1)) - 1; i < n && firstErr.Load() == nil; i = int(next.Add(1)) - 1 {
+				if err := do(i); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
@@ -563,7 +575,7 @@ func rawInserts(ctx context.Context, fx *fixture, n, conc int) (float64, error) 
 // transaction of its own (BEGIN, INSERT, COMMIT) — no authentication, no checks, no
 // events. Whatever a create must do comes on top of this.
 func floorWrites(ctx context.Context, fx *fixture, n, conc int) (float64, error) {
-	if _, err := fx.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_alloc_raw_inserts (id uuid PRIMARY KEY, name text NOT NULL, created_at timestamptz NOT NULL)`); err != nil {
+	if _, err := fx.pool.Exec(ctx, rawTable); err != nil {
 		return 0, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -597,35 +609,19 @@ func floorWrites(ctx context.Context, fx *fixture, n, conc int) (float64, error)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc}}
 	defer client.CloseIdleConnections()
 	url := "http://" + ln.Addr().String() + "/"
-	var next atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	start := time.Now()
-	for c := 0; c < conc; c++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < n && firstErr.Load() == nil; i = int(next.Add(1)) - 1 {
-				body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("floor-%d", i), "sku": benchSKU})
-				resp, err := client.Post(url, "application/json", bytes.NewReader(body))
-				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-				out, _ := io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				if resp.StatusCode != http.StatusCreated {
-					firstErr.CompareAndSwap(nil, fmt.Errorf("floor write: %d %s", resp.StatusCode, out))
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
-		return 0, err
-	}
-	return float64(n) / time.Since(start).Seconds(), nil
+	return inParallel(n, conc, func(i int) error {
+		body, _ := json.Marshal(map[string]any{"name": fmt.Sprintf("floor-%d", i), "sku": benchSKU})
+		resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		out, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return fmt.Errorf("floor write: %d %s", resp.StatusCode, out)
+		}
+		return nil
+	})
 }
 
 // agentLatency paces 1,000 creates at 100/s onto the fleet (free again: the rounds'
