@@ -150,7 +150,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if err != nil {
 		return nil, fmt.Errorf("connect nats: %w", err)
 	}
-	if a.JS, err = jetstream.New(a.NATS); err != nil {
+	if a.JS, err = jetstream.New(a.NATS, jetstream.WithPublishAsyncTimeout(outbox.PublishTimeout)); err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	if a.Contract, err = contract.Load(); err != nil {

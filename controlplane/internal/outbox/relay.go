@@ -25,9 +25,13 @@ const (
 	defaultBatch   = 100
 	defaultIdle    = 5 * time.Second
 	maxErrorLength = 500
-	// publishTimeout bounds the wait for a batch's acknowledgements.
-	publishTimeout = 5 * time.Second
 )
+
+// PublishTimeout bounds the relay's wait for a batch's acknowledgements. The JetStream
+// context the relay publishes with should time its asynchronous publishes out after it
+// too (jetstream.WithPublishAsyncTimeout), so that one whose acknowledgement was lost
+// does not stay pending in it for good.
+const PublishTimeout = 5 * time.Second
 
 // Relay publishes pending outbox events to JetStream.
 type Relay struct {
@@ -170,7 +174,7 @@ func (r *Relay) publishBatch(ctx context.Context) (int, error) {
 // with the rest (their Nats-Msg-Id makes that a no-op in the stream), so such an event
 // may sit in the stream before the failed one once that one gets through.
 func (r *Relay) publishAll(ctx context.Context, rows []outboxdb.ClaimPendingOutboxEventsRow, published func(uuid.UUID)) (uuid.UUID, error) {
-	pubCtx, cancel := context.WithTimeout(ctx, publishTimeout)
+	pubCtx, cancel := context.WithTimeout(ctx, PublishTimeout)
 	defer cancel()
 	acks := make([]jetstream.PubAckFuture, 0, len(rows))
 	var sendErr error
@@ -187,7 +191,6 @@ func (r *Relay) publishAll(ctx context.Context, rows []outboxdb.ClaimPendingOutb
 		select {
 		case <-f.Ok():
 			published(rows[i].ID)
-			continue
 		case err := <-f.Err():
 			return rows[i].ID, err
 		case <-pubCtx.Done():
