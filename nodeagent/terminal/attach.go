@@ -136,11 +136,7 @@ func (s *session) serve(att *attachment) {
 			}
 			continue
 		case termproto.FrameWindow:
-			n, err := termproto.ParseWindow(p)
-			if err == nil {
-				err = att.out.Ack(n)
-			}
-			if err != nil {
+			if err := att.out.AckFrame(p); err != nil {
 				att.notify(CodeInvalidRequest, "window frame does not match the output sent")
 				s.lost(att)
 				return

@@ -180,6 +180,16 @@ func (c *Credit) Ack(n uint32) error {
 	return nil
 }
 
+// AckFrame applies a window frame's payload p: a malformed frame and one acknowledging
+// more than was sent are both the peer's protocol error.
+func (c *Credit) AckFrame(p []byte) error {
+	n, err := ParseWindow(p)
+	if err != nil {
+		return err
+	}
+	return c.Ack(n)
+}
+
 // Close fails every present and future Take (the stream ended).
 func (c *Credit) Close() {
 	c.mu.Lock()

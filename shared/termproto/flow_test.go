@@ -55,6 +55,24 @@ func TestCreditWindow(t *testing.T) {
 	if c.InFlight() != MinWindow {
 		t.Fatal("a refused acknowledgement changed what is in flight")
 	}
+	// A window frame's payload: malformed or over what is in flight is refused and
+	// changes nothing; a valid one acknowledges its count.
+	var frame bytes.Buffer
+	if err := WriteWindow(&frame, 1000); err != nil {
+		t.Fatal(err)
+	}
+	_, payload, err := ReadFrame(&frame, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]byte{{0, 0, 1}, {0, 0, 0, 0}, {0xff, 0xff, 0xff, 0xff}} {
+		if err := c.AckFrame(bad); err == nil || c.InFlight() != MinWindow {
+			t.Fatalf("AckFrame(%v) = %v, in flight %d", bad, err, c.InFlight())
+		}
+	}
+	if err := c.AckFrame(payload); err != nil || c.InFlight() != MinWindow-1000 {
+		t.Fatalf("AckFrame = %v, in flight %d; want %d", err, c.InFlight(), MinWindow-1000)
+	}
 }
 
 func TestCreditCloseWakesAndFails(t *testing.T) {

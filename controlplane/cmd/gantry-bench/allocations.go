@@ -203,7 +203,11 @@ func runAllocations(ctx context.Context, fx *fixture, rounds, conc int) error {
 		}
 		goCPU = append(goCPU, float64(cpu1.proc-cpu0.proc)/float64(time.Millisecond)/perRound)
 		pgCPU = append(pgCPU, float64(cpu1.pg-cpu0.pg)/float64(time.Millisecond)/perRound)
-		natsCPU = append(natsCPU, float64(cpu1.nats-cpu0.nats)/float64(time.Millisecond)/perRound)
+		nats := -1.0 // no nats-server on this machine
+		if cpu0.nats >= 0 && cpu1.nats >= 0 {
+			nats = float64(cpu1.nats-cpu0.nats) / float64(time.Millisecond) / perRound
+		}
+		natsCPU = append(natsCPU, nats)
 		machineCPU = append(machineCPU, float64(cpu1.machine-cpu0.machine)/float64(time.Millisecond)/perRound)
 		if err := b.forceRelease(ctx, ids); err != nil {
 			return err

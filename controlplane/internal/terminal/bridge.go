@@ -145,11 +145,7 @@ func (b *bridge) fromAgent(ctx context.Context) {
 			}
 			continue
 		case termproto.FrameWindow:
-			n, err := termproto.ParseWindow(p)
-			if err == nil {
-				err = b.in.Ack(n)
-			}
-			if err != nil {
+			if err := b.in.AckFrame(p); err != nil {
 				b.stop(cause{kind: causeAgentError, agentCode: "protocol_error"})
 				return
 			}
