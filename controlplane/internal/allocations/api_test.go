@@ -37,8 +37,8 @@ func TestCreateReadRelease(t *testing.T) {
 	if used, err := w.App.Nodes.Allocations.NodeInUse(ctx, small); err != nil || !used {
 		t.Fatalf("node in use: %v %v", used, err)
 	}
-	if used, _ := w.App.Nodes.Allocations.NodeInUse(ctx, big); used {
-		t.Fatal("big node in use")
+	if used, err := w.App.Nodes.Allocations.NodeInUse(ctx, big); err != nil || used {
+		t.Fatalf("big node in use: %v %v", used, err)
 	}
 	if r, _ := w.Root.DeleteSkuWithResponse(ctx, sku1x, &api.DeleteSkuParams{}); r.StatusCode() != 409 {
 		t.Fatalf("delete sku in use: %d %s", r.StatusCode(), r.Body)
@@ -180,21 +180,56 @@ func (w *world) rootToken(t *testing.T) string {
 	return tok
 }
 
-// 100 concurrent launches against 8 free GPUs: exactly 8 win, every other is
+// 96 concurrent launches against the 8 GPUs of one node, from 12 tenants with 4
+// projects each (two launches per project): exactly 8 win, every other is
 // sku_unavailable, and no GPU is held twice.
+//
+// The launches come from many projects on purpose: launches of one project queue on the
+// project's advisory lock (lockLaunch), so they never race; launches of different
+// projects take the GPU model's lock shared and race for the same GPUs, and only the
+// reservation (ClaimGPUs on allocation_gpus_held_key) and placeSingle's check that the
+// claim got every GPU keep a GPU from being given twice. With that check broken (a claim
+// that lost treated as won) this test fails: allocations are created without GPUs.
 func TestConcurrentCreatesNeverDoubleBook(t *testing.T) {
 	w := newWorld(t, 1000)
-	w.node(t, "a", 5)
-	w.node(t, "b", 3)
-	const n = 100
+	ctx := context.Background()
+	node := w.node(t, "a", 8)
+	const tenants, projectsPerTenant, perProject = 12, 4, 2
+	type launcher struct {
+		c       *api.ClientWithResponses
+		project uuid.UUID
+	}
+	var launchers []launcher
+	root := w.rootToken(t)
+	for i := range tenants {
+		tn, c := w.Acme, w.Alice
+		if i > 0 {
+			tn = w.NewTenant(t, root, fmt.Sprintf("Tenant %d", i))
+			c = w.Client(tn.AdminToken)
+			w.addKey(t, c)
+			w.credit(t, tn.ID, 1_000_000)
+		}
+		launchers = append(launchers, launcher{c, tn.DefaultProject})
+		for j := 1; j < projectsPerTenant; j++ {
+			r, err := c.CreateProjectWithResponse(ctx, &api.CreateProjectParams{}, api.CreateProjectRequest{Name: fmt.Sprintf("p%d", j)})
+			if err != nil || r.StatusCode() != 201 {
+				t.Fatalf("project: %v %s", err, r.Body)
+			}
+			launchers = append(launchers, launcher{c, r.JSON201.Project.ID})
+		}
+	}
+	n := len(launchers) * perProject
 	var wg sync.WaitGroup
 	codes := make([]int, n)
 	bodies := make([][]byte, n)
+	start := make(chan struct{})
 	for i := range n {
+		l := launchers[i%len(launchers)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := w.create(w.Alice, w.Acme.DefaultProject, "", api.CreateAllocationJSONRequestBody{Name: fmt.Sprintf("job-%d", i), Sku: sku1x})
+			<-start
+			r, err := w.create(l.c, l.project, "", api.CreateAllocationJSONRequestBody{Name: fmt.Sprintf("job-%d", i), Sku: sku1x})
 			if err != nil {
 				t.Error(err)
 				return
@@ -202,6 +237,7 @@ func TestConcurrentCreatesNeverDoubleBook(t *testing.T) {
 			codes[i], bodies[i] = r.StatusCode(), r.Body
 		}()
 	}
+	close(start)
 	wg.Wait()
 	created := 0
 	for i := range n {
@@ -217,6 +253,11 @@ func TestConcurrentCreatesNeverDoubleBook(t *testing.T) {
 	}
 	if got := w.count(t, `SELECT count(*) FROM allocations`); got != 8 {
 		t.Fatalf("allocation rows: %d", got)
+	}
+	// Every allocation holds exactly one GPU of the node, and no GPU is held twice.
+	if got := w.count(t, `SELECT count(*) FROM allocations a
+		WHERE a.node_id <> $1 OR (SELECT count(*) FROM allocation_gpus g WHERE g.allocation_id = a.id AND g.released_at IS NULL) <> 1`, node); got != 0 {
+		t.Fatalf("%d allocations without exactly one held GPU of the node", got)
 	}
 	if held, distinct := w.count(t, `SELECT count(*) FROM allocation_gpus WHERE released_at IS NULL`),
 		w.count(t, `SELECT count(DISTINCT (node_id, gpu_uuid)) FROM allocation_gpus WHERE released_at IS NULL`); held != 8 || distinct != 8 {
