@@ -195,8 +195,10 @@ func TestAPIAdminNodes(t *testing.T) {
 	_, adminTok := e.PlatformAdmin(t)
 	admin := e.Client(adminTok)
 
-	// A denied probe target: 400, nothing stored, no connection.
-	for _, addr := range []string{"169.254.169.254", "2852039166", "0251.0376.0251.0376", "127.0.0.1", "[::1]", "::ffff:169.254.169.254", "fd00:ec2::254", "100.100.100.200"} {
+	// A denied probe target: 400, nothing stored, no connection. The metadata names are
+	// refused by name: this machine cannot resolve them, which once stored the node (201).
+	for _, addr := range []string{"169.254.169.254", "2852039166", "0251.0376.0251.0376", "127.0.0.1", "[::1]", "::ffff:169.254.169.254", "fd00:ec2::254", "100.100.100.200",
+		"metadata.google.internal", "Metadata.Google.Internal.", "metadata.goog", "metadata", "instance-data", "instance-data.ec2.internal", "metadata.azure.internal", "localhost"} {
 		r, err := admin.CreateNodeWithResponse(ctx, &api.CreateNodeParams{}, api.CreateNodeJSONRequestBody{Name: "evil", Address: addr})
 		if err != nil {
 			t.Fatal(err)

@@ -20,12 +20,37 @@ const (
 
 // metadata are the cloud instance-metadata endpoints (AWS, GCP, Azure, OCI share
 // 169.254.169.254; AWS's IPv6 one; Alibaba's 100.100.100.200, which sits in the CGNAT
-// range that is otherwise allowed).
+// range that is otherwise allowed; Azure's WireServer 168.63.129.16 and OCI's legacy
+// 192.0.0.192, which sit in ranges that are otherwise allowed).
 var metadata = []netip.Addr{
 	netip.MustParseAddr("169.254.169.254"),
 	netip.MustParseAddr("fd00:ec2::254"),
 	netip.MustParseAddr("100.100.100.200"),
+	netip.MustParseAddr("168.63.129.16"),
+	netip.MustParseAddr("192.0.0.192"),
 }
+
+// metadataNames are the host names of cloud instance-metadata services. They are refused
+// by name, before any resolution: on the cloud they name, they resolve to a metadata
+// address the address check also refuses, but a resolver that answers otherwise (a split
+// horizon, a search domain, a resolver swapped between check and use) must not be what
+// keeps the probe off them. A name matches itself and any name under it.
+var metadataNames = []string{
+	"metadata.google.internal",     // GCP
+	"metadata.goog",                // GCP
+	"instance-data.ec2.internal",   // AWS (us-east-1; other regions under compute.internal, below)
+	"metadata.azure.internal",      // Azure
+	"metadata.azure.com",           // Azure
+	"metadata.tencentyun.com",      // Tencent Cloud
+	"metadata.platformequinix.com", // Equinix Metal
+	"metadata.packet.net",          // Equinix Metal (legacy)
+}
+
+// metadataLabels are first labels that name a metadata service when the name is a single
+// label (completed by the resolver's search list: "metadata" on GCP, "instance-data" on
+// AWS) or lies under a cloud-internal zone (".internal": "metadata.c.<project>.internal",
+// "instance-data.<region>.compute.internal").
+var metadataLabels = []string{"metadata", "instance-data"}
 
 var (
 	thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
@@ -110,6 +135,30 @@ func (p Policy) Check(a netip.Addr) string {
 		}
 	}
 	return ReasonNotAllowlisted
+}
+
+// CheckName returns "" when a host name may be resolved and probed, else the reason it is
+// denied by name alone: the cloud metadata names (ReasonMetadata) and "localhost" with
+// every name under it (ReasonLoopback, RFC 6761 §6.3). name is compared case-insensitively
+// and a trailing dot (the fully-qualified spelling) is ignored. The addresses a name
+// resolves to are judged by Check as well; this is the part that needs no resolver.
+func CheckName(name string) string {
+	n := strings.ToLower(strings.TrimSuffix(strings.TrimSpace(name), "."))
+	if n == "localhost" || strings.HasSuffix(n, ".localhost") {
+		return ReasonLoopback
+	}
+	for _, m := range metadataNames {
+		if n == m || strings.HasSuffix(n, "."+m) {
+			return ReasonMetadata
+		}
+	}
+	first, rest, _ := strings.Cut(n, ".")
+	for _, l := range metadataLabels {
+		if first == l && (rest == "" || rest == "internal" || strings.HasSuffix(rest, ".internal")) {
+			return ReasonMetadata
+		}
+	}
+	return ""
 }
 
 // ParseIPv4Loose reads the spellings inet_aton (and so getaddrinfo on most systems)

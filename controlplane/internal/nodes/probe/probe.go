@@ -3,6 +3,8 @@
 // multicast, link-local, broadcast or a cloud metadata endpoint — in any spelling
 // (IPv4-mapped IPv6, NAT64, decimal "2852039166", octal "0251.0376.0251.0376", hex) or
 // through a host name that resolves to one — is refused before any connection is made.
+// The well-known metadata host names ("metadata.google.internal", "instance-data", ...)
+// and "localhost" are refused by name, before they are resolved.
 //
 // The decision is taken on the resolved address: a name is resolved once, every address
 // it resolves to must pass, and the dial goes to that literal address, so a DNS answer
@@ -32,11 +34,14 @@ const DefaultTimeout = 3 * time.Second
 // DeniedError says the target may not be probed; no connection was made.
 type DeniedError struct {
 	Target string     // what was asked for
-	Addr   netip.Addr // the address that was denied
+	Addr   netip.Addr // the address that was denied; invalid when the name itself was
 	Reason string     // Reason* constant
 }
 
 func (e *DeniedError) Error() string {
+	if !e.Addr.IsValid() {
+		return fmt.Sprintf("probe target %q denied by name: %s", e.Target, e.Reason)
+	}
 	return fmt.Sprintf("probe target %q denied: %s (%s)", e.Target, e.Reason, e.Addr)
 }
 
@@ -169,7 +174,8 @@ func isHostname(s string) bool {
 }
 
 // Check decides whether target may be probed without connecting: literal addresses are
-// judged directly, host names on every address they resolve to. It returns the
+// judged directly, host names first by name (CheckName: metadata names, localhost; no
+// lookup is made for those) and then on every address they resolve to. It returns the
 // addresses a probe would dial.
 func (p *Prober) Check(ctx context.Context, target string) (string, []netip.Addr, error) {
 	canonical, ip, err := Canonical(target)
@@ -181,6 +187,9 @@ func (p *Prober) Check(ctx context.Context, target string) (string, []netip.Addr
 			return canonical, nil, &DeniedError{Target: target, Addr: ip, Reason: reason}
 		}
 		return canonical, []netip.Addr{ip}, nil
+	}
+	if reason := CheckName(canonical); reason != "" {
+		return canonical, nil, &DeniedError{Target: target, Reason: reason}
 	}
 	rctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()

@@ -140,6 +140,9 @@ func TestDeniedTargetsMakeNoConnection(t *testing.T) {
 		"::ffff:100.100.100.200": probe.ReasonMetadata,
 		"1684301000":             probe.ReasonMetadata, // decimal 100.100.100.200
 		"0144.0144.0144.0310":    probe.ReasonMetadata, // octal 100.100.100.200
+		"168.63.129.16":          probe.ReasonMetadata, // Azure WireServer
+		"::ffff:168.63.129.16":   probe.ReasonMetadata,
+		"192.0.0.192":            probe.ReasonMetadata, // OCI (legacy)
 	}
 	for target, reason := range cases {
 		r := &resolver{}
@@ -393,6 +396,85 @@ func TestCanonical(t *testing.T) {
 	for _, bad := range []string{"", "-bad.example.com", "bad-.example.com", "a..b", "under_score.example.com", "fe80::1%eth0", "http://10.0.0.1/", "10.0.0.1:22", "1.2.3.4.5", "x.123"} {
 		if _, _, err := probe.Canonical(bad); !errors.Is(err, probe.ErrInvalidTarget) {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// The metadata host names are refused by name, before resolution: the resolver here
+// answers every one of them with an allowed private address (a split horizon, a search
+// domain, a swapped resolver), and still nothing is looked up or dialled.
+func TestMetadataNamesDeniedByName(t *testing.T) {
+	cases := map[string]string{
+		"metadata.google.internal":                    probe.ReasonMetadata,
+		"METADATA.Google.Internal":                    probe.ReasonMetadata,
+		"metadata.google.internal.":                   probe.ReasonMetadata,
+		"computemetadata.metadata.google.internal":    probe.ReasonMetadata,
+		"metadata.goog":                               probe.ReasonMetadata,
+		"metadata":                                    probe.ReasonMetadata,
+		"Metadata.":                                   probe.ReasonMetadata,
+		"metadata.c.my-project.internal":              probe.ReasonMetadata,
+		"instance-data":                               probe.ReasonMetadata,
+		"instance-data.ec2.internal":                  probe.ReasonMetadata,
+		"instance-data.us-west-2.compute.internal":    probe.ReasonMetadata,
+		"metadata.azure.internal":                     probe.ReasonMetadata,
+		"metadata.azure.com":                          probe.ReasonMetadata,
+		"metadata.tencentyun.com":                     probe.ReasonMetadata,
+		"metadata.platformequinix.com":                probe.ReasonMetadata,
+		"metadata.packet.net":                         probe.ReasonMetadata,
+		"localhost":                                   probe.ReasonLoopback,
+		"LocalHost.":                                  probe.ReasonLoopback,
+		"gpu-1.localhost":                             probe.ReasonLoopback,
+		"[metadata.google.internal]":                  probe.ReasonMetadata,
+		"  metadata.google.internal  ":                probe.ReasonMetadata,
+		"instance-data.eu-central-1.compute.internal": probe.ReasonMetadata,
+	}
+	lo := listen(t, "127.0.0.1:0")
+	r := &resolver{answers: map[string][][]netip.Addr{}}
+	for target := range cases {
+		name, _, err := probe.Canonical(target)
+		if err != nil {
+			t.Fatalf("%q: %v", target, err)
+		}
+		r.answers[name] = [][]netip.Addr{addrs("10.0.0.7")}
+	}
+	for target, reason := range cases {
+		g := newGuarded(probe.Policy{})
+		_, err := prober(probe.Policy{}, r, g).Probe(context.Background(), target, lo.port)
+		var denied *probe.DeniedError
+		if !errors.As(err, &denied) || denied.Reason != reason || denied.Addr.IsValid() {
+			t.Errorf("%q: got %v, want denied by name (%s)", target, err, reason)
+		}
+		if g.dials.Load() != 0 || g.control.Load() != 0 {
+			t.Errorf("%q: %d dials, %d connect attempts; want none", target, g.dials.Load(), g.control.Load())
+		}
+		if got := probe.CheckName(target); got != reason && target[0] != '[' {
+			t.Errorf("CheckName(%q) = %q, want %q", target, got, reason)
+		}
+	}
+	if len(r.calls) != 0 {
+		t.Errorf("denied names were looked up: %v", r.calls)
+	}
+	if n := lo.accepted.Load(); n != 0 {
+		t.Fatalf("loopback listener accepted %d connections", n)
+	}
+}
+
+// Names that merely contain a metadata word are ordinary names: they are resolved and
+// judged on their addresses.
+func TestNamesNearMetadataNamesAllowed(t *testing.T) {
+	for _, name := range []string{
+		"metadata.example.com", "gpu-metadata.internal", "instance-data-1.internal",
+		"notmetadata.google.internal", "metadata.goog.example.com", "metadata-1", "mylocalhost",
+		"localhost.example.com", "google.internal", "ec2.internal",
+	} {
+		if got := probe.CheckName(name); got != "" {
+			t.Errorf("CheckName(%q) = %q, want allowed", name, got)
+		}
+		r := &resolver{answers: map[string][][]netip.Addr{name: {addrs("10.0.0.7")}}}
+		d := &recorder{}
+		res, err := prober(probe.Policy{}, r, d).Probe(context.Background(), name, 22)
+		if err != nil || !res.Reachable || len(d.dials) != 1 || d.dials[0] != "10.0.0.7:22" {
+			t.Errorf("%q: %+v %v, dials %v", name, res, err, d.dials)
 		}
 	}
 }
