@@ -3,12 +3,11 @@ package pgcluster
 import (
 	"context"
 	"os"
-	"strconv"
 	"testing"
 	"time"
-)
 
-func inCI() bool { v, _ := strconv.ParseBool(os.Getenv("CI")); return v }
+	"github.com/gantry-gpu/gantry/shared/testenv/ci"
+)
 
 // clusterDir is a fresh directory the postgres OS user can reach (t.TempDir's
 // parents are private to us).
@@ -23,12 +22,8 @@ func clusterDir(t *testing.T) string {
 }
 
 func TestStartStop(t *testing.T) {
-	if _, err := BinDir(); err != nil {
-		if inCI() {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	_, err := BinDir()
+	ci.SkipUnlessAvailable(t, "PostgreSQL binaries", err)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := clusterDir(t)
@@ -67,11 +62,12 @@ func TestStartStop(t *testing.T) {
 }
 
 func TestStartReportsFailure(t *testing.T) {
-	if _, err := BinDir(); err != nil {
-		t.Skip(err)
-	}
+	// Start fails before initdb runs when no PostgreSQL is installed at all, so the
+	// failure checked here would not be initdb's.
+	_, err := BinDir()
+	ci.SkipUnlessAvailable(t, "PostgreSQL binaries", err)
 	// A BinDir without PostgreSQL in it fails with initdb's error, not a hang.
-	_, err := Start(context.Background(), clusterDir(t), Options{BinDir: t.TempDir()})
+	_, err = Start(context.Background(), clusterDir(t), Options{BinDir: t.TempDir()})
 	if err == nil {
 		t.Fatal("Start with an empty BinDir succeeded")
 	}

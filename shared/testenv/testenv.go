@@ -3,10 +3,12 @@ package testenv
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/gantry-gpu/gantry/shared/testenv/ci"
 )
 
 var (
@@ -41,19 +43,14 @@ func Shutdown() {
 	}
 }
 
-// InCI reports whether CI is set to a true value (CI=true, CI=1).
-func InCI() bool {
-	v, _ := strconv.ParseBool(os.Getenv("CI"))
-	return v
-}
+// InCI reports whether CI is set to a true value (CI=true, CI=1); see package ci.
+func InCI() bool { return ci.Enabled() }
 
-// unavailable skips the test, or fails it under CI, with the reason.
+// unavailable skips the test, or fails it under CI, with the reason (the repository's
+// one rule for skips, package ci).
 func unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
-	if InCI() {
-		t.Fatalf("testenv (CI=true, so not skipping): "+format, args...)
-	}
-	t.Skipf("testenv: "+format, args...)
+	ci.Missing(t, "testenv: "+fmt.Sprintf(format, args...))
 }
 
 // Namespace returns 8 random hex characters for naming streams, KV buckets,

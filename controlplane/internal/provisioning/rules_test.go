@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
-	"github.com/gantry-gpu/gantry/shared/testenv"
+	"github.com/gantry-gpu/gantry/shared/testenv/ci"
 )
 
 const rulesDir = "../../../deploy/prometheus"
@@ -45,12 +45,8 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 
-	if _, err := exec.LookPath("promtool"); err != nil {
-		if testenv.InCI() {
-			t.Fatal("promtool is not installed (Debian package prometheus)")
-		}
-		t.Skip("promtool is not installed (apt-get install prometheus)")
-	}
+	_, err = exec.LookPath("promtool")
+	ci.SkipUnlessAvailable(t, "promtool (apt-get install prometheus)", err)
 	out, err := exec.Command(filepath.Join(rulesDir, "check.sh")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("deploy/prometheus/check.sh: %v\n%s", err, out)

@@ -16,7 +16,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/proto/api"
-	"github.com/gantry-gpu/gantry/shared/testenv"
+	"github.com/gantry-gpu/gantry/shared/testenv/ci"
 )
 
 type envelope struct {
@@ -244,12 +244,7 @@ func TestMetricsPassPromtool(t *testing.T) {
 		}
 	}
 	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if testenv.InCI() {
-			t.Fatal("promtool is required under CI=true (apt-get install prometheus)")
-		}
-		t.Skip("promtool not installed")
-	}
+	ci.SkipUnlessAvailable(t, "promtool (apt-get install prometheus)", err)
 	cmd := exec.Command(promtool, "check", "metrics")
 	cmd.Stdin = strings.NewReader(text)
 	out, err := cmd.CombinedOutput()
