@@ -3,7 +3,8 @@
 // the key and the response, so the key exists exactly when the mutation committed:
 //
 //   - same key, same body, completed: the stored status and body are replayed with
-//     Idempotent-Replayed: true;
+//     Idempotent-Replayed: true ("same" compares a JSON body in canonical form, so
+//     whitespace, key order and string escapes do not matter: fingerprint.go);
 //   - same key, different body: 422 validation_error, nothing runs;
 //   - same key while the first request still runs: 409 invalid_request;
 //   - the handler fails (non-2xx): the transaction rolls back and the key is not kept, so
@@ -23,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,7 +82,7 @@ type Scope struct {
 // Serve runs next idempotently for scope; body is the request body already read.
 func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body []byte, next http.Handler, fail FailFunc) {
 	ctx := r.Context()
-	hash := requestHash(scope, body)
+	hash, accept := fingerprints(r, scope, body)
 	tx, err := s.Pool.Begin(ctx)
 	if err != nil {
 		fail(w, r, apierr.New(apierr.ServiceUnavailable, "database unavailable").Wrap(err))
@@ -121,7 +123,7 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 			fail(w, r, apierr.Internal(err))
 			return
 		}
-	case !bytes.Equal(prev.RequestHash, hash):
+	case !slices.ContainsFunc(accept, func(fp []byte) bool { return bytes.Equal(prev.RequestHash, fp) }):
 		fail(w, r, apierr.New(apierr.ValidationError, "Idempotency-Key was already used with a different request body").
 			With("field", HeaderKey).With("reason", "idempotency_key_reused"))
 		return
@@ -235,13 +237,6 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 func (sc Scope) lockKey() int64 {
 	sum := sha256.Sum256([]byte("idempotency\x00" + sc.Principal + "\x00" + sc.Method + "\x00" + sc.Route + "\x00" + sc.Key))
 	return int64(binary.BigEndian.Uint64(sum[:8]))
-}
-
-func requestHash(sc Scope, body []byte) []byte {
-	h := sha256.New()
-	h.Write([]byte(sc.Method + "\x00" + sc.Route + "\x00"))
-	h.Write(body)
-	return h.Sum(nil)
 }
 
 // recorder buffers a response so it can be stored before the client sees it.
