@@ -152,7 +152,9 @@ func TestAllocationLifecycleWithAgentProcess(t *testing.T) {
 		t.Fatalf("env file does not make exactly %s visible: %v\n%s", gpuUUID, err, envFile)
 	}
 	var openUsage int
-	_ = c.env.Pool.QueryRow(ctx, `SELECT count(*) FROM billing_usage_records WHERE source_id = $1 AND bill_to IS NULL`, id).Scan(&openUsage)
+	if err := c.env.Pool.QueryRow(ctx, `SELECT count(*) FROM billing_usage_records WHERE source_id = $1 AND bill_to IS NULL`, id).Scan(&openUsage); err != nil {
+		t.Fatal(err)
+	}
 	if openUsage != 1 {
 		t.Fatalf("open usage records while active: %d, want 1", openUsage)
 	}
@@ -180,7 +182,10 @@ func TestAllocationLifecycleWithAgentProcess(t *testing.T) {
 	if err := c.env.Pool.QueryRow(ctx, `SELECT task_id::text FROM allocation_tasks WHERE allocation_id = $1 AND kind = 'allocation.provision'`, id).Scan(&taskID); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := os.Stat(filepath.Join(ws, "authorized_keys"))
+	before, err := os.Stat(filepath.Join(ws, "authorized_keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	c.restart()
 	c.runBackground(c.app)
 	eventually(t, "agent back on the restarted control plane", func() bool { return c.app.Fabric.LocalSessions() == 1 })
@@ -197,9 +202,9 @@ func TestAllocationLifecycleWithAgentProcess(t *testing.T) {
 	if err != nil || ack.GetStatus() != fabricv1.TaskAckStatus_TASK_ACK_STATUS_DUPLICATE {
 		t.Fatalf("redelivered provision: %v %v, want DUPLICATE", ack, err)
 	}
-	after, _ := os.Stat(filepath.Join(ws, "authorized_keys"))
-	if before == nil || after == nil || !after.ModTime().Equal(before.ModTime()) {
-		t.Fatalf("the redelivered task touched the workspace")
+	after, err := os.Stat(filepath.Join(ws, "authorized_keys"))
+	if err != nil || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatalf("the redelivered task touched the workspace (%v)", err)
 	}
 	if got := strings.Join(events(), ","); got != "requested,provisioning,active" {
 		t.Fatalf("transitions after redelivery %s", got)
@@ -215,8 +220,10 @@ func TestAllocationLifecycleWithAgentProcess(t *testing.T) {
 		t.Fatalf("workspace still there after release: %v", err)
 	}
 	var held int
-	_ = c.env.Pool.QueryRow(ctx, `SELECT count(*) FROM allocation_gpus WHERE allocation_id = $1 AND released_at IS NULL`, id).Scan(&held)
-	_ = c.env.Pool.QueryRow(ctx, `SELECT count(*) FROM billing_usage_records WHERE source_id = $1 AND bill_to IS NULL`, id).Scan(&openUsage)
+	if err := c.env.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM allocation_gpus WHERE allocation_id = $1 AND released_at IS NULL),
+		(SELECT count(*) FROM billing_usage_records WHERE source_id = $1 AND bill_to IS NULL)`, id).Scan(&held, &openUsage); err != nil {
+		t.Fatal(err)
+	}
 	if held != 0 || openUsage != 0 {
 		t.Fatalf("after release: %d GPUs held, %d usage records open", held, openUsage)
 	}

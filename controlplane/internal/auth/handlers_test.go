@@ -73,9 +73,8 @@ func TestSignupHandler(t *testing.T) {
 	_, err = h.Signup(ctx, api.SignupRequestObject{Body: &api.SignupRequest{Username: "alice", Password: testPassword, OrganizationName: "Again"}})
 	wantCode(t, err, apierr.UserAlreadyExists)
 	var tenants int
-	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM tenants`).Scan(&tenants)
-	if tenants != 1 {
-		t.Errorf("%d tenants after a refused sign-up, want 1", tenants)
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM tenants`).Scan(&tenants); err != nil || tenants != 1 {
+		t.Errorf("%d tenants after a refused sign-up (%v), want 1", tenants, err)
 	}
 
 	// A failing provisioner leaves no session behind either.

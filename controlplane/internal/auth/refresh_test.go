@@ -61,7 +61,8 @@ func TestRefreshRotation(t *testing.T) {
 		t.Fatalf("%d unrevoked tokens after reuse (%v), want 0", live, err)
 	}
 	// Presenting tokens of a revoked family again does not audit again.
-	_, _ = f.svc.Refresh(ctx, first.RefreshToken)
+	_, err = f.svc.Refresh(ctx, first.RefreshToken)
+	wantCode(t, err, apierr.TokenInvalid)
 	if n := f.auditCount(t, "auth.refresh_reuse_detected"); n != 1 {
 		t.Fatalf("%d reuse audit rows, want still 1", n)
 	}
@@ -110,9 +111,9 @@ func TestRefreshErrors(t *testing.T) {
 		_, err = f.svc.Refresh(ctx, toks.RefreshToken)
 		wantCode(t, err, apierr.TokenInvalid)
 		var revoked bool
-		_ = f.pool.QueryRow(ctx, `SELECT revoked_at IS NOT NULL FROM auth_refresh_tokens WHERE token_hash = $1`, hashRefreshToken(toks.RefreshToken)).Scan(&revoked)
-		if !revoked {
-			t.Error("disabled user's family was not revoked")
+		err = f.pool.QueryRow(ctx, `SELECT revoked_at IS NOT NULL FROM auth_refresh_tokens WHERE token_hash = $1`, hashRefreshToken(toks.RefreshToken)).Scan(&revoked)
+		if err != nil || !revoked {
+			t.Errorf("disabled user's family was not revoked (%v)", err)
 		}
 	})
 }

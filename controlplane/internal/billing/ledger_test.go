@@ -3,12 +3,14 @@ package billing
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing/billingdb"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
@@ -86,7 +88,10 @@ func TestPostRefusesUnbalancedInCodeAndDatabase(t *testing.T) {
 	}
 	// The database refuses an unbalanced transaction at commit, whoever writes it.
 	f.topUp(tenant, "USD", 100)
-	acct, _ := f.svc.Ledger.accountID(f.ctx, billingdb.New(f.pool), AccountKey{Kind: AccountAdjustments, Currency: "USD"})
+	acct, err := f.svc.Ledger.accountID(f.ctx, billingdb.New(f.pool), AccountKey{Kind: AccountAdjustments, Currency: "USD"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	err = db.InTx(f.ctx, f.pool, func(tx pgx.Tx) error {
 		q := billingdb.New(tx)
 		id := uuid.New()
@@ -96,8 +101,11 @@ func TestPostRefusesUnbalancedInCodeAndDatabase(t *testing.T) {
 		return q.InsertEntries(f.ctx, billingdb.InsertEntriesParams{Ids: []uuid.UUID{uuid.New()}, TxnIds: []uuid.UUID{id},
 			AccountIds: []uuid.UUID{acct}, Currencies: []string{"USD"}, Amounts: []int64{7}, CreatedAt: t0})
 	})
-	if err == nil {
-		t.Fatal("database accepted an unbalanced transaction")
+	// Refused by the balance trigger itself (check_violation), not by any other error
+	// (an unknown account would be a foreign-key violation and prove nothing).
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "23514" ||
+		!strings.Contains(pgErr.Message, "does not sum to zero") {
+		t.Fatalf("unbalanced transaction: %v, want SQLSTATE 23514 from billing_ledger_txn_balanced", err)
 	}
 	f.checkInvariants()
 }
@@ -113,8 +121,11 @@ func TestEntriesAreImmutable(t *testing.T) {
 		`DELETE FROM billing_ledger_transactions`,
 		`TRUNCATE billing_ledger_entries CASCADE`,
 	} {
-		if _, err := f.pool.Exec(f.ctx, q); err == nil {
-			t.Fatalf("%s: accepted", q)
+		// Refused with insufficient_privilege (42501): by the append-only trigger, or by
+		// the revoked privilege where the tests run as the application's role.
+		_, err := f.pool.Exec(f.ctx, q)
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Fatalf("%s: %v, want SQLSTATE 42501", q, err)
 		}
 	}
 	f.checkInvariants()
@@ -204,7 +215,9 @@ func TestConcurrentDebitsNeverOverdraw(t *testing.T) {
 		t.Fatalf("balance %d after %d debits", got, ok.Load())
 	}
 	var txns int
-	_ = f.pool.QueryRow(f.ctx, `SELECT count(*) FROM billing_ledger_transactions WHERE kind = 'refund'`).Scan(&txns)
+	if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM billing_ledger_transactions WHERE kind = 'refund'`).Scan(&txns); err != nil {
+		t.Fatal(err)
+	}
 	if int64(txns) != ok.Load() {
 		t.Fatalf("%d refund transactions for %d successes", txns, ok.Load())
 	}
@@ -295,7 +308,9 @@ func TestLedgerInvariantsUnderRandomConcurrentWorkload(t *testing.T) {
 	}
 	f.checkInvariants()
 	var conversions, withSnapshot int
-	_ = f.pool.QueryRow(f.ctx, `SELECT count(*), count(fx_snapshot_id) FROM billing_ledger_transactions WHERE kind = 'conversion'`).Scan(&conversions, &withSnapshot)
+	if err := f.pool.QueryRow(f.ctx, `SELECT count(*), count(fx_snapshot_id) FROM billing_ledger_transactions WHERE kind = 'conversion'`).Scan(&conversions, &withSnapshot); err != nil {
+		t.Fatal(err)
+	}
 	if conversions != withSnapshot {
 		t.Fatalf("%d conversions, %d reference a snapshot", conversions, withSnapshot)
 	}
@@ -354,7 +369,10 @@ func TestTwoCurrencyBalances(t *testing.T) {
 	// A tenant with no wallet in its default currency shows zero there, never a sum.
 	other, _ := f.tenant("GBP")
 	f.topUp(other, "USD", 10)
-	b, _ = f.svc.Balances(f.ctx, other)
+	b, err = f.svc.Balances(f.ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if b.Primary != (Money{0, "GBP"}) || len(b.All) != 2 || b.All[0] != (Money{0, "GBP"}) {
 		t.Fatalf("other: %+v", b)
 	}

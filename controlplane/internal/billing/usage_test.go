@@ -110,9 +110,9 @@ func TestRatingKeyIdempotentAndConflicting(t *testing.T) {
 	if err != nil || sp != want {
 		t.Fatalf("Spent %d %v", sp, err)
 	}
-	sp, _ = f.svc.Spent(f.ctx, tenant, nil, "EUR", t0, t0.Add(24*time.Hour))
-	if sp != 0 {
-		t.Fatalf("EUR spent %d", sp)
+	sp, err = f.svc.Spent(f.ctx, tenant, nil, "EUR", t0, t0.Add(24*time.Hour))
+	if err != nil || sp != 0 {
+		t.Fatalf("EUR spent %d %v", sp, err)
 	}
 	f.checkInvariants()
 }
@@ -155,7 +155,9 @@ func TestRatingSplitsAtMonthAndPriceVersion(t *testing.T) {
 		t.Fatalf("total %d", res.Amount)
 	}
 	var snap map[string]any
-	_ = f.pool.QueryRow(f.ctx, `SELECT pricing_snapshot FROM billing_rated_usage_lines WHERE id = $1`, ls[2].ID).Scan(&snap)
+	if err := f.pool.QueryRow(f.ctx, `SELECT pricing_snapshot FROM billing_rated_usage_lines WHERE id = $1`, ls[2].ID).Scan(&snap); err != nil {
+		t.Fatal(err)
+	}
 	if snap["unit_price"] != "0.002" || snap["amount_exact"] != "7.200" {
 		b, _ := json.Marshal(snap)
 		t.Fatalf("snapshot %s", b)
@@ -181,7 +183,9 @@ func TestRateRunningCoversWalletThenReceivable(t *testing.T) {
 		t.Fatalf("wallet %d", f.wallet(tenant, "USD"))
 	}
 	var recv int64
-	_ = f.pool.QueryRow(f.ctx, `SELECT balance_minor FROM billing_ledger_accounts WHERE tenant_id = $1 AND kind = 'tenant_receivable'`, tenant).Scan(&recv)
+	if err := f.pool.QueryRow(f.ctx, `SELECT balance_minor FROM billing_ledger_accounts WHERE tenant_id = $1 AND kind = 'tenant_receivable'`, tenant).Scan(&recv); err != nil {
+		t.Fatal(err)
+	}
 	if recv != -1000 {
 		t.Fatalf("receivable %d", recv)
 	}
@@ -207,11 +211,16 @@ func TestShadowRatingWritesNothing(t *testing.T) {
 		ids = append(ids, rec.ID)
 	}
 	counts := func() string {
+		t.Helper()
 		var s string
-		_ = f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM billing_ledger_entries) || '/' || (SELECT count(*) FROM billing_ledger_transactions)
+		// A NULL anywhere would make the whole string NULL and the scan fail: the sum is
+		// coalesced, and a failed scan fails the test rather than compare "" with "".
+		if err := f.pool.QueryRow(f.ctx, `SELECT (SELECT count(*) FROM billing_ledger_entries) || '/' || (SELECT count(*) FROM billing_ledger_transactions)
 			|| '/' || (SELECT count(*) FROM billing_rated_usage_lines) || '/' || (SELECT count(*) FROM billing_rating_events)
 			|| '/' || (SELECT count(*) FROM audit_events) || '/' || (SELECT count(*) FROM outbox_events)
-			|| '/' || (SELECT sum(rated_quantity_millis) FROM billing_usage_records)`).Scan(&s)
+			|| '/' || (SELECT coalesce(sum(rated_quantity_millis), 0) FROM billing_usage_records)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
 		return s
 	}
 	before := counts()
@@ -308,7 +317,9 @@ func TestRunwayLaunchWatcherAndTopUp(t *testing.T) {
 	}
 	f.topUp(tenant, "USD", 500)
 	var restored int
-	_ = f.pool.QueryRow(f.ctx, `SELECT count(*) FROM outbox_events WHERE event_type = $1`, EventRunwayRestored).Scan(&restored)
+	if err := f.pool.QueryRow(f.ctx, `SELECT count(*) FROM outbox_events WHERE event_type = $1`, EventRunwayRestored).Scan(&restored); err != nil {
+		t.Fatal(err)
+	}
 	if restored != 1 {
 		t.Fatalf("%d restored events", restored)
 	}

@@ -206,8 +206,10 @@ func TestAPIBudgetsCRUDAndPermissions(t *testing.T) {
 	d, _ = e.owner.DeleteBillingBudgetWithResponse(ctx, ml.ID, &api.DeleteBillingBudgetParams{})
 	wantAPIErr(t, d.StatusCode(), d.Body, 404, "invalid_request", "not_found")
 	var created, updated, deleted int
-	_ = e.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event_type = 'budget.created'), count(*) FILTER (WHERE event_type = 'budget.updated'),
-		count(*) FILTER (WHERE event_type = 'budget.deleted') FROM outbox_events`).Scan(&created, &updated, &deleted)
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event_type = 'budget.created'), count(*) FILTER (WHERE event_type = 'budget.updated'),
+		count(*) FILTER (WHERE event_type = 'budget.deleted') FROM outbox_events`).Scan(&created, &updated, &deleted); err != nil {
+		t.Fatal(err)
+	}
 	if created != 3 || updated != 1 || deleted != 1 {
 		t.Fatalf("outbox: created %d updated %d deleted %d", created, updated, deleted)
 	}
@@ -281,7 +283,9 @@ func TestAPIBudgetValidation(t *testing.T) {
 				api.ErrorResponse
 				Name string `json:"name"`
 			}
-			_ = json.NewDecoder(resp.Body).Decode(&body)
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+				t.Fatalf("status %d, body not JSON: %v", resp.StatusCode, err)
+			}
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d: %+v", resp.StatusCode, tc.status, body)
 			}
@@ -319,8 +323,11 @@ func TestAPIBudgetValidation(t *testing.T) {
 	for _, p := range patches {
 		resp := e.Do(e.Request("PATCH", "/api/v1/billing/budgets/"+id.String(), e.acme.AdminToken, p.body))
 		var body api.ErrorResponse
-		_ = json.NewDecoder(resp.Body).Decode(&body)
+		err := json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("PATCH %s: %d, body not JSON: %v", p.body, resp.StatusCode, err)
+		}
 		if resp.StatusCode != 422 || body.Details["field"] != p.field {
 			t.Fatalf("PATCH %s: %d %s field %v, want 422 field %s", p.body, resp.StatusCode, body.Code, body.Details["field"], p.field)
 		}
@@ -364,8 +371,16 @@ func TestAPIBudgetDecisionWritesNothing(t *testing.T) {
 		return m
 	}
 	before := counts()
-	var seen time.Time
-	_ = e.Pool.QueryRow(ctx, `SELECT max(last_seen_at) FROM budget_events`).Scan(&seen)
+	// The newest event sighting (none: nil); a decision must not move it.
+	lastSeen := func() *time.Time {
+		t.Helper()
+		var seen *time.Time
+		if err := e.Pool.QueryRow(ctx, `SELECT max(last_seen_at) FROM budget_events`).Scan(&seen); err != nil {
+			t.Fatal(err)
+		}
+		return seen
+	}
+	seen := lastSeen()
 
 	decide := func(c *api.ClientWithResponses, project *uuid.UUID, amount int64, currency string) *api.DecideBillingBudgetHTTPResponse {
 		t.Helper()
@@ -452,10 +467,8 @@ func TestAPIBudgetDecisionWritesNothing(t *testing.T) {
 			t.Fatalf("%s: %d rows before, %d after the decisions", tb, before[tb], after[tb])
 		}
 	}
-	var seenAfter time.Time
-	_ = e.Pool.QueryRow(ctx, `SELECT max(last_seen_at) FROM budget_events`).Scan(&seenAfter)
-	if !seenAfter.Equal(seen) {
-		t.Fatal("a decision touched an event")
+	if seenAfter := lastSeen(); (seen == nil) != (seenAfter == nil) || (seen != nil && !seenAfter.Equal(*seen)) {
+		t.Fatalf("a decision touched an event: last seen %v, then %v", seen, seenAfter)
 	}
 }
 

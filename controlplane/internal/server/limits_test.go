@@ -34,7 +34,9 @@ func TestProjectNameAndSlugLimits(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var before int
-			_ = e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM projects`).Scan(&before)
+			if err := e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM projects`).Scan(&before); err != nil {
+				t.Fatal(err)
+			}
 			resp := e.Do(e.Request("POST", "/api/v1/projects", ten.AdminToken, tc.body))
 			if tc.status == 201 {
 				resp.Body.Close()
@@ -48,7 +50,9 @@ func TestProjectNameAndSlugLimits(t *testing.T) {
 				t.Fatalf("field %v, want %s (%s)", env.Details["field"], tc.field, env.Message)
 			}
 			var after int
-			_ = e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM projects`).Scan(&after)
+			if err := e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM projects`).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
 			if after != before {
 				t.Fatalf("refused create persisted a row: %d -> %d", before, after)
 			}
