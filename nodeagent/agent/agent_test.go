@@ -356,7 +356,12 @@ func TestShutdownWhileDisconnected(t *testing.T) {
 	p := newPeer(t, nil)
 	_ = p.ln.Close() // nothing answers
 	r := startAgent(t, p, fabricnet.ModeTCP, nil)
-	time.Sleep(100 * time.Millisecond)
+	// Stop once the agent has tried and failed at least once (a wait for that, not a
+	// guess at how long the first dial takes).
+	p.waitFor("a failed connection attempt", func() bool {
+		st := r.a.Status()
+		return st.Attempts > 0 && st.LastError != ""
+	})
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
