@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"path/filepath"
+	"sort"
 	"sync"
 	"time"
 
@@ -28,10 +30,18 @@ const (
 	// neither flood the tunnel nor silence the node.
 	minInterval = 50 * time.Millisecond
 	maxInterval = 10 * time.Minute
-	// maxUnreported bounds the finished-but-unreported task results kept while the
-	// tunnel is down (the control plane redelivers anything it did not hear about).
-	maxUnreported = tasks.DefaultRemember
+	// DefaultResultResend is how often results the control plane has not acknowledged
+	// are sent again on a tunnel that stays up (they are always sent again after a
+	// reconnect).
+	DefaultResultResend = 30 * time.Second
 )
+
+// Workload is one workload the node holds (an allocation its runtime has a live record
+// of), as Hello reports it for the control plane's reconcile.
+type Workload struct {
+	AllocationID string
+	Phase        string
+}
 
 // StreamHandler serves a raw stream the control plane opened (terminal, app proxy). It
 // must answer the preamble with fabricnet.WriteReply before payload bytes flow, and
@@ -55,6 +65,16 @@ type Options struct {
 	// Executor runs dispatched tasks; each task id runs once (the agent wraps it in
 	// tasks.Once). nil rejects every task as an unsupported kind.
 	Executor tasks.Executor
+	// StateDir, when set, is where results wait for the control plane's acknowledgement
+	// (<StateDir>/results), so they survive an agent restart; "" keeps them in memory
+	// only (tests). RunConfig sets it to the runtime's state directory.
+	StateDir string
+	// Workloads, when set, lists the workloads the node holds; every Hello reports them
+	// for the control plane's reconcile. nil reports none (and says so).
+	Workloads func() []Workload
+	// ResultResend spaces re-sends of unacknowledged results on a tunnel that stays up
+	// (default DefaultResultResend).
+	ResultResend time.Duration
 	// Streams serves control-plane-opened raw streams; nil refuses them.
 	Streams StreamHandler
 	// Backoff spaces reconnects; the zero value means DefaultBackoff.
@@ -99,8 +119,10 @@ type Agent struct {
 	mu         sync.Mutex
 	st         Status
 	lastInv    gpu.Inventory
-	unreported map[string]*fabricv1.TaskResult
-	notify     chan struct{} // a task finished: send its result
+	results    resultStore
+	unreported map[string]*fabricv1.TaskResult // finished, not acknowledged (also on disk)
+	sent       map[string]bool                 // of unreported, sent on the current tunnel
+	notify     chan struct{}                   // a task finished: send its result
 	hbSeq      uint64
 
 	tasksWG sync.WaitGroup
@@ -137,16 +159,52 @@ func New(o Options) (*Agent, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.ResultResend <= 0 {
+		o.ResultResend = DefaultResultResend
+	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &Agent{
+	a := &Agent{
 		o:          o,
 		once:       tasks.NewOnce(o.Executor, 0),
 		bootID:     hex.EncodeToString(b[:]),
 		log:        o.Logger,
 		unreported: map[string]*fabricv1.TaskResult{},
+		sent:       map[string]bool{},
 		notify:     make(chan struct{}, 1),
-	}, nil
+	}
+	if o.StateDir != "" {
+		a.results = resultStore{dir: filepath.Join(o.StateDir, "results")}
+	}
+	// Results a previous run finished and the control plane never acknowledged: they go
+	// out on the first tunnel.
+	if err := a.results.init(); err != nil {
+		return nil, fmt.Errorf("agent: results directory: %w", err)
+	}
+	pending, err := a.results.all()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range pending {
+		a.unreported[r.GetTaskId()] = r
+	}
+	if len(pending) > 0 {
+		a.log.Info("task results awaiting acknowledgement reloaded", "results", len(pending))
+	}
+	return a, nil
+}
+
+// PendingResults lists the task ids whose results wait for the control plane's
+// acknowledgement, sorted.
+func (a *Agent) PendingResults() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]string, 0, len(a.unreported))
+	for id := range a.unreported {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
 }
 
 // Status returns a snapshot.
@@ -287,6 +345,16 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 		BootId:        a.bootID,
 		ActiveTaskIds: a.activeTaskIDs(),
 	}
+	if a.o.Workloads != nil {
+		hello.WorkloadsReported = true
+		for _, w := range a.o.Workloads() {
+			hello.Workloads = append(hello.Workloads, &fabricv1.HeldWorkload{AllocationId: w.AllocationID, Phase: w.Phase})
+		}
+	}
+	// Every unacknowledged result goes out again on this tunnel.
+	a.mu.Lock()
+	clear(a.sent)
+	a.mu.Unlock()
 	if err := ctl.Send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_Hello{Hello: hello}}); err != nil {
 		return false, fmt.Errorf("send hello: %w", err)
 	}
@@ -366,6 +434,8 @@ func (a *Agent) serve(ctx, sctx context.Context, ctl fabricv1.Fabric_ControlClie
 	defer hbTick.Stop()
 	telTick := time.NewTicker(tel)
 	defer telTick.Stop()
+	resendTick := time.NewTicker(a.o.ResultResend)
+	defer resendTick.Stop()
 
 	// Health events (XIDs) trigger a sample at once, at most one per second.
 	var events <-chan struct{}
@@ -433,6 +503,15 @@ func (a *Agent) serve(ctx, sctx context.Context, ctl fabricv1.Fabric_ControlClie
 			if err := a.flushResults(send); err != nil {
 				return err
 			}
+		case <-resendTick.C:
+			// Sent but never acknowledged on this tunnel (the control plane could not
+			// record it yet, or lost it): send them again.
+			a.mu.Lock()
+			clear(a.sent)
+			a.mu.Unlock()
+			if err := a.flushResults(send); err != nil {
+				return err
+			}
 		case m := <-in:
 			switch msg := m.GetMsg().(type) {
 			case *fabricv1.ControlMessage_HeartbeatConfig:
@@ -458,6 +537,8 @@ func (a *Agent) serve(ctx, sctx context.Context, ctl fabricv1.Fabric_ControlClie
 				if err := a.flushResults(send); err != nil {
 					return err
 				}
+			case *fabricv1.ControlMessage_ResultAck:
+				a.acknowledged(msg.ResultAck.GetTaskId())
 			case *fabricv1.ControlMessage_Welcome:
 				// Only the first message may be a Welcome; a second one is ignored.
 			}

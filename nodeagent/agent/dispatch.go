@@ -32,6 +32,19 @@ func (a *Agent) dispatch(ctx context.Context, d *fabricv1.TaskDispatch) *fabricv
 	if id == "" || len(id) > 128 || d.GetKind() == "" {
 		return reject(AckInvalidTask, "task id and kind are required")
 	}
+	// A result still waiting for its acknowledgement (reloaded from disk after a
+	// restart, when tasks.Once no longer remembers the task): a duplicate, and the
+	// result goes out again.
+	a.mu.Lock()
+	_, pending := a.unreported[id]
+	if pending {
+		delete(a.sent, id)
+	}
+	a.mu.Unlock()
+	if pending {
+		ack.Status = fabricv1.TaskAckStatus_TASK_ACK_STATUS_DUPLICATE
+		return ack
+	}
 	switch state, res := a.once.Lookup(id); state {
 	case tasks.Running:
 		ack.Status = fabricv1.TaskAckStatus_TASK_ACK_STATUS_DUPLICATE
@@ -66,7 +79,9 @@ func (a *Agent) dispatch(ctx context.Context, d *fabricv1.TaskDispatch) *fabricv
 	return ack
 }
 
-// addResult queues a result for the control plane and wakes the tunnel's writer.
+// addResult keeps a result until the control plane acknowledges it — on disk first,
+// then in memory — and wakes the tunnel's writer. A result that cannot be written to
+// disk is still kept in memory (it is lost only if the agent also restarts).
 func (a *Agent) addResult(id string, r tasks.Result) {
 	tr := &fabricv1.TaskResult{
 		TaskId:     id,
@@ -79,10 +94,12 @@ func (a *Agent) addResult(id string, r tasks.Result) {
 	if r.Status != tasks.Succeeded {
 		tr.Status = fabricv1.TaskResultStatus_TASK_RESULT_STATUS_FAILED
 	}
-	a.mu.Lock()
-	if _, ok := a.unreported[id]; ok || len(a.unreported) < maxUnreported {
-		a.unreported[id] = tr
+	if err := a.results.save(tr); err != nil {
+		a.log.Error("task result not saved to disk; kept in memory until acknowledged", "task_id", id, "err", err)
 	}
+	a.mu.Lock()
+	a.unreported[id] = tr
+	delete(a.sent, id)
 	a.mu.Unlock()
 	select {
 	case a.notify <- struct{}{}:
@@ -90,14 +107,18 @@ func (a *Agent) addResult(id string, r tasks.Result) {
 	}
 }
 
-// flushResults sends every unreported result, oldest id first; a result leaves the
-// queue once sent. One lost with the tunnel is asked for again by a redelivery, which
-// gets DUPLICATE and the remembered result.
+// flushResults sends every unacknowledged result not yet sent on this tunnel, by id.
+// Sending does not forget a result: only the control plane's TaskResultAck does
+// (acknowledged), after it committed it. A result written to a tunnel whose far end
+// died before recording it is therefore sent again on the next tunnel (and every
+// ResultResend on this one).
 func (a *Agent) flushResults(send func(*fabricv1.AgentMessage) error) error {
 	a.mu.Lock()
 	ids := make([]string, 0, len(a.unreported))
 	for id := range a.unreported {
-		ids = append(ids, id)
+		if !a.sent[id] {
+			ids = append(ids, id)
+		}
 	}
 	a.mu.Unlock()
 	sort.Strings(ids)
@@ -113,14 +134,35 @@ func (a *Agent) flushResults(send func(*fabricv1.AgentMessage) error) error {
 		}
 		a.mu.Lock()
 		if a.unreported[id] == tr {
-			delete(a.unreported, id)
+			a.sent[id] = true
 		}
 		a.mu.Unlock()
 	}
 	return nil
 }
 
-// activeTaskIDs is what Hello reports: tasks running, and finished but unreported.
+// acknowledged forgets a result the control plane has recorded: from disk first, so a
+// crash in between leaves at most a result sent once more (which the control plane
+// acknowledges again).
+func (a *Agent) acknowledged(id string) {
+	a.mu.Lock()
+	_, ok := a.unreported[id]
+	a.mu.Unlock()
+	if !ok {
+		return
+	}
+	if err := a.results.remove(id); err != nil {
+		a.log.Error("acknowledged task result not removed from disk; it will be sent again", "task_id", id, "err", err)
+		return
+	}
+	a.mu.Lock()
+	delete(a.unreported, id)
+	delete(a.sent, id)
+	a.mu.Unlock()
+	a.log.Debug("task result acknowledged", "task_id", id)
+}
+
+// activeTaskIDs is what Hello reports: tasks running, and finished but unacknowledged.
 func (a *Agent) activeTaskIDs() []string {
 	ids := a.once.Active()
 	a.mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations/lifecycle"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/alloctask"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // ProvisionResult is the result payload (JSON) of a succeeded provision or restart
@@ -94,12 +95,24 @@ func (s *Service) finishTask(ctx context.Context, taskID uuid.UUID) error {
 	return allocationsdb.New(s.Pool).FinishTask(ctx, allocationsdb.FinishTaskParams{TaskID: taskID, FinishedAt: ptr(s.now())})
 }
 
-// OnTaskResult is TaskResult shaped for fabric.Deps.OnTaskResult: refusals and failures
-// are logged (the report is dropped; the agent's state is read again on reconnect).
-func (s *Service) OnTaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) {
-	if err := s.TaskResult(ctx, nodeID, r); err != nil {
-		s.Log.WarnContext(ctx, "allocation task report dropped", "node_id", nodeID, "task_id", r.GetTaskId(), "err", err)
+// OnTaskResult is TaskResult shaped for fabric.Deps.OnTaskResult: nil when the report is
+// recorded — committed, a repeat that changed nothing, or refused for good (an unknown
+// task, a move the lifecycle does not allow, a result that does not parse: logged and
+// dropped, since sending it again cannot change the answer) — so the fabric
+// acknowledges it and the agent forgets it. Any other failure (the database unavailable)
+// is returned: the report is not acknowledged, and the agent sends it again.
+func (s *Service) OnTaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) error {
+	err := s.TaskResult(ctx, nodeID, r)
+	if err == nil {
+		return nil
 	}
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	if _, refused := apierr.As(err); refused || errors.Is(err, ErrUnknownTask) || errors.As(err, &syntax) || errors.As(err, &typ) {
+		s.Log.WarnContext(ctx, "allocation task report dropped", "node_id", nodeID, "task_id", r.GetTaskId(), "err", err)
+		return nil
+	}
+	return err
 }
 
 func truncate(s string, n int) string {

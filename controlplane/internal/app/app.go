@@ -315,10 +315,11 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 		NATS: a.NATS, JS: a.JS, Directory: a.Nodes, Clock: a.Clock, IDs: a.IDs, Log: a.Log,
 		// Agents' task reports drive allocations (assembled after the fabric; sessions
 		// only start in Run).
-		OnTaskResult: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) {
-			if a.Allocations != nil {
-				a.Allocations.OnTaskResult(ctx, nodeID, r)
+		OnTaskResult: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) error {
+			if a.Allocations == nil {
+				return errors.New("allocations not assembled")
 			}
+			return a.Allocations.OnTaskResult(ctx, nodeID, r)
 		},
 	})
 	if err != nil {

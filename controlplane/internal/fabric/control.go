@@ -71,6 +71,15 @@ func (c *controlService) Control(stream fabricv1.Fabric_ControlServer) error {
 	if err := stream.Send(welcome); err != nil {
 		return err
 	}
+	if s.deps.OnHello != nil {
+		// Off the receive loop: the agent's pending results (sent right after the
+		// Welcome) are recorded meanwhile, and either order ends the same.
+		go func() {
+			if err := s.deps.OnHello(ctx, ss.nodeID, hello); err != nil && ctx.Err() == nil {
+				s.deps.Log.Warn("fabric: reconcile after hello failed", "node_id", ss.nodeID, "err", err)
+			}
+		}()
+	}
 
 	sendErr := make(chan error, 1)
 	go func() {
@@ -169,15 +178,33 @@ func (s *Server) handleAgentMessage(ctx context.Context, ss *session, m *fabricv
 			ch <- msg.TaskAck
 		}
 	case *fabricv1.AgentMessage_TaskResult:
-		if s.deps.OnTaskResult != nil {
-			s.deps.OnTaskResult(ctx, ss.nodeID, msg.TaskResult)
-		}
+		s.recordTaskResult(ctx, ss, msg.TaskResult)
 	case *fabricv1.AgentMessage_ControllerReport:
 		if s.deps.OnControllerReport != nil {
 			s.deps.OnControllerReport(ctx, ss.nodeID, msg.ControllerReport)
 		}
 	case *fabricv1.AgentMessage_Hello:
 		// Only the first message may be a Hello; a repeated one is ignored.
+	}
+}
+
+// recordTaskResult hands a result to its recorder and, once that says it is recorded
+// (committed, or refused for good), acknowledges it to the agent, which then forgets it.
+// A result not recorded (the database unavailable) is not acknowledged: the agent keeps
+// it on disk and sends it again. A result that was recorded but whose acknowledgement
+// was lost comes again and is acknowledged again (recording is idempotent by task id).
+func (s *Server) recordTaskResult(ctx context.Context, ss *session, r *fabricv1.TaskResult) {
+	if s.deps.OnTaskResult == nil {
+		return
+	}
+	if err := s.deps.OnTaskResult(ctx, ss.nodeID, r); err != nil {
+		s.deps.Log.Warn("fabric: task result not recorded; the agent will send it again", "node_id", ss.nodeID, "task_id", r.GetTaskId(), "err", err)
+		return
+	}
+	ack := &fabricv1.ControlMessage{Msg: &fabricv1.ControlMessage_ResultAck{ResultAck: &fabricv1.TaskResultAck{TaskId: r.GetTaskId()}}}
+	if err := ss.send(ctx, ack); err != nil {
+		// The tunnel ended: the agent sends the result again on its next one.
+		s.deps.Log.Debug("fabric: result acknowledgement not sent", "node_id", ss.nodeID, "task_id", r.GetTaskId(), "err", err)
 	}
 }
 

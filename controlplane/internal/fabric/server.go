@@ -45,8 +45,14 @@ type Deps struct {
 
 	// OnTaskResult and OnControllerReport, when set, receive what agents report
 	// (the allocations feature). They run on the session's receive loop: return fast.
-	OnTaskResult       func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult)
+	// OnTaskResult returns nil once the result is recorded (committed, found recorded
+	// already, or refused for good): only then does the agent get its TaskResultAck.
+	OnTaskResult       func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) error
 	OnControllerReport func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.ControllerReport)
+	// OnHello, when set, reconciles what a (re)connecting agent holds (Hello's workloads
+	// and task ids) against the database. It runs after the Welcome, off the receive
+	// loop; its failure is logged (the next Hello reconciles again).
+	OnHello func(ctx context.Context, nodeID uuid.UUID, h *fabricv1.Hello) error
 }
 
 // Server is one replica's fabric server. It implements fleet.PresenceReader,

@@ -54,6 +54,9 @@ type Agent struct {
 	mu         sync.Mutex
 	cur        fabricnet.Session
 	seen       map[string]bool
+	send       func(*fabricv1.AgentMessage) error // the current tunnel's, nil between tunnels
+	results    map[string]*fabricv1.TaskResult    // sent after every Welcome until acknowledged
+	acked      []string
 	heartbeats atomic.Int64
 }
 
@@ -82,6 +85,39 @@ func NewAgent(addr, token string, caPEM []byte, mode fabricnet.Mode) *Agent {
 
 // Heartbeats is how many heartbeats were sent.
 func (a *Agent) Heartbeats() int64 { return a.heartbeats.Load() }
+
+// AddResult keeps r until the control plane acknowledges it, like the real agent: it is
+// sent now when a tunnel is up, and again after every Welcome.
+func (a *Agent) AddResult(r *fabricv1.TaskResult) {
+	a.mu.Lock()
+	if a.results == nil {
+		a.results = map[string]*fabricv1.TaskResult{}
+	}
+	a.results[r.GetTaskId()] = r
+	send := a.send
+	a.mu.Unlock()
+	if send != nil {
+		_ = send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_TaskResult{TaskResult: r}})
+	}
+}
+
+// Acked lists the task ids whose results the control plane acknowledged, in order.
+func (a *Agent) Acked() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.acked...)
+}
+
+// Unacknowledged lists the results still waiting for their acknowledgement.
+func (a *Agent) Unacknowledged() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.results))
+	for id := range a.results {
+		out = append(out, id)
+	}
+	return out
+}
 
 // Current is the live session, if any.
 func (a *Agent) Current() fabricnet.Session {
@@ -189,6 +225,23 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 	interval := make(chan time.Duration, 1)
 	interval <- w.GetHeartbeat().GetInterval().AsDuration()
 	go a.heartbeat(sctx, send, interval)
+	a.mu.Lock()
+	a.send = send
+	pending := make([]*fabricv1.TaskResult, 0, len(a.results))
+	for _, r := range a.results {
+		pending = append(pending, r)
+	}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.send = nil
+		a.mu.Unlock()
+	}()
+	for _, r := range pending {
+		if err := send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_TaskResult{TaskResult: r}}); err != nil {
+			return true, err
+		}
+	}
 	for {
 		m, err := ctl.Recv()
 		if err != nil {
@@ -201,6 +254,13 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 			default:
 			}
 			interval <- msg.HeartbeatConfig.GetInterval().AsDuration()
+		case *fabricv1.ControlMessage_ResultAck:
+			a.mu.Lock()
+			if _, ok := a.results[msg.ResultAck.GetTaskId()]; ok {
+				delete(a.results, msg.ResultAck.GetTaskId())
+				a.acked = append(a.acked, msg.ResultAck.GetTaskId())
+			}
+			a.mu.Unlock()
 		case *fabricv1.ControlMessage_Task:
 			ack := a.ack(msg.Task)
 			if err := send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_TaskAck{TaskAck: ack}}); err != nil {

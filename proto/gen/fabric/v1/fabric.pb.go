@@ -557,11 +557,19 @@ type Hello struct {
 	Inventory    *Inventory             `protobuf:"bytes,3,opt,name=inventory,proto3" json:"inventory,omitempty"`
 	// Random per agent process start; a new value means the agent restarted.
 	BootId string `protobuf:"bytes,4,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	// Tasks the agent is executing or has finished but not yet reported, so a
-	// redelivered task is recognised after a reconnect.
+	// Tasks the agent is executing or has finished but whose result the control plane has
+	// not acknowledged yet (TaskResultAck), so a redelivered task is recognised after a
+	// reconnect. The pending results themselves follow the Welcome as TaskResults.
 	ActiveTaskIds []string `protobuf:"bytes,5,rep,name=active_task_ids,json=activeTaskIds,proto3" json:"active_task_ids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The workloads this node holds (every allocation its runtime has a live record of),
+	// for the control plane to reconcile against its database on every (re)connect: one
+	// the database says must be gone gets a release task; one the database places on the
+	// node that is absent here is confirmed gone. Meaningful only when
+	// workloads_reported is set (an agent without a runtime reports nothing).
+	Workloads         []*HeldWorkload `protobuf:"bytes,6,rep,name=workloads,proto3" json:"workloads,omitempty"`
+	WorkloadsReported bool            `protobuf:"varint,7,opt,name=workloads_reported,json=workloadsReported,proto3" json:"workloads_reported,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -629,6 +637,75 @@ func (x *Hello) GetActiveTaskIds() []string {
 	return nil
 }
 
+func (x *Hello) GetWorkloads() []*HeldWorkload {
+	if x != nil {
+		return x.Workloads
+	}
+	return nil
+}
+
+func (x *Hello) GetWorkloadsReported() bool {
+	if x != nil {
+		return x.WorkloadsReported
+	}
+	return false
+}
+
+// HeldWorkload is one workload the node's runtime holds.
+type HeldWorkload struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The allocation id (UUID).
+	AllocationId string `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// The runtime's phase: "provisioning", "active" or "stopped".
+	Phase         string `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldWorkload) Reset() {
+	*x = HeldWorkload{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldWorkload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldWorkload) ProtoMessage() {}
+
+func (x *HeldWorkload) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldWorkload.ProtoReflect.Descriptor instead.
+func (*HeldWorkload) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HeldWorkload) GetAllocationId() string {
+	if x != nil {
+		return x.AllocationId
+	}
+	return ""
+}
+
+func (x *HeldWorkload) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
 type Inventory struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Gpus          []*GPU                 `protobuf:"bytes,1,rep,name=gpus,proto3" json:"gpus,omitempty"`
@@ -638,7 +715,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[4]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +727,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[4]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +740,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{4}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Inventory) GetGpus() []*GPU {
@@ -693,7 +770,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[5]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +782,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[5]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +795,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{5}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -788,7 +865,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[6]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -800,7 +877,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[6]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -813,7 +890,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{6}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetSeq() uint64 {
@@ -840,7 +917,7 @@ type Telemetry struct {
 
 func (x *Telemetry) Reset() {
 	*x = Telemetry{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[7]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +929,7 @@ func (x *Telemetry) String() string {
 func (*Telemetry) ProtoMessage() {}
 
 func (x *Telemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[7]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +942,7 @@ func (x *Telemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Telemetry.ProtoReflect.Descriptor instead.
 func (*Telemetry) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{7}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Telemetry) GetGpus() []*GPUMetrics {
@@ -894,7 +971,7 @@ type GPUMetrics struct {
 
 func (x *GPUMetrics) Reset() {
 	*x = GPUMetrics{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[8]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +983,7 @@ func (x *GPUMetrics) String() string {
 func (*GPUMetrics) ProtoMessage() {}
 
 func (x *GPUMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[8]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +996,7 @@ func (x *GPUMetrics) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUMetrics.ProtoReflect.Descriptor instead.
 func (*GPUMetrics) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{8}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GPUMetrics) GetUuid() string {
@@ -1007,7 +1084,7 @@ type TaskAck struct {
 
 func (x *TaskAck) Reset() {
 	*x = TaskAck{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[9]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1096,7 @@ func (x *TaskAck) String() string {
 func (*TaskAck) ProtoMessage() {}
 
 func (x *TaskAck) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[9]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1109,7 @@ func (x *TaskAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskAck.ProtoReflect.Descriptor instead.
 func (*TaskAck) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{9}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TaskAck) GetTaskId() string {
@@ -1078,7 +1155,7 @@ type TaskResult struct {
 
 func (x *TaskResult) Reset() {
 	*x = TaskResult{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[10]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1167,7 @@ func (x *TaskResult) String() string {
 func (*TaskResult) ProtoMessage() {}
 
 func (x *TaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[10]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1180,7 @@ func (x *TaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
 func (*TaskResult) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{10}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TaskResult) GetTaskId() string {
@@ -1171,7 +1248,7 @@ type ControllerReport struct {
 
 func (x *ControllerReport) Reset() {
 	*x = ControllerReport{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[11]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1260,7 @@ func (x *ControllerReport) String() string {
 func (*ControllerReport) ProtoMessage() {}
 
 func (x *ControllerReport) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[11]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1273,7 @@ func (x *ControllerReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControllerReport.ProtoReflect.Descriptor instead.
 func (*ControllerReport) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{11}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ControllerReport) GetController() string {
@@ -1255,6 +1332,7 @@ type ControlMessage struct {
 	//	*ControlMessage_Welcome
 	//	*ControlMessage_HeartbeatConfig
 	//	*ControlMessage_Task
+	//	*ControlMessage_ResultAck
 	Msg           isControlMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1262,7 +1340,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[12]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1352,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[12]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1365,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{12}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ControlMessage) GetMsg() isControlMessage_Msg {
@@ -1324,6 +1402,15 @@ func (x *ControlMessage) GetTask() *TaskDispatch {
 	return nil
 }
 
+func (x *ControlMessage) GetResultAck() *TaskResultAck {
+	if x != nil {
+		if x, ok := x.Msg.(*ControlMessage_ResultAck); ok {
+			return x.ResultAck
+		}
+	}
+	return nil
+}
+
 type isControlMessage_Msg interface {
 	isControlMessage_Msg()
 }
@@ -1340,11 +1427,66 @@ type ControlMessage_Task struct {
 	Task *TaskDispatch `protobuf:"bytes,3,opt,name=task,proto3,oneof"`
 }
 
+type ControlMessage_ResultAck struct {
+	ResultAck *TaskResultAck `protobuf:"bytes,4,opt,name=result_ack,json=resultAck,proto3,oneof"`
+}
+
 func (*ControlMessage_Welcome) isControlMessage_Msg() {}
 
 func (*ControlMessage_HeartbeatConfig) isControlMessage_Msg() {}
 
 func (*ControlMessage_Task) isControlMessage_Msg() {}
+
+func (*ControlMessage_ResultAck) isControlMessage_Msg() {}
+
+// TaskResultAck tells the agent that the control plane has recorded a TaskResult: sent
+// only after the transaction recording it committed (or the result was found recorded
+// already, or refused for good). Until it arrives the agent keeps the result on disk and
+// sends it again after every reconnect; a repeated result is harmless (recording is
+// idempotent by task id) and is acknowledged again.
+type TaskResultAck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskResultAck) Reset() {
+	*x = TaskResultAck{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskResultAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskResultAck) ProtoMessage() {}
+
+func (x *TaskResultAck) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskResultAck.ProtoReflect.Descriptor instead.
+func (*TaskResultAck) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TaskResultAck) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
 
 // Welcome answers Hello.
 type Welcome struct {
@@ -1361,7 +1503,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1515,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1528,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{13}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1441,7 +1583,7 @@ type HeartbeatConfig struct {
 
 func (x *HeartbeatConfig) Reset() {
 	*x = HeartbeatConfig{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1595,7 @@ func (x *HeartbeatConfig) String() string {
 func (*HeartbeatConfig) ProtoMessage() {}
 
 func (x *HeartbeatConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1608,7 @@ func (x *HeartbeatConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatConfig.ProtoReflect.Descriptor instead.
 func (*HeartbeatConfig) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{14}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeartbeatConfig) GetInterval() *durationpb.Duration {
@@ -1515,7 +1657,7 @@ type TaskDispatch struct {
 
 func (x *TaskDispatch) Reset() {
 	*x = TaskDispatch{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1669,7 @@ func (x *TaskDispatch) String() string {
 func (*TaskDispatch) ProtoMessage() {}
 
 func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1682,7 @@ func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskDispatch.ProtoReflect.Descriptor instead.
 func (*TaskDispatch) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{15}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TaskDispatch) GetTaskId() string {
@@ -1623,7 +1765,7 @@ type StreamPreamble struct {
 
 func (x *StreamPreamble) Reset() {
 	*x = StreamPreamble{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1777,7 @@ func (x *StreamPreamble) String() string {
 func (*StreamPreamble) ProtoMessage() {}
 
 func (x *StreamPreamble) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1790,7 @@ func (x *StreamPreamble) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamPreamble.ProtoReflect.Descriptor instead.
 func (*StreamPreamble) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{16}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StreamPreamble) GetKind() StreamKind {
@@ -1724,7 +1866,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1878,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1891,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{17}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TerminalSize) GetCols() uint32 {
@@ -1780,7 +1922,7 @@ type StreamReply struct {
 
 func (x *StreamReply) Reset() {
 	*x = StreamReply{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +1934,7 @@ func (x *StreamReply) String() string {
 func (*StreamReply) ProtoMessage() {}
 
 func (x *StreamReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +1947,7 @@ func (x *StreamReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamReply.ProtoReflect.Descriptor instead.
 func (*StreamReply) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{18}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StreamReply) GetOk() bool {
@@ -1840,7 +1982,7 @@ type ForwardedDispatch struct {
 
 func (x *ForwardedDispatch) Reset() {
 	*x = ForwardedDispatch{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1994,7 @@ func (x *ForwardedDispatch) String() string {
 func (*ForwardedDispatch) ProtoMessage() {}
 
 func (x *ForwardedDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2007,7 @@ func (x *ForwardedDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardedDispatch.ProtoReflect.Descriptor instead.
 func (*ForwardedDispatch) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{19}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ForwardedDispatch) GetNodeId() string {
@@ -1895,7 +2037,7 @@ type ForwardedDispatchReply struct {
 
 func (x *ForwardedDispatchReply) Reset() {
 	*x = ForwardedDispatchReply{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1907,7 +2049,7 @@ func (x *ForwardedDispatchReply) String() string {
 func (*ForwardedDispatchReply) ProtoMessage() {}
 
 func (x *ForwardedDispatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1920,7 +2062,7 @@ func (x *ForwardedDispatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardedDispatchReply.ProtoReflect.Descriptor instead.
 func (*ForwardedDispatchReply) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{20}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForwardedDispatchReply) GetAck() *TaskAck {
@@ -1969,13 +2111,18 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\vtask_result\x18\x06 \x01(\v2\x1c.gantry.fabric.v1.TaskResultH\x00R\n" +
 	"taskResult\x12Q\n" +
 	"\x11controller_report\x18\a \x01(\v2\".gantry.fabric.v1.ControllerReportH\x00R\x10controllerReportB\x05\n" +
-	"\x03msg\"\xc4\x01\n" +
+	"\x03msg\"\xb1\x02\n" +
 	"\x05Hello\x12#\n" +
 	"\ragent_version\x18\x01 \x01(\tR\fagentVersion\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x129\n" +
 	"\tinventory\x18\x03 \x01(\v2\x1b.gantry.fabric.v1.InventoryR\tinventory\x12\x17\n" +
 	"\aboot_id\x18\x04 \x01(\tR\x06bootId\x12&\n" +
-	"\x0factive_task_ids\x18\x05 \x03(\tR\ractiveTaskIds\"6\n" +
+	"\x0factive_task_ids\x18\x05 \x03(\tR\ractiveTaskIds\x12<\n" +
+	"\tworkloads\x18\x06 \x03(\v2\x1e.gantry.fabric.v1.HeldWorkloadR\tworkloads\x12-\n" +
+	"\x12workloads_reported\x18\a \x01(\bR\x11workloadsReported\"I\n" +
+	"\fHeldWorkload\x12#\n" +
+	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x14\n" +
+	"\x05phase\x18\x02 \x01(\tR\x05phase\"6\n" +
 	"\tInventory\x12)\n" +
 	"\x04gpus\x18\x01 \x03(\v2\x15.gantry.fabric.v1.GPUR\x04gpus\"\x86\x02\n" +
 	"\x03GPU\x12\x14\n" +
@@ -2036,12 +2183,16 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12;\n" +
 	"\vobserved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"observedAt\"\xd4\x01\n" +
+	"observedAt\"\x96\x02\n" +
 	"\x0eControlMessage\x125\n" +
 	"\awelcome\x18\x01 \x01(\v2\x19.gantry.fabric.v1.WelcomeH\x00R\awelcome\x12N\n" +
 	"\x10heartbeat_config\x18\x02 \x01(\v2!.gantry.fabric.v1.HeartbeatConfigH\x00R\x0fheartbeatConfig\x124\n" +
-	"\x04task\x18\x03 \x01(\v2\x1e.gantry.fabric.v1.TaskDispatchH\x00R\x04taskB\x05\n" +
-	"\x03msg\"\xde\x01\n" +
+	"\x04task\x18\x03 \x01(\v2\x1e.gantry.fabric.v1.TaskDispatchH\x00R\x04task\x12@\n" +
+	"\n" +
+	"result_ack\x18\x04 \x01(\v2\x1f.gantry.fabric.v1.TaskResultAckH\x00R\tresultAckB\x05\n" +
+	"\x03msg\"(\n" +
+	"\rTaskResultAck\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"\xde\x01\n" +
 	"\aWelcome\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
@@ -2126,7 +2277,7 @@ func file_fabric_v1_fabric_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_v1_fabric_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_fabric_v1_fabric_proto_goTypes = []any{
 	(MIGMode)(0),                   // 0: gantry.fabric.v1.MIGMode
 	(TaskAckStatus)(0),             // 1: gantry.fabric.v1.TaskAckStatus
@@ -2136,64 +2287,68 @@ var file_fabric_v1_fabric_proto_goTypes = []any{
 	(*AuthResponse)(nil),           // 5: gantry.fabric.v1.AuthResponse
 	(*AgentMessage)(nil),           // 6: gantry.fabric.v1.AgentMessage
 	(*Hello)(nil),                  // 7: gantry.fabric.v1.Hello
-	(*Inventory)(nil),              // 8: gantry.fabric.v1.Inventory
-	(*GPU)(nil),                    // 9: gantry.fabric.v1.GPU
-	(*Heartbeat)(nil),              // 10: gantry.fabric.v1.Heartbeat
-	(*Telemetry)(nil),              // 11: gantry.fabric.v1.Telemetry
-	(*GPUMetrics)(nil),             // 12: gantry.fabric.v1.GPUMetrics
-	(*TaskAck)(nil),                // 13: gantry.fabric.v1.TaskAck
-	(*TaskResult)(nil),             // 14: gantry.fabric.v1.TaskResult
-	(*ControllerReport)(nil),       // 15: gantry.fabric.v1.ControllerReport
-	(*ControlMessage)(nil),         // 16: gantry.fabric.v1.ControlMessage
-	(*Welcome)(nil),                // 17: gantry.fabric.v1.Welcome
-	(*HeartbeatConfig)(nil),        // 18: gantry.fabric.v1.HeartbeatConfig
-	(*TaskDispatch)(nil),           // 19: gantry.fabric.v1.TaskDispatch
-	(*StreamPreamble)(nil),         // 20: gantry.fabric.v1.StreamPreamble
-	(*TerminalSize)(nil),           // 21: gantry.fabric.v1.TerminalSize
-	(*StreamReply)(nil),            // 22: gantry.fabric.v1.StreamReply
-	(*ForwardedDispatch)(nil),      // 23: gantry.fabric.v1.ForwardedDispatch
-	(*ForwardedDispatchReply)(nil), // 24: gantry.fabric.v1.ForwardedDispatchReply
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 26: google.protobuf.Duration
+	(*HeldWorkload)(nil),           // 8: gantry.fabric.v1.HeldWorkload
+	(*Inventory)(nil),              // 9: gantry.fabric.v1.Inventory
+	(*GPU)(nil),                    // 10: gantry.fabric.v1.GPU
+	(*Heartbeat)(nil),              // 11: gantry.fabric.v1.Heartbeat
+	(*Telemetry)(nil),              // 12: gantry.fabric.v1.Telemetry
+	(*GPUMetrics)(nil),             // 13: gantry.fabric.v1.GPUMetrics
+	(*TaskAck)(nil),                // 14: gantry.fabric.v1.TaskAck
+	(*TaskResult)(nil),             // 15: gantry.fabric.v1.TaskResult
+	(*ControllerReport)(nil),       // 16: gantry.fabric.v1.ControllerReport
+	(*ControlMessage)(nil),         // 17: gantry.fabric.v1.ControlMessage
+	(*TaskResultAck)(nil),          // 18: gantry.fabric.v1.TaskResultAck
+	(*Welcome)(nil),                // 19: gantry.fabric.v1.Welcome
+	(*HeartbeatConfig)(nil),        // 20: gantry.fabric.v1.HeartbeatConfig
+	(*TaskDispatch)(nil),           // 21: gantry.fabric.v1.TaskDispatch
+	(*StreamPreamble)(nil),         // 22: gantry.fabric.v1.StreamPreamble
+	(*TerminalSize)(nil),           // 23: gantry.fabric.v1.TerminalSize
+	(*StreamReply)(nil),            // 24: gantry.fabric.v1.StreamReply
+	(*ForwardedDispatch)(nil),      // 25: gantry.fabric.v1.ForwardedDispatch
+	(*ForwardedDispatchReply)(nil), // 26: gantry.fabric.v1.ForwardedDispatchReply
+	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 28: google.protobuf.Duration
 }
 var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	7,  // 0: gantry.fabric.v1.AgentMessage.hello:type_name -> gantry.fabric.v1.Hello
-	10, // 1: gantry.fabric.v1.AgentMessage.heartbeat:type_name -> gantry.fabric.v1.Heartbeat
-	8,  // 2: gantry.fabric.v1.AgentMessage.inventory:type_name -> gantry.fabric.v1.Inventory
-	11, // 3: gantry.fabric.v1.AgentMessage.telemetry:type_name -> gantry.fabric.v1.Telemetry
-	13, // 4: gantry.fabric.v1.AgentMessage.task_ack:type_name -> gantry.fabric.v1.TaskAck
-	14, // 5: gantry.fabric.v1.AgentMessage.task_result:type_name -> gantry.fabric.v1.TaskResult
-	15, // 6: gantry.fabric.v1.AgentMessage.controller_report:type_name -> gantry.fabric.v1.ControllerReport
-	8,  // 7: gantry.fabric.v1.Hello.inventory:type_name -> gantry.fabric.v1.Inventory
-	9,  // 8: gantry.fabric.v1.Inventory.gpus:type_name -> gantry.fabric.v1.GPU
-	0,  // 9: gantry.fabric.v1.GPU.mig_mode:type_name -> gantry.fabric.v1.MIGMode
-	25, // 10: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	12, // 11: gantry.fabric.v1.Telemetry.gpus:type_name -> gantry.fabric.v1.GPUMetrics
-	25, // 12: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
-	1,  // 13: gantry.fabric.v1.TaskAck.status:type_name -> gantry.fabric.v1.TaskAckStatus
-	2,  // 14: gantry.fabric.v1.TaskResult.status:type_name -> gantry.fabric.v1.TaskResultStatus
-	25, // 15: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
-	25, // 16: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
-	17, // 17: gantry.fabric.v1.ControlMessage.welcome:type_name -> gantry.fabric.v1.Welcome
-	18, // 18: gantry.fabric.v1.ControlMessage.heartbeat_config:type_name -> gantry.fabric.v1.HeartbeatConfig
-	19, // 19: gantry.fabric.v1.ControlMessage.task:type_name -> gantry.fabric.v1.TaskDispatch
-	18, // 20: gantry.fabric.v1.Welcome.heartbeat:type_name -> gantry.fabric.v1.HeartbeatConfig
-	25, // 21: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	26, // 22: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
-	26, // 23: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
-	26, // 24: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
-	25, // 25: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
-	3,  // 26: gantry.fabric.v1.StreamPreamble.kind:type_name -> gantry.fabric.v1.StreamKind
-	21, // 27: gantry.fabric.v1.StreamPreamble.terminal_size:type_name -> gantry.fabric.v1.TerminalSize
-	19, // 28: gantry.fabric.v1.ForwardedDispatch.task:type_name -> gantry.fabric.v1.TaskDispatch
-	13, // 29: gantry.fabric.v1.ForwardedDispatchReply.ack:type_name -> gantry.fabric.v1.TaskAck
-	6,  // 30: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
-	16, // 31: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
-	31, // [31:32] is the sub-list for method output_type
-	30, // [30:31] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	11, // 1: gantry.fabric.v1.AgentMessage.heartbeat:type_name -> gantry.fabric.v1.Heartbeat
+	9,  // 2: gantry.fabric.v1.AgentMessage.inventory:type_name -> gantry.fabric.v1.Inventory
+	12, // 3: gantry.fabric.v1.AgentMessage.telemetry:type_name -> gantry.fabric.v1.Telemetry
+	14, // 4: gantry.fabric.v1.AgentMessage.task_ack:type_name -> gantry.fabric.v1.TaskAck
+	15, // 5: gantry.fabric.v1.AgentMessage.task_result:type_name -> gantry.fabric.v1.TaskResult
+	16, // 6: gantry.fabric.v1.AgentMessage.controller_report:type_name -> gantry.fabric.v1.ControllerReport
+	9,  // 7: gantry.fabric.v1.Hello.inventory:type_name -> gantry.fabric.v1.Inventory
+	8,  // 8: gantry.fabric.v1.Hello.workloads:type_name -> gantry.fabric.v1.HeldWorkload
+	10, // 9: gantry.fabric.v1.Inventory.gpus:type_name -> gantry.fabric.v1.GPU
+	0,  // 10: gantry.fabric.v1.GPU.mig_mode:type_name -> gantry.fabric.v1.MIGMode
+	27, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	13, // 12: gantry.fabric.v1.Telemetry.gpus:type_name -> gantry.fabric.v1.GPUMetrics
+	27, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
+	1,  // 14: gantry.fabric.v1.TaskAck.status:type_name -> gantry.fabric.v1.TaskAckStatus
+	2,  // 15: gantry.fabric.v1.TaskResult.status:type_name -> gantry.fabric.v1.TaskResultStatus
+	27, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
+	27, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
+	19, // 18: gantry.fabric.v1.ControlMessage.welcome:type_name -> gantry.fabric.v1.Welcome
+	20, // 19: gantry.fabric.v1.ControlMessage.heartbeat_config:type_name -> gantry.fabric.v1.HeartbeatConfig
+	21, // 20: gantry.fabric.v1.ControlMessage.task:type_name -> gantry.fabric.v1.TaskDispatch
+	18, // 21: gantry.fabric.v1.ControlMessage.result_ack:type_name -> gantry.fabric.v1.TaskResultAck
+	20, // 22: gantry.fabric.v1.Welcome.heartbeat:type_name -> gantry.fabric.v1.HeartbeatConfig
+	27, // 23: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	28, // 24: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
+	28, // 25: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
+	28, // 26: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
+	27, // 27: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
+	3,  // 28: gantry.fabric.v1.StreamPreamble.kind:type_name -> gantry.fabric.v1.StreamKind
+	23, // 29: gantry.fabric.v1.StreamPreamble.terminal_size:type_name -> gantry.fabric.v1.TerminalSize
+	21, // 30: gantry.fabric.v1.ForwardedDispatch.task:type_name -> gantry.fabric.v1.TaskDispatch
+	14, // 31: gantry.fabric.v1.ForwardedDispatchReply.ack:type_name -> gantry.fabric.v1.TaskAck
+	6,  // 32: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
+	17, // 33: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
+	33, // [33:34] is the sub-list for method output_type
+	32, // [32:33] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_fabric_v1_fabric_proto_init() }
@@ -2210,10 +2365,11 @@ func file_fabric_v1_fabric_proto_init() {
 		(*AgentMessage_TaskResult)(nil),
 		(*AgentMessage_ControllerReport)(nil),
 	}
-	file_fabric_v1_fabric_proto_msgTypes[12].OneofWrappers = []any{
+	file_fabric_v1_fabric_proto_msgTypes[13].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_HeartbeatConfig)(nil),
 		(*ControlMessage_Task)(nil),
+		(*ControlMessage_ResultAck)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2221,7 +2377,7 @@ func file_fabric_v1_fabric_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_v1_fabric_proto_rawDesc), len(file_fabric_v1_fabric_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
