@@ -32,6 +32,13 @@ type ListenOptions struct {
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
 	Yamux *yamux.Config
+	// StatelessResetKey lets the QUIC transport answer a packet of a connection it does
+	// not know with a stateless reset (RFC 9000 §10.3), which ends that connection at
+	// its peer at once. The key must outlive the process: a control plane restarted
+	// after a crash resets its agents' old tunnels only if it derives the same tokens as
+	// the one that issued them. Without it (nil) the restarted listener drops their
+	// packets and every agent waits out its idle timeout (45 s) before it reconnects.
+	StatelessResetKey *quic.StatelessResetKey
 }
 
 // Listener accepts tunnels on one port number, over UDP (QUIC) and TCP (TLS+yamux).
@@ -80,7 +87,7 @@ func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, e
 		return nil, err
 	}
 	if l.udp != nil {
-		l.quicTr = &quic.Transport{Conn: l.udp}
+		l.quicTr = &quic.Transport{Conn: l.udp, StatelessResetKey: l.opts.StatelessResetKey}
 		ln, err := l.quicTr.Listen(l.tlsConf, quicConfig(l.opts.QUIC))
 		if err != nil {
 			l.Close()

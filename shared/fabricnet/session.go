@@ -220,6 +220,9 @@ const (
 	keepAlive = 15 * time.Second
 	// idleTimeout ends a tunnel the peer stopped answering on.
 	idleTimeout = 45 * time.Second
+	// grpcKeepAlive is how long an agent's gRPC client on a QUIC tunnel stays silent
+	// before it pings (GRPCClient); the fabric server permits pings every 5 s.
+	grpcKeepAlive = 15 * time.Second
 )
 
 func quicConfig(base *quic.Config) *quic.Config {

@@ -334,6 +334,14 @@ func TestPKIOneCAUnderConcurrentFirstStart(t *testing.T) {
 		if string(pkis[i].CAPEM) != string(pkis[0].CAPEM) || !pkis[i].Server.Leaf.Equal(pkis[0].Server.Leaf) {
 			t.Fatal("replicas got different CAs or server certificates")
 		}
+		// One CA, one QUIC stateless reset key: a replica restarted after a crash (or
+		// another one on its address) resets the tunnels the first one held.
+		if pkis[i].ResetKey != pkis[0].ResetKey {
+			t.Fatal("replicas sharing a CA derived different stateless reset keys")
+		}
+	}
+	if pkis[0].ResetKey == [32]byte{} {
+		t.Fatal("no stateless reset key")
 	}
 	if _, err := pkis[0].Server.Leaf.Verify(x509VerifyOpts(pkis[0])); err != nil {
 		t.Fatalf("server certificate does not chain to the CA: %v", err)

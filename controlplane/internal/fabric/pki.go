@@ -6,7 +6,9 @@ import (
 	"crypto/cipher"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hkdf"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -51,6 +53,35 @@ type PKI struct {
 	CAPEM  []byte
 	CA     *x509.Certificate
 	Server tls.Certificate
+	// ResetKey is the QUIC stateless reset key of the fabric listener, derived from the
+	// CA's private key (resetKey).
+	ResetKey [32]byte
+}
+
+// resetKeyLabel names what the CA key is stretched into; a new label, a new key.
+const resetKeyLabel = "gantry fabric: QUIC stateless reset key v1"
+
+// resetKey derives the QUIC stateless reset key from the CA's private key with
+// HKDF-SHA256. A reset token is an HMAC of a connection id under this key, and an agent
+// believes a reset only if its token is the one the control plane gave it with the
+// connection: a replica that restarts after a crash must derive the same key to end
+// its agents' stale tunnels at once (rather than at their 45 s idle timeout), and every
+// replica sharing the CA does, so one taking over another's address does too. Derived
+// rather than stored: nothing new to keep secret, rotate or migrate, and it is as
+// secret as the CA key it comes from (whoever holds that can impersonate the control
+// plane anyway). It changes only with the CA.
+func resetKey(ca *ecdsa.PrivateKey) ([32]byte, error) {
+	var k [32]byte
+	ek, err := ca.ECDH()
+	if err != nil {
+		return k, err
+	}
+	b, err := hkdf.Key(sha256.New, ek.Bytes(), nil, resetKeyLabel, len(k))
+	if err != nil {
+		return k, err
+	}
+	copy(k[:], b)
+	return k, nil
 }
 
 // LoadPKI returns the fabric CA and a server certificate valid for names, creating
@@ -108,9 +139,14 @@ func LoadPKI(ctx context.Context, pool *pgxpool.Pool, sealKey []byte, names []st
 		if err != nil {
 			return fmt.Errorf("fabric server certificate: %w", err)
 		}
+		rk, err := resetKey(caKey)
+		if err != nil {
+			return fmt.Errorf("fabric reset key: %w", err)
+		}
 		out = &PKI{
-			CAPEM: []byte(caRow.CertPem),
-			CA:    caCert,
+			ResetKey: rk,
+			CAPEM:    []byte(caRow.CertPem),
+			CA:       caCert,
 			Server: tls.Certificate{
 				Certificate: [][]byte{srvCert.Raw, caCert.Raw},
 				PrivateKey:  srvKey,

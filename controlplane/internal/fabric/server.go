@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/quic-go/quic-go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -126,7 +127,10 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
 	// Every handshake takes the current certificate: RenewCertificate replaces it
 	// while the listener runs.
 	tlsConf := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Load(), nil }}
-	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP})
+	// The reset key comes from the CA, so it survives a crash: the restarted replica
+	// resets the tunnels its predecessor held and their agents reconnect at once.
+	resetKey := quic.StatelessResetKey(pki.ResetKey)
+	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP, StatelessResetKey: &resetKey})
 	if err != nil {
 		return nil, err
 	}
