@@ -107,6 +107,8 @@ type App struct {
 	Handler      http.Handler
 	// Terminal is the browser terminal (docs/terminal.md); it runs in Run.
 	Terminal *terminal.Service
+	// Denials aggregates every 401 and 403 into auth.denied audit rows; it runs in Run.
+	Denials *audit.Denials
 
 	ownPool bool
 	redis   *redis.Client
@@ -188,6 +190,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
+	if a.Denials, err = audit.NewDenials(a.Pool, a.Clock, a.IDs, log, audit.DenialConfig{}, a.Metrics.Registry); err != nil {
+		return nil, err
+	}
 	limiter, err := a.limiter()
 	if err != nil {
 		return nil, err
@@ -258,6 +263,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		NodeAuth:          a.Nodes,
 		Projects:          a.Tenancy,
 		Idempotency:       a.Idem,
+		Denials:           a.Denials,
 		Limiter:           limiter,
 		Metrics:           a.Metrics,
 		Tracer:            tracer,
@@ -371,6 +377,9 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); _ = a.Relay.Run(bg) }()
 	go func() { defer wg.Done(); a.Billing.Run(bg, a.Log) }()
 	go func() { defer wg.Done(); a.maintain(bg) }()
+	// Denied requests (docs/api.md, Audit): aggregated rows every window, the rest at stop.
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Denials.Run(bg) }()
 	// Budget evaluation (docs/budgets.md): every GANTRY_BUDGETS_EVALUATE_INTERVAL.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Budgets.Run(bg, a.Config.Budgets.EvaluateInterval, a.Log) }()

@@ -64,6 +64,12 @@ func errTokenScope() *apierr.Error {
 	return apierr.New(apierr.TokenScopeInvalid, "access token is not valid for this API")
 }
 
+// errOpaqueScope: a Gantry token of another kind (refresh, node, terminal) was sent as
+// the bearer of the REST API.
+func errOpaqueScope(kind string) *apierr.Error {
+	return apierr.New(apierr.TokenScopeInvalid, "a %s token is not an access token: send the access token as the bearer", kind)
+}
+
 // BearerToken is the bearer credential of r's Authorization header. It never looks at
 // the query string: an ?access_token= parameter is ignored. found is false when there is
 // no bearer; err is token_invalid when the header is ambiguous (sent twice).
@@ -121,6 +127,9 @@ func (a *Authenticator) verify(ctx context.Context, token string) (*principal.Pr
 	fail := func(err error) (*principal.Principal, time.Time, error) { return nil, time.Time{}, err }
 	if len(token) > maxTokenLength {
 		return fail(errTokenInvalid(errors.New("token too long")))
+	}
+	if kind := opaqueTokenKind(token); kind != "" {
+		return fail(errOpaqueScope(kind))
 	}
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {

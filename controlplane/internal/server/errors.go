@@ -15,6 +15,8 @@ import (
 type errorMapper struct {
 	writer apierr.Writer
 	log    *slog.Logger
+	// denials challenges and audits every 401 and 403 (denials.go).
+	denials *denials
 }
 
 func (m errorMapper) write(w http.ResponseWriter, r *http.Request, err error) {
@@ -26,6 +28,7 @@ func (m errorMapper) write(w http.ResponseWriter, r *http.Request, err error) {
 		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
 		m.log.WarnContext(r.Context(), "authentication failed", "code", apierr.CodeOf(err), "method", r.Method, "path", r.URL.Path)
 	}
+	m.denials.deny(w, r, err, status)
 	m.writer.Write(w, r, err)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
@@ -65,6 +66,8 @@ type Deps struct {
 	Metrics      *metrics.API
 	Tracer       trace.TracerProvider
 	MaxBodyBytes int64
+	// Denials aggregates every 401 and 403 into the audit log; nil audits none.
+	Denials *audit.Denials
 	// StrictMiddlewares run around every generated handler (features that need the raw
 	// request, such as the internal-token check of the JWKS refresh, hook in here).
 	StrictMiddlewares []api.StrictMiddlewareFunc
@@ -82,7 +85,8 @@ func New(d Deps) http.Handler {
 		d.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	s := &server{Deps: d, mux: chi.NewRouter()}
-	s.errors = errorMapper{writer: apierr.Writer{Service: ServiceName}, log: d.Logger}
+	s.errors = errorMapper{writer: apierr.Writer{Service: ServiceName}, log: d.Logger,
+		denials: &denials{audit: d.Denials, mux: s.mux, contract: d.Contract}}
 	if s.Limiter != nil {
 		s.Limiter.Errors = s.errors.writer
 	}
@@ -160,7 +164,7 @@ func (s *server) operation(next http.Handler) http.Handler {
 		if op.ProjectHeader || op.ProjectPath {
 			proj, err := s.projectContext(ctx, r, op, rctx)
 			if err != nil {
-				s.errors.write(w, r, err)
+				s.errors.write(w, r.WithContext(ctx), err) // with the principal: the denial is audited as theirs
 				return
 			}
 			if proj.ID != uuid.Nil { // an optional header that was not sent
