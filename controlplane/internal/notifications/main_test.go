@@ -16,6 +16,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
+	"go.uber.org/goleak"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
@@ -27,7 +28,9 @@ import (
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain fails the package when a test leaves a goroutine behind (a hub, subscriber
+// or WebSocket writer not stopped).
+func TestMain(m *testing.M) { testenv.MainThen(m, func() error { return goleak.Find() }) }
 
 const (
 	h100   = "NVIDIA H100 80GB HBM3"

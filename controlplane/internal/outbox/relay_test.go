@@ -9,13 +9,16 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain fails the package when a test leaves a goroutine behind (a relay or
+// subscription not stopped).
+func TestMain(m *testing.M) { testenv.MainThen(m, func() error { return goleak.Find() }) }
 
 func TestRelayPublishesWithIDsAndHeaders(t *testing.T) {
 	e := apitest.New(t)

@@ -3,7 +3,11 @@ package terminal_test
 import (
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain fails the package when a test leaves a goroutine behind (a bridge, relay or
+// session pump not stopped).
+func TestMain(m *testing.M) { testenv.MainThen(m, func() error { return goleak.Find() }) }
