@@ -225,6 +225,9 @@ func (s *Service) insertRequested(ctx context.Context, q *allocationsdb.Queries,
 		params.Currency = &l.currency
 	}
 	a, err := q.InsertAllocation(ctx, params)
+	if projectDeleted(err) {
+		return Allocation{}, projectGone()
+	}
 	if err != nil {
 		return Allocation{}, fmt.Errorf("insert allocation: %w", err)
 	}

@@ -187,6 +187,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		IdleUtilizationPercent: ac.IdleUtilizationPercent, IdleAfter: ac.IdleAfter, IdleSampleMaxAge: ac.IdleSampleMaxAge},
 		cat, a.Nodes, a.SSHKeys, a.Budgets, a.Billing, log)
 	a.Nodes.Allocations, cat.Usage, a.Allocations.Drains = a.Allocations, a.Allocations, a.Nodes
+	a.Tenancy.ProjectInUse = a.Allocations.ProjectInUse // a project with live allocations is not deleted
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}

@@ -16,11 +16,12 @@ import (
 // caller's role there. The role is the caller's membership role, raised to at least
 // admin for a tenant admin of the project's tenant. A project that does not exist, that
 // belongs to another tenant, or where the caller has no role is insufficient_permissions
-// alike, so the answer never reveals whether the project exists.
+// alike, so the answer never reveals whether the project exists. A deleted project is one
+// that does not exist (its row stays for its history; ProjectAccess reads live rows only).
 //
 // It runs on every project-scoped request: one query, two primary-key probes.
 func (s *Service) Access(ctx context.Context, p *principal.Principal, projectID uuid.UUID) (projectctx.Project, error) {
-	deny := apierr.Forbidden("you do not have access to this project")
+	deny := noProjectAccess()
 	if p == nil || p.TenantID == uuid.Nil {
 		return projectctx.Project{}, deny
 	}
@@ -46,4 +47,10 @@ func (s *Service) Access(ctx context.Context, p *principal.Principal, projectID 
 		Name: row.Name, Slug: row.Slug, TenantName: row.TenantName, DepartmentName: row.DepartmentName,
 		DepartmentSlug: row.DepartmentSlug, CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt,
 	}, nil
+}
+
+// noProjectAccess is the one answer for a project the caller may not act in, whatever
+// the reason: no such project, a deleted one, another tenant's, no role there.
+func noProjectAccess() *apierr.Error {
+	return apierr.Forbidden("you do not have access to this project")
 }

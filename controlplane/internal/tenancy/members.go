@@ -44,8 +44,8 @@ func (s *Service) AddMember(ctx context.Context, pc projectctx.Project, userID u
 	var out Member
 	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := tenancydb.New(tx)
-		if _, err := q.LockProject(ctx, pc.ID); err != nil {
-			return fmt.Errorf("lock project: %w", err)
+		if err := lockProject(ctx, q, pc.ID); err != nil {
+			return err
 		}
 		if _, err := q.GetTenantUser(ctx, tenancydb.GetTenantUserParams{ID: userID, TenantID: uuid.NullUUID{UUID: pc.TenantID, Valid: true}}); isNoRows(err) {
 			return apierr.NotFound(apierr.UserNotFound, "user").With("field", "user_id")
@@ -138,8 +138,8 @@ func (s *Service) RemoveMember(ctx context.Context, pc projectctx.Project, userI
 // lockedMember locks the project (serialising membership changes, so the owner count
 // read below stays true until commit) and loads the member.
 func (s *Service) lockedMember(ctx context.Context, q *tenancydb.Queries, projectID, userID uuid.UUID) (Member, error) {
-	if _, err := q.LockProject(ctx, projectID); err != nil {
-		return Member{}, fmt.Errorf("lock project: %w", err)
+	if err := lockProject(ctx, q, projectID); err != nil {
+		return Member{}, err
 	}
 	m, err := q.GetMember(ctx, tenancydb.GetMemberParams{ProjectID: projectID, UserID: userID})
 	if isNoRows(err) {

@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -202,8 +203,8 @@ func (s *Service) UpdateProject(ctx context.Context, pc projectctx.Project, user
 	var out Project
 	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := tenancydb.New(tx)
-		if _, err := q.LockProject(ctx, pc.ID); err != nil {
-			return fmt.Errorf("lock project: %w", err)
+		if err := lockProject(ctx, q, pc.ID); err != nil {
+			return err
 		}
 		cur, err := s.projectView(ctx, q, pc.ID, userID, pc.Role)
 		if err != nil {
@@ -244,8 +245,18 @@ func (s *Service) UpdateProject(ctx context.Context, pc projectctx.Project, user
 	return out, err
 }
 
-// DeleteProject deletes the project of the request's context (owners). The default
-// project, and a project with live workloads, stay.
+// DeleteProject deletes the project of the request's context (owners): a soft delete.
+// The row stays with deleted_at set, so the billing usage records that refer to it, and
+// the audit rows and ledger entries that name it, keep their meaning; from then on the
+// project is listed nowhere, every access to it is refused as for a project that does
+// not exist, and its slug is free. The default project stays, and so does a project with
+// live workloads (409 invalid_request, details.reason project_in_use): they would run on,
+// and be billed, in a project nobody can reach.
+//
+// The project row is locked FOR UPDATE first: that waits for any allocation insert of
+// the project in flight (it holds the row FOR KEY SHARE, migration 00530), so the count
+// of live workloads that follows sees it, and an insert that comes later waits for this
+// transaction and then finds the project deleted.
 func (s *Service) DeleteProject(ctx context.Context, pc projectctx.Project) error {
 	if err := Require(pc, ActDeleteProject); err != nil {
 		return err
@@ -255,21 +266,21 @@ func (s *Service) DeleteProject(ctx context.Context, pc projectctx.Project) erro
 	}
 	return db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		q := tenancydb.New(tx)
-		if _, err := q.LockProject(ctx, pc.ID); isNoRows(err) {
-			return notFound("project")
-		} else if err != nil {
-			return fmt.Errorf("lock project: %w", err)
+		if err := lockProject(ctx, q, pc.ID); err != nil {
+			return err
 		}
-		if s.ProjectInUse != nil {
-			inUse, err := s.ProjectInUse(ctx, tx, pc.ID)
-			if err != nil {
-				return err
-			}
-			if inUse {
-				return conflict("project_in_use", "the project still has live workloads")
-			}
+		if s.ProjectInUse == nil {
+			// A deletion that cannot tell whether workloads run would strand them.
+			return errors.New("delete project: no ProjectInUse check is wired")
 		}
-		n, err := q.DeleteProject(ctx, pc.ID)
+		inUse, err := s.ProjectInUse(ctx, tx, pc.ID)
+		if err != nil {
+			return err
+		}
+		if inUse {
+			return conflict("project_in_use", "the project still has live workloads: release them first")
+		}
+		n, err := q.SoftDeleteProject(ctx, tenancydb.SoftDeleteProjectParams{ID: pc.ID, DeletedAt: ptrTime(s.Clock.Now())})
 		if err != nil {
 			return fmt.Errorf("delete project: %w", err)
 		}
@@ -278,9 +289,26 @@ func (s *Service) DeleteProject(ctx context.Context, pc projectctx.Project) erro
 		}
 		if err := s.Audit.Record(ctx, tx, audit.Entry{
 			Action: "project.delete", TargetType: "project", TargetID: pc.ID.String(), TenantID: pc.TenantID, ProjectID: pc.ID,
+			Metadata: map[string]any{"slug": pc.Slug, "name": pc.Name},
 		}); err != nil {
 			return err
 		}
 		return s.enqueue(ctx, tx, EventProjectDeleted, map[string]any{"project_id": pc.ID.String(), "tenant_id": pc.TenantID.String()})
 	})
 }
+
+// lockProject locks the live project row id for the rest of the transaction. A project
+// deleted since the request's project check is refused as Access refuses one that does
+// not exist.
+func lockProject(ctx context.Context, q *tenancydb.Queries, id uuid.UUID) error {
+	_, err := q.LockProject(ctx, id)
+	if isNoRows(err) {
+		return noProjectAccess()
+	}
+	if err != nil {
+		return fmt.Errorf("lock project: %w", err)
+	}
+	return nil
+}
+
+func ptrTime(t time.Time) *time.Time { return &t }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/shared/apierr"
@@ -146,34 +147,100 @@ func TestDeleteProject(t *testing.T) {
 	acme := f.org("Acme", "alice")
 	owner := adminOf(acme)
 	bob := f.user(acme, "bob")
+	live := false
+	f.svc.ProjectInUse = func(context.Context, pgxTx, uuidT) (bool, error) { return live, nil }
 
 	// The default project stays, whoever asks.
 	e := wantCode(t, f.svc.DeleteProject(ctx, f.access(owner, acme.Project.ID)), apierr.InvalidRequest, 409)
 	wantDetail(t, e, "reason", "default_project")
 
-	p, err := f.svc.CreateProject(ctx, bob, tenancy.NewProject{Name: "Doomed"})
+	p, err := f.svc.CreateProject(ctx, bob, tenancy.NewProject{Name: "Doomed", Slug: "doomed"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The tenant admin is an admin there, not an owner.
 	wantCode(t, f.svc.DeleteProject(ctx, f.access(owner, p.ID)), apierr.InsufficientPermissions, 403)
 
-	f.svc.ProjectInUse = func(context.Context, pgxTx, uuidT) (bool, error) { return true, nil }
+	// Live workloads: refused, nothing written.
+	live = true
 	e = wantCode(t, f.svc.DeleteProject(ctx, f.access(bob, p.ID)), apierr.InvalidRequest, 409)
 	wantDetail(t, e, "reason", "project_in_use")
-	f.svc.ProjectInUse = nil
+	if f.count(`SELECT count(*) FROM projects WHERE id = $1 AND deleted_at IS NULL`, p.ID) != 1 || f.audits("project.delete") != 0 {
+		t.Fatal("a refused deletion wrote")
+	}
+	live = false
 
+	stale := f.access(bob, p.ID) // a request whose project check ran before the deletion
 	if err := f.svc.DeleteProject(ctx, f.access(bob, p.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if f.count(`SELECT count(*) FROM projects WHERE id = $1`, p.ID) != 0 || f.count(`SELECT count(*) FROM project_members WHERE project_id = $1`, p.ID) != 0 {
-		t.Fatal("project or memberships remain")
+	// Soft: the row and the memberships stay (history refers to them), marked deleted.
+	if f.count(`SELECT count(*) FROM projects WHERE id = $1 AND deleted_at = $2`, p.ID, t0) != 1 ||
+		f.count(`SELECT count(*) FROM project_members WHERE project_id = $1`, p.ID) != 1 {
+		t.Fatal("the project row or its memberships are gone, or not marked deleted")
 	}
 	if f.audits("project.delete") != 1 || f.events(tenancy.EventProjectDeleted) != 1 {
 		t.Fatalf("audit %d, events %d", f.audits("project.delete"), f.events(tenancy.EventProjectDeleted))
 	}
+	// Gone for every reader: access, lists, and a request that checked access before.
 	_, err = f.svc.Access(ctx, bob, p.ID)
 	wantCode(t, err, apierr.InsufficientPermissions, 403)
+	for _, who := range []*principal.Principal{bob, owner} {
+		got, err := f.svc.ListProjects(ctx, who)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range got {
+			if g.ID == p.ID {
+				t.Fatalf("%s still lists the deleted project", who.Username)
+			}
+		}
+	}
+	wantCode(t, f.svc.DeleteProject(ctx, stale), apierr.InsufficientPermissions, 403)
+	name := "Renamed"
+	_, err = f.svc.UpdateProject(ctx, stale, bob.UserID, tenancy.ProjectPatch{Name: &name})
+	wantCode(t, err, apierr.InsufficientPermissions, 403)
+	_, err = f.svc.AddMember(ctx, stale, owner.UserID, projectctx.RoleMember)
+	wantCode(t, err, apierr.InsufficientPermissions, 403)
+	if f.audits("project.delete") != 1 || f.audits("project.update") != 0 {
+		t.Fatal("a stale request wrote to a deleted project")
+	}
+
+	// The slug is free again: for a new project, and for a rename.
+	again, err := f.svc.CreateProject(ctx, bob, tenancy.NewProject{Name: "Doomed again", Slug: "doomed"})
+	if err != nil || again.Slug != "doomed" {
+		t.Fatalf("reuse the slug: %+v %v", again, err)
+	}
+	other, err := f.svc.CreateProject(ctx, bob, tenancy.NewProject{Name: "Other", Slug: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.svc.DeleteProject(ctx, f.access(bob, again.ID)); err != nil {
+		t.Fatal(err)
+	}
+	slug := "doomed"
+	if up, err := f.svc.UpdateProject(ctx, f.access(bob, other.ID), bob.UserID, tenancy.ProjectPatch{Slug: &slug}); err != nil || up.Slug != slug {
+		t.Fatalf("rename to a deleted project's slug: %+v %v", up, err)
+	}
+}
+
+// Without a ProjectInUse check a deletion cannot know whether workloads would be
+// stranded: it refuses rather than guess.
+func TestDeleteProjectNeedsTheInUseCheck(t *testing.T) {
+	f := newFixture(t)
+	acme := f.org("Acme", "alice")
+	bob := f.user(acme, "bob")
+	p, err := f.svc.CreateProject(context.Background(), bob, tenancy.NewProject{Name: "Kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.svc.ProjectInUse = nil
+	if err := f.svc.DeleteProject(context.Background(), f.access(bob, p.ID)); err == nil {
+		t.Fatal("deleted without knowing whether workloads run")
+	}
+	if f.count(`SELECT count(*) FROM projects WHERE id = $1 AND deleted_at IS NULL`, p.ID) != 1 {
+		t.Fatal("the project was deleted")
+	}
 }
 
 func TestListProjects(t *testing.T) {

@@ -71,6 +71,8 @@ WHERE id = $1 AND tenant_id = $2
 RETURNING *;
 
 -- Projects --------------------------------------------------------------------
+-- A deleted project (deleted_at set: a soft delete that keeps its history) is read by
+-- none of these: it is not listed, not loadable, not lockable, and its slug is free.
 
 -- name: ProjectAccess :one
 -- The project-context lookup of every project-scoped request: primary-key probes only.
@@ -83,17 +85,19 @@ FROM projects p
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = sqlc.arg('user_id')
-WHERE p.id = sqlc.arg('project_id');
+WHERE p.id = sqlc.arg('project_id') AND p.deleted_at IS NULL;
 
 -- name: InsertProject :one
 INSERT INTO projects (id, tenant_id, department_id, name, slug, is_default, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-ON CONFLICT (tenant_id, slug) DO NOTHING
+ON CONFLICT (tenant_id, slug) WHERE deleted_at IS NULL DO NOTHING
 RETURNING id;
 
 -- name: LockProject :one
--- Serialises membership changes of one project (the last-owner rule reads then writes).
-SELECT id FROM projects WHERE id = $1 FOR UPDATE;
+-- Serialises membership changes of one project (the last-owner rule reads then writes),
+-- and a deletion with the allocation inserts of the project: FOR UPDATE conflicts with
+-- the FOR KEY SHARE that allocations_project_live takes (migration 00530).
+SELECT id FROM projects WHERE id = $1 AND deleted_at IS NULL FOR UPDATE;
 
 -- name: GetProjectView :one
 SELECT p.id, p.tenant_id, t.name AS tenant_name, p.department_id, d.display_name AS department_name,
@@ -103,12 +107,12 @@ FROM projects p
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = sqlc.arg('user_id')
-WHERE p.id = sqlc.arg('project_id');
+WHERE p.id = sqlc.arg('project_id') AND p.deleted_at IS NULL;
 
 -- name: GetDefaultProject :one
 SELECT p.id, p.name, t.name AS tenant_name
 FROM projects p JOIN tenants t ON t.id = p.tenant_id
-WHERE p.tenant_id = $1 AND p.is_default;
+WHERE p.tenant_id = $1 AND p.is_default AND p.deleted_at IS NULL;
 
 -- name: ListMemberProjects :many
 -- Projects of a tenant the user is a member of.
@@ -119,7 +123,7 @@ FROM project_members m
 JOIN projects p ON p.id = m.project_id
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
-WHERE m.user_id = sqlc.arg('user_id') AND p.tenant_id = sqlc.arg('tenant_id')
+WHERE m.user_id = sqlc.arg('user_id') AND p.tenant_id = sqlc.arg('tenant_id') AND p.deleted_at IS NULL
 ORDER BY p.id
 LIMIT sqlc.arg('max_rows');
 
@@ -132,18 +136,21 @@ FROM projects p
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = sqlc.arg('user_id')
-WHERE p.tenant_id = sqlc.arg('tenant_id')
+WHERE p.tenant_id = sqlc.arg('tenant_id') AND p.deleted_at IS NULL
 ORDER BY p.id
 LIMIT sqlc.arg('max_rows');
 
 -- name: ProjectSlugTaken :one
-SELECT EXISTS (SELECT 1 FROM projects WHERE tenant_id = $1 AND slug = $2 AND id <> $3);
+SELECT EXISTS (SELECT 1 FROM projects WHERE tenant_id = $1 AND slug = $2 AND id <> $3 AND deleted_at IS NULL);
 
 -- name: UpdateProject :exec
-UPDATE projects SET name = $2, slug = $3, updated_at = $4 WHERE id = $1;
+UPDATE projects SET name = $2, slug = $3, updated_at = $4 WHERE id = $1 AND deleted_at IS NULL;
 
--- name: DeleteProject :execrows
-DELETE FROM projects WHERE id = $1 AND NOT is_default;
+-- name: SoftDeleteProject :execrows
+-- The row stays: billing usage records refer to it, and audit rows and ledger entries
+-- name it. Members stay too (the history of who could act there).
+UPDATE projects SET deleted_at = sqlc.arg('deleted_at'), updated_at = sqlc.arg('deleted_at')
+WHERE id = sqlc.arg('id') AND NOT is_default AND deleted_at IS NULL;
 
 -- Members ---------------------------------------------------------------------
 

@@ -547,6 +547,7 @@ type Project struct {
 	IsDefault    bool
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
+	DeletedAt    *time.Time
 }
 
 type ProjectMember struct {

@@ -37,18 +37,6 @@ func (q *Queries) DeleteMember(ctx context.Context, arg DeleteMemberParams) erro
 	return err
 }
 
-const deleteProject = `-- name: DeleteProject :execrows
-DELETE FROM projects WHERE id = $1 AND NOT is_default
-`
-
-func (q *Queries) DeleteProject(ctx context.Context, id uuid.UUID) (int64, error) {
-	result, err := q.db.Exec(ctx, deleteProject, id)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const getDefaultDepartment = `-- name: GetDefaultDepartment :one
 SELECT id, tenant_id, display_name, slug, is_default, lifecycle_state, created_at, updated_at FROM departments WHERE tenant_id = $1 AND is_default
 `
@@ -72,7 +60,7 @@ func (q *Queries) GetDefaultDepartment(ctx context.Context, tenantID uuid.UUID) 
 const getDefaultProject = `-- name: GetDefaultProject :one
 SELECT p.id, p.name, t.name AS tenant_name
 FROM projects p JOIN tenants t ON t.id = p.tenant_id
-WHERE p.tenant_id = $1 AND p.is_default
+WHERE p.tenant_id = $1 AND p.is_default AND p.deleted_at IS NULL
 `
 
 type GetDefaultProjectRow struct {
@@ -180,7 +168,7 @@ FROM projects p
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = $1
-WHERE p.id = $2
+WHERE p.id = $2 AND p.deleted_at IS NULL
 `
 
 type GetProjectViewParams struct {
@@ -384,7 +372,7 @@ func (q *Queries) InsertMember(ctx context.Context, arg InsertMemberParams) (int
 const insertProject = `-- name: InsertProject :one
 INSERT INTO projects (id, tenant_id, department_id, name, slug, is_default, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
-ON CONFLICT (tenant_id, slug) DO NOTHING
+ON CONFLICT (tenant_id, slug) WHERE deleted_at IS NULL DO NOTHING
 RETURNING id
 `
 
@@ -550,7 +538,7 @@ FROM project_members m
 JOIN projects p ON p.id = m.project_id
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
-WHERE m.user_id = $1 AND p.tenant_id = $2
+WHERE m.user_id = $1 AND p.tenant_id = $2 AND p.deleted_at IS NULL
 ORDER BY p.id
 LIMIT $3
 `
@@ -668,7 +656,7 @@ FROM projects p
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = $1
-WHERE p.tenant_id = $2
+WHERE p.tenant_id = $2 AND p.deleted_at IS NULL
 ORDER BY p.id
 LIMIT $3
 `
@@ -814,10 +802,12 @@ func (q *Queries) ListTenants(ctx context.Context, arg ListTenantsParams) ([]Ten
 }
 
 const lockProject = `-- name: LockProject :one
-SELECT id FROM projects WHERE id = $1 FOR UPDATE
+SELECT id FROM projects WHERE id = $1 AND deleted_at IS NULL FOR UPDATE
 `
 
-// Serialises membership changes of one project (the last-owner rule reads then writes).
+// Serialises membership changes of one project (the last-owner rule reads then writes),
+// and a deletion with the allocation inserts of the project: FOR UPDATE conflicts with
+// the FOR KEY SHARE that allocations_project_live takes (migration 00530).
 func (q *Queries) LockProject(ctx context.Context, id uuid.UUID) (uuid.UUID, error) {
 	row := q.db.QueryRow(ctx, lockProject, id)
 	var id_2 uuid.UUID
@@ -834,7 +824,7 @@ FROM projects p
 JOIN tenants t ON t.id = p.tenant_id
 JOIN departments d ON d.id = p.department_id
 LEFT JOIN project_members m ON m.project_id = p.id AND m.user_id = $1
-WHERE p.id = $2
+WHERE p.id = $2 AND p.deleted_at IS NULL
 `
 
 type ProjectAccessParams struct {
@@ -858,6 +848,8 @@ type ProjectAccessRow struct {
 }
 
 // Projects --------------------------------------------------------------------
+// A deleted project (deleted_at set: a soft delete that keeps its history) is read by
+// none of these: it is not listed, not loadable, not lockable, and its slug is free.
 // The project-context lookup of every project-scoped request: primary-key probes only.
 // It loads the whole project view so handlers read the project from the context instead
 // of querying it again.
@@ -882,7 +874,7 @@ func (q *Queries) ProjectAccess(ctx context.Context, arg ProjectAccessParams) (P
 }
 
 const projectSlugTaken = `-- name: ProjectSlugTaken :one
-SELECT EXISTS (SELECT 1 FROM projects WHERE tenant_id = $1 AND slug = $2 AND id <> $3)
+SELECT EXISTS (SELECT 1 FROM projects WHERE tenant_id = $1 AND slug = $2 AND id <> $3 AND deleted_at IS NULL)
 `
 
 type ProjectSlugTakenParams struct {
@@ -896,6 +888,26 @@ func (q *Queries) ProjectSlugTaken(ctx context.Context, arg ProjectSlugTakenPara
 	var exists bool
 	err := row.Scan(&exists)
 	return exists, err
+}
+
+const softDeleteProject = `-- name: SoftDeleteProject :execrows
+UPDATE projects SET deleted_at = $1, updated_at = $1
+WHERE id = $2 AND NOT is_default AND deleted_at IS NULL
+`
+
+type SoftDeleteProjectParams struct {
+	DeletedAt *time.Time
+	ID        uuid.UUID
+}
+
+// The row stays: billing usage records refer to it, and audit rows and ledger entries
+// name it. Members stay too (the history of who could act there).
+func (q *Queries) SoftDeleteProject(ctx context.Context, arg SoftDeleteProjectParams) (int64, error) {
+	result, err := q.db.Exec(ctx, softDeleteProject, arg.DeletedAt, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const updateDepartment = `-- name: UpdateDepartment :one
@@ -956,7 +968,7 @@ func (q *Queries) UpdateMemberRole(ctx context.Context, arg UpdateMemberRolePara
 }
 
 const updateProject = `-- name: UpdateProject :exec
-UPDATE projects SET name = $2, slug = $3, updated_at = $4 WHERE id = $1
+UPDATE projects SET name = $2, slug = $3, updated_at = $4 WHERE id = $1 AND deleted_at IS NULL
 `
 
 type UpdateProjectParams struct {
