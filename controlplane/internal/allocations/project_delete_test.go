@@ -25,6 +25,16 @@ func (w *world) history(t *testing.T, project uuid.UUID) map[string]int {
 	}
 }
 
+// stats is the project count of GET /api/v1/internal/stats.
+func (w *world) stats(t *testing.T) int {
+	t.Helper()
+	r, err := w.Root.GetInternalStatsWithResponse(context.Background(), &api.GetInternalStatsParams{})
+	if err != nil || r.StatusCode() != 200 {
+		t.Fatalf("stats: %v %s", err, r.Body)
+	}
+	return int(r.JSON200.Projects)
+}
+
 func sameHistory(t *testing.T, when string, got, want map[string]int) {
 	t.Helper()
 	for k, v := range want {
@@ -93,6 +103,7 @@ func TestDeleteProjectWithHistory(t *testing.T) {
 
 	// Released: deleted, history intact (one more audit row: the deletion itself).
 	before = w.history(t, proj)
+	projects := w.stats(t)
 	d = del()
 	if d.StatusCode() != 200 || !d.JSON200.Ok || d.JSON200.ProjectID != proj {
 		t.Fatalf("delete: %d %s", d.StatusCode(), d.Body)
@@ -101,6 +112,9 @@ func TestDeleteProjectWithHistory(t *testing.T) {
 	sameHistory(t, "after the delete", w.history(t, proj), before)
 	if n := w.count(t, `SELECT count(*) FROM projects WHERE id = $1 AND deleted_at IS NOT NULL`, proj); n != 1 {
 		t.Fatal("the project row is not kept as deleted")
+	}
+	if got := w.stats(t); got != projects-1 {
+		t.Fatalf("internal stats count %d projects, want %d", got, projects-1)
 	}
 
 	// Gone: refused like a project that does not exist, listed nowhere.

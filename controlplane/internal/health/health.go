@@ -79,7 +79,7 @@ func (h *Handlers) GetInternalStats(ctx context.Context, _ api.GetInternalStatsR
 	err := h.Pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM tenants),
 		(SELECT count(*) FROM users),
-		(SELECT count(*) FROM projects),
+		(SELECT count(*) FROM projects WHERE deleted_at IS NULL),
 		(SELECT count(*) FROM outbox_events WHERE published_at IS NULL)`).Scan(&s.Tenants, &s.Users, &s.Projects, &s.OutboxPending)
 	if err != nil {
 		return nil, apierr.Internal(err)
