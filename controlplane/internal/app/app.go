@@ -168,6 +168,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, fmt.Errorf("signing keys: %w", err)
 	}
 	a.Auth = auth.NewService(a.Pool, cfg.Auth, a.Keys, a.Clock, a.IDs)
+	a.Metrics.Registry.MustRegister(a.Auth.Collectors()...) // sign-in backoff (docs/api.md)
 	a.Tenancy = tenancy.New(a.Pool, a.Clock, a.IDs, auth.HashPassword)
 	a.SSHKeys = sshkeys.New(a.Pool, a.Clock, a.IDs)
 	if a.Nodes, err = a.nodes(opt); err != nil {

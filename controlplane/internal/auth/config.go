@@ -30,6 +30,13 @@ type Config struct {
 	InternalJWKSRefreshToken string `env:"INTERNAL_JWKS_REFRESH_TOKEN"`
 	// PersonalSignup allows personal sign-up (POST /api/v1/auth/signup).
 	PersonalSignup bool `env:"GANTRY_PERSONAL_SIGNUP" envDefault:"true"`
+	// Per-username sign-in backoff (throttle.go): after LoginFreeFailures failures each
+	// further one locks the username for LoginBackoffBase doubling per failure, at most
+	// LoginBackoffMax; failures older than LoginFailureMemory are forgotten.
+	LoginFreeFailures  int           `env:"GANTRY_LOGIN_FREE_FAILURES" envDefault:"5"`
+	LoginBackoffBase   time.Duration `env:"GANTRY_LOGIN_BACKOFF_BASE" envDefault:"1s"`
+	LoginBackoffMax    time.Duration `env:"GANTRY_LOGIN_BACKOFF_MAX" envDefault:"15m"`
+	LoginFailureMemory time.Duration `env:"GANTRY_LOGIN_FAILURE_MEMORY" envDefault:"1h"`
 }
 
 // Leeway is the clock skew tolerated on exp and nbf of an access token.
@@ -44,6 +51,10 @@ func DefaultConfig() Config {
 		RefreshTokenTTL:    30 * 24 * time.Hour,
 		SigningKeyRotation: 30 * 24 * time.Hour,
 		PersonalSignup:     true,
+		LoginFreeFailures:  5,
+		LoginBackoffBase:   time.Second,
+		LoginBackoffMax:    15 * time.Minute,
+		LoginFailureMemory: time.Hour,
 	}
 }
 
@@ -79,6 +90,12 @@ func (c *Config) Validate(dev bool) error {
 		return errors.New("auth config: GANTRY_REFRESH_TOKEN_TTL must be at least the access-token TTL")
 	case c.SigningKeyRotation < time.Hour:
 		return errors.New("auth config: GANTRY_SIGNING_KEY_ROTATION must be at least 1h")
+	case c.LoginFreeFailures < 1:
+		return errors.New("auth config: GANTRY_LOGIN_FREE_FAILURES must be at least 1")
+	case c.LoginBackoffBase <= 0 || c.LoginBackoffMax < c.LoginBackoffBase:
+		return errors.New("auth config: GANTRY_LOGIN_BACKOFF_BASE must be positive and at most GANTRY_LOGIN_BACKOFF_MAX")
+	case c.LoginFailureMemory < c.LoginBackoffMax:
+		return errors.New("auth config: GANTRY_LOGIN_FAILURE_MEMORY must be at least GANTRY_LOGIN_BACKOFF_MAX (else a lock would be forgotten before it ends)")
 	}
 	return nil
 }

@@ -23,10 +23,11 @@ func TestLoadConfig(t *testing.T) {
 		{name: "good key", env: map[string]string{"GANTRY_MASTER_KEY": good}},
 		{name: "url-safe unpadded key", env: map[string]string{"GANTRY_MASTER_KEY": base64.RawURLEncoding.EncodeToString(make([]byte, 32))}},
 		{name: "tiny ttl", env: map[string]string{"GANTRY_MASTER_KEY": good, "GANTRY_ACCESS_TOKEN_TTL": "1s"}, wantErr: "GANTRY_ACCESS_TOKEN_TTL"},
+		{name: "login memory shorter than the longest lock", env: map[string]string{"GANTRY_MASTER_KEY": good, "GANTRY_LOGIN_FAILURE_MEMORY": "5m"}, wantErr: "GANTRY_LOGIN_FAILURE_MEMORY"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"GANTRY_MASTER_KEY", "GANTRY_ACCESS_TOKEN_TTL", "GANTRY_PERSONAL_SIGNUP", "INTERNAL_JWKS_REFRESH_TOKEN"} {
+			for _, k := range []string{"GANTRY_MASTER_KEY", "GANTRY_ACCESS_TOKEN_TTL", "GANTRY_PERSONAL_SIGNUP", "INTERNAL_JWKS_REFRESH_TOKEN", "GANTRY_LOGIN_FAILURE_MEMORY"} {
 				t.Setenv(k, "")
 			}
 			for k, v := range tc.env {
@@ -47,7 +48,8 @@ func TestLoadConfig(t *testing.T) {
 			}
 			want := DefaultConfig()
 			if cfg.Issuer != want.Issuer || cfg.Audience != want.Audience || cfg.AccessTokenTTL != 15*time.Minute ||
-				cfg.RefreshTokenTTL != want.RefreshTokenTTL || cfg.SigningKeyRotation != want.SigningKeyRotation || !cfg.PersonalSignup {
+				cfg.RefreshTokenTTL != want.RefreshTokenTTL || cfg.SigningKeyRotation != want.SigningKeyRotation || !cfg.PersonalSignup ||
+				cfg.loginPolicy() != want.loginPolicy() || cfg.LoginFreeFailures != 5 {
 				t.Errorf("defaults = %+v", cfg)
 			}
 		})

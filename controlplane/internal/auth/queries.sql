@@ -63,3 +63,31 @@ WHERE family_id = @family_id AND revoked_at IS NULL;
 
 -- name: DeleteExpiredRefreshTokens :execrows
 DELETE FROM auth_refresh_tokens WHERE expires_at < @before;
+
+-- name: EnsureLoginThrottle :exec
+INSERT INTO auth_login_throttle (username_hash, failures, last_failure_at)
+VALUES (@username_hash, 0, @now)
+ON CONFLICT (username_hash) DO NOTHING;
+
+-- name: LockLoginThrottle :one
+SELECT failures, last_failure_at, locked_until
+FROM auth_login_throttle
+WHERE username_hash = @username_hash
+FOR UPDATE;
+
+-- name: ChargeLoginFailure :exec
+UPDATE auth_login_throttle
+SET failures = @failures, last_failure_at = @now, locked_until = @locked_until
+WHERE username_hash = @username_hash;
+
+-- name: ClearLoginThrottle :exec
+DELETE FROM auth_login_throttle WHERE username_hash = @username_hash;
+
+-- name: PruneLoginThrottle :execrows
+-- Bounded, so a sign-in never pays for a large backlog.
+DELETE FROM auth_login_throttle
+WHERE username_hash IN (
+    SELECT t.username_hash FROM auth_login_throttle t
+    WHERE t.last_failure_at < @forgotten_before AND (t.locked_until IS NULL OR t.locked_until < @now::timestamptz)
+    LIMIT 100
+);

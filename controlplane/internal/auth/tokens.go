@@ -117,11 +117,12 @@ type Service struct {
 	clock clock.Clock
 	ids   ids.Source
 	audit *audit.Log
+	login loginMetrics
 }
 
 // NewService returns the token service.
 func NewService(pool *pgxpool.Pool, cfg Config, keys *Keyring, clk clock.Clock, idSrc ids.Source) *Service {
-	return &Service{pool: pool, cfg: cfg, keys: keys, clock: clk, ids: idSrc, audit: &audit.Log{Clock: clk, IDs: idSrc}}
+	return &Service{pool: pool, cfg: cfg, keys: keys, clock: clk, ids: idSrc, audit: &audit.Log{Clock: clk, IDs: idSrc}, login: newLoginMetrics()}
 }
 
 // errInvalidCredentials is the one answer to every failed sign-in: unknown user, wrong
@@ -148,24 +149,37 @@ func (s *Service) IssueFor(ctx context.Context, userID uuid.UUID) (AuthTokens, e
 	return out, err
 }
 
-// Login checks a username and password and signs the user in.
+// Login checks a username and password and signs the user in. The username's failure
+// backoff (throttle.go) is charged first: a locked username is refused 429 before any
+// lookup, for known and unknown usernames alike.
 func (s *Service) Login(ctx context.Context, username, password string) (AuthTokens, error) {
+	key := usernameKey(username)
+	if err := s.chargeLoginAttempt(ctx, key); err != nil {
+		return AuthTokens{}, err
+	}
+	fail := func() (AuthTokens, error) {
+		s.login.failures.Inc()
+		return AuthTokens{}, errInvalidCredentials()
+	}
 	row, err := authdb.New(db.Querier(ctx, s.pool)).GetUserByUsername(ctx, username)
 	if errors.Is(err, pgx.ErrNoRows) {
 		CheckPassword(password, nil) // same work as a real check
-		return AuthTokens{}, errInvalidCredentials()
+		return fail()
 	}
 	if err != nil {
 		return AuthTokens{}, apierr.Internal(fmt.Errorf("login lookup: %w", err))
 	}
 	if !CheckPassword(password, row.PasswordHash) || !isActive(row.Status, row.TenantStatus) {
-		return AuthTokens{}, errInvalidCredentials()
+		return fail()
 	}
 	var out AuthTokens
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		family := s.ids.New()
 		var err error
 		if out, err = s.issueTx(ctx, tx, row.ID, family); err != nil {
+			return err
+		}
+		if err := clearLoginThrottle(ctx, tx, key); err != nil {
 			return err
 		}
 		// The user is the actor of their own sign-in.
@@ -177,7 +191,7 @@ func (s *Service) Login(ctx context.Context, username, password string) (AuthTok
 		})
 	})
 	if errors.Is(err, errInactive) {
-		return AuthTokens{}, errInvalidCredentials()
+		return fail()
 	}
 	if err != nil {
 		return AuthTokens{}, err

@@ -13,6 +13,38 @@ import (
 	"github.com/google/uuid"
 )
 
+const chargeLoginFailure = `-- name: ChargeLoginFailure :exec
+UPDATE auth_login_throttle
+SET failures = $1, last_failure_at = $2, locked_until = $3
+WHERE username_hash = $4
+`
+
+type ChargeLoginFailureParams struct {
+	Failures     int32
+	Now          time.Time
+	LockedUntil  *time.Time
+	UsernameHash []byte
+}
+
+func (q *Queries) ChargeLoginFailure(ctx context.Context, arg ChargeLoginFailureParams) error {
+	_, err := q.db.Exec(ctx, chargeLoginFailure,
+		arg.Failures,
+		arg.Now,
+		arg.LockedUntil,
+		arg.UsernameHash,
+	)
+	return err
+}
+
+const clearLoginThrottle = `-- name: ClearLoginThrottle :exec
+DELETE FROM auth_login_throttle WHERE username_hash = $1
+`
+
+func (q *Queries) ClearLoginThrottle(ctx context.Context, usernameHash []byte) error {
+	_, err := q.db.Exec(ctx, clearLoginThrottle, usernameHash)
+	return err
+}
+
 const deleteExpiredRefreshTokens = `-- name: DeleteExpiredRefreshTokens :execrows
 DELETE FROM auth_refresh_tokens WHERE expires_at < $1
 `
@@ -23,6 +55,22 @@ func (q *Queries) DeleteExpiredRefreshTokens(ctx context.Context, before time.Ti
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const ensureLoginThrottle = `-- name: EnsureLoginThrottle :exec
+INSERT INTO auth_login_throttle (username_hash, failures, last_failure_at)
+VALUES ($1, 0, $2)
+ON CONFLICT (username_hash) DO NOTHING
+`
+
+type EnsureLoginThrottleParams struct {
+	UsernameHash []byte
+	Now          time.Time
+}
+
+func (q *Queries) EnsureLoginThrottle(ctx context.Context, arg EnsureLoginThrottleParams) error {
+	_, err := q.db.Exec(ctx, ensureLoginThrottle, arg.UsernameHash, arg.Now)
+	return err
 }
 
 const getActiveSigningKey = `-- name: GetActiveSigningKey :one
@@ -262,6 +310,26 @@ func (q *Queries) ListPublishedSigningKeys(ctx context.Context, now *time.Time) 
 	return items, nil
 }
 
+const lockLoginThrottle = `-- name: LockLoginThrottle :one
+SELECT failures, last_failure_at, locked_until
+FROM auth_login_throttle
+WHERE username_hash = $1
+FOR UPDATE
+`
+
+type LockLoginThrottleRow struct {
+	Failures      int32
+	LastFailureAt time.Time
+	LockedUntil   *time.Time
+}
+
+func (q *Queries) LockLoginThrottle(ctx context.Context, usernameHash []byte) (LockLoginThrottleRow, error) {
+	row := q.db.QueryRow(ctx, lockLoginThrottle, usernameHash)
+	var i LockLoginThrottleRow
+	err := row.Scan(&i.Failures, &i.LastFailureAt, &i.LockedUntil)
+	return i, err
+}
+
 const lockSigningKeys = `-- name: LockSigningKeys :exec
 
 SELECT pg_advisory_xact_lock($1::bigint)
@@ -287,6 +355,29 @@ type MarkRefreshTokenUsedParams struct {
 func (q *Queries) MarkRefreshTokenUsed(ctx context.Context, arg MarkRefreshTokenUsedParams) error {
 	_, err := q.db.Exec(ctx, markRefreshTokenUsed, arg.UsedAt, arg.ID)
 	return err
+}
+
+const pruneLoginThrottle = `-- name: PruneLoginThrottle :execrows
+DELETE FROM auth_login_throttle
+WHERE username_hash IN (
+    SELECT t.username_hash FROM auth_login_throttle t
+    WHERE t.last_failure_at < $1 AND (t.locked_until IS NULL OR t.locked_until < $2::timestamptz)
+    LIMIT 100
+)
+`
+
+type PruneLoginThrottleParams struct {
+	ForgottenBefore time.Time
+	Now             time.Time
+}
+
+// Bounded, so a sign-in never pays for a large backlog.
+func (q *Queries) PruneLoginThrottle(ctx context.Context, arg PruneLoginThrottleParams) (int64, error) {
+	result, err := q.db.Exec(ctx, pruneLoginThrottle, arg.ForgottenBefore, arg.Now)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const retireSigningKey = `-- name: RetireSigningKey :execrows
