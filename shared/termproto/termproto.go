@@ -123,6 +123,11 @@ func ReadFrame(r io.Reader, buf []byte) (typ byte, payload []byte, err error) {
 	}
 	buf = buf[:n]
 	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The header promised a payload: a stream that ends here was cut mid-frame,
+			// which must not read as a clean end between frames (io.EOF).
+			err = io.ErrUnexpectedEOF
+		}
 		return 0, nil, fmt.Errorf("termproto: short frame: %w", err)
 	}
 	if hdr[0] != FrameData && hdr[0] != FrameControl && hdr[0] != FrameWindow {
