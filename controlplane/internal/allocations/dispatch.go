@@ -81,17 +81,19 @@ func taskStatus(kind string) lifecycle.Status {
 
 // settled is DispatchTask.Settled of a task row.
 func settled(t allocationsdb.GetTaskForDispatchRow) string {
-	return settledOf(t.Kind, t.AckedAt, t.FinishedAt, t.AllocationStatus, t.Superseded)
+	return settledOf(t.Kind, t.Cleanup, t.AckedAt, t.FinishedAt, t.AllocationStatus, t.Superseded)
 }
 
-// settledOf is settled from the fields both task reads have.
-func settledOf(kind string, ackedAt, finishedAt *time.Time, allocationStatus string, superseded bool) string {
+// settledOf is settled from the fields both task reads have. A cleanup task (cleanup.go)
+// is wanted whatever the allocation's status: it was sent because the allocation ended
+// without its node confirming the workload gone.
+func settledOf(kind string, cleanup bool, ackedAt, finishedAt *time.Time, allocationStatus string, superseded bool) string {
 	switch {
 	case finishedAt != nil:
 		return "finished"
 	case ackedAt != nil:
 		return "acknowledged"
-	case allocationStatus != string(taskStatus(kind)):
+	case !cleanup && allocationStatus != string(taskStatus(kind)):
 		return "allocation_" + allocationStatus
 	case superseded:
 		return "superseded"
@@ -118,7 +120,7 @@ func (s *Service) DispatchTask(ctx context.Context, taskID uuid.UUID) (DispatchT
 		TaskID: row.TaskID, AllocationID: row.AllocationID, NodeID: row.NodeID, Kind: row.Kind,
 		CreatedAt: row.CreatedAt, Deadline: s.deadline(row.CreatedAt), Attempts: int(row.Attempts),
 		AllocationStatus: row.AllocationStatus,
-		Settled:          settledOf(row.Kind, row.AckedAt, row.FinishedAt, row.AllocationStatus, row.Superseded),
+		Settled:          settledOf(row.Kind, row.Cleanup, row.AckedAt, row.FinishedAt, row.AllocationStatus, row.Superseded),
 	}
 	if !t.Pending() {
 		return t, nil
@@ -236,26 +238,29 @@ func (s *Service) giveUp(ctx context.Context, taskID uuid.UUID, attempt int, cod
 			return lifecycle.Outcome{}, nil
 		}
 		done = true
-		return s.failTask(ctx, tx, a, t, attempt, code, reason, true)
+		return s.failTask(ctx, tx, a, t, attempt, code, reason, true, false)
 	})
 	return done, err
 }
 
 // failTask finishes task t of the locked allocation a with reason and, when move is
 // set, applies the failure event of its kind with its provisioning.* event; t must be
-// unfinished. A stop task never moves anything: the allocation is stopped and billing
-// closed already; the node's processes are the agent's to stop when it returns.
-func (s *Service) failTask(ctx context.Context, tx pgx.Tx, a Allocation, t allocationsdb.GetTaskForDispatchRow, attempt int, code, reason string, move bool) (lifecycle.Outcome, error) {
+// unfinished. cleanup keeps the GPUs held after the move and sends the node a cleanup
+// task (the node may still run the workload: GPU ownership, cleanup.go). A stop task
+// never moves anything: the allocation is stopped and billing closed already; the
+// node's processes are the agent's to stop when it returns. Neither does a cleanup task:
+// its allocation has ended; it stays waiting for the node's confirmation.
+func (s *Service) failTask(ctx context.Context, tx pgx.Tx, a Allocation, t allocationsdb.GetTaskForDispatchRow, attempt int, code, reason string, move, cleanup bool) (lifecycle.Outcome, error) {
 	if err := allocationsdb.New(tx).GiveUpTask(ctx, allocationsdb.GiveUpTaskParams{
 		TaskID: t.TaskID, Attempts: int32(attempt), LastError: ptr(reason), FinishedAt: ptr(s.now()),
 	}); err != nil {
 		return lifecycle.Outcome{}, fmt.Errorf("give up task: %w", err)
 	}
 	ev, typ := failureOf(t.Kind)
-	if !move || ev == "" {
+	if !move || ev == "" || t.Cleanup {
 		return lifecycle.Outcome{}, nil
 	}
-	a, out, err := s.transition(ctx, tx, a, ev, Actor{Type: ActorSystem}, reason)
+	a, out, err := s.transitionCleanup(ctx, tx, a, ev, Actor{Type: ActorSystem}, reason, cleanup)
 	if err != nil || typ == "" {
 		return out, err
 	}

@@ -4,7 +4,7 @@
 -- The task with its allocation's status, and whether a newer task of the same
 -- allocation replaced it (a retried release sends a new task).
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
-       t.last_error, a.status AS allocation_status,
+       t.last_error, t.cleanup, a.status AS allocation_status,
        EXISTS (SELECT 1 FROM allocation_tasks n
                WHERE n.allocation_id = t.allocation_id
                  AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded
@@ -15,7 +15,7 @@ WHERE t.task_id = $1;
 -- GetTaskForDispatch with what a pending task's payload needs, in one read: the
 -- allocation's tenant, project, SSH keys and OS image, and its GPUs by index.
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
-       a.status AS allocation_status,
+       t.cleanup, a.status AS allocation_status,
        EXISTS (SELECT 1 FROM allocation_tasks n
                WHERE n.allocation_id = t.allocation_id
                  AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded,
@@ -66,3 +66,39 @@ LIMIT sqlc.arg('max_tasks');
 -- name: FlagNodeCleanup :exec
 -- Nothing confirmed that the allocation's workload is gone from its node.
 UPDATE allocations SET node_cleanup = true WHERE id = $1;
+
+-- GPU ownership (cleanup.go).
+
+-- name: InsertCleanupTask :exec
+-- A release task that confirms the workload gone from the node, delivered whatever the
+-- allocation's status (the allocation ended without that confirmation).
+INSERT INTO allocation_tasks (task_id, allocation_id, node_id, kind, created_at, cleanup)
+VALUES ($1, $2, $3, 'allocation.release', $4, true);
+
+-- name: CleanupConfirmed :exec
+-- The node confirmed the workload gone: its GPUs are free for placement again, and its
+-- open cleanup tasks are done.
+WITH freed AS (
+    UPDATE allocation_gpus SET released_at = sqlc.arg('at') WHERE allocation_id = sqlc.arg('allocation_id') AND released_at IS NULL
+), done AS (
+    UPDATE allocation_tasks SET finished_at = sqlc.arg('at')
+    WHERE allocation_id = sqlc.arg('allocation_id') AND cleanup AND finished_at IS NULL
+)
+UPDATE allocations SET node_cleanup = false WHERE id = sqlc.arg('allocation_id');
+
+-- name: SetNodeCleanup :exec
+UPDATE allocations SET node_cleanup = true WHERE id = $1;
+
+-- name: ReconcileCandidates :many
+-- What a node's reconcile looks at: the allocations whose GPUs are held on the node
+-- (allocation_gpus_held_key), and those the agent says it holds; with whether the
+-- allocation still holds GPUs, whether a cleanup task is open, and every task id of the
+-- allocation (a task the agent is still running means its workload may appear yet).
+SELECT a.id, a.node_id, a.status, a.node_cleanup,
+       EXISTS (SELECT 1 FROM allocation_gpus g WHERE g.allocation_id = a.id AND g.released_at IS NULL)::boolean AS holds_gpus,
+       EXISTS (SELECT 1 FROM allocation_tasks t WHERE t.allocation_id = a.id AND t.cleanup AND t.finished_at IS NULL)::boolean AS cleanup_open,
+       ARRAY(SELECT t.task_id::text FROM allocation_tasks t WHERE t.allocation_id = a.id)::text[] AS task_ids
+FROM allocations a
+WHERE a.id = ANY(sqlc.arg('held_ids')::uuid[])
+   OR a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = sqlc.arg('node_id') AND g.released_at IS NULL)
+ORDER BY a.id;

@@ -45,6 +45,9 @@ func (s *Service) TaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.
 		return fmt.Errorf("load task: %w", err)
 	}
 	ok := r.GetStatus() == fabricv1.TaskResultStatus_TASK_RESULT_STATUS_SUCCEEDED
+	if task.Cleanup {
+		return s.cleanupReported(ctx, nodeID, task, ok, truncate(fmt.Sprintf("%s: %s", r.GetErrorCode(), r.GetMessage()), maxReason))
+	}
 	var ev lifecycle.Event
 	switch {
 	case task.Kind == TaskProvision && ok:
@@ -87,6 +90,21 @@ func (s *Service) TaskResult(ctx context.Context, nodeID uuid.UUID, r *fabricv1.
 			}
 			return q.FinishTask(ctx, allocationsdb.FinishTaskParams{TaskID: taskID, FinishedAt: ptr(s.now())})
 		})
+	if _, refused := apierr.As(err); refused && ok && (ev == lifecycle.Provisioned || ev == lifecycle.RestartOK) {
+		// The workload is up on the node, for an allocation that has ended meanwhile (the
+		// report timeout failed it, say): the node must clean it up before its GPUs are
+		// given to anyone else (cleanup.go).
+		if cerr := s.cleanupHeld(ctx, task.AllocationID, nodeID); cerr != nil {
+			return cerr
+		}
+	}
+	if ev == lifecycle.ReleaseOK {
+		// The node released the workload: that confirms it gone, also for an allocation
+		// force-released while its release task was out (cleanup pending).
+		if _, cerr := s.confirmGone(ctx, task.AllocationID, "release task "+taskID.String()); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
 	return err
 }
 

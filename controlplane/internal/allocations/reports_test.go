@@ -190,8 +190,16 @@ func TestAdminListAndForceRelease(t *testing.T) {
 	if n := w.count(t, `SELECT count(*) FROM allocations WHERE id = $1 AND node_cleanup`, a.ID); n != 1 {
 		t.Fatal("not flagged for node cleanup")
 	}
-	if n := w.count(t, `SELECT count(*) FROM allocation_gpus WHERE allocation_id = $1 AND released_at IS NULL`, a.ID); n != 0 {
-		t.Fatalf("GPUs still held: %d", n)
+	// Nothing confirmed the node clean: the GPU stays held until the node's cleanup task
+	// succeeds (GPU ownership, docs/allocation-lifecycle.md).
+	if n := w.heldGPUs(t, a.ID); n != 1 {
+		t.Fatalf("GPUs held after force-release: %d, want 1 (cleanup pending)", n)
+	}
+	if err := w.report(t, w.nodeOf(t, a.ID), w.cleanupTask(t, a.ID), true, ""); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.heldGPUs(t, a.ID); n != 0 {
+		t.Fatalf("GPUs still held after the node's cleanup: %d", n)
 	}
 	if n := w.count(t, `SELECT count(*) FROM audit_events WHERE action = 'allocation.force_release' AND target_id = $1`, a.ID.String()); n != 1 {
 		t.Fatalf("audit rows: %d", n)

@@ -36,10 +36,11 @@ type ReportTimeoutStats struct {
 // Config.ReportTimeout ago and never reported a result: the agent died or lost the task
 // after taking it, and without this an allocation would wait in provisioning (or
 // releasing, restarting) forever. Per kind, as if the agent had reported a failure with
-// "report_timeout: ...": provision → failed (GPUs freed, billing never started,
+// "report_timeout: ...": provision → failed (billing never started,
 // provisioning.failed) with the node flagged for cleanup, since the agent may have
-// created the workload before it went silent; release → release_failed (retry allowed;
-// provisioning.release_failed); restart → restart_failed. A stop task, and a task whose
+// created the workload before it went silent: its GPUs stay held, out of placement,
+// until the node confirms the workload gone (cleanup.go); release → release_failed
+// (retry allowed; provisioning.release_failed); restart → restart_failed. A stop task, and a task whose
 // allocation has moved on (released meanwhile, say), is only closed. A report that
 // arrives later finds the task finished and changes nothing. Safe on every replica at
 // once: each task is decided under its allocation's lock.
@@ -62,7 +63,10 @@ func (s *Service) ExpireUnreported(ctx context.Context) (ReportTimeoutStats, err
 			}
 			ev, _ := failureOf(t.Kind)
 			move := ev != "" && !t.Superseded && moves(lifecycle.Status(a.Status), ev)
-			out, err := s.failTask(ctx, tx, a, t, int(t.Attempts), ReasonReportTimeout, reason(t.Kind), move)
+			// A provision the agent took may have created the workload before it went
+			// silent: the GPUs stay held until the node confirms it gone (cleanup.go).
+			cleanup := t.Kind == TaskProvision
+			out, err := s.failTask(ctx, tx, a, t, int(t.Attempts), ReasonReportTimeout, reason(t.Kind), move, cleanup)
 			if err != nil {
 				return out, err
 			}
@@ -71,11 +75,6 @@ func (s *Service) ExpireUnreported(ctx context.Context) (ReportTimeoutStats, err
 				return out, nil
 			}
 			st.Failed++
-			if t.Kind == TaskProvision {
-				if err := allocationsdb.New(tx).FlagNodeCleanup(ctx, a.ID); err != nil {
-					return out, fmt.Errorf("flag node cleanup: %w", err)
-				}
-			}
 			s.Log.WarnContext(ctx, "allocation task acknowledged but never reported: failed",
 				"task_id", t.TaskID, "task_kind", t.Kind, "allocation_id", a.ID, "node_id", a.NodeID, "status", string(out.To))
 			return out, nil

@@ -41,16 +41,26 @@ func optional(s string) *string {
 
 // transition applies event to the locked allocation a inside tx: the lifecycle decides
 // the move; a repeat writes nothing; a change writes the new status, frees the GPUs when
-// the new status does not hold them, and records the status event, the outbox event
+// the new status does not hold them (unless the node must confirm the workload gone
+// first: transitionCleanup), and records the status event, the outbox event
 // (allocation.<new status>) and the audit row (allocation.<event>).
 func (s *Service) transition(ctx context.Context, tx pgx.Tx, a Allocation, ev lifecycle.Event, actor Actor, reason string) (Allocation, lifecycle.Outcome, error) {
+	return s.transitionCleanup(ctx, tx, a, ev, actor, reason, false)
+}
+
+// transitionCleanup is transition where the caller knows that nothing confirmed the
+// node clean (cleanup), as force_release's outcome says too (CleanupNode): a move to a
+// status that does not hold GPUs then keeps them held and sends the node a cleanup task
+// instead of freeing them (GPU ownership, cleanup.go).
+func (s *Service) transitionCleanup(ctx context.Context, tx pgx.Tx, a Allocation, ev lifecycle.Event, actor Actor, reason string, cleanup bool) (Allocation, lifecycle.Outcome, error) {
 	out, err := lifecycle.Apply(lifecycle.Status(a.Status), ev)
 	if err != nil || !out.Changed {
 		return a, out, err
 	}
+	cleanup = cleanup || out.CleanupNode
 	now := s.now()
 	a, err = allocationsdb.New(tx).SetStatus(ctx, allocationsdb.SetStatusParams{
-		ID: a.ID, Status: string(out.To), StatusReason: optional(reason), UpdatedAt: now, Cleanup: out.CleanupNode,
+		ID: a.ID, Status: string(out.To), StatusReason: optional(reason), UpdatedAt: now, Cleanup: cleanup,
 	})
 	if err != nil {
 		return a, out, fmt.Errorf("set allocation status: %w", err)
@@ -68,7 +78,13 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, a Allocation, ev li
 	}
 	// What follows writes rows nothing in this transaction reads back: one round trip.
 	p, own := pipeline(tx)
-	if !lifecycle.HoldsGPUs(out.To) {
+	switch {
+	case lifecycle.HoldsGPUs(out.To):
+	case cleanup:
+		if err := s.startCleanup(ctx, p, a); err != nil {
+			return a, out, err
+		}
+	default:
 		if err := allocationsdb.New(p).FreeGPUs(ctx, allocationsdb.FreeGPUsParams{AllocationID: a.ID, ReleasedAt: &now}); err != nil {
 			return a, out, fmt.Errorf("free gpus: %w", err)
 		}

@@ -329,6 +329,13 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 			}
 			return a.Allocations.OnTaskResult(ctx, nodeID, r)
 		},
+		// Every (re)connect reconciles what the node holds against the database.
+		OnHello: func(ctx context.Context, nodeID uuid.UUID, h *fabricv1.Hello) error {
+			if a.Allocations == nil {
+				return nil
+			}
+			return a.Allocations.Reconcile(ctx, nodeID, h)
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fabric: %w", err)

@@ -6,9 +6,11 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/fabric/fabrictest"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
@@ -68,5 +70,47 @@ func TestResultAcknowledgedOnlyAfterItIsRecorded(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(recorded, []string{"t1", "t1"}) || attempts != 3 {
 		t.Fatalf("recorded %v in %d attempts", recorded, attempts)
+	}
+}
+
+// Every (re)connect hands the agent's Hello — the workloads it holds — to OnHello, the
+// allocations feature's reconcile.
+func TestHelloIsReconciledOnEveryConnect(t *testing.T) {
+	fx := newFixture(t)
+	type call struct {
+		node      uuid.UUID
+		workloads []string
+	}
+	calls := make(chan call, 4)
+	fx.deps.OnHello = func(ctx context.Context, nodeID uuid.UUID, h *fabricv1.Hello) error {
+		c := call{node: nodeID}
+		for _, w := range h.GetWorkloads() {
+			c.workloads = append(c.workloads, w.GetAllocationId()+"/"+w.GetPhase())
+		}
+		if !h.GetWorkloadsReported() {
+			c.workloads = nil
+		}
+		calls <- c
+		return nil
+	}
+	srv, _ := fx.server(fx.config("a"))
+	id, tok := fx.node()
+	a, _ := fx.agent(srv, tok, fabricnet.ModeTCP, func(a *fabrictest.Agent) {
+		a.Workloads = []*fabricv1.HeldWorkload{{AllocationId: "a1", Phase: "active"}}
+	})
+	c1 := waitConn(t, a)
+	for i := range 2 {
+		select {
+		case c := <-calls:
+			if c.node != id || !slices.Equal(c.workloads, []string{"a1/active"}) {
+				t.Fatalf("connect %d: reconciled %+v", i+1, c)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("connect %d: no reconcile", i+1)
+		}
+		if i == 0 {
+			_ = c1.Session.Close("cut")
+			waitConn(t, a)
+		}
 	}
 }

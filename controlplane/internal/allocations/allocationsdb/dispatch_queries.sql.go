@@ -12,6 +12,28 @@ import (
 	"github.com/google/uuid"
 )
 
+const cleanupConfirmed = `-- name: CleanupConfirmed :exec
+WITH freed AS (
+    UPDATE allocation_gpus SET released_at = $2 WHERE allocation_id = $1 AND released_at IS NULL
+), done AS (
+    UPDATE allocation_tasks SET finished_at = $2
+    WHERE allocation_id = $1 AND cleanup AND finished_at IS NULL
+)
+UPDATE allocations SET node_cleanup = false WHERE id = $1
+`
+
+type CleanupConfirmedParams struct {
+	AllocationID uuid.UUID
+	At           *time.Time
+}
+
+// The node confirmed the workload gone: its GPUs are free for placement again, and its
+// open cleanup tasks are done.
+func (q *Queries) CleanupConfirmed(ctx context.Context, arg CleanupConfirmedParams) error {
+	_, err := q.db.Exec(ctx, cleanupConfirmed, arg.AllocationID, arg.At)
+	return err
+}
+
 const flagNodeCleanup = `-- name: FlagNodeCleanup :exec
 UPDATE allocations SET node_cleanup = true WHERE id = $1
 `
@@ -25,7 +47,7 @@ func (q *Queries) FlagNodeCleanup(ctx context.Context, id uuid.UUID) error {
 const getTaskForDispatch = `-- name: GetTaskForDispatch :one
 
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
-       t.last_error, a.status AS allocation_status,
+       t.last_error, t.cleanup, a.status AS allocation_status,
        EXISTS (SELECT 1 FROM allocation_tasks n
                WHERE n.allocation_id = t.allocation_id
                  AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded
@@ -43,6 +65,7 @@ type GetTaskForDispatchRow struct {
 	FinishedAt       *time.Time
 	Attempts         int32
 	LastError        *string
+	Cleanup          bool
 	AllocationStatus string
 	Superseded       bool
 }
@@ -63,6 +86,7 @@ func (q *Queries) GetTaskForDispatch(ctx context.Context, taskID uuid.UUID) (Get
 		&i.FinishedAt,
 		&i.Attempts,
 		&i.LastError,
+		&i.Cleanup,
 		&i.AllocationStatus,
 		&i.Superseded,
 	)
@@ -71,7 +95,7 @@ func (q *Queries) GetTaskForDispatch(ctx context.Context, taskID uuid.UUID) (Get
 
 const getTaskWithPayload = `-- name: GetTaskWithPayload :one
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
-       a.status AS allocation_status,
+       t.cleanup, a.status AS allocation_status,
        EXISTS (SELECT 1 FROM allocation_tasks n
                WHERE n.allocation_id = t.allocation_id
                  AND (n.created_at, n.task_id) > (t.created_at, t.task_id))::boolean AS superseded,
@@ -93,6 +117,7 @@ type GetTaskWithPayloadRow struct {
 	AckedAt          *time.Time
 	FinishedAt       *time.Time
 	Attempts         int32
+	Cleanup          bool
 	AllocationStatus string
 	Superseded       bool
 	TenantID         uuid.UUID
@@ -117,6 +142,7 @@ func (q *Queries) GetTaskWithPayload(ctx context.Context, taskID uuid.UUID) (Get
 		&i.AckedAt,
 		&i.FinishedAt,
 		&i.Attempts,
+		&i.Cleanup,
 		&i.AllocationStatus,
 		&i.Superseded,
 		&i.TenantID,
@@ -151,6 +177,32 @@ func (q *Queries) GiveUpTask(ctx context.Context, arg GiveUpTaskParams) error {
 		arg.LastError,
 		arg.FinishedAt,
 		arg.TaskID,
+	)
+	return err
+}
+
+const insertCleanupTask = `-- name: InsertCleanupTask :exec
+
+INSERT INTO allocation_tasks (task_id, allocation_id, node_id, kind, created_at, cleanup)
+VALUES ($1, $2, $3, 'allocation.release', $4, true)
+`
+
+type InsertCleanupTaskParams struct {
+	TaskID       uuid.UUID
+	AllocationID uuid.UUID
+	NodeID       uuid.UUID
+	CreatedAt    time.Time
+}
+
+// GPU ownership (cleanup.go).
+// A release task that confirms the workload gone from the node, delivered whatever the
+// allocation's status (the allocation ended without that confirmation).
+func (q *Queries) InsertCleanupTask(ctx context.Context, arg InsertCleanupTaskParams) error {
+	_, err := q.db.Exec(ctx, insertCleanupTask,
+		arg.TaskID,
+		arg.AllocationID,
+		arg.NodeID,
+		arg.CreatedAt,
 	)
 	return err
 }
@@ -218,6 +270,64 @@ func (q *Queries) MarkTaskAcked(ctx context.Context, arg MarkTaskAckedParams) er
 	return err
 }
 
+const reconcileCandidates = `-- name: ReconcileCandidates :many
+SELECT a.id, a.node_id, a.status, a.node_cleanup,
+       EXISTS (SELECT 1 FROM allocation_gpus g WHERE g.allocation_id = a.id AND g.released_at IS NULL)::boolean AS holds_gpus,
+       EXISTS (SELECT 1 FROM allocation_tasks t WHERE t.allocation_id = a.id AND t.cleanup AND t.finished_at IS NULL)::boolean AS cleanup_open,
+       ARRAY(SELECT t.task_id::text FROM allocation_tasks t WHERE t.allocation_id = a.id)::text[] AS task_ids
+FROM allocations a
+WHERE a.id = ANY($1::uuid[])
+   OR a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = $2 AND g.released_at IS NULL)
+ORDER BY a.id
+`
+
+type ReconcileCandidatesParams struct {
+	HeldIds []uuid.UUID
+	NodeID  uuid.UUID
+}
+
+type ReconcileCandidatesRow struct {
+	ID          uuid.UUID
+	NodeID      uuid.UUID
+	Status      string
+	NodeCleanup bool
+	HoldsGpus   bool
+	CleanupOpen bool
+	TaskIds     []string
+}
+
+// What a node's reconcile looks at: the allocations whose GPUs are held on the node
+// (allocation_gpus_held_key), and those the agent says it holds; with whether the
+// allocation still holds GPUs, whether a cleanup task is open, and every task id of the
+// allocation (a task the agent is still running means its workload may appear yet).
+func (q *Queries) ReconcileCandidates(ctx context.Context, arg ReconcileCandidatesParams) ([]ReconcileCandidatesRow, error) {
+	rows, err := q.db.Query(ctx, reconcileCandidates, arg.HeldIds, arg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ReconcileCandidatesRow
+	for rows.Next() {
+		var i ReconcileCandidatesRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.NodeID,
+			&i.Status,
+			&i.NodeCleanup,
+			&i.HoldsGpus,
+			&i.CleanupOpen,
+			&i.TaskIds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const recordTaskAttempt = `-- name: RecordTaskAttempt :exec
 UPDATE allocation_tasks
 SET attempts = GREATEST(attempts, $1::integer), last_error = $2
@@ -233,6 +343,15 @@ type RecordTaskAttemptParams struct {
 // A delivery attempt that did not reach the agent (node offline, no ack in time).
 func (q *Queries) RecordTaskAttempt(ctx context.Context, arg RecordTaskAttemptParams) error {
 	_, err := q.db.Exec(ctx, recordTaskAttempt, arg.Attempts, arg.LastError, arg.TaskID)
+	return err
+}
+
+const setNodeCleanup = `-- name: SetNodeCleanup :exec
+UPDATE allocations SET node_cleanup = true WHERE id = $1
+`
+
+func (q *Queries) SetNodeCleanup(ctx context.Context, id uuid.UUID) error {
+	_, err := q.db.Exec(ctx, setNodeCleanup, id)
 	return err
 }
 

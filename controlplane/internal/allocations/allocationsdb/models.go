@@ -99,6 +99,7 @@ type AllocationTask struct {
 	FinishedAt   *time.Time
 	Attempts     int32
 	LastError    *string
+	Cleanup      bool
 }
 
 type AuditEvent struct {
@@ -114,6 +115,13 @@ type AuditEvent struct {
 	Result        string
 	CorrelationID string
 	Metadata      json.RawMessage
+}
+
+type AuthLoginThrottle struct {
+	UsernameHash  []byte
+	Failures      int32
+	LastFailureAt time.Time
+	LockedUntil   *time.Time
 }
 
 type AuthRefreshToken struct {

@@ -197,7 +197,7 @@ func (q *Queries) GetGroup(ctx context.Context, arg GetGroupParams) (AllocationG
 }
 
 const getTask = `-- name: GetTask :one
-SELECT task_id, allocation_id, node_id, kind, created_at, acked_at, finished_at, attempts, last_error FROM allocation_tasks WHERE task_id = $1
+SELECT task_id, allocation_id, node_id, kind, created_at, acked_at, finished_at, attempts, last_error, cleanup FROM allocation_tasks WHERE task_id = $1
 `
 
 func (q *Queries) GetTask(ctx context.Context, taskID uuid.UUID) (AllocationTask, error) {
@@ -213,6 +213,7 @@ func (q *Queries) GetTask(ctx context.Context, taskID uuid.UUID) (AllocationTask
 		&i.FinishedAt,
 		&i.Attempts,
 		&i.LastError,
+		&i.Cleanup,
 	)
 	return i, err
 }

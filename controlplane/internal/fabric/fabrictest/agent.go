@@ -32,6 +32,8 @@ type Agent struct {
 	Dial *fabricnet.DialOptions
 	// Inventory is sent in Hello.
 	Inventory *fabricv1.Inventory
+	// Workloads, when not nil, are the held workloads every Hello reports.
+	Workloads []*fabricv1.HeldWorkload
 	// BackoffMin / BackoffMax bound the reconnect backoff (defaults 100ms / 5s).
 	BackoffMin, BackoffMax time.Duration
 	// OnTask answers a dispatched task (default: ACCEPTED, DUPLICATE for a repeat id).
@@ -207,6 +209,7 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 	}
 	if err := send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_Hello{Hello: &fabricv1.Hello{
 		AgentVersion: "sim/1", Hostname: "sim", Inventory: a.Inventory, BootId: "boot",
+		Workloads: a.Workloads, WorkloadsReported: a.Workloads != nil,
 	}}}); err != nil {
 		return false, err
 	}
