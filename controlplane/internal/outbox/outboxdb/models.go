@@ -116,6 +116,13 @@ type AuditEvent struct {
 	Metadata      json.RawMessage
 }
 
+type AuthLoginThrottle struct {
+	UsernameHash  []byte
+	Failures      int32
+	LastFailureAt time.Time
+	LockedUntil   *time.Time
+}
+
 type AuthRefreshToken struct {
 	ID        uuid.UUID
 	TokenHash []byte
