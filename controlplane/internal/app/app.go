@@ -142,6 +142,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 			return nil, fmt.Errorf("DATABASE_URL: %w", err)
 		}
 		db.ConfigurePool(pcfg)
+		db.SetConnectTimeout(pcfg, cfg.DatabaseConnectTimeout)
 		if a.Pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 			return nil, fmt.Errorf("connect postgres: %w", err)
 		}
@@ -270,6 +271,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Metrics:           a.Metrics,
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
+		RequestTimeout:    cfg.RequestTimeout,
 		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
 	})
 	ok = true
@@ -286,15 +288,14 @@ func (a *App) limiter() (*ratelimit.Limiter, error) {
 		l.Store = ratelimit.NewMemory()
 		return l, nil
 	}
-	opts, err := redis.ParseURL(a.Config.RedisURL)
+	// Bounded (no retries, short timeouts): a limiter that waits on a sick Redis slows
+	// every request. While Redis is down this replica counts in memory.
+	store, err := ratelimit.NewRedis(a.Config.RedisURL, "")
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL: %w", err)
+		return nil, err
 	}
-	// Short timeouts: a limiter that waits on a sick Redis slows every request.
-	opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
-	opts.MaxRetries = 0
-	a.redis = redis.NewClient(opts)
-	l.Store = &ratelimit.Redis{Client: a.redis}
+	a.redis = store.Client
+	l.Store, l.Fallback = store, ratelimit.NewMemory()
 	return l, nil
 }
 
@@ -372,14 +373,9 @@ func (a *App) cursorKey() []byte {
 
 // Run serves HTTP on ln and runs the background loops until ctx ends, then drains.
 func (a *App) Run(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           a.Handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(a.Log.Handler(), slog.LevelWarn),
-	}
+	// No WriteTimeout (server.NewHTTPServer): GANTRY_REQUEST_TIMEOUT bounds the work and
+	// a write deadline would cut the 503 it produces.
+	srv := server.NewHTTPServer(a.Handler, server.HTTPOptions{Log: a.Log})
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -429,7 +425,7 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 		}
 	}()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- server.Serve(srv, ln) }()
 	var serveErr error
 	select {
 	case <-ctx.Done():

@@ -41,6 +41,12 @@ type Config struct {
 	EventsSubjectPrefix string `env:"GANTRY_EVENTS_SUBJECT_PREFIX" envDefault:"gantry.events."`
 	// ShutdownTimeout bounds the graceful drain on SIGTERM / Ctrl-C.
 	ShutdownTimeout time.Duration `env:"GANTRY_SHUTDOWN_TIMEOUT" envDefault:"15s"`
+	// RequestTimeout is every request's deadline (WebSocket sessions excepted): a
+	// database that does not answer in it gives 503 service_unavailable (docs/api.md).
+	RequestTimeout time.Duration `env:"GANTRY_REQUEST_TIMEOUT" envDefault:"10s"`
+	// DatabaseConnectTimeout bounds one new PostgreSQL connection (a connect_timeout
+	// in DATABASE_URL wins).
+	DatabaseConnectTimeout time.Duration `env:"GANTRY_DATABASE_CONNECT_TIMEOUT" envDefault:"5s"`
 
 	Auth auth.Config
 	// Billing is GANTRY_BILLING_*.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -39,11 +40,11 @@ func InTx(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) (er
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			Rollback(ctx, tx)
 			panic(p)
 		}
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			Rollback(ctx, tx)
 		}
 	}()
 	if err = fn(tx); err != nil {
@@ -53,6 +54,21 @@ func InTx(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) (er
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// RollbackTimeout bounds a rollback. A rollback must outlive the request's deadline (it
+// often runs because that deadline passed), but not a frozen database: when it times
+// out, pgx closes the connection and the server aborts the transaction when it sees the
+// connection gone, so nothing half-written commits either way.
+const RollbackTimeout = 5 * time.Second
+
+// Rollback rolls tx back on a context that ignores ctx's cancellation but not for
+// longer than RollbackTimeout. Its error is not interesting: the transaction is over
+// either way.
+func Rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }
 
 // Querier is what sqlc-generated packages accept: the ambient transaction when there is

@@ -26,29 +26,55 @@ type Handlers struct {
 	NATS     *nats.Conn
 	Gatherer prometheus.Gatherer
 	Clock    clock.Clock
+	// CheckTimeout bounds each readiness check (default DefaultCheckTimeout).
+	CheckTimeout time.Duration
 }
 
 func (h *Handlers) GetHealth(context.Context, api.GetHealthRequestObject) (api.GetHealthResponseObject, error) {
 	return api.GetHealth200JSONResponse{Body: api.HealthResponse{Ok: true}}, nil
 }
 
+// DefaultCheckTimeout bounds each readiness check when Handlers.CheckTimeout is zero.
+const DefaultCheckTimeout = 2 * time.Second
+
+// GetReadiness checks PostgreSQL and NATS at the same time, each with its own timeout,
+// so that a slow or frozen database is reported as the database being down and not
+// also as NATS (one shared budget let the ping use it up before the flush started).
 func (h *Handlers) GetReadiness(ctx context.Context, _ api.GetReadinessRequestObject) (api.GetReadinessResponseObject, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	checks := api.ReadinessChecks{Postgres: api.ReadinessCheckStatusOk, Nats: api.ReadinessCheckStatusOk}
-	if err := h.Pool.Ping(ctx); err != nil {
-		checks.Postgres = api.ReadinessCheckStatusDown
-	}
-	if h.NATS == nil || !h.NATS.IsConnected() {
-		checks.Nats = api.ReadinessCheckStatusDown
-	} else if err := h.NATS.FlushWithContext(ctx); err != nil {
-		checks.Nats = api.ReadinessCheckStatusDown
-	}
+	pg, nc := make(chan api.ReadinessCheckStatus, 1), make(chan api.ReadinessCheckStatus, 1)
+	go func() { pg <- h.check(ctx, h.pingPostgres) }()
+	go func() { nc <- h.check(ctx, h.flushNATS) }()
+	checks := api.ReadinessChecks{Postgres: <-pg, Nats: <-nc}
 	body := api.ReadinessResponse{Checks: checks, Ok: checks.Postgres == api.ReadinessCheckStatusOk && checks.Nats == api.ReadinessCheckStatusOk}
 	if !body.Ok {
 		return api.GetReadiness503JSONResponse{Body: body}, nil
 	}
 	return api.GetReadiness200JSONResponse{Body: body}, nil
+}
+
+// check runs one readiness check under its own timeout. The context keeps the
+// request's values but not its deadline: readiness must say which dependency is down,
+// whatever budget the request had left.
+func (h *Handlers) check(ctx context.Context, f func(context.Context) error) api.ReadinessCheckStatus {
+	timeout := h.CheckTimeout
+	if timeout <= 0 {
+		timeout = DefaultCheckTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if f(ctx) != nil {
+		return api.ReadinessCheckStatusDown
+	}
+	return api.ReadinessCheckStatusOk
+}
+
+func (h *Handlers) pingPostgres(ctx context.Context) error { return h.Pool.Ping(ctx) }
+
+func (h *Handlers) flushNATS(ctx context.Context) error {
+	if h.NATS == nil || !h.NATS.IsConnected() {
+		return nats.ErrConnectionClosed
+	}
+	return h.NATS.FlushWithContext(ctx)
 }
 
 func (h *Handlers) GetOpenAPIDocument(context.Context, api.GetOpenAPIDocumentRequestObject) (api.GetOpenAPIDocumentResponseObject, error) {

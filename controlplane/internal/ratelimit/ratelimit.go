@@ -1,8 +1,12 @@
 // Package ratelimit owns per-route-group request limits (seed §8: requests per minute,
 // code rate_limit_exceeded). Counters live in Redis when REDIS_URL is set, so replicas
-// share them, and in memory otherwise. When Redis cannot answer, the request passes and
-// api_ratelimit_fail_open_total counts it (seed §7.3 rule 6): an unavailable limiter must
-// never take the API down with it.
+// share them, and in memory otherwise. When Redis cannot answer, the request is not
+// refused for it and api_ratelimit_fail_open_total counts it (seed §7.3 rule 6): an
+// unavailable limiter must never take the API down with it. Nor may an outage switch
+// limiting off: while Redis is down the replica counts in memory (Limiter.Fallback), so
+// each replica still holds the limit on its own, and a Redis that failed is left alone
+// for Limiter.StoreRetryInterval, so a dead or frozen one costs one bounded call per
+// interval, not one per request.
 package ratelimit
 
 import (
@@ -47,11 +51,20 @@ type Limiter struct {
 	Groups []Group
 	Store  Store
 	Clock  clock.Clock
-	// FailOpen is called when the store errs; the request then passes.
+	// FailOpen is called for every request decided without Store (it erred, or it is
+	// being left alone after an error); the request is then counted by Fallback, or
+	// passes when there is none.
 	FailOpen func()
+	// Fallback counts while Store cannot (nil: requests pass unlimited).
+	Fallback Store
 	Errors   apierr.Writer
 	// StoreTimeout bounds a store round trip so a hung Redis cannot stall requests.
 	StoreTimeout time.Duration
+	// StoreRetryInterval is how long Store is left alone after it failed (default 5s).
+	StoreRetryInterval time.Duration
+
+	mu        sync.Mutex
+	downUntil time.Time // Store failed; Fallback counts until then
 }
 
 func (l *Limiter) group(path string) (Group, bool) {
@@ -75,13 +88,8 @@ func (l *Limiter) Middleware(next http.Handler) http.Handler {
 		}
 		now := l.Clock.Now()
 		window := now.Truncate(time.Minute)
-		ctx, cancel := context.WithTimeout(r.Context(), l.timeout())
-		n, err := l.Store.Hit(ctx, g.Name+":"+clientIP(r), window)
-		cancel()
-		if err != nil {
-			if l.FailOpen != nil {
-				l.FailOpen()
-			}
+		n, ok := l.hit(r.Context(), g.Name+":"+clientIP(r), window, now)
+		if !ok {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -93,6 +101,46 @@ func (l *Limiter) Middleware(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// hit counts one request: in Store while it answers, else in Fallback. ok is false when
+// neither could count it (the request then passes).
+func (l *Limiter) hit(ctx context.Context, key string, window, now time.Time) (n int64, ok bool) {
+	if l.storeUp(now) {
+		ctx, cancel := context.WithTimeout(ctx, l.timeout())
+		n, err := l.Store.Hit(ctx, key, window)
+		cancel()
+		if err == nil {
+			return n, true
+		}
+		l.storeFailed(now)
+	}
+	if l.FailOpen != nil {
+		l.FailOpen()
+	}
+	if l.Fallback == nil {
+		return 0, false
+	}
+	n, err := l.Fallback.Hit(ctx, key, window)
+	return n, err == nil
+}
+
+func (l *Limiter) storeUp(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !now.Before(l.downUntil)
+}
+
+func (l *Limiter) storeFailed(now time.Time) {
+	retry := l.StoreRetryInterval
+	if retry <= 0 {
+		retry = 5 * time.Second
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if until := now.Add(retry); until.After(l.downUntil) {
+		l.downUntil = until
+	}
 }
 
 func (l *Limiter) timeout() time.Duration {

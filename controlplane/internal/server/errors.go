@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 )
@@ -20,6 +22,7 @@ type errorMapper struct {
 }
 
 func (m errorMapper) write(w http.ResponseWriter, r *http.Request, err error) {
+	err = unavailable(r, err)
 	status, _ := m.writer.Envelope(r, err)
 	switch {
 	case status >= 500:
@@ -30,6 +33,47 @@ func (m errorMapper) write(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	m.denials.deny(w, r, err, status)
 	m.writer.Write(w, r, err)
+}
+
+// UnavailableRetryAfter is the Retry-After of a 503 caused by the database: about the
+// time a restarted or failed-over PostgreSQL takes to accept connections again.
+const UnavailableRetryAfter = 5 * time.Second
+
+// unavailable is where database unavailability becomes 503 service_unavailable with
+// Retry-After, for every path: handlers, the bearer and node-token checks, the project
+// check and the idempotency layer all write their errors through the mapper, so none of
+// them needs to know. It answers 503 when
+//
+//   - the error chain holds a failure only the database driver produces (connection
+//     refused, the server shutting down, no connection slot left, a connection closed
+//     under a deadline), whatever the code: an error caused by one decided nothing;
+//   - or the error is an internal_error or service_unavailable caused by a transport
+//     failure or a context error (a pool acquire that waited out the deadline);
+//   - or the request's own deadline (GANTRY_REQUEST_TIMEOUT) has passed and the error
+//     chain holds that deadline.
+//
+// Other codes keep their answer: an upstream_error caused by a timeout of the payment
+// provider is still 502, and a node probe that timed out is still the probe's 4xx.
+func unavailable(r *http.Request, err error) error {
+	e, isAPI := apierr.As(err)
+	if isAPI && e.Code == apierr.ServiceUnavailable && e.RetryAfter > 0 {
+		return err
+	}
+	code := apierr.CodeOf(err)
+	switch {
+	case db.IsDatabaseUnavailable(err):
+	case (code == apierr.InternalError || code == apierr.ServiceUnavailable) && db.IsUnavailable(err):
+	case r.Context().Err() != nil && db.IsUnavailable(err):
+	default:
+		return err
+	}
+	if isAPI && e.Code == apierr.ServiceUnavailable {
+		out := *e // keep its message and details, add the header
+		out.RetryAfter = UnavailableRetryAfter
+		return &out
+	}
+	return apierr.New(apierr.ServiceUnavailable, "the database is not answering; retry later").
+		WithRetryAfter(UnavailableRetryAfter).Wrap(err)
 }
 
 // paramError maps a parameter the generated wrapper could not bind. The contract

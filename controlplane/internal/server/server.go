@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -68,6 +69,9 @@ type Deps struct {
 	MaxBodyBytes int64
 	// Denials aggregates every 401 and 403 into the audit log; nil audits none.
 	Denials *audit.Denials
+	// RequestTimeout is every operation's deadline but the WebSocket ones
+	// (GANTRY_REQUEST_TIMEOUT); 0 is DefaultRequestTimeout, negative none.
+	RequestTimeout time.Duration
 	// StrictMiddlewares run around every generated handler (features that need the raw
 	// request, such as the internal-token check of the JWKS refresh, hook in here).
 	StrictMiddlewares []api.StrictMiddlewareFunc
@@ -75,8 +79,9 @@ type Deps struct {
 
 type server struct {
 	Deps
-	mux    *chi.Mux
-	errors errorMapper
+	mux       *chi.Mux
+	errors    errorMapper
+	deadlines deadlines
 }
 
 // New builds the control plane's HTTP handler.
@@ -84,7 +89,7 @@ func New(d Deps) http.Handler {
 	if d.MaxBodyBytes <= 0 {
 		d.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	s := &server{Deps: d, mux: chi.NewRouter()}
+	s := &server{Deps: d, mux: chi.NewRouter(), deadlines: newDeadlines(d.Contract, d.RequestTimeout)}
 	s.errors = errorMapper{writer: apierr.Writer{Service: ServiceName}, log: d.Logger,
 		denials: &denials{audit: d.Denials, mux: s.mux, contract: d.Contract}}
 	if s.Limiter != nil {
@@ -141,8 +146,9 @@ func (s *server) operation(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r) // chi answers 404 / 405
 			return
 		}
-		ctx := r.Context()
-		base := ctx
+		base := r.Context()
+		ctx, cancel := s.deadlines.apply(base, op)
+		defer cancel()
 
 		if op.Security == contract.SecurityBearer {
 			p, err := s.Auth.Authenticate(r)
@@ -171,7 +177,7 @@ func (s *server) operation(next http.Handler) http.Handler {
 				ctx = projectctx.With(ctx, proj)
 			}
 		}
-		if ctx != base { // each WithContext copies the request; public GETs add nothing
+		if ctx != base { // each WithContext copies the request; only streaming GETs add nothing
 			r = r.WithContext(ctx)
 		}
 
