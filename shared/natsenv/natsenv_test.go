@@ -57,12 +57,18 @@ func TestEmbeddedJetStream(t *testing.T) {
 	}
 }
 
+// Probing a closed port answers false and does not hang. The deadline is far past what
+// a refused connection takes, so a slow machine cannot fail it; only a probe that waits
+// for something that never comes does.
 func TestReachableNothingThere(t *testing.T) {
-	start := time.Now()
-	if Reachable("nats://127.0.0.1:1") || HasJetStream("nats://127.0.0.1:1") {
-		t.Error("Reachable on a closed port")
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("probing a closed port took %v", d)
+	done := make(chan bool, 1)
+	go func() { done <- Reachable("nats://127.0.0.1:1") || HasJetStream("nats://127.0.0.1:1") }()
+	select {
+	case up := <-done:
+		if up {
+			t.Error("Reachable on a closed port")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("probing a closed port hangs")
 	}
 }

@@ -104,7 +104,7 @@ func TestSecondConnectionReplacesFirst(t *testing.T) {
 func TestTunnelSurvivesCutAndRestart(t *testing.T) {
 	fx := newFixture(t)
 	cfg := fx.config("a")
-	cfg.StartupTTL = 3 * time.Second
+	cfg.StartupTTL = 3 * time.Second // on fx.clock, which moves only below
 	srv, stop := fx.server(cfg)
 	id, tok := fx.node()
 	a, _ := fx.agent(srv, tok, fabricnet.ModeAuto)
@@ -139,10 +139,28 @@ func TestTunnelSurvivesCutAndRestart(t *testing.T) {
 	if got := fx.status(id); got != nodes.StatusOnline {
 		t.Fatalf("status = %s", got)
 	}
-	// After the window the TTL is shortened and heartbeats keep the node online.
-	time.Sleep(cfg.StartupTTL + time.Second)
-	if got := fx.status(id); got != nodes.StatusOnline || fx.dir.offline.Load() != 0 {
-		t.Fatalf("status after the startup window = %s (offline calls %d)", got, fx.dir.offline.Load())
+	// After the window the TTL is the fleet-sized one (about 10 s on fx.clock), and
+	// heartbeats keep the node online: the clock moves on by 4 s (the window ends), then
+	// three times by 8 s, each time once a heartbeat stamped at the current time arrived
+	// — 28 s in all, well past any TTL the node had, without an expiry.
+	fx.clock.Advance(cfg.StartupTTL + time.Second)
+	for range 3 {
+		now := fx.clock.Now()
+		eventually(t, "a heartbeat at "+now.String(), func() bool {
+			p, ok, _ := srv2.Presence(context.Background(), id)
+			return ok && p.Online && !p.LastHeartbeat.Before(now)
+		})
+		fx.clock.Advance(8 * time.Second)
+	}
+	eventually(t, "a heartbeat after the last advance", func() bool {
+		p, _, _ := srv2.Presence(context.Background(), id)
+		return !p.LastHeartbeat.Before(fx.clock.Now())
+	})
+	if got := fx.status(id); got != nodes.StatusOnline || fx.dir.offline.Load() != 0 || srv2.LocalSessions() != 1 {
+		t.Fatalf("status after the startup window = %s (offline calls %d, sessions %d)", got, fx.dir.offline.Load(), srv2.LocalSessions())
+	}
+	if c := a.Current(); c == nil || c != c3.Session {
+		t.Fatal("the session did not survive the end of the startup window")
 	}
 }
 
@@ -180,19 +198,26 @@ func TestOfflineAfterTTLOnlineOnReconnect(t *testing.T) {
 	if got := fx.status(id); got != nodes.StatusOnline {
 		t.Fatalf("status = %s", got)
 	}
-	// Heartbeats stop: after the TTL the tunnel is ended and the node is offline.
+	// Heartbeats stop and the TTL passes (on fx.clock): the tunnel is ended and the node
+	// marked offline, once.
 	a.NoHeartbeats.Store(true)
+	ttl := c1.Welcome.GetHeartbeat().GetTtl().AsDuration()
+	if closedWithin(c1.Session.Done(), 500*time.Millisecond) {
+		t.Fatal("tunnel ended before its TTL passed")
+	}
+	fx.clock.Advance(ttl + time.Second)
 	if !closedWithin(c1.Session.Done(), 20*time.Second) {
 		t.Fatal("tunnel without heartbeats not ended")
 	}
-	eventually(t, "offline", func() bool { return fx.status(id) == nodes.StatusOffline })
-	if n := fx.dir.offline.Load(); n != 1 {
-		t.Fatalf("offline calls = %d, want 1", n)
-	}
-	// It comes back: online again.
+	eventually(t, "offline", func() bool { return fx.dir.offline.Load() == 1 })
+	// It comes back (the clock stands still: its new session does not expire): online
+	// again, and offline only the once.
 	a.NoHeartbeats.Store(false)
 	waitConn(t, a)
 	eventually(t, "online", func() bool { return fx.status(id) == nodes.StatusOnline })
+	if n := fx.dir.offline.Load(); n != 1 {
+		t.Fatalf("offline calls = %d, want 1", n)
+	}
 }
 
 func TestHeartbeatsPersistOnlyChanges(t *testing.T) {
@@ -216,11 +241,14 @@ func TestHeartbeatsPersistOnlyChanges(t *testing.T) {
 	if !after.StatusChangedAt.Equal(*before.StatusChangedAt) || after.Status != nodes.StatusOnline {
 		t.Fatalf("status row changed by heartbeats: %v -> %v", before.StatusChangedAt, after.StatusChangedAt)
 	}
-	// Presence still tracks the live heartbeat on the holding replica.
-	p, _, _ := srv.Presence(context.Background(), id)
-	if time.Since(p.LastHeartbeat) > 5*time.Second {
-		t.Fatalf("last heartbeat %s is stale", p.LastHeartbeat)
-	}
+	// Presence still tracks the live heartbeat on the holding replica: move the clock
+	// on, and the next heartbeat is the last one presence knows.
+	fx.clock.Advance(time.Second)
+	now := fx.clock.Now()
+	eventually(t, "presence's last heartbeat at the current time", func() bool {
+		p, _, _ := srv.Presence(context.Background(), id)
+		return !p.LastHeartbeat.Before(now)
+	})
 }
 
 func TestPresenceAndDispatchAcrossReplicas(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	rnd "math/rand/v2"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
@@ -25,7 +27,20 @@ import (
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain fails the package when a goroutine outlives the tests: servers, sessions and
+// agents that do not end are what a replica would pile up with every reconnect. The check
+// runs after testenv.Shutdown, so the throwaway services it may have started are gone.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Shutdown()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines left after the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // countingDirectory is the real nodes Directory, counting what the fabric asks of it.
 type countingDirectory struct {
@@ -53,7 +68,11 @@ func (d *countingDirectory) NodeTelemetry(ctx context.Context, id uuid.UUID, s [
 }
 
 type fixture struct {
-	t       *testing.T
+	t *testing.T
+	// clock is the servers' clock (deps.Clock). It moves only when a test advances it, so
+	// no heartbeat TTL runs out because a loaded machine delayed a heartbeat; the tests
+	// of expiry and of the startup window advance it past the TTL they examine.
+	clock   *clock.Manual
 	deps    fabric.Deps
 	nodes   *nodes.Service
 	dir     *countingDirectory
@@ -80,18 +99,21 @@ func newFixture(t *testing.T) *fixture {
 	dir := &countingDirectory{Directory: svc}
 	seal := make([]byte, 32)
 	_, _ = rand.Read(seal)
+	clk := clock.NewManual(time.Now())
 	return &fixture{
-		t: t, nodes: svc, dir: dir, bucket: bucket, subject: "test." + ns + ".fabric.",
-		deps: fabric.Deps{Pool: pool, SealKey: seal, NATS: nc, JS: js, Directory: dir, Clock: clock.Real{}, IDs: ids.V7{}},
+		t: t, nodes: svc, dir: dir, bucket: bucket, subject: "test." + ns + ".fabric.", clock: clk,
+		deps: fabric.Deps{Pool: pool, SealKey: seal, NATS: nc, JS: js, Directory: dir, Clock: clk, IDs: ids.V7{}},
 	}
 }
 
-// fastConfig shrinks every interval so tests run in seconds.
+// config shrinks every interval so tests run in seconds. The tickers run on real time
+// (heartbeats every 100-125 ms, sweeps every 50 ms); the TTLs are read on fx.clock, where
+// the grace makes a TTL of about 10 s that passes only when a test advances the clock.
 func (fx *fixture) config(replica string) fabric.Config {
 	return fabric.Config{
 		Addr: "127.0.0.1:0", ReplicaID: replica, Bucket: fx.bucket, SubjectPrefix: fx.subject,
 		MinHeartbeatInterval: 100 * time.Millisecond, MaxHeartbeatsPerSecond: 1e6,
-		HeartbeatGrace: 300 * time.Millisecond, StartupTTL: 300 * time.Millisecond,
+		HeartbeatGrace: 10 * time.Second, StartupTTL: 300 * time.Millisecond,
 		SweepInterval: 50 * time.Millisecond, PresenceRefresh: 200 * time.Millisecond,
 		ReplicaRefresh: 200 * time.Millisecond, DispatchTimeout: 5 * time.Second,
 	}
