@@ -17,6 +17,7 @@ dev: build
 
 test:
 	$(GO) test $(TESTFLAGS) $(PKGS)
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime 10s ./shared/fabricnet
 
 # Benchmarks print their ratio against a baseline measured in the same run.
 bench:
