@@ -48,6 +48,9 @@ type Cluster struct {
 
 	stopOnce sync.Once
 	stopErr  error
+
+	freezeMu sync.Mutex
+	frozen   []int // pids Freeze stopped
 }
 
 // Start creates the cluster in dir if it does not exist yet (an existing
@@ -186,6 +189,7 @@ func (c *Cluster) Dir() string { return c.dir }
 // for it to exit. The data directory is kept. Safe to call more than once.
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
+		c.Thaw() // a frozen server cannot shut down
 		_ = c.cmd.Process.Signal(syscall.SIGINT)
 		select {
 		case <-c.done:

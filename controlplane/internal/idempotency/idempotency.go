@@ -91,7 +91,10 @@ func (s *Store) Serve(w http.ResponseWriter, r *http.Request, scope Scope, body 
 	committed := false
 	defer func() {
 		if !committed {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			// Bounded: a frozen database must not hold the request (and the
+			// connection) past the deadline; the server aborts an unfinished
+			// transaction whose connection closed.
+			db.Rollback(ctx, tx)
 		}
 	}()
 

@@ -2,12 +2,7 @@ package server_test
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,7 +20,6 @@ type faultyPostgres struct {
 	dir     string
 	port    int
 	cluster *pgcluster.Cluster
-	frozen  []int
 }
 
 func startFaultyPostgres(t *testing.T) *faultyPostgres {
@@ -40,9 +34,8 @@ func startFaultyPostgres(t *testing.T) *faultyPostgres {
 	}
 	f := &faultyPostgres{t: t, dir: dir}
 	t.Cleanup(func() {
-		f.Thaw()
 		if f.cluster != nil {
-			_ = f.cluster.Stop()
+			_ = f.cluster.Stop() // thaws a frozen one first
 		}
 		os.RemoveAll(dir)
 	})
@@ -94,67 +87,14 @@ func (f *faultyPostgres) Pool(connectTimeout time.Duration) *pgxpool.Pool {
 	return pool
 }
 
-// Freeze stops the postmaster and every server process (SIGSTOP): connections are
-// accepted by the kernel and then nothing answers, the way a hung host behaves. The
-// backends lead process groups of their own, so each is signalled by pid; the
-// postmaster first, so that it forks nothing meanwhile.
+// Freeze stops every process of the server (SIGSTOP): connections are accepted by the
+// kernel and then nothing answers, the way a hung host behaves.
 func (f *faultyPostgres) Freeze() {
 	f.t.Helper()
-	pm := f.postmasterPID()
-	pids := append([]int{pm}, childrenOf(f.t, pm)...)
-	for _, pid := range pids {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			f.t.Fatalf("SIGSTOP %d: %v", pid, err)
-		}
-		f.frozen = append(f.frozen, pid)
-	}
-}
-
-// Thaw continues every frozen process (children first). Safe to call when nothing is
-// frozen.
-func (f *faultyPostgres) Thaw() {
-	for i := len(f.frozen) - 1; i >= 0; i-- {
-		_ = syscall.Kill(f.frozen[i], syscall.SIGCONT)
-	}
-	f.frozen = nil
-}
-
-func (f *faultyPostgres) postmasterPID() int {
-	f.t.Helper()
-	b, err := os.ReadFile(filepath.Join(f.dir, "postmaster.pid"))
-	if err != nil {
+	if err := f.cluster.Freeze(); err != nil {
 		f.t.Fatal(err)
 	}
-	pid, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0])
-	if err != nil {
-		f.t.Fatalf("postmaster.pid: %v", err)
-	}
-	return pid
 }
 
-// childrenOf lists the processes whose parent is pid, from /proc.
-func childrenOf(t *testing.T, pid int) []int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
-		if err != nil {
-			continue // gone meanwhile
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
-		s := string(b)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(fields) > 1 && fields[1] == strconv.Itoa(pid) {
-			out = append(out, child)
-		}
-	}
-	return out
-}
+// Thaw continues the frozen server. Safe to call when nothing is frozen.
+func (f *faultyPostgres) Thaw() { f.cluster.Thaw() }
