@@ -18,6 +18,12 @@ dev: build
 test:
 	$(GO) test $(TESTFLAGS) $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime 10s ./shared/fabricnet
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime 5s ./shared/termproto
+	$(GO) test -run '^$$' -fuzz '^FuzzWriteData$$' -fuzztime 5s ./shared/termproto
+	$(GO) test -run '^$$' -fuzz '^FuzzPushDecode$$' -fuzztime 5s ./loggateway/gateway
+	$(GO) test -run '^$$' -fuzz '^FuzzCursorDecode$$' -fuzztime 5s ./controlplane/internal/pagination
+	$(GO) test -run '^$$' -fuzz '^FuzzCursorTamper$$' -fuzztime 5s ./controlplane/internal/pagination
+	$(GO) test -run '^$$' -fuzz '^FuzzVerifySignature$$' -fuzztime 5s ./controlplane/internal/payments
 
 # Benchmarks print their ratio against a baseline measured in the same run.
 bench:
