@@ -33,9 +33,19 @@ func GRPCClient(s Session, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	if s.Transport() == TransportQUIC {
 		// The timeout is the tunnel's own idle timeout: the ping adds no new way for a
 		// slow but live control plane to lose its agents.
+		//
+		// Fixed flow-control windows switch gRPC's bandwidth estimator off, and with it
+		// its BDP pings. The server counts a ping within 5 s of the previous one as a
+		// strike (its keep-alive enforcement), forgiven only by data it sends after; a BDP
+		// ping (sent on data from the server) landing just after a keep-alive ping that
+		// used up the forgiveness is a strike, strikes add up over a tunnel's life, and
+		// the third ends the agent's gRPC connection (GOAWAY too_many_pings: 2 agents of
+		// 10,000 in the bench's QUIC run). Keep-alive pings alone are at least 15 s apart
+		// as the server reads them (the next one goes 15 s after the last one's ack).
+		// The Control stream carries small messages: 1 MiB windows lose nothing.
 		all = append(all, grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time: grpcKeepAlive, Timeout: idleTimeout, PermitWithoutStream: true,
-		}))
+		}), grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(1<<20))
 	}
 	return grpc.NewClient("passthrough:///gantry-fabric", append(all, opts...)...)
 }

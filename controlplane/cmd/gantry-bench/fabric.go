@@ -8,11 +8,14 @@ package main
 //   - handshakes per second (fabricnet.Dial) vs bare TLS handshakes;
 //   - agent capacity: N simulated agents (a child process) against one fabric server:
 //     time to connect all, control-plane memory per agent, time for all to reconnect
-//     after the fabric server restarts.
+//     after the fabric server restarts gracefully, and after it is killed with SIGKILL
+//     (the server then runs in a child process of its own) and started again.
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -30,7 +33,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric/fabrictest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
@@ -299,18 +306,31 @@ func (d *benchDirectory) NodeTelemetry(context.Context, uuid.UUID, []fleet.GPUMe
 	return nil
 }
 
-func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
-	n := o.agents
+// newBenchDirectory knows n nodes whose ids follow from their index, so a fabric server
+// in another process (the SIGKILL run) authenticates the same agents as the same nodes.
+func newBenchDirectory(n int) *benchDirectory {
 	dir := &benchDirectory{ids: make([]uuid.UUID, n)}
 	for i := range dir.ids {
-		dir.ids[i] = uuid.New()
+		dir.ids[i] = uuid.NewSHA1(uuid.NameSpaceOID, []byte("gantry-bench-node-"+strconv.Itoa(i)))
 	}
-	cfg := fabric.Config{
+	return dir
+}
+
+// capacityConfig is the fabric server's configuration in the capacity runs, in this
+// process and in the server child alike.
+func capacityConfig(fx *fixture) fabric.Config {
+	return fabric.Config{
 		Addr: "127.0.0.1:0", ReplicaID: "bench", Bucket: fx.app.Config.EventsStream + "_FABRIC_CAP",
 		SubjectPrefix: strings.TrimSuffix(fx.app.Config.EventsSubjectPrefix, "events.") + "fabriccap.",
 		// Heartbeats flow during the run: fleet-scaled to at most 1000/s, at least every 5s.
 		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
 	}
+}
+
+func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
+	n := o.agents
+	dir := newBenchDirectory(n)
+	cfg := capacityConfig(fx)
 	defer func() { _ = fx.app.JS.DeleteKeyValue(context.Background(), cfg.Bucket) }()
 	deps := fabric.Deps{
 		Pool: fx.pool, SealKey: fx.app.Config.Auth.MasterKey.Derive("gantry/fabric-pki"), NATS: fx.app.NATS, JS: fx.app.JS,
@@ -389,9 +409,196 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	defer stop2()
 	tUp := time.Since(t1)
 	re := waitSessions(srv2, n, 3*time.Minute)
-	fmt.Printf("    after a fabric server restart: %d/%d reconnected in %.1fs (goal: all within 30s; stop took %.1fs, serving again after %.1fs); offline marks %d\n",
+	fmt.Printf("    after a graceful fabric server restart: %d/%d reconnected in %.1fs (goal: all within 30s; stop took %.1fs, serving again after %.1fs); offline marks %d\n",
 		re, n, time.Since(t1).Seconds(), tStop.Seconds(), tUp.Seconds(), dir.offline.Load())
+	stop2()
+	return killedRestart(ctx, fx, o, addr)
+}
+
+// killedRestart measures the reconnect after a crash: the fabric server moves to a child
+// process (the agents reconnect to it), which is killed with SIGKILL and started again
+// on the same address; the time runs from the kill until every agent is back. On QUIC
+// only the stateless reset (its key derived from the fabric CA) ends the agents' old
+// tunnels before their idle timeout (45 s); on TCP the kernel closes them.
+func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) error {
+	url := fx.pool.Config().ConnString()
+	env := append(os.Environ(), "BENCH_FABRIC_ADDR="+addr, "BENCH_FABRIC_AGENTS="+strconv.Itoa(o.agents),
+		"BENCH_FABRIC_DATABASE_URL="+url, "BENCH_FABRIC_NATS_URL="+fx.app.Config.NATSURL,
+		"BENCH_FABRIC_SEAL_KEY="+hex.EncodeToString(fx.app.Config.Auth.MasterKey.Derive("gantry/fabric-pki")),
+		"BENCH_FABRIC_BUCKET="+capacityConfig(fx).Bucket, "BENCH_FABRIC_SUBJECTS="+capacityConfig(fx).SubjectPrefix)
+	first, err := startServerChild(ctx, env, o.agents)
+	if err != nil {
+		return err
+	}
+	defer first.kill()
+	// Every agent moves over first; on a machine too loaded for all of them within the
+	// limit, the kill is measured against those that did (and says so).
+	target := o.agents
+	if _, err := first.waitAll(target, 5*time.Minute); err != nil {
+		target = first.online
+		fmt.Printf("    (only %d/%d agents on the server child before the kill: %v)\n", target, o.agents, err)
+	}
+	t0 := time.Now()
+	first.kill()
+	second, err := startServerChild(ctx, env, o.agents)
+	if err != nil {
+		return err
+	}
+	defer second.kill()
+	tUp := time.Since(t0)
+	offline, err := second.waitAll(target, 3*time.Minute)
+	back := target
+	if err != nil {
+		back = second.online
+	}
+	fmt.Printf("    after SIGKILL of the fabric server and a restart: %d/%d reconnected in %.1fs (goal: all within 30s; serving again after %.1fs); offline marks %d\n",
+		back, target, time.Since(t0).Seconds(), tUp.Seconds(), offline)
 	return nil
+}
+
+// serverChild is a fabric server in a child process (gantry-bench -fabric-server-child).
+type serverChild struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	agents int // the agents there are
+	online int // sessions on the child at its last report
+}
+
+// startServerChild starts the child and waits until it serves.
+func startServerChild(ctx context.Context, env []string, agents int) (*serverChild, error) {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-fabric-server-child")
+	cmd.Env = env
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &serverChild{cmd: cmd, lines: make(chan string, 1024), agents: agents}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+	}()
+	select {
+	case l, ok := <-c.lines:
+		if ok && l == "serving" {
+			return c, nil
+		}
+		c.kill()
+		return nil, fmt.Errorf("fabric server child: %q", l)
+	case <-time.After(2 * time.Minute):
+		c.kill()
+		return nil, errors.New("fabric server child did not start")
+	}
+}
+
+// waitAll waits for the child's report that target agents are online through it (all
+// of them: their Hellos processed; fewer: their sessions), and returns the offline marks
+// it counted.
+func (c *serverChild) waitAll(target int, limit time.Duration) (int64, error) {
+	deadline := time.After(limit)
+	for {
+		select {
+		case l, ok := <-c.lines:
+			if !ok {
+				return 0, errors.New("fabric server child exited")
+			}
+			var k int
+			var offline int64
+			if _, err := fmt.Sscanf(l, "all %d offline %d", &k, &offline); err == nil {
+				c.online = k
+				return offline, nil
+			}
+			if _, err := fmt.Sscanf(l, "online %d offline %d", &k, &offline); err == nil {
+				c.online = k
+				if k >= target && target < c.agents {
+					return offline, nil
+				}
+			}
+		case <-deadline:
+			return 0, fmt.Errorf("%d agents back after %s", c.online, limit)
+		}
+	}
+}
+
+// kill ends the child with SIGKILL (its sockets closed by the kernel, nobody told).
+func (c *serverChild) kill() {
+	if c.cmd.ProcessState != nil {
+		return
+	}
+	_ = c.cmd.Process.Kill()
+	_ = c.cmd.Wait()
+}
+
+// fabricServerChild runs a fabric server with the capacity run's configuration on
+// $BENCH_FABRIC_ADDR until it is killed. It prints "serving" once it accepts, then
+// "online <sessions> offline <marks>" whenever its session count changed (checked every
+// 100 ms) and "all <n> offline <marks>" once all $BENCH_FABRIC_AGENTS agents are online
+// through it.
+func fabricServerChild() error {
+	ctx := context.Background()
+	n, _ := strconv.Atoi(os.Getenv("BENCH_FABRIC_AGENTS"))
+	seal, err := hex.DecodeString(os.Getenv("BENCH_FABRIC_SEAL_KEY"))
+	if err != nil {
+		return err
+	}
+	pcfg, err := pgxpool.ParseConfig(os.Getenv("BENCH_FABRIC_DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	db.ConfigurePool(pcfg)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(os.Getenv("BENCH_FABRIC_NATS_URL"))
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	dir := newBenchDirectory(n)
+	cfg := fabric.Config{
+		Addr: os.Getenv("BENCH_FABRIC_ADDR"), ReplicaID: "bench", Bucket: os.Getenv("BENCH_FABRIC_BUCKET"),
+		SubjectPrefix:        os.Getenv("BENCH_FABRIC_SUBJECTS"),
+		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
+	}
+	deps := fabric.Deps{Pool: pool, SealKey: seal, NATS: nc, JS: js, Directory: dir, Log: slog.New(slog.DiscardHandler)}
+	var srv *fabric.Server
+	for range 50 { // the port was just freed: retry a moment on a conflict
+		if srv, err = fabric.New(ctx, cfg, deps); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	go func() { _ = srv.Run(ctx) }()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_ = srv.WaitPresence(wctx)
+	cancel()
+	fmt.Println("serving")
+	last := -1
+	for {
+		k := srv.LocalSessions()
+		if k >= n && onlineHere(srv) >= n {
+			fmt.Printf("all %d offline %d\n", n, dir.offline.Load())
+			select {} // until killed
+		}
+		if k != last {
+			fmt.Printf("online %d offline %d\n", k, dir.offline.Load())
+			last = k
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func liveBytes() uint64 {
@@ -400,21 +607,24 @@ func liveBytes() uint64 {
 	return m.HeapInuse + m.StackInuse
 }
 
+// onlineHere counts the nodes presence has online through srv's replica.
+func onlineHere(srv *fabric.Server) int {
+	all, _ := srv.AllPresence(context.Background())
+	online := 0
+	for _, p := range all {
+		if p.Online && p.Replica == srv.ReplicaID() {
+			online++
+		}
+	}
+	return online
+}
+
 func waitSessions(srv *fabric.Server, n int, limit time.Duration) int {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) {
-		if srv.LocalSessions() >= n {
-			// Sessions count from auth; wait for the hellos too.
-			all, _ := srv.AllPresence(context.Background())
-			online := 0
-			for _, p := range all {
-				if p.Online && p.Replica == srv.ReplicaID() {
-					online++
-				}
-			}
-			if online >= n {
-				return n
-			}
+		// Sessions count from auth; wait for the hellos too.
+		if srv.LocalSessions() >= n && onlineHere(srv) >= n {
+			return n
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -50,7 +50,15 @@ func main() {
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
 	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\" or \"allocations\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
+	serverChild := flag.Bool("fabric-server-child", false, "internal: run the fabric server that the capacity run kills with SIGKILL")
 	flag.Parse()
+	if *serverChild {
+		if err := fabricServerChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "gantry-bench server child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *child {
 		if err := fabricChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "gantry-bench child:", err)
