@@ -239,7 +239,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if a.Terminal, err = terminal.New(ctx, tc, terminal.Deps{Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Log: log,
 		Allocations: terminal.AllocationsService{Svc: a.Allocations}, Fabric: a.Fabric, NATS: a.NATS, JS: a.JS,
 		Registry: a.Metrics.Registry, RelayKey: cfg.Auth.MasterKey.Derive("gantry/terminal-relay"),
-		EventsSubjectPrefix: cfg.EventsSubjectPrefix}); err != nil {
+		EventsSubjectPrefix: cfg.EventsSubjectPrefix, Denials: a.Denials}); err != nil {
 		return nil, err
 	}
 	handlers := &server.API{
@@ -256,7 +256,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		AllocationsAPI: allocations.NewHandlers(a.Allocations, cursors),
 		TerminalAPI:    a.Terminal.Handlers(),
 		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
-		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), log),
+		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

@@ -44,15 +44,19 @@ type TokenVerifier interface {
 type Handlers struct {
 	Hub    *Hub
 	Tokens TokenVerifier
-	Log    *slog.Logger
+	// Denials audits the refusals (401, 403), which are answered here rather than by
+	// the server's error mapper (denials.go); nil audits none.
+	Denials DenialRecorder
+	Log     *slog.Logger
 }
 
-// NewHandlers serves GET /ws/notifications from hub, authenticating with tokens.
-func NewHandlers(hub *Hub, tokens TokenVerifier, log *slog.Logger) *Handlers {
+// NewHandlers serves GET /ws/notifications from hub, authenticating with tokens and
+// auditing refusals in denials.
+func NewHandlers(hub *Hub, tokens TokenVerifier, denials DenialRecorder, log *slog.Logger) *Handlers {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Handlers{Hub: hub, Tokens: tokens, Log: log}
+	return &Handlers{Hub: hub, Tokens: tokens, Denials: denials, Log: log}
 }
 
 // ConnectNotifications is only reached when StrictMiddleware is not installed: the
@@ -78,7 +82,7 @@ func (h *Handlers) StrictMiddleware(f api.StrictHandlerFunc, op string) api.Stri
 		case errors.Is(err, errAnswered):
 			return nil, nil
 		case err != nil:
-			return nil, routed(err, r.Method)
+			return nil, h.refused(w, r, err)
 		}
 		return nil, nil // upgraded: the connection is the hub's now
 	}

@@ -13,8 +13,9 @@ WHERE token_hash = sqlc.arg(token_hash) AND consumed_at IS NULL AND expires_at >
 RETURNING *;
 
 -- name: TokenState :one
--- Why a consume failed: unknown (no row), replayed (consumed_at set) or expired.
-SELECT consumed_at, expires_at FROM terminal_tokens WHERE token_hash = $1;
+-- Why a consume failed: unknown (no row), replayed (consumed_at set) or expired; and
+-- whose token it was (the refusal is audited as that user's).
+SELECT consumed_at, expires_at, user_id, tenant_id, project_id FROM terminal_tokens WHERE token_hash = $1;
 
 -- name: BurnToken :exec
 -- A token that travelled somewhere it must not (a query string) is spent unused.

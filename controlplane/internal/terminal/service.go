@@ -52,6 +52,9 @@ type Deps struct {
 	EventsSubjectPrefix string
 	// RelayClient dials other replicas (default: a plain client).
 	RelayClient *http.Client
+	// Denials audits the WebSocket operations' refusals (401, 403), which are answered
+	// here rather than by the server's error mapper (denials.go); nil audits none.
+	Denials DenialRecorder
 }
 
 // Service is the terminal feature of one replica.

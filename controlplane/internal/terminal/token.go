@@ -169,7 +169,8 @@ func (s *Service) reattachable(ctx context.Context, userID, allocationID, sessio
 // Consume spends a token presented for allocationID: exactly one of any number of
 // concurrent consumes of a token succeeds. The others, and every later one, are
 // token_invalid and counted as replays; an unused token past its expiry is
-// token_expired; a token of another allocation is spent and token_invalid.
+// token_expired; a token of another allocation is spent and token_invalid. A refusal
+// of a token this service issued says whose it was (tokenOwned), for the audit.
 func (s *Service) Consume(ctx context.Context, tok string, allocationID uuid.UUID) (Grant, error) {
 	invalid := func() error { return apierr.New(apierr.TokenInvalid, "terminal token is not valid") }
 	if !wellFormed(tok) {
@@ -188,9 +189,10 @@ func (s *Service) Consume(ctx context.Context, tok string, allocationID uuid.UUI
 		case st.ConsumedAt != nil:
 			s.metrics.replayRejected.Inc()
 			s.deps.Log.WarnContext(ctx, "terminal: replayed token refused", "allocation_id", allocationID)
-			return Grant{}, invalid()
+			return Grant{}, &tokenOwned{err: invalid(), user: st.UserID, tenant: st.TenantID, projectID: st.ProjectID}
 		default:
-			return Grant{}, apierr.New(apierr.TokenExpired, "terminal token has expired; mint a new one")
+			return Grant{}, &tokenOwned{err: apierr.New(apierr.TokenExpired, "terminal token has expired; mint a new one"),
+				user: st.UserID, tenant: st.TenantID, projectID: st.ProjectID}
 		}
 	}
 	if err != nil {
@@ -198,7 +200,7 @@ func (s *Service) Consume(ctx context.Context, tok string, allocationID uuid.UUI
 	}
 	if row.AllocationID != allocationID {
 		s.deps.Log.WarnContext(ctx, "terminal: token presented for another allocation (spent)", "allocation_id", allocationID)
-		return Grant{}, invalid()
+		return Grant{}, &tokenOwned{err: invalid(), user: row.UserID, tenant: row.TenantID, projectID: row.ProjectID}
 	}
 	s.metrics.consumedOK.Inc()
 	return Grant{

@@ -61,7 +61,7 @@ func (s *Service) StrictMiddleware(f api.StrictHandlerFunc, operationID string) 
 		return func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error) {
 			req, _ := request.(api.OpenTerminalRequestObject)
 			if err := s.openTerminal(ctx, w, r, req.AllocationID); err != nil {
-				return nil, withRoute(err, RouteTerminal, r.Method)
+				return nil, s.refused(w, r, terminalEndpoint, err)
 			}
 			return nil, nil
 		}
@@ -69,7 +69,7 @@ func (s *Service) StrictMiddleware(f api.StrictHandlerFunc, operationID string) 
 		return func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error) {
 			req, _ := request.(api.RelayTerminalRequestObject)
 			if err := s.serveRelay(ctx, w, r, req.AllocationID); err != nil {
-				return nil, withRoute(err, RouteRelay, r.Method)
+				return nil, s.refused(w, r, relayEndpoint, err)
 			}
 			return nil, nil
 		}
@@ -78,7 +78,7 @@ func (s *Service) StrictMiddleware(f api.StrictHandlerFunc, operationID string) 
 }
 
 // withRoute adds the route and method to a pre-upgrade error (seed §7.1 rule 2).
-func withRoute(err error, route, method string) error {
+func withRoute(err error, route, method string) *apierr.Error {
 	e, ok := apierr.As(err)
 	if !ok {
 		e = apierr.Internal(err)

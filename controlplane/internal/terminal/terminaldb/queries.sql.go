@@ -341,18 +341,28 @@ func (q *Queries) SetSessionState(ctx context.Context, arg SetSessionStateParams
 }
 
 const tokenState = `-- name: TokenState :one
-SELECT consumed_at, expires_at FROM terminal_tokens WHERE token_hash = $1
+SELECT consumed_at, expires_at, user_id, tenant_id, project_id FROM terminal_tokens WHERE token_hash = $1
 `
 
 type TokenStateRow struct {
 	ConsumedAt *time.Time
 	ExpiresAt  time.Time
+	UserID     uuid.UUID
+	TenantID   uuid.UUID
+	ProjectID  uuid.UUID
 }
 
-// Why a consume failed: unknown (no row), replayed (consumed_at set) or expired.
+// Why a consume failed: unknown (no row), replayed (consumed_at set) or expired; and
+// whose token it was (the refusal is audited as that user's).
 func (q *Queries) TokenState(ctx context.Context, tokenHash []byte) (TokenStateRow, error) {
 	row := q.db.QueryRow(ctx, tokenState, tokenHash)
 	var i TokenStateRow
-	err := row.Scan(&i.ConsumedAt, &i.ExpiresAt)
+	err := row.Scan(
+		&i.ConsumedAt,
+		&i.ExpiresAt,
+		&i.UserID,
+		&i.TenantID,
+		&i.ProjectID,
+	)
 	return i, err
 }

@@ -1,0 +1,89 @@
+package notifications
+
+import (
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/shared/apierr"
+	"github.com/gantry-gpu/gantry/shared/correlation"
+)
+
+// DenialRecorder is where the refusals (401, 403) of GET /ws/notifications are audited:
+// *audit.Denials, which aggregates them per actor, operation and code per window in
+// memory and never makes a request wait on the database.
+type DenialRecorder interface {
+	Observe(audit.Denial)
+}
+
+// Realm is the realm of the bearer challenge of a 401 (the API's one realm).
+const Realm = "gantry"
+
+// contractOperationID is the contract's id of the operation (audit metadata).
+const contractOperationID = "connectNotifications"
+
+var envelopes = apierr.Writer{Service: "gantry-controlplane"}
+
+// refused answers a pre-upgrade error. A denial (401, 403) is answered here, so that its
+// challenge can say whether a token came in a subprotocol, which the server's error
+// mapper cannot see, and it is audited exactly once (the mapper never sees it). Every
+// refusal comes before the token is verified, so the actor is the client address. Every
+// other error goes back to the strict server and so through the mapper.
+func (h *Handlers) refused(w http.ResponseWriter, r *http.Request, err error) error {
+	err = routed(err, r.Method)
+	e, _ := apierr.As(err) // routed always gives an *apierr.Error
+	status := e.HTTPStatus()
+	if status != http.StatusUnauthorized && status != http.StatusForbidden {
+		return err
+	}
+	if status == http.StatusUnauthorized {
+		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
+		h.Log.WarnContext(r.Context(), "authentication failed", "code", e.Code, "method", r.Method, "route", Route)
+		w.Header().Set("WWW-Authenticate", challenge(presented(r)))
+	}
+	if h.Denials != nil {
+		h.Denials.Observe(audit.Denial{
+			ActorType: audit.ActorUser, IP: remoteIP(r), Method: r.Method, Route: Route, OperationID: contractOperationID,
+			Code: string(e.Code), Status: status, CorrelationID: correlation.ID(r.Context()),
+		})
+	}
+	envelopes.Write(w, r, err)
+	return nil
+}
+
+// challenge is the WWW-Authenticate value of a 401 (RFC 6750 §3): error="invalid_token"
+// only when a credential was presented.
+func challenge(presented bool) string {
+	if presented {
+		return `Bearer realm="` + Realm + `", error="invalid_token"`
+	}
+	return `Bearer realm="` + Realm + `"`
+}
+
+// presented: the request carried an access token, in Authorization or in a
+// gantry.bearer.<token> subprotocol.
+func presented(r *http.Request) bool {
+	for _, v := range r.Header.Values("Authorization") {
+		scheme, _, _ := strings.Cut(strings.TrimSpace(v), " ")
+		if strings.EqualFold(scheme, "Bearer") {
+			return true
+		}
+	}
+	for _, p := range tokens(r.Header, "Sec-WebSocket-Protocol") {
+		if strings.HasPrefix(p, BearerProtocolPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// remoteIP is the peer address, as the server's rate limiter and denial audit key it
+// (no proxy header is trusted).
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
