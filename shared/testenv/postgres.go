@@ -104,12 +104,19 @@ type Template struct {
 	// Configure, if set, adjusts the config of pools NewDatabase opens on the
 	// template's clones, as the program configures its own (types it registers).
 	Configure func(*pgxpool.Config)
+	// AppRole, when set, is the role NewDatabase and DatabaseURL log in as: the
+	// program's own database role, which Migrate creates and grants (it must be able
+	// to log in without a password, as trust authentication on loopback allows, or
+	// with TEST_APP_DATABASE_PASSWORD). Tests then run as the program does in
+	// production, not as the owner of the schema; OwnerURL gives the owner. Empty:
+	// the admin URL's role.
+	AppRole string
 }
 
 // NewDatabase creates a private database cloned from tmpl (migrating the
 // template first if no process has yet) and returns a pool on it. The pool is
 // closed and the database dropped when the test ends. The database's URL is
-// pool.Config().ConnString().
+// pool.Config().ConnString(); the pool logs in as tmpl.AppRole when it is set.
 func NewDatabase(t testing.TB, tmpl Template) *pgxpool.Pool {
 	t.Helper()
 	u := DatabaseURL(t, tmpl)
@@ -163,7 +170,23 @@ func DatabaseURL(t testing.TB, tmpl Template) string {
 		t.Fatalf("testenv: %s: %v", create, err)
 	}
 	t.Cleanup(func() { dropDatabase(t, admin, name) })
-	return withDatabase(admin, name)
+	u := withDatabase(admin, name)
+	if tmpl.AppRole != "" {
+		u = withUser(u, tmpl.AppRole, os.Getenv("TEST_APP_DATABASE_PASSWORD"))
+	}
+	return u
+}
+
+// OwnerURL is the URL of the test database dbURL (from NewDatabase or DatabaseURL)
+// logged in as the admin URL's role, which owns the schema: for tests that must do
+// what the program's role may not.
+func OwnerURL(t testing.TB, dbURL string) string {
+	t.Helper()
+	pu, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("testenv: %q is not a URL", dbURL)
+	}
+	return withDatabase(PostgresURL(t), strings.TrimPrefix(pu.Path, "/"))
 }
 
 func dropDatabase(t testing.TB, admin, name string) {
@@ -284,6 +307,20 @@ func VersionOf(fsys fs.FS) (string, error) {
 }
 
 func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+// withUser returns the URL u logging in as user (with password, when not empty).
+func withUser(u, user, password string) string {
+	pu, err := url.Parse(u)
+	if err != nil {
+		panic(fmt.Sprintf("testenv: PostgreSQL URL %q is not a URL", u))
+	}
+	if password != "" {
+		pu.User = url.UserPassword(user, password)
+	} else {
+		pu.User = url.User(user)
+	}
+	return pu.String()
+}
 
 // withDatabase returns the URL u naming database db instead.
 func withDatabase(u, db string) string {

@@ -25,11 +25,13 @@ func newDevCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the control plane on embedded defaults, seeded with an admin and a demo tenant (make dev)",
-		Long: `dev runs the control plane with nothing to set up by hand: PostgreSQL from DATABASE_URL,
-else the local server on 127.0.0.1:5432 (database gantry_dev), else a throwaway cluster
-under --dir; NATS from NATS_URL, else an embedded nats-server with JetStream. It applies
-the migrations, seeds a platform admin, a demo tenant, user and project, writes
-<dir>/dev.env with the URL and the logins, and runs until Ctrl-C.`,
+		Long: `dev runs the control plane with nothing to set up by hand: PostgreSQL from
+GANTRY_MIGRATE_DATABASE_URL or DATABASE_URL (the schema owner's), else the local server on
+127.0.0.1:5432 (database gantry_dev), else a throwaway cluster under --dir; NATS from
+NATS_URL, else an embedded nats-server with JetStream. It applies the migrations as the
+owner and runs the control plane as the application's database role (gantry_app), seeds a
+platform admin, a demo tenant, user and project, writes <dir>/dev.env with the URLs and the
+logins, and runs until Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runDev(cmd.Context(), dir, cmd.OutOrStdout(), cmd.ErrOrStderr())
@@ -114,6 +116,7 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 		{Key: "GANTRY_DEMO_PASSWORD", Value: env.Secrets.DemoPassword},
 		{Key: "GANTRY_DEMO_PROJECT_ID", Value: seeded.ProjectID.String()},
 		{Key: "DATABASE_URL", Value: env.DatabaseURL},
+		{Key: "GANTRY_MIGRATE_DATABASE_URL", Value: env.MigrateDatabaseURL},
 		{Key: "NATS_URL", Value: env.NATSURL},
 		{Key: "GANTRY_LOGGATEWAY_URL", Value: "http://" + gatewayAddr},
 	})
@@ -158,7 +161,7 @@ func interrupted(ctx context.Context, err error) error {
 func printBanner(w io.Writer, url, envFile string, env *devenv.Env, sshPub string) {
 	fmt.Fprintf(w, `
 Gantry control plane (dev) is running at %s
-  PostgreSQL: %s
+  PostgreSQL: %s, as role %s (migrated as the owner)
   NATS:       %s
   Logins and URLs are in %s (secrets kept in %s).
 
@@ -181,7 +184,7 @@ the dev node agent (mock H100s) shows up in fleet telemetry:
 Node logs shipped through the log gateway ($GANTRY_LOGGATEWAY_URL) land in %s.
 Ctrl-C stops everything.
 
-`, url, env.Postgres, env.NATS, envFile, filepath.Join(filepath.Dir(envFile), devenv.SecretsFile),
+`, url, env.Postgres, env.AppRole, env.NATS, envFile, filepath.Join(filepath.Dir(envFile), devenv.SecretsFile),
 		devenv.DemoTenantName, envFile, sshPub, filepath.Join(filepath.Dir(envFile), "logs", "nodes.log"))
 }
 

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/app"
@@ -63,6 +65,9 @@ func serve(ctx context.Context, cfg app.Config, log *slog.Logger) error {
 		return err
 	}
 	defer a.Close()
+	if err := checkDatabaseRole(ctx, a.Pool, cfg.AllowPrivilegedDatabaseRole, log); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
@@ -71,19 +76,41 @@ func serve(ctx context.Context, cfg app.Config, log *slog.Logger) error {
 	return a.Run(ctx, ln)
 }
 
+// checkDatabaseRole refuses to serve as a database role that could switch the
+// append-only tables' triggers off — their owner, a superuser (docs/development.md,
+// "Database roles") — unless allowed, and then says so in the log.
+func checkDatabaseRole(ctx context.Context, pool *pgxpool.Pool, allow bool, log *slog.Logger) error {
+	role, err := db.CheckSessionRole(ctx, pool)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, db.ErrPrivilegedRole) || !allow {
+		return fmt.Errorf("DATABASE_URL logs in as %q: %w; log in as the application role that migrate grants (GANTRY_APP_DATABASE_ROLE) and migrate with the owner's GANTRY_MIGRATE_DATABASE_URL", role, err)
+	}
+	log.Warn("running as a database role that can bypass the append-only tables (GANTRY_ALLOW_PRIVILEGED_DATABASE_ROLE)", "role", role, "err", err)
+	return nil
+}
+
 func newMigrateCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
-		Short: "Apply database migrations to DATABASE_URL and exit",
+		Short: "Apply database migrations as the schema owner (GANTRY_MIGRATE_DATABASE_URL, else DATABASE_URL) and grant the application role",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			url := os.Getenv("DATABASE_URL")
+			url := os.Getenv("GANTRY_MIGRATE_DATABASE_URL")
 			if url == "" {
-				return fmt.Errorf("DATABASE_URL must be set")
+				url = os.Getenv("DATABASE_URL")
 			}
-			if err := db.Migrate(cmd.Context(), url); err != nil {
+			if url == "" {
+				return fmt.Errorf("GANTRY_MIGRATE_DATABASE_URL (the schema owner's) or DATABASE_URL must be set")
+			}
+			role := os.Getenv("GANTRY_APP_DATABASE_ROLE")
+			if role == "" {
+				role = db.AppRole
+			}
+			if err := db.MigrateFor(cmd.Context(), url, role); err != nil {
 				return err
 			}
-			fmt.Println("migrations applied; schema", db.SchemaVersion())
+			fmt.Println("migrations applied; schema", db.SchemaVersion(), "; application role", role)
 			return nil
 		},
 	}

@@ -29,7 +29,7 @@ import (
 )
 
 // Template is the migrated template every test database is cloned from.
-var Template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool}
+var Template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole}
 
 // Env is one running control plane.
 type Env struct {
@@ -49,6 +49,12 @@ type Option func(*app.Config, *app.Options)
 func New(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	pool := testenv.NewDatabase(t, Template)
+	// The control plane runs as the application's database role, as in production
+	// (docs/development.md, "Database roles"): every suite built on this env proves the
+	// application works with that role's privileges alone.
+	if role, err := db.CheckSessionRole(context.Background(), pool); err != nil || role != db.AppRole {
+		t.Fatalf("apitest: the test database pool logs in as %q: %v", role, err)
+	}
 	ns := testenv.Namespace(t)
 	authCfg := auth.DefaultConfig()
 	authCfg.MasterKey = auth.DevMasterKey()

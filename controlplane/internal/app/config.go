@@ -22,9 +22,19 @@ import (
 // Config is the control plane's configuration, read from the environment. Every field
 // has a default that works for `make dev`; README lists them.
 type Config struct {
-	HTTPAddr    string `env:"GANTRY_HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	HTTPAddr string `env:"GANTRY_HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	// DatabaseURL logs in as the application's database role, which owns nothing and
+	// cannot bypass the append-only tables' triggers (docs/development.md, "Database
+	// roles"); serve refuses another unless AllowPrivilegedDatabaseRole.
 	DatabaseURL string `env:"DATABASE_URL"`
-	NATSURL     string `env:"NATS_URL"`
+	// MigrateDatabaseURL is the schema owner's, for migrate (DATABASE_URL when empty).
+	MigrateDatabaseURL string `env:"GANTRY_MIGRATE_DATABASE_URL"`
+	// AppDatabaseRole is the role migrate creates (when missing) and grants to.
+	AppDatabaseRole string `env:"GANTRY_APP_DATABASE_ROLE" envDefault:"gantry_app"`
+	// AllowPrivilegedDatabaseRole lets serve run as a role that could bypass the
+	// append-only guarantee (the owner, a superuser): an escape hatch, not a setup.
+	AllowPrivilegedDatabaseRole bool   `env:"GANTRY_ALLOW_PRIVILEGED_DATABASE_ROLE"`
+	NATSURL                     string `env:"NATS_URL"`
 	// RedisURL, when set, makes rate-limit counters shared across replicas.
 	RedisURL string `env:"REDIS_URL"`
 	LogLevel string `env:"GANTRY_LOG_LEVEL" envDefault:"info"`

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
@@ -28,6 +29,13 @@ func TestAuditIsAppendOnlyInTheDatabase(t *testing.T) {
 	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM audit_events`).Scan(&n); err != nil || n == 0 {
 		t.Fatalf("no audit rows: %d %v", n, err)
 	}
+	// Twice over: the application's role (e.Pool) has no UPDATE, DELETE or TRUNCATE on
+	// the table, and even the owner, who has, is refused by the trigger.
+	owner, err := pgx.Connect(ctx, testenv.OwnerURL(t, e.Pool.Config().ConnString()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
 	for _, stmt := range []string{
 		`UPDATE audit_events SET action = 'tampered'`,
 		`DELETE FROM audit_events`,
@@ -35,11 +43,15 @@ func TestAuditIsAppendOnlyInTheDatabase(t *testing.T) {
 	} {
 		_, err := e.Pool.Exec(ctx, stmt)
 		var pgErr *pgconn.PgError
+		if ok := errorAs(err, &pgErr); !ok || pgErr.Code != "42501" || !strings.Contains(err.Error(), "permission denied") {
+			t.Fatalf("%s as the application role: %v, want 42501 permission denied", stmt, err)
+		}
+		_, err = owner.Exec(ctx, stmt)
 		if err == nil || !strings.Contains(err.Error(), "append-only") {
-			t.Fatalf("%s: err %v", stmt, err)
+			t.Fatalf("%s as the owner: err %v", stmt, err)
 		}
 		if ok := errorAs(err, &pgErr); !ok || pgErr.Code != "42501" {
-			t.Fatalf("%s: code %v", stmt, err)
+			t.Fatalf("%s as the owner: code %v", stmt, err)
 		}
 	}
 	var after int

@@ -43,7 +43,7 @@ func testMasterKey(b byte) MasterKey {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool})
+	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole})
 	return newReplica(t, pool, clock.NewManual(t0))
 }
 

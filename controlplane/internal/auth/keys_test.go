@@ -221,7 +221,7 @@ func TestSigningKeyEncryptedAtRest(t *testing.T) {
 }
 
 func TestSigningRefusesWithoutActiveKey(t *testing.T) {
-	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool})
+	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole})
 	cfg := DefaultConfig()
 	cfg.MasterKey = testMasterKey(1)
 	keys, err := NewKeyring(pool, cfg, clock.NewManual(t0), ids.V7{})

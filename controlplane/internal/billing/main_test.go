@@ -31,7 +31,7 @@ var t0 = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool})
+	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole})
 	clk := clock.NewManual(t0)
 	return &fixture{t: t, ctx: context.Background(), pool: pool, clock: clk,
 		svc: New(pool, clk, ids.V7{}, Config{MinRunway: time.Hour, RunwayFloor: 10 * time.Minute})}

@@ -81,7 +81,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool})
+	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole})
 	clk := clock.NewManual(t0)
 	ten := tenancy.New(pool, clk, ids.V7{}, func(pw string) (string, error) { return "test$" + pw, nil })
 	f := &fixture{t: t, pool: pool, clk: clk, spend: &fakeSpend{}, tenancy: ten}

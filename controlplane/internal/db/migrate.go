@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"sort"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 )
@@ -17,8 +18,26 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// Migrate applies every pending migration to the database at url.
+// Migrate applies every pending migration to the database at url, logged in as the
+// schema's owner, and grants the application role AppRole what it needs (GrantApp).
 func Migrate(ctx context.Context, url string) error {
+	return MigrateFor(ctx, url, AppRole)
+}
+
+// MigrateFor is Migrate granting to appRole (GANTRY_APP_DATABASE_ROLE).
+func MigrateFor(ctx context.Context, url, appRole string) error {
+	if err := migrateSchema(ctx, url); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return fmt.Errorf("connect to grant the app role: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return GrantApp(ctx, conn, appRole)
+}
+
+func migrateSchema(ctx context.Context, url string) error {
 	sqlDB, err := sql.Open("pgx", url)
 	if err != nil {
 		return fmt.Errorf("open for migrate: %w", err)
@@ -38,8 +57,8 @@ func Migrate(ctx context.Context, url string) error {
 	return nil
 }
 
-// SchemaVersion is a hash of every migration file, so test templates are rebuilt exactly
-// when the schema changes.
+// SchemaVersion is a hash of every migration file and of what GrantApp grants, so test
+// templates are rebuilt exactly when the schema or its privileges change.
 func SchemaVersion() string {
 	entries, _ := fs.ReadDir(migrations, "migrations")
 	names := make([]string, 0, len(entries))
@@ -53,6 +72,7 @@ func SchemaVersion() string {
 		h.Write([]byte(n))
 		h.Write(b)
 	}
+	h.Write([]byte(grantsRevision))
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 

@@ -13,7 +13,9 @@ import (
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
-var template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool}
+// template hands its databases out as the application's role, as the control plane runs
+// in production.
+var template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole}
 
 // The pool's connections encode and scan google/uuid values with the registered codec,
 // not through database/sql's Valuer and Scanner (what pgx does by itself).

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
@@ -23,6 +24,10 @@ type Options struct {
 	Dir string
 	// DatabaseURL overrides the DATABASE_URL environment variable.
 	DatabaseURL string
+	// MigrateDatabaseURL overrides GANTRY_MIGRATE_DATABASE_URL.
+	MigrateDatabaseURL string
+	// AppRole overrides GANTRY_APP_DATABASE_ROLE (db.AppRole when both are empty).
+	AppRole string
 	// NATSURL overrides the NATS_URL environment variable.
 	NATSURL string
 	// MasterKey overrides the GANTRY_MASTER_KEY environment variable; when both are
@@ -37,9 +42,15 @@ type Options struct {
 
 // Env is a resolved development environment.
 type Env struct {
-	Dir         string // absolute
+	Dir string // absolute
+	// DatabaseURL is what the control plane logs in with: the application's database
+	// role (docs/development.md, "Database roles").
 	DatabaseURL string
-	NATSURL     string
+	// MigrateDatabaseURL is the owner's: it ran the migrations.
+	MigrateDatabaseURL string
+	// AppRole is the application's database role.
+	AppRole string
+	NATSURL string
 	// Postgres and NATS say where each came from, for the console.
 	Postgres string
 	NATS     string
@@ -94,8 +105,12 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := db.Migrate(ctx, e.DatabaseURL); err != nil {
+	e.AppRole = firstNonEmpty(opts.AppRole, os.Getenv("GANTRY_APP_DATABASE_ROLE"), db.AppRole)
+	if err := db.MigrateFor(ctx, e.MigrateDatabaseURL, e.AppRole); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", e.Postgres, err)
+	}
+	if err := e.resolveAppURL(ctx, opts); err != nil {
+		return nil, err
 	}
 	if err := e.checkSigningKeys(ctx, ownDB, note); err != nil {
 		return nil, err
@@ -142,6 +157,7 @@ func (e *Env) resolveNATS(opts Options, note func(string, ...any)) error {
 // new) and the database is make dev's own, the unreadable key is retired so the control
 // plane mints a new one; tokens it signed stop verifying, which in development is fine.
 // On a database named by DATABASE_URL nothing is changed and the mismatch is an error.
+// It runs as the owner (a repair, not the application's work).
 func (e *Env) checkSigningKeys(ctx context.Context, ownDB bool, note func(string, ...any)) error {
 	mk, err := auth.ParseMasterKey(e.MasterKey)
 	if err != nil {
@@ -149,7 +165,7 @@ func (e *Env) checkSigningKeys(ctx context.Context, ownDB bool, note func(string
 	}
 	cfg := auth.DefaultConfig()
 	cfg.MasterKey = mk
-	pcfg, err := pgxpool.ParseConfig(e.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(e.MigrateDatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -174,6 +190,33 @@ func (e *Env) checkSigningKeys(ctx context.Context, ownDB bool, note func(string
 		return fmt.Errorf("retire unreadable signing key: %w", err)
 	}
 	note("the active signing key was encrypted with another master key (was secrets.env deleted?): retired it; a new one is created")
+	return nil
+}
+
+// resolveAppURL sets DatabaseURL, the application role's: DATABASE_URL when the owner's
+// came from GANTRY_MIGRATE_DATABASE_URL (production's pair of URLs); else the owner's
+// URL logging in as the role without a password (trust authentication, as the local
+// server and the throwaway cluster have). It checks that the URL logs in as a role that
+// cannot bypass the append-only tables' triggers.
+func (e *Env) resolveAppURL(ctx context.Context, opts Options) error {
+	if firstNonEmpty(opts.MigrateDatabaseURL, os.Getenv("GANTRY_MIGRATE_DATABASE_URL")) != "" {
+		e.DatabaseURL = firstNonEmpty(opts.DatabaseURL, os.Getenv("DATABASE_URL"))
+	}
+	if e.DatabaseURL == "" {
+		u, err := db.AppURL(e.MigrateDatabaseURL, e.AppRole)
+		if err != nil {
+			return err
+		}
+		e.DatabaseURL = u
+	}
+	conn, err := pgx.Connect(ctx, e.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("log in as the application role %s: %w", e.AppRole, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := db.CheckSessionRole(ctx, conn); err != nil {
+		return fmt.Errorf("the control plane's database URL: %w", err)
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package devenv_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,8 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool}
+// The seed runs through the control plane's pool, so as the application's database role.
+var template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole}
 
 const (
 	adminPW = "admin-password-one"
@@ -230,14 +232,27 @@ func TestEnvFileRoundTrip(t *testing.T) {
 func TestStartWithDatabaseURLAndEmbeddedNATS(t *testing.T) {
 	t.Setenv("NATS_URL", "")
 	t.Setenv("GANTRY_MASTER_KEY", "")
-	url := testenv.DatabaseURL(t, template)
+	t.Setenv("GANTRY_MIGRATE_DATABASE_URL", "")
+	t.Setenv("GANTRY_APP_DATABASE_ROLE", "")
+	// DATABASE_URL alone names the owner: dev migrates with it and runs the control
+	// plane as the application role on the same database.
+	url := testenv.OwnerURL(t, testenv.DatabaseURL(t, template))
 	dir := filepath.Join(t.TempDir(), "dev")
 	env, err := devenv.Start(context.Background(), devenv.Options{Dir: dir, DatabaseURL: url})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if env.DatabaseURL != url || env.Postgres != "DATABASE_URL" {
-		t.Fatalf("postgres: %q (%s)", env.DatabaseURL, env.Postgres)
+	appURL, _ := db.AppURL(url, db.AppRole)
+	if env.MigrateDatabaseURL != url || env.DatabaseURL != appURL || env.AppRole != db.AppRole || env.Postgres != "DATABASE_URL" {
+		t.Fatalf("postgres: app %q, owner %q (%s)", env.DatabaseURL, env.MigrateDatabaseURL, env.Postgres)
+	}
+	appPool, err := pgxpool.New(context.Background(), env.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appPool.Close()
+	if role, err := db.CheckSessionRole(context.Background(), appPool); err != nil || role != db.AppRole {
+		t.Fatalf("the control plane would log in as %q: %v", role, err)
 	}
 	if !natsenv.HasJetStream(env.NATSURL) {
 		t.Fatalf("embedded NATS at %s has no JetStream", env.NATSURL)
@@ -286,5 +301,30 @@ func TestStartWithDatabaseURLAndEmbeddedNATS(t *testing.T) {
 	}
 	if err := again.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Production's pair of URLs: GANTRY_MIGRATE_DATABASE_URL is the owner's, DATABASE_URL the
+// application role's; a DATABASE_URL that logs in as the owner is refused.
+func TestStartWithTwoDatabaseURLs(t *testing.T) {
+	t.Setenv("NATS_URL", "")
+	t.Setenv("GANTRY_MASTER_KEY", "")
+	t.Setenv("GANTRY_APP_DATABASE_ROLE", "")
+	appURL := testenv.DatabaseURL(t, template)
+	owner := testenv.OwnerURL(t, appURL)
+	dir := filepath.Join(t.TempDir(), "dev")
+	env, err := devenv.Start(context.Background(), devenv.Options{Dir: dir, DatabaseURL: appURL, MigrateDatabaseURL: owner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.DatabaseURL != appURL || env.MigrateDatabaseURL != owner || env.Postgres != "GANTRY_MIGRATE_DATABASE_URL" {
+		t.Fatalf("postgres: app %q, owner %q (%s)", env.DatabaseURL, env.MigrateDatabaseURL, env.Postgres)
+	}
+	if err := env.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = devenv.Start(context.Background(), devenv.Options{Dir: dir, DatabaseURL: owner, MigrateDatabaseURL: owner})
+	if !errors.Is(err, db.ErrPrivilegedRole) {
+		t.Fatalf("the owner as the control plane's role: %v, want ErrPrivilegedRole", err)
 	}
 }

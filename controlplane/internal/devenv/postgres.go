@@ -26,20 +26,27 @@ const DevDatabase = "gantry_dev"
 // <dir>/pg.
 const FallbackClusterDir = "/tmp/gantry-dev-pg"
 
-// resolvePostgres sets DatabaseURL: DATABASE_URL when set; else the local server (database
-// gantry_dev); else a throwaway cluster. ownDB reports whether the database is make
-// dev's own (not named by DATABASE_URL).
+// resolvePostgres sets MigrateDatabaseURL, the owner's: GANTRY_MIGRATE_DATABASE_URL when
+// set, else DATABASE_URL; else the local server (database gantry_dev); else a throwaway
+// cluster. ownDB reports whether the database is make dev's own (not named by a URL).
 func (e *Env) resolvePostgres(ctx context.Context, opts Options, note func(string, ...any)) (ownDB bool, err error) {
+	if u := firstNonEmpty(opts.MigrateDatabaseURL, os.Getenv("GANTRY_MIGRATE_DATABASE_URL")); u != "" {
+		if err := pgcluster.Ping(ctx, u); err != nil {
+			return false, fmt.Errorf("GANTRY_MIGRATE_DATABASE_URL is set but does not answer: %w", err)
+		}
+		e.MigrateDatabaseURL, e.Postgres = u, "GANTRY_MIGRATE_DATABASE_URL"
+		return false, nil
+	}
 	if u := firstNonEmpty(opts.DatabaseURL, os.Getenv("DATABASE_URL")); u != "" {
 		if err := pgcluster.Ping(ctx, u); err != nil {
 			return false, fmt.Errorf("DATABASE_URL is set but does not answer: %w", err)
 		}
-		e.DatabaseURL, e.Postgres = u, "DATABASE_URL"
+		e.MigrateDatabaseURL, e.Postgres = u, "DATABASE_URL"
 		return false, nil
 	}
 	local := firstNonEmpty(opts.LocalPostgresURL, pgcluster.DefaultURL)
 	if u, ok := pgcluster.Discover(ctx, local); ok {
-		if e.DatabaseURL, err = ensureDatabase(ctx, u, DevDatabase); err != nil {
+		if e.MigrateDatabaseURL, err = ensureDatabase(ctx, u, DevDatabase); err != nil {
 			return false, err
 		}
 		e.Postgres = fmt.Sprintf("local server %s, database %s", hostOf(u), DevDatabase)
@@ -61,7 +68,7 @@ func (e *Env) resolvePostgres(ctx context.Context, opts Options, note func(strin
 		return false, fmt.Errorf("no PostgreSQL: DATABASE_URL is not set, nothing answers at %s, and a throwaway cluster could not start: %w", hostOf(local), err)
 	}
 	e.closers = append(e.closers, c.Stop)
-	if e.DatabaseURL, err = ensureDatabase(ctx, c.URL(), DevDatabase); err != nil {
+	if e.MigrateDatabaseURL, err = ensureDatabase(ctx, c.URL(), DevDatabase); err != nil {
 		return false, err
 	}
 	e.Postgres = fmt.Sprintf("throwaway cluster in %s (127.0.0.1:%d, database %s)", e.rel(c.Dir()), c.Port(), DevDatabase)

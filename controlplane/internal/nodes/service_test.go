@@ -84,7 +84,7 @@ type fixture struct {
 
 func setup(t testing.TB) *fixture {
 	t.Helper()
-	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool})
+	pool := testenv.NewDatabase(t, testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole})
 	clk := clock.NewManual(t0)
 	f := &fixture{pool: pool, clk: clk, dialer: &fakeDialer{}, disc: &disconnects{}}
 	pr := probe.New(probe.Policy{}, time.Second)

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 var (
 	t0       = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool}
+	template = testenv.Template{Name: "controlplane", Version: db.SchemaVersion(), Migrate: db.Migrate, Configure: db.ConfigurePool, AppRole: db.AppRole}
 )
 
 const (
