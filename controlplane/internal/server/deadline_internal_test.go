@@ -1,0 +1,46 @@
+package server
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
+)
+
+// Every operation gets the request deadline except the WebSocket ones (those the
+// contract answers 101), whose request lives as long as the session.
+func TestDeadlinesSpareOnlyWebSockets(t *testing.T) {
+	c := contract.MustLoad()
+	d := newDeadlines(c, 3*time.Second)
+	var streaming []string
+	for _, op := range c.Ops() {
+		ctx, cancel := d.apply(context.Background(), op)
+		_, has := ctx.Deadline()
+		cancel()
+		if !has {
+			streaming = append(streaming, op.Method+" "+op.Path)
+		}
+	}
+	sort.Strings(streaming)
+	want := []string{"GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /ws/notifications", "GET /ws/terminal/{allocation_id}"}
+	if len(streaming) != len(want) {
+		t.Fatalf("operations without a deadline: %v, want %v", streaming, want)
+	}
+	for i := range want {
+		if streaming[i] != want[i] {
+			t.Fatalf("operations without a deadline: %v, want %v", streaming, want)
+		}
+	}
+	if off := newDeadlines(c, -1); len(c.Ops()) > 0 {
+		ctx, cancel := off.apply(context.Background(), c.Ops()[0])
+		defer cancel()
+		if _, has := ctx.Deadline(); has {
+			t.Fatal("a negative timeout still set a deadline")
+		}
+	}
+	if newDeadlines(c, 0).timeout != DefaultRequestTimeout {
+		t.Fatal("zero is not the default")
+	}
+}
