@@ -108,6 +108,11 @@ func (s *Service) cleanupReported(ctx context.Context, nodeID uuid.UUID, task al
 // Welcome and are recorded by TaskResult. Without a workload list (an agent with no
 // runtime) absence proves nothing and only the first rule applies.
 func (s *Service) Reconcile(ctx context.Context, nodeID uuid.UUID, h *fabricv1.Hello) error {
+	if !h.GetWorkloadsReported() && len(h.GetWorkloads()) == 0 {
+		// Nothing held is reported and absence proves nothing: no rule applies, and a
+		// fleet of such agents reconnecting at once costs the database nothing.
+		return nil
+	}
 	held := map[uuid.UUID]string{}
 	heldIDs := make([]uuid.UUID, 0, len(h.GetWorkloads()))
 	for _, w := range h.GetWorkloads() {
