@@ -20,6 +20,7 @@ test:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime 10s ./shared/fabricnet
 	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime 5s ./shared/termproto
 	$(GO) test -run '^$$' -fuzz '^FuzzWriteData$$' -fuzztime 5s ./shared/termproto
+	$(GO) test -run '^$$' -fuzz '^FuzzParseClientFrame$$' -fuzztime 5s ./controlplane/internal/terminal
 	$(GO) test -run '^$$' -fuzz '^FuzzPushDecode$$' -fuzztime 5s ./loggateway/gateway
 	$(GO) test -run '^$$' -fuzz '^FuzzCursorDecode$$' -fuzztime 5s ./controlplane/internal/pagination
 	$(GO) test -run '^$$' -fuzz '^FuzzCursorTamper$$' -fuzztime 5s ./controlplane/internal/pagination

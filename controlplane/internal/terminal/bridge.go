@@ -2,7 +2,6 @@ package terminal
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -256,17 +255,13 @@ func (b *bridge) fromClient(ctx context.Context) {
 // control handles one text frame from the browser; a bad one is answered with an error
 // frame and the session goes on.
 func (b *bridge) control(ctx context.Context, p []byte) bool {
-	var f clientFrame
-	if err := json.Unmarshal(p, &f); err != nil {
-		b.sendError(ctx, apierr.New(apierr.InvalidRequest, "a text frame must be a JSON control message").With("reason", "bad_control_frame"))
+	f, err := parseClientFrame(p)
+	if err != nil {
+		b.sendError(ctx, err)
 		return true
 	}
 	switch f.Type {
 	case frameResize:
-		if f.Cols < minSize || f.Cols > maxSize || f.Rows < minSize || f.Rows > maxSize {
-			b.sendError(ctx, apierr.Validation("cols", "cols and rows must be between %d and %d", minSize, maxSize))
-			return true
-		}
 		err := b.toAgent(func() error {
 			return termproto.WriteControl(b.st, termproto.Control{Type: termproto.TypeResize, Cols: uint16(f.Cols), Rows: uint16(f.Rows)})
 		})
@@ -276,8 +271,6 @@ func (b *bridge) control(ctx context.Context, p []byte) bool {
 		}
 	case framePing:
 		return b.write(ctx, websocket.MessageText, marshal(pongFrame{Type: framePong}))
-	default:
-		b.sendError(ctx, apierr.New(apierr.InvalidRequest, "unknown control message type").With("reason", "bad_control_frame"))
 	}
 	return true
 }

@@ -53,6 +53,26 @@ const (
 	framePing         = "ping"
 )
 
+// parseClientFrame reads one text frame from the browser: a resize with cols and rows
+// in [minSize, maxSize] (so they fit termproto's uint16 fields), or a ping. Anything else
+// is refused with the error frame's error, and the session goes on.
+func parseClientFrame(p []byte) (clientFrame, error) {
+	var f clientFrame
+	if err := json.Unmarshal(p, &f); err != nil {
+		return clientFrame{}, apierr.New(apierr.InvalidRequest, "a text frame must be a JSON control message").With("reason", "bad_control_frame")
+	}
+	switch f.Type {
+	case frameResize:
+		if f.Cols < minSize || f.Cols > maxSize || f.Rows < minSize || f.Rows > maxSize {
+			return clientFrame{}, apierr.Validation("cols", "cols and rows must be between %d and %d", minSize, maxSize)
+		}
+	case framePing:
+	default:
+		return clientFrame{}, apierr.New(apierr.InvalidRequest, "unknown control message type").With("reason", "bad_control_frame")
+	}
+	return f, nil
+}
+
 func marshal(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
