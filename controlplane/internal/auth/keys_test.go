@@ -49,8 +49,8 @@ func TestRotation(t *testing.T) {
 	if n := f.auditCount(t, "auth.signing_key.rotate"); n != 1 {
 		t.Fatalf("%d auth.signing_key.rotate audit rows, want 1", n)
 	}
-	if rotated, _ := f.keys.RotateIfDue(ctx); rotated {
-		t.Fatal("rotated twice")
+	if rotated, err := f.keys.RotateIfDue(ctx); err != nil || rotated {
+		t.Fatalf("rotated twice (%v)", err)
 	}
 
 	// Both keys are published; new tokens are signed by K2; old ones still verify.
@@ -83,7 +83,10 @@ func TestRotation(t *testing.T) {
 	if err := f.keys.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
-	jwks, _ = f.keys.PublicKeys(ctx)
+	jwks, err = f.keys.PublicKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(jwks) != 1 || jwks[0]["kid"] != k2 {
 		t.Fatalf("jwks after K1 expired = %v, want [%s]", kids(jwks), k2)
 	}
