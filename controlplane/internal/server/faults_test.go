@@ -31,7 +31,19 @@ const (
 func TestPostgresStoppedUnderLoad(t *testing.T) {
 	pg := startFaultyPostgres(t)
 	l := newFaultLoad(t, pg)
+	// A bearer whose key id the replica has not loaded makes the bearer check read the
+	// keys from the database: while it is down that check decided nothing, so the
+	// answer is 503, not 401 token_invalid.
+	unknownKid := "eyJhbGciOiJSUzI1NiIsImtpZCI6IjAxOTAwMDAwLTAwMDAtNzAwMC04MDAwLTAwMDAwMDAwMDAwMSJ9.e30.c2ln"
+	l.during = func() {
+		if status, body := l.get("/api/v1/me", unknownKid); status != 503 || !strings.Contains(body, "service_unavailable") {
+			t.Errorf("bearer check with the database down: %d %s", status, body)
+		}
+	}
 	l.run(func() { pg.Stop() }, func() { pg.Start() })
+	if status, body := l.get("/api/v1/me", unknownKid); status != 401 {
+		t.Errorf("bearer with an unknown key id after healing: %d %s", status, body)
+	}
 }
 
 // PostgreSQL frozen (SIGSTOP) under load: every request answers 503 within the request
