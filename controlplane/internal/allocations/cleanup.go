@@ -166,10 +166,34 @@ func (s *Service) cleanupHeld(ctx context.Context, id, nodeID uuid.UUID) error {
 		if err != nil || open {
 			return err
 		}
+		held, err := holdFreedGPUs(ctx, tx, id)
+		if err != nil {
+			return err
+		}
 		s.Log.WarnContext(ctx, "node still holds the workload of an ended allocation: cleanup task sent",
-			"allocation_id", id, "node_id", nodeID, "status", a.Status)
+			"allocation_id", id, "node_id", nodeID, "status", a.Status, "gpus_held_again", held)
 		return s.startCleanup(ctx, tx, a)
 	})
+}
+
+// holdFreedGPUs takes back, for an ended allocation whose workload is still on its node,
+// the GPUs nobody claimed since they were freed, so placement passes them over until the
+// cleanup is confirmed. A launch claiming one of them at this moment wins (the unique
+// index raises a conflict here): then none is taken back.
+func holdFreedGPUs(ctx context.Context, tx pgx.Tx, id uuid.UUID) (int64, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("savepoint: %w", err)
+	}
+	n, err := allocationsdb.New(sp).HoldFreedGPUs(ctx, id)
+	if db.IsUniqueViolation(err, "allocation_gpus_held_key") {
+		return 0, sp.Rollback(ctx)
+	}
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		return 0, fmt.Errorf("hold freed gpus: %w", err)
+	}
+	return n, sp.Commit(ctx)
 }
 
 func (s *Service) cleanupOpen(ctx context.Context, tx pgx.Tx, id uuid.UUID) (bool, error) {

@@ -197,6 +197,16 @@ func TestReconcileCleansUpEndedWorkloads(t *testing.T) {
 	if task == "" || w.count(t, `SELECT count(*) FROM allocations WHERE id = $1 AND node_cleanup`, ended.ID) != 1 {
 		t.Fatal("the ended allocation's workload got no cleanup task")
 	}
+	// Its GPU, free since the failure report and claimed by nobody, is held again until
+	// the cleanup is confirmed: the node is full.
+	if w.heldGPUs(t, ended.ID) != 1 {
+		t.Fatal("the GPU of a workload still on the node was not held again")
+	}
+	r, err := w.create(w.Alice, w.Acme.DefaultProject, "", createBody("next"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, r.Body, r.StatusCode(), 409, "sku_unavailable", "")
 	// Reconciling again sends no second task; the task's success clears the flag.
 	if err := w.App.Allocations.Reconcile(ctx, node, hello(true, nil, ended.ID.String())); err != nil {
 		t.Fatal(err)
@@ -207,7 +217,27 @@ func TestReconcileCleansUpEndedWorkloads(t *testing.T) {
 	if err := w.report(t, node, task, true, ""); err != nil {
 		t.Fatal(err)
 	}
-	if w.count(t, `SELECT count(*) FROM allocations WHERE id = $1 AND node_cleanup`, ended.ID) != 0 {
+	if w.count(t, `SELECT count(*) FROM allocations WHERE id = $1 AND node_cleanup`, ended.ID) != 0 || w.heldGPUs(t, ended.ID) != 0 {
 		t.Fatal("cleanup not confirmed")
+	}
+	w.mustCreate(t, "next")
+}
+
+// A GPU that another allocation claimed after it was freed stays with that allocation:
+// only the cleanup task goes out.
+func TestReconcileLeavesAReclaimedGPUAlone(t *testing.T) {
+	w := newWorld(t, 16)
+	ctx := context.Background()
+	node := w.node(t, "n", 1)
+	ended := w.mustCreate(t, "ended")
+	if err := w.report(t, node, w.task(t, ended.ID, allocations.TaskProvision), false, ""); err != nil {
+		t.Fatal(err)
+	}
+	next := w.mustCreate(t, "next")
+	if err := w.App.Allocations.Reconcile(ctx, node, hello(true, nil, ended.ID.String(), next.ID.String())); err != nil {
+		t.Fatal(err)
+	}
+	if w.heldGPUs(t, ended.ID) != 0 || w.heldGPUs(t, next.ID) != 1 || w.cleanupTask(t, ended.ID) == "" {
+		t.Fatalf("ended holds %d, next %d, cleanup task %q", w.heldGPUs(t, ended.ID), w.heldGPUs(t, next.ID), w.cleanupTask(t, ended.ID))
 	}
 }

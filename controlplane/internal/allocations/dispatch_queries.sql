@@ -102,3 +102,12 @@ FROM allocations a
 WHERE a.id = ANY(sqlc.arg('held_ids')::uuid[])
    OR a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = sqlc.arg('node_id') AND g.released_at IS NULL)
 ORDER BY a.id;
+
+-- name: HoldFreedGPUs :execrows
+-- An ended allocation whose workload the node still holds takes back those of its GPUs
+-- nobody has claimed since they were freed (a GPU another live allocation holds now
+-- stays with it; the unique index allocation_gpus_held_key decides).
+UPDATE allocation_gpus g SET released_at = NULL
+WHERE g.allocation_id = $1 AND g.released_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM allocation_gpus h
+                  WHERE h.node_id = g.node_id AND h.gpu_uuid = g.gpu_uuid AND h.released_at IS NULL);

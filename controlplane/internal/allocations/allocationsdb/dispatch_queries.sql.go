@@ -181,6 +181,24 @@ func (q *Queries) GiveUpTask(ctx context.Context, arg GiveUpTaskParams) error {
 	return err
 }
 
+const holdFreedGPUs = `-- name: HoldFreedGPUs :execrows
+UPDATE allocation_gpus g SET released_at = NULL
+WHERE g.allocation_id = $1 AND g.released_at IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM allocation_gpus h
+                  WHERE h.node_id = g.node_id AND h.gpu_uuid = g.gpu_uuid AND h.released_at IS NULL)
+`
+
+// An ended allocation whose workload the node still holds takes back those of its GPUs
+// nobody has claimed since they were freed (a GPU another live allocation holds now
+// stays with it; the unique index allocation_gpus_held_key decides).
+func (q *Queries) HoldFreedGPUs(ctx context.Context, allocationID uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, holdFreedGPUs, allocationID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const insertCleanupTask = `-- name: InsertCleanupTask :exec
 
 INSERT INTO allocation_tasks (task_id, allocation_id, node_id, kind, created_at, cleanup)
