@@ -1,0 +1,154 @@
+package authz
+
+import (
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+)
+
+// Project roles, weakest first, as the table names them.
+const (
+	viewer = projectctx.RoleViewer
+	member = projectctx.RoleMember
+	admin  = projectctx.RoleAdmin
+	owner  = projectctx.RoleOwner
+)
+
+// Operations is THE table of who may call each operation of the contract, keyed by its
+// operationId. Every operation of proto/openapi/openapi.yaml has exactly one entry
+// (TestTableMatchesContract); the chain refuses an operation without one. To add an
+// operation: add its line here in the same change that adds it to the contract, with
+// the weakest requirement that is still right; anything that depends on the object the
+// handler loads (ownership, the role in a project named in the body) stays in the
+// handler as well.
+var Operations = map[string]Requirement{
+	// Health, metrics and the contract itself.
+	"getHealth":          Public("liveness probe"),
+	"getReadiness":       Public("readiness probe"),
+	"getOpenAPIDocument": Public("the published contract"),
+	"getMetrics":         Public("Prometheus scrape endpoint"),
+	"getInternalStats":   Capability(principal.CapOpsRead),
+
+	// Sign-in.
+	"signup":           Public("creates the account"),
+	"login":            Public("the password is the credential"),
+	"refreshToken":     Public("the refresh token in the body is the credential"),
+	"logout":           Authenticated(),
+	"getJWKS":          Public("public keys"),
+	"refreshJWKS":      OwnCredential("the internal token, checked by auth.Handlers.StrictMiddleware"),
+	"getMe":            Authenticated(),
+	"listTenantUsers":  TenantAdmin(),
+	"createTenantUser": TenantAdmin(),
+	"getTenantUser":    TenantAdmin(),
+
+	// Tenancy.
+	"listDepartments":     TenantMember(),
+	"createDepartment":    TenantAdmin(),
+	"getDepartment":       TenantMember(),
+	"updateDepartment":    TenantAdmin(),
+	"listProjects":        Authenticated(),
+	"createProject":       TenantMember(),
+	"getProject":          ProjectRole(viewer),
+	"updateProject":       ProjectRole(admin),
+	"deleteProject":       ProjectRole(owner),
+	"listProjectMembers":  ProjectRole(viewer),
+	"addProjectMember":    ProjectRole(admin), // granting owner needs owner: checked by the handler
+	"updateProjectMember": ProjectRole(admin), // touching an owner needs owner: checked by the handler
+	"removeProjectMember": ProjectRole(admin), // removing an owner needs owner: checked by the handler
+	"listTenants":         PlatformAdmin(),
+	"createTenant":        PlatformAdmin(),
+	"getTenant":           PlatformAdmin(),
+	"updateTenant":        PlatformAdmin(),
+
+	// SSH keys (the caller's own).
+	"listSSHKeys":  Authenticated(),
+	"createSSHKey": Authenticated(),
+	"deleteSSHKey": Authenticated(),
+
+	// Audit.
+	"listAuditEvents": AdminCapability(principal.CapAuditRead),
+
+	// Payments.
+	"createPaymentTopUp":    TenantAdmin(),
+	"listPayments":          TenantAdmin(),
+	"receivePaymentWebhook": Public("the provider's signature, checked by the handler"),
+	"listAdminPayments":     PlatformAdmin(),
+	"createPaymentRefund":   PlatformAdmin(),
+
+	// Budgets (a project budget's role is checked by the handler: the project is in the body).
+	"listBillingBudgets":            TenantMember(),
+	"createBillingBudget":           TenantMember(),
+	"decideBillingBudget":           TenantMember(),
+	"updateBillingBudget":           TenantMember(),
+	"deleteBillingBudget":           TenantMember(),
+	"acknowledgeBillingBudgetEvent": TenantMember(),
+	"resolveBillingBudgetEvent":     TenantMember(),
+
+	// Nodes.
+	"listAdminNodes":            PlatformAdmin(),
+	"createNode":                PlatformAdmin(),
+	"getNode":                   PlatformAdmin(),
+	"updateNode":                PlatformAdmin(),
+	"deleteNode":                PlatformAdmin(),
+	"probeNode":                 PlatformAdmin(),
+	"createNodeEnrollmentToken": PlatformAdmin(),
+	"cordonNode":                PlatformAdmin(),
+	"uncordonNode":              PlatformAdmin(),
+	"drainNode":                 PlatformAdmin(),
+	"revokeNodeToken":           PlatformAdmin(),
+	"getFleetTelemetry":         AdminCapability(principal.CapOpsRead),
+	"listNodes":                 Capability(principal.CapNodeRead),
+	"enrollNode":                Public("the one-use enrolment token in the body, checked by the handler"),
+	"rotateNodeToken":           Node(),
+	"introspectNodeToken":       Node(),
+
+	// Billing.
+	"getBillingBalance":               TenantMember(),
+	"getBillingCurrencySettings":      TenantMember(),
+	"getBillingAccount":               TenantMember(),
+	"listBillingUsage":                TenantMember(),
+	"recordBillingFXSnapshot":         PlatformAdmin(),
+	"shadowRateBilling":               PlatformAdmin(),
+	"createBillingAdjustment":         PlatformAdmin(),
+	"reverseBillingLedgerTransaction": PlatformAdmin(),
+	"listBillingPricingPlans":         PlatformAdmin(),
+	"createBillingPricingPlan":        PlatformAdmin(),
+	"createBillingPricingPlanVersion": PlatformAdmin(),
+
+	// Catalog.
+	"listAdminSkus":       PlatformAdmin(),
+	"createSku":           PlatformAdmin(),
+	"getAdminSku":         PlatformAdmin(),
+	"updateSku":           PlatformAdmin(),
+	"deleteSku":           PlatformAdmin(),
+	"listAdminOsImages":   PlatformAdmin(),
+	"createOsImage":       PlatformAdmin(),
+	"getAdminOsImage":     PlatformAdmin(),
+	"updateOsImage":       PlatformAdmin(),
+	"deleteOsImage":       PlatformAdmin(),
+	"createRegion":        PlatformAdmin(),
+	"updateRegion":        PlatformAdmin(),
+	"listCatalogSkus":     Authenticated(),
+	"getCatalogSku":       Authenticated(),
+	"listCatalogOsImages": Authenticated(),
+	"listV3Regions":       Authenticated(),
+
+	// Allocations.
+	"listAllocations":        ProjectRole(viewer),
+	"createAllocation":       ProjectRole(member),
+	"getAllocation":          ProjectRole(viewer),
+	"listAllocationEvents":   ProjectRole(viewer),
+	"releaseAllocation":      ProjectRole(member),
+	"restartAllocation":      ProjectRole(member),
+	"listAllocationGroups":   ProjectRole(viewer),
+	"createAllocationGroup":  ProjectRole(member),
+	"getAllocationGroup":     ProjectRole(viewer),
+	"releaseAllocationGroup": ProjectRole(member),
+	"listAdminAllocations":   PlatformAdmin(),
+	"forceReleaseAllocation": PlatformAdmin(),
+
+	// Notifications and the browser terminal.
+	"connectNotifications":  OwnCredential("the access token of the WebSocket handshake, checked by the notifications gateway"),
+	"createTerminalSession": ProjectRole(member),
+	"openTerminal":          OwnCredential("the single-use terminal token of the handshake, checked by the terminal gateway"),
+	"relayTerminal":         OwnCredential("a replica's one-use relay token, checked by the terminal relay"),
+}
