@@ -113,12 +113,13 @@ func TestAPIEnrollmentEndToEnd(t *testing.T) {
 	wantError(t, 401, ir.Body, ir.StatusCode(), "token_invalid", "")
 	ir = introspect(t, e, nodeTok, uuid.NewString())
 	wantError(t, 403, ir.Body, ir.StatusCode(), "insufficient_permissions", "node_mismatch")
-	// A node token does not open user operations.
+	// A node token does not open user operations: it is recognised as a token of
+	// another kind (issue 18 item 10), not as a forgery.
 	lr, err := e.Client(nodeTok).ListNodesWithResponse(ctx, &api.ListNodesParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantError(t, 401, lr.Body, lr.StatusCode(), "token_invalid", "")
+	wantError(t, 401, lr.Body, lr.StatusCode(), "token_scope_invalid", "")
 
 	// The enrollment token was single use.
 	er = enroll(t, e, et)
