@@ -16,6 +16,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
+	"github.com/gantry-gpu/gantry/controlplane/internal/authz"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
@@ -132,8 +133,9 @@ func Routes(h http.Handler) ([][2]string, error) {
 }
 
 // operation runs the route-aware part of the chain. It finds the operation before the
-// generated wrapper binds parameters, so authentication and project context come first
-// (ARCHITECTURE §3) whatever is wrong with the parameters.
+// generated wrapper binds parameters, so authentication, project context and the
+// operation's declared requirement (authz.Operations) come first (ARCHITECTURE §3)
+// whatever is wrong with the parameters or the body.
 func (s *server) operation(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rctx := chi.NewRouteContext()
@@ -179,6 +181,14 @@ func (s *server) operation(next http.Handler) http.Handler {
 		}
 		if ctx != base { // each WithContext copies the request; only streaming GETs add nothing
 			r = r.WithContext(ctx)
+		}
+
+		// Authorization before anything about the request is read: a caller who may not
+		// call the operation gets its 403 (audited by the mapper), never a validation
+		// error naming the schema's fields (docs/api.md, "Authorization").
+		if err := authz.For(op.ID).Check(ctx); err != nil {
+			s.errors.write(w, r, err)
+			return
 		}
 
 		key, err := idempotency.CheckKey(r)
