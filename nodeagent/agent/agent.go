@@ -181,9 +181,12 @@ func New(o Options) (*Agent, error) {
 	if err := a.results.init(); err != nil {
 		return nil, fmt.Errorf("agent: results directory: %w", err)
 	}
-	pending, err := a.results.all()
+	pending, bad, err := a.results.all()
 	if err != nil {
 		return nil, err
+	}
+	for _, path := range bad {
+		a.log.Error("task result file unreadable, moved aside; the control plane settles its task by timeout", "path", path)
 	}
 	for _, r := range pending {
 		a.unreported[r.GetTaskId()] = r

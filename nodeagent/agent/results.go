@@ -71,42 +71,59 @@ func (s resultStore) remove(id string) error {
 	return nil
 }
 
-// all reads every pending result. Leftover temporary files are skipped; a file that
-// does not parse is an error, since dropping it would lose a result silently.
-func (s resultStore) all() ([]*fabricv1.TaskResult, error) {
+// all reads every pending result. Leftover temporary files are skipped. A file that is
+// not a valid result (a damaged disk, a hand edit) is renamed aside to a hidden
+// ".bad-" name and listed in bad, not fatal: an agent that refused to start over it
+// would strand every other workload on the node, while the control plane still
+// settles that one task through its report timeout and the reconcile on connect. The
+// file is kept for an operator to look at.
+func (s resultStore) all() (out []*fabricv1.TaskResult, bad []string, err error) {
 	if s.dir == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
+			return nil, nil, nil
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	var out []*fabricv1.TaskResult
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".pb") || !e.Type().IsRegular() {
 			continue
 		}
 		path := filepath.Join(s.dir, name)
-		info, err := e.Info()
+		r, err := s.read(path, e)
 		if err != nil {
-			return nil, err
+			aside := filepath.Join(s.dir, ".bad-"+name)
+			if rerr := os.Rename(path, aside); rerr != nil {
+				return nil, nil, fmt.Errorf("agent: result file %s: %v; moving it aside: %w", path, err, rerr)
+			}
+			bad = append(bad, aside)
+			continue
 		}
-		if info.Size() > maxResultBytes {
-			return nil, fmt.Errorf("agent: result file %s is too large", path)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, err
-		}
-		var r fabricv1.TaskResult
-		if err := proto.Unmarshal(b, &r); err != nil || r.GetTaskId() == "" || s.path(r.GetTaskId()) != path {
-			return nil, fmt.Errorf("agent: result file %s is not a valid task result", path)
-		}
-		out = append(out, &r)
+		out = append(out, r)
 	}
-	return out, nil
+	return out, bad, nil
+}
+
+// read parses one result file; its name must be the one its task id maps to.
+func (s resultStore) read(path string, e fs.DirEntry) (*fabricv1.TaskResult, error) {
+	info, err := e.Info()
+	if err != nil {
+		return nil, err
+	}
+	if info.Size() > maxResultBytes {
+		return nil, fmt.Errorf("larger than %d bytes", maxResultBytes)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r fabricv1.TaskResult
+	if err := proto.Unmarshal(b, &r); err != nil || r.GetTaskId() == "" || s.path(r.GetTaskId()) != path {
+		return nil, errors.New("not a valid task result")
+	}
+	return &r, nil
 }

@@ -178,3 +178,39 @@ func TestPendingResultReloadedAfterAgentRestart(t *testing.T) {
 		t.Fatalf("t1 ran %d times", runs.Load())
 	}
 }
+
+// A result file that does not parse (a damaged disk) does not keep the agent from
+// starting: it is moved aside under a hidden name, and the valid results beside it are
+// still reloaded and sent.
+func TestUnreadableResultFileMovedAside(t *testing.T) {
+	p := newPeer(t, nil)
+	dir := t.TempDir()
+	var runs atomic.Int32
+	first := startAgent(t, p, fabricnet.ModeTCP, func(o *agent.Options) {
+		o.Executor, o.StateDir = echoMux(&runs), dir
+	})
+	p.waitFor("hello", func() bool { return p.ctl != nil })
+	p.send(dispatch("t1", "test.echo"))
+	p.waitFor("t1 result", func() bool { return len(results(p, "t1")) == 1 })
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	junk := filepath.Join(dir, "results", "tjunk.pb")
+	if err := os.WriteFile(junk, []byte("\xff\xff not a protobuf"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	second := startAgent(t, p, fabricnet.ModeTCP, func(o *agent.Options) {
+		o.Executor, o.StateDir = echoMux(&runs), dir
+	})
+	if got := second.a.PendingResults(); len(got) != 1 || got[0] != "t1" {
+		t.Fatalf("reloaded %v", got)
+	}
+	if _, err := os.Stat(junk); !os.IsNotExist(err) {
+		t.Fatalf("unreadable file still in place: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "results", ".bad-tjunk.pb")); err != nil {
+		t.Fatalf("unreadable file not kept aside: %v", err)
+	}
+	p.waitFor("t1 sent again", func() bool { return len(results(p, "t1")) == 2 })
+}
