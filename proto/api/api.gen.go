@@ -26,6 +26,27 @@ import (
 	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
+// Defines values for AccountSecurityResponseMfaState.
+const (
+	AccountSecurityResponseMfaStateActive  AccountSecurityResponseMfaState = "active"
+	AccountSecurityResponseMfaStateNone    AccountSecurityResponseMfaState = "none"
+	AccountSecurityResponseMfaStatePending AccountSecurityResponseMfaState = "pending"
+)
+
+// Valid indicates whether the value is a known member of the AccountSecurityResponseMfaState enum.
+func (e AccountSecurityResponseMfaState) Valid() bool {
+	switch e {
+	case AccountSecurityResponseMfaStateActive:
+		return true
+	case AccountSecurityResponseMfaStateNone:
+		return true
+	case AccountSecurityResponseMfaStatePending:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AllocationEventActorType.
 const (
 	AllocationEventActorTypeAdmin  AllocationEventActorType = "admin"
@@ -683,6 +704,60 @@ func (e ErrorCode) Valid() bool {
 	}
 }
 
+// Defines values for MFAFactorState.
+const (
+	MFAFactorStateActive  MFAFactorState = "active"
+	MFAFactorStatePending MFAFactorState = "pending"
+)
+
+// Valid indicates whether the value is a known member of the MFAFactorState enum.
+func (e MFAFactorState) Valid() bool {
+	switch e {
+	case MFAFactorStateActive:
+		return true
+	case MFAFactorStatePending:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for MFAFactorType.
+const (
+	MFAFactorTypeTotp MFAFactorType = "totp"
+)
+
+// Valid indicates whether the value is a known member of the MFAFactorType enum.
+func (e MFAFactorType) Valid() bool {
+	switch e {
+	case MFAFactorTypeTotp:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for MFARecoveryRequestStatus.
+const (
+	MFARecoveryRequestStatusApproved MFARecoveryRequestStatus = "approved"
+	MFARecoveryRequestStatusPending  MFARecoveryRequestStatus = "pending"
+	MFARecoveryRequestStatusRejected MFARecoveryRequestStatus = "rejected"
+)
+
+// Valid indicates whether the value is a known member of the MFARecoveryRequestStatus enum.
+func (e MFARecoveryRequestStatus) Valid() bool {
+	switch e {
+	case MFARecoveryRequestStatusApproved:
+		return true
+	case MFARecoveryRequestStatusPending:
+		return true
+	case MFARecoveryRequestStatusRejected:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NodeScheduleState.
 const (
 	NodeScheduleStateCordoned    NodeScheduleState = "cordoned"
@@ -881,6 +956,84 @@ func (e ReadinessCheckStatus) Valid() bool {
 	case ReadinessCheckStatusDown:
 		return true
 	case ReadinessCheckStatusOk:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for StepUpResponseAmr.
+const (
+	StepUpResponseAmrOtp StepUpResponseAmr = "otp"
+	StepUpResponseAmrPwd StepUpResponseAmr = "pwd"
+)
+
+// Valid indicates whether the value is a known member of the StepUpResponseAmr enum.
+func (e StepUpResponseAmr) Valid() bool {
+	switch e {
+	case StepUpResponseAmrOtp:
+		return true
+	case StepUpResponseAmrPwd:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for StepUpResponseTokenType.
+const (
+	StepUpResponseTokenTypeBearer StepUpResponseTokenType = "Bearer"
+)
+
+// Valid indicates whether the value is a known member of the StepUpResponseTokenType enum.
+func (e StepUpResponseTokenType) Valid() bool {
+	switch e {
+	case StepUpResponseTokenTypeBearer:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TOTPEnrollmentResponseAlgorithm.
+const (
+	TOTPEnrollmentResponseAlgorithmSHA1 TOTPEnrollmentResponseAlgorithm = "SHA1"
+)
+
+// Valid indicates whether the value is a known member of the TOTPEnrollmentResponseAlgorithm enum.
+func (e TOTPEnrollmentResponseAlgorithm) Valid() bool {
+	switch e {
+	case TOTPEnrollmentResponseAlgorithmSHA1:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TOTPEnrollmentResponseDigits.
+const (
+	TOTPEnrollmentResponseDigitsN6 TOTPEnrollmentResponseDigits = 6
+)
+
+// Valid indicates whether the value is a known member of the TOTPEnrollmentResponseDigits enum.
+func (e TOTPEnrollmentResponseDigits) Valid() bool {
+	switch e {
+	case TOTPEnrollmentResponseDigitsN6:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for TOTPEnrollmentResponsePeriod.
+const (
+	TOTPEnrollmentResponsePeriodN30 TOTPEnrollmentResponsePeriod = 30
+)
+
+// Valid indicates whether the value is a known member of the TOTPEnrollmentResponsePeriod enum.
+func (e TOTPEnrollmentResponsePeriod) Valid() bool {
+	switch e {
+	case TOTPEnrollmentResponsePeriodN30:
 		return true
 	default:
 		return false
@@ -1114,6 +1267,30 @@ func (e V3WorkloadStatus) Valid() bool {
 		return false
 	}
 }
+
+// AccountSecurityResponse defines model for AccountSecurityResponse.
+type AccountSecurityResponse struct {
+	Mfa struct {
+		// Enabled True when an active factor exists; sign-in then needs a code.
+		Enabled                bool                            `json:"enabled"`
+		Factors                []MFAFactor                     `json:"factors"`
+		RecoveryCodesRemaining int                             `json:"recovery_codes_remaining"`
+		State                  AccountSecurityResponseMfaState `json:"state"`
+	} `json:"mfa"`
+	Sessions struct {
+		// Active Signed-in sessions (refresh-token families with a live token).
+		Active int `json:"active"`
+	} `json:"sessions"`
+	StepUp struct {
+		// Satisfied Whether the presented token satisfies step-up now.
+		Satisfied     bool `json:"satisfied"`
+		WindowSeconds int  `json:"window_seconds"`
+	} `json:"step_up"`
+	UserID openapi_types.UUID `json:"user_id"`
+}
+
+// AccountSecurityResponseMfaState defines model for AccountSecurityResponse.Mfa.State.
+type AccountSecurityResponseMfaState string
 
 // AddProjectMemberRequest defines model for AddProjectMemberRequest.
 type AddProjectMemberRequest struct {
@@ -1875,6 +2052,12 @@ type CreateDepartmentRequest struct {
 	Slug        string `json:"slug"`
 }
 
+// CreateMFARecoveryRequest defines model for CreateMFARecoveryRequest.
+type CreateMFARecoveryRequest struct {
+	// Reason What happened (lost device, ...); read by support, never a secret.
+	Reason string `json:"reason"`
+}
+
 // CreateNodeRequest defines model for CreateNodeRequest.
 type CreateNodeRequest struct {
 	// Address Host name or IP address of the node (its SSH endpoint).
@@ -2150,7 +2333,12 @@ type JWKSet struct {
 
 // LoginRequest defines model for LoginRequest.
 type LoginRequest struct {
-	Password string  `json:"password"`
+	Password string `json:"password"`
+
+	// RecoveryCode A one-time recovery code in place of `totp_code`; each works once.
+	RecoveryCode *string `json:"recovery_code,omitempty"`
+
+	// TotpCode Required once the user has an active TOTP factor (else 401 `token_invalid`, details.reason `mfa_required` or `totp_invalid`).
 	TotpCode *string `json:"totp_code,omitempty"`
 	Username string  `json:"username"`
 }
@@ -2159,6 +2347,46 @@ type LoginRequest struct {
 type LogoutRequest struct {
 	RefreshToken string `json:"refresh_token"`
 }
+
+// MFAFactor defines model for MFAFactor.
+type MFAFactor struct {
+	ActivatedAt *time.Time     `json:"activated_at,omitempty"`
+	CreatedAt   time.Time      `json:"created_at"`
+	State       MFAFactorState `json:"state"`
+	Type        MFAFactorType  `json:"type"`
+}
+
+// MFAFactorState defines model for MFAFactor.State.
+type MFAFactorState string
+
+// MFAFactorType defines model for MFAFactor.Type.
+type MFAFactorType string
+
+// MFAReadinessResponse defines model for MFAReadinessResponse.
+type MFAReadinessResponse struct {
+	ByRole []struct {
+		Holders    int          `json:"holders"`
+		Role       PlatformRole `json:"role"`
+		WithoutMfa int          `json:"without_mfa"`
+	} `json:"by_role"`
+	GeneratedAt             time.Time `json:"generated_at"`
+	PendingRecoveryRequests int       `json:"pending_recovery_requests"`
+
+	// PlatformRoleHolders Distinct active users holding platform_superadmin or platform_ops.
+	PlatformRoleHolders int `json:"platform_role_holders"`
+	WithMfa             int `json:"with_mfa"`
+	WithoutMfa          int `json:"without_mfa"`
+}
+
+// MFARecoveryRequest defines model for MFARecoveryRequest.
+type MFARecoveryRequest struct {
+	CreatedAt time.Time                `json:"created_at"`
+	ID        openapi_types.UUID       `json:"id"`
+	Status    MFARecoveryRequestStatus `json:"status"`
+}
+
+// MFARecoveryRequestStatus defines model for MFARecoveryRequest.Status.
+type MFARecoveryRequestStatus string
 
 // Money An amount of money in integer minor units. Never a float.
 type Money struct {
@@ -2520,6 +2748,69 @@ type SignupRequest struct {
 	OrganizationName string  `json:"organization_name"`
 	Password         string  `json:"password"`
 	Username         string  `json:"username"`
+}
+
+// StepUpRequest defines model for StepUpRequest.
+type StepUpRequest struct {
+	TotpCode string `json:"totp_code"`
+}
+
+// StepUpResponse defines model for StepUpResponse.
+type StepUpResponse struct {
+	// AccessToken Bearer JWT with the `amr` and `auth_time` claims.
+	AccessToken string              `json:"access_token"`
+	Amr         []StepUpResponseAmr `json:"amr"`
+	AuthTime    time.Time           `json:"auth_time"`
+
+	// ExpiresIn Lifetime of the access token in seconds.
+	ExpiresIn int `json:"expires_in"`
+
+	// StepUpExpiresIn Seconds during which the token satisfies step-up.
+	StepUpExpiresIn int                     `json:"step_up_expires_in"`
+	TokenType       StepUpResponseTokenType `json:"token_type"`
+}
+
+// StepUpResponseAmr defines model for StepUpResponse.Amr.
+type StepUpResponseAmr string
+
+// StepUpResponseTokenType defines model for StepUpResponse.TokenType.
+type StepUpResponseTokenType string
+
+// TOTPEnrollmentResponse defines model for TOTPEnrollmentResponse.
+type TOTPEnrollmentResponse struct {
+	AccountName string                          `json:"account_name"`
+	Algorithm   TOTPEnrollmentResponseAlgorithm `json:"algorithm"`
+	Digits      TOTPEnrollmentResponseDigits    `json:"digits"`
+	Issuer      string                          `json:"issuer"`
+
+	// OtpauthURI otpauth://totp/... URI for authenticator apps (QR code), shown this once.
+	OtpauthURI string                       `json:"otpauth_uri"`
+	Period     TOTPEnrollmentResponsePeriod `json:"period"`
+
+	// Secret Base32 (RFC 4648, no padding) TOTP secret, shown this once.
+	Secret string `json:"secret"`
+}
+
+// TOTPEnrollmentResponseAlgorithm defines model for TOTPEnrollmentResponse.Algorithm.
+type TOTPEnrollmentResponseAlgorithm string
+
+// TOTPEnrollmentResponseDigits defines model for TOTPEnrollmentResponse.Digits.
+type TOTPEnrollmentResponseDigits int
+
+// TOTPEnrollmentResponsePeriod defines model for TOTPEnrollmentResponse.Period.
+type TOTPEnrollmentResponsePeriod int
+
+// TOTPVerifyRequest defines model for TOTPVerifyRequest.
+type TOTPVerifyRequest struct {
+	TotpCode string `json:"totp_code"`
+}
+
+// TOTPVerifyResponse defines model for TOTPVerifyResponse.
+type TOTPVerifyResponse struct {
+	Factor MFAFactor `json:"factor"`
+
+	// RecoveryCodes One-time recovery codes, shown this once; each replaces a TOTP code once at sign-in.
+	RecoveryCodes []string `json:"recovery_codes"`
 }
 
 // Tenant A tenant (organization).
@@ -2900,6 +3191,30 @@ type Unprocessable = ErrorResponse
 
 // GetJWKSParams defines parameters for GetJWKS.
 type GetJWKSParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// GetAccountSecurityParams defines parameters for GetAccountSecurity.
+type GetAccountSecurityParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateMFARecoveryRequestParams defines parameters for CreateMFARecoveryRequest.
+type CreateMFARecoveryRequestParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// EnrollTOTPParams defines parameters for EnrollTOTP.
+type EnrollTOTPParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// VerifyTOTPParams defines parameters for VerifyTOTP.
+type VerifyTOTPParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
@@ -3369,6 +3684,12 @@ type SignupParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// StepUpParams defines parameters for StepUp.
+type StepUpParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // GetBillingAccountParams defines parameters for GetBillingAccount.
 type GetBillingAccountParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
@@ -3600,6 +3921,12 @@ type ReceivePaymentWebhookParams struct {
 	StripeSignature *string `json:"Stripe-Signature,omitempty"`
 }
 
+// GetMFAReadinessParams defines parameters for GetMFAReadiness.
+type GetMFAReadinessParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListProjectsParams defines parameters for ListProjects.
 type ListProjectsParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
@@ -3750,6 +4077,12 @@ type OpenTerminalParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// CreateMFARecoveryRequestJSONRequestBody defines body for CreateMFARecoveryRequest for application/json ContentType.
+type CreateMFARecoveryRequestJSONRequestBody = CreateMFARecoveryRequest
+
+// VerifyTOTPJSONRequestBody defines body for VerifyTOTP for application/json ContentType.
+type VerifyTOTPJSONRequestBody = TOTPVerifyRequest
+
 // CreateBillingAdjustmentJSONRequestBody defines body for CreateBillingAdjustment for application/json ContentType.
 type CreateBillingAdjustmentJSONRequestBody = BillingAdjustmentRequest
 
@@ -3821,6 +4154,9 @@ type RefreshTokenJSONRequestBody = RefreshTokenRequest
 
 // SignupJSONRequestBody defines body for Signup for application/json ContentType.
 type SignupJSONRequestBody = SignupRequest
+
+// StepUpJSONRequestBody defines body for StepUp for application/json ContentType.
+type StepUpJSONRequestBody = StepUpRequest
 
 // CreateBillingBudgetJSONRequestBody defines body for CreateBillingBudget for application/json ContentType.
 type CreateBillingBudgetJSONRequestBody = BillingBudgetCreateRequest
@@ -3939,6 +4275,56 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /.well-known/jwks.json (the `GetJWKS` operationId).
 	GetJWKS(ctx context.Context, params *GetJWKSParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetAccountSecurity The caller's account security and MFA posture
+	//
+	// MFA state, enrolled factors, recovery codes left, active sessions, and whether the presented token currently satisfies step-up. Never contains a secret.
+	//
+	// Corresponds with GET /api/v1/account/security (the `GetAccountSecurity` operationId).
+	GetAccountSecurity(ctx context.Context, params *GetAccountSecurityParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateMFARecoveryRequestWithBody Ask support to recover MFA
+	//
+	// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+	CreateMFARecoveryRequestWithBody(ctx context.Context, params *CreateMFARecoveryRequestParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateMFARecoveryRequest Ask support to recover MFA
+	//
+	// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+	CreateMFARecoveryRequest(ctx context.Context, params *CreateMFARecoveryRequestParams, body CreateMFARecoveryRequestJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// EnrollTOTP Begin TOTP enrolment
+	//
+	// Generates a new TOTP secret (RFC 6238, SHA1, 6 digits, 30 s) and returns it, with its otpauth URI, this one time; it is stored sealed under the master key and is pending until verified. A second call replaces a pending enrolment. Replacing an active factor needs step-up (403 `step_up_required`).
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/totp (the `EnrollTOTP` operationId).
+	EnrollTOTP(ctx context.Context, params *EnrollTOTPParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// VerifyTOTPWithBody Finish TOTP enrolment
+	//
+	// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+	VerifyTOTPWithBody(ctx context.Context, params *VerifyTOTPParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// VerifyTOTP Finish TOTP enrolment
+	//
+	// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+	VerifyTOTP(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListAdminAllocations List allocations across tenants
 	//
@@ -4624,6 +5010,24 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/auth/signup (the `Signup` operationId).
 	Signup(ctx context.Context, params *SignupParams, body SignupJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// StepUpWithBody Prove a fresh second factor (step-up)
+	//
+	// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+	StepUpWithBody(ctx context.Context, params *StepUpParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StepUp Prove a fresh second factor (step-up)
+	//
+	// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+	StepUp(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetBillingAccount Billing account of the caller's tenant
 	//
 	// The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -4918,6 +5322,13 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/payments/webhooks/{provider} (the `ReceivePaymentWebhook` operationId).
 	ReceivePaymentWebhookWithBody(ctx context.Context, provider PaymentProvider, params *ReceivePaymentWebhookParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// GetMFAReadiness MFA readiness of platform-role holders (read-only)
+	//
+	// How many holders of the privileged platform roles (platform_superadmin, including users with users.role admin, and platform_ops) lack an active second factor, and how many MFA recovery requests are open. Needs `platform.ops.read` (`admin_required` otherwise). Names no user.
+	//
+	// Corresponds with GET /api/v1/platform/iam/mfa-readiness (the `GetMFAReadiness` operationId).
+	GetMFAReadiness(ctx context.Context, params *GetMFAReadinessParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListProjects List the caller's projects
 	//
 	// Corresponds with GET /api/v1/projects (the `ListProjects` operationId).
@@ -5138,6 +5549,116 @@ type ClientInterface interface {
 // Corresponds with GET /.well-known/jwks.json (the `GetJWKS` operationId).
 func (c *Client) GetJWKS(ctx context.Context, params *GetJWKSParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetJWKSRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAccountSecurity The caller's account security and MFA posture
+//
+// MFA state, enrolled factors, recovery codes left, active sessions, and whether the presented token currently satisfies step-up. Never contains a secret.
+//
+// Corresponds with GET /api/v1/account/security (the `GetAccountSecurity` operationId).
+func (c *Client) GetAccountSecurity(ctx context.Context, params *GetAccountSecurityParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAccountSecurityRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateMFARecoveryRequestWithBody Ask support to recover MFA
+//
+// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+func (c *Client) CreateMFARecoveryRequestWithBody(ctx context.Context, params *CreateMFARecoveryRequestParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateMFARecoveryRequestRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateMFARecoveryRequest Ask support to recover MFA
+//
+// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+func (c *Client) CreateMFARecoveryRequest(ctx context.Context, params *CreateMFARecoveryRequestParams, body CreateMFARecoveryRequestJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateMFARecoveryRequestRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// EnrollTOTP Begin TOTP enrolment
+//
+// Generates a new TOTP secret (RFC 6238, SHA1, 6 digits, 30 s) and returns it, with its otpauth URI, this one time; it is stored sealed under the master key and is pending until verified. A second call replaces a pending enrolment. Replacing an active factor needs step-up (403 `step_up_required`).
+//
+// Corresponds with POST /api/v1/account/security/mfa/totp (the `EnrollTOTP` operationId).
+func (c *Client) EnrollTOTP(ctx context.Context, params *EnrollTOTPParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewEnrollTOTPRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// VerifyTOTPWithBody Finish TOTP enrolment
+//
+// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+func (c *Client) VerifyTOTPWithBody(ctx context.Context, params *VerifyTOTPParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewVerifyTOTPRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// VerifyTOTP Finish TOTP enrolment
+//
+// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+func (c *Client) VerifyTOTP(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewVerifyTOTPRequest(c.Server, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -6622,6 +7143,44 @@ func (c *Client) Signup(ctx context.Context, params *SignupParams, body SignupJS
 	return c.Client.Do(req)
 }
 
+// StepUpWithBody Prove a fresh second factor (step-up)
+//
+// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+func (c *Client) StepUpWithBody(ctx context.Context, params *StepUpParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStepUpRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// StepUp Prove a fresh second factor (step-up)
+//
+// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+func (c *Client) StepUp(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStepUpRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetBillingAccount Billing account of the caller's tenant
 //
 // The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -7286,6 +7845,23 @@ func (c *Client) ReceivePaymentWebhookWithBody(ctx context.Context, provider Pay
 	return c.Client.Do(req)
 }
 
+// GetMFAReadiness MFA readiness of platform-role holders (read-only)
+//
+// How many holders of the privileged platform roles (platform_superadmin, including users with users.role admin, and platform_ops) lack an active second factor, and how many MFA recovery requests are open. Needs `platform.ops.read` (`admin_required` otherwise). Names no user.
+//
+// Corresponds with GET /api/v1/platform/iam/mfa-readiness (the `GetMFAReadiness` operationId).
+func (c *Client) GetMFAReadiness(ctx context.Context, params *GetMFAReadinessParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetMFAReadinessRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListProjects List the caller's projects
 //
 // Corresponds with GET /api/v1/projects (the `ListProjects` operationId).
@@ -7793,6 +8369,200 @@ func NewGetJWKSRequest(server string, params *GetJWKSParams) (*http.Request, err
 	if err != nil {
 		return nil, err
 	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetAccountSecurityRequest constructs an http.Request for the GetAccountSecurity method
+func NewGetAccountSecurityRequest(server string, params *GetAccountSecurityParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/account/security")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateMFARecoveryRequestRequest calls the generic CreateMFARecoveryRequest builder with application/json body
+func NewCreateMFARecoveryRequestRequest(server string, params *CreateMFARecoveryRequestParams, body CreateMFARecoveryRequestJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateMFARecoveryRequestRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateMFARecoveryRequestRequestWithBody constructs an http.Request for the CreateMFARecoveryRequest method, with any body, and a specified content type
+func NewCreateMFARecoveryRequestRequestWithBody(server string, params *CreateMFARecoveryRequestParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/account/security/mfa/recovery-requests")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewEnrollTOTPRequest constructs an http.Request for the EnrollTOTP method
+func NewEnrollTOTPRequest(server string, params *EnrollTOTPParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/account/security/mfa/totp")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewVerifyTOTPRequest calls the generic VerifyTOTP builder with application/json body
+func NewVerifyTOTPRequest(server string, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewVerifyTOTPRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewVerifyTOTPRequestWithBody constructs an http.Request for the VerifyTOTP method, with any body, and a specified content type
+func NewVerifyTOTPRequestWithBody(server string, params *VerifyTOTPParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/account/security/mfa/totp/verify")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	if params != nil {
 
@@ -11393,6 +12163,61 @@ func NewSignupRequestWithBody(server string, params *SignupParams, contentType s
 	return req, nil
 }
 
+// NewStepUpRequest calls the generic StepUp builder with application/json body
+func NewStepUpRequest(server string, params *StepUpParams, body StepUpJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewStepUpRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewStepUpRequestWithBody constructs an http.Request for the StepUp method, with any body, and a specified content type
+func NewStepUpRequestWithBody(server string, params *StepUpParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/auth/step-up")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewGetBillingAccountRequest constructs an http.Request for the GetBillingAccount method
 func NewGetBillingAccountRequest(server string, params *GetBillingAccountParams) (*http.Request, error) {
 	var err error
@@ -13176,6 +14001,48 @@ func NewReceivePaymentWebhookRequestWithBody(server string, provider PaymentProv
 	return req, nil
 }
 
+// NewGetMFAReadinessRequest constructs an http.Request for the GetMFAReadiness method
+func NewGetMFAReadinessRequest(server string, params *GetMFAReadinessParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/platform/iam/mfa-readiness")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewListProjectsRequest constructs an http.Request for the ListProjects method
 func NewListProjectsRequest(server string, params *ListProjectsParams) (*http.Request, error) {
 	var err error
@@ -14432,6 +15299,60 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /.well-known/jwks.json (the `GetJWKS` operationId).
 	GetJWKSWithResponse(ctx context.Context, params *GetJWKSParams, reqEditors ...RequestEditorFn) (*GetJWKSHTTPResponse, error)
 
+	// GetAccountSecurityWithResponse The caller's account security and MFA posture
+	//
+	// MFA state, enrolled factors, recovery codes left, active sessions, and whether the presented token currently satisfies step-up. Never contains a secret.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/account/security (the `GetAccountSecurity` operationId).
+	GetAccountSecurityWithResponse(ctx context.Context, params *GetAccountSecurityParams, reqEditors ...RequestEditorFn) (*GetAccountSecurityHTTPResponse, error)
+
+	// CreateMFARecoveryRequestWithBodyWithResponse Ask support to recover MFA
+	//
+	// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+	CreateMFARecoveryRequestWithBodyWithResponse(ctx context.Context, params *CreateMFARecoveryRequestParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateMFARecoveryRequestHTTPResponse, error)
+
+	// CreateMFARecoveryRequestWithResponse Ask support to recover MFA
+	//
+	// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+	CreateMFARecoveryRequestWithResponse(ctx context.Context, params *CreateMFARecoveryRequestParams, body CreateMFARecoveryRequestJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateMFARecoveryRequestHTTPResponse, error)
+
+	// EnrollTOTPWithResponse Begin TOTP enrolment
+	//
+	// Generates a new TOTP secret (RFC 6238, SHA1, 6 digits, 30 s) and returns it, with its otpauth URI, this one time; it is stored sealed under the master key and is pending until verified. A second call replaces a pending enrolment. Replacing an active factor needs step-up (403 `step_up_required`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/totp (the `EnrollTOTP` operationId).
+	EnrollTOTPWithResponse(ctx context.Context, params *EnrollTOTPParams, reqEditors ...RequestEditorFn) (*EnrollTOTPHTTPResponse, error)
+
+	// VerifyTOTPWithBodyWithResponse Finish TOTP enrolment
+	//
+	// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+	VerifyTOTPWithBodyWithResponse(ctx context.Context, params *VerifyTOTPParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*VerifyTOTPHTTPResponse, error)
+
+	// VerifyTOTPWithResponse Finish TOTP enrolment
+	//
+	// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+	VerifyTOTPWithResponse(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*VerifyTOTPHTTPResponse, error)
+
 	// ListAdminAllocationsWithResponse List allocations across tenants
 	//
 	// Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
@@ -15178,6 +16099,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/auth/signup (the `Signup` operationId).
 	SignupWithResponse(ctx context.Context, params *SignupParams, body SignupJSONRequestBody, reqEditors ...RequestEditorFn) (*SignupHTTPResponse, error)
 
+	// StepUpWithBodyWithResponse Prove a fresh second factor (step-up)
+	//
+	// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+	StepUpWithBodyWithResponse(ctx context.Context, params *StepUpParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*StepUpHTTPResponse, error)
+
+	// StepUpWithResponse Prove a fresh second factor (step-up)
+	//
+	// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+	StepUpWithResponse(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*StepUpHTTPResponse, error)
+
 	// GetBillingAccountWithResponse Billing account of the caller's tenant
 	//
 	// The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -15516,6 +16455,15 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/payments/webhooks/{provider} (the `ReceivePaymentWebhook` operationId).
 	ReceivePaymentWebhookWithBodyWithResponse(ctx context.Context, provider PaymentProvider, params *ReceivePaymentWebhookParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReceivePaymentWebhookHTTPResponse, error)
 
+	// GetMFAReadinessWithResponse MFA readiness of platform-role holders (read-only)
+	//
+	// How many holders of the privileged platform roles (platform_superadmin, including users with users.role admin, and platform_ops) lack an active second factor, and how many MFA recovery requests are open. Needs `platform.ops.read` (`admin_required` otherwise). Names no user.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/platform/iam/mfa-readiness (the `GetMFAReadiness` operationId).
+	GetMFAReadinessWithResponse(ctx context.Context, params *GetMFAReadinessParams, reqEditors ...RequestEditorFn) (*GetMFAReadinessHTTPResponse, error)
+
 	// ListProjectsWithResponse List the caller's projects
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -15847,6 +16795,584 @@ func (r GetJWKSHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetJWKSHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAccountSecurityHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetAccountSecurity
+type GetAccountSecurityHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetAccountSecurityHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetAccountSecurity
+type GetAccountSecurityHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetAccountSecurityHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetAccountSecurity
+type GetAccountSecurityHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetAccountSecurityHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetAccountSecurity
+type GetAccountSecurityHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetAccountSecurityHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetAccountSecurity
+type GetAccountSecurityHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetAccountSecurityHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetAccountSecurity
+type GetAccountSecurityHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetAccountSecurityHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AccountSecurityResponse
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetAccountSecurityHTTPResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAccountSecurityHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAccountSecurityHTTPResponse403Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAccountSecurityHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetAccountSecurityHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAccountSecurityHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAccountSecurityHTTPResponse) GetJSON200() *AccountSecurityResponse {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAccountSecurityHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetAccountSecurityHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAccountSecurityHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetAccountSecurityHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAccountSecurityHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAccountSecurityHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAccountSecurityHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAccountSecurityHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAccountSecurityHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateMFARecoveryRequestHTTPResponse200Headers the declared response headers of an HTTP 200 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateMFARecoveryRequestHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateMFARecoveryRequest
+type CreateMFARecoveryRequestHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateMFARecoveryRequestHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *MFARecoveryRequest
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *MFARecoveryRequest
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *CreateMFARecoveryRequestHTTPResponse200Headers
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateMFARecoveryRequestHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateMFARecoveryRequestHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateMFARecoveryRequestHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateMFARecoveryRequestHTTPResponse403Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateMFARecoveryRequestHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateMFARecoveryRequestHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateMFARecoveryRequestHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateMFARecoveryRequestHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateMFARecoveryRequestHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON200() *MFARecoveryRequest {
+	return r.JSON200
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON201() *MFARecoveryRequest {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateMFARecoveryRequestHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateMFARecoveryRequestHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateMFARecoveryRequestHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateMFARecoveryRequestHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateMFARecoveryRequestHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// EnrollTOTPHTTPResponse201Headers the declared response headers of an HTTP 201 response for EnrollTOTP
+type EnrollTOTPHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// EnrollTOTPHTTPResponse401Headers the declared response headers of an HTTP 401 response for EnrollTOTP
+type EnrollTOTPHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// EnrollTOTPHTTPResponse403Headers the declared response headers of an HTTP 403 response for EnrollTOTP
+type EnrollTOTPHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// EnrollTOTPHTTPResponse429Headers the declared response headers of an HTTP 429 response for EnrollTOTP
+type EnrollTOTPHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// EnrollTOTPHTTPResponse500Headers the declared response headers of an HTTP 500 response for EnrollTOTP
+type EnrollTOTPHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// EnrollTOTPHTTPResponse503Headers the declared response headers of an HTTP 503 response for EnrollTOTP
+type EnrollTOTPHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type EnrollTOTPHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *TOTPEnrollmentResponse
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *EnrollTOTPHTTPResponse201Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *EnrollTOTPHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *EnrollTOTPHTTPResponse403Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *EnrollTOTPHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *EnrollTOTPHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *EnrollTOTPHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r EnrollTOTPHTTPResponse) GetJSON201() *TOTPEnrollmentResponse {
+	return r.JSON201
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r EnrollTOTPHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r EnrollTOTPHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r EnrollTOTPHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r EnrollTOTPHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r EnrollTOTPHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r EnrollTOTPHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r EnrollTOTPHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r EnrollTOTPHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r EnrollTOTPHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// VerifyTOTPHTTPResponse200Headers the declared response headers of an HTTP 200 response for VerifyTOTP
+type VerifyTOTPHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse400Headers the declared response headers of an HTTP 400 response for VerifyTOTP
+type VerifyTOTPHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse401Headers the declared response headers of an HTTP 401 response for VerifyTOTP
+type VerifyTOTPHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse403Headers the declared response headers of an HTTP 403 response for VerifyTOTP
+type VerifyTOTPHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse413Headers the declared response headers of an HTTP 413 response for VerifyTOTP
+type VerifyTOTPHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse422Headers the declared response headers of an HTTP 422 response for VerifyTOTP
+type VerifyTOTPHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse429Headers the declared response headers of an HTTP 429 response for VerifyTOTP
+type VerifyTOTPHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse500Headers the declared response headers of an HTTP 500 response for VerifyTOTP
+type VerifyTOTPHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// VerifyTOTPHTTPResponse503Headers the declared response headers of an HTTP 503 response for VerifyTOTP
+type VerifyTOTPHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type VerifyTOTPHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *TOTPVerifyResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *VerifyTOTPHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *VerifyTOTPHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *VerifyTOTPHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *VerifyTOTPHTTPResponse403Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *VerifyTOTPHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *VerifyTOTPHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *VerifyTOTPHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *VerifyTOTPHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *VerifyTOTPHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON200() *TOTPVerifyResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r VerifyTOTPHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r VerifyTOTPHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r VerifyTOTPHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r VerifyTOTPHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r VerifyTOTPHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -25113,6 +26639,168 @@ func (r SignupHTTPResponse) ContentType() string {
 	return ""
 }
 
+// StepUpHTTPResponse200Headers the declared response headers of an HTTP 200 response for StepUp
+type StepUpHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse400Headers the declared response headers of an HTTP 400 response for StepUp
+type StepUpHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse401Headers the declared response headers of an HTTP 401 response for StepUp
+type StepUpHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse403Headers the declared response headers of an HTTP 403 response for StepUp
+type StepUpHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse413Headers the declared response headers of an HTTP 413 response for StepUp
+type StepUpHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse422Headers the declared response headers of an HTTP 422 response for StepUp
+type StepUpHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse429Headers the declared response headers of an HTTP 429 response for StepUp
+type StepUpHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// StepUpHTTPResponse500Headers the declared response headers of an HTTP 500 response for StepUp
+type StepUpHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// StepUpHTTPResponse503Headers the declared response headers of an HTTP 503 response for StepUp
+type StepUpHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type StepUpHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *StepUpResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *StepUpHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *StepUpHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *StepUpHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *StepUpHTTPResponse403Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *StepUpHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *StepUpHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *StepUpHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *StepUpHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *StepUpHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r StepUpHTTPResponse) GetJSON200() *StepUpResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r StepUpHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r StepUpHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r StepUpHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r StepUpHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r StepUpHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r StepUpHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r StepUpHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r StepUpHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r StepUpHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r StepUpHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r StepUpHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r StepUpHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetBillingAccountHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetBillingAccount
 type GetBillingAccountHTTPResponse200Headers struct {
 	XRequestID *string
@@ -29537,6 +31225,126 @@ func (r ReceivePaymentWebhookHTTPResponse) ContentType() string {
 	return ""
 }
 
+// GetMFAReadinessHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetMFAReadiness
+type GetMFAReadinessHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetMFAReadinessHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetMFAReadiness
+type GetMFAReadinessHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetMFAReadinessHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetMFAReadiness
+type GetMFAReadinessHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetMFAReadinessHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetMFAReadiness
+type GetMFAReadinessHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetMFAReadinessHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetMFAReadiness
+type GetMFAReadinessHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetMFAReadinessHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetMFAReadiness
+type GetMFAReadinessHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetMFAReadinessHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *MFAReadinessResponse
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetMFAReadinessHTTPResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetMFAReadinessHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetMFAReadinessHTTPResponse403Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetMFAReadinessHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetMFAReadinessHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetMFAReadinessHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetMFAReadinessHTTPResponse) GetJSON200() *MFAReadinessResponse {
+	return r.JSON200
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetMFAReadinessHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetMFAReadinessHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetMFAReadinessHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetMFAReadinessHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetMFAReadinessHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetMFAReadinessHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetMFAReadinessHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetMFAReadinessHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetMFAReadinessHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListProjectsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListProjects
 type ListProjectsHTTPResponse200Headers struct {
 	XRequestID *string
@@ -32775,6 +34583,96 @@ func (c *ClientWithResponses) GetJWKSWithResponse(ctx context.Context, params *G
 	return ParseGetJWKSHTTPResponse(rsp)
 }
 
+// GetAccountSecurityWithResponse The caller's account security and MFA posture
+//
+// MFA state, enrolled factors, recovery codes left, active sessions, and whether the presented token currently satisfies step-up. Never contains a secret.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/account/security (the `GetAccountSecurity` operationId).
+func (c *ClientWithResponses) GetAccountSecurityWithResponse(ctx context.Context, params *GetAccountSecurityParams, reqEditors ...RequestEditorFn) (*GetAccountSecurityHTTPResponse, error) {
+	rsp, err := c.GetAccountSecurity(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAccountSecurityHTTPResponse(rsp)
+}
+
+// CreateMFARecoveryRequestWithBodyWithResponse Ask support to recover MFA
+//
+// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+func (c *ClientWithResponses) CreateMFARecoveryRequestWithBodyWithResponse(ctx context.Context, params *CreateMFARecoveryRequestParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateMFARecoveryRequestHTTPResponse, error) {
+	rsp, err := c.CreateMFARecoveryRequestWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateMFARecoveryRequestHTTPResponse(rsp)
+}
+
+// CreateMFARecoveryRequestWithResponse Ask support to recover MFA
+//
+// Records a support-assisted MFA recovery request (audited as `mfa.recovery_request.create`, counted in the MFA readiness read model). It is never approved automatically. A user has at most one open request; submitting again answers the open one with 200.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/account/security/mfa/recovery-requests (the `CreateMFARecoveryRequest` operationId).
+func (c *ClientWithResponses) CreateMFARecoveryRequestWithResponse(ctx context.Context, params *CreateMFARecoveryRequestParams, body CreateMFARecoveryRequestJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateMFARecoveryRequestHTTPResponse, error) {
+	rsp, err := c.CreateMFARecoveryRequest(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateMFARecoveryRequestHTTPResponse(rsp)
+}
+
+// EnrollTOTPWithResponse Begin TOTP enrolment
+//
+// Generates a new TOTP secret (RFC 6238, SHA1, 6 digits, 30 s) and returns it, with its otpauth URI, this one time; it is stored sealed under the master key and is pending until verified. A second call replaces a pending enrolment. Replacing an active factor needs step-up (403 `step_up_required`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/account/security/mfa/totp (the `EnrollTOTP` operationId).
+func (c *ClientWithResponses) EnrollTOTPWithResponse(ctx context.Context, params *EnrollTOTPParams, reqEditors ...RequestEditorFn) (*EnrollTOTPHTTPResponse, error) {
+	rsp, err := c.EnrollTOTP(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseEnrollTOTPHTTPResponse(rsp)
+}
+
+// VerifyTOTPWithBodyWithResponse Finish TOTP enrolment
+//
+// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+func (c *ClientWithResponses) VerifyTOTPWithBodyWithResponse(ctx context.Context, params *VerifyTOTPParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*VerifyTOTPHTTPResponse, error) {
+	rsp, err := c.VerifyTOTPWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseVerifyTOTPHTTPResponse(rsp)
+}
+
+// VerifyTOTPWithResponse Finish TOTP enrolment
+//
+// A current code of the pending secret activates it (replacing an active factor, if any) and returns 10 one-time recovery codes, shown this once and stored hashed; earlier recovery codes stop working. A wrong code is 422 `validation_error` and changes nothing; without a pending enrolment it is 400 `invalid_request`. Wrong codes count towards the user's MFA backoff (429).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
+func (c *ClientWithResponses) VerifyTOTPWithResponse(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*VerifyTOTPHTTPResponse, error) {
+	rsp, err := c.VerifyTOTP(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseVerifyTOTPHTTPResponse(rsp)
+}
+
 // ListAdminAllocationsWithResponse List allocations across tenants
 //
 // Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
@@ -33995,6 +35893,36 @@ func (c *ClientWithResponses) SignupWithResponse(ctx context.Context, params *Si
 	return ParseSignupHTTPResponse(rsp)
 }
 
+// StepUpWithBodyWithResponse Prove a fresh second factor (step-up)
+//
+// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+func (c *ClientWithResponses) StepUpWithBodyWithResponse(ctx context.Context, params *StepUpParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*StepUpHTTPResponse, error) {
+	rsp, err := c.StepUpWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStepUpHTTPResponse(rsp)
+}
+
+// StepUpWithResponse Prove a fresh second factor (step-up)
+//
+// A human user with an active TOTP factor sends a current code and gets a new access token carrying `amr` ["pwd","otp"] and `auth_time`. For GANTRY_STEP_UP_WINDOW (default 5 minutes) after `auth_time` that token satisfies operations that need step-up; after that it is an ordinary access token until it expires. A wrong, reused or missing code, or no active TOTP factor, is 403 `step_up_required` (details.reason `totp_invalid`, `totp_replayed`, `mfa_not_enrolled`); repeated wrong codes lock step-up for the user (429 `rate_limit_exceeded`, details.reason `mfa_backoff`, Retry-After). No refresh token is issued.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
+func (c *ClientWithResponses) StepUpWithResponse(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*StepUpHTTPResponse, error) {
+	rsp, err := c.StepUp(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStepUpHTTPResponse(rsp)
+}
+
 // GetBillingAccountWithResponse Billing account of the caller's tenant
 //
 // The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -34555,6 +36483,21 @@ func (c *ClientWithResponses) ReceivePaymentWebhookWithBodyWithResponse(ctx cont
 	return ParseReceivePaymentWebhookHTTPResponse(rsp)
 }
 
+// GetMFAReadinessWithResponse MFA readiness of platform-role holders (read-only)
+//
+// How many holders of the privileged platform roles (platform_superadmin, including users with users.role admin, and platform_ops) lack an active second factor, and how many MFA recovery requests are open. Needs `platform.ops.read` (`admin_required` otherwise). Names no user.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/platform/iam/mfa-readiness (the `GetMFAReadiness` operationId).
+func (c *ClientWithResponses) GetMFAReadinessWithResponse(ctx context.Context, params *GetMFAReadinessParams, reqEditors ...RequestEditorFn) (*GetMFAReadinessHTTPResponse, error) {
+	rsp, err := c.GetMFAReadiness(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetMFAReadinessHTTPResponse(rsp)
+}
+
 // ListProjectsWithResponse List the caller's projects
 //
 // Returns a wrapper object for the known response body format(s).
@@ -35045,6 +36988,677 @@ func ParseGetJWKSHTTPResponse(rsp *http.Response) (*GetJWKSHTTPResponse, error) 
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetJWKSHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAccountSecurityHTTPResponse parses an HTTP response from a GetAccountSecurityWithResponse call
+func ParseGetAccountSecurityHTTPResponse(rsp *http.Response) (*GetAccountSecurityHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAccountSecurityHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AccountSecurityResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetAccountSecurityHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAccountSecurityHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAccountSecurityHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAccountSecurityHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetAccountSecurityHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAccountSecurityHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateMFARecoveryRequestHTTPResponse parses an HTTP response from a CreateMFARecoveryRequestWithResponse call
+func ParseCreateMFARecoveryRequestHTTPResponse(rsp *http.Response) (*CreateMFARecoveryRequestHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateMFARecoveryRequestHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest MFARecoveryRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest MFARecoveryRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers CreateMFARecoveryRequestHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 201:
+		var headers CreateMFARecoveryRequestHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateMFARecoveryRequestHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateMFARecoveryRequestHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateMFARecoveryRequestHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateMFARecoveryRequestHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateMFARecoveryRequestHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateMFARecoveryRequestHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateMFARecoveryRequestHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateMFARecoveryRequestHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseEnrollTOTPHTTPResponse parses an HTTP response from a EnrollTOTPWithResponse call
+func ParseEnrollTOTPHTTPResponse(rsp *http.Response) (*EnrollTOTPHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &EnrollTOTPHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest TOTPEnrollmentResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers EnrollTOTPHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 401:
+		var headers EnrollTOTPHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers EnrollTOTPHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 429:
+		var headers EnrollTOTPHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers EnrollTOTPHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers EnrollTOTPHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseVerifyTOTPHTTPResponse parses an HTTP response from a VerifyTOTPWithResponse call
+func ParseVerifyTOTPHTTPResponse(rsp *http.Response) (*VerifyTOTPHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &VerifyTOTPHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest TOTPVerifyResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers VerifyTOTPHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers VerifyTOTPHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers VerifyTOTPHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers VerifyTOTPHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 413:
+		var headers VerifyTOTPHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers VerifyTOTPHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers VerifyTOTPHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers VerifyTOTPHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers VerifyTOTPHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -45903,6 +48517,195 @@ func ParseSignupHTTPResponse(rsp *http.Response) (*SignupHTTPResponse, error) {
 	return response, nil
 }
 
+// ParseStepUpHTTPResponse parses an HTTP response from a StepUpWithResponse call
+func ParseStepUpHTTPResponse(rsp *http.Response) (*StepUpHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &StepUpHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest StepUpResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers StepUpHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers StepUpHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers StepUpHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers StepUpHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 413:
+		var headers StepUpHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers StepUpHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers StepUpHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers StepUpHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers StepUpHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetBillingAccountHTTPResponse parses an HTTP response from a GetBillingAccountWithResponse call
 func ParseGetBillingAccountHTTPResponse(rsp *http.Response) (*GetBillingAccountHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -51041,6 +53844,144 @@ func ParseReceivePaymentWebhookHTTPResponse(rsp *http.Response) (*ReceivePayment
 	return response, nil
 }
 
+// ParseGetMFAReadinessHTTPResponse parses an HTTP response from a GetMFAReadinessWithResponse call
+func ParseGetMFAReadinessHTTPResponse(rsp *http.Response) (*GetMFAReadinessHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetMFAReadinessHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest MFAReadinessResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetMFAReadinessHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetMFAReadinessHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetMFAReadinessHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetMFAReadinessHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetMFAReadinessHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetMFAReadinessHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListProjectsHTTPResponse parses an HTTP response from a ListProjectsWithResponse call
 func ParseListProjectsHTTPResponse(rsp *http.Response) (*ListProjectsHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -54808,6 +57749,18 @@ type ServerInterface interface {
 	// GetJWKS Public signing keys
 	// (GET /.well-known/jwks.json)
 	GetJWKS(w http.ResponseWriter, r *http.Request, params GetJWKSParams)
+	// GetAccountSecurity The caller's account security and MFA posture
+	// (GET /api/v1/account/security)
+	GetAccountSecurity(w http.ResponseWriter, r *http.Request, params GetAccountSecurityParams)
+	// CreateMFARecoveryRequest Ask support to recover MFA
+	// (POST /api/v1/account/security/mfa/recovery-requests)
+	CreateMFARecoveryRequest(w http.ResponseWriter, r *http.Request, params CreateMFARecoveryRequestParams)
+	// EnrollTOTP Begin TOTP enrolment
+	// (POST /api/v1/account/security/mfa/totp)
+	EnrollTOTP(w http.ResponseWriter, r *http.Request, params EnrollTOTPParams)
+	// VerifyTOTP Finish TOTP enrolment
+	// (POST /api/v1/account/security/mfa/totp/verify)
+	VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams)
 	// ListAdminAllocations List allocations across tenants
 	// (GET /api/v1/admin/allocations)
 	ListAdminAllocations(w http.ResponseWriter, r *http.Request, params ListAdminAllocationsParams)
@@ -54973,6 +57926,9 @@ type ServerInterface interface {
 	// Signup Personal sign-up
 	// (POST /api/v1/auth/signup)
 	Signup(w http.ResponseWriter, r *http.Request, params SignupParams)
+	// StepUp Prove a fresh second factor (step-up)
+	// (POST /api/v1/auth/step-up)
+	StepUp(w http.ResponseWriter, r *http.Request, params StepUpParams)
 	// GetBillingAccount Billing account of the caller's tenant
 	// (GET /api/v1/billing/account)
 	GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams)
@@ -55063,6 +58019,9 @@ type ServerInterface interface {
 	// ReceivePaymentWebhook Receive a payment provider webhook event
 	// (POST /api/v1/payments/webhooks/{provider})
 	ReceivePaymentWebhook(w http.ResponseWriter, r *http.Request, provider PaymentProvider, params ReceivePaymentWebhookParams)
+	// GetMFAReadiness MFA readiness of platform-role holders (read-only)
+	// (GET /api/v1/platform/iam/mfa-readiness)
+	GetMFAReadiness(w http.ResponseWriter, r *http.Request, params GetMFAReadinessParams)
 	// ListProjects List the caller's projects
 	// (GET /api/v1/projects)
 	ListProjects(w http.ResponseWriter, r *http.Request, params ListProjectsParams)
@@ -55135,6 +58094,30 @@ type Unimplemented struct{}
 // GetJWKS Public signing keys
 // (GET /.well-known/jwks.json)
 func (_ Unimplemented) GetJWKS(w http.ResponseWriter, r *http.Request, params GetJWKSParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetAccountSecurity The caller's account security and MFA posture
+// (GET /api/v1/account/security)
+func (_ Unimplemented) GetAccountSecurity(w http.ResponseWriter, r *http.Request, params GetAccountSecurityParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateMFARecoveryRequest Ask support to recover MFA
+// (POST /api/v1/account/security/mfa/recovery-requests)
+func (_ Unimplemented) CreateMFARecoveryRequest(w http.ResponseWriter, r *http.Request, params CreateMFARecoveryRequestParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// EnrollTOTP Begin TOTP enrolment
+// (POST /api/v1/account/security/mfa/totp)
+func (_ Unimplemented) EnrollTOTP(w http.ResponseWriter, r *http.Request, params EnrollTOTPParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// VerifyTOTP Finish TOTP enrolment
+// (POST /api/v1/account/security/mfa/totp/verify)
+func (_ Unimplemented) VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -55468,6 +58451,12 @@ func (_ Unimplemented) Signup(w http.ResponseWriter, r *http.Request, params Sig
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// StepUp Prove a fresh second factor (step-up)
+// (POST /api/v1/auth/step-up)
+func (_ Unimplemented) StepUp(w http.ResponseWriter, r *http.Request, params StepUpParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetBillingAccount Billing account of the caller's tenant
 // (GET /api/v1/billing/account)
 func (_ Unimplemented) GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams) {
@@ -55648,6 +58637,12 @@ func (_ Unimplemented) ReceivePaymentWebhook(w http.ResponseWriter, r *http.Requ
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// GetMFAReadiness MFA readiness of platform-role holders (read-only)
+// (GET /api/v1/platform/iam/mfa-readiness)
+func (_ Unimplemented) GetMFAReadiness(w http.ResponseWriter, r *http.Request, params GetMFAReadinessParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListProjects List the caller's projects
 // (GET /api/v1/projects)
 func (_ Unimplemented) ListProjects(w http.ResponseWriter, r *http.Request, params ListProjectsParams) {
@@ -55815,6 +58810,170 @@ func (siw *ServerInterfaceWrapper) GetJWKS(w http.ResponseWriter, r *http.Reques
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.GetJWKS(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetAccountSecurity operation middleware
+func (siw *ServerInterfaceWrapper) GetAccountSecurity(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetAccountSecurityParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetAccountSecurity(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateMFARecoveryRequest operation middleware
+func (siw *ServerInterfaceWrapper) CreateMFARecoveryRequest(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateMFARecoveryRequestParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateMFARecoveryRequest(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// EnrollTOTP operation middleware
+func (siw *ServerInterfaceWrapper) EnrollTOTP(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params EnrollTOTPParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.EnrollTOTP(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// VerifyTOTP operation middleware
+func (siw *ServerInterfaceWrapper) VerifyTOTP(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params VerifyTOTPParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.VerifyTOTP(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -59211,6 +62370,47 @@ func (siw *ServerInterfaceWrapper) Signup(w http.ResponseWriter, r *http.Request
 	handler.ServeHTTP(w, r)
 }
 
+// StepUp operation middleware
+func (siw *ServerInterfaceWrapper) StepUp(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params StepUpParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StepUp(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetBillingAccount operation middleware
 func (siw *ServerInterfaceWrapper) GetBillingAccount(w http.ResponseWriter, r *http.Request) {
 
@@ -60837,6 +64037,47 @@ func (siw *ServerInterfaceWrapper) ReceivePaymentWebhook(w http.ResponseWriter, 
 	handler.ServeHTTP(w, r)
 }
 
+// GetMFAReadiness operation middleware
+func (siw *ServerInterfaceWrapper) GetMFAReadiness(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetMFAReadinessParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetMFAReadiness(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListProjects operation middleware
 func (siw *ServerInterfaceWrapper) ListProjects(w http.ResponseWriter, r *http.Request) {
 
@@ -62101,6 +65342,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/api/v1/auth/logout", wrapper.Logout)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/auth/step-up", wrapper.StepUp)
+	})
+	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/.well-known/jwks.json", wrapper.GetJWKS)
 	})
 	r.Group(func(r chi.Router) {
@@ -62108,6 +65352,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/me", wrapper.GetMe)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/account/security", wrapper.GetAccountSecurity)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/account/security/mfa/totp", wrapper.EnrollTOTP)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/account/security/mfa/totp/verify", wrapper.VerifyTOTP)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/account/security/mfa/recovery-requests", wrapper.CreateMFARecoveryRequest)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/platform/iam/mfa-readiness", wrapper.GetMFAReadiness)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/users", wrapper.ListTenantUsers)
@@ -62580,6 +65839,626 @@ func (response GetJWKS500JSONResponse) VisitGetJWKSResponse(w http.ResponseWrite
 type GetJWKS503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response GetJWKS503JSONResponse) VisitGetJWKSResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAccountSecurityRequestObject struct {
+	Params GetAccountSecurityParams
+}
+
+type GetAccountSecurityResponseObject interface {
+	VisitGetAccountSecurityResponse(w http.ResponseWriter) error
+}
+
+type GetAccountSecurity200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetAccountSecurity200JSONResponse struct {
+	Body    AccountSecurityResponse
+	Headers GetAccountSecurity200ResponseHeaders
+}
+
+func (response GetAccountSecurity200JSONResponse) VisitGetAccountSecurityResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAccountSecurity401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetAccountSecurity401JSONResponse) VisitGetAccountSecurityResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAccountSecurity403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetAccountSecurity403JSONResponse) VisitGetAccountSecurityResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAccountSecurity429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetAccountSecurity429JSONResponse) VisitGetAccountSecurityResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAccountSecurity500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetAccountSecurity500JSONResponse) VisitGetAccountSecurityResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAccountSecurity503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetAccountSecurity503JSONResponse) VisitGetAccountSecurityResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequestRequestObject struct {
+	Params CreateMFARecoveryRequestParams
+	Body   *CreateMFARecoveryRequestJSONRequestBody
+}
+
+type CreateMFARecoveryRequestResponseObject interface {
+	VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error
+}
+
+type CreateMFARecoveryRequest200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateMFARecoveryRequest200JSONResponse struct {
+	Body    MFARecoveryRequest
+	Headers CreateMFARecoveryRequest200ResponseHeaders
+}
+
+func (response CreateMFARecoveryRequest200JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateMFARecoveryRequest201JSONResponse struct {
+	Body    MFARecoveryRequest
+	Headers CreateMFARecoveryRequest201ResponseHeaders
+}
+
+func (response CreateMFARecoveryRequest201JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateMFARecoveryRequest400JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateMFARecoveryRequest401JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateMFARecoveryRequest403JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateMFARecoveryRequest413JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateMFARecoveryRequest422JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateMFARecoveryRequest429JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateMFARecoveryRequest500JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateMFARecoveryRequest503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateMFARecoveryRequest503JSONResponse) VisitCreateMFARecoveryRequestResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type EnrollTOTPRequestObject struct {
+	Params EnrollTOTPParams
+}
+
+type EnrollTOTPResponseObject interface {
+	VisitEnrollTOTPResponse(w http.ResponseWriter) error
+}
+
+type EnrollTOTP201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type EnrollTOTP201JSONResponse struct {
+	Body    TOTPEnrollmentResponse
+	Headers EnrollTOTP201ResponseHeaders
+}
+
+func (response EnrollTOTP201JSONResponse) VisitEnrollTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type EnrollTOTP401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response EnrollTOTP401JSONResponse) VisitEnrollTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type EnrollTOTP403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response EnrollTOTP403JSONResponse) VisitEnrollTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type EnrollTOTP429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response EnrollTOTP429JSONResponse) VisitEnrollTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type EnrollTOTP500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response EnrollTOTP500JSONResponse) VisitEnrollTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type EnrollTOTP503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response EnrollTOTP503JSONResponse) VisitEnrollTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTPRequestObject struct {
+	Params VerifyTOTPParams
+	Body   *VerifyTOTPJSONRequestBody
+}
+
+type VerifyTOTPResponseObject interface {
+	VisitVerifyTOTPResponse(w http.ResponseWriter) error
+}
+
+type VerifyTOTP200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type VerifyTOTP200JSONResponse struct {
+	Body    TOTPVerifyResponse
+	Headers VerifyTOTP200ResponseHeaders
+}
+
+func (response VerifyTOTP200JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response VerifyTOTP400JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response VerifyTOTP401JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response VerifyTOTP403JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response VerifyTOTP413JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response VerifyTOTP422JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response VerifyTOTP429JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response VerifyTOTP500JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type VerifyTOTP503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response VerifyTOTP503JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -72654,6 +76533,181 @@ func (response Signup503JSONResponse) VisitSignupResponse(w http.ResponseWriter)
 	return err
 }
 
+type StepUpRequestObject struct {
+	Params StepUpParams
+	Body   *StepUpJSONRequestBody
+}
+
+type StepUpResponseObject interface {
+	VisitStepUpResponse(w http.ResponseWriter) error
+}
+
+type StepUp200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type StepUp200JSONResponse struct {
+	Body    StepUpResponse
+	Headers StepUp200ResponseHeaders
+}
+
+func (response StepUp200JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response StepUp400JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response StepUp401JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response StepUp403JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response StepUp413JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response StepUp422JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response StepUp429JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response StepUp500JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StepUp503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response StepUp503JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetBillingAccountRequestObject struct {
 	Params GetBillingAccountParams
 }
@@ -77366,6 +81420,129 @@ func (response ReceivePaymentWebhook503JSONResponse) VisitReceivePaymentWebhookR
 	return err
 }
 
+type GetMFAReadinessRequestObject struct {
+	Params GetMFAReadinessParams
+}
+
+type GetMFAReadinessResponseObject interface {
+	VisitGetMFAReadinessResponse(w http.ResponseWriter) error
+}
+
+type GetMFAReadiness200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetMFAReadiness200JSONResponse struct {
+	Body    MFAReadinessResponse
+	Headers GetMFAReadiness200ResponseHeaders
+}
+
+func (response GetMFAReadiness200JSONResponse) VisitGetMFAReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetMFAReadiness401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetMFAReadiness401JSONResponse) VisitGetMFAReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetMFAReadiness403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetMFAReadiness403JSONResponse) VisitGetMFAReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetMFAReadiness429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetMFAReadiness429JSONResponse) VisitGetMFAReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetMFAReadiness500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetMFAReadiness500JSONResponse) VisitGetMFAReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetMFAReadiness503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetMFAReadiness503JSONResponse) VisitGetMFAReadinessResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListProjectsRequestObject struct {
 	Params ListProjectsParams
 }
@@ -80839,6 +85016,18 @@ type StrictServerInterface interface {
 	// GetJWKS Public signing keys
 	// (GET /.well-known/jwks.json)
 	GetJWKS(ctx context.Context, request GetJWKSRequestObject) (GetJWKSResponseObject, error)
+	// GetAccountSecurity The caller's account security and MFA posture
+	// (GET /api/v1/account/security)
+	GetAccountSecurity(ctx context.Context, request GetAccountSecurityRequestObject) (GetAccountSecurityResponseObject, error)
+	// CreateMFARecoveryRequest Ask support to recover MFA
+	// (POST /api/v1/account/security/mfa/recovery-requests)
+	CreateMFARecoveryRequest(ctx context.Context, request CreateMFARecoveryRequestRequestObject) (CreateMFARecoveryRequestResponseObject, error)
+	// EnrollTOTP Begin TOTP enrolment
+	// (POST /api/v1/account/security/mfa/totp)
+	EnrollTOTP(ctx context.Context, request EnrollTOTPRequestObject) (EnrollTOTPResponseObject, error)
+	// VerifyTOTP Finish TOTP enrolment
+	// (POST /api/v1/account/security/mfa/totp/verify)
+	VerifyTOTP(ctx context.Context, request VerifyTOTPRequestObject) (VerifyTOTPResponseObject, error)
 	// ListAdminAllocations List allocations across tenants
 	// (GET /api/v1/admin/allocations)
 	ListAdminAllocations(ctx context.Context, request ListAdminAllocationsRequestObject) (ListAdminAllocationsResponseObject, error)
@@ -81004,6 +85193,9 @@ type StrictServerInterface interface {
 	// Signup Personal sign-up
 	// (POST /api/v1/auth/signup)
 	Signup(ctx context.Context, request SignupRequestObject) (SignupResponseObject, error)
+	// StepUp Prove a fresh second factor (step-up)
+	// (POST /api/v1/auth/step-up)
+	StepUp(ctx context.Context, request StepUpRequestObject) (StepUpResponseObject, error)
 	// GetBillingAccount Billing account of the caller's tenant
 	// (GET /api/v1/billing/account)
 	GetBillingAccount(ctx context.Context, request GetBillingAccountRequestObject) (GetBillingAccountResponseObject, error)
@@ -81094,6 +85286,9 @@ type StrictServerInterface interface {
 	// ReceivePaymentWebhook Receive a payment provider webhook event
 	// (POST /api/v1/payments/webhooks/{provider})
 	ReceivePaymentWebhook(ctx context.Context, request ReceivePaymentWebhookRequestObject) (ReceivePaymentWebhookResponseObject, error)
+	// GetMFAReadiness MFA readiness of platform-role holders (read-only)
+	// (GET /api/v1/platform/iam/mfa-readiness)
+	GetMFAReadiness(ctx context.Context, request GetMFAReadinessRequestObject) (GetMFAReadinessResponseObject, error)
 	// ListProjects List the caller's projects
 	// (GET /api/v1/projects)
 	ListProjects(ctx context.Context, request ListProjectsRequestObject) (ListProjectsResponseObject, error)
@@ -81217,6 +85412,124 @@ func (sh *strictHandler) GetJWKS(w http.ResponseWriter, r *http.Request, params 
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetJWKSResponseObject); ok {
 		if err := validResponse.VisitGetJWKSResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetAccountSecurity operation middleware
+func (sh *strictHandler) GetAccountSecurity(w http.ResponseWriter, r *http.Request, params GetAccountSecurityParams) {
+	var request GetAccountSecurityRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetAccountSecurity(ctx, request.(GetAccountSecurityRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetAccountSecurity")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetAccountSecurityResponseObject); ok {
+		if err := validResponse.VisitGetAccountSecurityResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateMFARecoveryRequest operation middleware
+func (sh *strictHandler) CreateMFARecoveryRequest(w http.ResponseWriter, r *http.Request, params CreateMFARecoveryRequestParams) {
+	var request CreateMFARecoveryRequestRequestObject
+
+	request.Params = params
+
+	var body CreateMFARecoveryRequestJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateMFARecoveryRequest(ctx, request.(CreateMFARecoveryRequestRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateMFARecoveryRequest")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateMFARecoveryRequestResponseObject); ok {
+		if err := validResponse.VisitCreateMFARecoveryRequestResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// EnrollTOTP operation middleware
+func (sh *strictHandler) EnrollTOTP(w http.ResponseWriter, r *http.Request, params EnrollTOTPParams) {
+	var request EnrollTOTPRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.EnrollTOTP(ctx, request.(EnrollTOTPRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "EnrollTOTP")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(EnrollTOTPResponseObject); ok {
+		if err := validResponse.VisitEnrollTOTPResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// VerifyTOTP operation middleware
+func (sh *strictHandler) VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams) {
+	var request VerifyTOTPRequestObject
+
+	request.Params = params
+
+	var body VerifyTOTPJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.VerifyTOTP(ctx, request.(VerifyTOTPRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "VerifyTOTP")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(VerifyTOTPResponseObject); ok {
+		if err := validResponse.VisitVerifyTOTPResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -82851,6 +87164,39 @@ func (sh *strictHandler) Signup(w http.ResponseWriter, r *http.Request, params S
 	}
 }
 
+// StepUp operation middleware
+func (sh *strictHandler) StepUp(w http.ResponseWriter, r *http.Request, params StepUpParams) {
+	var request StepUpRequestObject
+
+	request.Params = params
+
+	var body StepUpJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.StepUp(ctx, request.(StepUpRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "StepUp")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(StepUpResponseObject); ok {
+		if err := validResponse.VisitStepUpResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetBillingAccount operation middleware
 func (sh *strictHandler) GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams) {
 	var request GetBillingAccountRequestObject
@@ -83694,6 +88040,32 @@ func (sh *strictHandler) ReceivePaymentWebhook(w http.ResponseWriter, r *http.Re
 	}
 }
 
+// GetMFAReadiness operation middleware
+func (sh *strictHandler) GetMFAReadiness(w http.ResponseWriter, r *http.Request, params GetMFAReadinessParams) {
+	var request GetMFAReadinessRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetMFAReadiness(ctx, request.(GetMFAReadinessRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetMFAReadiness")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetMFAReadinessResponseObject); ok {
+		if err := validResponse.VisitGetMFAReadinessResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListProjects operation middleware
 func (sh *strictHandler) ListProjects(w http.ResponseWriter, r *http.Request, params ListProjectsParams) {
 	var request ListProjectsRequestObject
@@ -84299,492 +88671,532 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L15d9u2tij+VbD8u29FfleS7Uynjdddb7kZ2pykiX8eTvvuSa8EkVsSjimABUDLOln97m9hA+AkUiJl",
-	"2XES/dPGFIlhY2PPw+e9QMxiwYFrtffi894UaAgS/3kGWi5Oxhqk+SsEFUgWayb43ou9cwgEDxXRgswp",
-	"02QEYyGBSPMJ45P+XndPBVOYUfPpjHE2S2Z7Lw67e3oRw96LPcY1TEDu/fVXd+/3M/gzAaXfhsvzvBRS",
-	"QkTNX4SFRIyJnppp8APSMX8ENIpAPlLk954bqPc27BIhieBAZmamkIwW+KECeQ1yv7Q8evMe+ERP914c",
-	"Pf4hXaLSkvHJ3l9miTGVdAbaAeYkCZk+F1JXwEVITYQMQfbJy0QqIRWhEshIJDw00MJVmJcSBSGZT4Gb",
-	"RwsyBwmEKZVAaFbHzGB/JiAXe909Tme4IDNjfuH/IWG892Lv/zvIjvDA/qoO0jV+NItBOP/EoojxyaWi",
-	"E1i3egNpSQ3kEvM6iRgHtZWFlVeRrc/Ca3lVH2P6ZwIkphPGLSYE+CYZSzEjw+x5n8ONHtgfh3WLtT/X",
-	"IcCzo8ddg68pQiyjQ3fvjRSz5WW6jZEYJBMhicQcpD33uqWY9RcWMhZyRvXei72QauhpNoO9bn51z59W",
-	"LedtCLNYaODB4h0slhf2K70CRSgJJFANRNExRAt7VekogheEEgkxUE3mTE8thtIZkCtYEMpDMhKheT2O",
-	"6ELZX7WQEJKOopxp9m8I94kEFQuuIN2qpSPZXnOL7JlVrrqA6+B/alCH/RvMt1VwjekEBsq8kJ8lhDFN",
-	"Ir334tkhAtWSpMeHh92MQB1VEqgLsfa0kzhed9pabOGsfz+V4l8QVNJK9xMJBNdwo80VpiS2D3sqEDGE",
-	"RMQg7V0hJykZNccuEk2YJkwRCeYDQ5wMNgwZv6YRCwfu5WHtCf/ecwvovX21190z7zMJ4d4LLROo3HmS",
-	"sLC46SfPKze9ikEg9e+pJI4jBiEJCgyjSyCYCggJQzJbYBEpzhK7kz65SDkEsg2FDARJNB0p4HrF1rNh",
-	"27IWvwrkLD/R8GeqYU7xGuNBcqTT1GwvwG0d/EuZnX9uSG9fSynkmZvETlmE4AknSay0BDojIcTAQ3NJ",
-	"yZiyyFzyof9xAGakITLPnJRQ2HvNWtzrB7mDxIX8REP35P62+yuNDAJCmKK/MMetlLnN/up0ltD+mNBI",
-	"CcNtFjPgeqDYhFOdSBi4N4ddMjSE0dCemOrpQEt6DVLRaNgllITADXpyEYK5kyMgmsoJ6G2C86Xg44gF",
-	"9whMP2PGOYJESuCaKG14TWf4vwc0kkDDxQBumNJq2HU/Be5T1SXUXFXHHnR6LEqzKCIy4ZzxyTbB9EbI",
-	"EQtD4Pd4xxI9FZL929IlhwsGyVQyHrOAGYyKQSIaCm6ANKThjPGBp6LmiZhzkGrK4sJTpSEeJMVnNI4H",
-	"XOgBcM105J4lemrmUILTaBAyZXh/9gtwDTKWTEFxpMJX6S/bPI63ZmZOIwTi/R3JJYeb2DI6R/ORvuGp",
-	"2AXdAcH7IPQbIyPc3zYvUF1SIpEBkFCAIlxognfRED5m/75mio0i8AqKVanw9ho0GpslbxUOp3QRCRpe",
-	"CPHeUMH7BoclMCjXMkUiswRJ9JTynJL4SJGAxhWcoEuGIWjKItWXQJXgQxxpoIUY4FBbBpRhN2epMHVf",
-	"gHqbI01kRCPKAyhTLPd4q5hxDvKaBXDJ6TVlkaFR90il8/IPUyTJFkE6Q2VXNsg9Xdo5mkx6qc1k1cZz",
-	"1hUj4t4CZBdC/Er5wj1V9wevM8PHIzZjSEr+TISmBG4CgBC5m6QaBvjzwD9FlhJFwq5nEAhu5YVgYV/0",
-	"zItxpQ1qDXDQwudexir98iBO4pJTx+jv86oa4cJwejt6JrhrcQV84ERbAzr7ICev2gdwE3t2bx+grpi+",
-	"t83bfcljKQJQ6n4v9j/MRkrQuU6fOT5/nNL1ITF6nbV1jBlE4X6fnBjpn3JSsmMQCdaQZ+RfSkI2HgPK",
-	"v4YlbA1wf3md0pofw9Bp2r/CbAQyp0LRMGRmSzQ6lUbV18zolWMaKejuxblHn/eksCewCrBumjPz6l/d",
-	"vUSBHLBwIx0+Mwf8Mx2naxfxR/q+GJnpzFQnKZFYu63iUf98eqmIGKPqfv7ukgiO/0S9qxOKQB1k9Ef1",
-	"Z+ZoX1+DXNiDNlSfRnO6UMQo/MeEJ5Gl/4KDteSaJ2WjQBGyNAhkAuEgEO5QoujjeO/FP1fD+lfBYbH3",
-	"1x/lDf02pZowrZwhdkoVMQMTJciYSm/YwB+NyOLIafVej631HO26nZEQVxDuEzoTCdckjhKL8U7jIjGV",
-	"GoVD+/4CdJ98MJtPuGYRYRrXMgIDiUCza7T9eXhZq89f3T3704Dqpjav4ghLqNTdy/GPiRRJ7DByWc7L",
-	"XiT4olnynBp5L+HBFI1C9oDJWEhCiSGTEbifzWbWIPnalQaCcwhSJG6EBhniv8y+NlixBFlrzg1bgHZp",
-	"gUbW8QOUsQ44Qb9OQGdGZI6AKgi7nn4KScziI9DWX7GVk53EySAwyOhMZ84m+3y1gdZ+NxMhRA1Mbt29",
-	"qUhktBgYrL797fwFB8MrQqh2uOMvpQZOuc7dyuMc9TAvGAI1pSHhgsSSBWA+ZLryHm1Cdr19sgSUw6oX",
-	"RQiDzeYQasBmRiJr9PlaJEArx2BjVoPE2HCRDb+WMLGSaVgGXOUNUldJo9fUdHAFiwELkUMwDTO1yepm",
-	"9Oat/fbJ4/RnKiVd4Cya6kStY+r/ePKbkFdG/T6376dfDqw+W0aYw8dNLq9F9g2hnsTh7WhZScLASRH5",
-	"8wsr4EYZ0+xZ5olJniAVESO7LynQyzAsnnnxlhQ4Q5EgdYvSQzW3K9D+AvDy/DZH3ldLWC+LbKq5rPWL",
-	"mBMtiAQaTI1sbOfO8d1l2WjqZKLcaT5+9qzqFjsHdcoGnj979uTZOk5gDnP9fSwhy9RCOrZebBxiNcBe",
-	"X3uVpTmsPnIgFkOIlpQrVg0fGmjhCV+Zk62XjPBj+/jzHnADJittG8QIZ4w7zDXYuVAaZrmNVgpYm93m",
-	"nA9u061sQ7jxp7QsGUZsDMEiiIDgS6QztPMZFdiJOuafsRTXTJldKE2lRhW53++jQrxu9rEUs0FGkJtJ",
-	"GcukeUngQAlccKebSqX9FnAHTPD9LYoPt+IHYrApP6oi5kWkLMI3P5k/93TxhWvRzS7YEpoWkK4BAXjP",
-	"lE6NDu1075T/p/9ophJYwlOQAzB+oSwIZCExazX87M0lsOMEhcFWQ+Vnw59aksXs64LWnqpoWkxATwH1",
-	"XPOj5cI1mvwyNc0jjaqmBTO0oaguGS0Is8Ebt5fOciQhPZRlzca8tZqfbYEMbnbzIyNEpCsuedAtxKxt",
-	"YJ1iWL3Zw6rNVikrh4ffi4rwrcjP1fJy6SYWEKxenG1Ab16hybYt1eHLxiG04DKtPEGwwaWl2ayVUHVJ",
-	"CEFEJYRkHFHdtcazofty2IgS7ahMmcq0IBUO0huw0PUQ3JGhHRkqa9Ue3xoQpC8gFlrB66GKhV8AIA8N",
-	"FknI9IlRPC6qdXMXWpCp5U5Nr9LOcbBmFogl0wJbVuYqTeRFQ8LaNINsa+m3zaliAy/KOmvClrjRDDQN",
-	"qab1cLUrLMkSCNaeiiFgYxYQP8ox4XANkigIJGjMnVhCDBGgZ+BWnLcVE1kLbAkKY+QbnPqZfdXwDIxk",
-	"XT4ctOytNxTYrz22bZNBrZm7itvkj6SMzCVTQi1Hot6ym99aHkwpnCuMECkW1lKSe7Y+ZPTmAVLVsxRf",
-	"PUlVSRCAMt8bjTSRK6holn6UTw/Jo8DA3PW97so0KaMmUDMciZjSpKMAQvK0f7R/uwwwv5+K1eQfUXxi",
-	"Ma74h3vZYpr7yf3hfnIISfN/4E/VENPTC3EFfEOso3gsA4wwqkinASpBkr//dlEyrv5w9OO6jKzuno1g",
-	"UgNWMfJ7NgZDStOjwnUQXAdh3NBnwUOkz6t1DgljCWo6aDOZ++YWs9XAy+bEdV3MQi9RpblKUFyf1tbd",
-	"s7FfZe+BPZhKjPDOllXX/FK5HKr8BS+gQmHiwlGWgVB5BCscNi5F6yRA+b4x2pZiHEEBBkOPXMIXU4SS",
-	"mC5AHkiqzZPI/EHoSFwDkXROgIe9IFFazEC6GAAXvEM5RhhZwcD9wmYuvL7OIYSrbySMFTfsBTK38IEf",
-	"aUtSmYSQ6YFk6mqAGlgeaeKIajOBpTgIv0oM8lAaxJIFZo1xRPmWFujo+cDHXizfobfnH8nTx0d/y4Km",
-	"jJbYJXoqAWxGX0AVkAi0BqlKV+pJ4UI9MezKvGYG/p9/nvT++4/PT/76j72qhTEVR3Qx8HaG4qJe2V8x",
-	"AtFTEY967gT75MSGqMGfCY0MSxmat4elBWKgx5o7z/i1YAEMJAQsxpjuLYpXmSll8y0q4Lpr01GvaZQA",
-	"oYoM8xAcWjsdMl1nlFMOHmSU2Gwihs8KXx2TkdBTZMxmiv0NYBdTiUHwd3K9/LXZ7nlkDjl/U63Lfg+x",
-	"EhOCUNhB633ljdX0ZuAyFtmIRUwv1t17DEMY+JtePehtbE7zqYhA0Qi2T0RKbKvipItKQIFWp4arwn1f",
-	"hTaVp776jlaQuVUQWUFxK4+2isynWLSe5ZatHXbdLZHDDxn+K1Ha58K0D3e2Ua7rOKgL86vxfD87XE8V",
-	"boHLJXQrYNYsNWfiulbBPgeozQT1dpBySUCN348gnBgMl5Qrp6lsdvG3B+nqJXWrT8Dvd8UR/GRf2VDi",
-	"HPq0KiMqXkGsMTx5RIOrOZUhelepdjfUS5SGBcaSzahcEEdvckGnfkQ19O8GlAvOAhqRGGQvlX+MArss",
-	"grY9YT9bVbJ+5bT+gz55GRkCp8gsUTb2XCUzvxHmCpA0MVqkaym6emaMu7+OyraLMq13e87tZtWBJ+EE",
-	"9Et0HzQlT+XUMw5zMsJx+l5+MYdbEnaMwCK4F4ZsGEQguJY00DbCn2oSAVUaX8NyDnZXXVfLQ0+71uhg",
-	"RSuE9AisLFkZj2bkg7x9pMAqR0JEQNHg3pJulMXgltIX8FDdLvR9LGQAmMs/cy60BrqVPenX2ce/mm9X",
-	"RFqvEyKxfEieSc4E19PI8N4/Eyo1SPw35TyhUcrAKzll0RJcVmMtFiAtsfld5ntfHuQ4xQOb1FJ+zVLC",
-	"BjkRyyJnOkgrCJ+bz7wGi9F3tzpto9KpqYjCgVHq0rhAh9E/HC4l3VDJSUfEwAnlNsJu392aGHhoQ14x",
-	"Q4wp4oY0Cr63MdmUms6n5PDwCfzXfiEQ5qhBxZk8KcpBMMWX9LatJUqvIMAQxoLQH0VibgRFKrn5n0ii",
-	"cDCKRHC1SgIrjmfoaEvBwlK35mwEXx/EImLBYkMZIcztvjHupSBrQKXunK445BokCsIB9emsKRwY18+f",
-	"7lUZEAsf2vJszb9kIhwADzd3Stkh8OI+EM+WGw3CAV7hxmhocFgg8DfVIPy1mzM9ZXzgrkGeKAVSKIW6",
-	"t0N6n9ZceR+3QlJjaLGXSvK5pqpfQZoqX+VuiarlvWclfXnpQuVudS7It4BxBRz2m10+ymWk8AewV7Xn",
-	"6jtVeUUbk+XNlNnbBQ5thtGlIy0P0mLHG2mlt6bk7bye9TyvoFQcHS57QUuAyiGrnXktpMpcIEdCuNBs",
-	"vBgIjkIhsuyBjZU2aJ5YJF7LwzeJHmnJvLeQAoLZDQMFwL9AYCLdwtR5uvCVsV7cehaYudJT2Y6VNMsJ",
-	"WUbXLFcxI8xXttrluiJ7FVEexTGacY+UMxTONZcAWETYEhIVYLqeBOS2nLv+RiFBO/MVF3O0WjmrsYiu",
-	"ocHFPxVKJxI2CByzNoBbK/1biDQOIaYS7Zub6gQr/W8WUKkRzby0RX9bS6vFWhq5bW1jU2qpQelBmnDX",
-	"LNmtgiVV1jlof07rnYYbHJ2Qk03lrTuz8dzaH/hwjTOrec6dBJq7Ey6TmJJ6UlBcalx8JSNNtTJRodik",
-	"3tgMqKXb1S5Xpor430vQYCXXaSs5NxSXM2yscjW6s1vPGy8RlJtZ719OKZ8AVsOnzoh/nFpSMWOIXAHE",
-	"RE+BSUuT+uQkb6jHt1xUWH66o7tkxhFQOcixpOKmDM0gEmbi2pXCAh4SA6NcKHNu8p09f9u0/q4oaxtD",
-	"dN3Ve+l8d+egNeMTtaGv0w9DlBvHW9Cdw4G8Z9dA3vxOAsGvQSqs6m0zT2OQro6z6+2QljYneko1kaAT",
-	"yZWrp1M2JjzQ2LDxzUBxGqupaC9Ivfn93H9aKUepJI6FNNwic6gWCPqDgEBjh+1dhVpUBNRUQq54WCu4",
-	"VO5c2l2Ot7NZorH43JvfCVyzEHgAffILU1pI9KLbwAUCXEvmy9NhbKkEZDLhMuoHNDbM+LYpJ2Y1VZVW",
-	"1pFH9yUWu9k0YcRX7ipC6/UNDTQJIWAzGrmCXIpQYr/z2TiUjCNBdUUFj+LK8+h62Pvxj//sfPrUt//a",
-	"/z+ViGtLLD88kuLi+h/Yuso+zhLwlpftjj2HfBXY1C2g94o7+dbG1G2UPF4c4jyZYdSNzQDHNjlD0imk",
-	"h2MRvUSB5VK4FHtXg0goqKpbsQUzSRroZ8P6JkxpSesSANcHUydbLeE4ZpxG7N+tdrh20M2Uc5tws811",
-	"IA601ZQcNr1nvEJPqki0uq014iGYmG2k6zbQs5VR2V/czKBMbwb/SiRTIatKkW106GYMtZbNV+WPXtCb",
-	"lLkTT74INYojXpI0L2SJlpk5tdA0au7HNV8Y2jJrYLJ34LqgNxfpJ5gm1GbGa8HCbV6vlXablVb8rFSU",
-	"RsUrg14FBpRBVY+uqyhtCS1KthtLJ9YzKaQJLUNIzdhooxqWKhqTjgcfmYKEY+KTJx5lkYI2j1HMmDba",
-	"U1Uxky9g9M9tr6Ia2bbcfjYQ2MjTiy2ZWNOTaM8IvIU1bTkE2B1mWxkmeCaYlzbARW4rccXo6TAIpkaA",
-	"u11FUXozCKiGiZCLTWmyp6y3oMnOImFgVEuG4QZmsb71brfBhVAWHsVV1c7ojdWLGCcjqpgisWBcq3J0",
-	"YsEsdFg7bc4cj2QuQYhsD5eqSH12m4pHlje157GmBJJaSl9efNWp1uF2CdHWlhGsueg5k2HuaqYpOFjB",
-	"02d22Dn3untjsClFSCBW2bjT2e6pakClkvTACghUyoO5YwglHRtQWxVhD7UgHNUKG1RqRqNoMXAPjKiz",
-	"192bS6ZhIMbjBsfh4dLuJHba4VesHe4Ut53itlPcvmLFbQUneY/qwxnYtp8btuXZLPG0BN71aaLltW4k",
-	"E0j3+RayOZ1sFd56qCVIVC+xfsYVQDuVLGirixf9ErbNh6t0nHCmScf/q2drw+z7Usfe9F1hHs7Z8rfh",
-	"IjCzY0L4OrdKl6hk1JsxLmQPFx9LF92M9VTnEK72szz52zo/y+ej7tEPf6XOFvtnjcfF6q5mHWsdUflp",
-	"aO/fZmj3//7gRe+Pz4fd503cFLkZu3s510QOgGuwx/wvovz+Jb5N5Z9BmiVXFXGyYZSEc+W3VidyEPyH",
-	"HaKBsXxFTdHc9nKLakruc6tpl/pbPFwYj8E27RhLMdv8gAtHlf7TTbm1o0Ms3+jgoEL9a56Q7UPr7PTN",
-	"TuW+td38BS/j5W1j3SpQ/95pyJYwdbsoVLYgXGfQySdcPHm81yrr1g+ztOt0/RuQCXdyD4BafKlrvP7+",
-	"nhmQXhpG28jxcbvaJSyKbgdHHEGLzQ0xt7+VdxkztqHU4CoWbcej4EfbopPiDvw8je06DRKVt14LrzBk",
-	"jkC2NZb4cTYzmDhCmBlNsACqFtYpsdLHkk6McUJNygRvuSwyVnqsSDirbl7mWsVDOBgtbtMgoKiYNSJp",
-	"+MmfCeWa6cVgZq65aph8aD5t/C5qQhICIcNNN4dDZCfagFwhWzi3X6xTABvYn8qbyFuk8ikflcdZ2kC3",
-	"qBxmnCXjETWHUzhmfwo5h1YJ95cJRM39rriuRWZRQOtlorhMeQuUvan4k+fn9yuOlySJB+l8Op/SUMzP",
-	"8Bw2kHcegABDecjMBwPrtWwbG5L/vA2JDSHStO1scMMUzrLRWr9ZxvzSHwKJSyx6S8x4x8fuio8ts7Bq",
-	"HK+9qKWbVHMj75rZbZHHNSS2m2nfGXA2QOlbuH53lKeG8mRdGxQerkPadekdNZc4vUfb6tB21M46koqf",
-	"S8vpVqNeY2TfSOpyEiFGtFTEk7lse/z0BbHwJ64mPlbJD+WCyIRX54tuFCa/JC6tM7MW4xzvZifojN5k",
-	"Bxf2w6VytAiZdNxu6Rwqt9QQES7SpW5E9DYSm+5dUiuB83YMcQVgCwEWxSJNg0DwMZsk0leI4SGVxbDC",
-	"pXjCVfFiTmCobFeDURMDI6437Vbji+3bphTlrjW53jPLQ+ee2LYxgVBpPxn8N63pH1Mh+pRKUgY++ILG",
-	"8UAmHDWQqqFeUk0jMTl/d9nWPHxNWUSzuvWNSE8220n+87V9JEOmrgYTNipUs6jsv9m6yOQkTiraZh49",
-	"X9fo03w3EyFELbqorZPtZzATctFsoy29DhnkKxwPVSBvI0h3966DOFm35iqzUanaRwbU/MG44QvwyeFE",
-	"SYJOXUoFDK2iPTXY2C4mBbPqAxrTgOmFoQoUu267wBMxxj64tnOmqkj/sBNHdVUo/M91/aN/EXMyo3yR",
-	"68Hr8v6ZwnWMmSZczEkHaDAlwq6KixD2j8khSXiEDZymaTdww6L9pOs7K40lwGASJxVywBsJQH4+vUzL",
-	"EJy/u3ykCJ6uXYfhzV1iEDRMcD5cl8r6PU1c0N+67k6tere615V2mc+r2+mf4dt59DjHD5dDo/KtUQtz",
-	"5KG0fKK5J2tw9N5MfjmW8LDsfGUa1u6iXqQ4aAPH7j00bCoSGS0GsgHi3cJO1lw7XcleGsexlcLwUAzK",
-	"gvF+Pr30sXhdA/EZ/ZeQ+Hs5+f3p4Tr7THWQWBGuja0dlfiFRvhSL+BNexBMKLYzS7ghu2MyxOs+LNNp",
-	"A6Mcu3BE2PYiyL3an4X7ffKr66aOtSnoDEIyxKrogfnD1kfvuQf2ryHpcPJf5Kjfx9n3++Q3pqci0WSo",
-	"1HRwBQujEA+JkZ0X5AoWnvYGNIpAPlK+h5RhC4mqrIHRnC8dmz9w8XFEAwiJkIQL66Vs0WG9rqf4uppz",
-	"asBmRkzYSofwUgdBDkUu5/j9MWZ+agi7+BsWtczYqz/t7EtbbWdsJAZ7JLZXdr+1CcY1KC8pLwbPwi6B",
-	"/qRPhtOjw8PeD4eTUU/dzPpHN8MNZslwaEs2niePm4Wu5fuSN7nJm17i7P66i3oHN2jD4MEvjM94t+sx",
-	"eYeyVShbj6qv0jKJmxnTb1kxTkXJpCw8P1kV6t374/NR9/njBnHeJQ0PZ6qHwwcRbhjMR8NQglJVrEhp",
-	"1x9RkrenxL3okdXoHKRjSO75+S8EeIiJvOUmho+fPVkLxArYP3/SIHq+k8H0sPv86C//vCZUP5ZiBINY",
-	"yAq2e/HylJhfCL4UHpOfTz5cnP3fwYePr14PTs8+/vR6cPrx7IJ0Hj92PVhsZcUiC3727MmzdVzY3vhb",
-	"JAs0zxRwmOMPuB55Pp6/NRRxQ/zJdWcqdNi0xkEsSKll0rBi44oxplZ426BsbsjMv0dJRX7ek8ctIf/k",
-	"qFpJsTwFVZPPbbseb5Dh0C69ZAXOFIKVGwPmpPfffo70n26aagBVo2bhYLq5eOcMmvVYe2ozzs9gnPDw",
-	"nhsyljo1TRe+03bCQzKnisyooY7YOY/xfHt2McEeaILnvigTzdapdiv8BAVYXYj4Mr4HULVeno1025CF",
-	"l4uxlw8HeFGdEHJCucuNfaSIu3okGweNeUqxCbdyZ1sh5+EJE7iiBvDfyErmyxuvs2O51yq6uJSqI5eX",
-	"Z42JG+JtzAYrZfYyjzFvtSrN2Jg9Fy3rt7akYqFBtJ4PbD3wKeO6Km5tDdrVGIC3suF1nC2iowpHUEvq",
-	"54zHdqx6LDp/d/mFJJzMBZdVuHn6w7O/rfWVtZOOWLiBbHQnbrx18k64Gt+erhH3/3cm6X/61P/nkUFG",
-	"8+f/uaku51v0DubF9efNxPWiznsXF2WFTxGttn8m4H53WTH3kHic805mePv4abe1s/L23skVt/r8l3ew",
-	"2Oxib5p+mowiFlR1/nn+5Ien7WiXTynNhqzf6gVWiD4JZ4xv4MKx9aUfKWdNtX8SakarKE5+O7NITJWa",
-	"C1k0sKUPSwaC58XhHldGxoFcrwQ9WasEPW6aYu+my+1k3bFsanxxh7nSr7h0+n91a8rH+3icy/NXWyrd",
-	"/EBlWTdD10Fw/els1obeDI7ZNuvOyE5zqRzfdoeTqRTrvs/smPnv20rWvh59s9XWlKD3QLX7rtzM8grX",
-	"HYCBzBex0G6bFLky/VJE0AzKZ+bNh0HDiquvOrJXEMFt1UFxVS3r36ZhaDlG+aqYHle9lfzda+O94gUL",
-	"QQ+Vq5AEQuleAFyDJJQHUyH7JJuDUJ1asghTZEZ5SLWQC+xi7paq7qTKeuvIvbspwxKxMQSLIIJmim0G",
-	"uvf+w1Sv3TxJoYbtLAsUd9u7q8J1Uyr0UoZWu55atcDLR7P6Pl4hU3QU1bRmzI90T2FSRVb3gMKkXksp",
-	"5MtKI9G57YEyo8GUcehJoCE+APMJmoxc9LICrOFF/tZ/vN8nLzEuj0ogyg5Ascs28WV+8nHOWlwBH8yY",
-	"UjZ3xP7N+DWNbDFY/BtuYmYDuu3f1vKTvUUTPR3EIJU5uEF69O4HpF6xZAoGKXzK3+R+YFwl4zELGHBt",
-	"XsDF2epEVkLIvSvmHKSasjj/UGmIB0nhES7U9uRF4NmEXvNw4FKczehpAMKACz0YiwTL8JUepxiee04j",
-	"czaLgYQIqINk7udAcC8wDyI2w7jXwi5HNKK2gq66SgYJz4IM7ZP8cqzxfjBnPBTzrF16rlg2m3CqE5k/",
-	"IC5CKIyCD8R4HDEO/k8rfPm//J4wiQDT1xTIwhj4YOk1pYU0GrTF8MIH/qeY6ulAS2rr0+V+qB3sz0Ro",
-	"mt8sjePiIcWxDxZbem7+Bq6ZjtJPGVfaQHzp3fQHJJB5FM//uLQcrLOMR5t/ygziG+z2OJfESkugs/SB",
-	"AnnNAigceRXBRCKxYacxo4ZbigH8GiIRY7SIDYGxz6UbuCpebH0/uYyAVXa/LqW9Zb8TFmbBw3gHScf8",
-	"8XvPiey9t6HtGLi/ZGH8oTIvWlO2KsWnKg3vjQToGU5M3Od98pJK21PKdykculMadtGJNtSSYiGAof1T",
-	"xRi6OHQeen+Ox2RoPXfuNexziC9JLPmxIDSOo0Vltt8MFJbAXgKfUWh6io6hS6bJjPKMJ7hP+uSDbYNF",
-	"58Q3CSJCkpBqOqIKiIabcm3Cx4dPf2ho7fYLWzroKs72JgLQP5+2TlWxhNN2Dl+W+IIkpIN67/EyWkh2",
-	"DXJFoudy5C/QSE8XVUHyYmartWBjUqLoLDYHzZMoIiMYC3uyztblYiVr8khzO2I8hJuywfPJukB6Z78c",
-	"LVxe31LK97rPtWSBal43yZ/mr+7DyqpJMzYZALfcv/L0mufgxAEbjBI1aJaLg5J6647oTr63B+AXVwJt",
-	"YSXFHS4hVwk7uzlcztAqg/2qS/Nr7nxa1EgLAstb1AAvaKBrGvCvRo7cMAm/zUDYCP6GVX+6vruCO4hE",
-	"YQGazRA9FnOQNgl/TrXeZAh7z2+lLmuYYZNOI5YFDbo8a+braDdoYFo5xA0L/Rmm9a+L5Oz3t6+sAKCI",
-	"BNvmkSjGA0vEfj69JCi5Q2j9fPwauBZyUYhNaALAcse7DJrVG6069zIEK861W439tdhcAaIcwq68m4ZO",
-	"bJRQXOBt65O11r/VnJ6mSLAG83ghyW3dyzle2QIFPKH1UM+TSdx3fujimmrP5YMTVducxsToS7coAeFz",
-	"6RpZIFJxaG0y51QoXWFXw6jW9RX+DAZPgUo9Aqor+1u/N1Jt+ooVWehIsoAoOiediF0DiSUo4AHsdwlE",
-	"roOj0daZMmTCTNJTAJwY+legCLdpEVETk7v8Hqqrm9nqbAJjQ3uhQapz90VqKGzWugE/zRo2SMpVdRTw",
-	"nwkLjIiug5h0Lt6fk/8kCzpLbva7ZOwFTns8jxQpnE1Jjv+hbSsCD8a0KnTacaAEpW7pquRQtArh8tt1",
-	"l6T22l5ABEYeWmxoBZwAB3lbYzZmsra7yB+cwnsnlsR8ZY2SMo/PyWiB/Nml5xqFz2DJfCoiIGOzvK55",
-	"xf7sw5dbEak8iyvu8tnzNRkUhRPxsM3V9FhjD/0Fyf5WvUDLfpyqid86a425tOpLYqNI9EjcDGLgoXmy",
-	"nO+DvxMw8pjtCL8ATTCYQ01LsaMNZWTnKdpANra+vU2+TBTI9t9VOo+9eVLt5fayBMhu8XiqcODvv707",
-	"P4OxBLUpBl7BIhfZthIATZG1mxu0btHQ1t94irE/RLEJZ3xCrmChSOfszUvyt2dHfyN//+0dOYeqDpjm",
-	"xQKlbG5rOyF/P//4gfwGI/IOFtls+9U2sBUiUglGuKYqyLwXE7ZhBO/WPfhCx5VVDwqfPq/oC/K8pnXJ",
-	"w4xOei8mItGbdgDCmzdAJ1PrjJalGg/5waqWatMGWrvpbV4BEWMyMwMQxom71AT7w7h8eWeIzbWDqUpt",
-	"GOAnFXW57CSM58dMs1V9u/rOWEgCN6hQE6M7q/1K6r9Mex52U/wCbHKLrTrFTfS+tsmHnYBywVlAI6Ji",
-	"wGpO+zb7GzP3FAkE5xBookVVJuJyRP5tFc9ttLTgUkTRdlv8VdeWSSVVhZ4QZGQq022MgGg0G6OUpkYm",
-	"Z5FqLLcaLPj59PIlMslWCnYdBmD2lDmn1DhWdbR31H0RdSrEreYGegOCU/PJGagkqmlrgAMbxX2bx95U",
-	"bS/mwm4pg3V9p8Uvo/HbbwbBlPLJdm/ZnYQRldJ2C4eVQr/CMJCZDJb2W8K2gtGgbE/IUyNHRwq3oF2k",
-	"kjmJ1zjihgHSa+jzmuhPuxkMxqgSZZbkxcrqQ/UmwDZS0NJSVpzCOkhupA9Zy9XA4NUytTVLeYEZ8Pn0",
-	"fmeL7Pz/l29fdg0nvnh/bo0cFy9PyZzpqTOQLRHkqnLpbgEBHcQwW17C6etf/eRu3pcnOdo/S5QmWpr/",
-	"dmAW6wWZTxnWPvOvM+T+ruRleUku22ebBkz8NEWr5VAPBOEIqARJ8DXSGU64HvT7/eH+MVFTMcdybgsy",
-	"BQl9cq6FBMK0Bazh0+Tw+eFhv0LHaWxNzJZYhn+3gBCrMc7mDruNtnGCVly/pYopSCkdgIwUPZxQruWi",
-	"Z9Zuj94OM1wG2XrIdPdsxJy6rVFyG2HL2blUEIPcOusOIxWrWtbOXUrvKxSLupU3q8adVG8iMfu4t1DT",
-	"OzUNbxZkWpYN2ym9HxMdiBnYcpmGBnt1B3mzVYTQPyQiFix8Q9QKlbdO7zJ0K6duGS0BuQKOPKeKhIwa",
-	"6YB0MNQGA618ZQ4SshCNoBKUiK6XgsUaiVQ2Hq+yxAKzK7Az0GBqxnnhIcAEH0gYJwqz/NkMRKK7JOHp",
-	"m12/rMGYsshWUXPfuidlBfpxIx+fxmDSKm3rpVdFDX1D+0EghS3qp7oWdOnq1pqK14do2NI1t6Fz6Woa",
-	"WEOzd/Oiag4c/ijzC6u7EEUxv6qEg56CtOXvMNtiRhckTjThMCdzIa98PQ3uI7EJVgJEj0d/FiJfMb+j",
-	"NwwvG8GA7GKl6ayiqg2rCwV3sUWUcWu3xn/WxNLntI46XGDXTC8IdTp25sUdLcpC1zEZOmv5kCRcsyj3",
-	"Aga1OdwtxJBn9nVbJdb8w0UW1y0Y2fpbrqVQMaQd7LeQHe/q2RtsJR3q+DuSEWbvMDpQmSLu1lqp5+nh",
-	"0X51Hv1tBbVmqnHZ/OVDzEsiVW09jRSkG/K3uxRHYb4skm4iUzWRNtfA5lpcwf1DSOK8FbHQb8xEOWZm",
-	"oDSlhplZLMU9VaFlLSj8VFVwcOW2NkhLw7Arxic9tVAaZgTLJBHKc9VCkTSOwFVgdNeqQgBIb21FXO8X",
-	"yElbU6JrWzls+SJdZR7jRCdX9N/GbGO6izWQdih38JYwBonNI4UklBjV2bw9Rm2UzpbknmeVbqgNi35t",
-	"3wa1qgJYc3NVKeetQWWvUkZcSmrbmJfcVbo3hcJf3YelU5wW5mpDS+EGKwioKpH7Y0z/TNDFpUTatsN8",
-	"QWI68bH2Tu6y4gydQBXqr+/fhG292L8rpIhTc+HMT7ZRq5XjmMrPZUXkx4U43PWFSfJbz6+gGr6LRnnE",
-	"tyouF9BYY6+Wth9s06C9jVbQlEUYGVyZSGkEEZ8N80gR97LNoEz5r8ufI5VqWaN9bFrx3S5s/Y3F9Z36",
-	"13OfDnzuX1XKVWnzfpsW0QgLSQfr9VLiJnjLNVajCyvtq+sbBmN+YguMauZccYvLRVTaogIbdi68CxdK",
-	"tqLcoVYfUs5vkuvK5K5iDoYlxC5ev3ZMywHw3piWJ18PjWkVL1EF6bfXI0ueGxPqL02xQ5RkcbWGW6gR",
-	"esf0+/akc7MbJCSbMN4QCSwkPtpP/spSlTdVqHxB1HL10nbhzyyfNW2TfP1ddLtL51rb8rlqo0u4henr",
-	"pKOnUiSTqRUpTk7f7hNbrMPiW8caWjC4nnGDe/4XDPh01dUpCamajgSVYb6ca1qGAesT5cjQWjTdtApn",
-	"JqQ0JAYyvRWNEacqtsumbPvpVxxJnW3MX3R0ZPfJGyHnVIY9waPFC+JOm9gGHUCciSv9WyWBzfLO3qBS",
-	"MxpFi4En3ulP/sGxEy1Ih2IGqbTDKEWUZlFEHG1X+zZMhvIAzNvAw4wCWVsWx9AyzwvyB+8WbkCTWuXS",
-	"xSLAystcZjf4Dz/9KsxxhX03QpwgwsoHCgIJeq3QYt8m9m2Ux9HnKmfmUPLCmyt7PJJirkD2ybmzMwWb",
-	"6gjt0LtcZNY975a2uwJdf4PRVIirk+CqbcWqJI5YUGnJvpBJKucaLaZAUIwEOKeKuNoLRGkhDa5yoacG",
-	"uvhbHEcMQkInlNW0AsWxmsifftJGznsJAbDr6mTiJZrgXu3mQJFbVyXMI6oN93lJ41w7udSu7X7tp9TU",
-	"PxCx6htolZ9hS9KlFxM+EuJq6QMuQlh6iPW67dPKi+feO3OFwMpLHagkBlle70DEKv8nllirHD6r/Naq",
-	"8YqLue+ToRQRDAlTxa4q5inGyeq7qUW1uhb3B8F7aDYoFNPKKmdtUmw7N2Vza2P2TdOKUXdTNKvxijcv",
-	"iWW+bDxNk7J2vjqcq2vXDIAr62WlSywj0PLpLp9dt1QQErdQsi2uExntju5PIcvqNRYaRx+uya6wg6/Y",
-	"gW101pb/3/7a23ZblVf+bVpaxr6kpiw+JvBnQiNft9r+8Aj7PEnHjzYw3WxcXHAjtMeSSxuaPOrzRdZE",
-	"16RgLmw4W0w3nxziLkIz3LeYc983wOHrAzNM5A562audclCa8tqc0I9V0NKqtP5i7HX3rhnMa1j9GdCQ",
-	"cVDq5RSCq0xJSse8MlRPzHmDr1XrCth67VlVrg/LeSg9kbDh92X53A/WtWuqOph0oA3Lb6Xfp9k7gmsp",
-	"IhJHlMMLIq5QXDIiOrrDUU631bkCs3Tzq7iqkJtSyDcHg2qXduimqIYKZlc5x/pXkOzVpGV6dT/BfA1G",
-	"oqY0BtfxM7ANbm23T6Pl5NqpMte3NiQxyFxfVR9z47qcIhIcl33poEEqktaszxqw3rc3fWstJO6nr/uy",
-	"3pklycMNDXSEUVC2b7XN6iFMk86Hf/z6ft8Z1j7tffjH21dvT8gvR4eH5IfDn38iv/z065NPe41q0G3U",
-	"OH7brSHatHnYjit/w+7zt+vvcAfN6D1wN4wLuM+23w+v37ftidFy0yOmK2yz72Bh3e+ME/NGVjWR0Ggi",
-	"JNPTGZlS5WvstQtZ3Ya7mfEJ1rSt6qb8MQZ+fv4LOf/l5PGz5yT3rm+Nan950e/3h1VkJZcz697c25pt",
-	"4AoWA/uwCugpdP1KlZr2IHz87NnRj1X9Wxs3bljTzqTCYmjrE1zZBGsPUproqZDs3xAOsGKB3X0ZhrYh",
-	"SvMootxaikebA1fXoupazcbegvsjA/bSPTBKwCY8ib9I44V8Df1dH5ncopcBU3VyF2kjj1aCsmvr08lP",
-	"sn9Hpt6qBjRfvH7BptS4MblsajBuFkxjjzlTqu8yo9gZSJcOLhcC00bGsku/N/rqe9Y8KPqaa/FSYSoy",
-	"9z/nc9FTYLL+hpYjBpztqMroU8Ca1j0fcr2K7t1S3K6joSeg1hTDBQd0gk7YtQ3Hv6NWJ5s7W+6iO1CD",
-	"C55jNCVdLPWx5Fe2VnTKMOSer7dvoPWgrricMU6jc1Bqg+yorPfEZhhVTF+uaOuHeVW5NKpOoVHIvq/u",
-	"whSxTRN00xqhVdFeWtNgWp+gp9MF+XcB7zLlBBtJMD4hysKxOnbB/VgbvaDdYfhRcjOKGLgiHQ5zrFSA",
-	"jZ45ZAsJiRb7m7iWVDKKpdAiEFFNwqyeC5J/y2xZjMcgu5bsM0WEDEEWauistWDl7gCKQtkf5etQk/R1",
-	"zvgkgl6ioEtGVMHzp4mMKuoOfDRLJUwTaoMFclvxyfh9mwGFYVQB/ttGVDXSROcwUiK4Ao3tRiqxRwLC",
-	"LHYB4L/B6By/cMrvwVwd+KM/+Fy4U381sAaWKxW6jPscsnVLFzWH7IUruLSZEno0ICC+pfUmKlmGgi6m",
-	"4IfDsgrwljPNaJTdlDkL9dTgYSCiZMZVIWvCOp3X2DnFvDjp46drJ50Cm0wxBsx83XrKVWTgzB2MlRGY",
-	"wnYheL89TfDeHR/z0mHakMcAY+0THSfa0kvDJ12hkNZlHZZO+RKF5ay3VdMDnjGef3q0ZS18a13Z6vf8",
-	"QYSwrd3m6hK0qrVTW/lqbSfkTqE789FfWWvpSuXyTgpnbaGDdP3xuJS1rZ3QClfXLXG1kJ3Zyge5PtCq",
-	"PsWxHvgnvf/28E//ieafw+6To3aHUIh32NBL2zZGpeyYrev5WVjhvTbS3nKT4JqdneG12xr+x2xgL3Jl",
-	"Ddlt9YN3bRYwErYZ6f7HE7vRk9yXadm8gMY0wKGwX+C00ltywoktrGWXQYIIqLQiofmgUZhw8R4Wx8fI",
-	"ihm9AuVajU28BO8+OSZ4CPmJxxGdVKsKER1VVCg6XB+tUIMm5+8u74lG3pkvf811u2Nn91bwfoWDvLuX",
-	"cPZnAu53V0ZzpcO76ZL6gxcrV7WZn7wG0dr1i1+Ha5uS3g2s05Vbam9FvLsQTWwyvm2DWj3f9LPlDLCu",
-	"ZXq5KX22DfPRb0xPf3J9Rtv5d8zXJI4SZa3I6FHhGm405im53qWkE0IQUQmhoZ6ajCCgiesbY1dvW9IG",
-	"kVBG/SGvMcQNuyIaxYjawj0KuLZJ/hh2JbjrZJvV/aIj5TIxS5EE2d4aZU7esZF2bWrRqgj59XlJPpUj",
-	"8JkrrEUDk4q0lwIRfFJh7UlnNJg5UCKRwRIOKm/oHTHMPVOVyFgYqf2i/VXLxbA/r1hum8js9eB2o218",
-	"Xl+WjuQM8oUA7lwGRGGHS2dUc/x1eNhNL2MVBTMiIw2xwcyvoGlbYxQNpgXEm2Lk1oxhJbjRIqbKVSOu",
-	"aaW7hRYtqxve2BXW7XyygTV/rfD/hQT51rUhmi6fqUGhC11Fz9Q1mnetnN6ozW0Z4n68UoJPYZmVQK8G",
-	"3SrcWIZ/3tOamy2OKLeFAmfUyH/cdRBf6YT1s9zCwWYd+HoNRq6vldLKT5fenHW9qLC5Km0yXJ4ELaFB",
-	"xR67qesOZ6g+w/MpRNGJ1sA3rmk40FTZuP7VtXLd23MhryJBwwZfcIBQYf96Z5Ja09tRAg0HXGg2ZtZH",
-	"oVq2eVxaYmkN3eKWa+ZcAemXVg5tC+f8+axGk9J5ZpQ1Agw2boPBONavS7WBq6SXnCzbrPeDk2orWzJv",
-	"ch9sKea2exIhDESsl1T2hmN8jPXSFV8h2zWHjpsjTYCsAlOVqWFLFElnQXVtlutDj6pWm6j19aLcMDa4",
-	"oaJi9t4yMpfOsOs1S7eDDPT5UHmPrN3cxVpPJN3V3ZQJZRe/AQg8mVjm9vb5imX+6q5BSdV2cS25Miso",
-	"PS8l3vsHIlY1/LiM/S2jZV1UXURregWejJSIEg1kLM1meUikSPRSvdXDp/XZLC0oALOkvc4KuaFQhrqK",
-	"F8DKO85PuuIcm1Y22IbRaMtBnetiK1fsumE47z1uunYzK3axgbWvdf7ZPedUr4yfqwbFb06KeimUdti8",
-	"kl5UdWD8iQZXwMOemHMIyYhhJzO04smEz+nCJxczwfvkJZasUUQCD12kDg9tQxRbDN/QA0Na7Ld98lYr",
-	"a89zJjuhXdSPK8qjAEKb/UoD3SVK5IyDhCkylgA9cwRp/FIo6Vgf+0HnLIrICEhqaLQbv4ZoUdlBMoPZ",
-	"O2YrTqVVkuzK97p7/0rihba50lE0s52LfdV13+vI/HqVjEBysK3oaRzXUHM/4XKQrLSWd0iLAyom3Dxp",
-	"/CwLI9tSScSxLcIkZnEE2hVpUppKbT9xfwzSck0SIqDK/2j+XSzn5J75D9asPpnNqGzbGtF9ZQvmeZl/",
-	"+3ZeGgQygXAQCKW3IiBT38bBX8/K8kljrLpskN6mZgtuAYP1jAgbEzqBkDCuBZkypYVcVDsQ7Wwoc2GB",
-	"/Yrp2Axc8f35lAXT6mnNzVLmomCp8FTyIiqRYxqA2lpPdqeibbHca9vo1PUDxvHAhpkGsMUhN7b2mo9r",
-	"eHsDE5nteZaj76sFsBq+sJ08x6lIZLQYSGeHuvVdqwqt8xvAUrSGaVBiDm2/KsRyfTxOdr8qQlNBXoPs",
-	"hSDZNYQkURhvYMsx9LAcA3ZNOXbl5lQFs6u+1FeMh81PCrlRGzmxbLhZZupYutBMSjUz9JRGjGLBiQJE",
-	"btviYn0jyJqWF82sw1jGZHCLEjfZAE3L2N+ugM86t1BFLPutbKbqKqmK4V7/XSO3+5L0Uim0liOWy7Q3",
-	"1U3wTuSSvAqep5K7qWhnNdus7n1SxpGlI8/R3hwNL2WYZRytSOC6RdlimRZXmi/zokOZAlWw+2XhHiOP",
-	"g0QyvTg3R+Hc2dgu5SSxoev2rzceP//+28XeUhamLSXqOtr55rpmAN/BQ3DVJy7ZCeUZW2Um/bXvZN4Z",
-	"EgicMSMYU61jJLFcG1hHWPmlZnkCa/gvrfBiCuSaRgk2Env74eL12YeT94O///bufHD2+s3Z6/NfBhcf",
-	"373+cGzTBE4/nl+QAz/fAU309OBf8yt14Iq9NFquwZ2fVoGyZq2uDYH5vOeX4FM+xphZ4hqWuuZP+OKY",
-	"2pouVE9tE7O0rUskJmRCNczpYr/RuiVgCcsziOiiZuW//HrychkLSvzMjfMISyX0EmWeRHThO0OaMXqu",
-	"TkGCah7FlHvPIlM8mlGlQZrf9t3xDH9+fUEOaMwOro+yU0rzJXCactbEsNHe/RgFFFtGJZUmmmQHM7QX",
-	"vZT8MOzaxBijMqpiqkertBMyAsVCyN5z0/Svj4YFqKxIHEEQMGx+CtQWiLfsY+8cgl66rt6pW1QGHhoz",
-	"l+qfZoP81JZIGLjRPKEQY5JRGiI4oTnYTCkP1ZReAen4bRVcM/td1OO8fn/iijPYKkZ2e0TIrqveQX1V",
-	"XhJQjsYBMwW+pbqrsoDsAivO49gVQsa6aH8mhphZptcnWO4q3+Ist2x/EwnTCiIDgLFw1UWSeCJpCA3Q",
-	"9C+khWNR2XQNLRw9W8j77PX5RWr18FkiP+POsC5UEIkkLBYF63/in3jPac7OcIAdlgIq5YIMf++5OL7e",
-	"23BIOjN6Q44e/0CCKZVq/9iRdeks6wSCqbDBr584IYGQ5mriETGjsC4N5wmXWTBk71yYP3tvXw33+9ni",
-	"sNkeqvWcDF+bP7xBf2g7q1GisOUdGRrmPsRP3zoD0eXl21fXfztGmVtpOovt47M3L8mTJ09+PCYzo0gQ",
-	"zCFEByOZMS6kK4dlRvq4FFhGOsMqk8ULG+M73CcJjwz2hyJIZsC1JQmp5an/ybB1zbSRpvbcKRXOhpyc",
-	"vs21Fnqxd9Q/7B/20FKFMmgMnMZs78Xek/5h/wlmeuopsvSD/hyiqHfFxZwjJ+v/y9Wxn9gS2Cknfhvu",
-	"vTAPDW+0RbupLQpWq3tlrxz87k7zbYg6mMcDXMLjw8PUfeIMw7GtlcwEP/DLsRLhOnnRLA60vQnLVObv",
-	"v70j54D2G3fHzXh5VKsb371e2IeZ4+njH+s+Sfd4cCHEr5Qv3KdY3OCZ3fPq7946BoY4bL96sv4ro1Cy",
-	"AC55FpiRF+f2Xvzzj+6e8ta0vVNb00axCTdywhUsjGCs6cSc6x6S8T/M956rovfoIOMfKocrpWL2zuFE",
-	"8BNleZG5CjOWiafD/T75KEPkg6MFYeExsZ4+GpExi7DonKGXtlSAIQNWeO+jAyuPmhFT+sSMfZJb223w",
-	"tLv27Ze2aVKDN0/pBM7ZvwHfLfd9jhbWsmw3+Ujl6u6plDMjK8kYc76vS3Y12ibvVa4lN3tq9M6AXrWY",
-	"rN9+o0taodTdJU3I8KEQYVRBI06wmRYK08UT2Ba1aHLrf6Khj4jHT47Wf3LJsxpU9qMGdOKNkCMWhoD2",
-	"lqePHzeZJpbCyGmWqHxV1C+ldwYHCihOAymUv3wF2lcmJqvpYFmoPhgLGUDPOTmwL4nzDmxIJk/4gnDB",
-	"e2Ob9o9Xh0yMGKW0pJhlrAUZek/L8IUR5awcEXZTx5pz5HRd4bq0wOc4opOJ6yuH6mEQAeVJjObPqTNK",
-	"jpmcQU6FZMq+tt8nZ27aF+Tp4Y9kmIOFa+IwSN1Bw7TpCPbMcO6k5Q+50M6LPuyTkyRk2spS6Rt9BLEb",
-	"GIb7y0wBX3BLy47ytmyh3N43BaKt2I0k0uXEOwq5nFPvTVjWPLYxCb8fwlknUGXb6hIu5jnk+z6o5uHT",
-	"9V98EPqNSLibogHBfCn4OGLWXfz90OU3eWpZLD7cliYbSlErlZ7Zm6fIsKK/yZB0hMz/YgY0tNdKelap",
-	"G5nT9HWZlJDaNuT0PRsXZA7SkEaVQHhMqG8b6qssOB3UUFWQ9numyJDxaxqxcOBU62GNgGuW+voaLKd6",
-	"gLLtmndx/edC6go6+vqGBprgYRBroq6TN1Nbd0bHWjnlagRfbMvjSqKn4vhdC+BVY0tQNpi/IZ02IDuz",
-	"39wxR0jRr4UojQdqYbuTpb9BWTp3vkuUGklxBY120ugBDf+VKKyyotpJyH1yQmKhMNSK2BaJJJAQMm1t",
-	"tnMaRaC7hBIOE4pvCQ4kBCzdzDTpWDPtCCIxJ/8GKV4YGqyS8ZgF2BbNhRAb6n8qlIaU5EcQTkDavmPK",
-	"dkrPbYPQAKt8L9Nv6wb4ye78JP3ijun42xBmsdDAg8U7FwHhWMxPIlxsjTIsbSu9d0WPbRrZXqBQR3e5",
-	"jnoiZc/1qyRKDUhM2q7Swf6hirhHTxrtJRI0vBDiPZUT+L7I7Euka0ZZRvJFqDeHWiKXI7oO+1dR3PFN",
-	"T3Eaq6lwJDdpTHHfzmaJdZzANQuBB/DCysB0Br6yMQPVzZo52p6haXdoSzOJBJ1IF36LjR2JXxHpPD48",
-	"3M/an0uq0ciATbK6aCBAsXnOFPTJf4MU3Yy+YyQwjcy6IcRPrbw+RMHaKt/oG6qQrSUEQoYOfG9+P3fr",
-	"ub2f484obW6RjUjs4V0voGwUsZ07LWC91oNytTmZLdLcO+Aeq7d25ra0M3Hs6P+90H+LcIRy8ub3lFS2",
-	"o/pWZu1pSbmy2rM6+Jz7Cw3W0kjEikZtJXEjRvlCVuiD5hMCXEsGikSMX2Wis21hTiPSETwAbEOVWwRa",
-	"kW3pXqQW1fK4i8R3zI/MRRKFZCJyknwVeTfr8rL3ewTGRTbxdu3Bdvj8xurtwsUj2KZh+KFpBhYqZw7F",
-	"vqx2UF5LvYZg39npCDse8eB5BCIqod48oQvkrQWrcF0AMVazXXBHn1zGhtIfHR5iXBJGbhhC1yVAg6kl",
-	"6kwr4gKVaoI43BpP7TpOcRkPNd5oea3rDKPYR8rsaWcL/fZsofkOmqry2nVbSVa2QrqVrcyY9gq560OO",
-	"+uTEFwy1P2N7T+WCLb2RgOmpSDSh9hUxxiso5nyNhTKH09+UiTK3r2IB+i8ji+TBXEEu7BJ3uuZOjrg3",
-	"WyPVgC29M1J2CwHi4LP5H6qXnuu3VS8xRceRPI01k2E8hkATqt2/2DUMMCuk46khF/P9rktVntEF5ktG",
-	"zPeeIjFV+gUaokLXIJkpF7cvAdOBwubU8R8u7HqrSuRpDvz16qOD7besNy4Deke1d1R7R7ULVPskDEsk",
-	"21PMdqRbTWko5j1D9GzhpjZ0+gx61uly1O8bFdASVusAwKiaoa34OjSEexhQHrKQaluxfICS65B0ctk0",
-	"aB40/9q3fiQxi6kEZWXg+ZRq7IA3EuIKwj75TTIztwtWXabedmtnGQV/wL6dc79Wxiet6Nzh3a5ktVYb",
-	"ykVPJpxEDAunYIycppHaUcEdFbwXKvjKIaAlX4bKUJKSGasbNyOH3FfR3GJek83iq0lZ+uAqHT60gM67",
-	"NJ2ZPTePIsQj2ZnMvj2TGXeoX4gbtPehrbUMMxJs2zSjz2GDspB0Ll6ekkBwblRGLcgwa1w27Kbms8eP",
-	"913O9SdO+cJmvGDim5BGvDghIXAGoR2VaENdNelEQsQjGlx1ScJVDAEbMwi7ZJZEmgVU6S46QHuRCGjU",
-	"JZhW/YnPQNOQaoo9MSlfEBUD0iJs10nJVBi40JkRnpSIrs1StCCCw7F5QSTaZvx/+Pjq9eD07ONPrwcn",
-	"799//O31q8HLt6/OzoefOPpIFeh9s4enh4fL8eXOxRqCpixSfQlUCT602xvY7Q3slrvIy7nwQESHpvrE",
-	"ZzSEPjmxkfpzQ+cSTbBacjDFKKHcWbg4n9QDYKFo45xJB/sqCZdPblT1EZAk/sQXoPcN6I3Wzy1EDIDs",
-	"sP8Zu9B5TBvCeiw+0wg7rKphFcm1SvwHW9TlGzBqvkz384UUYgRlvQrc9YE/UDxzxskworaUzQi+l3Sh",
-	"nch3V+ZKW/EGkUkhhfHEBwte7NcxmGrR7+CzK/T0l2U9EWhorgXPxLVz2eCiUpqHVUKUIfrXwLWQC6sj",
-	"QQQz0HJhySzwENf/ieuEc4hKITEZrWN8kGBFiymLoJDQ6jscmdeQo9hXGBJLwY16Zqb6xJVmUURcRVGk",
-	"2B2jqwuOoaaSMm4+sgCsoqUWMNugpUXAfsDU0jqbZ1aD6w6TKJ9WdeTHNNWtUqpdluLXpmIiEjh6Uy+1",
-	"tgmZ4Fh7hTBMgH7qbjcXejA251EpxExAf5O37vDOpZILRxe/h1v83VzKn0GvvZEx1cG0eWpZMKV8Yqt5",
-	"oxQhpBNfvdLhlEtbTqtDvXbo9EKjHj09PMQKYoITq3SgKuMrZ+kp1W6W1GhN5kUbdsXNT9I+49/C5d++",
-	"OrTch/2e7eb3Snh2xvCdZlSrGSFtWUMX16k/B1YfaOsJ/CAIh3mxyo7ECLYAQuI6XZs5jolMONYdw2L7",
-	"StNFv6CQ9GxVRWLXAeHxJ27/iQZ+q6Tg505h8bVPvVloyerV8Q0UBhggy2zkvX3LKDlnEINzH9yWVtuF",
-	"7gS1W9FLgkqoQnzyR4e1j2CniH3PithLa6i4JXlDmnF76tZNCysXyJmheTNxbUjeeHxcqJo19JRr6Lpq",
-	"ODryicsEJyJMY4ku7l4FrIKqCeZNoXXfEyLzwZYpF864I1w7wrUjXHcQpEDZremWLfQ+A6571qq8SUyt",
-	"LbbNlGuIZShL1/yJspDrLaSmRt/VbAafeGf488mHi7P/O0C/4+sPZx/fv//19YcLWyB/cHHxPudPPXpG",
-	"ZownGtR+FxsvKTcBlnBNYsyqA0WAyoiB/MQTjlZuux1fkho1Jl9zu2f+ohPg2hW6HxItaYj2flxuSmBd",
-	"rfRV3r/XKQSxovs3R+i26+ArQ6uG7rkC/h6fogWZgoT9nbHtG6Jfb5VKjFopuG3YRDJaZM9/Y6KGJrXW",
-	"hKwY3OFJwKPMAWgITma7O3Z56tYJ7QMTPvGcUpoL9kjNeRhD0VEAJCMh+67iyBUKU7noiCrKgyvYiVRr",
-	"Kc2pgVNay646ezIXR7Azp33f1AjRxUlTuTvPxXxjMoRE7EDCtbiCTcQqtxTLC5UWsUL5x0Wkov5m6AZG",
-	"BKCLHwsc8RDCY9sPA0UY7PJmSaurmuRaVxh9okxy+2Ro1xsOsWcpjRRkRZRwvCnFEK6IXcMn7j56dvgk",
-	"e8utJcByGi4GC1dlw7NSYdFNdEwkaLnwUXJ0DJUhAvZtA/tvU8zaLvFDGJ0hyNYUpcCch51Y9U3VbxBX",
-	"kJdfbidMJXwz031qvrCZlktmfCRFHUy29Db5bmaG7/VczmVAeQCRjYKykUS9HhHyE3fGrC0brPxudwLW",
-	"zma1s1ltnThduuvV1mwlVI/N6GTLuTTm7q3Mpvmo3tpZv6+Emo/nuO3mOTUfz4k9nl1ezbeXV5Mebvm2",
-	"OjRpm15T3ZImn5pR63OvzDT5xIUa4Apdukaf/EqtlsTtyq3w4OzJVhwxT8YRnWQ9QGMJ10wkyr9Yb/V1",
-	"VOFbSvtwR/mFMj/c7Lv6B7vYpTvK6uApFVtBxOqljoPPlr5skMdRSe2WQrWbUro0mrs+i2JL1KnU1cRB",
-	"r16B8QDaZVPsbBhbS45odG27t1QI7uYyTqCgQnyb1/HwPkSAiymkaLC75d9atkXDK94i66JGv9hKvsS3",
-	"dpvvKm9iE33i6yYmuwyKnRayLoNiMy0ktpXVVatGlNhu8phwmBuah8llKxqdn/opvpYu5x4m99xicdVK",
-	"8g3OYUv9zd253EtzczdXc6Ov3/nO5vsNlh/P3a98DfAy3UoJxwq6dfDZ/cu1hhknPFwRZlxLzVxZJtuh",
-	"EaNaRrkyvDjDI+W7h9mSGFSTmXCdFX33sHQExhOVVX+kaZspsz4ISafSBN1dLnRkvxjATQAQqoGfZ/+Y",
-	"UL8uK3QyFDCzhTgzd2e5dJKDl1Ew7ejmnPaPsdqwCzs0T8mc8VDMSQf7REJojdlu/H1Xp2Po1mffdcvE",
-	"JJCnhz/uF4DKlO0L50fCcJ18gzgPbuzTlm9L01nVYSfroomBQ4JPQJKpiLA+iY19TKGup1Ikk7TMj23+",
-	"1hkmsdIS6My1XcvGTd+RWNxEHaciPUYYuZZhegp8v64Oc9q5xCzhno36y9WaHcLUF2pO79JXoAy8XAbw",
-	"F3IxlNawKiTKYuKuT89OqbgzPv24ET78TDXM6WKboWHINToxlZqI8T5WNXXMyNGVNgxewqR9Ff5K64zh",
-	"QYFLaESOjEFoJKBSLhzPYdJwMjPh8BPvDP/nn7T378Pej3+4//f++HzYff7kr//IO5ODlQncNVZdO8mS",
-	"K5nY51t2JZ/hoN+SJ9nu6AtR+X88cQDdeZJ35PaO6gNKf2ULdPL8KllFIw8+O7JiSBL6kG9r0PZeKzPg",
-	"xn6rbZnFt0PGyoIY0tvAlbqpEIVzIF0pC+dk3+dPu3szxv2fR/dsFt+AOB7eC3G8QJ3S/Loziu/k1/st",
-	"K9SOoCrz/B4L6uM6vq/w3/N3l82twOfvLncW4G/QAmzOlXQotkSzaYbc/rFfc1O721ACWYgRwFap+vn0",
-	"kqgpjcF17Um4Jp3h9OjwsPfD4WTUUzez/tHN8MUnHok5yIAqIBFoc1O6JGQTLN6MK+cgyXQRT7FqMiWh",
-	"8CVx/DR2cPPy8GZ4nNqNnz/9xIMplTQwg+6n6Zb2dTR43rgEyz8TGpHhJE4G+OOwT16j3dypjfYlo1Nm",
-	"6inzJuBPvGlRfXWVeM20Vqc8v0q+JYXy/N3lF9Imz99d7hTJndxzV4qkQa8WQs/BZ3WVbCf8eLkQ/HJ1",
-	"w2W10dAeWyt+3xWCj5A3lArGM31MQkBeYfbJNGFcaaChWQpykBc2r3y4T7TAvHbCYf6JRzThwRRUfWjz",
-	"FihbEWLn7y4JC7sE+pM+KTOWGq1T4SIaaZtHj39opG7uQpx3qZPNC8bX042tR0KbK7+2gLxfwbd/NQ/v",
-	"WrQwIvD5u8tdlPM3V1N+1aW9rSn4wikxMxFClNOVsFKydfWhosNC+yPlXGhUbPgESCfwOVJCT0GalW4v",
-	"XvpbJQt3ZSBuq+x8lRRpZxXeaUdrrcIttKO08dXBOAIrADWSgwwxnIrIYCk2lU7jDUWMak847JNTkK4j",
-	"mOCARs+uNRrvvyA2mLf7iRcrnHSJLS3q+mZ3SUSVJlOgUo+A6rTC88+nlyrtacckiag29NbshAWqTy6w",
-	"5zEZLT7xjLqLa7DlSedTEQHBDb9wIZrmLYaByHBDAx0tiFmzGHsVDcIuSfgUaKSniy4ZSwDScX9i3ULK",
-	"XVevbqF0Pk9LFCbZuRmA4Afjsf0iBh5i58mKaj65ej12tGMyxJbOWGXMbl8lsxoB843Z5IU/5O/MGF/c",
-	"/CqbPL6ZdYHbGeW/KcJYOt2lBJK4hjRyuip1pKmMWekfu3CDf18X0u66uYPMHcHuOn57PjKdXoDCXbxU",
-	"5pDb9pz2XiEVJRPbnHjGOEmUWX1aE6cuhv3CZ2d8M24fu6Mv5PkpLqH+lhdbE9tmsf7Usgr2IRgtHMP6",
-	"jRDlH8dS/AsCvfMj7TSlW/mRfIaOR0HbSdA9RXysI1B14sLB5zRh8q+c6LAkmG+H6pQMDnbdtfkv+VTO",
-	"r6KyhQNSXaODNG91Z1753m3E1SmWOWnC24mrLK3f1l28K/vqBlLFfVECe4zhjiLsDK73WpEX0W4t9cmL",
-	"CmnAR28iRRLXWxdO0jeJfdN7opzoSxgnw997p/av3ttXwy4RUZhWrCAda2rt5s2kM5iNQKpHhIWqT074",
-	"Ih1NigjIjC6IBBrWVLtIV/SzXfrdaky/u619nZaOErCamzxo+dx3xo9v0PiR3eNHavnI84SkfOnqTSND",
-	"GzxbCCoTY/RjoOeX4z9tTG3XtwGmgRTYqgU7uNlXcsUJvHvEEg4iJOGCg0s6nUJwhVNQohifREBsGBqR",
-	"CbdEqFsoeiBkaFR73yTOemFwxy/wgVllpyJ2Zv/YFaGIIpCPlKVVnWsGc5AvyNPDJ6RYQSEGOWNKGQAM",
-	"sZKEBCWia/S8nJ//Qq5gQTpPHz8mQwzcQ1C54ghuqlESTkCTEAJmhkndTq42g9ngnC5wJx7qN34Lj5T1",
-	"TlXXwCA2JJAM7RRZSYlj8vTwMakuBeFWlWFMIHhaqyNiM6Zt1ALjE1KFBZ2nj38kw+zJIPf9AL83UwQ0",
-	"pgHTdluFYy+gjtuYOaKcS8vXiRsnikblEIcaw1sJtx8UP7lXe10JEF/IcFdaxSuMYV1huTsuIsnQwQfC",
-	"YdfeAAkK5PWuHMROjn/oPNmyLWqZUVEKU13zh+V8SM1WM+dVsv7B5xwJxkclI2FZJsyW4+LLUtlf2RjT",
-	"3Hi5UNPKQNMvSWtXazb1NpIKcH0tlsvGxNRIUhYMPkHKKWk7K8bOrkn5knKQ+SocnmybHh1IiICqFV0X",
-	"fxXXoBzzty+jaO3kAC2MKGCeMj4ZdokWEzDEq1uhXpCO20SuhJz7suv+CWGXjCmLIDQ02IAS8zkwQDeC",
-	"sSYUg6AW5sF+n/xmm/L7xQSUY/P/FzZVJ7dfN+EgWyphVlnC4mfuoZkzWwdECpYGMoTX5uYM++QfqJSo",
-	"dVpJn5wkIdaK6wzLZ9B381VFjrifdsT8ayPmhI61Cz50Z7gj77scppYFyBBvSgaZsZdaN2ADTYzPm5ud",
-	"7TptnC9hPIiSEMJbGJ139uZmJGoTU/POyPwdGZmrJcZVluWXaOntpmW60ZCLLG4EYyGBUL5IC8fOJdMa",
-	"eGbStTUXLEdUxFXFWGvnRbrg7MmMF0jQ3Zh+u6lplouBUtPBFSyGRv4buj+WV1o2E9eVPa6z+Xbzoxgx",
-	"KTRbdcnjfo6iybmz3koMsuchtWwnbmkKrrX1Xhg5uyzNo09BEaZJ2qW0662ACsUhtAsaTFBaSPsqVXnT",
-	"4Xpb8c5M/MVKROYOod4sXDrQ46ItOMOMnVV4ZxX+GqzCiL4oZ5fS6gqss1rALlhYVtp6C4aeLVt8H4h9",
-	"oIll4Gu0CdQZArJt7XT9nSm3YMq9JRk5gOuVTY1s9TSUzJjGaI+8iu4iwqxQ2jUCuZCu8oGUEOUv6yp9",
-	"/PX1PXQ9eri05Ws2EeDRNbcTOBuORbodLfu+aZntp0WmzGhwCyuqbJGyNXQ+0bzjKSc5FZ1PpBOKQOUd",
-	"XxEbQ7AIIujPQqcvY4UCrDrwSBEaXHExjyCcAOaceX8TaqqdoXcFDbtkxKKI8QnWYFP7fXJSdmDlXUdN",
-	"3E/HVW6uF9txN613JO1kxC8sI3YJF/M88u4I7c5BtJGDaMv0WGkq9Vp6zJ1ht0tYGEEXyWJsiZkbYuDI",
-	"2xK1xl+RXKNhEHioSoTZ2nHNa0RTdXWMpkQJsZAavftInc1gjjCi1bY47Tpe0Ccn6ZpzK5SgkhmolNpj",
-	"7zTbG86Xd55QxrtECVyUM1i70Og0DvrFVszF+3VxyKuMwn1y5m1xXdvxzcztAiw86H2IRTcXYLGSfeW4",
-	"0HHG8pqwuVvGSPTdoqujI/CnHVN7eEwtveM7q++OG94TN7QMY6vcUBv6xGnUU2Cp1Aq+yLi2fEyLK6yW",
-	"TzURMXBFhj+/viAHc5UOV57HMyv/u2FQL8iTx0RSHooZGS00qC4ZUQXPnyYy6hJkIZi48fyQKAiEYaKG",
-	"W5hHggP5DUbnIrgCjRVTumRkUMjwzMzj2i04WT2ryV/m1HEX2mJH1Dr1zn856T1+9txmBdndMkXUVMw5",
-	"ETyALpmCdElDOd7q29DKhGOhs06BfRsxYri/PubumFhvsCKGt65mKcelgMrWdnbyG3YWcKc/YOEwd8IS",
-	"qNY0mIIqwvWRIgYSIeCPRsLBr9P227kF1bqml5sZuCWki+umfV0l2G653CwsXRXRYr++Ao7Fs3M76PfN",
-	"NrfvvS2B1/f6+yIu3PJR15XWMBjdLdxhW/FxbnDKlqrfKag7ltyKJRuWmOaK9gwSeQZn8a0Rd0709CAS",
-	"E8brWe+lr/tlUDamSs2FNMpPlCgsnRlj27tcI+xEgSRTqsjFx4tTAlyKKIKwT36Tgk9IICEErhmNFEad",
-	"Pz08MsNcAR843W14TIZmYYbZKMFpNAgZnlQ4JAfuJzAwjSVTkNUGdMM9qXC14A5vQ4fviJa9Nwv7QjVA",
-	"ThI9vTBwX+W2OGcTjnFU3wd52kVxVBMdCBLJ9GLvxT//yJOgU3dBiWIT3itW90r0tJrWiKRg/1q6qeb3",
-	"h3lVRdKuXk9F/5QzuBZXEJIOjZRI7V9zmk/ZwTf2v8YLt7s+a9Voc7hogB1LUNNlTl19bdzr9ffGvXDh",
-	"hntwt+cst76HzO9OCIc5oYFBNKeIGrGH4uPCoVl3p4jC4mPU1WP4Ostm7e5vK/Z3JrRvxN3qNhtumcT1",
-	"ErdVaRWhxEvAhcqauah+ZzLKV9gs9VSrlaQ7Tw+f7FsOFJfYuMFhMR4fk6ER5VOvg808wC9/3C+K+74u",
-	"MNYNXpa/3YYfIF06x5V9qQDwZhSpjAQ+GdJmiKG2NQcJJPCFRFIlzNCihyLA7+r0PmjhvZjyuES3nMf2",
-	"gAZYEKk2VjIrJJs6ed0nx5i0gFRrzCAKrfbPkyjqk6F7d+DeRVMwU/grSbhmkTWe21+JFHOXBlUZqv2T",
-	"HezELfXWVOeO5JHiMleRAAPUEjR3GYbflF7wU/F0fZZw6vFYqojpPqi+pC5aofaSfuRZzEMMkqRJbZ2h",
-	"e6yGXRJQLjgLaLR/TPxz3ySHxJKZpZOQqTiii9wQOqMAvry8/3G/T17afzJw1x+uAfvtzCBcdZd/cjt6",
-	"4HfZLXPtXXZA3l3ib+sSu2O97e3FOKWejQ8/+Iz/R3d5Lpq2Xne4mAqFxSAx43dGOZ0ArgbHeaRc2FSf",
-	"uMhjG/A1FnJOpfNDd0QMnPQ+JYeHTyAfwxumD20eMIT7x7nfkYDx4gc4a7lno/V+lT5Mx/RVY54e/rjc",
-	"+5kMbfj8IEvHsO7rKBJz24PyhLtZc3qSbTSJhRGcT3qZ2uTW7a8zggrD+7dbzdwO7JZZ65j1J/+1hDJV",
-	"QK2GAOLOdg7PncOzFX09yS4ooT78E9ztvB1pdbRnC2T1Y+xNhktkUJERBGKWUc9j968S/aukmX3ynmqQ",
-	"BK5plLhaMkqzKHIddhWbTDXjE5dcWxqsM1QAfGCL2e6TUaKd6CUBiT3Tm9NNN9WOZu5o5o5mPsC4TXM5",
-	"b0Uv12XGupFLxWYMzShnygINplnFRddl1lEotPXMbb1BDvt94lq++JJvSIOsJN1TgYghdBOrYx9uWHpu",
-	"ixoyha1MRDpQqQJXh/IFls5y+QCiYE1XPkjRvT5g4bBrxWQMQc0qAvlJO3k4JEqTKb2GzKOUn9uFY66o",
-	"uYO9+OxypgJtZprMhNLk6PDw0E9ZnVpcoCxqu7T4o90/pJv2wZe5RnJInP9MABuEOuqcAXHvdrnCFcsp",
-	"LwVxoW4h+OMAB+5uQqnPzfcX5vN7ZA+nQulErrcueOy3IcdMkth+uDM3fFvmBkt23eG2MTrUFSa7yBM+",
-	"505aQ3KJmHMsyGkkXvtdBxEvP9S+H6twRxEzHb0gQ3Mxbcra0NkUB+6RhKznhRF+4Riz2ggwDDXvjISe",
-	"WkqrDfcYAYE/ExrtY8d0JkJFZoLrabTokj8TKjXIaGHXy3lCI5zg8uKlgRzwkEoS28+O0dYgtRpQPfS2",
-	"zJSE23QID3S0amr3pSHaQaK0mLkHhAOEqjAcbhR4aP+yntr0T1vdNPd6nwzpDM3+9n+DGeNCojH2qN8/",
-	"Ovyfo2d98tZGTxLG4wQj75cj3wmnM6NsmDWjE+Y4a9qI7MwHIU2pKrCYFfYYl1aHxc4GEjAof1gbG18g",
-	"aN9Gk9jClr5oNHoVt6jjEhzm7nAfqe+LQez8ynfW/3Xkr3Ub7eLAZ/CuyP4CqhIJCsXwWCgIB5YQDm3C",
-	"sNUi5MJnEacaiSFp5jqByjumctI65b5lclHCLwr3+4RxVFmKhN7asUvdech5DLY2pwEmTbO7GLfqT3rp",
-	"vFfM0GC7LRqZt3wOVepSo2GYDm/ZD9V+ix2zKqZhhsklVQA69PU+lya2HNI9d1BwW4aQ/JcNYyP/SfyQ",
-	"XVdwG9OpDX8pZ1S7aKJ0COss+C/DScj/8rzSTzfUUwnKaDUDbJq14vvcqzHIAMy2/pdXnsyyGR/YYYek",
-	"AzcU6yprmIB0Z8CwNJMSBH+MFm5FTBG/9v1+xXbMHuciicLBKBLB1dB2qMJ/D2xqumPkKjGwCocF2Xs4",
-	"p5K7b7jQbLwYGEQYHlduHecyH9jEPnENkkZRlt3u/K5KS8EnRm02h/7ItR3UeVUZtW+qrtLOYGWkP15G",
-	"+LzyboUVastJF2vFLnN1s75wi1z9Pnj0KwfTLxSHWrOW1Uqdx4PjlBDMaVoceJebsWPDey/2XslFTyZ8",
-	"qTCGoQM0peJI1sO2PPqzI46u6mYIEWhYZtTnRkkzhEMR6jVIS9BS7uNcIRPhDYFVRMWMvlVVodKXUOtF",
-	"SDd7t26EivyQV7j1cGfn/77Lwlk0WC1R57qwN72EaMSxeZzefDPOXAPWI2j9jn0yDCKgcpAaJSTYUBF0",
-	"evKQYK/mDheauNgLR2cKlo8u4UYIcT2LSnYOtG4vOw+WfY5VZodC9XhMzi+MYD9HP6fQ3l9rZKwVBXJs",
-	"Cc7UBiJi4BCSK4DYWats6MkyvbL90r9JenXHopht+f0QBLE15hLfEv87NZm0JdQ7Wa1pr/t2JhOvuvcU",
-	"aIz2qHXNvirF3naJSuJYSIPEQS4I19Wlcb7YN78TxWmspkKTsRQz/K0cxlvhq/0gSMSuwXwfCH4N0uus",
-	"MUhDdlZH97qg4MW539QDD/Mtr3ed8pYCzp/azhP3bdk/y+d7ywjgRNFJffT+e8ZBWVHKfDDAe8o4+af5",
-	"RxcLExFbLNtGQBRqUykhMWUsTPP3FjZ5jCmVAPqDAvyWSIgjuvBphN4oid9bOapYZ3FlEMIlbuhuvT1v",
-	"pJg1ee9CNHkrv/BzIfXX2MTM7eHMCC64keY1yiUKO4iHJDL4tqNY31ZYWPl8N6RYAdU0EpMDoXpsRiew",
-	"ogei9cx8PCf2xa5te2ZE6gU26+p/4pUk5KWd4qN6aye4Wyry0O7wx3PcdvObmwL4a7yx31dHwfSoDHN2",
-	"pY4Ns81dOof81ZdOXSVr79v5u8viVWNhOQwzlqycB5jw0LXXTemBeYvxCYkjytGX+omnfiXzzLnj8vqC",
-	"eXxMYBbrhVcW7Oc4o/IdDR8pR4gSzvR+mt1u9IlPHoAsYjpzoYqxK1k9YYIrW2U5MQQtVVnGEiBtNSW4",
-	"IXFdYu5UmOBxYDVstYbknBv4fl/kxu/83WVzimNQbEdsHjqxsfTFdu58d6m8t99cfYyFy92zNvTn4LO6",
-	"SlY2Ykv4Fceyl5IwTlOqlJaGLTYtrbqSE8jdyO0aVnEhhiL2J30yPTo87P1wOBn11M2sf3RTY2xVuIh6",
-	"M2vOrHr0+Ifu3ozx9O/7TS7JbnOdZeL83eVWr+5GYvrOC7Sq0Vnp5q67nCHEVOpZqaHZMo97lXvv++Jx",
-	"2c6b87gcVHea8LfZ2zt3xOuVYVdzWzUOphc8WmBTlCiZpB5GtMO5CCsXwmXjrOuipzPU/TZCp1+WdvWF",
-	"4qZzYK1vxLwLjt4FR98qODrMX94KQlLNxA8+Z3+Ueh4vScnbIw9lX6Iftz4EobDKryX7evXFvyhwhZ2n",
-	"fyeMr7/EtUFZVeLAKyzG6ROyvNkszN22GmnARqN8u9d9+5LGZQliXyjkaD3B8YFGO8Kz7ZoPO0mlaUxS",
-	"C0llCjTS01VCyS/2jYca0mOXty6C5+T0LaFczUFuVf+/RyRZUQj2PbsGDipVe81mHTrnzt+dY+H0mZvj",
-	"AN0pB7bVy4q61kafRi/UcEK5loue+c72JLXfDo8JF2QEVIK0XT4Fh55mM3AvIFdyhdZdWpsIFy476hPP",
-	"msv0yRnoRHLrZooEn/Qidg2h7YNqR+j4hkzRAnuqHdt2bIRpcvj88HDfJryN6UiygLw8IVp84lomKmvn",
-	"5n6jYShdeY/w/7F3fU+N41r6X1HxMsmtEGDgzs5A7UNuDzPNdDewhNmuW5tbWNhKosWRvJJMyPT2/35L",
-	"R0eyndgBumlowPMytO3Isn58Ojo65/vg3VW/N+zzV+tvF/edkVgSv+kRKgi7ybhCKrySQA5ejvrkEEpD",
-	"xj0vseM1XikXKCMB9OAjkSl2zWVeZrQHXVjgDs+FYGmd390VeywT9j2mdNl6uVZ4Iq9BuQLN6HHo5Y9a",
-	"OYCXTqjtuppQmIYl5PQvtwNGrwXQT/Z/ThrTTlR7W0mdsdislecCSA0az6mckAk1bE4XPTKf8nhKMsU0",
-	"8wKa9iEUUYS37BPqgncdOMgxiUI9opHAZc+rQe8TO6+iQokAi+OAuwaymedKOkFkp3UjFVGglJBs0jld",
-	"rIe/g5Xa+NBD+Dj41TpRStKBus+4ntmNWLcO2IpmtV3y9ZopKzuoo6TsQrYoDZXveI3O0FeF3OUls2uU",
-	"9rqSNVsu7JO7nj3+tPeUR4+hYY9CW9+mj2j71vb80x9ItqcljYD3CYbhP8BAA5WA/f/51+cKChYdjki4",
-	"oory5XjoYGQdSyfOqwB4ZdKGwvhRLGYchPaBB8VaWcu2YLfQ95GCjYQ2MtNkLtUVGF0GZDyDHeiMKCK9",
-	"mj0TCQMeoHoUM1MqyihLuB6J23ANiRduhzfXSi20fWtou23TaIcWtECLaM8a0VDmqRjZX4Bn2tA1PJqo",
-	"c4/SCik1Y6lmJKaZj3yM/MW+zCAJNolqE6p8VYbwuu/V51Kp5bpZ9Ebm5eN4aZeWFGJIn6WV8PxcgkM7",
-	"T1hC/hieHBONgyqoBCUzLk6ypiEf5PgVS+liWZS/cS74/Qz1/b0J/Q35SDymZA5M3EHquFDiT6lddHEN",
-	"nk95ysKi63/rOFRLuxZctzuJjHWocH+WdJG0AlDBLuiU6KlUBn1I8EW4uqHAlsuSIldsQRKm4CmIRo5+",
-	"Hxyfn/3z4sNgeH54dvHu8J9Rr6Dh49rXrReq5f4qydh7IwNF6g/QxphI6XLurfmSa0zx958qM4a+r9BU",
-	"2ihGZz4TzLndbNl5NlE0cWHotNSgHZ1fZkoaGcvUe+z6vrRNaIP+9U7UxS655IKqBZnZBWHCNImpUgtP",
-	"WsTo7AdNLheGaQKEjXO60H1yLA18QpxyH1u1TC6e0oVXWX9YS+bptfFL8LrjMGgpOnXOTTxlIXmv6Jo7",
-	"dMuzPDZ6kTzeP96p8X53LpsHtWwQDM7smKi3bc6XwMEh2yUzc8ZEPQLru5k+M7buVOjD96vl9Kdm6iM3",
-	"U6851ZTU7bhGnB+MCSriBbQXu3GoiiJPrZ3yGHZK0SGlwWk7cmlQgluh0fR4K9MEGeILg9v+xFncpBNM",
-	"c53bAe1iOWxny0x3DwgYG5pMmCF727sjsYZspiHzyM2j1xWPbb/57pHYLnGrjcF+cTHYAoe+n701S4q1",
-	"aWnG+ws6S9ctLicZE4PTo19lnH91dNT9Rr6vWa3bam/nl73d7b1VY7B2fcGPIAl+xcuLOzifAkmuMIrG",
-	"JnznLSEHGV0sJ7fcFmh3QASbBxWSeqKKU1/s68Je/Oy7w69v/haBX2YWTJHTXUyIEAHmL9VOyC0js808",
-	"02tOZ2pCYEtS966c4O3IlLzmics9x1vyEhV7yNAonrFNbRYpI1ivI5gPXUe4jOzXPTzuKSKBSsU6pwPR",
-	"LFbAfw1H5RBSpORcM4jbAadILMWYK5dZ7usSzr99gc79UikT9NfxWClmpEMFKSXWbL5jC2TZQfJubohi",
-	"CY0N8w6oubVpoZxYsYQbTyYexPdLn+MdUexyKuWVLVkqPPL3lY5pZnIFJ1OCuCYiMjeaJ8wJSeB/BPQl",
-	"ICFfE2R1RGoATJVKpSsxkY76HASOsgbZCWQ4h4qSMeVprhwZY565bWd4zg8mKBKafQL+R/uwdoP4Ii9G",
-	"cdSUKIVD4lxmf2YvKVWq/F1PFPZUrcL6E7AwWQIPabI6cQ7C/OI4rSI3iy7cLIrazKvXF8/8uD6z4rwD",
-	"VH2ox123pJWGLI5nP3TvvjgiKuutT/63n5sXymMfAuuOGA4qca52oDFh7OQtAr8iXBCHfCKohfiIuClA",
-	"OpH5T9BRiHPBb+zCJEWinbJC73oH703ZDXn7YfBmc/h28OPff7KW3mjD3TLu2b77l6JzqIm7iM+wqEc0",
-	"A8UCEl3vRE6mSeOawEAnY1GGc1we/X0gAgbfiJjY5Qbix2A9g2/pEUoMnzFt6CwjM6kwgGJ3e5toF6Gh",
-	"KpeJ9sHB49wVAGsYtKC8RmYbv07GNIPlBbvqIrw2hKSRzt72drdW68NTBivmQocTt9JnTBULnlcsdTwb",
-	"oEaSeMHtTbc/oSTJHR7bxTXlTssEA+9+3N5GWAwPRRCEh2dURfxz2RqwHeXeTJ0aCRAiU38G08EeMRAY",
-	"s8hYt+7sBaJkcGR/dO31sGcwp0sTquEYpjTfmk9g7rBonfpyakQEz1etKRgGOJFCzdw/i7otz7yNhqCV",
-	"n3d++fGe6U5/2/rbxv6nx81Qqvb2IL5aq0cLK/s1U3xsB7UdaTgNOnYa04JM213uPvFS3gY03yug+cwB",
-	"QGlzFkDNo+eynGzDMuhzh9YxkoQEo+/1YAgreJuz5LzQy9FlVnqIIkCJHjluz4Ue1a9R4rELo+weZB4f",
-	"7X47qiS9gmSTnHFjvDKWVBMq+F8wtH7QDfm8VLt9ujV5SndKEaJlJpC9xg2uq/OL2tu6T3qibe1SHdbE",
-	"pLl97MHS1AZPyVw4Q6FN123TdR+PWCQLWLA+V9dDH+xBUfltrZrTaUXj1203ArmnlzD34lLwJOxTIH1n",
-	"LtWV7Rvda2QxcK99ICSrrzlP+uQNVYozXRF994EaGFka6tW8/yh0y58Js0mpbdfBWSs49aCo9foUqtai",
-	"T6/xjL6d9t9wi3LLtqSd7C2V0a0Tt4HH6LRJ97+JpeiVT/RvRWX0JbulR8MZT2LU4k27JXoSBqOv2hJt",
-	"OSfdnbyVH/DR14duzzDYrdxldw95w9HQgtjrNprAlexn4CxM+3s4kZtNJ/Cs5Jopgmn0qRQTn/WF7ww0",
-	"1KQT2UdLogku8WDONeseOPYorg0XE3/a0OSAoUlSmRMtij2dD3yw1BdPFd1VGQ91uJgkrbeoNegeCXQH",
-	"SRIOTb/OmNv65P64n8+7AtJnbCavPVtvSjU+1AivTjG9RdilWn/ARSkBGTHsXBABg6tNHDGh+76tL26v",
-	"jp3D9mMLeq2L/J4imzBubsGvL3C0kV/ZTJp7AFHFEdcC0XcLRN/YV/gFhuX24xmWZb+ha+IWcFsr83Ei",
-	"KaZUTAqg/kETJVN2q72p9XTzii3W+wmHw7fv7DOvK6/UffXdfWy2GduU0peZUhpCL4fDtyTLL1MeQ3+X",
-	"5tdQT2GSrFFTmzLg1uKaZFRpDDbHTEOWkM5q1qFLknRcWZChKCCnvlqL7gGSdoUcH01njIy5mDCVKS5M",
-	"CGGXovo5NI4hgXK9ZJubCS8pTtN90RP5p7A5mxxTB6UhYQdIqR9bBbfWPPgKJ5RYgq9a9KoxDrY+XbHF",
-	"qtOpLhLyYaBiiUJu+NbhZhPDnavdo/tU2rDD9lCtFEV439mV6+r5/G1EE6Szhlm7OD2r54ZxxTk2sddl",
-	"xhdffndTHg8poYdak/5lmvTQuberJHsCvvtIJLuzbbS5L+AkW0MG9i/dgvXEPmPXL8h7psiwXmd9FwP4",
-	"JVngxVc9kRVeatZWMLk1t79RXpPzw4s7gsyydbD1CZBkHdX4wL2iNvdyJcams7e9160l3X84kFlhQlfN",
-	"hjt+3XPJTFgPGT7+qd0PtJkJNMzKe0/8690txSbWqm+c84fAreKeck4/bjTB+jixDW2oYQckQt2gC/fw",
-	"RSwTFnmmFZ8GiQV1RJ6mYJ+MhJCCdZsIfv979wwr+L2yHPga3oXmABv7ybkMXpcFrsII8lPB9hlNPsiE",
-	"pX5GBBkO21Rb/zu/su8ZK6anzbxTh8K+cplikIlropmBgIPo6Pj88Ox48P7ij4/vhhdnh7+dHQ7fXpyf",
-	"vDs8hrmhmTkIzEV723vF5npZUcNMqSnkkZYjp6Cm9h3f7TyxlTtz9Vw3TfCRBzaHv2iduveq8yzVnPzA",
-	"B4muetGD36SKrYGJw8wvNZpPBBeTzSu2sOO4rHSTBxriGTOKx3q9toF75NuOXMNuzFaWUi4aCad/+o+d",
-	"7Z9//ukujNOnSs6YmbLcLrQ3hrCbTGoO4ijOiHx59NOlT56FHqulngZfxF+NJgUQtFm0PJXaTBQb/td7",
-	"OHw6HpwPEQt75O/bu8tYaC+V2dsshnPBdJDEKnSCGNCm2r/jKYuvenCgCeBsP9NCNEtlxmq3J6HY7xZK",
-	"Vz68HkhpstgnDOy3hGVMJEBI+7xl2QPwPV5DHksDZICLfUINSRnEDwrmRpYdi4mcP5xk4Vp6Mazt/pqZ",
-	"0zQn53pLSMPH2FDNBv+fDepWYH9kuZ4yXd1oVIolVDvxM0BFr221PxLRp9FGPKVCsHS0sU9GsB/fdySZ",
-	"PPH0mOT/yWhDqkn9jUslaRJTbUYbPTICkHZluacdwx5cxV/ZpxJqqH3qU7/f/2wvaLtHoab8y7Pf3pDd",
-	"3d1f/O8+R/2ROHcSesJJ8YKxll/alrosFKZCI8AWDL+vV71VprkiHbct644EPhz4u8PH+WL65KT8y6AT",
-	"Ri9lXspHJ52S9JndiuXaFT5huhceusyTCTOOfk537XiOp85uxXh/Mp9KElNBNGPY15iMTH71DJtck0um",
-	"zUiw8Vgqx5RpgTVjSnMNJE/21yAOVxkV/VnSH4kRmBfIxcql2He6arHdZKA4XOePj+dd0JO5DAKTUY8w",
-	"Dt4mLkg0QCMNS3A6lASpV20ZyLA6ElL1nKQc0pPrnh2cVV2wOsU29+b+apFEjsdMsYQIO7aNHAn/k+rH",
-	"Xu9ELkJWM3XNFGHxVDI8V2v8hedTB+ZR55+ym+IB+b/cNr2zRNzdca5ZQjrUy0ALQsmfZ+8JE4kmeWYv",
-	"pHKikRI9OlF8wkVESoqzI4HOdtQ1n0qLaYqARi5BBb7jk/Oj347eDM6PTo6HF4P3708+Hv56cXJ29PvR",
-	"8bBPfnO85HZIjB2XLBsJlMYDgldA7LA0+yVXIzerkrlhEQyhyJoVMomgfxNmKE/rFX9wNh5XcOwhF+k1",
-	"qnK29U9xqGhHZlYePFw3d+0rOdV7lrufObvUAAXrBG0rA84xIpdUHzOmNi389ywOblbQHnTNlnFdd9d7",
-	"IuaFsuadRUAHpQr5OdjRjCVkr7/brUgtAIjp5QGsV5QRAcZgevob4HuogcVOIV1tkdufJLpihk6EM0J9",
-	"8DWQWH5xIQWO5xmNKLi3vU0iZJ6+QFSLegFH+k4FPHKlXXBxASU5dmqdMWGqKNlzOxNrI/RKiMn1EkZ6",
-	"mdLzw7MPR8eD98v4COcfu3U1Q1lyCe+DAxPbx/MlVu+g8L+3vUMiV3m8F0HOci6uhJyLHipiMCD1tkDM",
-	"JwJ/Xfqpp+bGdOeMO+ptVn4GL0fA0q0WQXiiwPcwtLi25VQB3omaBvxGOdM6nO+Twdggq7gvEcVQxxam",
-	"gxSq11pckkF1JpNdgyuPg9npNY+D5UkilIG9ABveDg12w2GIYNgrVC2TYhI5c6EYpj0SKab5X77+Ga88",
-	"hBOqRgx3ZeWSGROtKuudVVlfz6rZpg8+seSrH3Jr3J+lPbBHJC7s7liUVKfL3s9wEZb05TderloagDYO",
-	"C2qEU8sy7oQbzdIx6dgZXtKM5orgoR7JFBvzGwChXKUb+xtbYOhi7Zbf8J5fM8G0hoXJuRd6bsHzAnOA",
-	"fejx6xeggt6FmhBaPhGbedYD//AmFz1cjrz3GFZe5zoOeSxYJjRKvdQAMgf73fK6iKpSge7Mc7XEXwOT",
-	"tCad2K7sMbOjUnd7BRe5fdcSgUmp6JDjtK6+q1kcpRJ8pKYtAC/9g6cpQGtxKTDEl669oYamsvKYk38s",
-	"XSiPwtrLvyuZZ5V7QyMVhfCZ4vGs+sggywbK8DGNqzWq2LHl2qMC7BlLGdXVGuL0HLi8kOrPXOMOwDfw",
-	"RrGECcNpWtfY/g0uLI5r45bdIrTSdWSIr/QfYp8uhkf56plM2erV+rqUn/hAqR5yw+rvvOdjFi/ilK3c",
-	"Xe06e3V4la9ePBkezaxZs1q75X6Ci0tDYHWU0jzhhhhFebrcNgN7a6XIymislnfiLR7UTpnBYECRC2pW",
-	"Gv+kWuOqNHbNjUGWnSp5s9j4/K/P/w4AAP//",
+	"7P17d9u20igOfxUsv2etyr+Hki+57DZeZz3LTZM2u2ni48tOz7PTI8HkSEJNASwAWtHO6nd/FwYAbyJF",
+	"SpYdN9U/bUyRuAxmBnOfz3uhmCWCA9dq78XnvSnQCCT+8xy0XJyONUjzVwQqlCzRTPC9F3sXEAoeKaIF",
+	"mVOmyTWMhQQizSeMTwZ7wZ4KpzCj5tMZ42yWzvZeHAZ7epHA3os9xjVMQO79+Wew9+s5/JGC0m+i5Xle",
+	"CikhpuYvwiIixkRPzTT4AemZP0IaxyC/UeTXvhuo/yYKiJBEcCAzM1NErhf4oQJ5C3K/sjz66S3wiZ7u",
+	"vTg6/jZbotKS8cnen2aJCZV0BtoB5jSNmL4QUtfARUhNhIxADsjLVCohFaESyLVIeWSghaswL6UKIjKf",
+	"AjePFmQOEghTKoXIrI6Zwf5IQS72gj1OZ7ggM2Nx4f9Lwnjvxd7/7yA/wgP7qzrI1vjeLAbh/D2LY8Yn",
+	"V4pOoG31BtKSGsil5nUSMw5qKwurriJfn4XX8qreJ/SPFEhCJ4xbTAjxTTKWYkZG+fMBh096aH8cNS3W",
+	"/tyEAM+OjgODrxlCLKNDsPdaitnyMt3GSAKSiYjEYg7SnnvTUsz6SwsZCzmjeu/FXkQ19DWbwV5QXN3z",
+	"p3XLeRPBLBEaeLj4GRbLC/uF3oAilIQSqAai6BjihSVVeh3DC0KJhASoJnOmpxZD6QzIDSwI5RG5FpF5",
+	"PYnpQtlftZAQkZ6inGn2H4j2iQSVCK4g26rlI/leC4vsm1WuIsA2+J8Z1GH/AfNtHVwTOoGhMi8UZ4lg",
+	"TNNY7714dohAtSzp+PAwyBnUUS2DuhStp50mSdtpa7GFs/71TIrfIazlle4nEgqu4ZM2JExJYh/2VSgS",
+	"iIhIQFpaIacZGzXHLlJNmCZMEQnmA8OcDDaMGL+lMYuG7uVR4wn/2ncL6L/5YS/YM+8zCdHeCy1TqN15",
+	"mrKovOknz2s3veqCQO7fV2mSxAwiEpYujIBAOBUQEYZstnRFZDhL7E4G5DK7IfDaUHiBIIum1wq4XrH1",
+	"fNh1rxa/CrxZvqfRj1TDnCIZ40Fy5NPUbC/EbR38rszOP3fkt6+kFPLcTWKnLEPwlJM0UVoCnZEIEuCR",
+	"IVIypiw2RD7yPw7BjDTCy7MgJZT23rAW9/pB4SBxId/TyD15uO3+QmODgBBl6C/McStlqNmTTm8J7U8I",
+	"jZUwt81iBlwPFZtwqlMJQ/fmKCAjwxgN70mong61pLcgFY1HAaEkAm7Qk4sIDE1eA9FUTkBvE5wvBR/H",
+	"LHxAYPoZ85sjTKUEronS5q7pjf6/IY0l0GgxhE9MaTUK3E+h+1QFhBpSddeDzo5FaRbHRKacMz7ZJphe",
+	"C3nNogj4A9JYqqdCsv9YvuRwwSCZSsdjFjKDUQlIREPBDZBGNJoxPvRc1DwRcw5STVlSeqo0JMO0/Iwm",
+	"yZALPQSumY7ds1RPzRxKcBoPI6bM3Z//AlyDTCRTUB6p9FX2yzaP442ZmdMYgfhwR3LF4VNiLzrH85G/",
+	"4anYBd0Dw3sn9GsjIzzcNi9RXVIilSGQSIAiXGiCtGgYH7N/3zLFrmPwCopVqZB6DRqNzZK3CoczuogF",
+	"jS6FeGu44EODwzIYlGuZIrFZgiR6SnlBSfxGkZAmNTdBQEYRaMpiNZBAleAjHGmohRjiUFsGlLluzjNh",
+	"6qEA9abAmsg1jSkPocqx3OOtYsYFyFsWwhWnt5TFhkc9IJcuyj9MkTRfBOmNlF3ZsPB0aedoMulnNpNV",
+	"Gy9YV4yIeweQXQrxC+UL91Q9HLzOzT0esxlDVvJHKjQl8CkEiPB2k1TDEH8e+qd4pcSxsOsZhoJbeSFc",
+	"2Bf95cW40ga1hjho6XMvY1V+eRQnccWpu+gfklSNcGFuejt6LrhrcQN86ERbAzr7oCCv2gfwKfHXvX2A",
+	"umL23jap+4onUoSg1MMS9r/MRirQuc2euXv+JOPrI2L0OmvrGDOIo/0BOTXSP+WkYscgEqwhz8i/lERs",
+	"PAaUf82VsDXA/el1Smt+DEORcn0BYSqZXmQbNzCMIma2ROMzaVR9zYxeOaaxgmAvKTz6vDcb0zW/AI4i",
+	"47IOfilTrydzQkPNboGMaaiFtIKGOiFGXepbJZwTDhChQUpEaDByWvG1EDFQbojQfo2zMg0z1YYBv7w+",
+	"fY2fmI9n9NMb+9FRbnCmUtLFHurbobgFuRia2dVQwowyo2G0GaqDPdRbLCDMO//e44LDXrBnrgwzQLBn",
+	"9773W50RI7eH/DuDpB8z3/CK9eWjiuvfIdS4JLAKw5on6da5bP9lEw6ROSc/MOlJGEtQ0z6yBjKmMxYz",
+	"UB7hY3PW+BOyiRZLfxEGS7Aq7MqqNGtuSlHN1JjVIeiHKegpinhG+QYF6BOwO/KfKWKm7acJ4WJej5Vz",
+	"xiMxHyrr++jg2SjuN1/e0kB1MEgVyCGLNrKXFaf14wRI8AWMycFcN/1pFDlr3i8wuwZZMNOscSRSWC6/",
+	"inTdNOfm1XvZNy6ido+ZINK6rTI6/Xh2pYgYo3nw4ucrIjj+E207vUiE6iCXcdRgZq6PV4ak7WViJEsa",
+	"z+lCEYOIJ4SnsZUxBQfrLTJPqobHKgWHMoVoGAp3KHH8frz34t8tbFJwWOz9+VuwRB9UE6aVc/ZMqSJm",
+	"YKIEGVPpjaf4o1GLnMhWv9cT66FD31HvWogbiPYJnZkbiyRxam9VZ9UhCZUaFVD7/gL0gLwzm0+5ZjFh",
+	"GtdyDeDvFQMJDy9rWf7Ts90h1V3t6uURllAp2CvIqBMp0sRh5LIumb9I8EWz5Dk1OmXKwykanu0Bk7GQ",
+	"hBIjisXgfjabaUHy1pWGgnMIMyTuhAY54r/MvzZYsQRZ6zKK1gDt0gKNPuUHWOLKnKDvOKQzo5bHQBVE",
+	"gZfRhCRm8TFo6xPdyslOknSI4pMzzzu/z/PVTiD73UxEEHcw6wd7U5HKeDGUTmC4G3X+hIMhiRCqHe54",
+	"otTAKdcFqjwpcA/zgmFQUxoRLkgiWQjmQ6Zr6WgTtut9IBWgHNa9KCIYbjaHUEM2M1pfp89bkQAtqcON",
+	"rxpkxuYW2fBrCROr/UZVwNVSkLpJO72mpsMbWAxZVJab111dLj4/OV4Wn43AmrbK4/968kHIm1jQ6MK+",
+	"n305tDazKsIcHnchXovsG0I9TaK78bKKhIGTIvIXF1bCjSqm2bMsMpMiQyojRk4vGdCrMCyfeZlKSjdD",
+	"mSEFZemh/rYr8f4S8Ir3bYG9r5awXpavqe6y1k9iTrQgEmg4LaiX+ZKXZaOpk4kKp3n87FkdFbsgmOwa",
+	"eP7s2ZNnbTeBOcx2eqwgy9RCOrGRMjjEaoC9uvVmke6wes+BWAwhWlKuWD18UNV0RFS9ydolI/zYPs41",
+	"YdxQsIc+K4e5BjsXSsOsRh0uodxm1Fzw82+6lW0IN/6UliXDmI0hXIQxEHyJ9EZ2vlFARk7UMf9MpLhl",
+	"RiMbKk2lRjPcYDCw2nTL7GMpZsOcIXeTMpZZ85LAgRK44M7+JZX2W8AdMGF1/S2JD3e6D8Rw0/uojpmX",
+	"kbIM3+Jk/tyzxZfIIsgJbAlNS0jXgQG8ZUpvaN/L7v9OBrQq4ynJARgjVRUE8rC7Vg0/f3MJ7DhBabDV",
+	"UPnR3E9rssX865LWnqloWkyseYhZPd7ewg2a/DI3LSKNqucFM7ShqIBcLwizAWJ3l84KLCE7lGXNxry1",
+	"+j7bAhvcjPJjI0RkK65E6ViIWdtAm2JYv9laG26dsnJ4+HdREb4W+bleXq5QYgnBmsXZDvzmB3QLrct1",
+	"+LJxCI3mTCvPEGwAe2U2ayVUAYkgjKmEiIxjqgNrPBu5L0edONGOy1S5zBqswkF6gyu0HYI7NrRjQ1Wt",
+	"2uNbB4b0BcRCK3g9VrHwCwDkscEijZg+NYrHZb1u7sKXcrXcqel12jkO1s0CsexYXlbmak3kZUNCaypT",
+	"vrXs2+5csYMXpc2asKXbaAaaRlSvCL2wK6zIEgjWvkogZGMWEj/KCeFwC5IoCCVoVfBa54ghQvQM3Onm",
+	"XesSaQW2BIV5OB1O/dy+au4MjJZfPhy07LUbCuzXHtu2eUG1zF132xSPpIrMFVNC441EvWW3uLUimDI4",
+	"1xghMixs5CQPbH3I+c0j5KrnGb56lqrSMASlMG6HxalcwUXzFMdiCloRBYaG1veClamYRk2gZjgSM6VJ",
+	"TwFE5OngaP9uWaZ+PzWrKT6i+MRiXPkP97LFNPeT+8P95BCSFv/An+ohpqeX4gb4hlhH8ViGGNhTk7IH",
+	"VIIk//xwWTGufnv0XVvWZ7BnoyTVkNWM/JaNwbDS7KhwHS7ACKOpMNCnLULKwA6DrYbrTOa+ucNsDfCy",
+	"ebeBi1nop6oyVwWK7amzwZ6NL616D+zB1GKEd7asIvMrVRteVkCF0sSlo6wCofYIVjhsXBqoC8nsjLaV",
+	"OGpQgAkX1y6plClCSUIXIA8k1eZJbP4g9FrcApF0ToBH/TBVWsxAuhgAF7xDOUYYWcHA/cJmLoWnySGE",
+	"q+8kjJU37AUyt/ChH2lLUpmEiOmhZOpmiBpYEWmSmGozgeU4CL9aDPJQGiaShWaNSUz5lhbo+PnQx14s",
+	"09Cbi/fk6fHRP/KgKaMlBkRPJYDNGg6pAhKD1iBVhaSelAjqibmuzGtm4P/379P+//z2+cmf/2uvbmFM",
+	"JTFdDL2dobyoH+yvGOXsuYhHPXeCA3JqQ9Tgj5TG5koZmbdHlQVioEcLzTN+K1gIQwkhSzBvZIviVW5K",
+	"2XyLCrgObMr7LY1TIFSRURGCI2unw0vXGeWUgwe5Tm3GIsNnpa9OyLXQU7yYzRT7G8AuoRITbe6FvDzZ",
+	"bPc8coecp1QX6YtY6eOeI0DrfS3Favpp6LKi2TWLmV600T2GIQw9pdcPeheb03wqYlA0hu0zkcq1VXPS",
+	"ZSWgxKszw1WJ3lehTe2pr6bRGja3CiIrOG7t0dax+QyL2q/cqrXDrntN5PBDRr+nSvt8u/XDnW2Ua2uu",
+	"gg3za/B8Pzts5wp3wOUKupUwa5aZM3Fdq2BfANRmgvp6kHKJhp3fjyGaGAyXlCunqWxG+NuDdP2SgvoT",
+	"8PtdcQTf21c2lDhHPnXTiIo3kGgMT76m4c2cygi9q1Q7CvUSpU2eYDMqF8Txm0LQqR9Rjfy7IeWCs5DG",
+	"JAHZz+Qfo8Aui6DrnrCfra4gSO20/oMBeRkbBqfILFU29lylM78R5oocdco58mspu3pmjPvso6rtosrr",
+	"3Z4Lu1l14Gk0Af0S3Qdd2VM1vZXDnFzjOAMvv5jDrQg7RmAR3AtDNgwiFFxLGmob4U81iYEqja9hyRi7",
+	"q8DVC9LTwBodrGiFkL4GK0vWxqNl2UjOPlK6KgsZOGvyjaoYvKb0BTxSdwt9HwsZAtYLmTkXWgfdyp70",
+	"q/zjX8y3KyKt24RILFFUvCRngutpbO7eP1IqNUj8N+U8pXF2gdfelGVLcFWNtViAvMTmkJrvfQmikwwP",
+	"bFJL9TXLCTvkRCyLnNkga0H4wnzmNViMvrvTaRuVTk1FHA2NUpfFBTqM/vZwKemGSk56IrFpkxhRtu+o",
+	"JgEe2ZBXzEJlirghjYLvbUw2pab3MT08fAL/e78UCHPUoapVKTkth2CGLxm1tTKlHyDEEMaS0B/HYm4E",
+	"RSq5+Z9I42h4HYvwZpUEVh7P8NE1BQvL3bpfI/j6MBExCxcbyghRYfedcS8DWQcude98xSHXMFUQDalP",
+	"mc/gwLh+/nSvzoBY+tCWgOz+JRPREHi0uVPKDoGE+0g8W240iIZIwp3R0OCwQOBvqkF4spszPWV86Mig",
+	"yJRCKZRC3dshvS+dUEuPW2GpCayxl1r2uUZ+7RIpBxWuVvSeVfTlJYIqUHUhyLeEcSUc9ptdPsplpPAH",
+	"sFe353qaqiXRzmx5M2X2boFDm2F05Uirg6yx44200jtz8vW8ns13XqWIwbIXtAKoArLamVshVb0FSlUN",
+	"NBsvhoKjUIhX9tDGShs0Ty0St97hm0SPrHl5byEFBLMbhgqAf4HARLqFqYt84S929eLW88DM1aU31rpK",
+	"uuWELKNrnquYM+YbW1G3rZBnTZRHeYxut0d2M5TOtZAAWEbYChKVYNrOAgpbLpC/UUjQznzDxRytVs5q",
+	"LOJb6ED4Z0LpVMLGFUnurPRvIdI4goRKtG9uqhOs9L9ZQGVGNPPSFv1ta1otWnnktrWNTbmlBqWHWcJd",
+	"t2S3miupts7B+ufU7jTc4OiEnGwqb92bjefO/sDHa5xZfefcS6C5O+Eqi6moJyXFpcHFVzHS1CsTNYpN",
+	"5o3NgVqhrvVyZeqY/4MEDdbeOutKzh3F5Rwb61yN7uza78YrBOVm1vuXU8ongB03qDPin2SWVMwYIjcA",
+	"CdFTYNLypAE5LRrq8S0XFVac7ug+L+MYqBwWrqTypgzPIBJm4taV2wMeEQOj+gJcO3v+tnn9fXHWdQzR",
+	"TaT30vnuLkBrxidqQ1+nH4YoN463oDuHA3nLboG8/pWEgt+CVNg5wGaeJiBdrXjXPyZrn0D0lGoiQaeS",
+	"K1dPp2pMeKSxYeNPQ8VpoqZifUHq9a8X/tNaOUqlSSKkuS1yh2qJoT8KCHR22N5XqEVNQE0t5MqHteKW",
+	"KpzLesTxZjZLNRafe/0rgVsWAQ9hQH5iSguJXnQbuECAa8l8eTqMLZWAl0y0jPohTcxlfNeUE7Oaukor",
+	"bezRfYnFbjZNGPGVu8rQevWJhppEELIZjV1BLkUosd/5bBxKxrGguqaCR3nlRXQ97H/323/1Pn4c2H/t",
+	"/3ct4toy7o+Ppbi4/ke2rqqPswK85WW7Yy8gXw02BSX0XkGTb2xM3UbJ4+UhLtIZRt3YDHBsxTUivVJ6",
+	"OBbRSxXYWwqXYmk1jIWCuroVWzCTZIF+NqxvwpSWtCkBsD2YOt1qCccx4zRm/1lrh62Dbqac24Sbba4D",
+	"cWBdTclh01vGa/SkmkSru1ojHoOJ2Ua6bgM91zIqe8LNDcr00/D3VDIVsboU2U6HbsZQrdd8Xf7oJf2U",
+	"Xe7Esy9CjeKIRJLlhSzxMjOnFprG3f245gvDW2YdTPYOXJf002X2CaYJrTPjrWDRNslrpd1mpRU/LxWl",
+	"UfHKoVeDAVVQNaPrKk5bQYuK7cbyifZLCnnCmiGkZmy0UY0qFY1Jz4OPTEHCCfHJE9/kkYI2j1HMmDba",
+	"U10xky9g9C9sr6Ya2bbcfjYQ2MjTiy2ZWLOTWP8i8BbWrK2ZLQ++rQwTPBPMSxviIreVuGL0dBiGUyPA",
+	"3a2iKP00DKmGiZCLTXmy56x34MnOImFg1MiG4RPMEn3n3W7jFkJZ+Dqpq3ZGP1m9iHFyTRVTJBGMa1WN",
+	"TiyZhQ4bpy2Y45HNpQiR7eFSHavPqal8ZEVTexFrKiBp5PTVxdedahNuVxCttYxgA6EXTIYF0sxScLCC",
+	"p8/ssHPuBXtjsClFyCBW2biz2R6oakCtkvTICgjUyoOFY4gkHRtQWxVhD7UgHNUKG1RqRuN4MXQPjKiz",
+	"F+zNJdMwFONxh+PwcFnvJHba4V9YO9wpbjvFbae4/YUVtxU3yVtUH87BthbesC3PZomnFfC2p4lW17qR",
+	"TCDd51vI5nSyVXTnoZYgUb/E5hlXAO1MsnBdXbzsl7BtPlyl45QzTXr+X31bG2bflzr2pu8a83DBlr8N",
+	"F4GZHRPC29wqAVHpdX/GuJB9XHwiXXQz1lOdQ7Taz/LkH21+ls9HwdG3f2bOFvtng8fF6q5mHa2OqOI0",
+	"tP8fM7T7/2D4ov/b58PgeRc3RWHGYK/gmigAsAV7zP9iyh9e4ttU/hlmWXJ1EScbRkk4V/7a6kQBgv+y",
+	"Q3Qwlq+oKVrYXmFRXdl9YTXrpf5WWjeOx2CbdoylmG1+wKWjyv7pptza0SGWb3RwUKP+dU/I9qF1dvpu",
+	"p/LQ2m6RwKt4eddYtxrUf3AesiVM3S4KVS0Itzl0igkXT4731sq69cMs7Tpb/wZswp3cI+AWX4qM2+n3",
+	"3ID0yly0nRwfd6tdwuL4bnDEEbTY3BBzd6q8z5ixDaUGV7FoOx4FP9oWnRT34OfpbNfpkKi89Vp4pSEL",
+	"DHJdY4kfZzODiWOEudEEC6BqYZ0SK30s2cQYJ9SlTPCWyyJjpceahLP65mXSsnaIhteLuzQIKCtmnVga",
+	"fvJHSrlmejGcGTJXHZMPzaed30VNSEIoZLTp5nCI/EQ7sCu8Fi7sF20KYAf7U3UTRYtUMeWj9jgrGwjK",
+	"ymF+s+R3RMPhlI7Zn0LBoVXB/WUG0UDfNeRavixKaL3MFJc5b4mzdxV/ivf5w4rjFUniUTqfLqY0EvNz",
+	"PIcN5J1HIMBQHjHzwdB6LdeNDSl+vg6LjSDWdN3Z4BNTOMtGa/1qL+aX/hBIUrmit3QZ7+6x+7rHlq+w",
+	"ehxvJNQKJTVQ5H1fdlu84zoy28207xw4G6D0HVy/O87TwHnyrg0KD9chbVt6RwMRZ3S0rQ5tR+tZRzLx",
+	"c2k5QT3qdUb2jaQuJxFiREtNPJnLtsdPXxALf+Jq4mOV/EguiEx5fb7oRmHyS+JSm5m1HOd4PztBZ/Qm",
+	"O7i0Hy6Vo0XIZOMGlXOo3VJHRLjMlroR09tIbHpwSa0CzrtdiCsAWwqwKBdpGoaCj9kklb5CDI+oLIcV",
+	"LsUTrooXcwJDbbsajJoYGnG9a7caX2zfNqWodq0p9J5ZHrrwxLaNCYXK+sngv2lD/5ga0adSkjL0wRc0",
+	"SYYy5aiB1A31kmoai8nFz1frmodvKYtpXre+E+vJZzstft7aRzJi6mY4Ydelaha1/TfXLjI5SdKatplH",
+	"z9safZrvZiKCeI0uam2y/QxmQi66bXRNr0MO+RrHQx3I1xGkg73bMEnb1lxnNqpU+8iBWjwYN3wJPgWc",
+	"qEjQmUuphKF1vKcBG9eLScGs+pAmNGR6YbgCxa7bLvBEjLEPru2cqWrSP+zEcVMVCv9zU//on8SczChf",
+	"FHrwurx/pnAdY6YJF3PSAxpOibCr4iKC/RNySFIeYwOnadYN3FzRftL2zkpjCTCcJGmNHPBaApAfz66y",
+	"MgQXP199owierl2HuZsDYhA0SnE+XJfK+z1NXNBfW3entXq3uteVdpnPq9vpn+PbRfS4wA+XQ6OKrVFL",
+	"cxShtHyihSctOPpgJr/ClfC47HxVHrYeoV5mOGgDxx48NGwqUhkvhrID4t3BTtZdO115vXSOY6uE4aEY",
+	"lAfj/Xh25WPxAgPxGf1dSPy9mvz+9LDNPlMfJFaGa2drRy1+oRG+0gt40x4EE4rtzFJu2O6YjJDcR1U+",
+	"bWBUuC4cE7a9CAqvDmbR/oD84rqpY20KOoOIjLAqemj+sPXR++6B/WtEepz8b3I0GODs+wPygempSDUZ",
+	"KTUd3sDCKMQjYmTnBbmBhee9IY1jkN8o30PKXAupqq2B0f1eOjF/4OKTmIYQESEJF9ZLuUaH9aae4m01",
+	"59SQzYyYsJUO4ZUOghzKt5y7708w81NDFOBvWNQyv179aedf2mo7YyMx2COxvbIHa5tgXIPyivJi8CwK",
+	"CAwmAzKaHh0e9r89nFz31afZ4OjTaINZchzako3nyXG30LViX/IulLwpEef06wj1Hihow+DBL4zPSNvN",
+	"mLxD2TqUbUbVH7IyiZsZ0+9YMU7F6aQqPD9ZFerd/+3zUfD8uEOcd0XDw5ma4fDL69NzCIWhprvmfFS6",
+	"kBjOOqVJAhwi0ouFMhLMLQshIIPBYP+ESKBY/8xVqAqy6Hvbdbxa5vRwi3kkdu/vRLRhICONIglK1V3D",
+	"SrvekJK8OSPuRU+oRt8iPXPdXFz8RIBHmMRcbeB4/OxJKwLV4N3zJx0yB3o5Ph0Gz4/+9M8b0hQSKa5h",
+	"aI6nJiX75RkxvxB8KTohP56+uzz/v8N37394NTw7f//9q+HZ+/NL0js+dv1nbFXJsvjx7NmTZ20SiOV2",
+	"d0iU6J4l4ajGH3Az8ry/eGNugw3xp9CZqtRd1BpGsRinlmnHapUrxphawXWDksERM/++TmtyE58crwn5",
+	"J0f1Cpq9T1Et+7xux+cNsjvWS61ZgTOlQO3OgDnt/4+fI/unm6YeQPWoWTqYoBDrnUOzGWvPbLb9OYxT",
+	"Hj1wM8rq/bDwXcZTHpE5VWRGDXfEroGMF1vTiwn2fxO88EWVaa6dZrjCR1KC1aVIrpIHANXay7NRfhuK",
+	"L9VC9NXDAV5WpYScUO7ygr9RxJEeycdBQ6ZSbMKtzL2ugPf4BClcUQf4b2Qh9KWd22x47rWaDjaVytDV",
+	"5VlD6oZ4m7DhSn2leseYt9YqS9n5ei57Fe5sRcYii+g5GNpa6FPGdV3MXgvaNRi/t7Lhtpstptc1TrA1",
+	"uZ8znNuxmrHo4uerLyTh5O7HvLrP02+f/aPVT7iedMSiDWSje3Fhtsk70Wp8e9oi7v9/uaT/8ePg30cG",
+	"Gc2f//2pvpRx2TNaFNefdxPXy/r+fRDKCn8qWqz/SMH97jKCHiDpuuCZzfH2+GmwtqP27p7ZFVR98dPP",
+	"sKG+v2nqbXods7Cu69HzJ98+XY93+XTafMjmrV5idezTaMb4Bu4rW1v7G+UsyfZPQs1oNYXZ72YSSqhS",
+	"cyHLxsXsYcVA8Lw83HFtVCDIdiXoSasSdNy1vICbrrCTtmPZ1PjiDnOlT3Xp9P8MGkrn+1ikq4sftlS2",
+	"+pHKsm6GwEGw/XQ2a8FvBsdMo7YzstNcKXdvu8PJVYq273MbbvH7dSVrX4u/22obyu97oNp9125meYVt",
+	"B2Ag80Ws09tmRa5FgRQxdIPyuXnzcfCw8urrjuwHiOGu6qC4qZf179IstRqffVNODazfSpH21vHc8ZKF",
+	"oI/KVURCoXQ/BK5BEsrDqZADks9BqM4sWYQpMqM8olrIBXZwd0tV91Jhfu2oxfspQROzMYSLMIZuim0O",
+	"urf+w0yv3TxBo+HaWRYo7rdvWY3bqlLkpgqt9fqJNQKvGMnre5hFTNHruKEtZXGkBwoRK191jyhE7JWU",
+	"Qr6sNRJd2P4vMxpOGYe+BBrhAzCfoMnIRW4rwPpl5B+D4/0BeYkxiVQCUXYAih3GiS9xVIzx1uIG+HDG",
+	"lLJ5M/Zvxm9pbAvh4t/wKWE2mN3+bS0/+Vs01dNhAlKZgxtmR+9+QO6VSKZgmMGn+k3hB8ZVOh6zkAHX",
+	"5gVcnK3MZCWEwrtizkGqKUuKD5WGZJiWHuFCbT9iBJ5NZjYPhy6924yeBV8MudDDsUixBGHlcYbhhec0",
+	"NmezGEqIgTpIFn4OBfcC8zBmM4z5Le3ymsbUVg9WN+kw5XmApX1SXI413g/njEdinreKLxQKZxNOdSqL",
+	"B8RFBKVR8IEYj2PGwf9phS//l98TJlBg6p4CWRoDHyy9prSQRoO2GF76wP+UUD0dakltbb7CD42D/ZEK",
+	"TYubpUlSPqQk8YFyS8/N38A103H2KeNKG4gvvZv9gAyyiOLFH5eWgzWm8WiLT5lBfIPdHufSRGkJdJY9",
+	"UCBvWQilI69jmMgkNuyyZtRwyzGA30IsEoyUseE/9rl0A9fFyrX30ssZWG3n70rKX/47YVEeOI00SHrm",
+	"j1/7TmTvv4lst8T9JQvjt7U54ZqyVelNdSmIryVA39zExH0+IC+ptP20fIfGkTulUYBOtJGWFIsgjOyf",
+	"KsGwzZHz0PtzPCEj67lzr2GPR3xJYrmTBaFJEi9qMx1noLD89xL4jELTV3QMAZmmM8rzO8F9MiDvbAsw",
+	"Oie+QRIRkkRU02uqgGj4VA0MOT58+m1Ha7df2NJB191sr2MA/ePZ2mk6lnHarunLEl+YRnTY7D1eRgvJ",
+	"bkGuSHJdjnoGGuvpoi5BQMxspRpsykoUnSXmoHkax+QaxsKerLN1uTjRhhzawo4Yj+BT1eD5pC2JwNkv",
+	"rxcup3Ep3b3tcy1ZqLrXjPKn+Yv7sLZi1IxNhsDt7V97et3zj5KQDa9TNeyWh4SS+trd4J18bw/AL64C",
+	"2tJKyjtcQq4KdgYFXM7RKof9KqL5pXA+a9SHC0N7t6ghEmjoyGhN5CgMk/K7DIRN8D+x+k/bO0u4g0gV",
+	"Ft/ZDNETMQdpCxDMqdabDGHp/E7qsoYZNig1YlnYocO1Zr6GeIfmrbVDfGKRP8Os9neZnf365gcrACgi",
+	"wba4JIrx0DKxH8+uCEruEFk/H78FroVclGITugCw2u0vh2b9RuvOvQrBmnMN6rG/EZtrQFRA2JW0afjE",
+	"RsnUpbutPVGt/a3u/DRDghbM46UEv7aXC3flGijgGa2HepFN4r6LQ5fX1Hgu75yous5pTIy+dIfyFz6P",
+	"sJMFIhOHWhNZp0LpGrsaRrW2Vzc0GDwFKvU1UF3b2/utkWqzV6zIQq8lC4mic9KL2S2QRIICHsJ+QCB2",
+	"3SuNts6UYRNmkr4C4MTwvxJHuEt7jIaY3OX3UF3dzFZnkzc72gsNUl24LzJDYbe2Ffhp3qxCUq7qo4D/",
+	"SFloRHQdJqR3+faC/BdZ0Fn6aT8gYy9w2uP5RpHS2VTk+G/XbcPgwZhVxM66LVSgFFRIpYCidQhX3K4j",
+	"kkayvYQYjDy02NAKOAEO8q7GbMziXY+Q3zmF914sicWqIhVlHp+T6wXezy412Sh8BkvmUxEDGZvlBeYV",
+	"+7MPX16LSRWvuPIunz1vyR4pnYiHbaGeSYs99Cdk+1v1Ai37ceomfuOsNYZo1ZfERpHqa/FpmACPzJPl",
+	"XCf8nYCRx2w3/AVogsEcalqJHe0oIztP0QaysfXtbfJlqkCu/12t89ibJ9VeYS9LgAzKx1OHA//88PPF",
+	"OYwlqE0x8AYWhci2lQDoiqxBYdCmRcO6/sYzjP0hik044xNyAwtFeuevX5J/PDv6B/nnh5/JBdR1/zQv",
+	"ljhld1vbKfnnxft35ANck59hkc+2X28DWyEiVWCEa6qDzFsxYRtG8G7bgy9djlhDPPApEdwyCOLftA4e",
+	"xm3uMWZka6ETHGB0QrA6xlzIG0XEsixwdFRe0mFdJsVx/x+/fX72Z/+/y3/XN5L3Uy+v/dx3jhVedzS0",
+	"SKZUEcqJ9ZeQy/eXZ2RMQy0k6aFE+fTwyOyo4G8aBZkV1ppOyWg2ppkfZ2SkJAsD/0HVMlw+iOc1HWae",
+	"NzTBeZyxXm/FRKR607xC5GNDBPHa+UFLqYDFweqW+svr09d4vJvEOa95ZbYqElsIcFBV13Z+jTgXYJ2j",
+	"RleaeRpsrXmxeovZnqY1TvkGSJ8DjRgHtamccr3IYolaGHnt51MRR+7ybql00yFg6Sym2pyQD1ma23T1",
+	"4WxM1zQr4GxBtrryUL+tvGOeLIvuW5HlHNIMM/bvXF0dYJc4uOBJDQsgr8TjY327UHtGi3IQMa+bez0b",
+	"RKUJSPSfGy6aPRaJaq9XZMDY5TjucnYVraF+84WllOcKMoxeBfJGYrpL+vYX686lllrWFjhUkkhxa13T",
+	"8Lu1d/7WKZwoMwG0MSHMuVs7xs0m5RlhZmYGMOKNwwiCjeVcoR3nxSz0kavLCxziJzXClJ2E8eKYWZkL",
+	"F4lBemMhCXxCazQJDUvar1WdlrG8HP1cnPnNxXvy9PjoH/ksRmQKiJ5KAJImCciQKiAxGCmiWlBow3Dp",
+	"2rxHB5vCYutOcROj6bqZ+72QcsFZSGOiEsAykPu2bAymvSsSCs4h1ESLujT+5XS2u1ptt9ELi0sRx9uV",
+	"WeqL0mVmHoVhBKgFqtwwyEUE3yi0x+YeGufO6Wz0MVjw49nVS9Qw17JON2EAph6bc8o8S3VHe09tm9Eg",
+	"ibjV3bttQHBmPjkHlcYN/ZBwYAXAt3nsXW3e5UISWyr/0N6i+cuYy+03w3BK+WS7VHYvMbiVmhelw8qg",
+	"X2NVz+3tS/utYFvJ4l41xhe5keMjJSpYL8zXnMQrHHHD7KIW/tySOmE3g5GMdZrrkrGltmxhs/9sHaV3",
+	"aSkrTqENkhupadbtMzR4tcxtzVJeYPmYYm0c58jr/Z+rNy8DcxNfvr2wHoLLl2fEyMzOu7TEkOv6rLgF",
+	"hHSYwGx5CWevfvGTu3lfnhZ4/yxVmmhp/tuDWaIXZD5lWDTVv87w9ne1speMOTZVdpveP/w0Q6vlOEkE",
+	"4TVQCZLga6Q3mnA9HAwGo/0ToqZijnVgF2QKEgbkQgsJhGkLWHNPk8Pnh4eDGgNhZ1dcvsQq/IMSQqzG",
+	"OFt4w210nQiiGvJbKrVmDZUWQEaKHk0o13LRN2u3R2+HGS2DrB0ywZ4NN1d39ehtI+cnP5caZlBYZ9Nh",
+	"ZGLVmkrlUm58qcrknUJBGmIxmv0LZh8Plqdxr37VzTI0qrLhekrv+1SHYga2zrbhwV7dwbvZKkIYXCFi",
+	"Fi58J/UalbdJ7zJ8q6BuGS0BbwUceU4ViRg10gHpYZwqRin7slYkYhF6ECUoEd8uRVp3EqlsMHttfSJm",
+	"V2BnoOHUjPPCQ4AJPpQwThWWyGEzEKkOSMqzNwO/rOGYstiWX3XfuidVBfq4U4CMxkyMOm3rpVdFDX9D",
+	"+0Eoha0GrAILumx1rX7W9vhGW/ftLnwuW00HV2L+blFULYDDH2VxYU0EURbz6+of6SlI67vCVMUZXZAk",
+	"1YTDHN1WvhgV92lMBEsIY7jAYBbhvWJ+x1ASJDaC2UzlFhV5KXYbkx4J7gJzKePWFob/bEhEK2gdTbjA",
+	"bpleEOp07DwE6npRFbpOyMhZ4EYk5ZrFhRcwItzhbikBK7fZ2fLy5h8uLadpwXitv+FaCpVYMtpSaRnX",
+	"CMdgK+lRd78jG2GWhjH6iCniqNZKPU8Pj/bri9DcVVDrphpXzV8+P6siUjUWo8pAuuH9dp/iKMyXRdJN",
+	"ZKou0mYLbG7FDTw8hCTOW5NI9NpMVLjMDJSm1FxmFktxT3Vo2QgKP1UdHFytyg1yujFmmfFJXy2UhhnB",
+	"GoPoF8/yA5E1XoMr3ezIqkYAyKi2JinmCyR0t9S33FYCeLHCZU2BXEwfs92CbMIT5opaA2mPcgdvCWOQ",
+	"2HVaSEKJUZ3N22PURulsSe55VhvDsWHFzO3boFaVz+xurqokjHcoi1lJJ89Y7TrmJUdKD6ZQeNJ9XDrF",
+	"WWmudXgpfMLyO6pO5H6f0D9SdHEpkfX7Ml+QhE58opqTu6w4QydQh/rtjR+xHyj7T40UcWYIzvxkO7xb",
+	"OY6p4lxWRD4uJbG0V/Uqbr24gnr4LjoV4bhTZdaQJhqbvK37wSMLdTG6FKbV1IZ3GUHEp5J+o4h72Uan",
+	"ZfevSz4ntWpZp31s2irGLqydYnF9Z/71wqdDnzhfl69c2bzfpkU0wiLSw0L/lLgJ3nCNpVyjWvtqKxBs",
+	"cv8aGNXNueIWV0hHsBV5Nmx5fB8ulHxFhUOtP6SC36TQztGRYgGGFcQuk996l5YD4INdWp59PbZLq0xE",
+	"NazfkkeeeT4m1BNNubWkZEm9hlsqsH3P/PtLhe4IySaMd0QCC4n39pM/8zofmypUvpp4tfT3erlDrFhy",
+	"xFbI8LTodpfN1RpLVLfRJdyysWs9PZUinUytSHF69maf2EpXFt961tCCmWmMG9zzv2C2hGvLQklE1fRa",
+	"UBkVa6FnNYywuF+BDbWi6aYlrHMhpSMzkBlVdEaculBeW+/ET7/iSJpsY57Q0ZE9IK+FnFMZ9QWPFy+I",
+	"O21iO3sBcSau7G+VhrZESv4GlZrROF4MPfPOfvIPTpxoQXoUyy9IO4xSRGkWx8TxdrVvw2QoD8G8DTzK",
+	"OZC1ZdkmKf4uKB68W3geQ2iuGr9YBFh1mcvXDf7DT78Kc1xV/I0QJ4yxbJBt89IqtNi3XVMYlMfR5ypn",
+	"5lCKwpvrGXAtxVyBHJALZ2cKN9UR1kPvaoV29zyobHcFun6A66kQN6fhzbrlHtMkZmGtJftSppmca7SY",
+	"EkMxEuCcKuIKFxGlhTS4yoWeGujib0kSM4gInVDW0EMcx+oif/pJOznvJYTAbusrcSzxBPdqUABFYV21",
+	"MHchui9pUuhDm9m13a+DjJv6ByLB9I6o+gx7mS+9mPJrIW6WPuAigqWH2OzCPq0lvGKgec1SCzHSxQhk",
+	"kajin1iftHb4vGzqWh3bXMLagIykiGFEmCq3YzNPMU5W308hx9WNLN4J3kezQakSZV52cpNOFYUpu1sb",
+	"82+6llu8n4qTnVe8eT1J82XnaTqlWLjSqi7DohsAVxabzJZYRaDl010+u6BSTdkF7pdsi20io93Rwylk",
+	"ebHjXCGzHdVWpibawVfswHZIfficA9uns5bk32R12exLasqSEwJ/pDT2TR/sD98om+nHNupXc5fKvBuh",
+	"PdYr3NDk0Zwe2BJdk4G5tOF8MUExF9ARQjfct5jz0BTg8PWRGSYKB12TWutvUJrdtQWhH0uIZiXdPWHs",
+	"BXu3DOYNV32WfvdyCuHNxVIiDiZtR2LOO3yt1m4foVvPqnZ9WAtL6YmEDb+vyud+sMCuqe5g1s9TrKYW",
+	"u++z7B3BtRQxSWLK4QURNyguGREd3eEop9vSlqFZuvlV3NTITRnku4NBrZez76aohwom0zrH+l8gt/fi",
+	"56sNGxEXCxgTNaUJuFbhoe2Mb9uEX05LfdiZa3gfkQRkoSG7j7lx7dERCU6qvnTQIBXJGr7kndsf2pu+",
+	"tf5LrSLgVropLeudeYUZ+ERDHWMUFMZnuawewjTpvfvXL2/3nWHt4967f7354c0p+eno8JB8e/jj9+Sn",
+	"73958nGvUwHXbpUe77mv0jo9krbjyl/ZU+m+miNVfP9375WUA3fDuICLn68eTJYx/OxxSTC2odS6WfxM",
+	"19hmf4aFdb8zTswbeclhQuOJkExPZ1icwxWoXS9kdRvuZsYnWBCe67oQBuAXFz+Ri59Oj589J4V3fU91",
+	"+8uLwWAwqmMrhZxZ9+be1mwDN7AY+goPy0DPoOtXqtS0D9Hxs2dH39U1fu/c9ailF1iNxdAW97mxCdYe",
+	"pDTVUyHZfyAaYrkfu/sqDG03se5RRIW1lI+2AK7AomqrZmOp4OHYgCW6R8YJ2ISnyRfpWlRsQLNrwlZY",
+	"9DJgak9Ow8aNjkvlle5e0KhaXyYbfdW6N2tWhk64piDm723c8j8/XNpYcXMJjehMupr42APE3BojEsaU",
+	"zaoFEb49+q69jzmdyRLFZ2b9OR5dbf2dIsXXSHXZujYvEOBSw+o82W/ZGDBe1em0FoQu3J5x4vJN2uuy",
+	"+EYnqya7sIORKJXokJqy0B6DnU5RzdSYgSJmsH6atM9qS3ZVCx3Zk24vMlLCl9JgJaDZYy2eRO1269D5",
+	"8v3lWZ4DuTlaYxWNWi5Yp7xkl38RKBc/nR7VYl/EJk52c68+/60O1Eyp1BqHW+cXOkFYpZItI4H78cXB",
+	"geEEB4PBgFydv0FXsHkOXLOQavNXkijS+z/nGN23H7hMA3R81hWZQ9WjpuaRZCIqbO7JYe3umtzX31MF",
+	"T45tfcCnz59+GxAuSGIOj0/2bSE5+2nr+iry4L9P+/9z3P/Hb//VzjHd2spwzQ4kKONH8fSzs83g0ISj",
+	"/wLJxou/3nVRXPuGWe2+TNzKKK2snly1eqJakZNcKp6olhDElU2UgHlpilCLThjLitULqcaSmH3rqa8z",
+	"Ehwt9zb2dRT/3VJDseg5avEbVTYceKDVHkjWfXMtA53rxdsrCjf79+Rirusa+8XrJm2qBXZW07o6qrsF",
+	"8dpjzo3591nJxDlmlw6uvj5Yq23HLv3B9DrfaPZR6XWFvqw1LiqjdxRiPfQUmGym0GqkovNZ1UkaJaxZ",
+	"u1FjocHwg3uoq8pspeyhRU3lPdJecbMuIC44YPDVhN3aNMB76k+6eZDHfbT07UDgBQW3YgPOYjuKK2s1",
+	"2eQY8sDk7btePyoSlzPGaXwBSm2QlZ03jNwMo8plU2p68VsFM0/f7pW6e+77qnJMEdvpUHdt7FEXZa41",
+	"DafNhQFyFdS/C0jLlBPs/miUVWXhWB8z6X5sjJrU7jD8KIUZRQJckR6HOVZIMj8YfpEtJCJa7G8S0qLS",
+	"60QKLUIRNxTq0HNBim+ZLYvxGGRg2b6RU2UEslH6rFX+CjSAolD+R5UcGuw0F4xPYuinCgJyTRU8f5rK",
+	"uKbe0XuzVMI0oTZIsbAVXwRoYDOvMXw7xH/bSO5OFvA5XCsR3oDGHqG12CMBYZa4xLMPcH2BXzij+8Fc",
+	"HfijP/hcoqk/O3ghlzQha6YoIFtQIdQCspdIcGkzFfTowEBsK/sNy9JmKOhiGb89rKoAbzjTjMY5pcxZ",
+	"pKcGD0MRpzOuStmaNtitxb8q5uVJj5+2TjoFNpli7Ln5eu0pV7GBc3cwVkZgCqvLI317nuCjSnysbY9p",
+	"wx5DzPFLdZJqyy/NPekKlK1dTmrplK9QWM4bUnc94BnjxadHW7b+b62VevOe34kItrXbQj2ktWr8NVbc",
+	"LH9V407ouX/0f/t8GDw/+tM/3//vWuXyXgp2ti6ytMYmj0fD8bhU+a2d0IoQmzviaqkqxFqxT+0B3s2l",
+	"FZqBb/tnIPyzf6Lb6TB4crTeIZTiLDeMDls3Nraujv5vbSvcbG0bHniDKWUlARwFz4/Xg/05kt3W8D9h",
+	"Q0vItaba7VBzsOd6I2IGTjfW/a8ndqOnhS+zcr0hTWiIQ2GT/2ltlMYpJ7agp10GCWOg0oqE5oNO6Ull",
+	"OiyPjxGdM3oDyvUHn3gJ3n1yQvAQihOPYzqpVxViel1TGfGwPUqyAU0ufr56IB55bzGELeR2z0F2W8H7",
+	"FYF5wV7K2R8puN9d+e6VgXZdlzQYvli5qs3i8xoQzRl+toRrm7LeDazTtVta34p4f6khZjFbN6g135t+",
+	"toIBFvMIfdpBne3VfPSB6en3NKY8XDdy3nxNkjhV1oqMHhWu4ZPGyItrOybpRRDGVEJkuKcm1xDS1DV7",
+	"tatXhErDZYUy6g95hb61MYM4MooRtQUDFXBtiwthuLfgYD/L643Sa+UqQFQiGPO9darYcM9G2taU5lWZ",
+	"ee350D6FNPQZs2yNrqM16bblDkY11p5yFx0lUhku4aDyht5rhjnvqhYZSyOtv2hPagUP6POa5a6TEdYO",
+	"bjfaxuf1ZflIwSBfShwrZF6Wdrh0Rg3H34SHQUaMdRzMiIw0wq6wv4Cm6xqjaDgtId4UI8ZnDCvQXi8S",
+	"qlwXhLi+KMwWenGt7jdlV9i088kG1vxW4f8LCfJr16TqunymhqXW8csCbZvm3Sinrz5KV92pCnE/XiWx",
+	"uLTMWqDXg24VbizDv+hpLcyWxJTbAsUzauQ/jgTX4oT1s9zBwWYd+LoFI9trtK3lp8sop62BtNE3LE9p",
+	"G67IgpbQoGaPQea6wxnqz/BiCnF8qjXwjWspDzVVNx16+rm350LexIJGHb7gAJEa0qzMc0tPZS6BRkMu",
+	"NBsz66NQazbiW1piZQ1BecsNc66A9Esrh64L5+L5rEaTynnmnDUGTHJaB4NxrF+WehLUSS8FWbZbzykn",
+	"1dZ1mtqIHmwLiHX3JCIYikQvqewdx3if6CUSXyHbdYeOmyMrvFAHpjpTw5Y4ks6D6tZZrg89qlttqtrr",
+	"VLphbHBDTaeOvWVkrpxh4DVLt4Mc9MUUPY+sQYGw2pmkI91NL6Gc8DuAwLOJ5dvePl+xzF8cGVRUbRfX",
+	"UijvhtLzUsEf/0AkquE+rmL/mlk6Lqoupg0N/k+vlYhTDWQszWZ5RKRI9VKd98OnzVm0a3AAZll7kxVy",
+	"Q6EMdRUvgFV3XJx0xTl2rai0DaPRloM622IrV+y6YzjvA266cTMrdrGBtW/tvPcHruWyMn6uHhQfnBT1",
+	"UijtsHklv7BydzUdIrwBHvXFnENErhl2UEUrnkz5nC58URMm+IC8xFJ5ikjgkYvU4ZFtxGab8Bh+YFiL",
+	"/XZA3mhl7XnOZCe0i/pxxQAVQGSrbtBQB0SJgnGQMEXGEqBvjiCLX4okHesTP+icxTG5BpIZGu3GbyFe",
+	"FJw1dTD7mfFiEsmeW/lesPd7miy0rdESxzMzSt7txfdYNL/epNcgOWi8JGmSNHBzP+FykKzrHA1ZUWLF",
+	"BC/1gDdIGNvkJJEktvijmCUxaFccUmkqtf3E/THMykRKiIEq/6P5d7mMpHvmP2hZfTqbUbluS2b3lS3U",
+	"62X+7dt5aRjKFKJhKJTeioBMffsoT561ZRsxwamYE8ItYLCOImFjQicQEca1IFOmtJCLegeinQ1lLmzs",
+	"UzMdm4Fr+mNT7GqnNZSlDKFgi5JM8iIqlWMaguoab9mqqDsVbYtl5teNTm0fMEmGNsw0hC0OubG113zc",
+	"cLd3MJHZXqsF/r5aAGu4F7ZTX2EqUhkvhtLZoe5Ma3WhdX4DWALfXBqUmEPbrwuxbI/HyemrLoFV3oLs",
+	"RyDZLUQkVRhvYMtA9bEMFHZrO3FlblXNZVdP1DeMR91PCm+jdeTEquFm+VLHkslmUqqZ4ac0ZhQLXZUg",
+	"ctfWWu0NqBtabXWzDmP5tOEdSuvlA3Rtn3O3woFtbqGaWPY72UzVTVoXw93+XSe3+5L0Uiu0ViOWq7w3",
+	"002QJgpJXiXPU8XdVLazmm3W91yr4sjSkRd4b4GHVzLM8hutzOCCsmyxzItrzZdF0aHKgWqu+2Xh3qYv",
+	"p5LpxYU5CufOxiT409SGrtu/Xnv8/OeHy72lLMxi6n/W1N8M4DuHCa4GxCU7oTxjq9tlvw6czDtDBmGT",
+	"8LPVTrVOkMVybWAdY8W5huUJ7B20tMLLKZBbGqdYreDNu8tX5+9O3w7/+eHni+H5q9fnry5+Gl6+//nV",
+	"uxObJnD2/uKSHPj5Dmiqpwe/z2/UgSsy12m5Bne+XwXKhrW69kfm875fgk/5GGNmiWuU7ppO4otjamvJ",
+	"UT21zVOzdnKxmJAJ1TCni/1O65aApbPPIaaLhpX/9Mvpy2UsqNxnbpxvsERTP1XmSUwXviO1GaPv6iOl",
+	"qOZRLPXjr8gMj2ZUaZDmt313PKMfX12SA5qwg9uj/JSyfAmcppo1Meq0dz9GCcWWUUlliSb5wYwsoVeS",
+	"H0aBTYwxKqMqp3qslXZCrkGxCPL33DSD26NRCSorEkcQBAybrgO1jWns9bF3AWE/W1f/zC0qBw9NmCsx",
+	"lGWDfL8uk7is1ggRY5JzGiI4oQXYTCmP1JTeAOn5bZVcM/sB6nFevz91RaFs9US7PSJk4KqGUd8NgISU",
+	"o3HATIFvqWBVFpBdYM15nLgGDFiP9Y/UMDN76Q0IltkstlYtLNtTImFaQWwAMBauqlmaTCSNoAOa/om8",
+	"cCxqm72ihaNvG4icv7q4zKwePkvkR9wZ1qMMY5FG5WKkg4/8I+87zdkZDrCzY0ilXJDRr30Xx9d/E41I",
+	"b0Y/kaPjb0k4pVLtnzi2Lp1lnUA4FTb49SMnJBTSkCYeETMK69JwnnGZBUP+zqX5s//mh9H+IF8cNvlF",
+	"tZ6T0Svzhzfoj2yVHkoUttolI3O5j/DTN85AdHX15ofbf5ygzK00nSX28fnrl+TJkyffnZCZUSQI5hCi",
+	"g5HMGBfSleE0I71fCiwjvVGdyeKFjfEd7ZOUxwb7IxGmM+DasoTM8jT4iJVkmDbS1J47pdLZkNOzN4WW",
+	"hi/2jgaHg8M+WqpQBk2A04Ttvdh7MjgcPMFMTz3FK/1gMIc47t9wMed4kw1+d/1zJrZ2SXYTv4n2XpiH",
+	"5m60zUKoLUbaqHvlrxz86k7zTYQ6mMcDXMLx4WHmPnGG4cT2aGCCH/jlWImwTV40iwNtKWGZy/zzw8/k",
+	"AtB+42jcjFdEtabx3eulfZg5nh5/1/RJtseDSyF+odyXQsHiBs/snld/98ZdYIjD9qsn7V8ZhZKFcMXz",
+	"wIyiOLf34t+/BXvKW9P2zmwtPcUm3MgJN7AwgrGmE3Oue8jGfzPf+1vVVYY5yMfLUKUM8F9en9r+OUEu",
+	"l9gqHyqo1DEhMYx1QKwM7JPXDP/lkeHTWUJtIkFZ+rAXhQuJiBc1dZ7IO9sHR3BNGVeG6LHmzQA9XxWc",
+	"PrWbuvB7eqzoXVln5qhswPdEKJ3aBsrbwvfDo3YMvOJ5KcY9/KgD2r4W8ppFEaD6/xciq4yQLouJlo5K",
+	"iKcSRGVDEe5ICiR2pcy5rKSxg9mYHniS6Uu/4RefsUh5XWJoKGSEOJ8miZC6T5Vr627WkBGfv8Z72FnG",
+	"Xjuj2ZgOsvI87o2BFWFHAcGFoVEZKdIO54uYm3/Zksr7A/LGtlVHKqRJIoWR3WmqxYxqZgC1GBBbGASr",
+	"tVJNZkJpzFTH7Gc39YkRv2ZMY8Y89hgilKs5uKwYfBWrYZib/fjwcJm+7dp/eX167nblEw7uTOX41/ci",
+	"WmyNwF82rfXPsuEjCxC5J0bTtIK6BuDZUWVtorDCgTohzKUX61RyiAgWTOcT25RsSwzp2DKkB9y0Ja6t",
+	"buJpF7b1PY2yVT0cIz7q8MUZXcSCRpdCvKXStqJ+enzcZXmJFEbvs9z0r8n2T9WN57JEC89bDWPcgMdr",
+	"oZNmtv6ji+k2jJ3DvFgq0FYTfH785NuAXPx0ehSQ58QW6gvIk0Pi2gZaSlSE6cDyS6YVcRUAydX5m8BX",
+	"kvM+B0vAtusbUUBjpOLIiWO5/QVHZyprhWg9hbcg2ZhBZPi863Bg+H6xPJ3/ACVE7KJKzvFXGwPgRUIr",
+	"NxK0dHoJj/SeHj4hI1810/PG0f7yDWDlTwOuLUt22+M9DVU965huDdB2At4DUPr3MGHcEl0G+Q1p/ABJ",
+	"Y9FM6qdet3G1G62Fxh+8o3kkDuQHTJOebKSbAEMB+KLMBI4O0fzapawkfue4wJSqKUQnBKiMGciqJqe0",
+	"SDDQAi1ep2QuBfozIzD84enxMRnd0phF1vaIphpbLNmKBsq3ljxBBiVSXcckHF96enhIRozjeF5SHQ3I",
+	"h2xKZcVVosWcGnnYF1L7RqHgek3DGzEek97T4+9quIY9o+1wje1LisslVh9YRKypk1qnhhpyYcoh5E5m",
+	"2slMey/2XjPO1HQ9VhrNGD/I3Raq0e7kczIJfqKsC6Q3wr+KUgJ5LyN0v1wvCItOiA0wpzEZsxh7LF0v",
+	"fIVKy/6oTtUyl4iZ0qdm7NPC2u7CL4LWt1+mUuFxtL55Ridwwf4D+G61pHC8sBzebvIbVWgzpTKHEHow",
+	"cn+QizFHN3fOJtatGVW7lsLsWaxlDvS6xWRu/G4MqyaW4F5tddl+Solt9RIdneAlXzmBr59V/m1YnsGB",
+	"EorTUArlia9kcq8yk9V8sOrLPRgLGULfxdY2S5id2eQpXxAueH9sq00i6ZCJQFlPUixupwUZ+QDf0Qvy",
+	"49mVdV9FQRbP7eKHA9enKetnN47pZAIRhn5gVEIYA+VGu/M9xl0zdyhELjBlX9s32qKd9gV5evgdGRVg",
+	"4YxRwywKeZT12McW8S6KeflDLrRL3hgNyKmzjPYKbwwQxG5gqFM48QW3tPwo73otVLhGDkTboBZZpCvF",
+	"6DjkcinHonR4Bxb+MIyzya+RbysgXMwLyPf34JqHT9u/eCf0a5FyN0UHhvlS8HHMbJbC30gULXLLcq/N",
+	"dXmy4RSNUum5pTxFRjXt/EekJ2TxFzOg4b1W0rOxBNfmNH05cCWkJljkGPMS9BQWZA7SsEaVGvWckhC/",
+	"zYp7utAHw1VB2u+ZqlGf6wVcs9RXt2Bvqkco27a8i+u/EFLX8NFXn2ioCR4GsZGRTfJmFmKZ87G1YsEb",
+	"BF9AuFobTyaO37cAXje2BGVrSHTk0wZk5/abe74RMvRbQ5TGA7Ww3cnSX6EsXTjfJU6NrLiGRztp9IBG",
+	"v6cKi/uq9STkAUEXPmb4ETpD62IoIWLaWhfnNI5BB+igmVB8S3AgEWCnUqZJzzrEryEWc/IfkOKF4cEq",
+	"HY9ZyIDroctcN9z/TCgb64JDxxBNQFoXuNJWjs634SMOmtzf39udn2Zf3DMffxPBLBEaeLj42SXe3IcV",
+	"dGlbaxlDj+5zHc1Myp7rX5IpHXeybPqDQNg/VhF3Z6VtYbMvka8ZZRnZF6HeHGqZXIHpOuxfxXHHn/qK",
+	"00RNhWO5aWeO+2Y2S228LtyyCHgIL6wMTGfgG2oxUAHBFGbMF0BPc6JTiek1LmzIOr7sp86j7VZEeseH",
+	"h/uZKE0k1WhkgD9SGgdoIECxec4UDMj/gBRBzt8xAZ3GZt0QEeefl1Dj51rmzRJjSRz4Xv964dbzGP1N",
+	"y4t8YH9TwwKqRhEbgSRdkI5vy8oUnswjDTzqtLW/V9zRjv9/cf5vEY5QTl7/mrHK9bi+lVn7WlKurPas",
+	"Dj4X/kKDtTQSsaLxupK4EaN8/XRMfcAQAS0ZKBIzfpOLzkKyCVqvexjNkIAkhUWgFdl2jEJuUS+PuwIQ",
+	"7vIjc5HGEZmIgiRfx97Nurzs/RaBcZlPvF17sB2+uLFmu3D5CLZpGH5smoGFyrlDsS+rHVTX0qwh2Hd2",
+	"OsLujnj0dwQiKqHePKFL7G2NqyKRLGR8ginC6wV3DMhVYjj90eEhpsNh5IZhdIHthpxFurr8uIYgDrfG",
+	"M7uOM1zGY80DWl5rm2EU04HMnna20K/PFupoxx5wLdkFa0lWNgvFylZmTEtCjnzI0YCc+j419mczPyiX",
+	"4+uNBHn4pnlFjG2w+Zy3WCgLOP1VmSgL+yr3PfwyskgRzDXswi5xp2vu5IgHszVSbcSIIiu7gwBx8Nn8",
+	"D9VLf+uvq15iZRjH8jS26oLxGEJNqHb/YrcwxGIkPc8NuZjvB65C3owusExXzHzLc5JQpV+gISoi2K0p",
+	"z5CUgFVoou7c8V8u23+rSuRZAfzN6qOD7desNy4Dese1d1x7x7XLuY9RVGHZnmOux7rVlEZi3jdMz9YL",
+	"X4dPn0PfOl2OBgOjAlrGKl0KvBiTkW00NDKMexRSHrGIatsob4iS64j0CkVc0Dxo/mXTpbCAoQRlZeD5",
+	"lGoyp4pcC3ED0YB8kEznWUvL3Ntu7Tzn4I/Yt3Ph18r45AslFdWuZLVWG8lFX6acxAzr9WKMnKax2nHB",
+	"HRd8EC74g0NAy74Ml6EkYzNWN+7GDrlv3rLFvCZbPKohZemda7Dx2AI679N0ZvbcPYoQj2RnMvv6TGbc",
+	"oX4pbtDSw7rWMsxIsN36sQaCFNcQkd7lyzMSCs6NyqgFGeX98kdBZj47Pt53pf4+csoXNuMlK7lgDW2c",
+	"QWRHJdpwV016sRDJNQ1vApJylUCIZRYCMktjzUKqdIAO0H4sQhoHBKv5feQz0DSimgZYm5AviEoAeVFA",
+	"sI78VBi4UEwHVyK+NUvRgggOJ+YFkWpbaPLd+x9eDc/O33//anj69u37D69+GL5888P5xegjRx+pAr3f",
+	"mJ7tXKwRaMpiNZBAleAju72h3d7QbtmW/+LCAxEdmuojn9EIBuTURurPDZ9LNcEmXeEUo4QKZ+HifDIP",
+	"gIWijXMmPWznLVwZQ6OqXwNJk498AXrfgN5o/dxCxADIDvtfiQudx7QhLAPsM41s2ZtRHcu1Svw7W0v4",
+	"KzBqvsz284UUYgRlswoc+MAfKJ8542QUU1tB+Rr+LulCO5HvvsyVttAyIpNCDuOZD9ZZ3W+6YOpFv4PP",
+	"rr74n/bqiUFDdy14Jm6dywYXlfE8LJWoDNO/Ba6FtMV6NMQwAy0Xls0Cj3D9H7lOOYe4EhKT8zrGhykW",
+	"Up2yGEoJrb6xtnkNbxT7ii3VIbhRz8xUH7nSLI6Ja2SDHLtndHXBMdRUUsbNRxaAdbzUAmYbvLQM2HeY",
+	"Wtpk88xLv99jEuXT5eP+AXcb/QVL/OyyFLenYiISOH7TLLWuEzLBseQvYZgA/dRRNxd6ODbnUSvETEB/",
+	"lVR3eO9SyaXji38HKv7bEOWPoFspMqE6nHZPLXP1MTMpQkgnvnqlwymXtop7j3rt0OmFRj16eniIhesF",
+	"J1bpQFXGV+jUU6qrpbbIvGzDrqH8NIno13Plbl8dusrg84Xs5g/KeHbG8J1m1KgZIW9p4Ytt6s+B1QfW",
+	"9QS+E1gWtVRlR2IEWwiRYYhePTkhMuVY7h57PCpNF4OSQtK3zTyIXQdEJx+5/Sca+K2Sgp87hcW33PFm",
+	"oSWrV8/37RxigCyzkff2LaPknEMCzn1wV15tF7oT1O7ELwkqoQrxyR+d7WawU8T+zorYS2uouCN7Q55x",
+	"d+4WZP28SuzM8LwZVtsX4/FJqWrWyHOukSvR7PjIRy5TnAhLQ+spcPcqYPMdbavAonXfMyLzwZY5F864",
+	"Y1w7xrVjXPcQpICdM+7GtyArUN63VuVNYmpt6x6mXJFpw1kC8yfKQq6ltZpiOX02g4+8N/rx9N3l+f8d",
+	"ot/x1bvz92/f/vLq3aXtyzi8vHxb8KcePSMzxlMNaj/AMtTKTYAlXNMEs+pA+erVH3nK0cptt+PrbKPG",
+	"5Fu99c1fdAJcuz5GI6IljWzVbbPcjMG6Fn2rvH95iXdsJPjVMbrtOviq0Grge65vpMeneEGmIGF/Z2z7",
+	"ivjXG6VSo1ZmJetzXmTPf2Omhia1tRlZObjDs4BvcgegYTi57e7E5albJ7QPTPjIC0ppIdgjM+dhDEVP",
+	"AZCchey7iiM3KEwVoiPqOA+uYCdStXKaMwOnrJZdffZkIY5gZ077e3MjRBcnTRVonov5xmwImdiBhFtx",
+	"A5uIVW4p9i5UWiTKt+EgXn/DJj1aEevixwJHPILoxLZhRRFmliov5riqSa5jqtEnqix3QEZ2vdHIDIbd",
+	"TPMiSjjelGIIV8xu4SN3Hz07fJK/5dYSYjkNF4OFq7LhWZmw6CY6IRK0XPgoOTqG2hAB+7aB/dcpZm2X",
+	"+SGMzhFkLUUpMOdhJ1Z9VfUbxA0U5Ze7CVMp38x0n5kvbKblkhkfWVEPky29TT7IzfD9vsu5DCkPIbZR",
+	"UDaSqN8nQn7kzpi1ZYOV3+1OwNrZrHY2q60zpytHXuuarYTqsxmdbDmXxtDeymya9+qNnfXvlVDz/gK3",
+	"3T2n5v0Fscezy6v5+vJqssOtUqtDk3XTa+pb0hRTMxp97rWZJh+5UENcoUvXGJBf6I3rmojPrfDg7MlW",
+	"HDFPxjGdEBRAXCf6WyZS5V9stvo6rvA1pX24o/xCmR9u9l39g13s0j1ldfCMi61gYs1Sx8Fny182yOOo",
+	"5XZLodpdOV0Wzd2cRbEl7lTpauKg16zAeADtsil2NoytJUd0ItvgjgrB/RDjBEoqxNdJjocPIQJcTiFD",
+	"gx2Vf23ZFh1JfI2siwb9Yiv5El8bNd9X3sQm+sRfm5nsMih2WkhbBsVmWkhiK6urtRpRYrvJE8Jhbnge",
+	"JpetaHR+5qf4q3Q59zB54BaLq1ZSbHAOW+pv7s7lQZqbu7m6G339znc236+w/HiBvoo1wKt8K2McK/jW",
+	"wWf3L9caZpzyaEWYcSM3c2WZbIdGjGq5LpThxRm+Ub57mC2JQTWZCddZ0XcPy0ZgPFV59UeatZky64OI",
+	"9GpN0MFyoSP7xRA+hQCRGvp59k8I9euyQidDATNfiDNz95ZLJzl4GQXTjm7Oaf8Eqw27sEPzlMwZj8Sc",
+	"9LBPJETWmO3G33d1OkZuffZdt0xMAnl6+N1+CahM2b5wfiQM1yk2iPPgxj5txbY0vVUddvIumhg4JPgE",
+	"JJmKGOuT2NjHDOp6KkU6ycr82OZvvVGaKC2BzlzbtXzc7B2JxU3USSbSY4SRaxmmp8D3m+owZ51LzBIe",
+	"2Ki/XK3ZIUxzoeaMlv4CysDLZQB/IRdDZQ2rQqIsJu769OyUinu7p4874cOPVMOcLrYZGoa3Ri+hUhMx",
+	"3seqpu4ycnxlnQtewmT9Kvy11hlzB4UuoRFvZAxCIyGVcuHuHCbNTWYmHH3kvdH/+zft/+ew/91v7v/9",
+	"3z4fBs+f/Pm/is7kcGUCd4NV106y5Eom9vmWXcnnOOjX5Em2O/pCXP5fTxxAd57kHbu9p/qA0pNsiU9e",
+	"3KSreOTBZ8dWDEtCH/JdDdrea2UG3NhvtS2z+HbYWFUQQ34bulI3NaJwAaQrZeGC7Pv8abA3Y9z/efTA",
+	"ZvENmOPhgzDHS9Qpza87o/hOfn3YskLrMVRlnj9gQX1cx98r/Pfi56vuVuCLn692FuCv0AJszpX0KLZE",
+	"s2mG3P6x30CpwTaUQBZhBLBVqn48uyJqShNwXXtSrklvND06POx/ezi57qtPs8HRp9GLjzwWc5AhVUBi",
+	"0IZSAhKxCRZvxpVzkGS6SKZYNZmSSPiSOH4aO7h5efRpdJLZjZ8//cjDKZU0NIPuZ+mW9nU0eH5yCZZ/",
+	"pDQmo0mSDvHH0YC8Qru5UxvtS0anzNVT5k3AH3nXovrqJvWaaaNOeXGTfk0K5cXPV19Im7z4+WqnSO7k",
+	"nvtSJA16rSH0HHxWN+l2wo+XC8EvVzdcVhsN77G14vddIfgY74ZKwXimT0gEeFeYfTJNGFcaaGSWgjfI",
+	"C5tXPtonWmBeO+Ew/8hjmvJwCqo5tHkLnK0MsYufrwiLAgKDyYBUL5YGrVPhIjppm0fH33ZSN3chzrvU",
+	"ye4F45v5xtYjoQ3JtxaQ9yv4+knz8L5FCyMCX/x8tYty/upqyq8i2ruagi+dEjMTEcQFXQkrJVtXHyo6",
+	"LLI/Us6FRsWGT4D0Qp8jJfQUpFnp9uKlv1a2cF8G4nWVnb8kR9pZhXfaUatVeA3tKGt8dTCOwQpAneQg",
+	"wwynIjZYik2ls3hDkaDaE40G5Ayk6wgmOKDRM7BG4/0XxAbzBh95ucJJQGxpUdc3OyAxVZpMgUp9DVRn",
+	"FZ5/PLtSWU87JklMteG3ZicsVANyiT2PyfXiI8+5u7gFW550PhUxENzwCxeiad5iGIgMn2io4wUxaxZj",
+	"r6JBFJCUT4HGeroIyFgCkJ77E+sWUu66egWl0vk8K1GY5udmAIIfjMf2iwR4hJ0na6r5FOr12NFOyAhb",
+	"OmOVMbt9lc4aBMzXZpOX/pD/Zsb48uZX2eTxzbwL3M4o/1UxxsrpLiWQJA2skdNVqSNdZcxa/9ilG/zv",
+	"RZB2190dZO4IduT49fnIdEYAJVq8UuaQ1+057b1CKk4ntjnxjHGSKrP6rCZOUwz7pc/O+GrcPnZHX8jz",
+	"U15CM5WXWxPbZrH+1PIK9hEYLRzD+o0Q5R8nUvwOod75kXaa0p38SD5Dx6Og7SToniI+NjGoJnHh4HOW",
+	"MPlnQXRYEsy3w3UqBge77sb8l2Iq51+isoUDUlOjgyxvdWde+bvbiOtTLAvShLcT11lavy5avC/76gZS",
+	"xUNxAnuM0Y4j7AyuD1qRF9GulfsURYUs4KM/kSJNmq0Lp9mbxL7pPVFO9CWMk9Gv/TP7V//ND6OAiDjK",
+	"KlaQnjW1BkUz6Qxm1yDVN4RFakBO+SIbTYoYyIwuiAQaNVS7yFb0o136/WpMv7qt/TUtHRVgdTd50Oq5",
+	"74wfX6HxI6fjb9TykRcZSZXomk0jIxs8WwoqE2P0Y6Dnl+M/bUxt4NsA01AKbNWCHdzsK4XiBN49YhkH",
+	"EZJwwcElnU4hvMEpKFGMT2IgNgyNyJRbJhSUih4IGRnV3jeJs14Y3PELfGBW2auJndk/cUUo4hjkN8ry",
+	"qt4tgznIF+Tp4RNSrqCQgJwxpQwARlhJQoIS8S16Xi4ufiI3sCC9p8fHZISBewgqVxzBTXWdRhPQJIKQ",
+	"mWEyt5OrzWA2OKcL3ImH+ie/hW+U9U7V18AgNiSQjOwUeUmJE/L08JjUl4Jwq8oxJhQ8q9URsxnTNmqB",
+	"8Qmpw4Le0+PvyCh/Mix8P8TvzRQhTWjItN1W6dhLqOM2Zo6o4NLydeLGqaJxNcShwfBWwe1HdZ88qL2u",
+	"AogvZLirrOIHjGFdYbk7KSPJyMEHolFgKUCCAnm7Kwexk+Mf+51sry1qL6OyFKYC84e9+ZCbrb6cV8n6",
+	"B58LLBgfVYyEVZkwX46LL8tkf2VjTAvjFUJNawNNvySvXa3ZNNtIasD1V7FcdmamRpKyYPAJUk5J21kx",
+	"dnZNypeUg9xX4fBk2/zoQEIMVK3ouviLuAXlLn/7MorWTg7QwogC5injk1FAtJiAYV5BjXpBem4ThRJy",
+	"7svA/ROigIwpiyEyPNiAEvM5MEA3hrEmFIOgFubB/oB8sE35/WJCyrH5/wubqlPYr5twmC+VMKssYfEz",
+	"99DMma8DYgVLAxnGa3NzRgPyL1RKVJtWMiCnaYS14nqj6hkM3Hx1kSPupx0z/6sxc0LH2gUfujPcsfdd",
+	"DtOaBcgQbyoGmbGXWje4BroYnzc3O9t12jhfwngYpxFEdzA67+zN3VjUJqbmnZH5b2RkrpcYV1mWX6Kl",
+	"N8jKdKMhF6+4axgLCYTyRVY4di6Z1sBzk66tuWBvREVcVYxWOy/yBWdPZrzEgu7H9BtkplkuhkpNhzew",
+	"GBn5b+T+WF5p1UzcVPa4yeYbFEcxYlJktuqSx/0cZZNzr91KDLLvIbVsJ17TFNxo6700cnZVmkefgiJM",
+	"k6xLaeCtgArFIbQLGkxQWkj7KlVF02G7rXhnJv5iJSILh9BsFq4c6EnZFpxjxs4qvLMK/xWswoi+KGdX",
+	"0upKV2e9gF2ysKy09ZYMPVu2+D4S+0AXy8Bf0SbQZAjIt7XT9Xem3JIp945s5ABuVzY1stXTUDJjGqM9",
+	"iiq6iwizQmlgBHIhXeUDKSEuEusqffzV7QN0PXq8vOWvbCLAo+tuJ3A2HIt0O1729+Zltp8WmTKjwS2s",
+	"qLJFztbR+USLjqeC5FR2PpFeJEJVdHzFbAzhIoxhMIucvowVCrDqwDeK0PCGi3kM0QQw58z7m1BT7Y28",
+	"K2gUkGsWx4xPsAab2h+Q06oDq+g66uJ+Oqlzc73Yjrup3ZG0kxG/sIwYEC7mReTdMdqdg2gjB9GW+bHS",
+	"VOpWfsydYTcgLIohQLaYWGbmhhg69rbErfFXZNdoGAQeqQpjtnZc8xrRVN2coClRQiKkRu8+cmczmGOM",
+	"aLUtT9t2FwzIabbmwgolqHQGKuP22DvN9obz5Z0nlPGAKIGLcgZrFxqdxUG/2Iq5eL8pDnmVUXhAzr0t",
+	"LrAd38zcLsDCg96HWASFAIuV11fhFjrJr7wu19wdYyQGbtH10RH40+5Se3yXWkbjO6vv7jZ8oNvQXhhb",
+	"vQ214U+cxn0FlkutuBcZ1/Ye0+IGq+VTTUQCXJHRj68uycFcZcNV5/GXlf/dXFAvyJNjIimPxIxcLzSo",
+	"gFxTBc+fpjIOCF4hmLjx/JAoCIW5RM1tYR4JDuQDXF+I8AY0VkwJyLVBIXNn5h7XoORk9VdNkZgzx11k",
+	"ix1R69S7+Om0f/zsuc0KsrtliqipmHMieAgBmYJ0SUOFu9W3oZUpx0JnvdL1bcSI0X57zN0Jsd5gRczd",
+	"uvpKOakEVK5tZycfsLOAO/0hi0aFE5ZAtabhFFQZrt8oYiARAf5oJBz8Omu/XVhQo2t6uZmBW0K2uCDr",
+	"6yrBdsvlZmHZqogW+80VcCyeXdhB/97X5va9txXw+l5/X8SFWz3qptIaBqODEg3bio9zg1O2VP1OQd1d",
+	"yWtdyeZKzHJF+waJ/AVn8a3T7Zzq6UEsJow3X71Xvu6XQdmEKjUX0ig/caqwdGaCbe8KjbBTBZJMqSKX",
+	"7y/PCHAp4hiiAfkgBZ+QUEIEXDMaK4w6f3p4ZIa5AT50utvohIzMwsxlowSn8TBieFLRiBy4n8DANJFM",
+	"QV4b0A33pMbVgju8Cx++J1721izsC9UAOU319NLAfZXb4oJNOMZR/T3Y0y6Ko57pQJhKphd7L/79W5EF",
+	"nTkCJYpNeL9c3SvV03peI9KS/WuJUs3vj5NURbpevZ6a/inncCtuICI9GiuR2b/mtJiyg2/s/xUJbkc+",
+	"rWq0OVw0wI4lqOnyTV1PNu71ZrpxL1y64R4d9ZwX1veY77tTwmFOaGgQzSmiRuyh+Lh0aNbdKeKo/Bh1",
+	"9QT+mmWzdvS71vV3LrRvxL0WNZvbMk2aJW6r0ipCiZeAS5U1C1H9zmRUrLBZ6anWKEn3nh4+2bc3UFK5",
+	"xg0Oi/H4hIyMKJ95HWzmAX753X5Z3Pd1gbFu8LL87Tb8CPnSBa7sSwWAd+NIVSTwyZA2Qwy1rTlIIKEv",
+	"JJIpYYYXPRYBflen91EL7+WUxwa+pSHpr2Jcp2Sazih3OGnYT+bJtsaAsQ2PtF5pSmyqjMbO+ojWE9DK",
+	"XbalOzikUi6wHhOdyRH598e9ZB593As+7gmdfNz7zfbLRVan2QxGA/JaSPLj6bvL8/87vLh8dTa8Oht+",
+	"ePPuh/cfSM9XvX5GZoynGtS+yycuDGAdDHZyRTVTYwaKZFxN2d85QEQcVE6ypGSqvU+bEyEjxqlclLeT",
+	"cs1i8xJ8SpgENSCnZC6F9SIj7xaSoJ2dTxA4ga2YUgPLwNrYn5CRWccwTQr2kF7ZzO2sNd7KEri/JSQx",
+	"XWAU1mg2pmgD90ab0f4JkZDYTJS5td9gbbNYhDd+51kJMjx2mxIlqQabAFXMz6qux0x3TcMbMR6PAnIO",
+	"Wi76pwaK+wPyTiwLVkypFGpCac1Crh7n/YIr+1KNtNzkqy4Xf4ZF/NzZenbKqrkgpLg10q0lQusG9Ry8",
+	"5/Bmf+Wt4eJ8DmiIZfQaI+zz8uNZaJD75ART3VDWHTOII2sz5mkcD8jIvTt076IDkSn81bFYdLnaX4kU",
+	"c5c8W5vg870d7NQt9c685J5ourzMVbRtgFqB5i4v/asi0O/Lp+trS2R+8qU6yu6DeiJ1MW6NRPqe55Fy",
+	"CUiSpUL3Ru6xGgUkpFxwFtJ4/4T45761GkkkM0snEVNG5igMoXMO4MUz/+P+gLy0/zQiGJI/3AJ2aZvV",
+	"CQM5LX/vdvTIadkts5WWHZB3RPx1EbE71rtSL0a39m1W0cFn/D8GWRVyMJoVt8upUFhCGOtEzCinE8DV",
+	"4DjfKBdsOyAuX8WGCY+FnFPpopd6IgFO+h/Tw8MnUMz8iLKHtnoERPsnhd+RgfHyBzhrtdOvjZmofJiN",
+	"6WuNPT38jvSW4ntGNulqmCfx2aCnOBZz27n4lLtZC9Y1254Yy+m4SKZlblNYtydnBBUmhW23B4Yd2C2z",
+	"MZzHn/xfJQC2BmoNDBB3tguT2YXJrMVfT3MCJdQnDYCjzruxVsd7tsBW3yfe0bTEBhW5hlDMcu554v5V",
+	"4X+1PHNA3lINksAtjVNnuVKaxbHry67YZKoZn7iSDJXBeqP/P3vXutw2jqVfBeWqqUizsix3PL3dcc0P",
+	"TS4TTxI7azmb3RrNijAJSVhTABsAraiz/e5bOAfgTaQsJ77FZv/pmAJBXA8OzuX7NGNighDoXXKeGqd6",
+	"KQbCnptvl5vuU63MbGVmKzMfYLS/3ZzfJS+vwlNwNVcgyqzMqOIrMBrOc5xex03uJBTYepaIUitYt08c",
+	"UZgHCgUZhJr0rg5lwiL3YX3og9QrzxEKl2sgwJJZRRXcxg4VKwBcdFlksuSD1T603RWfgLkd1GRwD+Q4",
+	"cv6jneI4pNqQOb1kuVG2+G0XxL8BqQ0YXLE5cwk2M0MWUhuyPxgM/CfrASlKkkXfrCw+wf6zrNM+ZL9A",
+	"PwrC+beUAa20k875IO58H8JETXOqTYG10NQQ+HECFfe+RVKP7Ptn9vU7PB4+Sm1SdbV1wa9+TFThiiT4",
+	"YmtueFzmBhS7bnKvY3RogrM8Kwo+F4RwhcglcikAxtlqvPheBxZesaqur6u0R2FlOnlBArsxMdE5cDbF",
+	"iXukWM6UZJVfdgheZ8I4JCh1zqWZo6Q19vQ4Z4T9ltK42ycfmeIy0mQhhZnHqx75LaXKMBWvsL1CpDSG",
+	"D3w6e2lHjomIKpLga4dga1BGT6gJvC0zE+GYROcH3Xm/8U0rtMNUG7lwD8C7rEvVQUeZiPAvjO/J/nQ+",
+	"7Lx4nwR0AWZ//N9kwYVUYIzd7/f3B/+z/5c+OUJvMOEiScFpvZ4vRQRd2MuGbTM4YQ5zql84znzo6pzq",
+	"0hGzwR7jkrHRQ6wYpHIFjRlVJYH2OKjFS1261xymutOi6ZQQbOkm95l+WgdEG410a6zh535bX+d2sedx",
+	"HzbkDDOqU8U0qOGJ1CyaoCAMEGYCbxEQmwNRNdmNxIo0u52YLjqmCto6FZ5ov6zhl5X7LuECrixlQY92",
+	"7AqnGxklDBGd7WDSLCeYC7z+ZJvOe8WsDMZu0diW8pm3mUuNRlFWPR4/1PgudmyruGELSEmsG6CBR4le",
+	"+zCekO65GwXXZRaRv2LwM/k34qvsOZoGiPix50sVh8PFoGZVoLPgr/YkIX/yZ6X/XGDmiml7q5kA1eKG",
+	"9wtFE6ZCZrv1J395ss3mYoLVBqTDvlBA4zdsxpSbAw6AfloS+DFeuRZxTXzbu/2a7tg+LmUaR5PzWIYX",
+	"AfIawr8nCGjiDnKd2rGKgpLuHSypEu4dIQ2friZ2IQSHtV2Hb9kXMB1cXjJF4zjHRHF+V22UFDN7bbaT",
+	"/syR1ZriVRlu31RfZMFc1UV/uL7gi5d3VFYokhCUEcbXT3XbvugGT/W7OKNfuTG9p1iuhrZsvtT5dXCY",
+	"CYIlzSDl2yiv9hjeebHzSq12VSrW4JSsHKCZFAexHl33jP7qhKPDao5YzAxbP6hH9pJmBYcm1N8gUaBl",
+	"p49zhcykNwTWCRVb+41eFWp9CY1ehKyzt+tGqMkqfAVdj1o7/9MGE8VlsFmjtjvChPPrbEIw4mD2vzff",
+	"THPXAHoE0e/YJ0EYM6ommVFCMQwVAaeniAgw/HeENMTFXjg5U7J89IiwSohjuqvYOcC6ve48WPc51pkd",
+	"SpwjAOlSqgFfBz+nNN5fa3WsDbBqCNyc2UBkwgSLyAVjibNWYejJurxKk4g+Unl1y6rYJxi5h6CIXWEu",
+	"wSmOnqrJ5LqCutXVrhDwuPCvbTLxV/ddzQxEezS6Zl9VYm97RKdJIpVdxGEhCNehmTlf7Jv/IlrQRM+l",
+	"IVMlF/BbNYy3xld7LEnML5l9P5Tikil/Z02YsmJnc3SvCwpejXynHniYb7W9V13esoHzs9Z64h6X/bM6",
+	"v98ZAZxqOmuO3n/PBdOoStkXJrBPuSD/tP/oAZwdQYoFjIAoIRpqqSDROMqyvleYcowJeYeYyqkB4xaT",
+	"CX32Jxol4X3Uo8rovBuDED5Bh27X2/NGycU25c7kNqWKDR9JZX5E6kvXh1OruEBHtme2UKDswDoksV1v",
+	"rcR6XGFh1fn9RokVUkNjOduTepcv6IxtYM5Fz8zJiGDBHpJlWpV6BRSP/bGoFSEv8RMn+gg/cLtS5KHt",
+	"4ZMRdHv7nZsN8I+4Y58WD202VfZwdgD59rAtbDq3+Os3nb5Ir9xvo3efyluNR9UwzETxah5gKiJHyp7J",
+	"A1uKixlJYirAlzoWmV/JPnPuuOJ9wT4+JGyRmJW/LODr8EXteXCfaSeIUsFNN8NEsfeJsR9AHnOTu1Dl",
+	"1BEdzLgUGrH5UyvQsivLVDGWERRKYUVcj9g9FaUwHcChoK8QOSM7vk9L3Piev/u0vcSxS6wVNg9d2KB8",
+	"Qb7nd5+09/bbrQ+xcIV9dh35s/dVX6Qb6TtTcSEALFkRLmgmlTJA8TLVdd2WnLHCjrxZwyo0xErE/qxP",
+	"5vuDwe4vg9n5rv6y6O9/aTC2amhEs5m1YFbd/+mX3s6Ci+zvu00uyXdzk2Vi9O7TjW7db1LTWy/QJnrM",
+	"ys69anNGLKHKLCo0mOtn3KtCuad1xuU93/6MK4xqexN+fIcjaq3ZFF99GXZMDXrrYHop4hVQacXpLPMw",
+	"gh3ORVi5EC6Ms26Kns6X7uMInX5Z6dU9xU0XhrWZvr8Njm6Do78rODoqbt4aQVJ/iO99zf+oMOWvack3",
+	"Jx6qvkRfb3MIQqmVP0r29eaNf1Y6FVpPf6uMX72JG4Oy6tSBVwDh7BOyvNksKuy2Bm0Ao1Ee73a/eU3j",
+	"U2XE7ink6GqB4wONWsFz05gPraaybUzSNTSVOaOxmW9SSt5iiYca0oPNuyqCZ/jxiFChl0zd6P3/DhfJ",
+	"Bvjw9/ySCaaza6/trFvOhfl381iafe6+sQfulD3Emt7AhmDv0+CFCmZUGLXate8hkzW+GxwSIck5o4op",
+	"5IaWgu0avmCuAJxKDkXapbXJaOWyo8YipyTrk1NmUiXQzRRLMduN+SWLkD0ba+h4Gr94BUych0jiSbgh",
+	"g58Hgy4mvE3pueIheTkkRo6FUanOSUDdbzSKlIP3iODbZbs33PPX228P9/2xqFCm9QgVDk0cofAKtGru",
+	"cdAnr6E2h7jnMb49MzjlwpEPAanEWCSKXXKZFnlQALcdGCdSIVhcZ3fHao9lxB5iSpdtF47CPVkNig1o",
+	"lh6vPWleSyLz2GkYcKoJhW1YkJz+43bB6I0C9Kv9HxIq241qf1ZSJyw0G0kdQaRacQT7P5YzMqOGLemq",
+	"R5ZzHs5JophmnnbZFnLUu/CVF4Ri8C4KBzklQdaOYCzcsUccCfELYvdVkPPXuOo4yF0D2cwZAQIypElF",
+	"FPDrRLt0SVebxd/hWmt86CF0zlMkNKZxkA60fcH1wl7EunWCLR9WOyXfz7S1doM6ioomZCulofEdz+yc",
+	"zVVOknzO7BmlPRtxzZXLzcm2vsefD+7T9ZgN7FE21lex6tq5tTN//w7J1lvSKPC+wjL8GyhowBLw4p//",
+	"+qMkBfMJd5JwjUvr2+UhipFNKJ1uX2UCrwjakCs/ioWMXzJPUGO1rKou2M1Z4aRgY6GNTDRZSnUBSpcB",
+	"8udMD0Qlikjh+GKYiBjgANVLMTOnoihlCddjcZVcc8ALV4s3HKVWtN22aLvq0miX1s2zsLQS7a4lmiMH",
+	"zFf2N8gzbegGHM1TXPWOWiGmZirVgoQ08ZGPgX/YlwkkwUZBbUKVb8oIPvdQbS6lVm7aRS9lWnTHS3u0",
+	"xBBD+kNqCT+eSXBk9wmLyD9GJ8dEu0WVsQRFCy5OkqYl7zns9xSL6WrvK82o6yt+zPr7DPXzvQvzDflI",
+	"PKRkCUjcGUH+Z3Y+kuEFMySm9tB1Z/ByzmOWHbr+XcRQLdxa3LndiWSoswb3F1HXgVaAVAACOKLnUhln",
+	"Q4IeeU45pGXELClywVYkYgpKQTRy4KjrPgxHZ69PJ+9e/3fQy2H4uPZt62XNwn/lo5UpGZpphIBBHWMm",
+	"JebcW/Ul1S7F33dVJszZvrKh0kYxuvCZYGh2s3WnyUzRCMPQaWFAOzo9T5Q0MpSxt9j1fW27MAb9y/2g",
+	"66bkHOnxFvZAmDGNTH8etIjRxTNNzleGaQKAjUu60n1yLA10IYy5j62qgovHdHXmvnmzmswwH+FGN1dp",
+	"zd6mV3sfZVAlOnXJTThnWfJePjVbTMsP6TZ6lDjeP201eH9Hk82NajZOGJzaNVGv25xVhANKtnNmloyJ",
+	"egmst1N9FmyTV+jDw+Vy+qSZ+szN3HNONSV1I9YI2sGYoCJcwXixLyhVHclTq6fchZ6ST0hhcdqJrCxK",
+	"MCs0qh5vZRw5hPhc4bavoMZNOplqrlO7oDGWw062THT3kICyocmMGXIweD4WG8BmGjKPcB89rXhs2+ft",
+	"I7ExcauNwX50MdjCLX2/e2uOFKvT0oT3V3QRbzpcThImhh+PXskw/e7oqOutfN+yWrPVwf6vB88HB+vK",
+	"YO354jpBIteLxxd3cDYHkFxhFA1N1s8rQg4Suqomt1wVaHdIBFtmLCT1QBUffbVPS/a6bm8vfv3wtxL4",
+	"cWbB5Dnd+YbIIsD8o9oNuWdkspsmeoN3piYEFqPjNaH+g5m1I1HykkeYe+5+kueOsYeMjOIJ29VmFTPi",
+	"2nUE+6GLgMsO/brn3D15JFChWjQ6EM1CBfjX4CqHkCIll5pB3A4YRUIpplxhZrlvS+b/9hWi+aVUJ+Ga",
+	"eLdSyEiHClJIrNl9x1YOZceBd3NDFItoaJg3QC2tTgv1hIpF3HgwcQ/eU+yON0Sx87mUF7ZmqZzL3zc6",
+	"pIlJFXimBMEhIjI1mkcMiSTcfwT4JSAhXxOH6uigAVyqVCyxxkgi9DkQHCUNtBMO4RwaSqaUx6lCMMY0",
+	"wWtnVs4vJqgShn0G9kdbWOMinqT5Kg6aEqXckjiTyafkMaVKFft1T2FP5SZs9oBlmyXDIY3WN85htr+4",
+	"21YB7qIJ7qKgzbx6evHMd2szy/0dwOpDvdzFI62wZN169kt3+8PRSWW999W/+0fzQXnsQ2DRxXBYinO1",
+	"C40JYzdvHvgVuANxxGeCWhEfENwCpBOYvwKPQpgK/sUeTFJEGpkVepf77rc5+0Lefhi+3B29Hf70l5+t",
+	"pjfewZ8Mlu3jX4ouoSX40JVhQY9oBowFJLjcD5CmSbszgQFPxqoozt3x6H8HIGCwjYiZPW4gfgzOM+hL",
+	"j1Bi+IJpQxcJWUjlAiieDwZEY4SGKj0m2gcHT1OsAM4wGEF56ZBt/DkZ0gSOFzdVk+yzWUga6RwMBt1a",
+	"rg8PGawYhg5HeNInTOUHnmcsRZwNYCOJPOH2Lt5PKIlSlMf2cI05cpm4wLufBgMnFrNCAQThOR9VHv9c",
+	"1AbsROGXKbKRACAy9T6YjpsRA4Exq4R163wvECXjVvZnHK+b9cF8rGyoBjdMYb81e2C2OLQ++npqSATP",
+	"1rUpWAZuI2Utwz/ztlV33k5D0Mov+7/+dM10pz/v/Xnnxde7zVAqz/YwvNjIRwsn+yVTfGoXtV1pbht0",
+	"7DamOZg2Pu7e81HeBjRfK6D5FAVA4XKWCTUvPat0sg3HoLOb73G62FtM6a5dFFwwvckWvyQLK6TmuVEe",
+	"RRy/5DGbsSgPlEGs+8w6P8mt8z3CRRinkT1YUm2rAUkK/+wDwY0rBpj4/n2Z6C6JaXhBqPCUUnhwkikN",
+	"jVRYfu6b+OHNkCgWShDbbjvjoSATJvrkGOn/1mN4SCeA70/8/g7Qh7DkGlCV6QIOG2hvbbzPhzfD02wo",
+	"H6pDrdjITTeGrBBSmuvWdXYXph9cvH7k5TTbBruwP/z269gyoK50qyFAp3b7VTa8TxbcBEGUZRQ+1IXr",
+	"GniVdfQsJ8jSRRoKCBtynFxy2q7mOzVkFoArs1V2DfSez3MmSFDKcgeONrngxngqPKlmVPDfYWk90w0J",
+	"/FSjYc7ecQq/FELCi9A/B40WLWzzozJmYZfuyY5VacOGIFQ0XB1WtjaYRpcCD+Y2P7/Nz787JKEkkwWb",
+	"k/O96AOjk6N63Ejf9rFE6o32hQzNF39zthTPHwXqNOTrLaW6sHOje42wJfjZG5Jk9S3nUZ+8pEpxpovE",
+	"lVlklrtFZO1qNji48fpxoIwKY7tJnLUMczcqtZ4eJd1G6dNrDMppt/0tXlGuuJa0m73FLrty4zYAl5V1",
+	"AnRiQARHEyzZE9/ot4Vd9i23pTuTMx61rJU37ZXoXiDLvutKtIdGuq2slR9c0acn3X7A6NbilG0f4+pW",
+	"QyvEnrbSBKZkvwMX2ba/hhG5WXUCy0qqmSIONyOWYubTPN03M9x50gls0QJLSsFLeIhwcVwbLmbe29Bk",
+	"gKFRVNoTrRS7Pxv4sDIX9xXOWVoPdXIxilprUavQ3ZHQHUZR5jT9PmVu7yv+43o275KQPmULeenhuWOq",
+	"XaFG8apsedZK2EqrP7hDKQLeQDe5wPoHT5tAobLpu11b3EEdHI+dx1botSbya7Lqwrq5Qn59g6GNvGIL",
+	"aa4hiEqGuFYQPVhBdMu2wm9QLAd3p1gW7YY4xK3AbbXMu4mkmFMxywX1Mw0hxFfqm1rPdy/YarOdcDR6",
+	"+86WeVqJ5Njr7W1sdhjbHPLHmUOehV6ORm9Jkp7HPIT5LuyvkZ7DJtlAnzhnAKbHNUmo0i67xKUWs4h0",
+	"1tOMMSsawfEgJVkAiEa5Fd1Dh9KXJfVpumBkysWMqURxYbKcFSnK3aEhxKVfwdGIO+ExxWlij+7JPuWG",
+	"s8kwdVhYEnaBFOaxpWxs1YPvMEKJiviqlV41ysHe1wu2Wjc61UVC3oyoqGBGjt6i3GyCtMTW3blNpQ07",
+	"bJ1qhSjC6+4uyNi7BuYT6WyA0i/k2NWCQWF1CB/4tNT4vOfbq/LOSYk5la1K/yhVesydvZIW3SNuXocT",
+	"HX3bTueegCdbA+TCr90c5siWsecXAB1QR6lQp33nC/gxaeB5r+5JCy8Ma8uQ3qrbt5TXhHZ4saWQqWoH",
+	"e19BkmziFhjiJ2pzL9dibDoHg4Nubdb9zQmZNeoD1ay4u979KJkJm0WGj39q7wNtZgLNduW1N/7l8z3F",
+	"Zlarb9zzrx0qhy2FRj9uNHHtQXYdbahhhyRwRGETLDwJZcQCD63k0yBdRR2RxjHoJ2MhpGDdJkTv/3x+",
+	"6hr4UFEOfAu3gTlwg33vWAZPSwNX2QryW8HOGY0+yIjFfkdkvDt2qPb+d3lhvzNVTM+bgeZeC/vJKqYo",
+	"E5dEMwMBB8HR8dnr0+Ph+8k/Pr8bTU5fvzl9PXo7OTt59/oY9oZm5jCDKjsYHOSX6yqFjplTk/OhVSOn",
+	"oKX2Gw92n9jGnWI7N6PYQJEbVoe/6Zy69qnzQ9K3+YUPnHz1LCdvpAqtgumWmT9qNJ8JLma7F2xl13ER",
+	"1ybNcMcXzCge6s1kJljkdleuYV/MXhJTLhoR5n/+9/3BL7/8vA3E/EclF8zMWWoP2i+GsC+J1BzYkFCJ",
+	"fHx484UuL7IZq8WaB1vE740qBSAyWmn5UWozU2z0H+/B+XQ8PBs5Wdgjfxk8r8pC+6gI17iGipUTgzHA",
+	"Sbb/DucsvOiBQxOEs+2mFdEslgmrvZ48fESwreHAVi8IA/0tYgkTESBQu8PmB12fmeC7u4E8lgYQvlYv",
+	"CDUkZhA/KBiuLLsWI7m8OY7SjXiCrrUvNuycpj251HtCGj51A9Ws8H9qoLMD/SNJ9Zzp8kWjVC2hGtkO",
+	"QSp6MrsXYxF8He+EcyoEi8c7L8gY7uMvEBWXRx4Pl/wfGe9INav/4VxJGoVUm/FOj4xBSGNdWBohNeGp",
+	"e8uWiqihttTXfr//h32g7R2FmuKbp29ekufPn//q3/sj6I/FGXJmCuTeBmUtPbcjdZ5TymWDAFcw179e",
+	"+acizBXp4LWsOxaucAbYn3XOV9MnJ8U3M2JAei7TQj466RS4Du1VLNVY+YzpXlboPI1mzCDepO7a9RzO",
+	"UW918f5kOZckpIJoxtxcu2Rk8spD6nJNzpk2Y8GmU6kQGtcK1oQpzTWAPNm3gQ2ytCr6i6g/FmNQLxz4",
+	"MpfiBRIphvaS4dggO//4fNYFAqnzjFE26BHGwdrEBQmGTklzNSDxLHFYy7YOB6k8FlL1kEPS8RHonl2c",
+	"ZSLAOopG/HJ/vUoip1OmWESEXdtGjoV/pdzZy/0AI2Q1U5dMERbOJXN+tcY3PIECQA2jfcpeiofkt9QO",
+	"PWoi+Os01SwiHep53wWh5NPpe8JEpEma2AexnGnHgRCcKD7jIiAFiumxcMb2ZwDCRebSyjRFgBSbOMrN",
+	"45OzozdHL4dnRyfHo8nw/fuTz69fTU5Oj/5+dDzqkzdIRGCXxBTBo9lYOC5MAO8EiZ0dzf7IdRCigZKp",
+	"YQEsocCqFTIKYH4jZiiP6ym+3G48LsmxmzykN9BI2tH/6JaKRjCz4uLhunlqn4hX74e8/SzZuQZRsInB",
+	"urTgEAK9QPOaMLVrxX/PysHdkrQHIsOqXNfdzZaIZU6luzXr77DQIL8HO5qxiBz0n3dL3CogxHR1Aes1",
+	"KlQQY7A9/Q9ge6gRi52cq95Kbu9JxGpGyLobdN2eaRaJxQ/n3P/On9EoBQ8GAxI4qPmJk2pBL5MjfaT9",
+	"D7C2CRcTqAnh6HXChClLyR7eTKyO0CtITK4rMtLzEp+9Pv1wdDx8X5WP4P94XtcybBCR8D1wmNg5XlZg",
+	"/F3nNTkY7JMAG+9+CyBnORUXQi5Fz1HgMEDxt4KYz4R7u/Cqx+J36c4JR6x9VizjHgcAy69WGdNMLt+z",
+	"pcW1racs4JHFOJPfjr+4Ts73yXBqHI2Ar9GxH08VYDY77mNPrlrhPUaVyZ7BpeKgdnqS80zzJIHjfZ6A",
+	"Dm+XBvvCYYm4sFdoWiLFLEB1IV+mPRIopvnvvv0JLxVyG6qG/Xrt5JIJEy0N89Y0zE/n1GzTB++Z49kv",
+	"uQ3mz8Id2EskLuztWBRo5ovWz+whHOnVL56vaxogbVAW1DAlO5GGLNLcaBZPScfu8AJJPFfEOfVIotiU",
+	"fwEhlKp458XOHii6rnXVL7znl0wwrXs5inkPDzzPKAmyz1n8+rlQcdaFmhBaPhO7adID+/AuFz13HHnr",
+	"MZy8aDrO8lhcnTAo9dwiDjnY35Y3RVQVKkSf53qNrzIkaU06oT3ZQ2ZXpe72cixyIDUoA5gUqs5ynDa1",
+	"dz2Lo1CDj9S0FbhHf+NxDKI1f5RRQhSevaSGxrJUDPleCw+Kq7D28d+VTJPSbyMjFYXwmbx4Ui4yTJKh",
+	"MnxKw3KLSnpssfUODf+UxYzqcgvd9hxiXkj5NRzcIdgGXioWMWE4jesG238Bw+K4Nnjs5qGVOJFZfKXv",
+	"iC2dL4/iUwTkrz6tb0uxxAdK9YgbVv/Lez5l4SqM2dqv61Nnn44u0vWHJ6OjhVVr1ltXnSd4WFkC66uU",
+	"phE3xCjK4+rYDO1Pa1WWVmO5vhOv8TiypAUsBsdqQ83a4J+UW1zmwq/5YZgkH5X8str5419//H8AAAD/",
+	"/w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -37,6 +37,9 @@ type Config struct {
 	LoginBackoffBase   time.Duration `env:"GANTRY_LOGIN_BACKOFF_BASE" envDefault:"1s"`
 	LoginBackoffMax    time.Duration `env:"GANTRY_LOGIN_BACKOFF_MAX" envDefault:"15m"`
 	LoginFailureMemory time.Duration `env:"GANTRY_LOGIN_FAILURE_MEMORY" envDefault:"1h"`
+	// StepUpWindow is how long after its TOTP code a step-up token satisfies
+	// RequireStepUp (stepup.go).
+	StepUpWindow time.Duration `env:"GANTRY_STEP_UP_WINDOW" envDefault:"5m"`
 }
 
 // Leeway is the clock skew tolerated on exp and nbf of an access token.
@@ -55,6 +58,7 @@ func DefaultConfig() Config {
 		LoginBackoffBase:   time.Second,
 		LoginBackoffMax:    15 * time.Minute,
 		LoginFailureMemory: time.Hour,
+		StepUpWindow:       5 * time.Minute,
 	}
 }
 
@@ -96,6 +100,8 @@ func (c *Config) Validate(dev bool) error {
 		return errors.New("auth config: GANTRY_LOGIN_BACKOFF_BASE must be positive and at most GANTRY_LOGIN_BACKOFF_MAX")
 	case c.LoginFailureMemory < c.LoginBackoffMax:
 		return errors.New("auth config: GANTRY_LOGIN_FAILURE_MEMORY must be at least GANTRY_LOGIN_BACKOFF_MAX (else a lock would be forgotten before it ends)")
+	case c.StepUpWindow != 0 && (c.StepUpWindow < 30*time.Second || c.StepUpWindow > c.AccessTokenTTL):
+		return errors.New("auth config: GANTRY_STEP_UP_WINDOW must be between 30s and GANTRY_ACCESS_TOKEN_TTL")
 	}
 	return nil
 }
@@ -156,3 +162,11 @@ func (k MasterKey) IsSet() bool { return k.set }
 
 func (k MasterKey) String() string   { return "MasterKey(redacted)" }
 func (k MasterKey) GoString() string { return "MasterKey(redacted)" }
+
+// stepUpWindow is StepUpWindow, 5 minutes when unset.
+func (c Config) stepUpWindow() time.Duration {
+	if c.StepUpWindow <= 0 {
+		return 5 * time.Minute
+	}
+	return c.StepUpWindow
+}

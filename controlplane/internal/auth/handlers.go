@@ -73,7 +73,14 @@ func (h *Handlers) Login(ctx context.Context, req api.LoginRequestObject) (api.L
 	if req.Body == nil {
 		return nil, apierr.New(apierr.InvalidRequest, "request body is required")
 	}
-	tokens, err := h.svc.Login(ctx, req.Body.Username, req.Body.Password)
+	sf := SecondFactor{}
+	if req.Body.TotpCode != nil {
+		sf.TOTPCode = *req.Body.TotpCode
+	}
+	if req.Body.RecoveryCode != nil {
+		sf.RecoveryCode = *req.Body.RecoveryCode
+	}
+	tokens, err := h.svc.LoginWith(ctx, req.Body.Username, req.Body.Password, sf)
 	if err != nil {
 		return nil, err
 	}

@@ -91,3 +91,98 @@ WHERE username_hash IN (
     WHERE t.last_failure_at < @forgotten_before AND (t.locked_until IS NULL OR t.locked_until < @now::timestamptz)
     LIMIT 100
 );
+
+-- TOTP factors (mfa.go) ----------------------------------------------------------
+
+-- name: GetTOTPFactor :one
+SELECT user_id, secret_enc, activated_at, last_used_step, pending_secret_enc, pending_created_at, created_at
+FROM auth_totp_factors WHERE user_id = @user_id;
+
+-- name: GetTOTPFactorForUpdate :one
+SELECT user_id, secret_enc, activated_at, last_used_step, pending_secret_enc, pending_created_at, created_at
+FROM auth_totp_factors WHERE user_id = @user_id
+FOR UPDATE;
+
+-- name: UpsertPendingTOTP :exec
+INSERT INTO auth_totp_factors (user_id, pending_secret_enc, pending_created_at, created_at, updated_at)
+VALUES (@user_id, @pending_secret_enc, @now::timestamptz, @now::timestamptz, @now::timestamptz)
+ON CONFLICT (user_id) DO UPDATE
+SET pending_secret_enc = EXCLUDED.pending_secret_enc, pending_created_at = EXCLUDED.pending_created_at,
+    updated_at = EXCLUDED.updated_at;
+
+-- name: ActivatePendingTOTP :execrows
+-- The pending secret becomes the active factor; the verifying code's step is spent.
+UPDATE auth_totp_factors
+SET secret_enc = pending_secret_enc, activated_at = @now::timestamptz, last_used_step = @step::bigint,
+    pending_secret_enc = NULL, pending_created_at = NULL, updated_at = @now
+WHERE user_id = @user_id AND pending_secret_enc IS NOT NULL;
+
+-- name: SpendTOTPStep :execrows
+-- Accepts a code of time-step @step once: 0 rows when that step (or a later one) was
+-- already used, which is how a replayed code is refused, also between concurrent requests.
+UPDATE auth_totp_factors
+SET last_used_step = @step::bigint, updated_at = @now
+WHERE user_id = @user_id AND secret_enc IS NOT NULL
+  AND (last_used_step IS NULL OR last_used_step < @step::bigint);
+
+-- name: DeleteRecoveryCodes :exec
+DELETE FROM auth_recovery_codes WHERE user_id = @user_id;
+
+-- name: InsertRecoveryCode :exec
+INSERT INTO auth_recovery_codes (id, user_id, code_hash, created_at)
+VALUES (@id, @user_id, @code_hash, @created_at);
+
+-- name: UseRecoveryCode :execrows
+UPDATE auth_recovery_codes SET used_at = @now::timestamptz
+WHERE user_id = @user_id AND code_hash = @code_hash AND used_at IS NULL;
+
+-- name: CountUnusedRecoveryCodes :one
+SELECT count(*) FROM auth_recovery_codes WHERE user_id = @user_id AND used_at IS NULL;
+
+-- name: CountActiveSessions :one
+-- Sessions are refresh-token families with a live, unspent, unrevoked token.
+SELECT count(DISTINCT family_id) FROM auth_refresh_tokens
+WHERE user_id = @user_id AND used_at IS NULL AND revoked_at IS NULL AND expires_at > @now;
+
+-- MFA recovery requests -----------------------------------------------------------
+
+-- name: InsertMFARecoveryRequest :one
+INSERT INTO auth_mfa_recovery_requests (id, user_id, tenant_id, reason, status, created_at)
+VALUES (@id, @user_id, @tenant_id, @reason, 'pending', @created_at)
+ON CONFLICT (user_id) WHERE status = 'pending' DO NOTHING
+RETURNING id, status, created_at;
+
+-- name: GetOpenMFARecoveryRequest :one
+SELECT id, status, created_at FROM auth_mfa_recovery_requests
+WHERE user_id = @user_id AND status = 'pending';
+
+-- MFA readiness -------------------------------------------------------------------
+
+-- name: MFAReadiness :many
+-- Holders of the privileged platform roles (users.role = 'admin' counts as
+-- platform_superadmin, as loadIdentity does) and whether each has an active TOTP factor.
+WITH holders AS (
+    SELECT u.id AS user_id, 'platform_superadmin'::text AS role
+    FROM users u WHERE u.role = 'admin' AND u.status = 'active'
+    UNION
+    SELECT b.user_id, b.role
+    FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+    WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
+)
+SELECT h.role::text AS role,
+       count(*)::bigint AS holders,
+       count(*) FILTER (WHERE f.secret_enc IS NULL)::bigint AS without_mfa
+FROM holders h LEFT JOIN auth_totp_factors f ON f.user_id = h.user_id
+GROUP BY h.role ORDER BY h.role;
+
+-- name: MFAReadinessTotals :one
+WITH holders AS (
+    SELECT u.id AS user_id FROM users u WHERE u.role = 'admin' AND u.status = 'active'
+    UNION
+    SELECT b.user_id FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+    WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
+)
+SELECT count(*)::bigint AS holders,
+       count(*) FILTER (WHERE f.secret_enc IS NULL)::bigint AS without_mfa,
+       (SELECT count(*) FROM auth_mfa_recovery_requests r WHERE r.status = 'pending')::bigint AS pending_recovery_requests
+FROM holders h LEFT JOIN auth_totp_factors f ON f.user_id = h.user_id;

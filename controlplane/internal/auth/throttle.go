@@ -117,6 +117,12 @@ func errLoginBackoff(wait time.Duration) *apierr.Error {
 // chargeLoginAttempt refuses the attempt while key is locked, else records it as a
 // failure (cleared by clearLoginThrottle when it succeeds).
 func (s *Service) chargeLoginAttempt(ctx context.Context, key []byte) error {
+	return s.chargeAttempt(ctx, key, errLoginBackoff)
+}
+
+// chargeAttempt is chargeLoginAttempt with the refusal refuse builds; the TOTP checks
+// of an authenticated user (mfa.go) use it with their own key and refusal.
+func (s *Service) chargeAttempt(ctx context.Context, key []byte, refuse func(time.Duration) *apierr.Error) error {
 	pol := s.cfg.loginPolicy()
 	now := s.clock.Now()
 	var refusal *apierr.Error
@@ -130,7 +136,7 @@ func (s *Service) chargeLoginAttempt(ctx context.Context, key []byte) error {
 			return err
 		}
 		if row.LockedUntil != nil && now.Before(*row.LockedUntil) {
-			refusal = errLoginBackoff(row.LockedUntil.Sub(now))
+			refusal = refuse(row.LockedUntil.Sub(now))
 			return nil
 		}
 		failures := int(row.Failures)

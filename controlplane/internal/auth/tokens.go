@@ -80,6 +80,10 @@ type accessClaims struct {
 	TenantRole    string   `json:"trole,omitempty"`
 	PlatformRoles []string `json:"proles"`
 	RoleSource    string   `json:"psrc"`
+
+	// Set only on step-up tokens, after a TOTP code was verified (stepup.go).
+	AMR      []string `json:"amr,omitempty"`
+	AuthTime *int64   `json:"auth_time,omitempty"`
 }
 
 // audience is the aud claim: one string when issued; a string or an array when read.
@@ -153,6 +157,13 @@ func (s *Service) IssueFor(ctx context.Context, userID uuid.UUID) (AuthTokens, e
 // backoff (throttle.go) is charged first: a locked username is refused 429 before any
 // lookup, for known and unknown usernames alike.
 func (s *Service) Login(ctx context.Context, username, password string) (AuthTokens, error) {
+	return s.LoginWith(ctx, username, password, SecondFactor{})
+}
+
+// LoginWith is Login with the second factor a user with active TOTP must present
+// (mfa.go). A wrong or missing one fails like a wrong password (401 token_invalid, with
+// details.reason) and stays charged to the username's backoff.
+func (s *Service) LoginWith(ctx context.Context, username, password string, sf SecondFactor) (AuthTokens, error) {
 	key := usernameKey(username)
 	if err := s.chargeLoginAttempt(ctx, key); err != nil {
 		return AuthTokens{}, err
@@ -174,8 +185,11 @@ func (s *Service) Login(ctx context.Context, username, password string) (AuthTok
 	}
 	var out AuthTokens
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+		mfaMethod, err := s.checkSecondFactor(ctx, tx, row.ID, sf)
+		if err != nil {
+			return err
+		}
 		family := s.ids.New()
-		var err error
 		if out, err = s.issueTx(ctx, tx, row.ID, family); err != nil {
 			return err
 		}
@@ -187,11 +201,16 @@ func (s *Service) Login(ctx context.Context, username, password string) (AuthTok
 		return s.audit.Record(actx, tx, audit.Entry{
 			Action: "user.login", TargetType: "user", TargetID: row.ID.String(),
 			TenantID: out.Identity.TenantID,
-			Metadata: map[string]any{"method": "password", "family_id": family.String()},
+			Metadata: loginMetadata(family, mfaMethod),
 		})
 	})
 	if errors.Is(err, errInactive) {
 		return fail()
+	}
+	var sfe secondFactorError
+	if errors.As(err, &sfe) {
+		s.login.failures.Inc()
+		return AuthTokens{}, sfe.e
 	}
 	if err != nil {
 		return AuthTokens{}, err
@@ -260,6 +279,12 @@ func isActive(userStatus string, tenantStatus *string) bool {
 
 // signAccess signs an access token for ident with the active key.
 func (s *Service) signAccess(ctx context.Context, ident Identity) (string, time.Time, error) {
+	return s.signAccessWith(ctx, ident, nil)
+}
+
+// signAccessWith signs an access token; proof, when not nil, adds amr and auth_time
+// (only stepup.go passes one, after verifying a code).
+func (s *Service) signAccessWith(ctx context.Context, ident Identity, proof *mfaProof) (string, time.Time, error) {
 	key, err := s.keys.signer(ctx)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("access token: %w", err)
@@ -275,6 +300,10 @@ func (s *Service) signAccess(ctx context.Context, ident Identity) (string, time.
 	}
 	if ident.TenantID != uuid.Nil {
 		claims.TenantID = ident.TenantID.String()
+	}
+	if proof != nil {
+		at := proof.authTime.Unix()
+		claims.AMR, claims.AuthTime = proof.amr, &at
 	}
 	token, err := signClaims(key, claims)
 	if err != nil {
@@ -301,4 +330,12 @@ func signClaims(key *activeKey, claims any) (string, error) {
 		return "", fmt.Errorf("sign access token: %w", err)
 	}
 	return string(signed), nil
+}
+
+func loginMetadata(family uuid.UUID, mfaMethod string) map[string]any {
+	m := map[string]any{"method": "password", "family_id": family.String()}
+	if mfaMethod != "" {
+		m["second_factor"] = mfaMethod
+	}
+	return m
 }

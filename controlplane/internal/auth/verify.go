@@ -112,6 +112,7 @@ func (a *Authenticator) Authenticate(r *http.Request) (*principal.Principal, err
 func (a *Authenticator) Verify(ctx context.Context, token string) (*principal.Principal, error) {
 	now := a.clock.Now()
 	if p, ok := a.verified.get(token, now); ok {
+		a.markStepUp(p, now)
 		return p, nil
 	}
 	p, exp, err := a.verify(ctx, token)
@@ -119,7 +120,9 @@ func (a *Authenticator) Verify(ctx context.Context, token string) (*principal.Pr
 		return nil, err
 	}
 	a.verified.put(token, p, now, exp)
-	return clonePrincipal(p), nil
+	out := clonePrincipal(p)
+	a.markStepUp(out, now)
+	return out, nil
 }
 
 // verify checks a token from scratch and also returns its expiry.
@@ -206,6 +209,10 @@ func (a *Authenticator) checkClaims(c *accessClaims) (*principal.Principal, erro
 		UserID: userID, Username: c.Username, TenantRole: c.TenantRole,
 		PlatformRoles: c.PlatformRoles, RoleSource: c.RoleSource,
 	}
+	amr, authTime, err := proofClaims(c)
+	if err != nil {
+		return nil, errTokenInvalid(err)
+	}
 	if c.TenantID != "" {
 		if ident.TenantID, err = uuid.Parse(c.TenantID); err != nil {
 			return nil, errTokenInvalid(fmt.Errorf("tid: %w", err))
@@ -217,7 +224,9 @@ func (a *Authenticator) checkClaims(c *accessClaims) (*principal.Principal, erro
 	if ident.RoleSource != principal.RoleSourceUsers && ident.RoleSource != principal.RoleSourceBindings {
 		return nil, errTokenInvalid(fmt.Errorf("psrc %q", ident.RoleSource))
 	}
-	return ident.Principal(), nil
+	p := ident.Principal()
+	p.AMR, p.AuthTime = amr, authTime
+	return p, nil
 }
 
 // keyFor finds the published key kid names. An unknown kid (a key another replica has

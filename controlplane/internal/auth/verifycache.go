@@ -57,5 +57,6 @@ func clonePrincipal(p *principal.Principal) *principal.Principal {
 	cp := *p
 	cp.PlatformRole = slices.Clone(p.PlatformRole)
 	cp.Capabilities = slices.Clone(p.Capabilities)
+	cp.AMR = slices.Clone(p.AMR)
 	return &cp
 }

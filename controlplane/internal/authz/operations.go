@@ -40,6 +40,14 @@ var Operations = map[string]Requirement{
 	"createTenantUser": TenantAdmin(),
 	"getTenantUser":    TenantAdmin(),
 
+	// MFA and step-up (auth/mfa.go, auth/stepup.go): the caller's own account.
+	"stepUp":                   Authenticated(),
+	"getAccountSecurity":       Authenticated(),
+	"enrollTOTP":               Authenticated(), // replacing an active factor needs step-up: checked by the handler
+	"verifyTOTP":               Authenticated(),
+	"createMFARecoveryRequest": Authenticated(),
+	"getMFAReadiness":          AdminCapability(principal.CapOpsRead),
+
 	// Tenancy.
 	"listDepartments":     TenantMember(),
 	"createDepartment":    TenantAdmin(),

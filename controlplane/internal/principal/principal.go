@@ -6,6 +6,7 @@ package principal
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -67,8 +68,14 @@ type Principal struct {
 	PlatformRole []string
 	RoleSource   string
 	Capabilities []string
-	// StepUp is true when the access token carries a fresh MFA proof.
+	// StepUp is true when the access token carries a fresh MFA proof: the authenticator
+	// sets it on every request from AMR and AuthTime (auth.RequireStepUp reads it).
 	StepUp bool
+	// AMR are the token's authentication methods ("pwd", "otp"); AuthTime is when the
+	// second factor was verified. Both are empty unless a TOTP code was verified
+	// (POST /api/v1/auth/step-up); nothing else sets them.
+	AMR      []string
+	AuthTime time.Time
 }
 
 // Can reports whether the principal holds capability c.

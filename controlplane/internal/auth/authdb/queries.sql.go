@@ -11,7 +11,30 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+const activatePendingTOTP = `-- name: ActivatePendingTOTP :execrows
+UPDATE auth_totp_factors
+SET secret_enc = pending_secret_enc, activated_at = $1::timestamptz, last_used_step = $2::bigint,
+    pending_secret_enc = NULL, pending_created_at = NULL, updated_at = $1
+WHERE user_id = $3 AND pending_secret_enc IS NOT NULL
+`
+
+type ActivatePendingTOTPParams struct {
+	Now    time.Time
+	Step   int64
+	UserID uuid.UUID
+}
+
+// The pending secret becomes the active factor; the verifying code's step is spent.
+func (q *Queries) ActivatePendingTOTP(ctx context.Context, arg ActivatePendingTOTPParams) (int64, error) {
+	result, err := q.db.Exec(ctx, activatePendingTOTP, arg.Now, arg.Step, arg.UserID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
 
 const chargeLoginFailure = `-- name: ChargeLoginFailure :exec
 UPDATE auth_login_throttle
@@ -45,6 +68,35 @@ func (q *Queries) ClearLoginThrottle(ctx context.Context, usernameHash []byte) e
 	return err
 }
 
+const countActiveSessions = `-- name: CountActiveSessions :one
+SELECT count(DISTINCT family_id) FROM auth_refresh_tokens
+WHERE user_id = $1 AND used_at IS NULL AND revoked_at IS NULL AND expires_at > $2
+`
+
+type CountActiveSessionsParams struct {
+	UserID uuid.UUID
+	Now    time.Time
+}
+
+// Sessions are refresh-token families with a live, unspent, unrevoked token.
+func (q *Queries) CountActiveSessions(ctx context.Context, arg CountActiveSessionsParams) (int64, error) {
+	row := q.db.QueryRow(ctx, countActiveSessions, arg.UserID, arg.Now)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
+const countUnusedRecoveryCodes = `-- name: CountUnusedRecoveryCodes :one
+SELECT count(*) FROM auth_recovery_codes WHERE user_id = $1 AND used_at IS NULL
+`
+
+func (q *Queries) CountUnusedRecoveryCodes(ctx context.Context, userID uuid.UUID) (int64, error) {
+	row := q.db.QueryRow(ctx, countUnusedRecoveryCodes, userID)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const deleteExpiredRefreshTokens = `-- name: DeleteExpiredRefreshTokens :execrows
 DELETE FROM auth_refresh_tokens WHERE expires_at < $1
 `
@@ -55,6 +107,15 @@ func (q *Queries) DeleteExpiredRefreshTokens(ctx context.Context, before time.Ti
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const deleteRecoveryCodes = `-- name: DeleteRecoveryCodes :exec
+DELETE FROM auth_recovery_codes WHERE user_id = $1
+`
+
+func (q *Queries) DeleteRecoveryCodes(ctx context.Context, userID uuid.UUID) error {
+	_, err := q.db.Exec(ctx, deleteRecoveryCodes, userID)
+	return err
 }
 
 const ensureLoginThrottle = `-- name: EnsureLoginThrottle :exec
@@ -89,6 +150,24 @@ func (q *Queries) GetActiveSigningKey(ctx context.Context) (GetActiveSigningKeyR
 	return i, err
 }
 
+const getOpenMFARecoveryRequest = `-- name: GetOpenMFARecoveryRequest :one
+SELECT id, status, created_at FROM auth_mfa_recovery_requests
+WHERE user_id = $1 AND status = 'pending'
+`
+
+type GetOpenMFARecoveryRequestRow struct {
+	ID        uuid.UUID
+	Status    string
+	CreatedAt time.Time
+}
+
+func (q *Queries) GetOpenMFARecoveryRequest(ctx context.Context, userID uuid.UUID) (GetOpenMFARecoveryRequestRow, error) {
+	row := q.db.QueryRow(ctx, getOpenMFARecoveryRequest, userID)
+	var i GetOpenMFARecoveryRequestRow
+	err := row.Scan(&i.ID, &i.Status, &i.CreatedAt)
+	return i, err
+}
+
 const getRefreshTokenForUpdate = `-- name: GetRefreshTokenForUpdate :one
 SELECT id, family_id, user_id, created_at, expires_at, used_at, revoked_at
 FROM auth_refresh_tokens
@@ -118,6 +197,69 @@ func (q *Queries) GetRefreshTokenForUpdate(ctx context.Context, tokenHash []byte
 		&i.ExpiresAt,
 		&i.UsedAt,
 		&i.RevokedAt,
+	)
+	return i, err
+}
+
+const getTOTPFactor = `-- name: GetTOTPFactor :one
+
+SELECT user_id, secret_enc, activated_at, last_used_step, pending_secret_enc, pending_created_at, created_at
+FROM auth_totp_factors WHERE user_id = $1
+`
+
+type GetTOTPFactorRow struct {
+	UserID           uuid.UUID
+	SecretEnc        []byte
+	ActivatedAt      *time.Time
+	LastUsedStep     pgtype.Int8
+	PendingSecretEnc []byte
+	PendingCreatedAt *time.Time
+	CreatedAt        time.Time
+}
+
+// TOTP factors (mfa.go) ----------------------------------------------------------
+func (q *Queries) GetTOTPFactor(ctx context.Context, userID uuid.UUID) (GetTOTPFactorRow, error) {
+	row := q.db.QueryRow(ctx, getTOTPFactor, userID)
+	var i GetTOTPFactorRow
+	err := row.Scan(
+		&i.UserID,
+		&i.SecretEnc,
+		&i.ActivatedAt,
+		&i.LastUsedStep,
+		&i.PendingSecretEnc,
+		&i.PendingCreatedAt,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const getTOTPFactorForUpdate = `-- name: GetTOTPFactorForUpdate :one
+SELECT user_id, secret_enc, activated_at, last_used_step, pending_secret_enc, pending_created_at, created_at
+FROM auth_totp_factors WHERE user_id = $1
+FOR UPDATE
+`
+
+type GetTOTPFactorForUpdateRow struct {
+	UserID           uuid.UUID
+	SecretEnc        []byte
+	ActivatedAt      *time.Time
+	LastUsedStep     pgtype.Int8
+	PendingSecretEnc []byte
+	PendingCreatedAt *time.Time
+	CreatedAt        time.Time
+}
+
+func (q *Queries) GetTOTPFactorForUpdate(ctx context.Context, userID uuid.UUID) (GetTOTPFactorForUpdateRow, error) {
+	row := q.db.QueryRow(ctx, getTOTPFactorForUpdate, userID)
+	var i GetTOTPFactorForUpdateRow
+	err := row.Scan(
+		&i.UserID,
+		&i.SecretEnc,
+		&i.ActivatedAt,
+		&i.LastUsedStep,
+		&i.PendingSecretEnc,
+		&i.PendingCreatedAt,
+		&i.CreatedAt,
 	)
 	return i, err
 }
@@ -188,6 +330,64 @@ func (q *Queries) GetUserByUsername(ctx context.Context, username string) (GetUs
 		&i.TenantStatus,
 	)
 	return i, err
+}
+
+const insertMFARecoveryRequest = `-- name: InsertMFARecoveryRequest :one
+
+INSERT INTO auth_mfa_recovery_requests (id, user_id, tenant_id, reason, status, created_at)
+VALUES ($1, $2, $3, $4, 'pending', $5)
+ON CONFLICT (user_id) WHERE status = 'pending' DO NOTHING
+RETURNING id, status, created_at
+`
+
+type InsertMFARecoveryRequestParams struct {
+	ID        uuid.UUID
+	UserID    uuid.UUID
+	TenantID  uuid.NullUUID
+	Reason    string
+	CreatedAt time.Time
+}
+
+type InsertMFARecoveryRequestRow struct {
+	ID        uuid.UUID
+	Status    string
+	CreatedAt time.Time
+}
+
+// MFA recovery requests -----------------------------------------------------------
+func (q *Queries) InsertMFARecoveryRequest(ctx context.Context, arg InsertMFARecoveryRequestParams) (InsertMFARecoveryRequestRow, error) {
+	row := q.db.QueryRow(ctx, insertMFARecoveryRequest,
+		arg.ID,
+		arg.UserID,
+		arg.TenantID,
+		arg.Reason,
+		arg.CreatedAt,
+	)
+	var i InsertMFARecoveryRequestRow
+	err := row.Scan(&i.ID, &i.Status, &i.CreatedAt)
+	return i, err
+}
+
+const insertRecoveryCode = `-- name: InsertRecoveryCode :exec
+INSERT INTO auth_recovery_codes (id, user_id, code_hash, created_at)
+VALUES ($1, $2, $3, $4)
+`
+
+type InsertRecoveryCodeParams struct {
+	ID        uuid.UUID
+	UserID    uuid.UUID
+	CodeHash  []byte
+	CreatedAt time.Time
+}
+
+func (q *Queries) InsertRecoveryCode(ctx context.Context, arg InsertRecoveryCodeParams) error {
+	_, err := q.db.Exec(ctx, insertRecoveryCode,
+		arg.ID,
+		arg.UserID,
+		arg.CodeHash,
+		arg.CreatedAt,
+	)
+	return err
 }
 
 const insertRefreshToken = `-- name: InsertRefreshToken :exec
@@ -343,6 +543,78 @@ func (q *Queries) LockSigningKeys(ctx context.Context, lockID int64) error {
 	return err
 }
 
+const mFAReadiness = `-- name: MFAReadiness :many
+
+WITH holders AS (
+    SELECT u.id AS user_id, 'platform_superadmin'::text AS role
+    FROM users u WHERE u.role = 'admin' AND u.status = 'active'
+    UNION
+    SELECT b.user_id, b.role
+    FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+    WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
+)
+SELECT h.role::text AS role,
+       count(*)::bigint AS holders,
+       count(*) FILTER (WHERE f.secret_enc IS NULL)::bigint AS without_mfa
+FROM holders h LEFT JOIN auth_totp_factors f ON f.user_id = h.user_id
+GROUP BY h.role ORDER BY h.role
+`
+
+type MFAReadinessRow struct {
+	Role       string
+	Holders    int64
+	WithoutMfa int64
+}
+
+// MFA readiness -------------------------------------------------------------------
+// Holders of the privileged platform roles (users.role = 'admin' counts as
+// platform_superadmin, as loadIdentity does) and whether each has an active TOTP factor.
+func (q *Queries) MFAReadiness(ctx context.Context) ([]MFAReadinessRow, error) {
+	rows, err := q.db.Query(ctx, mFAReadiness)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []MFAReadinessRow
+	for rows.Next() {
+		var i MFAReadinessRow
+		if err := rows.Scan(&i.Role, &i.Holders, &i.WithoutMfa); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const mFAReadinessTotals = `-- name: MFAReadinessTotals :one
+WITH holders AS (
+    SELECT u.id AS user_id FROM users u WHERE u.role = 'admin' AND u.status = 'active'
+    UNION
+    SELECT b.user_id FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+    WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
+)
+SELECT count(*)::bigint AS holders,
+       count(*) FILTER (WHERE f.secret_enc IS NULL)::bigint AS without_mfa,
+       (SELECT count(*) FROM auth_mfa_recovery_requests r WHERE r.status = 'pending')::bigint AS pending_recovery_requests
+FROM holders h LEFT JOIN auth_totp_factors f ON f.user_id = h.user_id
+`
+
+type MFAReadinessTotalsRow struct {
+	Holders                 int64
+	WithoutMfa              int64
+	PendingRecoveryRequests int64
+}
+
+func (q *Queries) MFAReadinessTotals(ctx context.Context) (MFAReadinessTotalsRow, error) {
+	row := q.db.QueryRow(ctx, mFAReadinessTotals)
+	var i MFAReadinessTotalsRow
+	err := row.Scan(&i.Holders, &i.WithoutMfa, &i.PendingRecoveryRequests)
+	return i, err
+}
+
 const markRefreshTokenUsed = `-- name: MarkRefreshTokenUsed :exec
 UPDATE auth_refresh_tokens SET used_at = $1 WHERE id = $2
 `
@@ -412,6 +684,67 @@ type RevokeRefreshFamilyParams struct {
 
 func (q *Queries) RevokeRefreshFamily(ctx context.Context, arg RevokeRefreshFamilyParams) (int64, error) {
 	result, err := q.db.Exec(ctx, revokeRefreshFamily, arg.RevokedAt, arg.FamilyID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const spendTOTPStep = `-- name: SpendTOTPStep :execrows
+UPDATE auth_totp_factors
+SET last_used_step = $1::bigint, updated_at = $2
+WHERE user_id = $3 AND secret_enc IS NOT NULL
+  AND (last_used_step IS NULL OR last_used_step < $1::bigint)
+`
+
+type SpendTOTPStepParams struct {
+	Step   int64
+	Now    time.Time
+	UserID uuid.UUID
+}
+
+// Accepts a code of time-step @step once: 0 rows when that step (or a later one) was
+// already used, which is how a replayed code is refused, also between concurrent requests.
+func (q *Queries) SpendTOTPStep(ctx context.Context, arg SpendTOTPStepParams) (int64, error) {
+	result, err := q.db.Exec(ctx, spendTOTPStep, arg.Step, arg.Now, arg.UserID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const upsertPendingTOTP = `-- name: UpsertPendingTOTP :exec
+INSERT INTO auth_totp_factors (user_id, pending_secret_enc, pending_created_at, created_at, updated_at)
+VALUES ($1, $2, $3::timestamptz, $3::timestamptz, $3::timestamptz)
+ON CONFLICT (user_id) DO UPDATE
+SET pending_secret_enc = EXCLUDED.pending_secret_enc, pending_created_at = EXCLUDED.pending_created_at,
+    updated_at = EXCLUDED.updated_at
+`
+
+type UpsertPendingTOTPParams struct {
+	UserID           uuid.UUID
+	PendingSecretEnc []byte
+	Now              time.Time
+}
+
+func (q *Queries) UpsertPendingTOTP(ctx context.Context, arg UpsertPendingTOTPParams) error {
+	_, err := q.db.Exec(ctx, upsertPendingTOTP, arg.UserID, arg.PendingSecretEnc, arg.Now)
+	return err
+}
+
+const useRecoveryCode = `-- name: UseRecoveryCode :execrows
+UPDATE auth_recovery_codes SET used_at = $1::timestamptz
+WHERE user_id = $2 AND code_hash = $3 AND used_at IS NULL
+`
+
+type UseRecoveryCodeParams struct {
+	Now      time.Time
+	UserID   uuid.UUID
+	CodeHash []byte
+}
+
+func (q *Queries) UseRecoveryCode(ctx context.Context, arg UseRecoveryCodeParams) (int64, error) {
+	result, err := q.db.Exec(ctx, useRecoveryCode, arg.Now, arg.UserID, arg.CodeHash)
 	if err != nil {
 		return 0, err
 	}
