@@ -57,6 +57,9 @@ func TestTableMatchesContract(t *testing.T) {
 		default:
 			t.Errorf("%s has an undeclared requirement", op.ID)
 		}
+		if req.StepUp && req.Kind < authz.KindAuthenticated {
+			t.Errorf("%s asks for step-up but admits callers who are not users", op.ID)
+		}
 		switch req.Kind {
 		case authz.KindProjectRole:
 			if !op.ProjectPath && !op.HeaderRequired {
@@ -95,6 +98,8 @@ func TestCheck(t *testing.T) {
 	tadmin := user(tenant, principal.TenantRoleAdmin)
 	super := user(uuid.Nil, "", principal.RoleSuperadmin)
 	ops := user(uuid.Nil, "", principal.RoleOps)
+	steppedUp := principal.With(anon, &principal.Principal{UserID: uuid.New(), StepUp: true,
+		PlatformRole: []string{principal.RoleSuperadmin}, Capabilities: principal.CapabilitiesFor([]string{principal.RoleSuperadmin})})
 	in := func(ctx context.Context, role string) context.Context {
 		return projectctx.With(ctx, projectctx.Project{ID: uuid.New(), TenantID: tenant, Role: role})
 	}
@@ -125,6 +130,10 @@ func TestCheck(t *testing.T) {
 		{"audit read, tenant admin", authz.AdminCapability(principal.CapAuditRead), tadmin, apierr.AdminRequired},
 		{"node read, tenant admin", authz.Capability(principal.CapNodeRead), tadmin, apierr.InsufficientPermissions},
 		{"node read, ops", authz.Capability(principal.CapNodeRead), ops, ""},
+		{"step-up, not stepped up", authz.PlatformAdmin().WithStepUp(), super, apierr.StepUpRequired},
+		{"step-up, role first", authz.PlatformAdmin().WithStepUp(), tadmin, apierr.AdminRequired},
+		{"step-up, anonymous", authz.Authenticated().WithStepUp(), anon, apierr.TokenMissing},
+		{"step-up", authz.PlatformAdmin().WithStepUp(), steppedUp, ""},
 	}
 	for _, c := range cases {
 		err := c.req.Check(c.ctx)

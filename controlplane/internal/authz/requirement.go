@@ -61,6 +61,18 @@ type Requirement struct {
 	Code apierr.Code
 	// Why says, for KindPublic and KindOwnCredential, what stands in for the check.
 	Why string
+	// StepUp: the caller must also hold a fresh second-factor proof (seed §5 rule 7;
+	// principal.StepUp, set per request by the authenticator), else step_up_required.
+	// Checked after the rest, so an under-privileged caller is told that first.
+	StepUp bool
+}
+
+// WithStepUp is r for a sensitive operation: the caller must also have stepped up
+// (POST /api/v1/auth/step-up) within the window. Only a human's verified TOTP code
+// gives that proof, so a machine credential never satisfies it.
+func (r Requirement) WithStepUp() Requirement {
+	r.StepUp = true
+	return r
 }
 
 // Public admits anyone; why names what protects the operation, if anything.
@@ -104,6 +116,16 @@ func Capability(c string) Requirement {
 // node) pass: their credential has been checked, or is checked by the operation before
 // it reads anything.
 func (r Requirement) Check(ctx context.Context) error {
+	if err := r.check(ctx); err != nil || !r.StepUp {
+		return err
+	}
+	if p, ok := principal.From(ctx); !ok || !p.StepUp {
+		return apierr.New(apierr.StepUpRequired, "this operation needs a fresh second factor: POST /api/v1/auth/step-up with a TOTP code and retry with that token")
+	}
+	return nil
+}
+
+func (r Requirement) check(ctx context.Context) error {
 	switch r.Kind {
 	case KindPublic, KindOwnCredential, KindNode:
 		return nil

@@ -26,14 +26,16 @@ import (
 // its declared requirement (authz.Operations) refuses and a request that is wrong in
 // every other way (garbage JSON body, bad query values, an over-long Idempotency-Key):
 // the answer is the authorization error, exact status and code, and never a
-// validation error naming the schema; nothing is persisted; every refusal is audited.
+// validation error naming the schema; an operation declared WithStepUp answers a caller
+// its role admits but who has not stepped up step_up_required, equally before
+// validation; nothing is persisted; every refusal is audited.
 // Public operations (nothing to refuse) and those that check a credential of their own
 // (WebSocket handshakes, the internal JWKS refresh: tested with their features) are
 // skipped, each with its reason.
 func TestAuthorizationBeforeValidation(t *testing.T) {
 	e := apitest.New(t)
 	ctx := context.Background()
-	_, adminTok := e.PlatformAdmin(t)
+	_, adminTok := e.PlatformAdmin(t) // never stepped up
 	ten := e.NewTenant(t, adminTok, "Walk")
 	// A tenant member who is a viewer of the tenant's default project.
 	memberID, memberTok := e.NewUser(t, ten.AdminToken, "member")
@@ -49,7 +51,7 @@ func TestAuthorizationBeforeValidation(t *testing.T) {
 	sort.Slice(ops, func(i, j int) bool { return ops[i].ID < ops[j].ID })
 	type refusal struct{ target, code string }
 	var refused []refusal
-	walked := 0
+	walked, stepUps := 0, 0
 	for _, op := range ops {
 		req := authz.For(op.ID)
 		var (
@@ -93,11 +95,27 @@ func TestAuthorizationBeforeValidation(t *testing.T) {
 			continue
 		}
 		refused = append(refused, refusal{op.Method + " " + op.Path, string(code)})
+		if !req.StepUp {
+			continue
+		}
+		// A caller the role admits but who has not stepped up: step_up_required, also
+		// before validation.
+		token = ten.AdminToken
+		if req.Kind == authz.KindCapability {
+			token = adminTok
+		}
+		got, code, body = sendInvalid(t, e, op, token, ten.DefaultProject)
+		if got != http.StatusForbidden || code != apierr.StepUpRequired {
+			t.Errorf("%s (%s) without step-up with an invalid request: %d %s, want 403 step_up_required: %s", op.Path, op.ID, got, code, body)
+			continue
+		}
+		refused = append(refused, refusal{op.Method + " " + op.Path, string(code)})
+		stepUps++
 	}
 	if walked == 0 {
 		t.Fatal("no operation walked")
 	}
-	t.Logf("%d operations walked, %d public or own-credential skipped", walked, len(ops)-walked)
+	t.Logf("%d operations walked (%d also without step-up), %d public or own-credential skipped", walked, stepUps, len(ops)-walked)
 
 	if after := rowCounts(t, e); !mapsEqual(before, after) {
 		t.Errorf("refused requests changed stored rows:\nbefore %v\nafter  %v", before, after)
