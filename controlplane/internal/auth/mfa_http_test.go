@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -192,10 +193,45 @@ func TestTOTPEnrolLoginReplayRecovery(t *testing.T) {
 	// The code that verified the enrolment is spent: same step, refused.
 	want(t, "login replaying the verify code", login(t, e, user, map[string]string{"totp_code": good}), 401, "token_invalid", "totp_replayed")
 
-	clk.Advance(30 * time.Second)
+	// An expired code (two steps old) is wrong, not merely replayed.
+	clk.Advance(90 * time.Second)
+	want(t, "login with an expired code", login(t, e, user, map[string]string{"totp_code": oathtool(t, secret, clk.Now().Add(-60*time.Second))}), 401, "token_invalid", "totp_invalid")
 	next := oathtool(t, secret, clk.Now())
 	want(t, "login with the next code", login(t, e, user, map[string]string{"totp_code": next}), 200, "", "")
 	want(t, "login replaying it", login(t, e, user, map[string]string{"totp_code": next}), 401, "token_invalid", "totp_replayed")
+
+	// Concurrent sign-ins with one fresh code: exactly one gets in.
+	clk.Advance(30 * time.Second)
+	racing := oathtool(t, secret, clk.Now())
+	var wg sync.WaitGroup
+	results := make(chan int, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, _ := json.Marshal(map[string]string{"username": user, "password": apitest.Password, "totp_code": racing})
+			resp, err := e.HTTPClient().Do(e.Request("POST", "/api/v1/auth/login", "", string(b)))
+			if err != nil {
+				results <- 0
+				return
+			}
+			resp.Body.Close()
+			results <- resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	close(results)
+	ok200 := 0
+	for st := range results {
+		if st == 200 {
+			ok200++
+		} else if st != 401 {
+			t.Fatalf("concurrent sign-in answered %d", st)
+		}
+	}
+	if ok200 != 1 {
+		t.Fatalf("%d of 4 concurrent sign-ins with one code succeeded, want 1", ok200)
+	}
 
 	// A recovery code works once, in upper case and without its hyphen too.
 	rc := strings.ToUpper(strings.ReplaceAll(codes[3], "-", ""))

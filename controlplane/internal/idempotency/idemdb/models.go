@@ -99,6 +99,7 @@ type AllocationTask struct {
 	FinishedAt   *time.Time
 	Attempts     int32
 	LastError    *string
+	Cleanup      bool
 }
 
 type AuditEvent struct {
@@ -123,6 +124,24 @@ type AuthLoginThrottle struct {
 	LockedUntil   *time.Time
 }
 
+type AuthMfaRecoveryRequest struct {
+	ID        uuid.UUID
+	UserID    uuid.UUID
+	TenantID  uuid.NullUUID
+	Reason    string
+	Status    string
+	CreatedAt time.Time
+	DecidedAt *time.Time
+}
+
+type AuthRecoveryCode struct {
+	ID        uuid.UUID
+	UserID    uuid.UUID
+	CodeHash  []byte
+	CreatedAt time.Time
+	UsedAt    *time.Time
+}
+
 type AuthRefreshToken struct {
 	ID        uuid.UUID
 	TokenHash []byte
@@ -143,6 +162,17 @@ type AuthSigningKey struct {
 	CreatedAt     time.Time
 	RetiredAt     *time.Time
 	ExpiresAt     *time.Time
+}
+
+type AuthTotpFactor struct {
+	UserID           uuid.UUID
+	SecretEnc        []byte
+	ActivatedAt      *time.Time
+	LastUsedStep     pgtype.Int8
+	PendingSecretEnc []byte
+	PendingCreatedAt *time.Time
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
 }
 
 type BillingAccount struct {
