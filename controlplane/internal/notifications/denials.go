@@ -1,11 +1,12 @@
 package notifications
 
 import (
-	"net"
 	"net/http"
 	"strings"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/bearer"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 )
@@ -16,9 +17,6 @@ import (
 type DenialRecorder interface {
 	Observe(audit.Denial)
 }
-
-// Realm is the realm of the bearer challenge of a 401 (the API's one realm).
-const Realm = "gantry"
 
 // contractOperationID is the contract's id of the operation (audit metadata).
 const contractOperationID = "connectNotifications"
@@ -40,11 +38,11 @@ func (h *Handlers) refused(w http.ResponseWriter, r *http.Request, err error) er
 	if status == http.StatusUnauthorized {
 		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
 		h.Log.WarnContext(r.Context(), "authentication failed", "code", e.Code, "method", r.Method, "route", Route)
-		w.Header().Set("WWW-Authenticate", challenge(presented(r)))
+		w.Header().Set("WWW-Authenticate", bearer.Challenge(presented(r)))
 	}
 	if h.Denials != nil {
 		h.Denials.Observe(audit.Denial{
-			ActorType: audit.ActorUser, IP: remoteIP(r), Method: r.Method, Route: Route, OperationID: contractOperationID,
+			ActorType: audit.ActorUser, IP: ratelimit.ClientIP(r), Method: r.Method, Route: Route, OperationID: contractOperationID,
 			Code: string(e.Code), Status: status, CorrelationID: correlation.ID(r.Context()),
 		})
 	}
@@ -52,23 +50,11 @@ func (h *Handlers) refused(w http.ResponseWriter, r *http.Request, err error) er
 	return nil
 }
 
-// challenge is the WWW-Authenticate value of a 401 (RFC 6750 §3): error="invalid_token"
-// only when a credential was presented.
-func challenge(presented bool) string {
-	if presented {
-		return `Bearer realm="` + Realm + `", error="invalid_token"`
-	}
-	return `Bearer realm="` + Realm + `"`
-}
-
 // presented: the request carried an access token, in Authorization or in a
 // gantry.bearer.<token> subprotocol.
 func presented(r *http.Request) bool {
-	for _, v := range r.Header.Values("Authorization") {
-		scheme, _, _ := strings.Cut(strings.TrimSpace(v), " ")
-		if strings.EqualFold(scheme, "Bearer") {
-			return true
-		}
+	if bearer.InAuthorization(r) {
+		return true
 	}
 	for _, p := range tokens(r.Header, "Sec-WebSocket-Protocol") {
 		if strings.HasPrefix(p, BearerProtocolPrefix) {
@@ -76,14 +62,4 @@ func presented(r *http.Request) bool {
 		}
 	}
 	return false
-}
-
-// remoteIP is the peer address, as the server's rate limiter and denial audit key it
-// (no proxy header is trusted).
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }

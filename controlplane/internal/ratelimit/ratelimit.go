@@ -88,7 +88,7 @@ func (l *Limiter) Middleware(next http.Handler) http.Handler {
 		}
 		now := l.Clock.Now()
 		window := now.Truncate(time.Minute)
-		n, ok := l.hit(r.Context(), g.Name+":"+clientIP(r), window, now)
+		n, ok := l.hit(r.Context(), g.Name+":"+ClientIP(r), window, now)
 		if !ok {
 			next.ServeHTTP(w, r)
 			return
@@ -150,7 +150,9 @@ func (l *Limiter) timeout() time.Duration {
 	return 250 * time.Millisecond
 }
 
-func clientIP(r *http.Request) string {
+// ClientIP is the client address that limits are keyed on: the peer address, since no
+// proxy header is trusted. Denial audit rows key anonymous callers on the same value.
+func ClientIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"net"
 	"net/http"
 	"strings"
 
@@ -9,15 +8,14 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/bearer"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 )
-
-// Realm is the realm of every bearer challenge.
-const Realm = "gantry"
 
 // denials is the one place where a refused request (401 or 403, whichever layer
 // refused it: the bearer or node-token check, the project check, a handler) is
@@ -36,33 +34,12 @@ func (d *denials) deny(w http.ResponseWriter, r *http.Request, err error, status
 		return
 	}
 	if status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", challenge(r))
+		w.Header().Set("WWW-Authenticate", bearer.Challenge(bearer.InAuthorization(r)))
 	}
 	if d == nil || d.audit == nil {
 		return
 	}
 	d.audit.Observe(d.describe(r, err, status))
-}
-
-// challenge is the WWW-Authenticate value of a 401 (RFC 6750 §3): the error attribute
-// only when the request carried a bearer credential, since a request without one is
-// told only which scheme and realm to use (§3.1). Every credential of this API is a
-// bearer: access tokens, node tokens, the internal JWKS-refresh token.
-func challenge(r *http.Request) string {
-	if hasBearer(r) {
-		return `Bearer realm="` + Realm + `", error="invalid_token"`
-	}
-	return `Bearer realm="` + Realm + `"`
-}
-
-func hasBearer(r *http.Request) bool {
-	for _, v := range r.Header.Values("Authorization") {
-		scheme, _, _ := strings.Cut(strings.TrimSpace(v), " ")
-		if strings.EqualFold(scheme, "Bearer") {
-			return true
-		}
-	}
-	return false
 }
 
 // describe is what the audit row says about a denial: the actor if authenticated, the
@@ -72,7 +49,7 @@ func (d *denials) describe(r *http.Request, err error, status int) audit.Denial 
 	ctx := r.Context()
 	den := audit.Denial{
 		ActorType:     audit.ActorUser,
-		IP:            remoteIP(r),
+		IP:            ratelimit.ClientIP(r),
 		Method:        r.Method,
 		Route:         "unmatched",
 		Code:          string(apierr.CodeOf(err)),
@@ -101,14 +78,4 @@ func (d *denials) describe(r *http.Request, err error, status int) audit.Denial 
 		den.ProjectID = id
 	}
 	return den
-}
-
-// remoteIP is the client address as the rate limiter keys it (the peer address: no
-// proxy header is trusted).
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }

@@ -2,13 +2,14 @@ package terminal
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 
 	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/bearer"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/shared/correlation"
 )
 
@@ -18,9 +19,6 @@ import (
 type DenialRecorder interface {
 	Observe(audit.Denial)
 }
-
-// Realm is the realm of the bearer challenge of a 401 (the API's one realm).
-const Realm = "gantry"
 
 // The contract's operation ids of the two WebSocket operations (audit metadata).
 const (
@@ -53,7 +51,7 @@ type endpoint struct {
 var (
 	terminalEndpoint = endpoint{route: RouteTerminal, operationID: opOpenTerminal, actorType: audit.ActorUser, credential: offersToken}
 	// The relay is called by other replicas, not by a user.
-	relayEndpoint = endpoint{route: RouteRelay, operationID: opRelayTerminal, actorType: audit.ActorService, credential: hasBearer}
+	relayEndpoint = endpoint{route: RouteRelay, operationID: opRelayTerminal, actorType: audit.ActorService, credential: bearer.InAuthorization}
 )
 
 // refused answers a pre-upgrade error of ep. A denial (401, 403) is answered here, so
@@ -68,7 +66,7 @@ func (s *Service) refused(w http.ResponseWriter, r *http.Request, ep endpoint, e
 		return routed
 	}
 	den := audit.Denial{
-		ActorType: ep.actorType, IP: remoteIP(r), Method: r.Method, Route: ep.route, OperationID: ep.operationID,
+		ActorType: ep.actorType, IP: ratelimit.ClientIP(r), Method: r.Method, Route: ep.route, OperationID: ep.operationID,
 		Code: string(routed.Code), Status: status, CorrelationID: correlation.ID(r.Context()),
 	}
 	var owned *tokenOwned
@@ -78,22 +76,13 @@ func (s *Service) refused(w http.ResponseWriter, r *http.Request, ep endpoint, e
 	if status == http.StatusUnauthorized {
 		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
 		s.deps.Log.WarnContext(r.Context(), "authentication failed", "code", routed.Code, "method", r.Method, "route", ep.route)
-		w.Header().Set("WWW-Authenticate", challenge(ep.credential(r)))
+		w.Header().Set("WWW-Authenticate", bearer.Challenge(ep.credential(r)))
 	}
 	if s.deps.Denials != nil {
 		s.deps.Denials.Observe(den)
 	}
 	envelopes.Write(w, r, routed)
 	return nil
-}
-
-// challenge is the WWW-Authenticate value of a 401 (RFC 6750 §3): error="invalid_token"
-// only when a credential was presented.
-func challenge(presented bool) string {
-	if presented {
-		return `Bearer realm="` + Realm + `", error="invalid_token"`
-	}
-	return `Bearer realm="` + Realm + `"`
 }
 
 // offersToken: the handshake offered a terminal token subprotocol.
@@ -106,25 +95,4 @@ func offersToken(r *http.Request) bool {
 		}
 	}
 	return false
-}
-
-// hasBearer: the request carried an Authorization: Bearer credential.
-func hasBearer(r *http.Request) bool {
-	for _, v := range r.Header.Values("Authorization") {
-		scheme, _, _ := strings.Cut(strings.TrimSpace(v), " ")
-		if strings.EqualFold(scheme, "Bearer") {
-			return true
-		}
-	}
-	return false
-}
-
-// remoteIP is the peer address, as the server's rate limiter and denial audit key it
-// (no proxy header is trusted).
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
