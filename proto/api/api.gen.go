@@ -2098,6 +2098,11 @@ type CreatePaymentTopUpRequest struct {
 	Amount Money `json:"amount"`
 }
 
+// CreatePlatformRoleBindingRequest defines model for CreatePlatformRoleBindingRequest.
+type CreatePlatformRoleBindingRequest struct {
+	UserID openapi_types.UUID `json:"user_id"`
+}
+
 // CreateProjectRequest defines model for CreateProjectRequest.
 type CreateProjectRequest struct {
 	// DepartmentID When omitted, the organization's default department is assigned.
@@ -2627,6 +2632,29 @@ type PlatformCapability string
 // PlatformRole defines model for PlatformRole.
 type PlatformRole string
 
+// PlatformRoleBinding One user bound to one platform role.
+type PlatformRoleBinding struct {
+	GrantedAt time.Time `json:"granted_at"`
+
+	// GrantedBy The admin who bound it; null for bindings migrated from users.role or seeded.
+	GrantedBy *openapi_types.UUID `json:"granted_by"`
+	Role      PlatformRole        `json:"role"`
+	UserID    openapi_types.UUID  `json:"user_id"`
+	Username  string              `json:"username"`
+}
+
+// PlatformRoleBindingsResponse defines model for PlatformRoleBindingsResponse.
+type PlatformRoleBindingsResponse struct {
+	Roles []PlatformRoleGroup `json:"roles"`
+}
+
+// PlatformRoleGroup defines model for PlatformRoleGroup.
+type PlatformRoleGroup struct {
+	Bindings     []PlatformRoleBinding `json:"bindings"`
+	Capabilities []PlatformCapability  `json:"capabilities"`
+	Role         PlatformRole          `json:"role"`
+}
+
 // Project A project. `role` is the caller's role in it.
 type Project struct {
 	CreatedAt time.Time `json:"created_at"`
@@ -3144,6 +3172,9 @@ type IdempotencyKey = string
 // PageSize defines model for PageSize.
 type PageSize = int
 
+// PlatformRolePath defines model for PlatformRolePath.
+type PlatformRolePath = PlatformRole
+
 // To defines model for To.
 type To = time.Time
 
@@ -3448,6 +3479,24 @@ type CreatePaymentRefundParams struct {
 
 	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// ListPlatformRoleBindingsParams defines parameters for ListPlatformRoleBindings.
+type ListPlatformRoleBindingsParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreatePlatformRoleBindingParams defines parameters for CreatePlatformRoleBinding.
+type CreatePlatformRoleBindingParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// DeletePlatformRoleBindingParams defines parameters for DeletePlatformRoleBinding.
+type DeletePlatformRoleBindingParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
 // CreateRegionParams defines parameters for CreateRegion.
@@ -4116,6 +4165,9 @@ type UpdateOsImageJSONRequestBody = UpdateOSImageRequest
 // CreatePaymentRefundJSONRequestBody defines body for CreatePaymentRefund for application/json ContentType.
 type CreatePaymentRefundJSONRequestBody = CreatePaymentRefundRequest
 
+// CreatePlatformRoleBindingJSONRequestBody defines body for CreatePlatformRoleBinding for application/json ContentType.
+type CreatePlatformRoleBindingJSONRequestBody = CreatePlatformRoleBindingRequest
+
 // CreateRegionJSONRequestBody defines body for CreateRegion for application/json ContentType.
 type CreateRegionJSONRequestBody = CreateRegionRequest
 
@@ -4671,6 +4723,38 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/admin/payments/{payment_id}/refunds (the `CreatePaymentRefund` operationId).
 	CreatePaymentRefund(ctx context.Context, paymentID openapi_types.UUID, params *CreatePaymentRefundParams, body CreatePaymentRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListPlatformRoleBindings Platform role bindings, by role
+	//
+	// Platform admins only (`admin_required`). Every platform role with its capabilities and the users bound to it (seed §2.3). A user without a binding holds `platform_user`. When the role-binding store is unavailable the answer is 503 `service_unavailable` (seed §7.3 rule 4).
+	//
+	// Corresponds with GET /api/v1/admin/platform-roles (the `ListPlatformRoleBindings` operationId).
+	ListPlatformRoleBindings(ctx context.Context, params *ListPlatformRoleBindingsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePlatformRoleBindingWithBody Bind a user to a platform role
+	//
+	// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+	CreatePlatformRoleBindingWithBody(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreatePlatformRoleBinding Bind a user to a platform role
+	//
+	// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+	CreatePlatformRoleBinding(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, body CreatePlatformRoleBindingJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeletePlatformRoleBinding Revoke a user's platform role
+	//
+	// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+	//
+	// Corresponds with DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id} (the `DeletePlatformRoleBinding` operationId).
+	DeletePlatformRoleBinding(ctx context.Context, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreateRegionWithBody Create a region
 	//
@@ -6395,6 +6479,78 @@ func (c *Client) CreatePaymentRefundWithBody(ctx context.Context, paymentID open
 // Corresponds with POST /api/v1/admin/payments/{payment_id}/refunds (the `CreatePaymentRefund` operationId).
 func (c *Client) CreatePaymentRefund(ctx context.Context, paymentID openapi_types.UUID, params *CreatePaymentRefundParams, body CreatePaymentRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCreatePaymentRefundRequest(c.Server, paymentID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListPlatformRoleBindings Platform role bindings, by role
+//
+// Platform admins only (`admin_required`). Every platform role with its capabilities and the users bound to it (seed §2.3). A user without a binding holds `platform_user`. When the role-binding store is unavailable the answer is 503 `service_unavailable` (seed §7.3 rule 4).
+//
+// Corresponds with GET /api/v1/admin/platform-roles (the `ListPlatformRoleBindings` operationId).
+func (c *Client) ListPlatformRoleBindings(ctx context.Context, params *ListPlatformRoleBindingsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListPlatformRoleBindingsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePlatformRoleBindingWithBody Bind a user to a platform role
+//
+// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+func (c *Client) CreatePlatformRoleBindingWithBody(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePlatformRoleBindingRequestWithBody(c.Server, role, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreatePlatformRoleBinding Bind a user to a platform role
+//
+// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+func (c *Client) CreatePlatformRoleBinding(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, body CreatePlatformRoleBindingJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreatePlatformRoleBindingRequest(c.Server, role, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeletePlatformRoleBinding Revoke a user's platform role
+//
+// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+//
+// Corresponds with DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id} (the `DeletePlatformRoleBinding` operationId).
+func (c *Client) DeletePlatformRoleBinding(ctx context.Context, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeletePlatformRoleBindingRequest(c.Server, role, userID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -10374,6 +10530,166 @@ func NewCreatePaymentRefundRequestWithBody(server string, paymentID openapi_type
 			}
 
 			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListPlatformRoleBindingsRequest constructs an http.Request for the ListPlatformRoleBindings method
+func NewListPlatformRoleBindingsRequest(server string, params *ListPlatformRoleBindingsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/platform-roles")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreatePlatformRoleBindingRequest calls the generic CreatePlatformRoleBinding builder with application/json body
+func NewCreatePlatformRoleBindingRequest(server string, role PlatformRolePath, params *CreatePlatformRoleBindingParams, body CreatePlatformRoleBindingJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreatePlatformRoleBindingRequestWithBody(server, role, params, "application/json", bodyReader)
+}
+
+// NewCreatePlatformRoleBindingRequestWithBody constructs an http.Request for the CreatePlatformRoleBinding method, with any body, and a specified content type
+func NewCreatePlatformRoleBindingRequestWithBody(server string, role PlatformRolePath, params *CreatePlatformRoleBindingParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "role", role, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/platform-roles/%s/bindings", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeletePlatformRoleBindingRequest constructs an http.Request for the DeletePlatformRoleBinding method
+func NewDeletePlatformRoleBindingRequest(server string, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "role", role, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/platform-roles/%s/bindings/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
 		}
 
 	}
@@ -15732,6 +16048,42 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/admin/payments/{payment_id}/refunds (the `CreatePaymentRefund` operationId).
 	CreatePaymentRefundWithResponse(ctx context.Context, paymentID openapi_types.UUID, params *CreatePaymentRefundParams, body CreatePaymentRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePaymentRefundHTTPResponse, error)
+
+	// ListPlatformRoleBindingsWithResponse Platform role bindings, by role
+	//
+	// Platform admins only (`admin_required`). Every platform role with its capabilities and the users bound to it (seed §2.3). A user without a binding holds `platform_user`. When the role-binding store is unavailable the answer is 503 `service_unavailable` (seed §7.3 rule 4).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/platform-roles (the `ListPlatformRoleBindings` operationId).
+	ListPlatformRoleBindingsWithResponse(ctx context.Context, params *ListPlatformRoleBindingsParams, reqEditors ...RequestEditorFn) (*ListPlatformRoleBindingsHTTPResponse, error)
+
+	// CreatePlatformRoleBindingWithBodyWithResponse Bind a user to a platform role
+	//
+	// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+	CreatePlatformRoleBindingWithBodyWithResponse(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePlatformRoleBindingHTTPResponse, error)
+
+	// CreatePlatformRoleBindingWithResponse Bind a user to a platform role
+	//
+	// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+	CreatePlatformRoleBindingWithResponse(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, body CreatePlatformRoleBindingJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePlatformRoleBindingHTTPResponse, error)
+
+	// DeletePlatformRoleBindingWithResponse Revoke a user's platform role
+	//
+	// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id} (the `DeletePlatformRoleBinding` operationId).
+	DeletePlatformRoleBindingWithResponse(ctx context.Context, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams, reqEditors ...RequestEditorFn) (*DeletePlatformRoleBindingHTTPResponse, error)
 
 	// CreateRegionWithBodyWithResponse Create a region
 	//
@@ -22105,6 +22457,513 @@ func (r CreatePaymentRefundHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r CreatePaymentRefundHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListPlatformRoleBindingsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListPlatformRoleBindingsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListPlatformRoleBindings
+type ListPlatformRoleBindingsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListPlatformRoleBindingsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PlatformRoleBindingsResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListPlatformRoleBindingsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListPlatformRoleBindingsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListPlatformRoleBindingsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListPlatformRoleBindingsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListPlatformRoleBindingsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListPlatformRoleBindingsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListPlatformRoleBindingsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListPlatformRoleBindingsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON200() *PlatformRoleBindingsResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListPlatformRoleBindingsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListPlatformRoleBindingsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListPlatformRoleBindingsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListPlatformRoleBindingsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListPlatformRoleBindingsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreatePlatformRoleBindingHTTPResponse200Headers the declared response headers of an HTTP 200 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse404Headers the declared response headers of an HTTP 404 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreatePlatformRoleBindingHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreatePlatformRoleBinding
+type CreatePlatformRoleBindingHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreatePlatformRoleBindingHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *PlatformRoleBinding
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *PlatformRoleBinding
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *CreatePlatformRoleBindingHTTPResponse200Headers
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreatePlatformRoleBindingHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreatePlatformRoleBindingHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreatePlatformRoleBindingHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreatePlatformRoleBindingHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreatePlatformRoleBindingHTTPResponse404Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreatePlatformRoleBindingHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreatePlatformRoleBindingHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreatePlatformRoleBindingHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreatePlatformRoleBindingHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreatePlatformRoleBindingHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON200() *PlatformRoleBinding {
+	return r.JSON200
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON201() *PlatformRoleBinding {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreatePlatformRoleBindingHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreatePlatformRoleBindingHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreatePlatformRoleBindingHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreatePlatformRoleBindingHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreatePlatformRoleBindingHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeletePlatformRoleBindingHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse400Headers the declared response headers of an HTTP 400 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse409Headers the declared response headers of an HTTP 409 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeletePlatformRoleBindingHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeletePlatformRoleBinding
+type DeletePlatformRoleBindingHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeletePlatformRoleBindingHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeletePlatformRoleBindingHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *DeletePlatformRoleBindingHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeletePlatformRoleBindingHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeletePlatformRoleBindingHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeletePlatformRoleBindingHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *DeletePlatformRoleBindingHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeletePlatformRoleBindingHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeletePlatformRoleBindingHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeletePlatformRoleBindingHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeletePlatformRoleBindingHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeletePlatformRoleBindingHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeletePlatformRoleBindingHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeletePlatformRoleBindingHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeletePlatformRoleBindingHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeletePlatformRoleBindingHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -35287,6 +36146,66 @@ func (c *ClientWithResponses) CreatePaymentRefundWithResponse(ctx context.Contex
 	return ParseCreatePaymentRefundHTTPResponse(rsp)
 }
 
+// ListPlatformRoleBindingsWithResponse Platform role bindings, by role
+//
+// Platform admins only (`admin_required`). Every platform role with its capabilities and the users bound to it (seed §2.3). A user without a binding holds `platform_user`. When the role-binding store is unavailable the answer is 503 `service_unavailable` (seed §7.3 rule 4).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/platform-roles (the `ListPlatformRoleBindings` operationId).
+func (c *ClientWithResponses) ListPlatformRoleBindingsWithResponse(ctx context.Context, params *ListPlatformRoleBindingsParams, reqEditors ...RequestEditorFn) (*ListPlatformRoleBindingsHTTPResponse, error) {
+	rsp, err := c.ListPlatformRoleBindings(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListPlatformRoleBindingsHTTPResponse(rsp)
+}
+
+// CreatePlatformRoleBindingWithBodyWithResponse Bind a user to a platform role
+//
+// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+func (c *ClientWithResponses) CreatePlatformRoleBindingWithBodyWithResponse(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreatePlatformRoleBindingHTTPResponse, error) {
+	rsp, err := c.CreatePlatformRoleBindingWithBody(ctx, role, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePlatformRoleBindingHTTPResponse(rsp)
+}
+
+// CreatePlatformRoleBindingWithResponse Bind a user to a platform role
+//
+// Platform admins who have stepped up (`POST /api/v1/auth/step-up`) within the step-up window; others get 403 `admin_required` or 403 `step_up_required` and nothing changes. Binding a role the user already holds answers 200 with the existing binding. Audited (`platform_role.bind`) in the same transaction. The new role reaches the user's next access token (sign-in or refresh).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/admin/platform-roles/{role}/bindings (the `CreatePlatformRoleBinding` operationId).
+func (c *ClientWithResponses) CreatePlatformRoleBindingWithResponse(ctx context.Context, role PlatformRolePath, params *CreatePlatformRoleBindingParams, body CreatePlatformRoleBindingJSONRequestBody, reqEditors ...RequestEditorFn) (*CreatePlatformRoleBindingHTTPResponse, error) {
+	rsp, err := c.CreatePlatformRoleBinding(ctx, role, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreatePlatformRoleBindingHTTPResponse(rsp)
+}
+
+// DeletePlatformRoleBindingWithResponse Revoke a user's platform role
+//
+// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id} (the `DeletePlatformRoleBinding` operationId).
+func (c *ClientWithResponses) DeletePlatformRoleBindingWithResponse(ctx context.Context, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams, reqEditors ...RequestEditorFn) (*DeletePlatformRoleBindingHTTPResponse, error) {
+	rsp, err := c.DeletePlatformRoleBinding(ctx, role, userID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeletePlatformRoleBindingHTTPResponse(rsp)
+}
+
 // CreateRegionWithBodyWithResponse Create a region
 //
 // Platform admins only (`admin_required`). The code is what nodes carry in their `region`
@@ -43198,6 +44117,603 @@ func ParseCreatePaymentRefundHTTPResponse(rsp *http.Response) (*CreatePaymentRef
 		response.Headers502 = &headers
 	case rsp.StatusCode == 503:
 		var headers CreatePaymentRefundHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListPlatformRoleBindingsHTTPResponse parses an HTTP response from a ListPlatformRoleBindingsWithResponse call
+func ParseListPlatformRoleBindingsHTTPResponse(rsp *http.Response) (*ListPlatformRoleBindingsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListPlatformRoleBindingsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PlatformRoleBindingsResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListPlatformRoleBindingsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListPlatformRoleBindingsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListPlatformRoleBindingsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListPlatformRoleBindingsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListPlatformRoleBindingsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListPlatformRoleBindingsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListPlatformRoleBindingsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListPlatformRoleBindingsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreatePlatformRoleBindingHTTPResponse parses an HTTP response from a CreatePlatformRoleBindingWithResponse call
+func ParseCreatePlatformRoleBindingHTTPResponse(rsp *http.Response) (*CreatePlatformRoleBindingHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreatePlatformRoleBindingHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest PlatformRoleBinding
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest PlatformRoleBinding
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers CreatePlatformRoleBindingHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 201:
+		var headers CreatePlatformRoleBindingHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreatePlatformRoleBindingHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreatePlatformRoleBindingHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreatePlatformRoleBindingHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreatePlatformRoleBindingHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreatePlatformRoleBindingHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreatePlatformRoleBindingHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreatePlatformRoleBindingHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreatePlatformRoleBindingHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreatePlatformRoleBindingHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeletePlatformRoleBindingHTTPResponse parses an HTTP response from a DeletePlatformRoleBindingWithResponse call
+func ParseDeletePlatformRoleBindingHTTPResponse(rsp *http.Response) (*DeletePlatformRoleBindingHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeletePlatformRoleBindingHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeletePlatformRoleBindingHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers DeletePlatformRoleBindingHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeletePlatformRoleBindingHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeletePlatformRoleBindingHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeletePlatformRoleBindingHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers DeletePlatformRoleBindingHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeletePlatformRoleBindingHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeletePlatformRoleBindingHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeletePlatformRoleBindingHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeletePlatformRoleBindingHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -57845,6 +59361,15 @@ type ServerInterface interface {
 	// CreatePaymentRefund Refund (part of) a captured payment
 	// (POST /api/v1/admin/payments/{payment_id}/refunds)
 	CreatePaymentRefund(w http.ResponseWriter, r *http.Request, paymentID openapi_types.UUID, params CreatePaymentRefundParams)
+	// ListPlatformRoleBindings Platform role bindings, by role
+	// (GET /api/v1/admin/platform-roles)
+	ListPlatformRoleBindings(w http.ResponseWriter, r *http.Request, params ListPlatformRoleBindingsParams)
+	// CreatePlatformRoleBinding Bind a user to a platform role
+	// (POST /api/v1/admin/platform-roles/{role}/bindings)
+	CreatePlatformRoleBinding(w http.ResponseWriter, r *http.Request, role PlatformRolePath, params CreatePlatformRoleBindingParams)
+	// DeletePlatformRoleBinding Revoke a user's platform role
+	// (DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id})
+	DeletePlatformRoleBinding(w http.ResponseWriter, r *http.Request, role PlatformRolePath, userID openapi_types.UUID, params DeletePlatformRoleBindingParams)
 	// CreateRegion Create a region
 	// (POST /api/v1/admin/regions)
 	CreateRegion(w http.ResponseWriter, r *http.Request, params CreateRegionParams)
@@ -58286,6 +59811,24 @@ func (_ Unimplemented) ListAdminPayments(w http.ResponseWriter, r *http.Request,
 // CreatePaymentRefund Refund (part of) a captured payment
 // (POST /api/v1/admin/payments/{payment_id}/refunds)
 func (_ Unimplemented) CreatePaymentRefund(w http.ResponseWriter, r *http.Request, paymentID openapi_types.UUID, params CreatePaymentRefundParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListPlatformRoleBindings Platform role bindings, by role
+// (GET /api/v1/admin/platform-roles)
+func (_ Unimplemented) ListPlatformRoleBindings(w http.ResponseWriter, r *http.Request, params ListPlatformRoleBindingsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreatePlatformRoleBinding Bind a user to a platform role
+// (POST /api/v1/admin/platform-roles/{role}/bindings)
+func (_ Unimplemented) CreatePlatformRoleBinding(w http.ResponseWriter, r *http.Request, role PlatformRolePath, params CreatePlatformRoleBindingParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeletePlatformRoleBinding Revoke a user's platform role
+// (DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id})
+func (_ Unimplemented) DeletePlatformRoleBinding(w http.ResponseWriter, r *http.Request, role PlatformRolePath, userID openapi_types.UUID, params DeletePlatformRoleBindingParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -60633,6 +62176,156 @@ func (siw *ServerInterfaceWrapper) CreatePaymentRefund(w http.ResponseWriter, r 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.CreatePaymentRefund(w, r, paymentID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListPlatformRoleBindings operation middleware
+func (siw *ServerInterfaceWrapper) ListPlatformRoleBindings(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListPlatformRoleBindingsParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListPlatformRoleBindings(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreatePlatformRoleBinding operation middleware
+func (siw *ServerInterfaceWrapper) CreatePlatformRoleBinding(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "role" -------------
+	var role PlatformRolePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "role", chi.URLParam(r, "role"), &role, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "role", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreatePlatformRoleBindingParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreatePlatformRoleBinding(w, r, role, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeletePlatformRoleBinding operation middleware
+func (siw *ServerInterfaceWrapper) DeletePlatformRoleBinding(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "role" -------------
+	var role PlatformRolePath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "role", chi.URLParam(r, "role"), &role, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "role", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "user_id" -------------
+	var userID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "user_id", chi.URLParam(r, "user_id"), &userID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "user_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeletePlatformRoleBindingParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeletePlatformRoleBinding(w, r, role, userID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -65424,6 +67117,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/ssh-keys/{key_id}", wrapper.DeleteSSHKey)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/platform-roles", wrapper.ListPlatformRoleBindings)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/admin/platform-roles/{role}/bindings", wrapper.CreatePlatformRoleBinding)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/admin/platform-roles/{role}/bindings/{user_id}", wrapper.DeletePlatformRoleBinding)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/admin/tenants", wrapper.ListTenants)
@@ -71604,6 +73306,565 @@ func (response CreatePaymentRefund502JSONResponse) VisitCreatePaymentRefundRespo
 type CreatePaymentRefund503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response CreatePaymentRefund503JSONResponse) VisitCreatePaymentRefundResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindingsRequestObject struct {
+	Params ListPlatformRoleBindingsParams
+}
+
+type ListPlatformRoleBindingsResponseObject interface {
+	VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error
+}
+
+type ListPlatformRoleBindings200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListPlatformRoleBindings200JSONResponse struct {
+	Body    PlatformRoleBindingsResponse
+	Headers ListPlatformRoleBindings200ResponseHeaders
+}
+
+func (response ListPlatformRoleBindings200JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListPlatformRoleBindings400JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListPlatformRoleBindings401JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListPlatformRoleBindings403JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListPlatformRoleBindings422JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListPlatformRoleBindings429JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListPlatformRoleBindings500JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListPlatformRoleBindings503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListPlatformRoleBindings503JSONResponse) VisitListPlatformRoleBindingsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBindingRequestObject struct {
+	Role   PlatformRolePath `json:"role"`
+	Params CreatePlatformRoleBindingParams
+	Body   *CreatePlatformRoleBindingJSONRequestBody
+}
+
+type CreatePlatformRoleBindingResponseObject interface {
+	VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error
+}
+
+type CreatePlatformRoleBinding200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreatePlatformRoleBinding200JSONResponse struct {
+	Body    PlatformRoleBinding
+	Headers CreatePlatformRoleBinding200ResponseHeaders
+}
+
+func (response CreatePlatformRoleBinding200JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreatePlatformRoleBinding201JSONResponse struct {
+	Body    PlatformRoleBinding
+	Headers CreatePlatformRoleBinding201ResponseHeaders
+}
+
+func (response CreatePlatformRoleBinding201JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreatePlatformRoleBinding400JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreatePlatformRoleBinding401JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreatePlatformRoleBinding403JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreatePlatformRoleBinding404JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreatePlatformRoleBinding413JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreatePlatformRoleBinding422JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreatePlatformRoleBinding429JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreatePlatformRoleBinding500JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreatePlatformRoleBinding503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreatePlatformRoleBinding503JSONResponse) VisitCreatePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBindingRequestObject struct {
+	Role   PlatformRolePath   `json:"role"`
+	UserID openapi_types.UUID `json:"user_id"`
+	Params DeletePlatformRoleBindingParams
+}
+
+type DeletePlatformRoleBindingResponseObject interface {
+	VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error
+}
+
+type DeletePlatformRoleBinding204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeletePlatformRoleBinding204Response struct {
+	Headers DeletePlatformRoleBinding204ResponseHeaders
+}
+
+func (response DeletePlatformRoleBinding204Response) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeletePlatformRoleBinding400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeletePlatformRoleBinding400JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeletePlatformRoleBinding401JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeletePlatformRoleBinding403JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeletePlatformRoleBinding404JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding409JSONResponse struct{ ConflictJSONResponse }
+
+func (response DeletePlatformRoleBinding409JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeletePlatformRoleBinding422JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeletePlatformRoleBinding429JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeletePlatformRoleBinding500JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeletePlatformRoleBinding503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeletePlatformRoleBinding503JSONResponse) VisitDeletePlatformRoleBindingResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -85112,6 +87373,15 @@ type StrictServerInterface interface {
 	// CreatePaymentRefund Refund (part of) a captured payment
 	// (POST /api/v1/admin/payments/{payment_id}/refunds)
 	CreatePaymentRefund(ctx context.Context, request CreatePaymentRefundRequestObject) (CreatePaymentRefundResponseObject, error)
+	// ListPlatformRoleBindings Platform role bindings, by role
+	// (GET /api/v1/admin/platform-roles)
+	ListPlatformRoleBindings(ctx context.Context, request ListPlatformRoleBindingsRequestObject) (ListPlatformRoleBindingsResponseObject, error)
+	// CreatePlatformRoleBinding Bind a user to a platform role
+	// (POST /api/v1/admin/platform-roles/{role}/bindings)
+	CreatePlatformRoleBinding(ctx context.Context, request CreatePlatformRoleBindingRequestObject) (CreatePlatformRoleBindingResponseObject, error)
+	// DeletePlatformRoleBinding Revoke a user's platform role
+	// (DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id})
+	DeletePlatformRoleBinding(ctx context.Context, request DeletePlatformRoleBindingRequestObject) (DeletePlatformRoleBindingResponseObject, error)
 	// CreateRegion Create a region
 	// (POST /api/v1/admin/regions)
 	CreateRegion(ctx context.Context, request CreateRegionRequestObject) (CreateRegionResponseObject, error)
@@ -86351,6 +88621,94 @@ func (sh *strictHandler) CreatePaymentRefund(w http.ResponseWriter, r *http.Requ
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(CreatePaymentRefundResponseObject); ok {
 		if err := validResponse.VisitCreatePaymentRefundResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListPlatformRoleBindings operation middleware
+func (sh *strictHandler) ListPlatformRoleBindings(w http.ResponseWriter, r *http.Request, params ListPlatformRoleBindingsParams) {
+	var request ListPlatformRoleBindingsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListPlatformRoleBindings(ctx, request.(ListPlatformRoleBindingsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListPlatformRoleBindings")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListPlatformRoleBindingsResponseObject); ok {
+		if err := validResponse.VisitListPlatformRoleBindingsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreatePlatformRoleBinding operation middleware
+func (sh *strictHandler) CreatePlatformRoleBinding(w http.ResponseWriter, r *http.Request, role PlatformRolePath, params CreatePlatformRoleBindingParams) {
+	var request CreatePlatformRoleBindingRequestObject
+
+	request.Role = role
+	request.Params = params
+
+	var body CreatePlatformRoleBindingJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreatePlatformRoleBinding(ctx, request.(CreatePlatformRoleBindingRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreatePlatformRoleBinding")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreatePlatformRoleBindingResponseObject); ok {
+		if err := validResponse.VisitCreatePlatformRoleBindingResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeletePlatformRoleBinding operation middleware
+func (sh *strictHandler) DeletePlatformRoleBinding(w http.ResponseWriter, r *http.Request, role PlatformRolePath, userID openapi_types.UUID, params DeletePlatformRoleBindingParams) {
+	var request DeletePlatformRoleBindingRequestObject
+
+	request.Role = role
+	request.UserID = userID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeletePlatformRoleBinding(ctx, request.(DeletePlatformRoleBindingRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeletePlatformRoleBinding")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeletePlatformRoleBindingResponseObject); ok {
+		if err := validResponse.VisitDeletePlatformRoleBindingResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -88671,532 +91029,546 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7P17d9u20igOfxUsv2etyr+Hki+57DZeZz3LTZM2u2ni48tOz7PTI8HkSEJNASwAWtHO6nd/FwYAbyJF",
-	"SpYdN9U/bUyRuAxmBnOfz3uhmCWCA9dq78XnvSnQCCT+8xy0XJyONUjzVwQqlCzRTPC9F3sXEAoeKaIF",
-	"mVOmyTWMhQQizSeMTwZ7wZ4KpzCj5tMZ42yWzvZeHAZ7epHA3os9xjVMQO79+Wew9+s5/JGC0m+i5Xle",
-	"CikhpuYvwiIixkRPzTT4AemZP0IaxyC/UeTXvhuo/yYKiJBEcCAzM1NErhf4oQJ5C3K/sjz66S3wiZ7u",
-	"vTg6/jZbotKS8cnen2aJCZV0BtoB5jSNmL4QUtfARUhNhIxADsjLVCohFaESyLVIeWSghaswL6UKIjKf",
-	"AjePFmQOEghTKoXIrI6Zwf5IQS72gj1OZ7ggM2Nx4f9Lwnjvxd7/7yA/wgP7qzrI1vjeLAbh/D2LY8Yn",
-	"V4pOoG31BtKSGsil5nUSMw5qKwurriJfn4XX8qreJ/SPFEhCJ4xbTAjxTTKWYkZG+fMBh096aH8cNS3W",
-	"/tyEAM+OjgODrxlCLKNDsPdaitnyMt3GSAKSiYjEYg7SnnvTUsz6SwsZCzmjeu/FXkQ19DWbwV5QXN3z",
-	"p3XLeRPBLBEaeLj4GRbLC/uF3oAilIQSqAai6BjihSVVeh3DC0KJhASoJnOmpxZD6QzIDSwI5RG5FpF5",
-	"PYnpQtlftZAQkZ6inGn2H4j2iQSVCK4g26rlI/leC4vsm1WuIsA2+J8Z1GH/AfNtHVwTOoGhMi8UZ4lg",
-	"TNNY7714dohAtSzp+PAwyBnUUS2DuhStp50mSdtpa7GFs/71TIrfIazlle4nEgqu4ZM2JExJYh/2VSgS",
-	"iIhIQFpaIacZGzXHLlJNmCZMEQnmA8OcDDaMGL+lMYuG7uVR4wn/2ncL6L/5YS/YM+8zCdHeCy1TqN15",
-	"mrKovOknz2s3veqCQO7fV2mSxAwiEpYujIBAOBUQEYZstnRFZDhL7E4G5DK7IfDaUHiBIIum1wq4XrH1",
-	"fNh1rxa/CrxZvqfRj1TDnCIZ40Fy5NPUbC/EbR38rszOP3fkt6+kFPLcTWKnLEPwlJM0UVoCnZEIEuCR",
-	"IVIypiw2RD7yPw7BjDTCy7MgJZT23rAW9/pB4SBxId/TyD15uO3+QmODgBBl6C/McStlqNmTTm8J7U8I",
-	"jZUwt81iBlwPFZtwqlMJQ/fmKCAjwxgN70mong61pLcgFY1HAaEkAm7Qk4sIDE1eA9FUTkBvE5wvBR/H",
-	"LHxAYPoZ85sjTKUEronS5q7pjf6/IY0l0GgxhE9MaTUK3E+h+1QFhBpSddeDzo5FaRbHRKacMz7ZJphe",
-	"C3nNogj4A9JYqqdCsv9YvuRwwSCZSsdjFjKDUQlIREPBDZBGNJoxPvRc1DwRcw5STVlSeqo0JMO0/Iwm",
-	"yZALPQSumY7ds1RPzRxKcBoPI6bM3Z//AlyDTCRTUB6p9FX2yzaP442ZmdMYgfhwR3LF4VNiLzrH85G/",
-	"4anYBd0Dw3sn9GsjIzzcNi9RXVIilSGQSIAiXGiCtGgYH7N/3zLFrmPwCopVqZB6DRqNzZK3CoczuogF",
-	"jS6FeGu44EODwzIYlGuZIrFZgiR6SnlBSfxGkZAmNTdBQEYRaMpiNZBAleAjHGmohRjiUFsGlLluzjNh",
-	"6qEA9abAmsg1jSkPocqx3OOtYsYFyFsWwhWnt5TFhkc9IJcuyj9MkTRfBOmNlF3ZsPB0aedoMulnNpNV",
-	"Gy9YV4yIeweQXQrxC+UL91Q9HLzOzT0esxlDVvJHKjQl8CkEiPB2k1TDEH8e+qd4pcSxsOsZhoJbeSFc",
-	"2Bf95cW40ga1hjho6XMvY1V+eRQnccWpu+gfklSNcGFuejt6LrhrcQN86ERbAzr7oCCv2gfwKfHXvX2A",
-	"umL23jap+4onUoSg1MMS9r/MRirQuc2euXv+JOPrI2L0OmvrGDOIo/0BOTXSP+WkYscgEqwhz8i/lERs",
-	"PAaUf82VsDXA/el1Smt+DEORcn0BYSqZXmQbNzCMIma2ROMzaVR9zYxeOaaxgmAvKTz6vDcb0zW/AI4i",
-	"47IOfilTrydzQkPNboGMaaiFtIKGOiFGXepbJZwTDhChQUpEaDByWvG1EDFQbojQfo2zMg0z1YYBv7w+",
-	"fY2fmI9n9NMb+9FRbnCmUtLFHurbobgFuRia2dVQwowyo2G0GaqDPdRbLCDMO//e44LDXrBnrgwzQLBn",
-	"9773W50RI7eH/DuDpB8z3/CK9eWjiuvfIdS4JLAKw5on6da5bP9lEw6ROSc/MOlJGEtQ0z6yBjKmMxYz",
-	"UB7hY3PW+BOyiRZLfxEGS7Aq7MqqNGtuSlHN1JjVIeiHKegpinhG+QYF6BOwO/KfKWKm7acJ4WJej5Vz",
-	"xiMxHyrr++jg2SjuN1/e0kB1MEgVyCGLNrKXFaf14wRI8AWMycFcN/1pFDlr3i8wuwZZMNOscSRSWC6/",
-	"inTdNOfm1XvZNy6ido+ZINK6rTI6/Xh2pYgYo3nw4ucrIjj+E207vUiE6iCXcdRgZq6PV4ak7WViJEsa",
-	"z+lCEYOIJ4SnsZUxBQfrLTJPqobHKgWHMoVoGAp3KHH8frz34t8tbFJwWOz9+VuwRB9UE6aVc/ZMqSJm",
-	"YKIEGVPpjaf4o1GLnMhWv9cT66FD31HvWogbiPYJnZkbiyRxam9VZ9UhCZUaFVD7/gL0gLwzm0+5ZjFh",
-	"GtdyDeDvFQMJDy9rWf7Ts90h1V3t6uURllAp2CvIqBMp0sRh5LIumb9I8EWz5Dk1OmXKwykanu0Bk7GQ",
-	"hBIjisXgfjabaUHy1pWGgnMIMyTuhAY54r/MvzZYsQRZ6zKK1gDt0gKNPuUHWOLKnKDvOKQzo5bHQBVE",
-	"gZfRhCRm8TFo6xPdyslOknSI4pMzzzu/z/PVTiD73UxEEHcw6wd7U5HKeDGUTmC4G3X+hIMhiRCqHe54",
-	"otTAKdcFqjwpcA/zgmFQUxoRLkgiWQjmQ6Zr6WgTtut9IBWgHNa9KCIYbjaHUEM2M1pfp89bkQAtqcON",
-	"rxpkxuYW2fBrCROr/UZVwNVSkLpJO72mpsMbWAxZVJab111dLj4/OV4Wn43AmrbK4/968kHIm1jQ6MK+",
-	"n305tDazKsIcHnchXovsG0I9TaK78bKKhIGTIvIXF1bCjSqm2bMsMpMiQyojRk4vGdCrMCyfeZlKSjdD",
-	"mSEFZemh/rYr8f4S8Ir3bYG9r5awXpavqe6y1k9iTrQgEmg4LaiX+ZKXZaOpk4kKp3n87FkdFbsgmOwa",
-	"eP7s2ZNnbTeBOcx2eqwgy9RCOrGRMjjEaoC9uvVmke6wes+BWAwhWlKuWD18UNV0RFS9ydolI/zYPs41",
-	"YdxQsIc+K4e5BjsXSsOsRh0uodxm1Fzw82+6lW0IN/6UliXDmI0hXIQxEHyJ9EZ2vlFARk7UMf9MpLhl",
-	"RiMbKk2lRjPcYDCw2nTL7GMpZsOcIXeTMpZZ85LAgRK44M7+JZX2W8AdMGF1/S2JD3e6D8Rw0/uojpmX",
-	"kbIM3+Jk/tyzxZfIIsgJbAlNS0jXgQG8ZUpvaN/L7v9OBrQq4ynJARgjVRUE8rC7Vg0/f3MJ7DhBabDV",
-	"UPnR3E9rssX865LWnqloWkyseYhZPd7ewg2a/DI3LSKNqucFM7ShqIBcLwizAWJ3l84KLCE7lGXNxry1",
-	"+j7bAhvcjPJjI0RkK65E6ViIWdtAm2JYv9laG26dsnJ4+HdREb4W+bleXq5QYgnBmsXZDvzmB3QLrct1",
-	"+LJxCI3mTCvPEGwAe2U2ayVUAYkgjKmEiIxjqgNrPBu5L0edONGOy1S5zBqswkF6gyu0HYI7NrRjQ1Wt",
-	"2uNbB4b0BcRCK3g9VrHwCwDkscEijZg+NYrHZb1u7sKXcrXcqel12jkO1s0CsexYXlbmak3kZUNCaypT",
-	"vrXs2+5csYMXpc2asKXbaAaaRlSvCL2wK6zIEgjWvkogZGMWEj/KCeFwC5IoCCVoVfBa54ghQvQM3Onm",
-	"XesSaQW2BIV5OB1O/dy+au4MjJZfPhy07LUbCuzXHtu2eUG1zF132xSPpIrMFVNC441EvWW3uLUimDI4",
-	"1xghMixs5CQPbH3I+c0j5KrnGb56lqrSMASlMG6HxalcwUXzFMdiCloRBYaG1veClamYRk2gZjgSM6VJ",
-	"TwFE5OngaP9uWaZ+PzWrKT6i+MRiXPkP97LFNPeT+8P95BCSFv/An+ohpqeX4gb4hlhH8ViGGNhTk7IH",
-	"VIIk//xwWTGufnv0XVvWZ7BnoyTVkNWM/JaNwbDS7KhwHS7ACKOpMNCnLULKwA6DrYbrTOa+ucNsDfCy",
-	"ebeBi1nop6oyVwWK7amzwZ6NL616D+zB1GKEd7asIvMrVRteVkCF0sSlo6wCofYIVjhsXBqoC8nsjLaV",
-	"OGpQgAkX1y6plClCSUIXIA8k1eZJbP4g9FrcApF0ToBH/TBVWsxAuhgAF7xDOUYYWcHA/cJmLoWnySGE",
-	"q+8kjJU37AUyt/ChH2lLUpmEiOmhZOpmiBpYEWmSmGozgeU4CL9aDPJQGiaShWaNSUz5lhbo+PnQx14s",
-	"09Cbi/fk6fHRP/KgKaMlBkRPJYDNGg6pAhKD1iBVhaSelAjqibmuzGtm4P/379P+//z2+cmf/2uvbmFM",
-	"JTFdDL2dobyoH+yvGOXsuYhHPXeCA3JqQ9Tgj5TG5koZmbdHlQVioEcLzTN+K1gIQwkhSzBvZIviVW5K",
-	"2XyLCrgObMr7LY1TIFSRURGCI2unw0vXGeWUgwe5Tm3GIsNnpa9OyLXQU7yYzRT7G8AuoRITbe6FvDzZ",
-	"bPc8coecp1QX6YtY6eOeI0DrfS3Favpp6LKi2TWLmV600T2GIQw9pdcPeheb03wqYlA0hu0zkcq1VXPS",
-	"ZSWgxKszw1WJ3lehTe2pr6bRGja3CiIrOG7t0dax+QyL2q/cqrXDrntN5PBDRr+nSvt8u/XDnW2Ua2uu",
-	"gg3za/B8Pzts5wp3wOUKupUwa5aZM3Fdq2BfANRmgvp6kHKJhp3fjyGaGAyXlCunqWxG+NuDdP2SgvoT",
-	"8PtdcQTf21c2lDhHPnXTiIo3kGgMT76m4c2cygi9q1Q7CvUSpU2eYDMqF8Txm0LQqR9Rjfy7IeWCs5DG",
-	"JAHZz+Qfo8Aui6DrnrCfra4gSO20/oMBeRkbBqfILFU29lylM78R5oocdco58mspu3pmjPvso6rtosrr",
-	"3Z4Lu1l14Gk0Af0S3Qdd2VM1vZXDnFzjOAMvv5jDrQg7RmAR3AtDNgwiFFxLGmob4U81iYEqja9hyRi7",
-	"q8DVC9LTwBodrGiFkL4GK0vWxqNl2UjOPlK6KgsZOGvyjaoYvKb0BTxSdwt9HwsZAtYLmTkXWgfdyp70",
-	"q/zjX8y3KyKt24RILFFUvCRngutpbO7eP1IqNUj8N+U8pXF2gdfelGVLcFWNtViAvMTmkJrvfQmikwwP",
-	"bFJL9TXLCTvkRCyLnNkga0H4wnzmNViMvrvTaRuVTk1FHA2NUpfFBTqM/vZwKemGSk56IrFpkxhRtu+o",
-	"JgEe2ZBXzEJlirghjYLvbUw2pab3MT08fAL/e78UCHPUoapVKTkth2CGLxm1tTKlHyDEEMaS0B/HYm4E",
-	"RSq5+Z9I42h4HYvwZpUEVh7P8NE1BQvL3bpfI/j6MBExCxcbyghRYfedcS8DWQcude98xSHXMFUQDalP",
-	"mc/gwLh+/nSvzoBY+tCWgOz+JRPREHi0uVPKDoGE+0g8W240iIZIwp3R0OCwQOBvqkF4spszPWV86Mig",
-	"yJRCKZRC3dshvS+dUEuPW2GpCayxl1r2uUZ+7RIpBxWuVvSeVfTlJYIqUHUhyLeEcSUc9ptdPsplpPAH",
-	"sFe353qaqiXRzmx5M2X2boFDm2F05Uirg6yx44200jtz8vW8ns13XqWIwbIXtAKoArLamVshVb0FSlUN",
-	"NBsvhoKjUIhX9tDGShs0Ty0St97hm0SPrHl5byEFBLMbhgqAf4HARLqFqYt84S929eLW88DM1aU31rpK",
-	"uuWELKNrnquYM+YbW1G3rZBnTZRHeYxut0d2M5TOtZAAWEbYChKVYNrOAgpbLpC/UUjQznzDxRytVs5q",
-	"LOJb6ED4Z0LpVMLGFUnurPRvIdI4goRKtG9uqhOs9L9ZQGVGNPPSFv1ta1otWnnktrWNTbmlBqWHWcJd",
-	"t2S3miupts7B+ufU7jTc4OiEnGwqb92bjefO/sDHa5xZfefcS6C5O+Eqi6moJyXFpcHFVzHS1CsTNYpN",
-	"5o3NgVqhrvVyZeqY/4MEDdbeOutKzh3F5Rwb61yN7uza78YrBOVm1vuXU8ongB03qDPin2SWVMwYIjcA",
-	"CdFTYNLypAE5LRrq8S0XFVac7ug+L+MYqBwWrqTypgzPIBJm4taV2wMeEQOj+gJcO3v+tnn9fXHWdQzR",
-	"TaT30vnuLkBrxidqQ1+nH4YoN463oDuHA3nLboG8/pWEgt+CVNg5wGaeJiBdrXjXPyZrn0D0lGoiQaeS",
-	"K1dPp2pMeKSxYeNPQ8VpoqZifUHq9a8X/tNaOUqlSSKkuS1yh2qJoT8KCHR22N5XqEVNQE0t5MqHteKW",
-	"KpzLesTxZjZLNRafe/0rgVsWAQ9hQH5iSguJXnQbuECAa8l8eTqMLZWAl0y0jPohTcxlfNeUE7Oaukor",
-	"bezRfYnFbjZNGPGVu8rQevWJhppEELIZjV1BLkUosd/5bBxKxrGguqaCR3nlRXQ97H/323/1Pn4c2H/t",
-	"/3ct4toy7o+Ppbi4/ke2rqqPswK85WW7Yy8gXw02BSX0XkGTb2xM3UbJ4+UhLtIZRt3YDHBsxTUivVJ6",
-	"OBbRSxXYWwqXYmk1jIWCuroVWzCTZIF+NqxvwpSWtCkBsD2YOt1qCccx4zRm/1lrh62Dbqac24Sbba4D",
-	"cWBdTclh01vGa/SkmkSru1ojHoOJ2Ua6bgM91zIqe8LNDcr00/D3VDIVsboU2U6HbsZQrdd8Xf7oJf2U",
-	"Xe7Esy9CjeKIRJLlhSzxMjOnFprG3f245gvDW2YdTPYOXJf002X2CaYJrTPjrWDRNslrpd1mpRU/LxWl",
-	"UfHKoVeDAVVQNaPrKk5bQYuK7cbyifZLCnnCmiGkZmy0UY0qFY1Jz4OPTEHCCfHJE9/kkYI2j1HMmDba",
-	"U10xky9g9C9sr6Ya2bbcfjYQ2MjTiy2ZWLOTWP8i8BbWrK2ZLQ++rQwTPBPMSxviIreVuGL0dBiGUyPA",
-	"3a2iKP00DKmGiZCLTXmy56x34MnOImFg1MiG4RPMEn3n3W7jFkJZ+Dqpq3ZGP1m9iHFyTRVTJBGMa1WN",
-	"TiyZhQ4bpy2Y45HNpQiR7eFSHavPqal8ZEVTexFrKiBp5PTVxdedahNuVxCttYxgA6EXTIYF0sxScLCC",
-	"p8/ssHPuBXtjsClFyCBW2biz2R6oakCtkvTICgjUyoOFY4gkHRtQWxVhD7UgHNUKG1RqRuN4MXQPjKiz",
-	"F+zNJdMwFONxh+PwcFnvJHba4V9YO9wpbjvFbae4/YUVtxU3yVtUH87BthbesC3PZomnFfC2p4lW17qR",
-	"TCDd51vI5nSyVXTnoZYgUb/E5hlXAO1MsnBdXbzsl7BtPlyl45QzTXr+X31bG2bflzr2pu8a83DBlr8N",
-	"F4GZHRPC29wqAVHpdX/GuJB9XHwiXXQz1lOdQ7Taz/LkH21+ls9HwdG3f2bOFvtng8fF6q5mHa2OqOI0",
-	"tP8fM7T7/2D4ov/b58PgeRc3RWHGYK/gmigAsAV7zP9iyh9e4ttU/hlmWXJ1EScbRkk4V/7a6kQBgv+y",
-	"Q3Qwlq+oKVrYXmFRXdl9YTXrpf5WWjeOx2CbdoylmG1+wKWjyv7pptza0SGWb3RwUKP+dU/I9qF1dvpu",
-	"p/LQ2m6RwKt4eddYtxrUf3AesiVM3S4KVS0Itzl0igkXT4731sq69cMs7Tpb/wZswp3cI+AWX4qM2+n3",
-	"3ID0yly0nRwfd6tdwuL4bnDEEbTY3BBzd6q8z5ixDaUGV7FoOx4FP9oWnRT34OfpbNfpkKi89Vp4pSEL",
-	"DHJdY4kfZzODiWOEudEEC6BqYZ0SK30s2cQYJ9SlTPCWyyJjpceahLP65mXSsnaIhteLuzQIKCtmnVga",
-	"fvJHSrlmejGcGTJXHZMPzaed30VNSEIoZLTp5nCI/EQ7sCu8Fi7sF20KYAf7U3UTRYtUMeWj9jgrGwjK",
-	"ymF+s+R3RMPhlI7Zn0LBoVXB/WUG0UDfNeRavixKaL3MFJc5b4mzdxV/ivf5w4rjFUniUTqfLqY0EvNz",
-	"PIcN5J1HIMBQHjHzwdB6LdeNDSl+vg6LjSDWdN3Z4BNTOMtGa/1qL+aX/hBIUrmit3QZ7+6x+7rHlq+w",
-	"ehxvJNQKJTVQ5H1fdlu84zoy28207xw4G6D0HVy/O87TwHnyrg0KD9chbVt6RwMRZ3S0rQ5tR+tZRzLx",
-	"c2k5QT3qdUb2jaQuJxFiREtNPJnLtsdPXxALf+Jq4mOV/EguiEx5fb7oRmHyS+JSm5m1HOd4PztBZ/Qm",
-	"O7i0Hy6Vo0XIZOMGlXOo3VJHRLjMlroR09tIbHpwSa0CzrtdiCsAWwqwKBdpGoaCj9kklb5CDI+oLIcV",
-	"LsUTrooXcwJDbbsajJoYGnG9a7caX2zfNqWodq0p9J5ZHrrwxLaNCYXK+sngv2lD/5ga0adSkjL0wRc0",
-	"SYYy5aiB1A31kmoai8nFz1frmodvKYtpXre+E+vJZzstft7aRzJi6mY4Ydelaha1/TfXLjI5SdKatplH",
-	"z9safZrvZiKCeI0uam2y/QxmQi66bXRNr0MO+RrHQx3I1xGkg73bMEnb1lxnNqpU+8iBWjwYN3wJPgWc",
-	"qEjQmUuphKF1vKcBG9eLScGs+pAmNGR6YbgCxa7bLvBEjLEPru2cqWrSP+zEcVMVCv9zU//on8SczChf",
-	"FHrwurx/pnAdY6YJF3PSAxpOibCr4iKC/RNySFIeYwOnadYN3FzRftL2zkpjCTCcJGmNHPBaApAfz66y",
-	"MgQXP199owierl2HuZsDYhA0SnE+XJfK+z1NXNBfW3entXq3uteVdpnPq9vpn+PbRfS4wA+XQ6OKrVFL",
-	"cxShtHyihSctOPpgJr/ClfC47HxVHrYeoV5mOGgDxx48NGwqUhkvhrID4t3BTtZdO115vXSOY6uE4aEY",
-	"lAfj/Xh25WPxAgPxGf1dSPy9mvz+9LDNPlMfJFaGa2drRy1+oRG+0gt40x4EE4rtzFJu2O6YjJDcR1U+",
-	"bWBUuC4cE7a9CAqvDmbR/oD84rqpY20KOoOIjLAqemj+sPXR++6B/WtEepz8b3I0GODs+wPygempSDUZ",
-	"KTUd3sDCKMQjYmTnBbmBhee9IY1jkN8o30PKXAupqq2B0f1eOjF/4OKTmIYQESEJF9ZLuUaH9aae4m01",
-	"59SQzYyYsJUO4ZUOghzKt5y7708w81NDFOBvWNQyv179aedf2mo7YyMx2COxvbIHa5tgXIPyivJi8CwK",
-	"CAwmAzKaHh0e9r89nFz31afZ4OjTaINZchzako3nyXG30LViX/IulLwpEef06wj1Hihow+DBL4zPSNvN",
-	"mLxD2TqUbUbVH7IyiZsZ0+9YMU7F6aQqPD9ZFerd/+3zUfD8uEOcd0XDw5ma4fDL69NzCIWhprvmfFS6",
-	"kBjOOqVJAhwi0ouFMhLMLQshIIPBYP+ESKBY/8xVqAqy6Hvbdbxa5vRwi3kkdu/vRLRhICONIglK1V3D",
-	"SrvekJK8OSPuRU+oRt8iPXPdXFz8RIBHmMRcbeB4/OxJKwLV4N3zJx0yB3o5Ph0Gz4/+9M8b0hQSKa5h",
-	"aI6nJiX75RkxvxB8KTohP56+uzz/v8N37394NTw7f//9q+HZ+/NL0js+dv1nbFXJsvjx7NmTZ20SiOV2",
-	"d0iU6J4l4ajGH3Az8ry/eGNugw3xp9CZqtRd1BpGsRinlmnHapUrxphawXWDksERM/++TmtyE58crwn5",
-	"J0f1Cpq9T1Et+7xux+cNsjvWS61ZgTOlQO3OgDnt/4+fI/unm6YeQPWoWTqYoBDrnUOzGWvPbLb9OYxT",
-	"Hj1wM8rq/bDwXcZTHpE5VWRGDXfEroGMF1vTiwn2fxO88EWVaa6dZrjCR1KC1aVIrpIHANXay7NRfhuK",
-	"L9VC9NXDAV5WpYScUO7ygr9RxJEeycdBQ6ZSbMKtzL2ugPf4BClcUQf4b2Qh9KWd22x47rWaDjaVytDV",
-	"5VlD6oZ4m7DhSn2leseYt9YqS9n5ei57Fe5sRcYii+g5GNpa6FPGdV3MXgvaNRi/t7Lhtpstptc1TrA1",
-	"uZ8znNuxmrHo4uerLyTh5O7HvLrP02+f/aPVT7iedMSiDWSje3Fhtsk70Wp8e9oi7v9/uaT/8ePg30cG",
-	"Gc2f//2pvpRx2TNaFNefdxPXy/r+fRDKCn8qWqz/SMH97jKCHiDpuuCZzfH2+GmwtqP27p7ZFVR98dPP",
-	"sKG+v2nqbXods7Cu69HzJ98+XY93+XTafMjmrV5idezTaMb4Bu4rW1v7G+UsyfZPQs1oNYXZ72YSSqhS",
-	"cyHLxsXsYcVA8Lw83HFtVCDIdiXoSasSdNy1vICbrrCTtmPZ1PjiDnOlT3Xp9P8MGkrn+1ikq4sftlS2",
-	"+pHKsm6GwEGw/XQ2a8FvBsdMo7YzstNcKXdvu8PJVYq273MbbvH7dSVrX4u/22obyu97oNp9125meYVt",
-	"B2Ag80Ws09tmRa5FgRQxdIPyuXnzcfCw8urrjuwHiOGu6qC4qZf179IstRqffVNODazfSpH21vHc8ZKF",
-	"oI/KVURCoXQ/BK5BEsrDqZADks9BqM4sWYQpMqM8olrIBXZwd0tV91Jhfu2oxfspQROzMYSLMIZuim0O",
-	"urf+w0yv3TxBo+HaWRYo7rdvWY3bqlLkpgqt9fqJNQKvGMnre5hFTNHruKEtZXGkBwoRK191jyhE7JWU",
-	"Qr6sNRJd2P4vMxpOGYe+BBrhAzCfoMnIRW4rwPpl5B+D4/0BeYkxiVQCUXYAih3GiS9xVIzx1uIG+HDG",
-	"lLJ5M/Zvxm9pbAvh4t/wKWE2mN3+bS0/+Vs01dNhAlKZgxtmR+9+QO6VSKZgmMGn+k3hB8ZVOh6zkAHX",
-	"5gVcnK3MZCWEwrtizkGqKUuKD5WGZJiWHuFCbT9iBJ5NZjYPhy6924yeBV8MudDDsUixBGHlcYbhhec0",
-	"NmezGEqIgTpIFn4OBfcC8zBmM4z5Le3ymsbUVg9WN+kw5XmApX1SXI413g/njEdinreKLxQKZxNOdSqL",
-	"B8RFBKVR8IEYj2PGwf9phS//l98TJlBg6p4CWRoDHyy9prSQRoO2GF76wP+UUD0dakltbb7CD42D/ZEK",
-	"TYubpUlSPqQk8YFyS8/N38A103H2KeNKG4gvvZv9gAyyiOLFH5eWgzWm8WiLT5lBfIPdHufSRGkJdJY9",
-	"UCBvWQilI69jmMgkNuyyZtRwyzGA30IsEoyUseE/9rl0A9fFyrX30ssZWG3n70rKX/47YVEeOI00SHrm",
-	"j1/7TmTvv4lst8T9JQvjt7U54ZqyVelNdSmIryVA39zExH0+IC+ptP20fIfGkTulUYBOtJGWFIsgjOyf",
-	"KsGwzZHz0PtzPCEj67lzr2GPR3xJYrmTBaFJEi9qMx1noLD89xL4jELTV3QMAZmmM8rzO8F9MiDvbAsw",
-	"Oie+QRIRkkRU02uqgGj4VA0MOT58+m1Ha7df2NJB191sr2MA/ePZ2mk6lnHarunLEl+YRnTY7D1eRgvJ",
-	"bkGuSHJdjnoGGuvpoi5BQMxspRpsykoUnSXmoHkax+QaxsKerLN1uTjRhhzawo4Yj+BT1eD5pC2JwNkv",
-	"rxcup3Ep3b3tcy1ZqLrXjPKn+Yv7sLZi1IxNhsDt7V97et3zj5KQDa9TNeyWh4SS+trd4J18bw/AL64C",
-	"2tJKyjtcQq4KdgYFXM7RKof9KqL5pXA+a9SHC0N7t6ghEmjoyGhN5CgMk/K7DIRN8D+x+k/bO0u4g0gV",
-	"Ft/ZDNETMQdpCxDMqdabDGHp/E7qsoYZNig1YlnYocO1Zr6GeIfmrbVDfGKRP8Os9neZnf365gcrACgi",
-	"wba4JIrx0DKxH8+uCEruEFk/H78FroVclGITugCw2u0vh2b9RuvOvQrBmnMN6rG/EZtrQFRA2JW0afjE",
-	"RsnUpbutPVGt/a3u/DRDghbM46UEv7aXC3flGijgGa2HepFN4r6LQ5fX1Hgu75yous5pTIy+dIfyFz6P",
-	"sJMFIhOHWhNZp0LpGrsaRrW2Vzc0GDwFKvU1UF3b2/utkWqzV6zIQq8lC4mic9KL2S2QRIICHsJ+QCB2",
-	"3SuNts6UYRNmkr4C4MTwvxJHuEt7jIaY3OX3UF3dzFZnkzc72gsNUl24LzJDYbe2Ffhp3qxCUq7qo4D/",
-	"SFloRHQdJqR3+faC/BdZ0Fn6aT8gYy9w2uP5RpHS2VTk+G/XbcPgwZhVxM66LVSgFFRIpYCidQhX3K4j",
-	"kkayvYQYjDy02NAKOAEO8q7GbMziXY+Q3zmF914sicWqIhVlHp+T6wXezy412Sh8BkvmUxEDGZvlBeYV",
-	"+7MPX16LSRWvuPIunz1vyR4pnYiHbaGeSYs99Cdk+1v1Ai37ceomfuOsNYZo1ZfERpHqa/FpmACPzJPl",
-	"XCf8nYCRx2w3/AVogsEcalqJHe0oIztP0QaysfXtbfJlqkCu/12t89ibJ9VeYS9LgAzKx1OHA//88PPF",
-	"OYwlqE0x8AYWhci2lQDoiqxBYdCmRcO6/sYzjP0hik044xNyAwtFeuevX5J/PDv6B/nnh5/JBdR1/zQv",
-	"ljhld1vbKfnnxft35ANck59hkc+2X28DWyEiVWCEa6qDzFsxYRtG8G7bgy9djlhDPPApEdwyCOLftA4e",
-	"xm3uMWZka6ETHGB0QrA6xlzIG0XEsixwdFRe0mFdJsVx/x+/fX72Z/+/y3/XN5L3Uy+v/dx3jhVedzS0",
-	"SKZUEcqJ9ZeQy/eXZ2RMQy0k6aFE+fTwyOyo4G8aBZkV1ppOyWg2ppkfZ2SkJAsD/0HVMlw+iOc1HWae",
-	"NzTBeZyxXm/FRKR607xC5GNDBPHa+UFLqYDFweqW+svr09d4vJvEOa95ZbYqElsIcFBV13Z+jTgXYJ2j",
-	"RleaeRpsrXmxeovZnqY1TvkGSJ8DjRgHtamccr3IYolaGHnt51MRR+7ybql00yFg6Sym2pyQD1ma23T1",
-	"4WxM1zQr4GxBtrryUL+tvGOeLIvuW5HlHNIMM/bvXF0dYJc4uOBJDQsgr8TjY327UHtGi3IQMa+bez0b",
-	"RKUJSPSfGy6aPRaJaq9XZMDY5TjucnYVraF+84WllOcKMoxeBfJGYrpL+vYX686lllrWFjhUkkhxa13T",
-	"8Lu1d/7WKZwoMwG0MSHMuVs7xs0m5RlhZmYGMOKNwwiCjeVcoR3nxSz0kavLCxziJzXClJ2E8eKYWZkL",
-	"F4lBemMhCXxCazQJDUvar1WdlrG8HP1cnPnNxXvy9PjoH/ksRmQKiJ5KAJImCciQKiAxGCmiWlBow3Dp",
-	"2rxHB5vCYutOcROj6bqZ+72QcsFZSGOiEsAykPu2bAymvSsSCs4h1ESLujT+5XS2u1ptt9ELi0sRx9uV",
-	"WeqL0mVmHoVhBKgFqtwwyEUE3yi0x+YeGufO6Wz0MVjw49nVS9Qw17JON2EAph6bc8o8S3VHe09tm9Eg",
-	"ibjV3bttQHBmPjkHlcYN/ZBwYAXAt3nsXW3e5UISWyr/0N6i+cuYy+03w3BK+WS7VHYvMbiVmhelw8qg",
-	"X2NVz+3tS/utYFvJ4l41xhe5keMjJSpYL8zXnMQrHHHD7KIW/tySOmE3g5GMdZrrkrGltmxhs/9sHaV3",
-	"aSkrTqENkhupadbtMzR4tcxtzVJeYPmYYm0c58jr/Z+rNy8DcxNfvr2wHoLLl2fEyMzOu7TEkOv6rLgF",
-	"hHSYwGx5CWevfvGTu3lfnhZ4/yxVmmhp/tuDWaIXZD5lWDTVv87w9ne1speMOTZVdpveP/w0Q6vlOEkE",
-	"4TVQCZLga6Q3mnA9HAwGo/0ToqZijnVgF2QKEgbkQgsJhGkLWHNPk8Pnh4eDGgNhZ1dcvsQq/IMSQqzG",
-	"OFt4w210nQiiGvJbKrVmDZUWQEaKHk0o13LRN2u3R2+HGS2DrB0ywZ4NN1d39ehtI+cnP5caZlBYZ9Nh",
-	"ZGLVmkrlUm58qcrknUJBGmIxmv0LZh8Plqdxr37VzTI0qrLhekrv+1SHYga2zrbhwV7dwbvZKkIYXCFi",
-	"Fi58J/UalbdJ7zJ8q6BuGS0BbwUceU4ViRg10gHpYZwqRin7slYkYhF6ECUoEd8uRVp3EqlsMHttfSJm",
-	"V2BnoOHUjPPCQ4AJPpQwThWWyGEzEKkOSMqzNwO/rOGYstiWX3XfuidVBfq4U4CMxkyMOm3rpVdFDX9D",
-	"+0Eoha0GrAILumx1rX7W9vhGW/ftLnwuW00HV2L+blFULYDDH2VxYU0EURbz6+of6SlI67vCVMUZXZAk",
-	"1YTDHN1WvhgV92lMBEsIY7jAYBbhvWJ+x1ASJDaC2UzlFhV5KXYbkx4J7gJzKePWFob/bEhEK2gdTbjA",
-	"bpleEOp07DwE6npRFbpOyMhZ4EYk5ZrFhRcwItzhbikBK7fZ2fLy5h8uLadpwXitv+FaCpVYMtpSaRnX",
-	"CMdgK+lRd78jG2GWhjH6iCniqNZKPU8Pj/bri9DcVVDrphpXzV8+P6siUjUWo8pAuuH9dp/iKMyXRdJN",
-	"ZKou0mYLbG7FDTw8hCTOW5NI9NpMVLjMDJSm1FxmFktxT3Vo2QgKP1UdHFytyg1yujFmmfFJXy2UhhnB",
-	"GoPoF8/yA5E1XoMr3ezIqkYAyKi2JinmCyR0t9S33FYCeLHCZU2BXEwfs92CbMIT5opaA2mPcgdvCWOQ",
-	"2HVaSEKJUZ3N22PURulsSe55VhvDsWHFzO3boFaVz+xurqokjHcoi1lJJ89Y7TrmJUdKD6ZQeNJ9XDrF",
-	"WWmudXgpfMLyO6pO5H6f0D9SdHEpkfX7Ml+QhE58opqTu6w4QydQh/rtjR+xHyj7T40UcWYIzvxkO7xb",
-	"OY6p4lxWRD4uJbG0V/Uqbr24gnr4LjoV4bhTZdaQJhqbvK37wSMLdTG6FKbV1IZ3GUHEp5J+o4h72Uan",
-	"ZfevSz4ntWpZp31s2irGLqydYnF9Z/71wqdDnzhfl69c2bzfpkU0wiLSw0L/lLgJ3nCNpVyjWvtqKxBs",
-	"cv8aGNXNueIWV0hHsBV5Nmx5fB8ulHxFhUOtP6SC36TQztGRYgGGFcQuk996l5YD4INdWp59PbZLq0xE",
-	"NazfkkeeeT4m1BNNubWkZEm9hlsqsH3P/PtLhe4IySaMd0QCC4n39pM/8zofmypUvpp4tfT3erlDrFhy",
-	"xFbI8LTodpfN1RpLVLfRJdyysWs9PZUinUytSHF69maf2EpXFt961tCCmWmMG9zzv2C2hGvLQklE1fRa",
-	"UBkVa6FnNYywuF+BDbWi6aYlrHMhpSMzkBlVdEaculBeW+/ET7/iSJpsY57Q0ZE9IK+FnFMZ9QWPFy+I",
-	"O21iO3sBcSau7G+VhrZESv4GlZrROF4MPfPOfvIPTpxoQXoUyy9IO4xSRGkWx8TxdrVvw2QoD8G8DTzK",
-	"OZC1ZdkmKf4uKB68W3geQ2iuGr9YBFh1mcvXDf7DT78Kc1xV/I0QJ4yxbJBt89IqtNi3XVMYlMfR5ypn",
-	"5lCKwpvrGXAtxVyBHJALZ2cKN9UR1kPvaoV29zyobHcFun6A66kQN6fhzbrlHtMkZmGtJftSppmca7SY",
-	"EkMxEuCcKuIKFxGlhTS4yoWeGujib0kSM4gInVDW0EMcx+oif/pJOznvJYTAbusrcSzxBPdqUABFYV21",
-	"MHchui9pUuhDm9m13a+DjJv6ByLB9I6o+gx7mS+9mPJrIW6WPuAigqWH2OzCPq0lvGKgec1SCzHSxQhk",
-	"kajin1iftHb4vGzqWh3bXMLagIykiGFEmCq3YzNPMU5W308hx9WNLN4J3kezQakSZV52cpNOFYUpu1sb",
-	"82+6llu8n4qTnVe8eT1J82XnaTqlWLjSqi7DohsAVxabzJZYRaDl010+u6BSTdkF7pdsi20io93Rwylk",
-	"ebHjXCGzHdVWpibawVfswHZIfficA9uns5bk32R12exLasqSEwJ/pDT2TR/sD98om+nHNupXc5fKvBuh",
-	"PdYr3NDk0Zwe2BJdk4G5tOF8MUExF9ARQjfct5jz0BTg8PWRGSYKB12TWutvUJrdtQWhH0uIZiXdPWHs",
-	"BXu3DOYNV32WfvdyCuHNxVIiDiZtR2LOO3yt1m4foVvPqnZ9WAtL6YmEDb+vyud+sMCuqe5g1s9TrKYW",
-	"u++z7B3BtRQxSWLK4QURNyguGREd3eEop9vSlqFZuvlV3NTITRnku4NBrZez76aohwom0zrH+l8gt/fi",
-	"56sNGxEXCxgTNaUJuFbhoe2Mb9uEX05LfdiZa3gfkQRkoSG7j7lx7dERCU6qvnTQIBXJGr7kndsf2pu+",
-	"tf5LrSLgVropLeudeYUZ+ERDHWMUFMZnuawewjTpvfvXL2/3nWHt4967f7354c0p+eno8JB8e/jj9+Sn",
-	"73958nGvUwHXbpUe77mv0jo9krbjyl/ZU+m+miNVfP9375WUA3fDuICLn68eTJYx/OxxSTC2odS6WfxM",
-	"19hmf4aFdb8zTswbeclhQuOJkExPZ1icwxWoXS9kdRvuZsYnWBCe67oQBuAXFz+Ri59Oj589J4V3fU91",
-	"+8uLwWAwqmMrhZxZ9+be1mwDN7AY+goPy0DPoOtXqtS0D9Hxs2dH39U1fu/c9ailF1iNxdAW97mxCdYe",
-	"pDTVUyHZfyAaYrkfu/sqDG03se5RRIW1lI+2AK7AomqrZmOp4OHYgCW6R8YJ2ISnyRfpWlRsQLNrwlZY",
-	"9DJgak9Ow8aNjkvlle5e0KhaXyYbfdW6N2tWhk64piDm723c8j8/XNpYcXMJjehMupr42APE3BojEsaU",
-	"zaoFEb49+q69jzmdyRLFZ2b9OR5dbf2dIsXXSHXZujYvEOBSw+o82W/ZGDBe1em0FoQu3J5x4vJN2uuy",
-	"+EYnqya7sIORKJXokJqy0B6DnU5RzdSYgSJmsH6atM9qS3ZVCx3Zk24vMlLCl9JgJaDZYy2eRO1269D5",
-	"8v3lWZ4DuTlaYxWNWi5Yp7xkl38RKBc/nR7VYl/EJk52c68+/60O1Eyp1BqHW+cXOkFYpZItI4H78cXB",
-	"geEEB4PBgFydv0FXsHkOXLOQavNXkijS+z/nGN23H7hMA3R81hWZQ9WjpuaRZCIqbO7JYe3umtzX31MF",
-	"T45tfcCnz59+GxAuSGIOj0/2bSE5+2nr+iry4L9P+/9z3P/Hb//VzjHd2spwzQ4kKONH8fSzs83g0ISj",
-	"/wLJxou/3nVRXPuGWe2+TNzKKK2snly1eqJakZNcKp6olhDElU2UgHlpilCLThjLitULqcaSmH3rqa8z",
-	"Ehwt9zb2dRT/3VJDseg5avEbVTYceKDVHkjWfXMtA53rxdsrCjf79+Rirusa+8XrJm2qBXZW07o6qrsF",
-	"8dpjzo3591nJxDlmlw6uvj5Yq23HLv3B9DrfaPZR6XWFvqw1LiqjdxRiPfQUmGym0GqkovNZ1UkaJaxZ",
-	"u1FjocHwg3uoq8pspeyhRU3lPdJecbMuIC44YPDVhN3aNMB76k+6eZDHfbT07UDgBQW3YgPOYjuKK2s1",
-	"2eQY8sDk7btePyoSlzPGaXwBSm2QlZ03jNwMo8plU2p68VsFM0/f7pW6e+77qnJMEdvpUHdt7FEXZa41",
-	"DafNhQFyFdS/C0jLlBPs/miUVWXhWB8z6X5sjJrU7jD8KIUZRQJckR6HOVZIMj8YfpEtJCJa7G8S0qLS",
-	"60QKLUIRNxTq0HNBim+ZLYvxGGRg2b6RU2UEslH6rFX+CjSAolD+R5UcGuw0F4xPYuinCgJyTRU8f5rK",
-	"uKbe0XuzVMI0oTZIsbAVXwRoYDOvMXw7xH/bSO5OFvA5XCsR3oDGHqG12CMBYZa4xLMPcH2BXzij+8Fc",
-	"HfijP/hcoqk/O3ghlzQha6YoIFtQIdQCspdIcGkzFfTowEBsK/sNy9JmKOhiGb89rKoAbzjTjMY5pcxZ",
-	"pKcGD0MRpzOuStmaNtitxb8q5uVJj5+2TjoFNpli7Ln5eu0pV7GBc3cwVkZgCqvLI317nuCjSnysbY9p",
-	"wx5DzPFLdZJqyy/NPekKlK1dTmrplK9QWM4bUnc94BnjxadHW7b+b62VevOe34kItrXbQj2ktWr8NVbc",
-	"LH9V407ouX/0f/t8GDw/+tM/3//vWuXyXgp2ti6ytMYmj0fD8bhU+a2d0IoQmzviaqkqxFqxT+0B3s2l",
-	"FZqBb/tnIPyzf6Lb6TB4crTeIZTiLDeMDls3Nraujv5vbSvcbG0bHniDKWUlARwFz4/Xg/05kt3W8D9h",
-	"Q0vItaba7VBzsOd6I2IGTjfW/a8ndqOnhS+zcr0hTWiIQ2GT/2ltlMYpJ7agp10GCWOg0oqE5oNO6Ull",
-	"OiyPjxGdM3oDyvUHn3gJ3n1yQvAQihOPYzqpVxViel1TGfGwPUqyAU0ufr56IB55bzGELeR2z0F2W8H7",
-	"FYF5wV7K2R8puN9d+e6VgXZdlzQYvli5qs3i8xoQzRl+toRrm7LeDazTtVta34p4f6khZjFbN6g135t+",
-	"toIBFvMIfdpBne3VfPSB6en3NKY8XDdy3nxNkjhV1oqMHhWu4ZPGyItrOybpRRDGVEJkuKcm1xDS1DV7",
-	"tatXhErDZYUy6g95hb61MYM4MooRtQUDFXBtiwthuLfgYD/L643Sa+UqQFQiGPO9darYcM9G2taU5lWZ",
-	"ee350D6FNPQZs2yNrqM16bblDkY11p5yFx0lUhku4aDyht5rhjnvqhYZSyOtv2hPagUP6POa5a6TEdYO",
-	"bjfaxuf1ZflIwSBfShwrZF6Wdrh0Rg3H34SHQUaMdRzMiIw0wq6wv4Cm6xqjaDgtId4UI8ZnDCvQXi8S",
-	"qlwXhLi+KMwWenGt7jdlV9i088kG1vxW4f8LCfJr16TqunymhqXW8csCbZvm3Sinrz5KV92pCnE/XiWx",
-	"uLTMWqDXg24VbizDv+hpLcyWxJTbAsUzauQ/jgTX4oT1s9zBwWYd+LoFI9trtK3lp8sop62BtNE3LE9p",
-	"G67IgpbQoGaPQea6wxnqz/BiCnF8qjXwjWspDzVVNx16+rm350LexIJGHb7gAJEa0qzMc0tPZS6BRkMu",
-	"NBsz66NQazbiW1piZQ1BecsNc66A9Esrh64L5+L5rEaTynnmnDUGTHJaB4NxrF+WehLUSS8FWbZbzykn",
-	"1dZ1mtqIHmwLiHX3JCIYikQvqewdx3if6CUSXyHbdYeOmyMrvFAHpjpTw5Y4ks6D6tZZrg89qlttqtrr",
-	"VLphbHBDTaeOvWVkrpxh4DVLt4Mc9MUUPY+sQYGw2pmkI91NL6Gc8DuAwLOJ5dvePl+xzF8cGVRUbRfX",
-	"UijvhtLzUsEf/0AkquE+rmL/mlk6Lqoupg0N/k+vlYhTDWQszWZ5RKRI9VKd98OnzVm0a3AAZll7kxVy",
-	"Q6EMdRUvgFV3XJx0xTl2rai0DaPRloM622IrV+y6YzjvA266cTMrdrGBtW/tvPcHruWyMn6uHhQfnBT1",
-	"UijtsHklv7BydzUdIrwBHvXFnENErhl2UEUrnkz5nC58URMm+IC8xFJ5ikjgkYvU4ZFtxGab8Bh+YFiL",
-	"/XZA3mhl7XnOZCe0i/pxxQAVQGSrbtBQB0SJgnGQMEXGEqBvjiCLX4okHesTP+icxTG5BpIZGu3GbyFe",
-	"FJw1dTD7mfFiEsmeW/lesPd7miy0rdESxzMzSt7txfdYNL/epNcgOWi8JGmSNHBzP+FykKzrHA1ZUWLF",
-	"BC/1gDdIGNvkJJEktvijmCUxaFccUmkqtf3E/THMykRKiIEq/6P5d7mMpHvmP2hZfTqbUbluS2b3lS3U",
-	"62X+7dt5aRjKFKJhKJTeioBMffsoT561ZRsxwamYE8ItYLCOImFjQicQEca1IFOmtJCLegeinQ1lLmzs",
-	"UzMdm4Fr+mNT7GqnNZSlDKFgi5JM8iIqlWMaguoab9mqqDsVbYtl5teNTm0fMEmGNsw0hC0OubG113zc",
-	"cLd3MJHZXqsF/r5aAGu4F7ZTX2EqUhkvhtLZoe5Ma3WhdX4DWALfXBqUmEPbrwuxbI/HyemrLoFV3oLs",
-	"RyDZLUQkVRhvYMtA9bEMFHZrO3FlblXNZVdP1DeMR91PCm+jdeTEquFm+VLHkslmUqqZ4ac0ZhQLXZUg",
-	"ctfWWu0NqBtabXWzDmP5tOEdSuvlA3Rtn3O3woFtbqGaWPY72UzVTVoXw93+XSe3+5L0Uiu0ViOWq7w3",
-	"002QJgpJXiXPU8XdVLazmm3W91yr4sjSkRd4b4GHVzLM8hutzOCCsmyxzItrzZdF0aHKgWqu+2Xh3qYv",
-	"p5LpxYU5CufOxiT409SGrtu/Xnv8/OeHy72lLMxi6n/W1N8M4DuHCa4GxCU7oTxjq9tlvw6czDtDBmGT",
-	"8LPVTrVOkMVybWAdY8W5huUJ7B20tMLLKZBbGqdYreDNu8tX5+9O3w7/+eHni+H5q9fnry5+Gl6+//nV",
-	"uxObJnD2/uKSHPj5Dmiqpwe/z2/UgSsy12m5Bne+XwXKhrW69kfm875fgk/5GGNmiWuU7ppO4otjamvJ",
-	"UT21zVOzdnKxmJAJ1TCni/1O65aApbPPIaaLhpX/9Mvpy2UsqNxnbpxvsERTP1XmSUwXviO1GaPv6iOl",
-	"qOZRLPXjr8gMj2ZUaZDmt313PKMfX12SA5qwg9uj/JSyfAmcppo1Meq0dz9GCcWWUUlliSb5wYwsoVeS",
-	"H0aBTYwxKqMqp3qslXZCrkGxCPL33DSD26NRCSorEkcQBAybrgO1jWns9bF3AWE/W1f/zC0qBw9NmCsx",
-	"lGWDfL8uk7is1ggRY5JzGiI4oQXYTCmP1JTeAOn5bZVcM/sB6nFevz91RaFs9US7PSJk4KqGUd8NgISU",
-	"o3HATIFvqWBVFpBdYM15nLgGDFiP9Y/UMDN76Q0IltkstlYtLNtTImFaQWwAMBauqlmaTCSNoAOa/om8",
-	"cCxqm72ihaNvG4icv7q4zKwePkvkR9wZ1qMMY5FG5WKkg4/8I+87zdkZDrCzY0ilXJDRr30Xx9d/E41I",
-	"b0Y/kaPjb0k4pVLtnzi2Lp1lnUA4FTb49SMnJBTSkCYeETMK69JwnnGZBUP+zqX5s//mh9H+IF8cNvlF",
-	"tZ6T0Svzhzfoj2yVHkoUttolI3O5j/DTN85AdHX15ofbf5ygzK00nSX28fnrl+TJkyffnZCZUSQI5hCi",
-	"g5HMGBfSleE0I71fCiwjvVGdyeKFjfEd7ZOUxwb7IxGmM+DasoTM8jT4iJVkmDbS1J47pdLZkNOzN4WW",
-	"hi/2jgaHg8M+WqpQBk2A04Ttvdh7MjgcPMFMTz3FK/1gMIc47t9wMed4kw1+d/1zJrZ2SXYTv4n2XpiH",
-	"5m60zUKoLUbaqHvlrxz86k7zTYQ6mMcDXMLx4WHmPnGG4cT2aGCCH/jlWImwTV40iwNtKWGZy/zzw8/k",
-	"AtB+42jcjFdEtabx3eulfZg5nh5/1/RJtseDSyF+odyXQsHiBs/snld/98ZdYIjD9qsn7V8ZhZKFcMXz",
-	"wIyiOLf34t+/BXvKW9P2zmwtPcUm3MgJN7AwgrGmE3Oue8jGfzPf+1vVVYY5yMfLUKUM8F9en9r+OUEu",
-	"l9gqHyqo1DEhMYx1QKwM7JPXDP/lkeHTWUJtIkFZ+rAXhQuJiBc1dZ7IO9sHR3BNGVeG6LHmzQA9XxWc",
-	"PrWbuvB7eqzoXVln5qhswPdEKJ3aBsrbwvfDo3YMvOJ5KcY9/KgD2r4W8ppFEaD6/xciq4yQLouJlo5K",
-	"iKcSRGVDEe5ICiR2pcy5rKSxg9mYHniS6Uu/4RefsUh5XWJoKGSEOJ8miZC6T5Vr627WkBGfv8Z72FnG",
-	"Xjuj2ZgOsvI87o2BFWFHAcGFoVEZKdIO54uYm3/Zksr7A/LGtlVHKqRJIoWR3WmqxYxqZgC1GBBbGASr",
-	"tVJNZkJpzFTH7Gc39YkRv2ZMY8Y89hgilKs5uKwYfBWrYZib/fjwcJm+7dp/eX167nblEw7uTOX41/ci",
-	"WmyNwF82rfXPsuEjCxC5J0bTtIK6BuDZUWVtorDCgTohzKUX61RyiAgWTOcT25RsSwzp2DKkB9y0Ja6t",
-	"buJpF7b1PY2yVT0cIz7q8MUZXcSCRpdCvKXStqJ+enzcZXmJFEbvs9z0r8n2T9WN57JEC89bDWPcgMdr",
-	"oZNmtv6ji+k2jJ3DvFgq0FYTfH785NuAXPx0ehSQ58QW6gvIk0Pi2gZaSlSE6cDyS6YVcRUAydX5m8BX",
-	"kvM+B0vAtusbUUBjpOLIiWO5/QVHZyprhWg9hbcg2ZhBZPi863Bg+H6xPJ3/ACVE7KJKzvFXGwPgRUIr",
-	"NxK0dHoJj/SeHj4hI1810/PG0f7yDWDlTwOuLUt22+M9DVU965huDdB2At4DUPr3MGHcEl0G+Q1p/ABJ",
-	"Y9FM6qdet3G1G62Fxh+8o3kkDuQHTJOebKSbAEMB+KLMBI4O0fzapawkfue4wJSqKUQnBKiMGciqJqe0",
-	"SDDQAi1ep2QuBfozIzD84enxMRnd0phF1vaIphpbLNmKBsq3ljxBBiVSXcckHF96enhIRozjeF5SHQ3I",
-	"h2xKZcVVosWcGnnYF1L7RqHgek3DGzEek97T4+9quIY9o+1wje1LisslVh9YRKypk1qnhhpyYcoh5E5m",
-	"2slMey/2XjPO1HQ9VhrNGD/I3Raq0e7kczIJfqKsC6Q3wr+KUgJ5LyN0v1wvCItOiA0wpzEZsxh7LF0v",
-	"fIVKy/6oTtUyl4iZ0qdm7NPC2u7CL4LWt1+mUuFxtL55Ridwwf4D+G61pHC8sBzebvIbVWgzpTKHEHow",
-	"cn+QizFHN3fOJtatGVW7lsLsWaxlDvS6xWRu/G4MqyaW4F5tddl+Solt9RIdneAlXzmBr59V/m1YnsGB",
-	"EorTUArlia9kcq8yk9V8sOrLPRgLGULfxdY2S5id2eQpXxAueH9sq00i6ZCJQFlPUixupwUZ+QDf0Qvy",
-	"49mVdV9FQRbP7eKHA9enKetnN47pZAIRhn5gVEIYA+VGu/M9xl0zdyhELjBlX9s32qKd9gV5evgdGRVg",
-	"4YxRwywKeZT12McW8S6KeflDLrRL3hgNyKmzjPYKbwwQxG5gqFM48QW3tPwo73otVLhGDkTboBZZpCvF",
-	"6DjkcinHonR4Bxb+MIyzya+RbysgXMwLyPf34JqHT9u/eCf0a5FyN0UHhvlS8HHMbJbC30gULXLLcq/N",
-	"dXmy4RSNUum5pTxFRjXt/EekJ2TxFzOg4b1W0rOxBNfmNH05cCWkJljkGPMS9BQWZA7SsEaVGvWckhC/",
-	"zYp7utAHw1VB2u+ZqlGf6wVcs9RXt2Bvqkco27a8i+u/EFLX8NFXn2ioCR4GsZGRTfJmFmKZ87G1YsEb",
-	"BF9AuFobTyaO37cAXje2BGVrSHTk0wZk5/abe74RMvRbQ5TGA7Ww3cnSX6EsXTjfJU6NrLiGRztp9IBG",
-	"v6cKi/uq9STkAUEXPmb4ETpD62IoIWLaWhfnNI5BB+igmVB8S3AgEWCnUqZJzzrEryEWc/IfkOKF4cEq",
-	"HY9ZyIDroctcN9z/TCgb64JDxxBNQFoXuNJWjs634SMOmtzf39udn2Zf3DMffxPBLBEaeLj42SXe3IcV",
-	"dGlbaxlDj+5zHc1Myp7rX5IpHXeybPqDQNg/VhF3Z6VtYbMvka8ZZRnZF6HeHGqZXIHpOuxfxXHHn/qK",
-	"00RNhWO5aWeO+2Y2S228LtyyCHgIL6wMTGfgG2oxUAHBFGbMF0BPc6JTiek1LmzIOr7sp86j7VZEeseH",
-	"h/uZKE0k1WhkgD9SGgdoIECxec4UDMj/gBRBzt8xAZ3GZt0QEeefl1Dj51rmzRJjSRz4Xv964dbzGP1N",
-	"y4t8YH9TwwKqRhEbgSRdkI5vy8oUnswjDTzqtLW/V9zRjv9/cf5vEY5QTl7/mrHK9bi+lVn7WlKurPas",
-	"Dj4X/kKDtTQSsaLxupK4EaN8/XRMfcAQAS0ZKBIzfpOLzkKyCVqvexjNkIAkhUWgFdl2jEJuUS+PuwIQ",
-	"7vIjc5HGEZmIgiRfx97Nurzs/RaBcZlPvF17sB2+uLFmu3D5CLZpGH5smoGFyrlDsS+rHVTX0qwh2Hd2",
-	"OsLujnj0dwQiKqHePKFL7G2NqyKRLGR8ginC6wV3DMhVYjj90eEhpsNh5IZhdIHthpxFurr8uIYgDrfG",
-	"M7uOM1zGY80DWl5rm2EU04HMnna20K/PFupoxx5wLdkFa0lWNgvFylZmTEtCjnzI0YCc+j419mczPyiX",
-	"4+uNBHn4pnlFjG2w+Zy3WCgLOP1VmSgL+yr3PfwyskgRzDXswi5xp2vu5IgHszVSbcSIIiu7gwBx8Nn8",
-	"D9VLf+uvq15iZRjH8jS26oLxGEJNqHb/YrcwxGIkPc8NuZjvB65C3owusExXzHzLc5JQpV+gISoi2K0p",
-	"z5CUgFVoou7c8V8u23+rSuRZAfzN6qOD7desNy4Dese1d1x7x7XLuY9RVGHZnmOux7rVlEZi3jdMz9YL",
-	"X4dPn0PfOl2OBgOjAlrGKl0KvBiTkW00NDKMexRSHrGIatsob4iS64j0CkVc0Dxo/mXTpbCAoQRlZeD5",
-	"lGoyp4pcC3ED0YB8kEznWUvL3Ntu7Tzn4I/Yt3Ph18r45AslFdWuZLVWG8lFX6acxAzr9WKMnKax2nHB",
-	"HRd8EC74g0NAy74Ml6EkYzNWN+7GDrlv3rLFvCZbPKohZemda7Dx2AI679N0ZvbcPYoQj2RnMvv6TGbc",
-	"oX4pbtDSw7rWMsxIsN36sQaCFNcQkd7lyzMSCs6NyqgFGeX98kdBZj47Pt53pf4+csoXNuMlK7lgDW2c",
-	"QWRHJdpwV016sRDJNQ1vApJylUCIZRYCMktjzUKqdIAO0H4sQhoHBKv5feQz0DSimgZYm5AviEoAeVFA",
-	"sI78VBi4UEwHVyK+NUvRgggOJ+YFkWpbaPLd+x9eDc/O33//anj69u37D69+GL5888P5xegjRx+pAr3f",
-	"mJ7tXKwRaMpiNZBAleAju72h3d7QbtmW/+LCAxEdmuojn9EIBuTURurPDZ9LNcEmXeEUo4QKZ+HifDIP",
-	"gIWijXMmPWznLVwZQ6OqXwNJk498AXrfgN5o/dxCxADIDvtfiQudx7QhLAPsM41s2ZtRHcu1Svw7W0v4",
-	"KzBqvsz284UUYgRlswoc+MAfKJ8542QUU1tB+Rr+LulCO5HvvsyVttAyIpNCDuOZD9ZZ3W+6YOpFv4PP",
-	"rr74n/bqiUFDdy14Jm6dywYXlfE8LJWoDNO/Ba6FtMV6NMQwAy0Xls0Cj3D9H7lOOYe4EhKT8zrGhykW",
-	"Up2yGEoJrb6xtnkNbxT7ii3VIbhRz8xUH7nSLI6Ja2SDHLtndHXBMdRUUsbNRxaAdbzUAmYbvLQM2HeY",
-	"Wtpk88xLv99jEuXT5eP+AXcb/QVL/OyyFLenYiISOH7TLLWuEzLBseQvYZgA/dRRNxd6ODbnUSvETEB/",
-	"lVR3eO9SyaXji38HKv7bEOWPoFspMqE6nHZPLXP1MTMpQkgnvnqlwymXtop7j3rt0OmFRj16eniIhesF",
-	"J1bpQFXGV+jUU6qrpbbIvGzDrqH8NIno13Plbl8dusrg84Xs5g/KeHbG8J1m1KgZIW9p4Ytt6s+B1QfW",
-	"9QS+E1gWtVRlR2IEWwiRYYhePTkhMuVY7h57PCpNF4OSQtK3zTyIXQdEJx+5/Sca+K2Sgp87hcW33PFm",
-	"oSWrV8/37RxigCyzkff2LaPknEMCzn1wV15tF7oT1O7ELwkqoQrxyR+d7WawU8T+zorYS2uouCN7Q55x",
-	"d+4WZP28SuzM8LwZVtsX4/FJqWrWyHOukSvR7PjIRy5TnAhLQ+spcPcqYPMdbavAonXfMyLzwZY5F864",
-	"Y1w7xrVjXPcQpICdM+7GtyArUN63VuVNYmpt6x6mXJFpw1kC8yfKQq6ltZpiOX02g4+8N/rx9N3l+f8d",
-	"ot/x1bvz92/f/vLq3aXtyzi8vHxb8KcePSMzxlMNaj/AMtTKTYAlXNMEs+pA+erVH3nK0cptt+PrbKPG",
-	"5Fu99c1fdAJcuz5GI6IljWzVbbPcjMG6Fn2rvH95iXdsJPjVMbrtOviq0Grge65vpMeneEGmIGF/Z2z7",
-	"ivjXG6VSo1ZmJetzXmTPf2Omhia1tRlZObjDs4BvcgegYTi57e7E5albJ7QPTPjIC0ppIdgjM+dhDEVP",
-	"AZCchey7iiM3KEwVoiPqOA+uYCdStXKaMwOnrJZdffZkIY5gZ077e3MjRBcnTRVonov5xmwImdiBhFtx",
-	"A5uIVW4p9i5UWiTKt+EgXn/DJj1aEevixwJHPILoxLZhRRFmliov5riqSa5jqtEnqix3QEZ2vdHIDIbd",
-	"TPMiSjjelGIIV8xu4SN3Hz07fJK/5dYSYjkNF4OFq7LhWZmw6CY6IRK0XPgoOTqG2hAB+7aB/dcpZm2X",
-	"+SGMzhFkLUUpMOdhJ1Z9VfUbxA0U5Ze7CVMp38x0n5kvbKblkhkfWVEPky29TT7IzfD9vsu5DCkPIbZR",
-	"UDaSqN8nQn7kzpi1ZYOV3+1OwNrZrHY2q60zpytHXuuarYTqsxmdbDmXxtDeymya9+qNnfXvlVDz/gK3",
-	"3T2n5v0Fscezy6v5+vJqssOtUqtDk3XTa+pb0hRTMxp97rWZJh+5UENcoUvXGJBf6I3rmojPrfDg7MlW",
-	"HDFPxjGdEBRAXCf6WyZS5V9stvo6rvA1pX24o/xCmR9u9l39g13s0j1ldfCMi61gYs1Sx8Fny182yOOo",
-	"5XZLodpdOV0Wzd2cRbEl7lTpauKg16zAeADtsil2NoytJUd0ItvgjgrB/RDjBEoqxNdJjocPIQJcTiFD",
-	"gx2Vf23ZFh1JfI2siwb9Yiv5El8bNd9X3sQm+sRfm5nsMih2WkhbBsVmWkhiK6urtRpRYrvJE8Jhbnge",
-	"JpetaHR+5qf4q3Q59zB54BaLq1ZSbHAOW+pv7s7lQZqbu7m6G339znc236+w/HiBvoo1wKt8K2McK/jW",
-	"wWf3L9caZpzyaEWYcSM3c2WZbIdGjGq5LpThxRm+Ub57mC2JQTWZCddZ0XcPy0ZgPFV59UeatZky64OI",
-	"9GpN0MFyoSP7xRA+hQCRGvp59k8I9euyQidDATNfiDNz95ZLJzl4GQXTjm7Oaf8Eqw27sEPzlMwZj8Sc",
-	"9LBPJETWmO3G33d1OkZuffZdt0xMAnl6+N1+CahM2b5wfiQM1yk2iPPgxj5txbY0vVUddvIumhg4JPgE",
-	"JJmKGOuT2NjHDOp6KkU6ycr82OZvvVGaKC2BzlzbtXzc7B2JxU3USSbSY4SRaxmmp8D3m+owZ51LzBIe",
-	"2Ki/XK3ZIUxzoeaMlv4CysDLZQB/IRdDZQ2rQqIsJu769OyUinu7p4874cOPVMOcLrYZGoa3Ri+hUhMx",
-	"3seqpu4ycnxlnQtewmT9Kvy11hlzB4UuoRFvZAxCIyGVcuHuHCbNTWYmHH3kvdH/+zft/+ew/91v7v/9",
-	"3z4fBs+f/Pm/is7kcGUCd4NV106y5Eom9vmWXcnnOOjX5Em2O/pCXP5fTxxAd57kHbu9p/qA0pNsiU9e",
-	"3KSreOTBZ8dWDEtCH/JdDdrea2UG3NhvtS2z+HbYWFUQQ34bulI3NaJwAaQrZeGC7Pv8abA3Y9z/efTA",
-	"ZvENmOPhgzDHS9Qpza87o/hOfn3YskLrMVRlnj9gQX1cx98r/Pfi56vuVuCLn692FuCv0AJszpX0KLZE",
-	"s2mG3P6x30CpwTaUQBZhBLBVqn48uyJqShNwXXtSrklvND06POx/ezi57qtPs8HRp9GLjzwWc5AhVUBi",
-	"0IZSAhKxCRZvxpVzkGS6SKZYNZmSSPiSOH4aO7h5efRpdJLZjZ8//cjDKZU0NIPuZ+mW9nU0eH5yCZZ/",
-	"pDQmo0mSDvHH0YC8Qru5UxvtS0anzNVT5k3AH3nXovrqJvWaaaNOeXGTfk0K5cXPV19Im7z4+WqnSO7k",
-	"nvtSJA16rSH0HHxWN+l2wo+XC8EvVzdcVhsN77G14vddIfgY74ZKwXimT0gEeFeYfTJNGFcaaGSWgjfI",
-	"C5tXPtonWmBeO+Ew/8hjmvJwCqo5tHkLnK0MsYufrwiLAgKDyYBUL5YGrVPhIjppm0fH33ZSN3chzrvU",
-	"ye4F45v5xtYjoQ3JtxaQ9yv4+knz8L5FCyMCX/x8tYty/upqyq8i2ruagi+dEjMTEcQFXQkrJVtXHyo6",
-	"LLI/Us6FRsWGT4D0Qp8jJfQUpFnp9uKlv1a2cF8G4nWVnb8kR9pZhXfaUatVeA3tKGt8dTCOwQpAneQg",
-	"wwynIjZYik2ls3hDkaDaE40G5Ayk6wgmOKDRM7BG4/0XxAbzBh95ucJJQGxpUdc3OyAxVZpMgUp9DVRn",
-	"FZ5/PLtSWU87JklMteG3ZicsVANyiT2PyfXiI8+5u7gFW550PhUxENzwCxeiad5iGIgMn2io4wUxaxZj",
-	"r6JBFJCUT4HGeroIyFgCkJ77E+sWUu66egWl0vk8K1GY5udmAIIfjMf2iwR4hJ0na6r5FOr12NFOyAhb",
-	"OmOVMbt9lc4aBMzXZpOX/pD/Zsb48uZX2eTxzbwL3M4o/1UxxsrpLiWQJA2skdNVqSNdZcxa/9ilG/zv",
-	"RZB2190dZO4IduT49fnIdEYAJVq8UuaQ1+057b1CKk4ntjnxjHGSKrP6rCZOUwz7pc/O+GrcPnZHX8jz",
-	"U15CM5WXWxPbZrH+1PIK9hEYLRzD+o0Q5R8nUvwOod75kXaa0p38SD5Dx6Og7SToniI+NjGoJnHh4HOW",
-	"MPlnQXRYEsy3w3UqBge77sb8l2Iq51+isoUDUlOjgyxvdWde+bvbiOtTLAvShLcT11lavy5avC/76gZS",
-	"xUNxAnuM0Y4j7AyuD1qRF9GulfsURYUs4KM/kSJNmq0Lp9mbxL7pPVFO9CWMk9Gv/TP7V//ND6OAiDjK",
-	"KlaQnjW1BkUz6Qxm1yDVN4RFakBO+SIbTYoYyIwuiAQaNVS7yFb0o136/WpMv7qt/TUtHRVgdTd50Oq5",
-	"74wfX6HxI6fjb9TykRcZSZXomk0jIxs8WwoqE2P0Y6Dnl+M/bUxt4NsA01AKbNWCHdzsK4XiBN49YhkH",
-	"EZJwwcElnU4hvMEpKFGMT2IgNgyNyJRbJhSUih4IGRnV3jeJs14Y3PELfGBW2auJndk/cUUo4hjkN8ry",
-	"qt4tgznIF+Tp4RNSrqCQgJwxpQwARlhJQoIS8S16Xi4ufiI3sCC9p8fHZISBewgqVxzBTXWdRhPQJIKQ",
-	"mWEyt5OrzWA2OKcL3ImH+ie/hW+U9U7V18AgNiSQjOwUeUmJE/L08JjUl4Jwq8oxJhQ8q9URsxnTNmqB",
-	"8Qmpw4Le0+PvyCh/Mix8P8TvzRQhTWjItN1W6dhLqOM2Zo6o4NLydeLGqaJxNcShwfBWwe1HdZ88qL2u",
-	"AogvZLirrOIHjGFdYbk7KSPJyMEHolFgKUCCAnm7Kwexk+Mf+51sry1qL6OyFKYC84e9+ZCbrb6cV8n6",
-	"B58LLBgfVYyEVZkwX46LL8tkf2VjTAvjFUJNawNNvySvXa3ZNNtIasD1V7FcdmamRpKyYPAJUk5J21kx",
-	"dnZNypeUg9xX4fBk2/zoQEIMVK3ouviLuAXlLn/7MorWTg7QwogC5injk1FAtJiAYV5BjXpBem4ThRJy",
-	"7svA/ROigIwpiyEyPNiAEvM5MEA3hrEmFIOgFubB/oB8sE35/WJCyrH5/wubqlPYr5twmC+VMKssYfEz",
-	"99DMma8DYgVLAxnGa3NzRgPyL1RKVJtWMiCnaYS14nqj6hkM3Hx1kSPupx0z/6sxc0LH2gUfujPcsfdd",
-	"DtOaBcgQbyoGmbGXWje4BroYnzc3O9t12jhfwngYpxFEdzA67+zN3VjUJqbmnZH5b2RkrpcYV1mWX6Kl",
-	"N8jKdKMhF6+4axgLCYTyRVY4di6Z1sBzk66tuWBvREVcVYxWOy/yBWdPZrzEgu7H9BtkplkuhkpNhzew",
-	"GBn5b+T+WF5p1UzcVPa4yeYbFEcxYlJktuqSx/0cZZNzr91KDLLvIbVsJ17TFNxo6700cnZVmkefgiJM",
-	"k6xLaeCtgArFIbQLGkxQWkj7KlVF02G7rXhnJv5iJSILh9BsFq4c6EnZFpxjxs4qvLMK/xWswoi+KGdX",
-	"0upKV2e9gF2ysKy09ZYMPVu2+D4S+0AXy8Bf0SbQZAjIt7XT9Xem3JIp945s5ABuVzY1stXTUDJjGqM9",
-	"iiq6iwizQmlgBHIhXeUDKSEuEusqffzV7QN0PXq8vOWvbCLAo+tuJ3A2HIt0O1729+Zltp8WmTKjwS2s",
-	"qLJFztbR+USLjqeC5FR2PpFeJEJVdHzFbAzhIoxhMIucvowVCrDqwDeK0PCGi3kM0QQw58z7m1BT7Y28",
-	"K2gUkGsWx4xPsAab2h+Q06oDq+g66uJ+Oqlzc73Yjrup3ZG0kxG/sIwYEC7mReTdMdqdg2gjB9GW+bHS",
-	"VOpWfsydYTcgLIohQLaYWGbmhhg69rbErfFXZNdoGAQeqQpjtnZc8xrRVN2coClRQiKkRu8+cmczmGOM",
-	"aLUtT9t2FwzIabbmwgolqHQGKuP22DvN9obz5Z0nlPGAKIGLcgZrFxqdxUG/2Iq5eL8pDnmVUXhAzr0t",
-	"LrAd38zcLsDCg96HWASFAIuV11fhFjrJr7wu19wdYyQGbtH10RH40+5Se3yXWkbjO6vv7jZ8oNvQXhhb",
-	"vQ214U+cxn0FlkutuBcZ1/Ye0+IGq+VTTUQCXJHRj68uycFcZcNV5/GXlf/dXFAvyJNjIimPxIxcLzSo",
-	"gFxTBc+fpjIOCF4hmLjx/JAoCIW5RM1tYR4JDuQDXF+I8AY0VkwJyLVBIXNn5h7XoORk9VdNkZgzx11k",
-	"ix1R69S7+Om0f/zsuc0KsrtliqipmHMieAgBmYJ0SUOFu9W3oZUpx0JnvdL1bcSI0X57zN0Jsd5gRczd",
-	"uvpKOakEVK5tZycfsLOAO/0hi0aFE5ZAtabhFFQZrt8oYiARAf5oJBz8Omu/XVhQo2t6uZmBW0K2uCDr",
-	"6yrBdsvlZmHZqogW+80VcCyeXdhB/97X5va9txXw+l5/X8SFWz3qptIaBqODEg3bio9zg1O2VP1OQd1d",
-	"yWtdyeZKzHJF+waJ/AVn8a3T7Zzq6UEsJow3X71Xvu6XQdmEKjUX0ig/caqwdGaCbe8KjbBTBZJMqSKX",
-	"7y/PCHAp4hiiAfkgBZ+QUEIEXDMaK4w6f3p4ZIa5AT50utvohIzMwsxlowSn8TBieFLRiBy4n8DANJFM",
-	"QV4b0A33pMbVgju8Cx++J1721izsC9UAOU319NLAfZXb4oJNOMZR/T3Y0y6Ko57pQJhKphd7L/79W5EF",
-	"nTkCJYpNeL9c3SvV03peI9KS/WuJUs3vj5NURbpevZ6a/inncCtuICI9GiuR2b/mtJiyg2/s/xUJbkc+",
-	"rWq0OVw0wI4lqOnyTV1PNu71ZrpxL1y64R4d9ZwX1veY77tTwmFOaGgQzSmiRuyh+Lh0aNbdKeKo/Bh1",
-	"9QT+mmWzdvS71vV3LrRvxL0WNZvbMk2aJW6r0ipCiZeAS5U1C1H9zmRUrLBZ6anWKEn3nh4+2bc3UFK5",
-	"xg0Oi/H4hIyMKJ95HWzmAX753X5Z3Pd1gbFu8LL87Tb8CPnSBa7sSwWAd+NIVSTwyZA2Qwy1rTlIIKEv",
-	"JJIpYYYXPRYBflen91EL7+WUxwa+pSHpr2Jcp2Sazih3OGnYT+bJtsaAsQ2PtF5pSmyqjMbO+ojWE9DK",
-	"XbalOzikUi6wHhOdyRH598e9ZB593As+7gmdfNz7zfbLRVan2QxGA/JaSPLj6bvL8/87vLh8dTa8Oht+",
-	"ePPuh/cfSM9XvX5GZoynGtS+yycuDGAdDHZyRTVTYwaKZFxN2d85QEQcVE6ypGSqvU+bEyEjxqlclLeT",
-	"cs1i8xJ8SpgENSCnZC6F9SIj7xaSoJ2dTxA4ga2YUgPLwNrYn5CRWccwTQr2kF7ZzO2sNd7KEri/JSQx",
-	"XWAU1mg2pmgD90ab0f4JkZDYTJS5td9gbbNYhDd+51kJMjx2mxIlqQabAFXMz6qux0x3TcMbMR6PAnIO",
-	"Wi76pwaK+wPyTiwLVkypFGpCac1Crh7n/YIr+1KNtNzkqy4Xf4ZF/NzZenbKqrkgpLg10q0lQusG9Ry8",
-	"5/Bmf+Wt4eJ8DmiIZfQaI+zz8uNZaJD75ART3VDWHTOII2sz5mkcD8jIvTt076IDkSn81bFYdLnaX4kU",
-	"c5c8W5vg870d7NQt9c685J5ourzMVbRtgFqB5i4v/asi0O/Lp+trS2R+8qU6yu6DeiJ1MW6NRPqe55Fy",
-	"CUiSpUL3Ru6xGgUkpFxwFtJ4/4T45761GkkkM0snEVNG5igMoXMO4MUz/+P+gLy0/zQiGJI/3AJ2aZvV",
-	"CQM5LX/vdvTIadkts5WWHZB3RPx1EbE71rtSL0a39m1W0cFn/D8GWRVyMJoVt8upUFhCGOtEzCinE8DV",
-	"4DjfKBdsOyAuX8WGCY+FnFPpopd6IgFO+h/Tw8MnUMz8iLKHtnoERPsnhd+RgfHyBzhrtdOvjZmofJiN",
-	"6WuNPT38jvSW4ntGNulqmCfx2aCnOBZz27n4lLtZC9Y1254Yy+m4SKZlblNYtydnBBUmhW23B4Yd2C2z",
-	"MZzHn/xfJQC2BmoNDBB3tguT2YXJrMVfT3MCJdQnDYCjzruxVsd7tsBW3yfe0bTEBhW5hlDMcu554v5V",
-	"4X+1PHNA3lINksAtjVNnuVKaxbHry67YZKoZn7iSDJXBeqP/P3vXutw2jqVfBeWqqUizsix3PL3dcc0P",
-	"TS4TTxI7azmb3RrNijAJSVhTABsAraiz/e5bOAfgTaQsJ77FZv/pmAJBXA8OzuX7NGNighDoXXKeGqd6",
-	"KQbCnptvl5vuU63MbGVmKzMfYLS/3ZzfJS+vwlNwNVcgyqzMqOIrMBrOc5xex03uJBTYepaIUitYt08c",
-	"UZgHCgUZhJr0rg5lwiL3YX3og9QrzxEKl2sgwJJZRRXcxg4VKwBcdFlksuSD1T603RWfgLkd1GRwD+Q4",
-	"cv6jneI4pNqQOb1kuVG2+G0XxL8BqQ0YXLE5cwk2M0MWUhuyPxgM/CfrASlKkkXfrCw+wf6zrNM+ZL9A",
-	"PwrC+beUAa20k875IO58H8JETXOqTYG10NQQ+HECFfe+RVKP7Ptn9vU7PB4+Sm1SdbV1wa9+TFThiiT4",
-	"YmtueFzmBhS7bnKvY3RogrM8Kwo+F4RwhcglcikAxtlqvPheBxZesaqur6u0R2FlOnlBArsxMdE5cDbF",
-	"iXukWM6UZJVfdgheZ8I4JCh1zqWZo6Q19vQ4Z4T9ltK42ycfmeIy0mQhhZnHqx75LaXKMBWvsL1CpDSG",
-	"D3w6e2lHjomIKpLga4dga1BGT6gJvC0zE+GYROcH3Xm/8U0rtMNUG7lwD8C7rEvVQUeZiPAvjO/J/nQ+",
-	"7Lx4nwR0AWZ//N9kwYVUYIzd7/f3B/+z/5c+OUJvMOEiScFpvZ4vRQRd2MuGbTM4YQ5zql84znzo6pzq",
-	"0hGzwR7jkrHRQ6wYpHIFjRlVJYH2OKjFS1261xymutOi6ZQQbOkm95l+WgdEG410a6zh535bX+d2sedx",
-	"HzbkDDOqU8U0qOGJ1CyaoCAMEGYCbxEQmwNRNdmNxIo0u52YLjqmCto6FZ5ov6zhl5X7LuECrixlQY92",
-	"7AqnGxklDBGd7WDSLCeYC7z+ZJvOe8WsDMZu0diW8pm3mUuNRlFWPR4/1PgudmyruGELSEmsG6CBR4le",
-	"+zCekO65GwXXZRaRv2LwM/k34qvsOZoGiPix50sVh8PFoGZVoLPgr/YkIX/yZ6X/XGDmiml7q5kA1eKG",
-	"9wtFE6ZCZrv1J395ss3mYoLVBqTDvlBA4zdsxpSbAw6AfloS+DFeuRZxTXzbu/2a7tg+LmUaR5PzWIYX",
-	"AfIawr8nCGjiDnKd2rGKgpLuHSypEu4dIQ2friZ2IQSHtV2Hb9kXMB1cXjJF4zjHRHF+V22UFDN7bbaT",
-	"/syR1ZriVRlu31RfZMFc1UV/uL7gi5d3VFYokhCUEcbXT3XbvugGT/W7OKNfuTG9p1iuhrZsvtT5dXCY",
-	"CYIlzSDl2yiv9hjeebHzSq12VSrW4JSsHKCZFAexHl33jP7qhKPDao5YzAxbP6hH9pJmBYcm1N8gUaBl",
-	"p49zhcykNwTWCRVb+41eFWp9CY1ehKyzt+tGqMkqfAVdj1o7/9MGE8VlsFmjtjvChPPrbEIw4mD2vzff",
-	"THPXAHoE0e/YJ0EYM6ommVFCMQwVAaeniAgw/HeENMTFXjg5U7J89IiwSohjuqvYOcC6ve48WPc51pkd",
-	"SpwjAOlSqgFfBz+nNN5fa3WsDbBqCNyc2UBkwgSLyAVjibNWYejJurxKk4g+Unl1y6rYJxi5h6CIXWEu",
-	"wSmOnqrJ5LqCutXVrhDwuPCvbTLxV/ddzQxEezS6Zl9VYm97RKdJIpVdxGEhCNehmTlf7Jv/IlrQRM+l",
-	"IVMlF/BbNYy3xld7LEnML5l9P5Tikil/Z02YsmJnc3SvCwpejXynHniYb7W9V13esoHzs9Z64h6X/bM6",
-	"v98ZAZxqOmuO3n/PBdOoStkXJrBPuSD/tP/oAZwdQYoFjIAoIRpqqSDROMqyvleYcowJeYeYyqkB4xaT",
-	"CX32Jxol4X3Uo8rovBuDED5Bh27X2/NGycU25c7kNqWKDR9JZX5E6kvXh1OruEBHtme2UKDswDoksV1v",
-	"rcR6XGFh1fn9RokVUkNjOduTepcv6IxtYM5Fz8zJiGDBHpJlWpV6BRSP/bGoFSEv8RMn+gg/cLtS5KHt",
-	"4ZMRdHv7nZsN8I+4Y58WD202VfZwdgD59rAtbDq3+Os3nb5Ir9xvo3efyluNR9UwzETxah5gKiJHyp7J",
-	"A1uKixlJYirAlzoWmV/JPnPuuOJ9wT4+JGyRmJW/LODr8EXteXCfaSeIUsFNN8NEsfeJsR9AHnOTu1Dl",
-	"1BEdzLgUGrH5UyvQsivLVDGWERRKYUVcj9g9FaUwHcChoK8QOSM7vk9L3Piev/u0vcSxS6wVNg9d2KB8",
-	"Qb7nd5+09/bbrQ+xcIV9dh35s/dVX6Qb6TtTcSEALFkRLmgmlTJA8TLVdd2WnLHCjrxZwyo0xErE/qxP",
-	"5vuDwe4vg9n5rv6y6O9/aTC2amhEs5m1YFbd/+mX3s6Ci+zvu00uyXdzk2Vi9O7TjW7db1LTWy/QJnrM",
-	"ys69anNGLKHKLCo0mOtn3KtCuad1xuU93/6MK4xqexN+fIcjaq3ZFF99GXZMDXrrYHop4hVQacXpLPMw",
-	"gh3ORVi5EC6Ms26Kns6X7uMInX5Z6dU9xU0XhrWZvr8Njm6Do78rODoqbt4aQVJ/iO99zf+oMOWvack3",
-	"Jx6qvkRfb3MIQqmVP0r29eaNf1Y6FVpPf6uMX72JG4Oy6tSBVwDh7BOyvNksKuy2Bm0Ao1Ee73a/eU3j",
-	"U2XE7ink6GqB4wONWsFz05gPraaybUzSNTSVOaOxmW9SSt5iiYca0oPNuyqCZ/jxiFChl0zd6P3/DhfJ",
-	"Bvjw9/ySCaaza6/trFvOhfl381iafe6+sQfulD3Emt7AhmDv0+CFCmZUGLXate8hkzW+GxwSIck5o4op",
-	"5IaWgu0avmCuAJxKDkXapbXJaOWyo8YipyTrk1NmUiXQzRRLMduN+SWLkD0ba+h4Gr94BUych0jiSbgh",
-	"g58Hgy4mvE3pueIheTkkRo6FUanOSUDdbzSKlIP3iODbZbs33PPX228P9/2xqFCm9QgVDk0cofAKtGru",
-	"cdAnr6E2h7jnMb49MzjlwpEPAanEWCSKXXKZFnlQALcdGCdSIVhcZ3fHao9lxB5iSpdtF47CPVkNig1o",
-	"lh6vPWleSyLz2GkYcKoJhW1YkJz+43bB6I0C9Kv9HxIq241qf1ZSJyw0G0kdQaRacQT7P5YzMqOGLemq",
-	"R5ZzHs5JophmnnbZFnLUu/CVF4Ri8C4KBzklQdaOYCzcsUccCfELYvdVkPPXuOo4yF0D2cwZAQIypElF",
-	"FPDrRLt0SVebxd/hWmt86CF0zlMkNKZxkA60fcH1wl7EunWCLR9WOyXfz7S1doM6ioomZCulofEdz+yc",
-	"zVVOknzO7BmlPRtxzZXLzcm2vsefD+7T9ZgN7FE21lex6tq5tTN//w7J1lvSKPC+wjL8GyhowBLw4p//",
-	"+qMkBfMJd5JwjUvr2+UhipFNKJ1uX2UCrwjakCs/ioWMXzJPUGO1rKou2M1Z4aRgY6GNTDRZSnUBSpcB",
-	"8udMD0Qlikjh+GKYiBjgANVLMTOnoihlCddjcZVcc8ALV4s3HKVWtN22aLvq0miX1s2zsLQS7a4lmiMH",
-	"zFf2N8gzbegGHM1TXPWOWiGmZirVgoQ08ZGPgX/YlwkkwUZBbUKVb8oIPvdQbS6lVm7aRS9lWnTHS3u0",
-	"xBBD+kNqCT+eSXBk9wmLyD9GJ8dEu0WVsQRFCy5OkqYl7zns9xSL6WrvK82o6yt+zPr7DPXzvQvzDflI",
-	"PKRkCUjcGUH+Z3Y+kuEFMySm9tB1Z/ByzmOWHbr+XcRQLdxa3LndiWSoswb3F1HXgVaAVAACOKLnUhln",
-	"Q4IeeU45pGXELClywVYkYgpKQTRy4KjrPgxHZ69PJ+9e/3fQy2H4uPZt62XNwn/lo5UpGZpphIBBHWMm",
-	"JebcW/Ul1S7F33dVJszZvrKh0kYxuvCZYGh2s3WnyUzRCMPQaWFAOzo9T5Q0MpSxt9j1fW27MAb9y/2g",
-	"66bkHOnxFvZAmDGNTH8etIjRxTNNzleGaQKAjUu60n1yLA10IYy5j62qgovHdHXmvnmzmswwH+FGN1dp",
-	"zd6mV3sfZVAlOnXJTThnWfJePjVbTMsP6TZ6lDjeP201eH9Hk82NajZOGJzaNVGv25xVhANKtnNmloyJ",
-	"egmst1N9FmyTV+jDw+Vy+qSZ+szN3HNONSV1I9YI2sGYoCJcwXixLyhVHclTq6fchZ6ST0hhcdqJrCxK",
-	"MCs0qh5vZRw5hPhc4bavoMZNOplqrlO7oDGWw062THT3kICyocmMGXIweD4WG8BmGjKPcB89rXhs2+ft",
-	"I7ExcauNwX50MdjCLX2/e2uOFKvT0oT3V3QRbzpcThImhh+PXskw/e7oqOutfN+yWrPVwf6vB88HB+vK",
-	"YO354jpBIteLxxd3cDYHkFxhFA1N1s8rQg4Suqomt1wVaHdIBFtmLCT1QBUffbVPS/a6bm8vfv3wtxL4",
-	"cWbB5Dnd+YbIIsD8o9oNuWdkspsmeoN3piYEFqPjNaH+g5m1I1HykkeYe+5+kueOsYeMjOIJ29VmFTPi",
-	"2nUE+6GLgMsO/brn3D15JFChWjQ6EM1CBfjX4CqHkCIll5pB3A4YRUIpplxhZrlvS+b/9hWi+aVUJ+Ga",
-	"eLdSyEiHClJIrNl9x1YOZceBd3NDFItoaJg3QC2tTgv1hIpF3HgwcQ/eU+yON0Sx87mUF7ZmqZzL3zc6",
-	"pIlJFXimBMEhIjI1mkcMiSTcfwT4JSAhXxOH6uigAVyqVCyxxkgi9DkQHCUNtBMO4RwaSqaUx6lCMMY0",
-	"wWtnVs4vJqgShn0G9kdbWOMinqT5Kg6aEqXckjiTyafkMaVKFft1T2FP5SZs9oBlmyXDIY3WN85htr+4",
-	"21YB7qIJ7qKgzbx6evHMd2szy/0dwOpDvdzFI62wZN169kt3+8PRSWW999W/+0fzQXnsQ2DRxXBYinO1",
-	"C40JYzdvHvgVuANxxGeCWhEfENwCpBOYvwKPQpgK/sUeTFJEGpkVepf77rc5+0Lefhi+3B29Hf70l5+t",
-	"pjfewZ8Mlu3jX4ouoSX40JVhQY9oBowFJLjcD5CmSbszgQFPxqoozt3x6H8HIGCwjYiZPW4gfgzOM+hL",
-	"j1Bi+IJpQxcJWUjlAiieDwZEY4SGKj0m2gcHT1OsAM4wGEF56ZBt/DkZ0gSOFzdVk+yzWUga6RwMBt1a",
-	"rg8PGawYhg5HeNInTOUHnmcsRZwNYCOJPOH2Lt5PKIlSlMf2cI05cpm4wLufBgMnFrNCAQThOR9VHv9c",
-	"1AbsROGXKbKRACAy9T6YjpsRA4Exq4R163wvECXjVvZnHK+b9cF8rGyoBjdMYb81e2C2OLQ++npqSATP",
-	"1rUpWAZuI2Utwz/ztlV33k5D0Mov+7/+dM10pz/v/Xnnxde7zVAqz/YwvNjIRwsn+yVTfGoXtV1pbht0",
-	"7DamOZg2Pu7e81HeBjRfK6D5FAVA4XKWCTUvPat0sg3HoLOb73G62FtM6a5dFFwwvckWvyQLK6TmuVEe",
-	"RRy/5DGbsSgPlEGs+8w6P8mt8z3CRRinkT1YUm2rAUkK/+wDwY0rBpj4/n2Z6C6JaXhBqPCUUnhwkikN",
-	"jVRYfu6b+OHNkCgWShDbbjvjoSATJvrkGOn/1mN4SCeA70/8/g7Qh7DkGlCV6QIOG2hvbbzPhzfD02wo",
-	"H6pDrdjITTeGrBBSmuvWdXYXph9cvH7k5TTbBruwP/z269gyoK50qyFAp3b7VTa8TxbcBEGUZRQ+1IXr",
-	"GniVdfQsJ8jSRRoKCBtynFxy2q7mOzVkFoArs1V2DfSez3MmSFDKcgeONrngxngqPKlmVPDfYWk90w0J",
-	"/FSjYc7ecQq/FELCi9A/B40WLWzzozJmYZfuyY5VacOGIFQ0XB1WtjaYRpcCD+Y2P7/Nz787JKEkkwWb",
-	"k/O96AOjk6N63Ejf9rFE6o32hQzNF39zthTPHwXqNOTrLaW6sHOje42wJfjZG5Jk9S3nUZ+8pEpxpovE",
-	"lVlklrtFZO1qNji48fpxoIwKY7tJnLUMczcqtZ4eJd1G6dNrDMppt/0tXlGuuJa0m73FLrty4zYAl5V1",
-	"AnRiQARHEyzZE9/ot4Vd9i23pTuTMx61rJU37ZXoXiDLvutKtIdGuq2slR9c0acn3X7A6NbilG0f4+pW",
-	"QyvEnrbSBKZkvwMX2ba/hhG5WXUCy0qqmSIONyOWYubTPN03M9x50gls0QJLSsFLeIhwcVwbLmbe29Bk",
-	"gKFRVNoTrRS7Pxv4sDIX9xXOWVoPdXIxilprUavQ3ZHQHUZR5jT9PmVu7yv+43o275KQPmULeenhuWOq",
-	"XaFG8apsedZK2EqrP7hDKQLeQDe5wPoHT5tAobLpu11b3EEdHI+dx1botSbya7Lqwrq5Qn59g6GNvGIL",
-	"aa4hiEqGuFYQPVhBdMu2wm9QLAd3p1gW7YY4xK3AbbXMu4mkmFMxywX1Mw0hxFfqm1rPdy/YarOdcDR6",
-	"+86WeVqJ5Njr7W1sdhjbHPLHmUOehV6ORm9Jkp7HPIT5LuyvkZ7DJtlAnzhnAKbHNUmo0i67xKUWs4h0",
-	"1tOMMSsawfEgJVkAiEa5Fd1Dh9KXJfVpumBkysWMqURxYbKcFSnK3aEhxKVfwdGIO+ExxWlij+7JPuWG",
-	"s8kwdVhYEnaBFOaxpWxs1YPvMEKJiviqlV41ysHe1wu2Wjc61UVC3oyoqGBGjt6i3GyCtMTW3blNpQ07",
-	"bJ1qhSjC6+4uyNi7BuYT6WyA0i/k2NWCQWF1CB/4tNT4vOfbq/LOSYk5la1K/yhVesydvZIW3SNuXocT",
-	"HX3bTueegCdbA+TCr90c5siWsecXAB1QR6lQp33nC/gxaeB5r+5JCy8Ma8uQ3qrbt5TXhHZ4saWQqWoH",
-	"e19BkmziFhjiJ2pzL9dibDoHg4Nubdb9zQmZNeoD1ay4u979KJkJm0WGj39q7wNtZgLNduW1N/7l8z3F",
-	"Zlarb9zzrx0qhy2FRj9uNHHtQXYdbahhhyRwRGETLDwJZcQCD63k0yBdRR2RxjHoJ2MhpGDdJkTv/3x+",
-	"6hr4UFEOfAu3gTlwg33vWAZPSwNX2QryW8HOGY0+yIjFfkdkvDt2qPb+d3lhvzNVTM+bgeZeC/vJKqYo",
-	"E5dEMwMBB8HR8dnr0+Ph+8k/Pr8bTU5fvzl9PXo7OTt59/oY9oZm5jCDKjsYHOSX6yqFjplTk/OhVSOn",
-	"oKX2Gw92n9jGnWI7N6PYQJEbVoe/6Zy69qnzQ9K3+YUPnHz1LCdvpAqtgumWmT9qNJ8JLma7F2xl13ER",
-	"1ybNcMcXzCge6s1kJljkdleuYV/MXhJTLhoR5n/+9/3BL7/8vA3E/EclF8zMWWoP2i+GsC+J1BzYkFCJ",
-	"fHx484UuL7IZq8WaB1vE740qBSAyWmn5UWozU2z0H+/B+XQ8PBs5Wdgjfxk8r8pC+6gI17iGipUTgzHA",
-	"Sbb/DucsvOiBQxOEs+2mFdEslgmrvZ48fESwreHAVi8IA/0tYgkTESBQu8PmB12fmeC7u4E8lgYQvlYv",
-	"CDUkZhA/KBiuLLsWI7m8OY7SjXiCrrUvNuycpj251HtCGj51A9Ws8H9qoLMD/SNJ9Zzp8kWjVC2hGtkO",
-	"QSp6MrsXYxF8He+EcyoEi8c7L8gY7uMvEBWXRx4Pl/wfGe9INav/4VxJGoVUm/FOj4xBSGNdWBohNeGp",
-	"e8uWiqihttTXfr//h32g7R2FmuKbp29ekufPn//q3/sj6I/FGXJmCuTeBmUtPbcjdZ5TymWDAFcw179e",
-	"+acizBXp4LWsOxaucAbYn3XOV9MnJ8U3M2JAei7TQj466RS4Du1VLNVY+YzpXlboPI1mzCDepO7a9RzO",
-	"UW918f5kOZckpIJoxtxcu2Rk8spD6nJNzpk2Y8GmU6kQGtcK1oQpzTWAPNm3gQ2ytCr6i6g/FmNQLxz4",
-	"MpfiBRIphvaS4dggO//4fNYFAqnzjFE26BHGwdrEBQmGTklzNSDxLHFYy7YOB6k8FlL1kEPS8RHonl2c",
-	"ZSLAOopG/HJ/vUoip1OmWESEXdtGjoV/pdzZy/0AI2Q1U5dMERbOJXN+tcY3PIECQA2jfcpeiofkt9QO",
-	"PWoi+Os01SwiHep53wWh5NPpe8JEpEma2AexnGnHgRCcKD7jIiAFiumxcMb2ZwDCRebSyjRFgBSbOMrN",
-	"45OzozdHL4dnRyfHo8nw/fuTz69fTU5Oj/5+dDzqkzdIRGCXxBTBo9lYOC5MAO8EiZ0dzf7IdRCigZKp",
-	"YQEsocCqFTIKYH4jZiiP6ym+3G48LsmxmzykN9BI2tH/6JaKRjCz4uLhunlqn4hX74e8/SzZuQZRsInB",
-	"urTgEAK9QPOaMLVrxX/PysHdkrQHIsOqXNfdzZaIZU6luzXr77DQIL8HO5qxiBz0n3dL3CogxHR1Aes1",
-	"KlQQY7A9/Q9ge6gRi52cq95Kbu9JxGpGyLobdN2eaRaJxQ/n3P/On9EoBQ8GAxI4qPmJk2pBL5MjfaT9",
-	"D7C2CRcTqAnh6HXChClLyR7eTKyO0CtITK4rMtLzEp+9Pv1wdDx8X5WP4P94XtcybBCR8D1wmNg5XlZg",
-	"/F3nNTkY7JMAG+9+CyBnORUXQi5Fz1HgMEDxt4KYz4R7u/Cqx+J36c4JR6x9VizjHgcAy69WGdNMLt+z",
-	"pcW1racs4JHFOJPfjr+4Ts73yXBqHI2Ar9GxH08VYDY77mNPrlrhPUaVyZ7BpeKgdnqS80zzJIHjfZ6A",
-	"Dm+XBvvCYYm4sFdoWiLFLEB1IV+mPRIopvnvvv0JLxVyG6qG/Xrt5JIJEy0N89Y0zE/n1GzTB++Z49kv",
-	"uQ3mz8Id2EskLuztWBRo5ovWz+whHOnVL56vaxogbVAW1DAlO5GGLNLcaBZPScfu8AJJPFfEOfVIotiU",
-	"fwEhlKp458XOHii6rnXVL7znl0wwrXs5inkPDzzPKAmyz1n8+rlQcdaFmhBaPhO7adID+/AuFz13HHnr",
-	"MZy8aDrO8lhcnTAo9dwiDjnY35Y3RVQVKkSf53qNrzIkaU06oT3ZQ2ZXpe72cixyIDUoA5gUqs5ynDa1",
-	"dz2Lo1CDj9S0FbhHf+NxDKI1f5RRQhSevaSGxrJUDPleCw+Kq7D28d+VTJPSbyMjFYXwmbx4Ui4yTJKh",
-	"MnxKw3KLSnpssfUODf+UxYzqcgvd9hxiXkj5NRzcIdgGXioWMWE4jesG238Bw+K4Nnjs5qGVOJFZfKXv",
-	"iC2dL4/iUwTkrz6tb0uxxAdK9YgbVv/Lez5l4SqM2dqv61Nnn44u0vWHJ6OjhVVr1ltXnSd4WFkC66uU",
-	"phE3xCjK4+rYDO1Pa1WWVmO5vhOv8TiypAUsBsdqQ83a4J+UW1zmwq/5YZgkH5X8str5419//H8AAAD/",
-	"/w==",
+	"7L37cuO2sjf6KiifXRX525R8mcvKGtdXu5zJTDIrc/Hny0q+vSZbgsmWhJgCGAC0Rmsqz3Pe4zzZKTQA",
+	"3kSKlCx7nIn+ScYUiUuj0ehudP/6814oZongwLXae/F5bwo0Aon/PActF6djDdL8FYEKJUs0E3zvxd4F",
+	"hIJHimhB5pRpcg1jIYFI8wnjk8FesKfCKcyo+XTGOJuls70Xh8GeXiSw92KPcQ0TkHt//BHs/XIOv6eg",
+	"9JtouZ+XQkqIqfmLsIiIMdFT0w1+QHrmj5DGMchvFPml7xrqv4kCIiQRHMjM9BSR6wV+qEDegtyvDI9+",
+	"egt8oqd7L46Ov82GqLRkfLL3hxliQiWdgXaEOU0jpi+E1DV0EVITISOQA/IylUpIRagEci1SHhlq4SjM",
+	"S6mCiMynwM2jBZmDBMKUSiEyo2Omsd9TkIu9YI/TGQ7I9Fgc+H9IGO+92Pt/DvIlPLC/qoNsjB/MYJDO",
+	"37E4ZnxypegE2kZvKC2poVxqXicx46C2MrDqKPLxWXotj+pDQn9PgSR0wrjlhBDfJGMpZmSUPx9w+KSH",
+	"9sdR02Dtz00M8OzoODD8mjHEMjsEe6+lmC0P002MJCCZiEgs5iDtujcNxYy/NJCxkDOq917sRVRDX7MZ",
+	"7AXF0T1/WjecNxHMEqGBh4ufYLE8sHf0BhShJJRANRBFxxAv7Fal1zG8IJRISIBqMmd6ajmUzoDcwIJQ",
+	"HpFrEZnXk5gulP1VCwkR6SnKmWb/hmifSFCJ4AqyqVo5ks+1MMi+GeWqDdhG/zPDOuzfYL6to2tCJzBU",
+	"5oViLxGMaRrrvRfPDpGoViQdHx4GuYA6qhVQZzHVZmnORQxn1AyrSuLLKZDEvUWkiHM6JOb9bGTmp71g",
+	"z8gvJiHae6FlCl13TnEYOK5L0cqFaZK0caEWW+DBX86k+A3CWhnufiKh4Bo+aSNaKEnsw74KRQIREQlI",
+	"u4fJaSbeDTuKVBOmCVNEgvnACE3DpSPGb2nMoqF7edTIeb/03QD6b75fSfts5mnKovKknzyvnfSqgwtP",
+	"pb5KkyRmEJGwdJAFBMKpgIgwFP+loyvbS8TOZEAus5MLjzOFBxseHfRaAdcrpp43u+6R50eBJ953NPqB",
+	"aphTFC+4kBzPD2qmF+K0Dn5TZuafO3LzKymFPHed2C7LFDzlJE2UlkBnJIIEeGSEBxlTFhvhM/I/DsG0",
+	"NMJDvaC9lObeMBb3+kFhIXEg39HIPXm46b6jsWFAiDL2F2a5lTK72W+d3hLbnxAaK2FOwcUMuB4qNuFU",
+	"pxKG7s1RQEZGYBuZaITRUEt6C1LReBQQSiLghj25iMDsyWsgmsoJ6G2S86Xg45iFD0hM32N+ooWplMA1",
+	"Udqcgb3R/xrSWAKNFkP4xJRWo8D9FLpPVUCo2aru2NLZsijN4pjIlHPGJ9sk02shr1kUAX/APZbqqZDs",
+	"31YuOV4wTKbS8ZiFzHBUAhLZUHBDpBGNZowPvRQ1T8Scg1RTlpSeKg3JMC0/o0ky5EIPgWumY/cs1VPT",
+	"hxKcxsOIKaOT5L8A1yATyRSUWyp9lf2yzeV4Y3rmNEYiPtySXHH4lNiDzsl8lG+4KnZA9yDw3gv92ugI",
+	"DzfNSzTjlEhlCCQSoAgXmuBeNIKP2b9vmWLXMXjDyZp6uHsNG43NkLdKhzO6iAWNLoV4a6TgQ5PDChjU",
+	"t5kisRmCJHpKecF4/UaRkCY1J0FARhFoymI1kECV4CNsaaiFGGJTWyaUOW7OM2XqoQj1piCayDWNKQ+h",
+	"KrHc461yxgXIWxbCFae3lMVGRj2glC7qP0yRNB8E6Y2UHdmw8HRp5ujK6We+nFUTL3h9jIp7B5JdCvGO",
+	"8oV7qh6OXufmHI/ZjKEo+T0VmhL4FAJEeLpJqmGIPw/9UzxS4ljY8QxDwa2+EC7si/7wYlxpw1pDbLT0",
+	"udexKr88ipW44tQd9A+5VY1yYU5623quuGtxA3zoVFtDOvugoK/aB/Ap8ce9fYC2YvbeNnf3FU+kCEGp",
+	"h93Y/zQTqVDnNnvmzvmTTK6PiLHrrA9mzCCO9gfk1Gj/lJOKf4VIsA5Go/9SErHxGFD/NUfC1gj3h7cp",
+	"rVs0DEXK9QWEqWR6kU3c0DCKmJkSjc+kMfU1M3blmMYKgr2k8Ojz3mxM1/wCOKqMNV4ZmXo7mRMaanYL",
+	"ZExDLaRVNNQJMeZS3xrhnHCACB1lIkIHjrOKr4WIgXKzCe3X2CvTMFNtHPDu9elr/MR8PKOf3tiPjnJH",
+	"OJWSLvbQ3g7FLcjF0PSuhhJmlBkLo82BHuyh3WIJYd751x4XHPaCPXNkmAaCPTv3vV/rnBi5P+RfGSV9",
+	"m/mEV4wvb1Vc/wahxiGBNRjWXEk3zmW/NJtwiMw6+YZJT8JYgpr2UTSQMZ2xmIHyDB+btcafUEy03EAU",
+	"abBEq8KsrEmz5qQU1UyNWR2D/jwFPUUVzxjfoADvKuyM/GeKmG77aUK4mNdz5ZzxSMyHyt7JdLhxKc43",
+	"H95SQ3U0SBXIIYs28pcVu/XtBLjhCxyTk7mu+9Moct68dzC7Bllw06yxJOiGbfO22m6ss/U+5o2DqJ1j",
+	"poi0TqvMTj+cXSkixugevPjpigiO/0TfTi8SoTrIdRw1mJnj45XZ0vYwMZoljed0oYhhxBPC09jqmIKD",
+	"vcUyT6qOx+oODmUK0TAUblHi+MN478W/WsSk4LDY++PXYGl/UE2YVu4SakoVMQ0TJciYSu88xR+NWeRU",
+	"tvq5ntibQ7zT6l0LcQPRPqEzc2KRJE7tqeq8OiShUqMBat9fgB6Q92byKdcsJkzjWK4B/LliKOHpZT3L",
+	"f3ixO6S6q1+93MISKwV7BR11IkWaOI5ctiXzFwm+aIY8p8amTHk4RcezXWAyFpJQYlSxGNzPZjItTN46",
+	"0lBwDmHGxJ3YIGf8l/nXhiuWKGuvsqI1SLs0QGNP+QaWpDIneKcd0pkxy2OgCqLA62hCEjP4GLS9q93K",
+	"yk6SdIjqk3PPu/uo56svp+x3MxFB3MGtH+xNRSrjxVA6heFuu/NHbAy3CKHa8Y7flBo45bqwK08K0sO8",
+	"YATUlEaEC5JIFoL5kOnafbSJ2PV3IBWiHNa9KCIYbtaHUEM2M1Zfp89bmQA9qcONjxoUxuYU2fBrCRNr",
+	"/UZVwtXuIHWTdnpNTYc3sBiyqKw3rzu6XH1+crysPhuFNW3Vx//55Gchb2JBowv7fvbl0PrMqgxzeNxl",
+	"81pm35DqaRLdTZZVNAzsFJm/OLASb1Q5za5lUZgUBVKZMfL9khG9SsPympd3SelkKAukoKw91J92Jdlf",
+	"Il7xvC2I99Ua1svyMdVd1/pRzIkWRAINpwXzMh/ysm40dTpRYTWPnz2r28UuOCc7Bp4/e/bkWdtJYBaz",
+	"fT9WmGVqKZ3YCB5sYjXBXt16t0h3Wn3gQCyHEC0pV6yePmhquk1UPcnaNSP82D7OLWGcULCHd1aOcw13",
+	"LpSGWY05XGK5zXZz4Z5/06lsQ7nxq7SsGcZsDOEijIHgS6Q3sv2NAjJyqo75ZyLFLTMW2VBpKjW64QaD",
+	"gbWmW3ofSzEb5gK5m5axLJqXFA7UwAV3/i+ptJ8CzoAJa+tvSX2403kghpueR3XCvMyUZfoWO/Prng2+",
+	"tC2CfIMtsWmJ6ToIgLdM6Q39e9n538mBVhU8JT0AY7eqikAeDthq4edvLpEdOyg1tpoqP5jzaU2xmH9d",
+	"stozE02LiXUPMWvH21O4wZJflqZFplH1smCGPhQVkOsFYTZA7O7aWUEkZIuybNmYt1afZ1sQg5vt/Ngo",
+	"EdmIK1E6lmLWN9BmGNZPttaHW2esHB7+VUyEr0V/rteXKzuxxGDN6mwHefM9XgutK3X4snMIneZMKy8Q",
+	"bGB9pTfrJVQBiSCMqYSIjGOqA+s8G7kvR50k0U7KVKXMGqLCUXqDI7SdgjsxtBNDVava81sHgfQF1EKr",
+	"eD1WtfALEOSx0SKNmD41hsdlvW3uwpdys9yZ6XXWOTbWzQOxfLG8bMzVusjLjoTWFKt8atm33aVih1uU",
+	"Nm/Clk6jGWgaUb0i9MKOsKJLIFn7KoGQjVlIfCsnhMMtSKIglKBV4dY6ZwwR4s3AnU7etQ6RVmJLUJgf",
+	"1GHVz+2r5szAaPnlxUHPXrujwH7tuW2bB1RL33WnTXFJqsxccSU0nkjUe3aLUyuSKaNzjRMi48JGSfLA",
+	"3odc3jxCqXqe8asXqSoNQ1AK43ZYnMoVUjRPvSymxhVZYGj2+l6wMkXUmAnUNEdipjTpKYCIPB0c7d8t",
+	"+9XPp2Y0xUcUn1iOK//hXrac5n5yf7ifHEPS4h/4Uz3F9PRS3ADfkOsoLssQA3tqUvaASpDkHz9fVpyr",
+	"3x79vS0bNdizUZJqyGpafsvGYERptlQ4DhdghNFUGOjTFiFlaIfBVsN1OnPf3KG3BnrZfODAxSz0U1Xp",
+	"q0LF9pTeYM/Gl1ZvD+zC1HKEv2xZtc2vVG14WYEVSh2XlrJKhNolWHFh49JAXUhmZ7atxFGDAky4uHZJ",
+	"pUwRShK6AHkgqTZPYvMHodfiFoikcwI86oep0mIG0sUAuOAdyjHCyCoG7hc2cyk8TRdCOPpOylh5wl4h",
+	"cwMf+pa2pJVJiJgeSqZuhmiBFZnGpwFbiYP0q+UgT6VhIlloxpjElG9pgE6eD33sxfIeenPxgTw9Pvpb",
+	"HjRlrMSA6KkEsFnDIVVAYtAapKpsqSelDfXEHFfmNdPw//zrtP/fv35+8sd/7NUNjKkkpouh9zOUB/W9",
+	"/RWjnL0U8aznVnBATm2IGvye0tgcKSPz9qgyQAz0aNnzjN8KFsJQQsgSzBvZonqVu1I2n6ICrgObin9L",
+	"4xQIVWRUpODI+unw0HVOOeXoQa5Tm7HI8FnpqxNyLfQUD2bTxf4GtEuoxESbe9lefttsdz3yCzm/U12k",
+	"L3Klj3uOAL33tTtW009DlxXNrlnM9KJt32MYwtDv9PpG7+Jzmk9FDIrGsH0hUjm2ala6bASUZHXmuCrt",
+	"91VsU7vqq/dojZhbRZEVErd2aevEfMZF7Udu1dthx70mc/gmo99SpX2+3frhzjbKtTVXwYb5Ndx8Pzts",
+	"lwp34OUKu5U4a5a5M3Fcq2hfINRmivp6lHKJhp3fjyGaGA6XlCtnqWy28bdH6fohBfUr4Oe7Ygm+s69s",
+	"qHGOfOqmURVvINEYnnxNw5s5lRHerlLtdqjXKG3yBJtRuSBO3hSCTn2LauTfDSkXnIU0JgnIfqb/GAN2",
+	"WQVdd4V9b3WAILXd+g8G5GVsBJwis1TZ2HOVzvxEmANf6pRz5MdSvuqZMe6zj6q+i6qsd3MuzGbVgqfR",
+	"BPRLvD7oKp6q6a0c5uQa2xl4/cUsbkXZMQqL4F4ZsmEQoeBa0lDbCH+qSQxUaXwNIWPsrAKHY6SngXU6",
+	"WNUKKX0NVpesjUfLspGcf6R0VBYycNaUG1U1eE3tC3ik7hb6PhYyBMQLmbkrtA62lV3pV/nH78y3KyKt",
+	"25RIhCgqHpIzwfU0Nmfv7ymVGiT+m3Ke0jg7wGtPyrInuGrGWi5AWWJzSM33HoLoJOMDm9RSfc1Kwg45",
+	"EcsqZ9bIWhS+MJ95Cxaj7+602sakU1MRR0Nj1GVxgY6jvz1cSrqhkpOeSGzaJEaU7btdkwCPbMgrZqEy",
+	"RVyTxsD3PiabUtP7mB4ePoH/vV8KhDnqgLZVSk7LKZjxS7bbWoXS9xBiCGNJ6Y9jMTeKIpXc/E+kcTS8",
+	"jkV4s0oDK7dn5OiaioWVbt2PEXx9mIiYhYsNdYSoMPvOvJeRrIOUune54phrmCqIhtSnzGd0YFw/f7pX",
+	"50AsfWihKbt/yUQ0BB5tfillm8CN+0hutlxrEA1xC3dmQ8PDAom/qQXht92c6SnjQ7cNikIplEIptL0d",
+	"03vohNr9uBWRmsAac6kVn2vk1y5t5aAi1Yq3ZxV7eWlDFXZ1Ici3xHElHvaTXV7KZabwC7BXN+f6PVW7",
+	"RTuL5c2M2bsFDm3G0ZUlrTayxow3skrvLMnXu/VsPvMqIAbLt6AVQhWY1fbcSqnqKVBCNdBsvBgKjkoh",
+	"HtlDGytt2Dy1TNx6hm8SPbLm4b2FFBDMbhgqAP4FAhPpFrouyoU/2dGLU88DM1dDb6x1lHTLCVlm1zxX",
+	"MRfMNxbptw3IsybKo9xGt9MjOxlK61pIACwzbIWJSjRtFwGFKRe2vzFI0M98w8UcvVbOayziW+iw8c+E",
+	"0qmEjRFJ7mz0byHSOIKESvRvbmoTrLx/s4TKnGjmpS3et63ptWiVkdu2NjaVlhqUHmYJd92S3WqOpFqc",
+	"g/XXqf3ScIOlE3Kyqb51bz6eO98HPl7nzOoz514Czd0KV0VMxTwpGS4NV3wVJ029MVFj2GS3sTlRK7tr",
+	"vVyZOuH/IEGDtafOuppzR3U558a6q0a3du1n4xWScjPv/csp5RPASiDUOfFPMk8qZgyRG4CE6CkwaWXS",
+	"gJwWHfX4losKK3Z3dJ+HcQxUDgtHUnlSRmYQCTNx6+D2gEfE0KgegGvnz9+2rL8vybqOI7pp6710d3cX",
+	"oDXjE7XhXadvhijXjveguwsH8pbdAnn9CwkFvwWpsHKAzTxNQDqseFfXJiufQPSUaiJBp5Irh6dTdSY8",
+	"0tiw8aeh4jRRU7G+IvX6lwv/aa0epdIkEdKcFvmFakmgPwoKdL6wva9Qi5qAmlrKlRdrxSlVWJf1Nseb",
+	"2SzVCD73+hcCtywCHsKA/MiUFhJv0W3gAgGuJfPwdBhbKgEPmWiZ9UOamMP4riknZjR1SCtt4tF9iWA3",
+	"myaMeOSuMrVefaKhJhGEbEZjB8ilCCX2O5+NQ8k4FlTXIHiUR15k18P+33/9z97HjwP7r/3/qmVcC+P+",
+	"+ESKi+t/ZOOq3nFWiLc8bLfsBear4aagxN4r9uQbG1O3UfJ4uYmLdIZRNzYDHEuEjUivlB6OIHqpAntK",
+	"4VDsXg1joaAOt2ILbpIs0M+G9U2Y0pI2JQC2B1OnW4VwHDNOY/bvtWbY2uhmxrlNuNnmOJAH1rWUHDe9",
+	"ZbzGTqpJtLqrN+IxuJhtpOs22HMtp7LfuLlDmX4a/pZKpiJWlyLbadFNG6r1mK/LH72kn7LDnXjxRagx",
+	"HHGTZHkhS7LM9KmFpnH3e1zzhZEtsw4ue0euS/rpMvsE04TW6fFWsGib22ul32alFz+HitJoeOXUq+GA",
+	"Kqma2XWVpK2wRcV3Y+VE+yGFMmHNEFLTNvqoRhVEY9Lz5CNTkHBCfPLEN3mkoM1jFDOmjfVUB2byBZz+",
+	"henVoJFt69rPBgIbfXqxJRdrthLrHwTew5qVNbPw4NvKMME1wby0IQ5yW4krxk6HYTg1CtzdEEXpp2FI",
+	"NUyEXGwqk71kvYNMdh4JQ6NGMQyfYJboO892G6cQ6sLXSR3aGf1k7SLGyTVVTJFEMK5VNTqx5BY6bOy2",
+	"4I5HMZciRbbHS3WiPt9N5SUrutqLXFMhSaOkrw6+blWbeLvCaK0wgg0bveAyLGzNLAUHETx9Zoftcy/Y",
+	"G4NNKUIBscrHnfX2QKgBtUbSIwMQqNUHC8sQSTo2pLYmwh5aQdiqVTao1IzG8WLoHhhVZy/Ym0umYSjG",
+	"4w7L4emy3krsrMM/sXW4M9x2htvOcPsTG24rTpK3aD6cgy0tvGFZns0STyvkbU8TrY51I51Aus+3kM3p",
+	"dKvozk0tUaJ+iM09riDamWThurZ4+V7ClvlwSMcpZ5r0/L/6Fhtm30Mde9d3jXu44MvfxhWB6R0Twtuu",
+	"VQKi0uv+jHEh+zj4RLroZsRTnUO0+p7lyd/a7lk+HwVH3/6RXbbYPxtuXKztasbRehFV7Ib2/22adv8f",
+	"DF/0f/18GDzvck1R6DHYK1xNFAjYwj3mfzHlD6/xbar/DLMsubqIkw2jJNxV/trmRIGC/7RNdHCWr8AU",
+	"LUyvMKiu4r4wmvVSfyulG8djsEU7xlLMNl/g0lJl/3Rdbm3pkMs3WjioMf+6J2T70DrbfbdVeWhrt7jB",
+	"q3x511i3GtZ/cBmyJU7dLgtVPQi3OXWKCRdPjvfWyrr1zSzNOhv/BmLCrdwjkBZfahu3799zQ9Irc9B2",
+	"uvi4G3YJi+O70RFb0GJzR8zdd+V9xoxtqDU4xKLt3Cj41rZ4SXEP9zyd/TodEpW3joVXarIgINd1lvh2",
+	"NnOYOEGYO00QAFULeymx8o4l6xjjhLrABG8ZFhmRHmsSzuqLl0kr2iEaXi/uUiCgbJh1Emn4ye8p5Zrp",
+	"xXBmtrnqmHxoPu38LlpCEkIho00nh03kK9pBXOGxcGG/aDMAO/ifqpMoeqSKKR+1y1mZQFA2DvOTJT8j",
+	"GhantMx+FQoXWhXeXxYQDfu7ZruWD4sSWy8LxWXJW5LsXdWf4nn+sOp4RZN4lJdPF1Maifk5rsMG+s4j",
+	"UGAoj5j5YGhvLdeNDSl+vo6IjSDWdN3e4BNT2MtGY/1qD+aXfhFIUjmit3QY786x+zrHlo+weh5v3KiV",
+	"ndSwI+/7sNviGddR2G5mfefE2YCl73D1u5M8DZInr9qgcHEd07aldzRs4mwfbatC29F63pFM/VwaTlDP",
+	"ep2ZfSOty2mEGNFSE0/msu3x0xfE0p84THxEyY/kgsiU1+eLbhQmv6QutblZy3GO9zMTvIzeZAaX9sMl",
+	"OFqkTNZuUFmH2il1ZITLbKgbCb2N1KYH19Qq5LzbgbiCsKUAizJI0zAUfMwmqfQIMTyishxWuBRPuCpe",
+	"zCkMteVqMGpiaNT1rtVqPNi+LUpRrVpTqD2z3HThiS0bEwqV1ZPBf9OG+jE1qk8FkjL0wRc0SYYy5WiB",
+	"1DX1kmoai8nFT1fruodvKYtpjlvfSfTkvZ0WP2+tIxkxdTOcsOsSmkVt/c21QSYnSVpTNvPoeVuhT/Pd",
+	"TEQQr1FFrU23n8FMyEW3ia5565BTvubioY7k6yjSwd5tmKRtY65zG1XQPnKiFhfGNV+iT4EnKhp0dqVU",
+	"4tA62dPAjevFpGBWfUgTGjK9MFKBYtVtF3gixlgH11bOVDXpH7bjuAmFwv/cVD/6RzEnM8oXhRq8Lu+f",
+	"KRzHmGnCxZz0gIZTIuyouIhg/4QckpTHWMBpmlUDN0e077S9stJYAgwnSVqjB7yWAOSHs6sMhuDip6tv",
+	"FMHVteMwZ3NADINGKfaH41J5vaeJC/prq+60Vu1W97rSLvN5dTn9c3y7yB4X+OFyaFSxNGqpjyKVlle0",
+	"8KSFRx/M5Vc4Eh6Xn68qw9bbqJcZD9rAsQcPDZuKVMaLoezAeHfwk3W3TlceL53j2CpheKgG5cF4P5xd",
+	"+Vi8wFB8Rn8TEn+vJr8/PWzzz9QHiZXp2tnbUctf6ISv1ALetAbBhGI5s5QbsTsmI9zuo6qcNjQqHBdO",
+	"CNtaBIVXB7Nof0DeuWrqiE1BZxCREaKih+YPi4/edw/sXyPS4+R/k6PBAHvfH5CfmZ6KVJORUtPhDSyM",
+	"QTwiRndekBtYeNkb0jgG+Y3yNaTMsZCqWgyM7ufSifkDB5/ENISICEm4sLeUa1RYb6op3oY5p4ZsZtSE",
+	"rVQIr1QQ5FA+5dx5f4KZnxqiAH9DUMv8ePWrnX9p0XbGRmOwS2JrZQ/WdsG4AuUV48XwWRQQGEwGZDQ9",
+	"Ojzsf3s4ue6rT7PB0afRBr3kPLQlH8+T426ha8W65F128qabON+/bqPeww7aMHjwC/Mz7u1mTt6xbB3L",
+	"NrPq9xlM4mbO9Dsixqk4nVSV5yerQr37v34+Cp4fd4jzrlh42FMzHd69Pj2HUJjddNecj0oVEiNZpzRJ",
+	"gENEerFQRoO5ZSEEZDAY7J8QCRTxzxxCVZBF39uq41WY08Mt5pHYub8X0YaBjDSKJChVdwwr7WpDSvLm",
+	"jLgX/UY19hbpmePm4uJHAjzCJOZqAcfjZ09aGaiG754/6ZA50Mv56TB4fvSHf96QppBIcQ1Dszw1Kdkv",
+	"z4j5heBL0Qn54fT95fn/Hb7/8P2r4dn5h+9eDc8+nF+S3vGxqz9jUSXL6sezZ0+etWkgVtrdIVGie5aE",
+	"2zV+gZuZ58PFG3MabMg/hcpUpeqi1jGKYJxaph3RKle0MbWK6waQwREz/75Oa3ITnxyvSfknR/UGmj1P",
+	"0Sz7vG7F5w2yO9ZLrVnBM6VA7c6EOe3/t+8j+6frpp5A9axZWpigEOudU7OZa89stv05jFMePXAxyur5",
+	"sPBVxlMekTlVZEaNdMSqgYwXS9OLCdZ/E7zwRVVorp1muOKOpESrS5FcJQ9AqrWH5+rVnosYvmM82jgu",
+	"YOMYz6VwDtvOiiHbwMQNNa4qdn6Vn4CXrT8hJ5S7VOZvFHHSguTtoO9VKTbh1kxYVyd9fLofjqgD/Tdy",
+	"ano06ja3o3utpuhOBcy6Ojzr+91wqyVsuNLEqh6L5q21kDQ7axTli5A7O74RFxIvO4YWvn3KuK4LM2xh",
+	"uwZ//VYm3HYYx/S65t5uTYHtfP22rWYuuvjp6gspZfmNaQ5I9PTbZ39rvdpcT6Fj0Qbq3L3curapaNFq",
+	"fnvaYqH8r9w4+fhx8K8jw4zmz//6VI++XL7MLVoYz7tZGGUXxX1slBVXwOhk/z0F97tLYnqAPPHCZXLO",
+	"t8dPg7Xvlu9+mbxiV1/8+BNs6KLYNFs4vY5ZWFeo6fmTb5+uJ7t8BnDeZPNULxHQ+zSaMb7BjZuFA/9G",
+	"Oee3/ZNQ01oNlvzdvFgJVWouZFl1zB5WfBrPy80d1wYygmy325602m3HXRERXHeFmbQty6b+IreYK6+B",
+	"l1b/j6AB7d+HT11dfL8lpO1Hqsu6HgJHwfbV2UizxcYxOaptjWw3V8qd225xcpOi7fvc7Vz8fl3N2pcP",
+	"6DbahooBnqh23rWTWR5h2wIYynwRh/q2RZGrqiBFDN2obMzwRyLDyqOvW7LvIYa7moPipl7Xv0t912pI",
+	"+U05m7F+KsW9t85lIy95CPpoXEUkFEr3Q+AaJKE8nAo5IHkfhOrM+UaYIjPKI6qFXGDReTdUdS+g+GsH",
+	"Wt4Pak7MxhAuwhi6GbY56d76DzO7dvOckoZjZ1mhuN9SazU3bRVcniq11iuB1ki8YvCxL7sWMUWv44ZK",
+	"msWWHiiqrXzUPaKotldSCvmy1kl0YUvWzGg4ZRz6EmiED8B8gi4jF2yuACHXyN8Gx/sD8hLDKKkEomwD",
+	"FIuiE4/KVAxL1+IG+HDGlLKpPvZvxm9pbLF78W/4lDAbf2//tp6f/C2a6ukwAanMwg2zpXc/oPRKJFMw",
+	"zOhT/abwA+MqHY9ZyIBr8wIOzoJJWQ2h8K6Yc5BqypLiQ6UhGaalRzhQW0IZiWfzr83DoctIN61n8SJD",
+	"LvRwLFJETaw8zji88JzGZm0WQwkxUEfJws+h4F5hHsZshmHKpVle05hawGN1kw5TnseE2ifF4dj7huGc",
+	"8UjM8+r2BWxzNuFUp7K4QFxEUGoFH4jxOGYc/J9W+fJ/+TlhzgdmGyqQpTbwwdJrSgtpLGjL4aUP/E8J",
+	"1dOhltTCCRZ+aGzs91RoWpwsTZLyIiWJj+1bem7+Bq6ZjrNPGVfaUHzp3ewHFJBFFi/+uDQchMXGpS0+",
+	"ZYbxDXd7nksTpSXQWfZAgbxlIZSWvE5gopDYsDCcMcOtxAB+C7FIMLjHRizZ59I1XBfe117+LxdgtcXK",
+	"K1mK+e+ERXmsN+5B0jN//NJ3Knv/TWQLPO4veRi/rU1j15Stysiqy5p8LQH65iQm7vMBeUmlLQHmi0qO",
+	"3CqNArz3G2lJEbdhZP9UCUaajlxQgV/HEzKyl43uNSxLiS9JRGhZEJok8aI2OXMGChHLl8hnDJq+omMI",
+	"yDSdUZ6fCe6TAXlvq5bROfE1nYiQJKKaXlMFRMOnaizL8eHTbzt6u/3Alha67mR7HQPoH87WziyygtMW",
+	"el/W+MI0osPmC+9ltpDsFuSKvNzlQG2gsZ4u6nIaxMyC62AdWaLoLDELzdM4JtcwFnZlna/LhbY2pP0W",
+	"ZsR4BJ+qDs8nbXkPzn95vXBpmEsZ+m2fa8lC1R3myq/mO/dhLcjVjE2GwO3pX7t63VOmkpANr1M17JY6",
+	"hZr62gXsnX5vF8APrkLa0kjKM1xirgp3BgVeztkqp/2qTfOusD5rQNqFoT1b1BA3aOi20ZrMUWgm5Xdp",
+	"COv2f2L1n7YXw3ALkSrEC9qM0RMxB2kxE+ZU602asPv8TuayhhnWVDVqWdihKLdmHva8Q73Z2iY+sciv",
+	"YQZXXhZnv7z53ioAikiwVTmJYjy0QuyHsyuCmjtE9p6P3wLXQi5KsQldCFgtUJhTs36idetepWDNugb1",
+	"3N/IzTUkKjDsyr1p5MRG+d+ls609t679re7yNGOCFs7jpZzEtpcLZ+UaLOAFrad6UUzivItNl8fUuC7v",
+	"naq6zmpMjL10B8QOn/rYyQORqUOtubdToXSNXw0DcdsBGQ0HT4FKfQ1U15Yjf2u02uwVq7LQa8lCouic",
+	"9GJ2CySRoICHsB8QiF3BTWOtM2XEhOmkrwA4MfKvJBHuUtGjIYx4+T00Vzfz1dl8047+QsNUF+6LzFHY",
+	"rdIGfprX15CUq/rA5d9TFhoVXYcJ6V2+vSD/SRZ0ln7aD8jYK5x2eb5RpLQ2FT3+23UrR3gyZiDeWYGI",
+	"CpWCylYpsGgdwxWn6zZJ47a9hBiMPrTY0As4AQ7yrs5sTDxebyO/dwbvvXgSi0AoFWMen5PrBZ7PLpva",
+	"GHyGS+ZTEQMZm+EF5hX7s4+4XktIFY+48iyfPW9JeCmtiKdtAYKlxR/6I4r9rd4CLd/j1HX8xnlrzKZV",
+	"X5IbRaqvxadhAhhFW5Oehb8TMPqYLeC/AE0wmENNK7GjHXVkd1O0gW5s7/Y2+TJVINf/rvby2Lsn1V5h",
+	"LkuEDMrLU8cD//j5p4tzGEtQm3LgDSwKkW0rCdCVWYNCo02DhnXvG88w9ocoNuGMT8gNLBTpnb9+Sf72",
+	"7Ohv5B8//0QuoK5gqXmxJCm7+9pOyT8uPrwnP8M1+QkWeW/79T6wFSpShUY4pjrKvBUTtmEE77Zv8KVL",
+	"a2uIBz4lglsBQfyb9oKHcZsujUnkWugEGxidEAT0mAt5o4hY1gWOjspDOqxL/jju/+3Xz8/+6P9X+e/6",
+	"2ve+6+Wxn/tit8LbjmYvkilVhHJi70vI5YfLMzKmoRaS9FCjfHp4ZGZUuG8aBZkX1rpOyWg2ptk9zsho",
+	"SZYG/oOqZ7i8EM9riuI8b6jb8zhjvd6KiUj1pqmQKMeGSOK1U5qWsheLjdUN9d3r09e4vJvEOa95ZLYa",
+	"ElsIcFDVq+38GHFXgHUXNbpSf9Rwa82L1VPMlmGtuZRvoPQ50IhxUJvqKdeLLJaoRZDXfj4VceQO7xZw",
+	"ng4BS8XMIfPN3GbYD2djuqZbAXsLstGVm/p15RnzZFl134ou55hmmIl/d9XVgXaJowuu1LBA8ko8PkLy",
+	"hdoLWtSDiHndnOtZIypNQOL9uZGi2WORqHaIJUPGLstxl7WrWA31ky8MpdxXkHH0KpI3bqa7ZJx/sYJi",
+	"aqnKbkFCJYkUt/ZqGn6z/s5fO4UTZS6ANiGEaYJrx7jZPEKjzMxMA0a9cRxBsBaewwZyt5iF0nd1qYxD",
+	"/KRGmbKdMF5sM0PmcJEYpDcWksAn9EaT0Iik/VrTaZnLy9HPxZ7fXHwgT4+P/pb3YlSmgOipBCBpkoAM",
+	"qQISg9EiqhhIG4ZL16ZqOtoUBlu3ips4TdcFG+iFlAvOQhoTlQAiV+5bpBvM1FckFJxDqIkWdcgDy+ls",
+	"d/XabqN8F5cijrers9Tj6GVuHoVhBGgFqtwxyEUE3yj0x+Y3NO46p7PTx3DBD2dXL9HCXMs73cQBmC1t",
+	"1im7Wapb2nuqNI0OSeSt7rfbhgRn5pNzUGncUMIJG1YAfJvL3tXnXca+2BJiRXtV6S/jLrffDMMp5ZPt",
+	"7rJ7icGtwHSUFiujfo1XPfe3L823wm0lj3vVGV+URk6OlHbBemG+ZiVeYYsbZhe1yOeW1Ak7GYxkrLNc",
+	"l5wttUiLzfdn6xi9S0NZsQptlNzITLPXPkPDV8vS1gzlBSLeFOF83EVe7/9cvXkZmJP48u2FvSG4fHlG",
+	"jM7sbpeWBHJdaRg3gJAOE5gtD+Hs1Tvfuev35WlB9s9SpYmW5r89mCV6QeZThjiv/nWGp7+D915y5thU",
+	"2W3e/uGnGVstx0kiCa+BSpAEXyO90YTr4WAwGO2fEDUVc4SuXZApSBiQCy0kEKYtYc05TQ6fHx4OahyE",
+	"na/i8iFW6R+UGGI1x1msEDfRdSKIarbfEjqcdVRaAhktejShXMtF34zdLr1tZrRMsnbKBHs23Fzd9UZv",
+	"Gzk/+brUCIPCOJsWI1Or1jQql3LjS8CYdwoFaYjFaL5fMPN4sDyNe71X3SxDo6obrmf0fkh1KGZgocGN",
+	"DPbmDp7N1hDC4AoRs3Dhi7/XmLxNdpeRWwVzy1gJeCpgy3OqSMSo0Q5ID+NUMUrZI3GRiEV4gyhBifh2",
+	"KdK6k0plg9lrIZWYHYHtgYZT084LTwEm+FDCOFUIkcNmIFIdkJRnbwZ+WMMxZbFFjHXfuidVA/q4U4CM",
+	"xkyMOmvrpTdFjXxD/0EohQUwVoElXTa61nvW9vhGC1V3FzmXjabDVWL+blFVLZDDL2VxYE0boqzm1+Ef",
+	"6SlIe3eFqYozuiBJqgmHOV5befws7tOYCKIeY7jAYBbhuWJ+x1AS3GwEs5nKVTVy9Hgbkx4J7gJzKePW",
+	"F4b/bEhEK1gdTbzAbpleEOps7DwE6npRVbpOyMh54EYk5ZrFhRcwItzxbikBK/fZWUR88w+XltM0YDzW",
+	"33AthUrsNtoStIyr3WO4lfSoO99RjDC7hzH6iCnidq3Vep4eHu3Xg9DcVVHrZhpX3V8+P6uiUjWCUWUk",
+	"3fB8u091FObLKukmOlUXbbOFNrfiBh6eQhL7rUkkem06KhxmhkpTag4zy6U4pzq2bCSF76qODg5ec4Oc",
+	"boxZZnzSVwulYUYQFhHvxbP8QBSN1+DQpt22qlEAsl1bkxTzBRK6WyA5t5UAXgTlrMH0xfQxW+DIJjxh",
+	"rqh1kPYod/SWMAaJhbKFJJQY09m8PUZrlM6W9J5ntTEcG4J8bt8HtQrxs7u7qpIw3gHJs5JOnonaddxL",
+	"bis9mEHht+7jsinOSn2tI0vhE8LvqDqV+0NCf0/xikuJrESZ+YIkdOIT1ZzeZdUZOoE61m+vVYklTNm/",
+	"a7SIM7PhzE+2KL3V45gq9mVV5ONSEks7qldx6sUR1NN30QmE405gsiFNNNalW/eDRxbqYmwpTKupDe8y",
+	"iohPJf1GEfeyjU7Lzl+XfE5qzbJO89i0uo0dWPuOxfGd+dcLnw594nxdvnJl8n6altEIi0gPaxNQ4jp4",
+	"wzVCuUa1/tVWItjk/jU4qtvlihtcIR3BIvJsWKX5Pq5Q8hEVFrV+kQr3JoUKlG4rFmhYYezy9lvv0HIE",
+	"fLBDy4uvx3ZolTdRjei32yPPPB8T6jdNuRqmZEm9hVvCBL9n+f2lQneEZBPGOzKBpcQH+8kfOc7HpgaV",
+	"B0CvopWvlzvEipAjFiHD70U3u6yv1liiuoku8ZaNXevpqRTpZGpVitOzN/vEIl1ZfutZRwtmpjFueM//",
+	"gtkSrpIMJRFV02tBZVSEb88wjBDcryCGWtl0UwjrXEnpKAxktis6M05dKK/FO/Hdr1iSJt+Y3+h4kT0g",
+	"r4WcUxn1BY8XL4hbbWKLkQFxLq7sb5WGFiIlf4NKzWgcL4ZeeGc/+QcnTrUgPYrwC9I2oxRRmsUxcbJd",
+	"7dswGcpDMG8Dj3IJZH1Ztq6LPwuKC+8GnscQmqPGDxYJVh3m8nGD//Ddr+IcB+S/EeOEMcIG2co0rUqL",
+	"fdvVsUF9HO9c5cwsSlF5c2UOrqWYK5ADcuH8TOGmNsJ67F1FaHfPg8p0V7Drz3A9FeLmNLxZF+4xTWIW",
+	"1nqyL2Wa6bnGiikJFKMBzqkiDriIKC2k4VUu9NRQF39LkphBROiEsoay59hWF/3Td9rp8l5CCOy2Holj",
+	"SSa4V4MCKQrjqqW5C9F9SZNC6dzMr+1+HWTS1D8QCaZ3RNVnWH596cWUXwtxs/QBFxEsPcT6HPZp7cYr",
+	"BprXDLUQI12MQBaJKv6J+KRtzbsKGOteFXKXOnMtUh4RLbDsnO+ZSBHXQDRNJOUtSsxyqKH75npRz3H2",
+	"rJ1PhRsJ0853YITHtZ2bIjM2wYht62zDuPOBGaM5kRXKzA5lLNpNog1SCDauIbIyEaglQ8ZGn/uug2KO",
+	"T4HeQXHBVm2rAhttmuVhhrSGzVHoGEuftmRI1Mxftc7INrxmsoqjwkYz8TuxNJejw8M6Wyr0koxtQLaC",
+	"GCz39Xy5o/V5up7ZSgMOckLVrkKO6rxWDUyXTzsgI9PpiDBVLnCJO55xwvT94MyurrPzXvA+SqYSUG6O",
+	"irtJIZ1Cl90vQ/JvuqLB3g8gbucRbw53a77s3E0nVnfIz056dyPgSizcbIhVBlpe3eW1Cypg726zla4+",
+	"2ixaO6OH8xflWOxlKdcitG3jK2Zga04/fEqUrXxcu+XfZLCR9iU1ZckJgd9TGvuaNPaHb5TVpthG5bTu",
+	"Ahy+Edt/CaUlJ3Npwg1qjD91OvG+5ZyH3gGOXx+Z37Sw0DWZ//4EpdlZW/BJIMJxVnHCb4y9YO+WwbzB",
+	"Esmyg19OIby5WMoTREyJSMx5h6/V2tVtdOta1Y4PofqUnkjY8Puq+8A3Ftgx1S3M+mnUVeQD932WXCi4",
+	"liI2NhuHF0TcoLokU7DROuhGsMi7oRm6+VXc1OhNGeW7k0GtByniuqinCub6u7ifPwH0wMVPVxuWdi/i",
+	"qxM1pQmQHoYhhlTTWEwGs2h/QC4R0oJOADNJCXqBWAgRSUCSH86u+jZC1IcEmh9d7jU/qYb6gAapSFaP",
+	"yuW7foFgn62Vh2tVAbdS7G3ZSZEDYMEnGuoYgzQxfNQlHRKmSe/9P9+93Xd+/4977//55vs3p+THo8ND",
+	"8u3hD9+RH7979+TjXid86W5AtPdc9m2dEm7biTRaWfLtvmq3VUKT7l7KLSfuhmFLFz9dPZguY+TZ49Jg",
+	"bL27tf02uubq6CdY2Oggxol5I0dEJzSeCMn0dIbYQQ4/e72I+m1EwzA+wXoVXNdFWAG/uPiRXPx4evzs",
+	"OSm862TMyP7yYjAYjOrESiGl3725tzXfwA0shh6AZpnoGXX9SJWa9iE6fvbs6O+jQZecqq4Cv1yqsOZC",
+	"w2KP3Vj8B09SmuqpkOzfEA0RjczOvkpDW+ywe5BjYSzlpS2QK7Cs2mrZ2F3wcGLAbrpHJgnYhKfJFymq",
+	"VqyPtasRWRj0MmFqV07DxqXjS+hvd8dbq8JfZa2vGvdmtRQxRqApx+I7m1bxj58vbSqLOYRGdCZdyQ4s",
+	"UWROjREJY8pmVbyWb4/+ftzKcXQmSzs+u3Wc49LVwoMVd3yNVpeNa3P8Epe5Whdo85aNAcPpnU1rSeiy",
+	"gRgnLh2uHTbK12Fa1dmFbYxEqcT78ikL7TLY7hTVTI0ZKGIa66dJe68WUbCKw2ZXuh0DqcQvpcZKRLPL",
+	"WlyJ2unWsfPlh8uzPEV7c7ZGkJ9aKVhnvGSHf5EoFz+eHtVyX8QmTndzrz7/tY7UTKnUOodb+xc6QVql",
+	"ki0zgfvxxcGBkQQHg8GAXJ2/wctm8xy4ZiHV5q8kUaT3f84x+Hg/cIlQGJdRh4GJpkcNJJtkIipM7slh",
+	"7eyaomu+owqeHFv40qfPn34bEC5IYhaPT/YtzqX9tHV8FX3wX6f9/z7u/+3X/2yXmG5sZbpmCxKU+aO4",
+	"+tnaZnRo4tF/gmTjxZ/vuCiOfUPQDY9iuTKINIO7rIK7qhWQCSVsV7XEIA7VVQKmzSpCLTthqD2Cq1KN",
+	"iL19G0hU5yQ4Wi697mFe/9UC8Vq8OWq77C9POPBEq12QrDjwWg46Vyq8V1Ru9u/pirmuqPUXh3Xb1Ars",
+	"bKZ1vajulmNglzl35t8n0JK7mF1auHr4wlbfjh36g9l1vg72o7LrCmWja66ojN1RiPXQU2CyeYdWA6nd",
+	"nVWdplHimrXryBbqnz/4DXXVmK2gslrWVP5G2htu9gqICw4YGzphtzZL+Z7KJ28e5HEfFcc7bPCCgVvx",
+	"AWexHcWRtbpscg554O3ti/I/qi0uZ4zT+AKU2gA0Iq9nuxlHlVGdlr2CzsDM0SV6peLD+x70kiliC7Hq",
+	"rnWH6pJgtKbhtBm3JDdB/buAe5lygsVpjbGqLB3rQ7rdj41B3dothm+l0KNIgCvS4zBHADfzg5EX2UAi",
+	"osX+JiEtKr1OpNAiFHEDjpCeC1J8C2OQx2OQgRX7Rk+VEchG7bPW+CvsAVSF8j+q26HBT3PB+CSGfqog",
+	"INdUwfOnqYxr4Ng+mKESpgm1QYqFqXiMsoEFhsDskhD/bRNNOnnA53CtRHgDGksY13KPBKRZ4vJif4br",
+	"C/zCOd0P5urAL/3B59Ke+qPDLeSSJWTdFAVmCyobtcDspS24NJkKe3QQIC9R9G6Imp2xoItl/PawagK8",
+	"4UwzGuc7Zc4iPTV8GIo4nXFVSia3wW4t96tiXu70+Glrp1Ngkymmxpiv1+5ylRg4dwtjdQSmsPgF7m8v",
+	"E3xUiY+17TFtxGOIKcipTlJt5aU5Jx1+4tpod0urfIXKcl4vv+sCzxgvPj3asvc/ZmMIF2FXKNp8/G/9",
+	"hw6RtnnO70UE25ptAa5tLQjSRkDg8lc11wk994/+r58Pg+dHf/jn+/9Va1zeC55w6yBLY2y68WhYHofk",
+	"sbUVWhFic0deLYHWrBX71B7g3Yz80kx8W94H6Z/9E6+dDoMnR+stQinOcsPosHVjY+uSH35tG+FmY9tw",
+	"wRtcKSs3wFHw/Hg92p/jttsa/ydsaDdyrat2O7s52HOlWzEzppvo/ucTO9HTwpcZmnhIExpiU6FIYDit",
+	"jdI45cTiDdthkDAGKq1KaD7olD1Z3ofl9jGic0ZvwLZpqYj/dJ+cEFyEYsfjmE7qTYWYXtcAtx62R0k2",
+	"sMnFT1cPJCPvLYawZbvdc5DdVvh+RWBesJdy9nsK7ndXXWBloF3XIQ2GL1aOarP4vAZGc46fLfHapqJ3",
+	"A+907ZTW9yLeX2qIGczWHWrN56bvreCAxTRnn3ZQ53s1H/3M9PQ7GlMerhs5b74mSZwq60XGGxWu4ZPG",
+	"yItr2ybpRRDGVEJkpKcm1xDS1NWitqNXhEojZYUy5g95hXdrYwZxZAwjavFMFXCXv4zh3oKD/SyHQ6bX",
+	"ygHUVCIY87l1ApS5Zydta670qsy8drgGn+F+L2mwT2q8PeUiX0qkMlziQeUdvTXJrTVj3zzluT1rd62M",
+	"sHZyu9Y2Xq8vK0cKDvlS4lgh87I0w6U1alj+Jj4Mss1YJ8GMykgjLFr9DjRd1xlFw2mJ8aYYMT5jCJB9",
+	"vUiockVa4nrMqi2UClxdDs+OsGnmkw28+a3K/xdS5NeGzOs6fKaGbgZxg0LbZnk36umrl9KBz1Up7tur",
+	"JBaXhllL9HrSreKNZfoXb1oLvSUx5RY/fUaN/sdxw7Vcwvpe7nDBZi/wdQtHtkNIrnVPl+2ctvr2xt6w",
+	"MqWtuaIIWmKDmjkG2dUd9lC/hhdTiONTrYFvDPU+1FTddCg56t6eC3kTCxp1+IIDRGpIMxT6lpLvXAKN",
+	"hlxoNmb2jkKtWSd0aYiVMQTlKTf0uYLSL60eui6di+uzmk0q65lL1hgwyWkdDsa23i2VTKnTXgq6bLeS",
+	"eE6rrSuEt9F+sBVq1p2TiGAoEr1ksnds40Oil7b4Ct2uO3VcHxnwQh2Z6lwNW5JIOg+qW2e4PvSobrSp",
+	"aofRdc3Y4IaaQkJ7y8xcWcPAW5ZuBjnpiyl6nlmDwsZqF5Ju6256COUbvwMJvJhYPu3t8xXDfOe2QcXU",
+	"dnEtBfRJ1J6X8Mj8A5GohvO4yv1rZum4qLqYZhhmFe/qtRJxqoGMpZksj4gUqV4qQ3H4tDmLdg0JwKxo",
+	"b/JCbqiUoa3iFbDqjIudrljHrohK23AabTmosy22csWsO4bzPuCkGyezYhYbePvWznt/YCyXlfFz9aT4",
+	"2WlRL4XSjptXygurd1fTIcIb4FFfzDlE5JphgWf04smUz+nCg5owwQfkJSJ5KiKBRy5Sh0e2TqStEWbk",
+	"gREt9tsBeaOV9ec5l53QLurHYZUqgMiibtBQB0SJgnOQMEXGEqCP6Ik+fimSdKxPfKNzFsfkGkjmaLQT",
+	"v4V4UbisqaPZT4wXk0j23Mj3gr3f0mShLUZLHM9MK3kxKl8C1vx6k16D5KDxkKRJ0iDNfYfLQbKusD1k",
+	"mOmKCddPFj/LotgmJ4kksdi0YpbEoB12rdJUavuJ+2OYodhKiIEq/6P5dxnl1j3zH7SMPp3NqFy3Yrz7",
+	"yuKIe51/+35eGoYyhWgYCqW3oiBTX93Ob89aVFlMcCrmhHBLGIR5JWxM6AQiwrgWZMqUFnJRf4Foe0Od",
+	"C+uO1XTHZuBqktkUu9puzc5SZqNgBaVM8yIqlWMaguoab9lqqDsTbYtVMNaNTm1vMEmGNsw0hC02ubG3",
+	"13zccLZ3cJHZUtAF+b5aAWs4F7aDrzAVqYwXQ+n8UHfea3WhdX4CWKHDHBqUmEXbrwuxbI/HyfdXXQKr",
+	"vAXZj0CyW4hIqjDewMJA9REGCotJnjgUblVz2NVv6hvGo+4rhafROnpi1XGzfKgjorvplGpm5CmNGUWg",
+	"qxJF7lr5r70+fkMlwG7eYYRPG94BWi9voGt1r7sBB7ZdC9XEst/JZ6pu0roY7vbvOl27L2kvtUprNWK5",
+	"Knsz2wT3RCHJq3TzVLluKvtZzTTrS0JWeWRpyQuytyDDKxlm+YlWFnBBWbdYlsW17sui6lCVQDXH/bJy",
+	"b9OXU8n04sIshbvOxiT409SGrtu/Xnv+/MfPl3tLWZjF1H+XfgHENOALGwquBsQlO6E+Y9Htsl8HTued",
+	"oYCwSfjZaKdaI8g049rQOkbEuYbhCSxttjTCyymQWxqniFbw5v3lq/P3p2+H//j5p4vh+avX568ufhxe",
+	"fvjp1fsTmyZw9uHikhz4/g5oqqcHv81v1IEDmes0XMM7360iZcNYXXU283nfD8GnfIwxswRhASByNXHx",
+	"xTG1WHJUT21t56zaZSwmZEI1zOliv9O4JSCy/znEdNEw8h/fnb5c5oLKeeba+QYhmvqpMk9iuvAF800b",
+	"fYePlKKZRxHqxx+RGR/NqNIgzW/7bnlGP7y6JAc0YQe3R/kqZfkS2E01a2LUae6+jRKLLbOSyhJN8oUZ",
+	"2Y1eSX4YBTYxxpiMqpzqsVbaCbkGxSLI33PdDG6PRiWqrEgcQRIwM4cpUFs3yx4fexcQ9rNx9c/coHLy",
+	"0IQ5iKEsG+S7dYXEZRUjRIxJLmmI4IQWaDOlPFJTegOk56dVuprZD9CO8/b9qQOFsuiJdnpEyMChhlFf",
+	"rISElKNzwHSBb6lgVRaQHWDNepy4+jCIx/p7aoSZPfQGBGE2i5WfC8P2O5EwrSA2BBgLh2qWJhNJI+jA",
+	"pn+gLByL2lrU6OHo2/pG568uLjOvh88S+QFnhniUYSzSqAxGOvjIP/K+s5yd4wALz4ZUygUZ/dJ3cXz9",
+	"N9GI9Gb0Ezk6/paEUyrV/okT69J51gmEU2GDXz9yQkIhzdbEJWLGYF1qzgsuM2DI37k0f/bffD/aH+SD",
+	"wxrkaNZzMnpl/vAO/ZFF6aFEYSVwMjKH+wg/feMcRFdXb76//dsJ6txK01liH5+/fkmePHny9xMyM4YE",
+	"wRxCvGAkM8aFdDCcpqUPS4FlpDeqc1m8sDG+o32S8thwfyTCdAZcW5GQeZ4GHxFJhmmjTe25VSqtDTk9",
+	"e1OouPpi72hwODjso6cKddAEOE3Y3ou9J4PDwRPM9NRTPNIPBnOI4/4NF3OOJ9ngN1fea2KxS7KT+E20",
+	"98I8NGejrWVELRhpo+2Vv3Lwi1vNNxHaYJ4PcAjHh4fZ9YlzDCe2hAwT/MAPx2qEbfqiGRxouxOWpcw/",
+	"fv6JXAD6b9weN+0VWa2pffd6aR6mj6fHf2/6JJvjwaUQ7yj3UCgIbvDMznn1d2/cAYY8bL960v6VMShZ",
+	"CFc8D8woqnN7L/71a7CnvDdt78xi6Sk24UZPuIGFUYw1nZh13UMx/qv53p+qDhnmIG8vY5Uywd+9PrXl",
+	"vYJcL7EoHyqo4JiQGMY6IFYH9slrRv7yyMjpLKE2kaDs/rAHhQuJiBc1OE/kvS3TJbimjCuz6RHzZoA3",
+	"XxWePrWTuvBzeqzsXRlndlHZwO+JUDq19d23xe+HR+0ceMVzKMY9/KgD274W8ppFEaD5/yfaVtlGuiwm",
+	"WrpdQvwuQVY2O8ItSWGLXSmzLiv32MFsTA/8lulLP+EXnxGkvC4xNBQyQp5Pk0RI3adKMWU2jhlDtvn8",
+	"Md7Dwlf22BnNxnSQwfO4NwZWhR0FBAeGTmXckbY5D2Ju/mUhlfcH5A3en1hliCaJFEZ3p6kWM6qZIdRi",
+	"QCwwCKK1Uk1mQmnMVMfsZ9f1iVG/ZkxjxjyWQCOUqzm4rBh8FdEwzMl+fHi4vL/t2N+9Pj13s/IJB3fe",
+	"5fjXdyJabG2Dv2wa6x9lx0cWIHJPgqZpBEtpUsWlyqrYIcKBOiHMpRfrVHKICAKm84kt67UlgXRsBdID",
+	"Ttpurq1O4mkXsfUdjbJRPZwgPurwxRldxIJGl0K8pdJWyn96fNxleIkUxu6z0vTPKfZP1Y2XskQLL1uN",
+	"YNxAxmuhk2ax/oOL6TaCncO8CBVo0QSfHz/5NiAXP54eBeQ5sUB9AXlySFxVU7sTFWE6sPKSaUUcAiC5",
+	"On8TeCQ5f+dgN7AtSkkU0Bh3ceTUsdz/gq0zlVVqtTeFtyDZmEFk5LyrcGDkfhGezn+AGiIWeSbn+KuN",
+	"AfAqodUbCXo6vYZHek8Pn5CRR830snG0v3wCWP3TkGvLmt32ZE8Dqmed0K0h2k7Be4Cd/h1MGLebLqP8",
+	"hnv8ALfGonmrn3rbxmE3Wg+NX3i353FzoDxgmvRk474JMBSAL8pC4OgQ3a9dYCXxOycFplRNITohQGXM",
+	"QFYtOaVFgoEW6PE6JXMp8D4zAiMfnh4fk9EtjVlkfY/oqrFgyVY1UL7y7QkKKJHqOiHh5NLTw0MyYhzb",
+	"85rqaEB+zrpUVl0lWsyp0Yc9kNo3ChXXaxreiPGY9J4e/71Gatg12o7U2L6muAyx+sAqYg1Oap0ZarYL",
+	"U44hdzrTTmfae7H3mnGmpuuJ0mjG+EF+baEa/U4+J9MWIVb2CqQ3wr+KWgL5ICO8frleEBadEBtgTmMy",
+	"ZjHWWLpeeIRKK/6oTtWylIiZ0qem7dPC2O4iL4LWt1+mUuFytL55Ridwwf4N+G4VUjheWAlvJ/mNKpSZ",
+	"UtmFEN5g5PdBLsYcr7lzMbEuZlTtWAq9Z7GWOdHrBpNd43cTWDWxBPfqq8vmU0psq9fo6AQP+coKfP2i",
+	"8i8j8gwPlFichlIov/lKLveqMFktB6t3uQdjIUPou9jaZg2zs5g85QvCBe+PLdokbh0yEajrSYrgdlqQ",
+	"kQ/wHb0gP5xd2eurKMjiuV38cODqNGX17MYxnUwgwtAPjEoIY6DcWHdOESSh4GMmZ1CIXGDKvrZvrEXb",
+	"7Qvy9PDvZFSghXNGDbMo5NEJsZHGREiSRTEvf8iFdskbowE5dZ7RXuGNAZLYNQx1Bie+4IaWL+Vdj4WK",
+	"1MiJaAvUooh0UIxOQi5DORa1wzuI8IcRnE33Gvm0AsLFvMB8fw2pefi0/Yv3Qr8WKXdddBCYLwUfx8xm",
+	"KfyFVNGitCzX2lxXJhtJ0aiVntudp8jI5+EN8IOBEVIj0hOy+Itp0Mheq+nZWIJrs5oeDlwJqQmCHGNe",
+	"gp7CgsxBGtGoUmOeUxLitxm4pwt9MFIVpP2eqRrzuV7BNUN9dQv2pHqEum3Luzj+CyF1jRx99YmGmuBi",
+	"EBsZ2aRvZiGWuRxbKxa8QfEFpKv18WTq+H0r4HVtS1AWQ6KjnDYkO7ff3POJkLHfGqo0Lqil7U6X/gp1",
+	"6cL6LklqFMU1Mtppowc0+i1VCO6r1tOQBwSv8DHDj9AZehdDCRHT1rs4p3EMOsALmgnFtwQHEgFWKmWa",
+	"9OyF+DXEYk7+DVK8MDJYpeMxCxlwPXSZ60b6nwllY12w6RiiCUh7Ba601aPzafiIg6br7+/szE+zL+5Z",
+	"jr+JYJYIDTxc/OQSb+7DC7o0rbWcoUf3OY5mIWXX9U8plI47eTb9QiDtH6uKu/PStojZlyjXjLGM4otQ",
+	"7w61Qq4gdB33r5K44099xWmipsKJ3LSzxH0zm6U2XhduWQQ8hBdWB6Yz8AW1GKiAYAoz5gvgTXOiU4np",
+	"NS5syF582U/djbYbEekdHx7uZ6o0kVSjkwF+T2kcoIMA1eY5UzAg/w1SBLl8xwR0GptxQ0Tc/byEmnuu",
+	"ZdksMZbEke/1LxduPI/xvml5kA9839QwgKpTxEYgSRek48uyMoUr80gDjzpN7a8Vd7ST/19c/luGI5ST",
+	"179konI9qW911r6WlCtrPauDz4W/0GEtjUasaLyuJm7UKI+fjqkPGCKgJQNFYsZvctVZSDZB73UPoxkS",
+	"kKQwCPQi24pRKC3q9XEHAOEOPzIXaRyRiSho8nXi3YzL695vkRiXecfb9Qfb5osTa/YLl5dgm47hx2YZ",
+	"WKqcOxb7stZBdSzNFoJ9Z2cj7M6IR39GIKMS6t0TuiTe1jgqEslCxieYIrxecMeAXCVG0h8dHmI6HEZu",
+	"GEEX2GrIWaSry49rCOJwYzyz4zjDYTzWPKDlsbY5RjEdyMxp5wv9+nyhbu/YBa7ddsFampXNQrG6lWnT",
+	"biG3fcjRgJz6OjX2Z9M/KJfj650EefimeUWMbbD5nLd4KAs8/VW5KAvzKtc9/DK6SJHMNeLCDnFna+70",
+	"iAfzNVJt1IiiKLuDAnHw2fwPzUt/6q9rXiIyjBN5Gkt1wXgMoSZUu3+xWxgiGEnPS0Mu5vuBQ8ib0QXC",
+	"dMXMlzwnCVX6BTqiIoLVmvIMSQmIQhN1l47/dNn+WzUizwrkbzYfHW2/ZrtxmdA7qb2T2jupXc59jKKK",
+	"yPYScz3RraY0EvO+EXoWL3wdOX0OfXvpcjQYGBPQClbpUuDFmIxsoaGREdyjkPKIRVTbQnlD1FxHpFcA",
+	"cUH3oPmXTZdCAEMJyurA8ynVZE4VuRbiBqIB+VkynWctLUtvO7XzXII/4rudCz9WxidfKKmodiSrrdpI",
+	"Lvoy5SRmiNeLMXKaxmonBXdS8EGk4PeOAa34MlKGkkzMWNu4mzjkvnjLFvOaLHhUQ8rSe1dg47EFdN6n",
+	"68zMuXsUIS7JzmX29bnMuGP9Utyg3Q/resswI8FW60cMBCmuISK9y5dnJBScG5NRCzLK6+WPgsx9dny8",
+	"76D+PnLKFzbjJYNcsI42ziCyrRJtpKsmvViI5JqGNwFJuUogRJiFgMzSWLOQKh3gBWg/FiGNA4Jofh/5",
+	"DDSNqKYBYhPyBVEJoCwKCOLIT4WhC8V0cCXiWzMULYjgcGJeEKm2QJPvP3z/anh2/uG7V8PTt28//Pzq",
+	"++HLN9+fX4w+crwjVaD3G9Oz3RVrBJqyWA0kUCX4yE5vaKc3tFO28F9ceCLihab6yGc0ggE5tZH6cyPn",
+	"Uk2wSFc4xSihwlq4OJ/sBsBS0cY5kx6W8xYOxtCY6tdA0uQjX4DeN6Q3Vj+3FDEEss3+Z+JC5zFtCGGA",
+	"faaRhb0Z1Ylca8S/t1jCX4FT82U2ny9kECMpm03gwAf+QHnNGSejmFoE5Wv4q6QL7VS++3JXWqBlZCaF",
+	"EsYLH8RZ3W86YOpVv4PPDl/8D3v0xKChuxU8E7fuygYHlck8hEpURujfAtdCWrAeDTHMQMuFFbPAIxz/",
+	"R65TziGuhMTkso7xYYpAqlMWQymh1RfWNq/hiWJfsVAdghvzzHT1kSvN4pi4QjYosXvGVhccQ00lZdx8",
+	"ZAlYJ0stYbYhS8uEfY+ppU0+zxz6/R6TKJ8uL/f3ONvoTwjxs8tS3J6JiUzg5E2z1rpOyARHyF/CMAH6",
+	"qdvdXOjh2KxHrRIzAf1V7rrDe9dKLp1c/Cvs4r/MpvwBdOuOTKgOp91Tyxw+ZqZFCOnUV290OOPSorj3",
+	"qLcOnV1ozKOnh4cIXC84sUYHmjIeoVNPqa5CbZF52Ydds/PTJKJfz5G7fXPoKqPPF/KbP6jg2TnDd5ZR",
+	"o2WEsqVFLraZPwfWHlj3JvC9QFjUEsqOxAi2ECIjEL15ckJkyhHuHms8Kk0Xg5JB0rfFPIgdB0QnH7n9",
+	"Jzr4rZGCnzuDxZfc8W6hJa9Xz9ftHGKALLOR9/YtY+ScQwLu+uCustoOdKeo3UleEjRCFfKTXzpbzWBn",
+	"iP2VDbGX1lFxR/GGMuPu0i3I6nmVxJmReTNE2xfj8UkJNWvkJdfIQTQ7OfKRyxQ7QmhoPQXuXgUsvqMt",
+	"Cix6970gMh9sWXJhjzvBtRNcO8F1D0EKWDnjbnILMoDyvvUqbxJTa0v3MOVApo1kCcyfqAu5ktZqinD6",
+	"bAYfeW/0w+n7y/P/O8R7x1fvzz+8ffvu1ftLW5dxeHn5tnCfevSMzBhPNaj9AGGolesAIVzTBLPqQHn0",
+	"6o885ejlttPxONtoMflSb33zF50A166O0YhoSSOLum2GmwlYV6Jv1e1fDvGOhQS/OkG33Qu+KrUa5J6r",
+	"G+n5KV6QKUjY3znbviL59Uap1JiVGWR9Lovs+m8s1NCltrYgKwd3eBHwTX4BaARO7rs7cXnq9hLaByZ8",
+	"5AWjtBDskbnzMIaipwBILkL2HeLIDSpTheiIOsmDI9ipVK2S5szQKcOyq8+eLMQR7Nxpf21phOzitKnC",
+	"nudivrEYQiF2IOFW3MAmapUbij0LlRaJ8mU4iLffsEiPVsRe8SPAEY8gOrFlWFGFmaXKqzkONclVTDX2",
+	"RFXkDsjIjjcamcawmmkOooTtTSmGcMXsFj5y99Gzwyf5W24sIcJpuBgsHJUNz8qURdfRCZGg5cJHydEx",
+	"1IYI2LcN7b9ONWu7wg9pdI4kawGlwJyHnVr1VeE3iBso6i93U6ZSvpnrPnNf2EzLJTc+iqIeJlt6n3yQ",
+	"u+H7fZdzGVIeQmyjoGwkUb9PhPzInTNryw4rP9udgrXzWe18VlsXTldue63rthKqz2Z0suVcGrP3VmbT",
+	"fFBvbK9/rYSaDxc47e45NR8uiF2eXV7N15dXky1udbc6Nlk3vaa+JE0xNaPxzr020+QjF2qII3TpGgPy",
+	"jt64qon43CoPzp9s1RHzZBzTCUEFxFWiv2UiVf7FZq+vkwpfU9qHW8ovlPnhet/hH+xil+4pq4NnUmyF",
+	"EGvWOg4+W/myQR5HrbRbCtXuKumyaO7mLIotSadKVRNHvWYDxhNol02x82FsLTmi07YN7mgQ3M9mnEDJ",
+	"hPg6t+PhQ6gAl1PI2GC3y7+2bIuOW3yNrIsG+2Ir+RJf226+r7yJTeyJP7cw2WVQ7KyQtgyKzayQxCKr",
+	"q7UKUWK5yRPCYW5kHiaXrSh0fua7+LNUOfc0eeASi6tGUixwDluqb+7W5UGKm7u+ujt9/cx3Pt+vEH68",
+	"sL+KGOBVuZUJjhVy6+Cz+5crDTNOebQizLhRmjlYJluhEaNargswvNjDN8pXD7OQGFSTmXCVFX31sKwF",
+	"xlOVoz/SrMyUGR9EpFfrgg6WgY7sF0P4FAJEauj72T8h1I/LKp0MFcx8IM7N3VuGTnL0Mgambd2s0/4J",
+	"og27sEPzlMwZj8Sc9LBOJETWme3a33c4HSM3PvuuGyYmgTw9/Pt+iahM2bpwviUM1ykWiPPkxjptxbI0",
+	"vVUVdvIqmhg4JPgEJJmKGPFJbOxjRnU9lSKdZDA/tvhbb5QmSkugM1d2LW83e0ciuIk6yVR6jDByJcP0",
+	"FPh+Ew5zVrnEDOGBnfrLaM2OYZqBmrO99CcwBl4uE/gLXTFUxrAqJMpy4q5Oz86ouLdz+rgTP/xANczp",
+	"YpuhYXhq9BIqNRHjfUQ1dYeRkytrHfDufO5LEW8jMuMVKhq+VWJazTGvQprQaxYzzTwk8BRIqkCqvIw+",
+	"0xhZH5H/7/89HjxBr495o1C45JrxyBwO9vTJNIyheW00ID9n5UJFDH3/Mkb2m/MkzSlrizVzNQdpfnl2",
+	"+ISMlKX/sPDaKBvQ3wZPiExjIE/36w0xT6ZzEcN3tufHW62obrBtqM6OnCogEynSxIbgGELvDIivK5K+",
+	"tIHzVXerXZUw5yg8WsXLwWfzvz8OfHvdw1HnU0Gm9BaI0pAYtksT0hudfbi4JFmHqZ4emJ/7aTLaR3nh",
+	"NV370GnaJ7ZosCIT0OSp2fMVKUaEtM/Nd8M0KfxioU+tburczwPi9g6hllhepmXWiJVTVs4ocnx4mINg",
+	"YqyL+dZRZECwRr6xXHK5htvLvDDab9LdXaQuzO0QEHTVBciYoXyjCIdPmtDQ8GWWmMcmvM8Q3k/CWIKa",
+	"NqvXy6LinpXsYo9nRnm+Z/V2eYJfyO9dR+oGYVzmMoij7Ng7qeeux1lmueOMv8Nb2p27v04z33nvW84z",
+	"w1eE2h2jha1+lx9wWzrODj6b9tcNMKo52jodUV2PJyMpYqp0QVPGjHvrkCMh5S6/y+VyvbBxm6Ez5Jqg",
+	"wS1ec7GlnmnAp4aIMcl/s+AnCiSjsdkWAVGC6DlmyVpfn7YYKTEYQghu0fG87o6Ot0jYu10r1azfDfEx",
+	"M2jMxrPTTmzk/GR4QmJHqw/IE0J5+cRkSqVG40VgeHIDkCDYgIVsYWZkCTo9ew4Z4fTly1cXFzkgQlDA",
+	"QTCalAtSrTl1Le88hlN3ybmFVgAaa4ZwDQ4utw8ePI7sPnLh/sKXwn+1fDvqhcFmp4OEyfoVDWu9KGaT",
+	"hQ4cCm83MKGPhFTKhbMBmCQj2+HoI++N/udftP/vw/7ff3X/7//6+TB4/uSP/ygG5ocrwfAaIuRsJ0th",
+	"+cQ+33JY/jk2+jVF5dsZfSGP+T+fOILuovJ3rut7qrUg/ZYtCcmLm3SVjDz47MSKEUmoLt81ONBHAJsG",
+	"N44B3laI4XbEWFW3QXkbOtjgGq2rQNKVmldB03r+NNibMe7/PHrgEMMNhOPhgwhHNBTw150uubsLfFiI",
+	"5vUEqjLPH7A4IY7jr5VKffHTVfeIuoufrnbRdF9hNJ1ZV9KjWF7eQjZx+8d+w04NtmEEsgizqa1R9cPZ",
+	"FVFTmoCrgJxyTXqj6dHhYf/bw8l1X32aDY4+jV585LGYgwypAhKDNjslIBGbYCEsHDkHSaaLZIoVqCiJ",
+	"hIcX9t3Yxs3Lo0+jkywG7/nTjzycUklD0+h+Bl1lX8fgsU8OrOr3lMZkNEnSIf448qEBzmy0LxmbMjdP",
+	"mQ+n+8i7FihUN6m3TBttyoub9GsyKC9+uvpC1uTFT1c7Q3Kn99yXIWnYaw2l5+Czukm3k8q9XFRvuVLE",
+	"stloZI+tu7fviurFeDZUiu8xfUIiwLPCzJNpwrjSQCMzFDxBXliMvtE+0QIxAgmH+Uce05SHU1DNaeJb",
+	"kGxlil38dEVYFBAYTAakerA0WJ0KB9HJ2jw6/raTublLF9/57LsX32uWG1vPKjdbvrUYnx/B1781D+9b",
+	"tTAq8MVPV7uM8a+uPt+qTXtXV/ClM2JmIoK4YCth1SkbNo2GDovsjxgBgYYNnwDphR5vBoMwzEi3l3v+",
+	"tYqF+3IQr2vs/Ckl0s4rvLOOWr3Ca1hHWRHxg3EMVgHqpAcZYTgVseFSIyLz3E2RoNkTjQbkDKSrri44",
+	"oNMzsE7j/RfEJkYHH3kZLTYgtkzLLUjFBA9sNNoUqNTXQHWWCPLD2ZXKQqOZJDHVRt6ambBQDcil0DRW",
+	"5HrxkefSXdyCLfUyn4oYCE74hUt3NW8xTOqGTzTU8YKYMYuxN9EgCkjKp0BjPV0EZCwBSM/9iTUgKHcV",
+	"0oNSGUKelXsoJpP03Afjsf0iAYzYCuqQkQvYx7a1EzLSZnqI2G6nr9JZg4L52kzy0i/yX8wZX578Kp88",
+	"vplX1N855b8qwVhZ3SUwjqRBNHK6Coajq45Zez926Rr/a21IO+vuF2RuCXbb8eu7I9PZBijtxStlFnm9",
+	"G7H8VkjFKVb0xR8xQLOAL9yUsHTpkS6+mmsfO6MvdPNTHkLzLndXQUGe8puvWl4NMAJjhSNEglGi/ONE",
+	"it8g1Lt7pJ2ldKd7JI924lkQgbP8U+THJgHVpC4cfM7Ap/4oqA5Livl2pE7F4WDH3YglUoTF+lOghDoi",
+	"NRWNzDDAdu6Vv7qPuB6uqqBNeD9xnaf169qL9+Vf3UCreChJYJcx2kmEncP1QasbIdu1Sp+iqpAFfPQR",
+	"FKXZu3CavWnhU7LK1k71JYyT0S/9M/tX/833o4CIOMrQP0nPulqDopt0BrNrkOobwiI1IKd8kbWGma4z",
+	"uiASaNSAHJqN6Ac79Pu1mH5xU/tzejoqxOru8qDVdd85P75C50e+j79Ry0teFCTVTdfsGhnZ4NlSUJkY",
+	"4z0G3vxy/KeNqQ1IEtMQIkJDKbDsLVbDt68UwGL89YgVHERIwgUHl3Q6hfAGu6BEMT6JgdgwNCJTboVQ",
+	"UAKhETIypr0vuG9vYXDGL/CBGWWvJnZm/8QBesYxZtyirOrdMpiDfGExD0polAnIGVPKEGCEqJwSlIhv",
+	"8ebl4uJHcgML0nt6fExGGLiHpHJAk66r6zSagCYRhMw0k107OZxLM8E5XeBMPNU/+Sl8o+ztVD2eKLEh",
+	"gWRku8jhOU/I08NjUg+r6UaVc0yGhRAuSMxmTNuoBcYnpI4Lek+P/05G+ZNh4fshfm+6CGlCQ6bttErL",
+	"XmIdNzGzREXgMxf3ME4VjashDg2OtwpvP6rz5EH9dRVCfCHHXWUU32MM6wrP3UmZSUaOPhCNArsDJCiQ",
+	"tztozZ0e/9jPZHtsUXsYlbUwFZg/7MmH0mz14bxK1z/4XBDB+KjiJKzqhPlwXHxZpvs7RJtCe4VQ09pA",
+	"0y8pa1dbNs0+khpy/Vk8l52FqdGkLBl8gpQz0nZejJ1fk/Il4yC/q3B8sm15dCAhBqqgGZrmnbgF5Q5/",
+	"+zKq1k4P0MKoAuYp45NRQLSYgBFeQY15QXpuEgU4fvdl4P4JUUDGlMUQGRlsSIn5HBigG8NYE4pBUAvz",
+	"YN8h+nLhBxNSTmbiFhxQWWG+rsNhPlTCrLGEQPLuoQW89OOAWMFSQ0bw2tyc0YD8E40S1WaVFPHHqmsw",
+	"cP3VRY64n3bC/M8mzAkdaxd86NZwJ953OUxr4o4h31QcMmOvtW5wDHRxPm/udrbjtHG+hPEwTiOI7uB0",
+	"3vmbu4moTVzNOyfzX8jJXK8xrvIsv0RPb5CVPENHLh5xDt+U8kVWhGcumdbAc5euxVywJ6IiDhWj1c+L",
+	"csH5kxkviaD7cf0GmWuWi6FS0+ENLBx4rv1jeaRVN3FTCakmn29QbMWoSZGZqkse932UXc69di8xyL6n",
+	"1LKfeE1XcKOv99Lo2VVtHu8UEOdWcELxUiHwXkCF6hD6BQ0nYI0NfJWqouuw3Ve8cxN/MYjIwiI0u4Ur",
+	"C3pS9gXnnLHzCu+8wn8GrzCyL+rZlbS60tFZr2CXPCwrfb0lR8+WPb6PxD/QxTPwZ/QJNDkC8mntbP2d",
+	"K7fkyr2jGDmA25UFoi16GmpmTGO0R9FEdxFhVikNjEIupEM+kBLi4mZdZY+/un2ACtKPV7b8mV0EuHTd",
+	"/QTOh2OZbifL/tqyzNYmJ1NmLLiFVVW2KNk6Xj7R4sVTQXMqXz6RXiRCVbz4itkYwkUYw2AWOXsZEQoQ",
+	"deAbRWh4w8U8hmgCmHPm75vQUu2N/FXQKCDXLI5dschE7Q/IafUCq3h11OX66aTumuvFdq6b2i+Sdjri",
+	"F9YRA8LFvMi8O0G7uyDa6IJoy/JYaSp1qzzmzrEbEBbFEKBYTKwwc00MnXhbktb4K4prdAwCj1RFMFs/",
+	"rnmNaKpuTtCVKCERUuPtPkpn05gTjOi1LXfbdhYMyGk25sIIJah0BiqT9liH3tbZ9/DOE8o4Fikzg3IO",
+	"axcancVBv9iKu3i/KQ55lVN4QM69Ly6w1fNN3y7AwpPeh1gEhQCLlcdX4RQ6yY+8LsfcHWMkBm7Q9dER",
+	"+NPuUHt8h1q2x3de391p+ECnoT0wtnoaaiOfOI37CqyUWnEuMq7tOWYLQiIUpEiAKzL64dUlOZirrLlq",
+	"P/6w8r+bA+oFeXJMJOWRmJHrhQYVkGuq4PnTVMYBwSMEEzeeHxIFoeCRvWczjwQH8jNcX4jwBjQipgR5",
+	"Df38xjUoXbL6o6a4mbOLu8iCHVF7qXfx42n/+NlzmxXky18SNRVzTgQPISBTkC5pqHC2Iqz/NR5iCHTW",
+	"Kx3fRo0Y7bfH3J0QextcKIDaeKScVAIq1/azk5+xsoBb/SGLRoUVlkC1dsW0RTljyVAiAvzRaDj4tQ2s",
+	"YaX0r8ar6eViBm4I2eACq5uYyWAII8fLWZGNimix34yAY/nswjb61z42t397WyGvr/X3Ra5wq0vdBK1h",
+	"ODoo7WGL+Dg3PGWh6ncG6u5IXutINkdilivaN0zkDzjLb51O51RPD2IxYbz56L3yuF+GZROq1FxIY/zE",
+	"qULozATL3o0ygWlLfU+pIpcfLs8IcCniGKIB+VkKPiGhhAi4ZjS2tamfHh6ZZm6AD53tNjohIzMwc9go",
+	"wWk8jBiuVDQiB+4nMDRNJFNQLMKNzT2puWrBGd5FDt+TLHtrBvaFMEBOUz29NHRfdW1xwSYc46j+GuJp",
+	"F8VRL3QgTCXTi70X//q1KILO3AYlik14v4zuleppvawRacn/tbRTze+Pc6uKdD28nuYy6aRHYyUy/9ec",
+	"FlN28I39P+OG222frtXOJYwlqOnySV2/bdzrzfvGvXDpmnt0u+e8ML7HfN6dEg5zQkPDaM4QNWoPxcel",
+	"RbPXnSKOyo/RVk/gzwmbtdu/ax1/50L7Qtxr7WZzWqZJs8ZtTVpFKPEacAlZsxDV71xGRYTNSk21Rk26",
+	"9/Twyb49gZLKMW54WIzHJ2RkVPns1sFmHuCXf98vq/seFxhxg5f1bzfhRyiXLnBkXyoAvJtEqjKBT4a0",
+	"GWJobc1BAgk9kEhmhBlZ9FgU+B1O76NW3sspjw1yS0PSXyW4Tsk0nVHueNKIn+wm2zoDxjY80t5KU2JT",
+	"ZTRW1ke2noBW7rAtncEhlXKBeEx0JkfkXx/3knn0cS/4uCd08v+z97XNbePIn18Flap/RdqTZXvimZuJ",
+	"a19o8jDxJrFzlnO5rfWeCIuQhDMFcADQijY33/1f6G7wSZRsJ47t2Jw341AkCALoRqMffr/TJ/9GvlxQ",
+	"dU7ORdRnr7VhfwwOT47/ORqevPow+vhh9Ong8OXRJ9YJqNc/s7lUmRO2S/XEpQYwwIAvt9xJO5HCslyr",
+	"WfxdCREzGpX9vCiZuxDTVkybWCpultXPyZSTib9JfE6lEbbPBmxhNEaRQXdrw8DPrqYwOD1ETGkYyx76",
+	"2J+xyPdjlKUlf0in6uYmb03wsvTo30akCV9CFlY0n3DwgQenTdTdZ0akWImyQP8NYJslenwevjyHIINp",
+	"x5Iow53AAqhyfVa9P/51Z3x8rieTqMeOhTPLrYEfxW6fHepVw0pam4mGVFrfkY/3c3+Bnt0VkRa9fNPm",
+	"EuawvD5bX097WPUbhNEX3rpFIcQwaNDgHVo33Y27BuX5bPMxwOitzbAv4Mfz1CB6ZB9K3cDWnUiRxOgz",
+	"VlmS9FlE947oXgggSgu/koqFkCv+yoxeUPFsY4HP79jYgLr6zbrkO8l0tZubZNsPam0027r0ByWgv1dn",
+	"N2BL5HHyFRxleqBZSCnHba2QHqkiUy4VhuWl0J2ILtuox8ZcaSXHPOnus3A9UKux1EjfdRZL622OUhOu",
+	"0ADBPAs/dvvsBf7pTTAQf3EhgKVt3mQMFLL8O33RPZdl6ualskyD3ArxwxJimtZvlV7Ibt3CqqLtL/B/",
+	"SLIq1WCsP7idzLQFCGHAiZhzxacCegPtPLWUbNtnVK+CacITbRbcUPZSR6dCsa3TbGfnmShXfsT5RUSP",
+	"EHF3v/Q7KDBVfQDeWmf6xZyJ2oN5mwFrbG/nN9ZZye+JsOhqVBTxYdJTkugFMhcPFL215F1DemKA06FM",
+	"plVtU+p3EGcYKigKu1kODGyYurk2nSfM/I+SANswamsUIHxZmybTpslcS78OCgFlPBQNCJLOb1OtpHtu",
+	"QK0epSHQtKIGLTsTYz0vtOc+/VXTf406s8/ecScMExc8ychzZZ1MEuJlt3I6c1JNCZKh1lgnskKoEUKg",
+	"d9lZ5sj0MgKUvXRfrzfpVa3ObHVmqzPvYba/F85v0peX4SlQyzWIMq8z6vgKgo9nBU4vcZOThgJfzwJR",
+	"apXo9hkRhQWgUNBBaElv2bFORUwvtvshSb12HaFwpQUCLJ03VMNt7HC1BMBFqiLTlRisDantdPsI3O1g",
+	"JkN4oMCRCy/tlMchs47N+IUonLLld1MS/wakNmBwxe7MNPjMHJtr69juzs5OeGUzIEVFs9ib1cVH+P0i",
+	"/+iQsl+iHwXl/GcmgFaatHMxiE++DWGioTv1rsBaWNcR+HEEDfe+RlMP/fMn/vFb3B4+aOsyc7l3Iax+",
+	"LFSRhqX4YOtueFjuBlS7NLnXcTqsg7M8KSs+SkK4ROUyvVAA4+wtXnyuAwuv3FQ3tFWRUViZpC9Y5AUT",
+	"C50j8imO6JIRBVOSN37FPkSdmZBQoNQ5026Gmtb53eNMMPFnxpNun30QRurYsrlWbpYse+zPjBsnTLLE",
+	"/iqV8QRe8PHkhR85oWJuWIqP7YOvwTg74i4KvsxchWMRXRh0in7jk15pjzPr9JwuQHTZVpqDDxUqxn9h",
+	"fk/+T4phF7f3WcTn4PbH/43mUmkDztjdfn935//u/txnBxgNZlKlGQStV+ulmOJzf9jwfYYgzH5B9Qvb",
+	"WUhdnXFb2WI2+GOoGBsjxEZAKVe0tqKqotAeBrV45ZPutIapabdYt0sosaDJfWof1wbRZiN9N9bwsyDW",
+	"1zldbAfchw01w4LbzAgLZniqrYhHqAgjhJnAUwTk5kBWTX4i8SrNi5Ow5cBUyVrnKhDtVy38qnHfZVLB",
+	"kaWq6NGPXeN0Y8NUIKKzH0ye1wRLhcefXOhCVMzrYPwsnvi7QuVtHlLjcZw3j9sPd+ETO75X0ok5lCQ2",
+	"DdBOQIleeTHukHSdRoE+WcTs75j8zP4HC032iKYBMn78/lLH4aAc1LwJDBb83e8k7L/CXhleF7mZEdaf",
+	"akZAtbjh+dKtqTBj4T/rv8LhyXdbqhE2G7GO+MwBjd+JqTA0BxIA/axm8GOypB5Jy0Lfu/2Gz/HfuNBZ",
+	"Eo/OEj0+j5DXEP4eIaAJbeQ282MVRxXbO1pwo+gZpZ2cLEd+IUT7jZ8O7/IPYDm4vhCGJ0mBiUJxV+uM",
+	"VlN/bPaT/pTIal35qAynb27P82Su+qLfX13w5cM7GiscSQiqCOOru7rvX3yDu/pt7NEvaUzvKJdrTV82",
+	"H+rCOtjPFcGC55DybZZXuw0/ef7kpVlumUytwCl5PcBzLQ5qPb7uHv2FlCNhNcciEU6sbtRDf0jzisMy",
+	"Hk6QqNDy3YdCIVMdHIFNSsW3fqNHhcZYwtooQv6x3zeM0FBV+BI+PW79/I8bTBSXwWaL2kuEG8+uI4Tg",
+	"xMHq/+C+mRShAYwIYtyxz6JxIrgZ5U4JIzBVBIKeKmbA8N9R2jHKvSA9U/F89JjyRggx3dX8HODdXg0e",
+	"rMYcm9wOFc4RgHSptICPQ5xTuxCv9TbWBlg1BG7OfSA6FUrE7FyIlLxVmHqyqq+yNOYPVF99Z1PsI4zc",
+	"fTDELnGX4BTHj9Vlcl1F3dpqlyh4XPjXdpmEo/uWFQ6yPdaGZl/Wcm97zGZpqo1fxONSEi6hmVEs9vX/",
+	"YVbx1M60YxOj5/BbPY23IVZ7qFkiL4R/fqzVhTDhzJoK49XO5uxeSgpeDsNH3fM033p/Lzu85QMXZq2N",
+	"xD0s/2d9fr8xAzizfLo+e/+dVMKiKeUfGIGcSsX+5f/oAZwdQ4oFzICoIBpabaDQOM6rvpdYcowFeftY",
+	"ymkB4xaLCUP1Jzol4Xm0o6rovBuTED7CB33faM9ro+dXue9EX+WucseH2rgfkfqSvuHYGy7wIVdntjBg",
+	"7MA6ZIlfb63GelhpYfX5/UqNNeaOJ3q6re2WnPOp2MCci5GZoyHDG3tIlulN6iVQPPZPVaMKeYGvOLIH",
+	"+ILvq0XumwwfDeGzry65+QD/iBL7uHho86nymzMB5PvNtiR0tPibhc6eZ5fK2/Dtx6qoybiehpkaWa8D",
+	"zFRMpOy5PvB3STVlacIVxFJPVR5X8tcoHFc+L/jL+0zMU7cMhwV8HN5oAw/uU0uKKFPSdXNMFH+eOA0D",
+	"KBPpihCqnhDRwVRqZRGbP/MKLT+yTIwQOUGhVl7F9ZiXqTiD6QAOBXuJyhn68X1c6iZ8+duPV9c4fom1",
+	"yua+KxvUL8j3/PajDdF+L/qQC1eSs+von+0v9jzbSN+ZqXMFYMmGScVzrZQDileprptEcipKEnmzjlXo",
+	"iNeI/WmfzXZ3drZ+3ZmebdnP8/7u5zXOVgudWO9mLblVd3/6tfdkLlX+79stLimkeZ1nYvj2442K7leZ",
+	"6W0UaBM9Zk1yLxPOWKTcuHmNBnN1j3tZuu9x7XHFl199jyuNansSfnibI1qt+RRffhgmpgZ75WR6rZIl",
+	"UGkl2TSPMIIfjjKsKIUL86zXZU8XS/dhpE6/qH3VHeVNl4Z1PX1/mxzdJkd/U3J0XBbeBkXSvIlvfyn+",
+	"UWPKX7GSb0491GOJod31KQiVXv4o1debBf+ksiu0kf7WGL9ciNcmZTWZAy8BwjkUZAW3WVyStjXWAGaj",
+	"PFxxv3lL42NtxO4o5ehyhRMSjVrFc9OYD62lctWcpGtYKjPBEzfbZJS8wTvua0oPdu+yDJ7BhwPGlV0I",
+	"c6Pn/1tcJBvgw9/JC6GEzY+9/mNpOZfmn+axMvuS3rEN4ZRtxJrewIbgz9MQhYqmXDmz3PLPIZM1Phvt",
+	"M6XZmeBGGOSG1kpsOTkXdAPsSoQiTWVtOl5SddSpKijJ+uxYuMwoDDMlWk23EnkhYmTPxhY6gcYvWQIT",
+	"5z6SeDLp2M4vOztdLHib8DMjx+zFgDl9qpzJbEECSr/xODYE7xHDu6t+bzjnr/bfb+67p6pGmdZjXBGa",
+	"OELhlWjV6HLUZ6+gNULcCxjfgRmcS0XkQ0AqcapSIy6kzso8KIDbDowTmVIiafK7Y7OHOhb3saTL9wtH",
+	"4Y68BuUOrNcerwJpXksi89BpGHCqGQcxLGnO8HK/YOxGBfrF/w8Jlb2g+p+NtqkYu42kjqBSvToC+U/0",
+	"lE25Ewu+7LHFTI5nLDXCikC77G8i6l14y3PGMXkXlYOesCjvR3SqaNtjREL8nHm5igr+GmpOgt51UM2c",
+	"EyAgQ5o2zAC/TrzFF3y5Wf3tr/QmpB7CxwWKhLVlHKwDfZ9LO/cHsW6TYiuG1U/JtzNtrZygDuKyC9lr",
+	"aeh8JzA753NVkCSfCb9H2cBG3HDkojm5auzxl727DD3mA3uQj/VlrLp+bv3M331Aso2WrFV4X2AZ/g4G",
+	"GrAEPP/Xv/+qaMFiwkkTrnBpfb0+RDWyCaWT5CpXeGXQhsL4MWIs5IUIBDXeyqrbgt2CFU4rcaqs06ll",
+	"C23OwehyQP6c24FoRDGtiC9GqFgADlCzFnMzrspalkl7qi7TawS8cLl6w1FqVdv3Vm2XHRr90rp5FpZW",
+	"o922RiNywGJlf4U+s45vwNE8xlVP1AoJdxNt5mzM05D5GIWLfZ1CEWwcNRZUha4M4XX31edS6eUmKXqh",
+	"s3I4XvutJYEc0h/SSvjxXIJDLyciZv8YHh0yS4sqZwmK51IdpeuWfOCw3zYi4cvtLzynrq/FMZvPMzzM",
+	"9xbMN9QjyTFnC0DizgnyP4mzoR6fC8cS7jdd2oMXM5mIfNMNzyKGaunUQvt2J9Zjm3e4P4+7BFoBWgEI",
+	"4JidaePIhwRfFDjlkJYRq6TYuViyWBi4C7KRI6Kuez8Ynrw6Hr199c+oV8DwSRv61su7hX8Vo5UbGVZY",
+	"hIBBG2OqNdbce/Mls1TiHz5Vp4J8X/lQWWcEn4dKMHS7+bazdGp4jGnovDSgHZudpUY7PdZJ8Nj1Q2tb",
+	"MAb9i92oS1NyhvR4c78hTIVFpr8AWiT4/KllZ0snLAPAxgVf2j471A4+YZzIkFtVBxdP+PKE3nmzlsyg",
+	"GOG1Ya7Kmv2eUe1d1EG17NSFdOOZyIv3iqm5wrT8kGGjB4nj/dOVBu8PdNncqGVDyuDYr4lm2+akphxQ",
+	"s50JtxBCNWtgezXTZy42RYXe318up49WmE/SzQLn1LqibsQaQT+YUFyNlzBe4jNqVSJ5au2U27BTigkp",
+	"LU4/kbVFCW6FtabHG53EhBBfGNz+EbS4WSc3zW3mFzTmcvjJ1qnt7jMwNiybCsf2dp6dqg1gM2sqj1CO",
+	"Hlc+tv/mq2diY+FWm4P94HKwFS39IL0NW4q3aXkq+0s+TzZtLkepUIMPBy/1OPvm7KjrrfzQs0a31d7u",
+	"b3vPdvZWjcHG/YU+gsX0FQ8v7+BkBiC5yhk+dvl3XpJykPJlvbjlskS7fabEImchaQaq+BCafVy6lz77",
+	"6uo3DH+rgR9mFUxR010IRJ4BFi41CuS20+lWltoN0ZmGFFjMjreMhxfm3o7U6AsZY+05/aTPiLGHDZ2R",
+	"qdiybpkIRv06AHnoIuAyoV/3KNxTZAKVmkWnA7NibAD/GkLlkFJk9MIKyNsBp8hYq4k0WFke+pLHv0OD",
+	"6H6ptMmkZSGsNBaswxUrFdZsvRVLQtkh8G7pmBExHzsRHFALb9NCO2MjYukCmHgA7yl/TnBEibOZ1ue+",
+	"ZW0o5B86PeapywxEphTDIWI6c1bGAokk6D8G/BJQkG8ZoToSNACVSiUaW4w1Qp8DwVG6hnaCEM6ho2zC",
+	"ZZIZBGPMUjx25veFxQRNwrBPwf/ob7a4iEdZsYqjdYVStCROdPoxfUilUuXvuqO0p2oXNkfAcmHJcUjj",
+	"VcHZz+VLklhFKEUjlKKorbx6fPnMt+szK+IdwOrDg97FLa20ZGk9h6V79c2RtLLd/hKe/Wv9RnkYUmAx",
+	"xLBfyXP1C00o54W3SPyKaEMcyqniXsVHDEWAdSL3d+BRGGdKfvYbk1axRWaF3sUu/TYTn9mb94MXW8M3",
+	"g59+/sVbeqdP8CeH9/bxX4YvoCd4ke4RUY9ZAYwFLLrYjZCmydKeIIAnY1lW57Q9ht8BCBh8I2rqtxvI",
+	"H4P9DL6lxzhzci6s4/OUzbWhBIpnOzvMYoaGqVxmNiQHTzJsAPYwGEF9Qcg2YZ8c8xS2F5qqUf7aPCWN",
+	"dfZ2drqNXB8BMtgITB2OcadPhSk2vMBYijgbwEYSB8LtLTyfcBZnqI/95ppI5DKhxLufdnZILeY3RZCE",
+	"RzGqIv+5bA34icI3c2QjAUBkHmIwHZoRB4kxy1R0m2IvkCVDK/sTjtfNxmA+1ARqTRimJG/rIzBX2LQ+",
+	"hHYaSARPVq0pWAYkSHnP8J9F3+qS92RN0sqvu7/9dM1yp79t/+3J8y+3W6FUne3B+HwjHy3s7BfCyIlf",
+	"1H6lkRh0vBjzAkwbL3fveCtvE5qvldB8jAqgdDjLlVrQnnU62TXbIPnNtyWfb88nfMsvCqmE3eSLX7C5",
+	"V1KzwimPKk5eyERMRVwkyiDWfe6dHxXe+R6Tapxksd9YMuubAU0Kf/aB4IZuA0z88LxObZclfHzOuAqU",
+	"UrhxsgkfO23w/lno4vvXA2bEWIPaJnHGTUGnQvXZIdL/rebwsE4E7x8F+Y4whrCQFlCV+Rw2G+hvY77P",
+	"+9eD43wo72tArdzJTSeG/CakNLdt6Ow2XD+4eMPI60kuBlsgH0H8Ov4eMFe69RSgYy9+NYEPxYKbIIjy",
+	"isL7unCpg5d5R08KgixbpqGAtCHi5NKTdjXfqiOzBFyZr7JroPd8mgnFokqVO3C06bl0LlDhaTPlSv4H",
+	"ltZTu6aAn1t0zPkzTumXUkp4Gfpnb61HC/v8oJxZ+El35Meq9WFDEio6rvZrog2u0YXCjbmtz2/r828P",
+	"SSjNdcHm4vyg+sDpRFSPG+nbPlRIvdG/kKP54m/kSwn8UWBOQ73eQptzPze2txa2BF97Q5qsuecy7rMX",
+	"3BgpbJm4Ms/MolNE3q/1Dgcarx8Hyqg0tpvUWcswd6Na6/FR0m3UPr21STmt2H/HI8olx5JW2FvssksF",
+	"dw1wWdUmwCAGZHCsgyV75IL+vbDLvua0dGt6JqCWtfqmPRLdCWTZNx2JttFJdyVv5Xu69fFptx8wu7U8",
+	"ZVfPcaXV0Cqxx200gSs5SOA8F/trOJHXm07gWcmsMIxwMxKtpqHMk96Z486zTuRvLbGklKKE+wgXJ62T",
+	"ahqiDescMDyOKzLRarG784EPanNxV+mclfXQpBfjuPUWtQbdLSndQRznQdNvM+a2v+Af1/N5V5T0sZjr",
+	"iwDPnXBLN61Vr8bfL1oNW+v1e9qUYuANpMkF1j+4ug4UKp++7+uL22uC4/Hz2Cq91kV+TVZdWDeX6K+v",
+	"cLSxl2Ku3TUUUcUR1yqie6uIvrOv8CsMy53bMyzLfkMc4lbhtlbm7WRSzLiaFor6qYUU4kvtTWtnW+di",
+	"udlPOBy+eevveVyF5PjVV/ex+WFsa8gfZg15nno5HL5haXaWyDHMd0m+hnYGQrKBPnEmAExPWpZyY6m6",
+	"hEqLRcw6q2XGWBWN4HhQkqwARKPai+4+ofTlRX2WzwWbSDUVJjVSubxmRavq5/Ax5KVfwtGIkvCQ8jTx",
+	"i+7IP0XDuc4xtV9aEn6BlOaxpWxszYNvcEKpmvpq1F4NxsH2l3OxXHU6NWVC3oyqqGFGDt+g3lwHaYm9",
+	"u3WfSpt22AbVSlmE15UuqNi7BuYT62yA0i/V2DWCQWFzCB/4uMz44suvbspTkBJrKluT/kGa9Fg7eykt",
+	"ekDcvA4nOsa2yeYeQSTbAuTCb90C5sjf4/cvADrgRKnQZH0XC/ghWeDFV92RFV4a1pYhvTW3v1NdE/rh",
+	"1RWVTN062P4CmmQTt8AAX9FYe7mSY9PZ29nrNlbd35ySWaE+MOsNd/q6H6UyYbPKCPlP7XmgrUzguVRe",
+	"W/Avnm0bMfVW/VqZf0WoHP4udPpJZxn1B9l1rONO7LOIiMJGePNorGMRBWilUAZJDXVUliRgn5wqpZXo",
+	"rkP0/t/PjqmD9xXlIPTwKjAHNNh3jmXwuCxwk6+gIAp+znj8XsciCRKR8+74odr+f4tz/56JEXa2Hmju",
+	"lfKvrGOKCnXBrHCQcBAdHJ68Oj4cvBv949Pb4ej41evjV8M3o5Ojt68OQTascPs5VNnezl5xuK5T6LgZ",
+	"dwUfWj1zCnrq33Fv5cR37hj7uRnFBm65YXP4q/apa+86PyR9W1j4wMnXzHLyWpuxNzBpmYWtxsqpkmq6",
+	"dS6Wfh2XcW2yHHd8LpyRY7uZzARv+b4r14nPbjtNuFRrEeZ/+Z+7O7/++stVIOY/GD0XbiYyv9F+dkx8",
+	"TrWVwIaERuTDw5svffI8n7FGrHnwRfxnrUkBiIxeW37Q1k2NGP6vdxB8OhycDEkX9tjPO8/qutBfKsM1",
+	"rqBiFcRgAnCS/d/jmRif9yCgCcrZf6ZX0SLRqWg8ntx/RLArw4EtnzMB9lssUqFiQKCmzeYHXZ+54ru9",
+	"gTzUDhC+ls8ZdywRkD+oBK4svxZjvbg5jtKNeILU2+cbJGedTC7sttJOTmig1hv8H9fQ2YH9kWZ2Jmz1",
+	"oFFplnGLbIegFQOZ3fNTFX05fTKecaVEcvrkOTuF8/hzRMWVccDDZf+fnT7RZtr8w5nRPB5z606f9Ngp",
+	"KGlsC+9GSE24Sk/5u2LuuL/rS7/f/8tfsP6Mwl35yePXL9izZ89+C8/9FfVP1QlyZirk3gZjLTvzI3VW",
+	"UMrlgwBHMPq+XvWnMswV6+CxrHuq6OYcsD//uNBMnx2Vn8yJAfmZzkr16KxT4jr0R7HMYuNTYXv5TWdZ",
+	"PBUO8SZt16/n8QztVsr3Z4uZZmOumBWC5pqKkdnLAKkrLTsT1p0qMZlog9C4XrGmwlhpAeTJPw1skJVV",
+	"0Z/H/VN1CuYFgS9LrZ4jkeLYHzKIDbLzj08nXSCQOssZZaMeExK8TVKxaEBGGrWAxLOMsJZ9GwSpfKq0",
+	"6SGHJPER2J5fnFUiwCaKRnxzf7VJpicTYUTMlF/bTp+q8Ej1Yy92I8yQtcJcCMPEeKYFxdXWPhEIFABq",
+	"GP1T/lA8YH9mfujREsFfJ5kVMevwwPuuGGcfj98xoWLLstRfSPTUEgdCdGTkVKqIlSimTxU5258CCBeb",
+	"aa/TDANSbEaUm4dHJwevD14MTg6ODoejwbt3R59evRwdHR/8cXA47LPXSETgl8QEwaPFqSIuTADvBI2d",
+	"b81hyyUI0cjozIkIllDkzQodRzC/sXBcJs0UXySNhxU9dpOb9AYaST/6H2ipWAQzKy8eaddP7SOJ6v2Q",
+	"p5+FOLOgCjYxWFcWHEKgl2heU2G2vPrveT24VdH2QGRY1+u2u9kTsSiodK/M+jsodSjIYMcKEbO9/rNu",
+	"hVsFlJitL2C7QoUKagzEM/wAvocGtdgpuOq95g6RRGxmiKy7UZdkZr1KLL+44P6neMZaLbi3s8Migpof",
+	"kVaLerke6SPtf4StjaQaQUsIR29ToVxVS/bwZOJthF5JY0pb05GBl/jk1fH7g8PBu7p+hPjHs6aeYYeY",
+	"hvdBwMTP8aIG408fb9nezi6LsPP0WwQ1y5k6V3qhekSBIwDF3ytiOVX0dOnRgMVP5c6pRKx9Ub6HLkcA",
+	"y2+WOdNMod/zpSWtb6eq4JHFONffxF/cpOf7bDBxRCMQWiT244kBzGbiPg7kqjXeYzSZ/B5cuR3MzkBy",
+	"nlueLCLe5xHY8H5piM8SlgilvULXUq2mEZoLxTLtscgIK/8T+p/Kyk0kUA3s1ys7l06FammYr0zD/Hh2",
+	"zbZ88I45nsOS2+D+LJ2Bg0aSyp+OVYlmvuz9zC/Cll5/49mqpQHaBnVBA1MyqTRkkZbOimTCOl7CSyTx",
+	"0jAK6rHUiIn8DEooM8mT50+2wdCl3tXf8E5eCCWs7RUo5j3c8AKjJOg+8vj1C6VC3oWGFFo5VVtZ2gP/",
+	"8JZUPdqOgvcYdl50Hed1LNQmDEoztwghB4fT8qaMqlKDGPNcbfFljiRtWWfsd/ax8KvSdnsFFjmQGlQB",
+	"TEpN5zVOm/q7WsVRaiFkavoG6NLvMklAtRaXckqI0rUX3PFEV25DvtfShfIqbLz8h9FZWvlt6LThkD5T",
+	"3J5Wbxmk6cA4OeHjao8qdmy594SGfywSwW21hySeA6wLqT6GgzsA38ALI2KhnORJ02CHN2BanLQOt90i",
+	"tRInMs+vDB/i7y6WR/kqAvLXrzb3pXzHe87tUDrR/Ms7ORHj5TgRK7+uTp2/OjzPVi8eDQ/m3qxZ7V19",
+	"nuBibQmsrlKexdIxZ7hM6mMz8D+tNFlZjdX2joLFQ2RJc1gMxGrD3crgH1V7XOXCb/hhkKYfjP68fPLX",
+	"v//67wAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -186,3 +186,37 @@ SELECT count(*)::bigint AS holders,
        count(*) FILTER (WHERE f.secret_enc IS NULL)::bigint AS without_mfa,
        (SELECT count(*) FROM auth_mfa_recovery_requests r WHERE r.status = 'pending')::bigint AS pending_recovery_requests
 FROM holders h LEFT JOIN auth_totp_factors f ON f.user_id = h.user_id;
+
+-- Platform role bindings (platformroles.go) ----------------------------------------
+
+-- name: LockPlatformRoles :exec
+-- Serializes every change of platform role bindings (and of a superadmin's status), so
+-- the "keep one active superadmin" check cannot race (released at the end of the
+-- transaction).
+SELECT pg_advisory_xact_lock(@lock_id::bigint);
+
+-- name: ListAllPlatformRoleBindings :many
+SELECT b.user_id, b.role, b.granted_by, b.created_at AS granted_at, u.username
+FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+ORDER BY b.role, u.username;
+
+-- name: GetPlatformRoleBinding :one
+SELECT b.user_id, b.role, b.granted_by, b.created_at AS granted_at, u.username
+FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+WHERE b.user_id = @user_id AND b.role = @role;
+
+-- name: InsertPlatformRoleBinding :execrows
+INSERT INTO platform_role_bindings (user_id, role, granted_by, created_at)
+VALUES (@user_id, @role, @granted_by, @granted_at)
+ON CONFLICT (user_id, role) DO NOTHING;
+
+-- name: DeletePlatformRoleBinding :execrows
+DELETE FROM platform_role_bindings WHERE user_id = @user_id AND role = @role;
+
+-- name: CountActiveSuperadmins :one
+SELECT count(*)::bigint FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+WHERE b.role = 'platform_superadmin' AND u.status = 'active';
+
+-- name: SetUserRole :exec
+-- users.role follows the superadmin binding (the contract's User.role).
+UPDATE users SET role = @role, updated_at = @updated_at WHERE id = @id;

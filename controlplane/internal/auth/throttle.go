@@ -97,9 +97,10 @@ func newLoginMetrics() loginMetrics {
 	}
 }
 
-// Collectors are the sign-in limit's metrics, for the app's registry.
+// Collectors are the sign-in limit's and the platform role operations' metrics, for the
+// app's registry.
 func (s *Service) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.login.failures, s.login.refused}
+	return append([]prometheus.Collector{s.login.failures, s.login.refused}, s.roles.collectors()...)
 }
 
 // usernameKey is what the throttle stores of a username: SHA-256 of its normalized form.

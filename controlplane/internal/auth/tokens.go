@@ -122,11 +122,12 @@ type Service struct {
 	ids   ids.Source
 	audit *audit.Log
 	login loginMetrics
+	roles roleMetrics
 }
 
 // NewService returns the token service.
 func NewService(pool *pgxpool.Pool, cfg Config, keys *Keyring, clk clock.Clock, idSrc ids.Source) *Service {
-	return &Service{pool: pool, cfg: cfg, keys: keys, clock: clk, ids: idSrc, audit: &audit.Log{Clock: clk, IDs: idSrc}, login: newLoginMetrics()}
+	return &Service{pool: pool, cfg: cfg, keys: keys, clock: clk, ids: idSrc, audit: &audit.Log{Clock: clk, IDs: idSrc}, login: newLoginMetrics(), roles: newRoleMetrics()}
 }
 
 // errInvalidCredentials is the one answer to every failed sign-in: unknown user, wrong
@@ -241,8 +242,8 @@ func (s *Service) issueTx(ctx context.Context, tx pgx.Tx, userID, family uuid.UU
 	}, nil
 }
 
-// loadIdentity reads the facts of userID. Platform roles: users.role = 'admin' makes a
-// superadmin (source users_role); otherwise the bindings, platform_user when none.
+// loadIdentity reads the facts of userID. Platform roles are the user's bindings
+// (platformroles.go), platform_user when none; source bindings.
 func loadIdentity(ctx context.Context, q *authdb.Queries, userID uuid.UUID) (Identity, error) {
 	u, err := q.GetUserByID(ctx, userID)
 	if err != nil {
@@ -257,10 +258,6 @@ func loadIdentity(ctx context.Context, q *authdb.Queries, userID uuid.UUID) (Ide
 		if u.TenantRole != nil {
 			id.TenantRole = *u.TenantRole
 		}
-	}
-	if u.Role == "admin" {
-		id.PlatformRoles, id.RoleSource = []string{principal.RoleSuperadmin}, principal.RoleSourceUsers
-		return id, nil
 	}
 	roles, err := q.ListPlatformRoleBindings(ctx, userID)
 	if err != nil {

@@ -177,7 +177,7 @@ func TestIssuedTokenCarriesPrincipalFacts(t *testing.T) {
 		wantSrc   string
 		wantCaps  []string
 	}{
-		{"admin user is superadmin", userOpts{role: "admin"}, []string{principal.RoleSuperadmin}, principal.RoleSourceUsers, principal.CapabilitiesFor([]string{principal.RoleSuperadmin})},
+		{"admin user is superadmin (binding from users.role, migration 00550)", userOpts{role: "admin"}, []string{principal.RoleSuperadmin}, principal.RoleSourceBindings, principal.CapabilitiesFor([]string{principal.RoleSuperadmin})},
 		{"ops binding", userOpts{tenant: true, bindings: []string{principal.RoleOps}}, []string{principal.RoleOps}, principal.RoleSourceBindings, principal.CapabilitiesFor([]string{principal.RoleOps})},
 		{"no binding is platform_user", userOpts{tenant: true}, []string{principal.RoleUser}, principal.RoleSourceBindings, []string{}},
 	}

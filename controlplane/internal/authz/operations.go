@@ -48,6 +48,11 @@ var Operations = map[string]Requirement{
 	"createMFARecoveryRequest": Authenticated(),
 	"getMFAReadiness":          AdminCapability(principal.CapOpsRead),
 
+	// Platform roles (auth/platformroles.go): changes need a fresh step-up.
+	"listPlatformRoleBindings":  PlatformAdmin(),
+	"createPlatformRoleBinding": PlatformAdmin().WithStepUp(),
+	"deletePlatformRoleBinding": PlatformAdmin().WithStepUp(),
+
 	// Tenancy.
 	"listDepartments":     TenantMember(),
 	"createDepartment":    TenantAdmin(),

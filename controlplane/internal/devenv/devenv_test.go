@@ -82,6 +82,8 @@ func TestSeedTwiceChangesNothing(t *testing.T) {
 	}{
 		{"users", `SELECT count(*) FROM users`, nil},
 		{"platform admin", `SELECT count(*) FROM users WHERE role = 'admin'`, nil},
+		{"admin is bound platform_superadmin", `SELECT count(*) FROM platform_role_bindings WHERE user_id = $1 AND role = 'platform_superadmin'`, []any{first.AdminID}},
+		{"one superadmin binding", `SELECT count(*) FROM platform_role_bindings WHERE role = 'platform_superadmin'`, nil},
 		{"admin outside tenants", `SELECT count(*) FROM users WHERE id = $1 AND username = 'admin' AND role = 'admin' AND tenant_id IS NULL AND tenant_role IS NULL`, []any{first.AdminID}},
 		{"demo tenant", `SELECT count(*) FROM tenants WHERE slug = 'demo' AND name = 'Demo' AND id = $1`, []any{first.TenantID}},
 		{"tenants", `SELECT count(*) FROM tenants`, nil},

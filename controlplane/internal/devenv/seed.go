@@ -120,7 +120,9 @@ func getUser(ctx context.Context, tx pgx.Tx, username string) (userRow, bool, er
 	return u, true, nil
 }
 
-// admin seeds the platform admin: users.role = 'admin', outside any tenant.
+// admin seeds the platform admin: users.role = 'admin', outside any tenant; the
+// users.role trigger of migration 00550 binds it to platform_superadmin (docs/api.md
+// "Platform roles"), idempotently on every re-seed.
 func (s *seeder) admin(ctx context.Context, tx pgx.Tx) error {
 	now := s.in.Clock.Now()
 	u, found, err := getUser(ctx, tx, AdminUsername)

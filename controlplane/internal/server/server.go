@@ -70,6 +70,9 @@ type Deps struct {
 	MaxBodyBytes int64
 	// Denials aggregates every 401 and 403 into the audit log; nil audits none.
 	Denials *audit.Denials
+	// AuthzDenied, when set, is told of every refusal by the operation's declared
+	// requirement (per-feature denial counters, e.g. api_platform_role_admin_denied_total).
+	AuthzDenied func(operationID string, err error)
 	// RequestTimeout is every operation's deadline but the WebSocket ones
 	// (GANTRY_REQUEST_TIMEOUT); 0 is DefaultRequestTimeout, negative none.
 	RequestTimeout time.Duration
@@ -187,6 +190,9 @@ func (s *server) operation(next http.Handler) http.Handler {
 		// call the operation gets its 403 (audited by the mapper), never a validation
 		// error naming the schema's fields (docs/api.md, "Authorization").
 		if err := authz.For(op.ID).Check(ctx); err != nil {
+			if s.AuthzDenied != nil {
+				s.AuthzDenied(op.ID, err)
+			}
 			s.errors.write(w, r, err)
 			return
 		}

@@ -86,6 +86,18 @@ func (q *Queries) CountActiveSessions(ctx context.Context, arg CountActiveSessio
 	return count, err
 }
 
+const countActiveSuperadmins = `-- name: CountActiveSuperadmins :one
+SELECT count(*)::bigint FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+WHERE b.role = 'platform_superadmin' AND u.status = 'active'
+`
+
+func (q *Queries) CountActiveSuperadmins(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, countActiveSuperadmins)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const countUnusedRecoveryCodes = `-- name: CountUnusedRecoveryCodes :one
 SELECT count(*) FROM auth_recovery_codes WHERE user_id = $1 AND used_at IS NULL
 `
@@ -103,6 +115,23 @@ DELETE FROM auth_refresh_tokens WHERE expires_at < $1
 
 func (q *Queries) DeleteExpiredRefreshTokens(ctx context.Context, before time.Time) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteExpiredRefreshTokens, before)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const deletePlatformRoleBinding = `-- name: DeletePlatformRoleBinding :execrows
+DELETE FROM platform_role_bindings WHERE user_id = $1 AND role = $2
+`
+
+type DeletePlatformRoleBindingParams struct {
+	UserID uuid.UUID
+	Role   string
+}
+
+func (q *Queries) DeletePlatformRoleBinding(ctx context.Context, arg DeletePlatformRoleBindingParams) (int64, error) {
+	result, err := q.db.Exec(ctx, deletePlatformRoleBinding, arg.UserID, arg.Role)
 	if err != nil {
 		return 0, err
 	}
@@ -165,6 +194,38 @@ func (q *Queries) GetOpenMFARecoveryRequest(ctx context.Context, userID uuid.UUI
 	row := q.db.QueryRow(ctx, getOpenMFARecoveryRequest, userID)
 	var i GetOpenMFARecoveryRequestRow
 	err := row.Scan(&i.ID, &i.Status, &i.CreatedAt)
+	return i, err
+}
+
+const getPlatformRoleBinding = `-- name: GetPlatformRoleBinding :one
+SELECT b.user_id, b.role, b.granted_by, b.created_at AS granted_at, u.username
+FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+WHERE b.user_id = $1 AND b.role = $2
+`
+
+type GetPlatformRoleBindingParams struct {
+	UserID uuid.UUID
+	Role   string
+}
+
+type GetPlatformRoleBindingRow struct {
+	UserID    uuid.UUID
+	Role      string
+	GrantedBy uuid.NullUUID
+	GrantedAt time.Time
+	Username  string
+}
+
+func (q *Queries) GetPlatformRoleBinding(ctx context.Context, arg GetPlatformRoleBindingParams) (GetPlatformRoleBindingRow, error) {
+	row := q.db.QueryRow(ctx, getPlatformRoleBinding, arg.UserID, arg.Role)
+	var i GetPlatformRoleBindingRow
+	err := row.Scan(
+		&i.UserID,
+		&i.Role,
+		&i.GrantedBy,
+		&i.GrantedAt,
+		&i.Username,
+	)
 	return i, err
 }
 
@@ -368,6 +429,32 @@ func (q *Queries) InsertMFARecoveryRequest(ctx context.Context, arg InsertMFARec
 	return i, err
 }
 
+const insertPlatformRoleBinding = `-- name: InsertPlatformRoleBinding :execrows
+INSERT INTO platform_role_bindings (user_id, role, granted_by, created_at)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (user_id, role) DO NOTHING
+`
+
+type InsertPlatformRoleBindingParams struct {
+	UserID    uuid.UUID
+	Role      string
+	GrantedBy uuid.NullUUID
+	GrantedAt time.Time
+}
+
+func (q *Queries) InsertPlatformRoleBinding(ctx context.Context, arg InsertPlatformRoleBindingParams) (int64, error) {
+	result, err := q.db.Exec(ctx, insertPlatformRoleBinding,
+		arg.UserID,
+		arg.Role,
+		arg.GrantedBy,
+		arg.GrantedAt,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const insertRecoveryCode = `-- name: InsertRecoveryCode :exec
 INSERT INTO auth_recovery_codes (id, user_id, code_hash, created_at)
 VALUES ($1, $2, $3, $4)
@@ -438,6 +525,46 @@ func (q *Queries) InsertSigningKey(ctx context.Context, arg InsertSigningKeyPara
 		arg.CreatedAt,
 	)
 	return err
+}
+
+const listAllPlatformRoleBindings = `-- name: ListAllPlatformRoleBindings :many
+SELECT b.user_id, b.role, b.granted_by, b.created_at AS granted_at, u.username
+FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+ORDER BY b.role, u.username
+`
+
+type ListAllPlatformRoleBindingsRow struct {
+	UserID    uuid.UUID
+	Role      string
+	GrantedBy uuid.NullUUID
+	GrantedAt time.Time
+	Username  string
+}
+
+func (q *Queries) ListAllPlatformRoleBindings(ctx context.Context) ([]ListAllPlatformRoleBindingsRow, error) {
+	rows, err := q.db.Query(ctx, listAllPlatformRoleBindings)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListAllPlatformRoleBindingsRow
+	for rows.Next() {
+		var i ListAllPlatformRoleBindingsRow
+		if err := rows.Scan(
+			&i.UserID,
+			&i.Role,
+			&i.GrantedBy,
+			&i.GrantedAt,
+			&i.Username,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const listPlatformRoleBindings = `-- name: ListPlatformRoleBindings :many
@@ -528,6 +655,20 @@ func (q *Queries) LockLoginThrottle(ctx context.Context, usernameHash []byte) (L
 	var i LockLoginThrottleRow
 	err := row.Scan(&i.Failures, &i.LastFailureAt, &i.LockedUntil)
 	return i, err
+}
+
+const lockPlatformRoles = `-- name: LockPlatformRoles :exec
+
+SELECT pg_advisory_xact_lock($1::bigint)
+`
+
+// Platform role bindings (platformroles.go) ----------------------------------------
+// Serializes every change of platform role bindings (and of a superadmin's status), so
+// the "keep one active superadmin" check cannot race (released at the end of the
+// transaction).
+func (q *Queries) LockPlatformRoles(ctx context.Context, lockID int64) error {
+	_, err := q.db.Exec(ctx, lockPlatformRoles, lockID)
+	return err
 }
 
 const lockSigningKeys = `-- name: LockSigningKeys :exec
@@ -688,6 +829,22 @@ func (q *Queries) RevokeRefreshFamily(ctx context.Context, arg RevokeRefreshFami
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const setUserRole = `-- name: SetUserRole :exec
+UPDATE users SET role = $1, updated_at = $2 WHERE id = $3
+`
+
+type SetUserRoleParams struct {
+	Role      string
+	UpdatedAt time.Time
+	ID        uuid.UUID
+}
+
+// users.role follows the superadmin binding (the contract's User.role).
+func (q *Queries) SetUserRole(ctx context.Context, arg SetUserRoleParams) error {
+	_, err := q.db.Exec(ctx, setUserRole, arg.Role, arg.UpdatedAt, arg.ID)
+	return err
 }
 
 const spendTOTPStep = `-- name: SpendTOTPStep :execrows

@@ -573,6 +573,7 @@ type PlatformRoleBinding struct {
 	UserID    uuid.UUID
 	Role      string
 	CreatedAt time.Time
+	GrantedBy uuid.NullUUID
 }
 
 type Project struct {
