@@ -47,6 +47,42 @@ func (e AccountSecurityResponseMfaState) Valid() bool {
 	}
 }
 
+// Defines values for AdminUserRole.
+const (
+	AdminUserRoleAdmin AdminUserRole = "admin"
+	AdminUserRoleUser  AdminUserRole = "user"
+)
+
+// Valid indicates whether the value is a known member of the AdminUserRole enum.
+func (e AdminUserRole) Valid() bool {
+	switch e {
+	case AdminUserRoleAdmin:
+		return true
+	case AdminUserRoleUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AdminUserTenantRole.
+const (
+	AdminUserTenantRoleAdmin  AdminUserTenantRole = "admin"
+	AdminUserTenantRoleMember AdminUserTenantRole = "member"
+)
+
+// Valid indicates whether the value is a known member of the AdminUserTenantRole enum.
+func (e AdminUserTenantRole) Valid() bool {
+	switch e {
+	case AdminUserTenantRoleAdmin:
+		return true
+	case AdminUserTenantRoleMember:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AllocationEventActorType.
 const (
 	AllocationEventActorTypeAdmin  AllocationEventActorType = "admin"
@@ -1076,6 +1112,21 @@ func (e TenantStatus) Valid() bool {
 	}
 }
 
+// Defines values for UpdateAdminUserRequestResetMfa.
+const (
+	UpdateAdminUserRequestResetMfaTrue UpdateAdminUserRequestResetMfa = true
+)
+
+// Valid indicates whether the value is a known member of the UpdateAdminUserRequestResetMfa enum.
+func (e UpdateAdminUserRequestResetMfa) Valid() bool {
+	switch e {
+	case UpdateAdminUserRequestResetMfaTrue:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for UserRole.
 const (
 	UserRoleAdmin UserRole = "admin"
@@ -1088,6 +1139,24 @@ func (e UserRole) Valid() bool {
 	case UserRoleAdmin:
 		return true
 	case UserRoleUser:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for UserStatus.
+const (
+	UserStatusActive   UserStatus = "active"
+	UserStatusDisabled UserStatus = "disabled"
+)
+
+// Valid indicates whether the value is a known member of the UserStatus enum.
+func (e UserStatus) Valid() bool {
+	switch e {
+	case UserStatusActive:
+		return true
+	case UserStatusDisabled:
 		return true
 	default:
 		return false
@@ -1297,6 +1366,33 @@ type AddProjectMemberRequest struct {
 	// Role A role in a project.
 	Role   ProjectRole        `json:"role"`
 	UserID openapi_types.UUID `json:"user_id"`
+}
+
+// AdminUser A user as platform admins see it.
+type AdminUser struct {
+	CreatedAt     time.Time            `json:"created_at"`
+	DisplayName   string               `json:"display_name"`
+	ID            openapi_types.UUID   `json:"id"`
+	MfaEnabled    bool                 `json:"mfa_enabled"`
+	PlatformRoles []PlatformRole       `json:"platform_roles"`
+	Role          AdminUserRole        `json:"role"`
+	Status        UserStatus           `json:"status"`
+	TenantID      *openapi_types.UUID  `json:"tenant_id"`
+	TenantRole    *AdminUserTenantRole `json:"tenant_role"`
+	UpdatedAt     time.Time            `json:"updated_at"`
+	Username      string               `json:"username"`
+}
+
+// AdminUserRole defines model for AdminUser.Role.
+type AdminUserRole string
+
+// AdminUserTenantRole defines model for AdminUser.TenantRole.
+type AdminUserTenantRole string
+
+// AdminUserListResponse defines model for AdminUserListResponse.
+type AdminUserListResponse struct {
+	Items      []AdminUser `json:"items"`
+	Pagination Pagination  `json:"pagination"`
 }
 
 // Allocation GPUs of one SKU on one node (docs/allocations.md). Every field is always sent; nullable ones are null when absent.
@@ -2921,6 +3017,16 @@ type TerminalSessionCreateRequest struct {
 	SessionID *openapi_types.UUID `json:"session_id,omitempty"`
 }
 
+// UpdateAdminUserRequest defines model for UpdateAdminUserRequest.
+type UpdateAdminUserRequest struct {
+	// ResetMfa Remove the user's TOTP factor and recovery codes (needs step-up).
+	ResetMfa *UpdateAdminUserRequestResetMfa `json:"reset_mfa,omitempty"`
+	Status   *UserStatus                     `json:"status,omitempty"`
+}
+
+// UpdateAdminUserRequestResetMfa Remove the user's TOTP factor and recovery codes (needs step-up).
+type UpdateAdminUserRequestResetMfa bool
+
 // UpdateDepartmentRequest defines model for UpdateDepartmentRequest.
 type UpdateDepartmentRequest struct {
 	DisplayName    *string                   `json:"display_name,omitempty"`
@@ -2995,6 +3101,9 @@ type User struct {
 
 // UserRole defines model for UserRole.
 type UserRole string
+
+// UserStatus defines model for UserStatus.
+type UserStatus string
 
 // UserWithBalance User plus tenancy context and balance (declared flat because the objects are closed). Every field is always sent; nullable ones are null when absent.
 type UserWithBalance struct {
@@ -3153,6 +3262,9 @@ type V3WorkloadSummary struct {
 	Sku           *string             `json:"sku"`
 	Status        V3WorkloadStatus    `json:"status"`
 }
+
+// AdminUserIDPath defines model for AdminUserIdPath.
+type AdminUserIDPath = openapi_types.UUID
 
 // AuditSort Sort order of the audit list (seed 4.1). Cursors are bound to the sort used when they were issued.
 type AuditSort = AuditSortOrder
@@ -3588,6 +3700,37 @@ type GetTenantParams struct {
 
 // UpdateTenantParams defines parameters for UpdateTenant.
 type UpdateTenantParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListAdminUsersParams defines parameters for ListAdminUsers.
+type ListAdminUsersParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// Q Substring of the username or display name (case-insensitive).
+	Q *string `form:"q,omitempty" json:"q,omitempty"`
+
+	// TenantID Only users of this tenant.
+	TenantID *openapi_types.UUID `form:"tenant_id,omitempty" json:"tenant_id,omitempty"`
+
+	// Status Only users in this status.
+	Status *UserStatus `form:"status,omitempty" json:"status,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// GetAdminUserParams defines parameters for GetAdminUser.
+type GetAdminUserParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// UpdateAdminUserParams defines parameters for UpdateAdminUser.
+type UpdateAdminUserParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
@@ -4186,6 +4329,9 @@ type CreateTenantJSONRequestBody = CreateTenantRequest
 // UpdateTenantJSONRequestBody defines body for UpdateTenant for application/json ContentType.
 type UpdateTenantJSONRequestBody = UpdateTenantRequest
 
+// UpdateAdminUserJSONRequestBody defines body for UpdateAdminUser for application/json ContentType.
+type UpdateAdminUserJSONRequestBody = UpdateAdminUserRequest
+
 // CreateAllocationGroupJSONRequestBody defines body for CreateAllocationGroup for application/json ContentType.
 type CreateAllocationGroupJSONRequestBody = CreateAllocationGroupRequest
 
@@ -4751,7 +4897,7 @@ type ClientInterface interface {
 
 	// DeletePlatformRoleBinding Revoke a user's platform role
 	//
-	// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+	// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last active `platform_superadmin` cannot be revoked: 409 `invalid_request` with `details.reason` `last_superadmin` (role changes are serialized, so two concurrent revocations of two superadmins leave one). A binding that does not exist is 404 `invalid_request` with `details.reason` `binding_not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
 	//
 	// Corresponds with DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id} (the `DeletePlatformRoleBinding` operationId).
 	DeletePlatformRoleBinding(ctx context.Context, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -4919,6 +5065,38 @@ type ClientInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAdminUsers List users
+	//
+	// Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
+	//
+	// Corresponds with GET /api/v1/admin/users (the `ListAdminUsers` operationId).
+	ListAdminUsers(ctx context.Context, params *ListAdminUsersParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetAdminUser Get a user
+	//
+	// Platform admins only (`admin_required`). Unknown user is 404 `user_not_found`.
+	//
+	// Corresponds with GET /api/v1/admin/users/{user_id} (the `GetAdminUser` operationId).
+	GetAdminUser(ctx context.Context, userID AdminUserIDPath, params *GetAdminUserParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateAdminUserWithBody Disable or enable a user, or reset its MFA
+	//
+	// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+	UpdateAdminUserWithBody(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateAdminUser Disable or enable a user, or reset its MFA
+	//
+	// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+	UpdateAdminUser(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, body UpdateAdminUserJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListAllocationGroups List the project's allocation groups
 	//
@@ -6546,7 +6724,7 @@ func (c *Client) CreatePlatformRoleBinding(ctx context.Context, role PlatformRol
 
 // DeletePlatformRoleBinding Revoke a user's platform role
 //
-// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last active `platform_superadmin` cannot be revoked: 409 `invalid_request` with `details.reason` `last_superadmin` (role changes are serialized, so two concurrent revocations of two superadmins leave one). A binding that does not exist is 404 `invalid_request` with `details.reason` `binding_not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
 //
 // Corresponds with DELETE /api/v1/admin/platform-roles/{role}/bindings/{user_id} (the `DeletePlatformRoleBinding` operationId).
 func (c *Client) DeletePlatformRoleBinding(ctx context.Context, role PlatformRolePath, userID openapi_types.UUID, params *DeletePlatformRoleBindingParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -6895,6 +7073,78 @@ func (c *Client) UpdateTenantWithBody(ctx context.Context, tenantID openapi_type
 // Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 func (c *Client) UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewUpdateTenantRequest(c.Server, tenantID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAdminUsers List users
+//
+// Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
+//
+// Corresponds with GET /api/v1/admin/users (the `ListAdminUsers` operationId).
+func (c *Client) ListAdminUsers(ctx context.Context, params *ListAdminUsersParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAdminUsersRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetAdminUser Get a user
+//
+// Platform admins only (`admin_required`). Unknown user is 404 `user_not_found`.
+//
+// Corresponds with GET /api/v1/admin/users/{user_id} (the `GetAdminUser` operationId).
+func (c *Client) GetAdminUser(ctx context.Context, userID AdminUserIDPath, params *GetAdminUserParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetAdminUserRequest(c.Server, userID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateAdminUserWithBody Disable or enable a user, or reset its MFA
+//
+// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+func (c *Client) UpdateAdminUserWithBody(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateAdminUserRequestWithBody(c.Server, userID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateAdminUser Disable or enable a user, or reset its MFA
+//
+// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+func (c *Client) UpdateAdminUser(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, body UpdateAdminUserJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateAdminUserRequest(c.Server, userID, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -11437,6 +11687,234 @@ func NewUpdateTenantRequestWithBody(server string, tenantID openapi_types.UUID, 
 	}
 
 	operationPath := fmt.Sprintf("/api/v1/admin/tenants/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListAdminUsersRequest constructs an http.Request for the ListAdminUsers method
+func NewListAdminUsersRequest(server string, params *ListAdminUsersParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/users")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Q != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "q", *params.Q, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.TenantID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant_id", *params.TenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Status != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "status", *params.Status, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetAdminUserRequest constructs an http.Request for the GetAdminUser method
+func NewGetAdminUserRequest(server string, userID AdminUserIDPath, params *GetAdminUserParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/users/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewUpdateAdminUserRequest calls the generic UpdateAdminUser builder with application/json body
+func NewUpdateAdminUserRequest(server string, userID AdminUserIDPath, params *UpdateAdminUserParams, body UpdateAdminUserJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateAdminUserRequestWithBody(server, userID, params, "application/json", bodyReader)
+}
+
+// NewUpdateAdminUserRequestWithBody constructs an http.Request for the UpdateAdminUser method, with any body, and a specified content type
+func NewUpdateAdminUserRequestWithBody(server string, userID AdminUserIDPath, params *UpdateAdminUserParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "user_id", userID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/users/%s", pathParam0)
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -16078,7 +16556,7 @@ type ClientWithResponsesInterface interface {
 
 	// DeletePlatformRoleBindingWithResponse Revoke a user's platform role
 	//
-	// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+	// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last active `platform_superadmin` cannot be revoked: 409 `invalid_request` with `details.reason` `last_superadmin` (role changes are serialized, so two concurrent revocations of two superadmins leave one). A binding that does not exist is 404 `invalid_request` with `details.reason` `binding_not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -16260,6 +16738,42 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenantWithResponse(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateTenantHTTPResponse, error)
+
+	// ListAdminUsersWithResponse List users
+	//
+	// Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/users (the `ListAdminUsers` operationId).
+	ListAdminUsersWithResponse(ctx context.Context, params *ListAdminUsersParams, reqEditors ...RequestEditorFn) (*ListAdminUsersHTTPResponse, error)
+
+	// GetAdminUserWithResponse Get a user
+	//
+	// Platform admins only (`admin_required`). Unknown user is 404 `user_not_found`.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/users/{user_id} (the `GetAdminUser` operationId).
+	GetAdminUserWithResponse(ctx context.Context, userID AdminUserIDPath, params *GetAdminUserParams, reqEditors ...RequestEditorFn) (*GetAdminUserHTTPResponse, error)
+
+	// UpdateAdminUserWithBodyWithResponse Disable or enable a user, or reset its MFA
+	//
+	// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+	UpdateAdminUserWithBodyWithResponse(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateAdminUserHTTPResponse, error)
+
+	// UpdateAdminUserWithResponse Disable or enable a user, or reset its MFA
+	//
+	// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+	UpdateAdminUserWithResponse(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, body UpdateAdminUserJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateAdminUserHTTPResponse, error)
 
 	// ListAllocationGroupsWithResponse List the project's allocation groups
 	//
@@ -24971,6 +25485,506 @@ func (r UpdateTenantHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r UpdateTenantHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAdminUsersHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminUsers
+type ListAdminUsersHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAdminUsers
+type ListAdminUsersHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAdminUsers
+type ListAdminUsersHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAdminUsers
+type ListAdminUsersHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAdminUsers
+type ListAdminUsersHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAdminUsers
+type ListAdminUsersHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAdminUsers
+type ListAdminUsersHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAdminUsersHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAdminUsers
+type ListAdminUsersHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAdminUsersHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AdminUserListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAdminUsersHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAdminUsersHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAdminUsersHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAdminUsersHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAdminUsersHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAdminUsersHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAdminUsersHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAdminUsersHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON200() *AdminUserListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAdminUsersHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAdminUsersHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAdminUsersHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAdminUsersHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAdminUsersHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetAdminUserHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetAdminUser
+type GetAdminUserHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse400Headers the declared response headers of an HTTP 400 response for GetAdminUser
+type GetAdminUserHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetAdminUser
+type GetAdminUserHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetAdminUser
+type GetAdminUserHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetAdminUser
+type GetAdminUserHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetAdminUser
+type GetAdminUserHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetAdminUser
+type GetAdminUserHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetAdminUser
+type GetAdminUserHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetAdminUserHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetAdminUser
+type GetAdminUserHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetAdminUserHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AdminUser
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetAdminUserHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetAdminUserHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetAdminUserHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetAdminUserHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetAdminUserHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetAdminUserHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetAdminUserHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetAdminUserHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetAdminUserHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON200() *AdminUser {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetAdminUserHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetAdminUserHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetAdminUserHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetAdminUserHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetAdminUserHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UpdateAdminUserHTTPResponse200Headers the declared response headers of an HTTP 200 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse400Headers the declared response headers of an HTTP 400 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse401Headers the declared response headers of an HTTP 401 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse403Headers the declared response headers of an HTTP 403 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse404Headers the declared response headers of an HTTP 404 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse409Headers the declared response headers of an HTTP 409 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse413Headers the declared response headers of an HTTP 413 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse422Headers the declared response headers of an HTTP 422 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse429Headers the declared response headers of an HTTP 429 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse500Headers the declared response headers of an HTTP 500 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// UpdateAdminUserHTTPResponse503Headers the declared response headers of an HTTP 503 response for UpdateAdminUser
+type UpdateAdminUserHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type UpdateAdminUserHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AdminUser
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateAdminUserHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UpdateAdminUserHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateAdminUserHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *UpdateAdminUserHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateAdminUserHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *UpdateAdminUserHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateAdminUserHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *UpdateAdminUserHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateAdminUserHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UpdateAdminUserHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateAdminUserHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON200() *AdminUser {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r UpdateAdminUserHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateAdminUserHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateAdminUserHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateAdminUserHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateAdminUserHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -36193,7 +37207,7 @@ func (c *ClientWithResponses) CreatePlatformRoleBindingWithResponse(ctx context.
 
 // DeletePlatformRoleBindingWithResponse Revoke a user's platform role
 //
-// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last `platform_superadmin` cannot be revoked: 409 `conflict` with `details.reason` `last_superadmin` (revocations of superadmins are serialized, so two concurrent ones leave one). A binding that does not exist is 404 `not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
+// Platform admins who have stepped up; others get 403 `admin_required` or `step_up_required` and nothing changes. The last active `platform_superadmin` cannot be revoked: 409 `invalid_request` with `details.reason` `last_superadmin` (role changes are serialized, so two concurrent revocations of two superadmins leave one). A binding that does not exist is 404 `invalid_request` with `details.reason` `binding_not_found`. Audited (`platform_role.revoke`). The role leaves the user's next access token; an access token issued before keeps it until it expires (GANTRY_ACCESS_TOKEN_TTL, 15 minutes by default).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -36488,6 +37502,66 @@ func (c *ClientWithResponses) UpdateTenantWithResponse(ctx context.Context, tena
 		return nil, err
 	}
 	return ParseUpdateTenantHTTPResponse(rsp)
+}
+
+// ListAdminUsersWithResponse List users
+//
+// Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/users (the `ListAdminUsers` operationId).
+func (c *ClientWithResponses) ListAdminUsersWithResponse(ctx context.Context, params *ListAdminUsersParams, reqEditors ...RequestEditorFn) (*ListAdminUsersHTTPResponse, error) {
+	rsp, err := c.ListAdminUsers(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAdminUsersHTTPResponse(rsp)
+}
+
+// GetAdminUserWithResponse Get a user
+//
+// Platform admins only (`admin_required`). Unknown user is 404 `user_not_found`.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/users/{user_id} (the `GetAdminUser` operationId).
+func (c *ClientWithResponses) GetAdminUserWithResponse(ctx context.Context, userID AdminUserIDPath, params *GetAdminUserParams, reqEditors ...RequestEditorFn) (*GetAdminUserHTTPResponse, error) {
+	rsp, err := c.GetAdminUser(ctx, userID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetAdminUserHTTPResponse(rsp)
+}
+
+// UpdateAdminUserWithBodyWithResponse Disable or enable a user, or reset its MFA
+//
+// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+func (c *ClientWithResponses) UpdateAdminUserWithBodyWithResponse(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateAdminUserHTTPResponse, error) {
+	rsp, err := c.UpdateAdminUserWithBody(ctx, userID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateAdminUserHTTPResponse(rsp)
+}
+
+// UpdateAdminUserWithResponse Disable or enable a user, or reset its MFA
+//
+// Platform admins only (`admin_required`). `status: disabled` refuses the user's sign-in and revokes every refresh token at once (access tokens already issued run out within GANTRY_ACCESS_TOKEN_TTL); `status: active` lets the user sign in again (old sessions stay revoked). Disabling yourself or the last active `platform_superadmin` is 409 `invalid_request` (`details.reason` `cannot_disable_self`, `last_superadmin`). `reset_mfa: true` removes the user's TOTP factor and recovery codes and approves an open recovery request; it needs step-up (403 `step_up_required` otherwise, and nothing changes). Audited (`user.disable`, `user.enable`, `user.mfa_reset`).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /api/v1/admin/users/{user_id} (the `UpdateAdminUser` operationId).
+func (c *ClientWithResponses) UpdateAdminUserWithResponse(ctx context.Context, userID AdminUserIDPath, params *UpdateAdminUserParams, body UpdateAdminUserJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateAdminUserHTTPResponse, error) {
+	rsp, err := c.UpdateAdminUser(ctx, userID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateAdminUserHTTPResponse(rsp)
 }
 
 // ListAllocationGroupsWithResponse List the project's allocation groups
@@ -47063,6 +48137,590 @@ func ParseUpdateTenantHTTPResponse(rsp *http.Response) (*UpdateTenantHTTPRespons
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers UpdateTenantHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAdminUsersHTTPResponse parses an HTTP response from a ListAdminUsersWithResponse call
+func ParseListAdminUsersHTTPResponse(rsp *http.Response) (*ListAdminUsersHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAdminUsersHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AdminUserListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAdminUsersHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAdminUsersHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAdminUsersHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAdminUsersHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAdminUsersHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAdminUsersHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAdminUsersHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAdminUsersHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetAdminUserHTTPResponse parses an HTTP response from a GetAdminUserWithResponse call
+func ParseGetAdminUserHTTPResponse(rsp *http.Response) (*GetAdminUserHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetAdminUserHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AdminUser
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetAdminUserHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers GetAdminUserHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetAdminUserHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetAdminUserHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetAdminUserHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetAdminUserHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetAdminUserHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetAdminUserHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetAdminUserHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUpdateAdminUserHTTPResponse parses an HTTP response from a UpdateAdminUserWithResponse call
+func ParseUpdateAdminUserHTTPResponse(rsp *http.Response) (*UpdateAdminUserHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateAdminUserHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AdminUser
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateAdminUserHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UpdateAdminUserHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateAdminUserHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers UpdateAdminUserHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateAdminUserHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers UpdateAdminUserHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateAdminUserHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers UpdateAdminUserHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers UpdateAdminUserHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers UpdateAdminUserHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateAdminUserHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -59406,6 +61064,15 @@ type ServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(w http.ResponseWriter, r *http.Request, tenantID openapi_types.UUID, params UpdateTenantParams)
+	// ListAdminUsers List users
+	// (GET /api/v1/admin/users)
+	ListAdminUsers(w http.ResponseWriter, r *http.Request, params ListAdminUsersParams)
+	// GetAdminUser Get a user
+	// (GET /api/v1/admin/users/{user_id})
+	GetAdminUser(w http.ResponseWriter, r *http.Request, userID AdminUserIDPath, params GetAdminUserParams)
+	// UpdateAdminUser Disable or enable a user, or reset its MFA
+	// (PATCH /api/v1/admin/users/{user_id})
+	UpdateAdminUser(w http.ResponseWriter, r *http.Request, userID AdminUserIDPath, params UpdateAdminUserParams)
 	// ListAllocationGroups List the project's allocation groups
 	// (GET /api/v1/allocation-groups)
 	ListAllocationGroups(w http.ResponseWriter, r *http.Request, params ListAllocationGroupsParams)
@@ -59901,6 +61568,24 @@ func (_ Unimplemented) GetTenant(w http.ResponseWriter, r *http.Request, tenantI
 // UpdateTenant Update a tenant
 // (PATCH /api/v1/admin/tenants/{tenant_id})
 func (_ Unimplemented) UpdateTenant(w http.ResponseWriter, r *http.Request, tenantID openapi_types.UUID, params UpdateTenantParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAdminUsers List users
+// (GET /api/v1/admin/users)
+func (_ Unimplemented) ListAdminUsers(w http.ResponseWriter, r *http.Request, params ListAdminUsersParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetAdminUser Get a user
+// (GET /api/v1/admin/users/{user_id})
+func (_ Unimplemented) GetAdminUser(w http.ResponseWriter, r *http.Request, userID AdminUserIDPath, params GetAdminUserParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// UpdateAdminUser Disable or enable a user, or reset its MFA
+// (PATCH /api/v1/admin/users/{user_id})
+func (_ Unimplemented) UpdateAdminUser(w http.ResponseWriter, r *http.Request, userID AdminUserIDPath, params UpdateAdminUserParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -63007,6 +64692,212 @@ func (siw *ServerInterfaceWrapper) UpdateTenant(w http.ResponseWriter, r *http.R
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UpdateTenant(w, r, tenantID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAdminUsers operation middleware
+func (siw *ServerInterfaceWrapper) ListAdminUsers(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAdminUsersParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "q" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "q", r.URL.Query(), &params.Q, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "q"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "q", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "tenant_id" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant_id", r.URL.Query(), &params.TenantID, runtime.BindQueryParameterOptions{Type: "string", Format: "uuid"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant_id"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "status" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "status", r.URL.Query(), &params.Status, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "status"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "status", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAdminUsers(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetAdminUser operation middleware
+func (siw *ServerInterfaceWrapper) GetAdminUser(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "user_id" -------------
+	var userID AdminUserIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "user_id", chi.URLParam(r, "user_id"), &userID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "user_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetAdminUserParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetAdminUser(w, r, userID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// UpdateAdminUser operation middleware
+func (siw *ServerInterfaceWrapper) UpdateAdminUser(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "user_id" -------------
+	var userID AdminUserIDPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "user_id", chi.URLParam(r, "user_id"), &userID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "user_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params UpdateAdminUserParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.UpdateAdminUser(w, r, userID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -67126,6 +69017,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/admin/platform-roles/{role}/bindings/{user_id}", wrapper.DeletePlatformRoleBinding)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/users", wrapper.ListAdminUsers)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/users/{user_id}", wrapper.GetAdminUser)
+	})
+	r.Group(func(r chi.Router) {
+		r.Patch(options.BaseURL+"/api/v1/admin/users/{user_id}", wrapper.UpdateAdminUser)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/admin/tenants", wrapper.ListTenants)
@@ -76042,6 +77942,548 @@ func (response UpdateTenant500JSONResponse) VisitUpdateTenantResponse(w http.Res
 type UpdateTenant503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response UpdateTenant503JSONResponse) VisitUpdateTenantResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsersRequestObject struct {
+	Params ListAdminUsersParams
+}
+
+type ListAdminUsersResponseObject interface {
+	VisitListAdminUsersResponse(w http.ResponseWriter) error
+}
+
+type ListAdminUsers200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAdminUsers200JSONResponse struct {
+	Body    AdminUserListResponse
+	Headers ListAdminUsers200ResponseHeaders
+}
+
+func (response ListAdminUsers200JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAdminUsers400JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAdminUsers401JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAdminUsers403JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAdminUsers422JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAdminUsers429JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAdminUsers500JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminUsers503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAdminUsers503JSONResponse) VisitListAdminUsersResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUserRequestObject struct {
+	UserID AdminUserIDPath `json:"user_id"`
+	Params GetAdminUserParams
+}
+
+type GetAdminUserResponseObject interface {
+	VisitGetAdminUserResponse(w http.ResponseWriter) error
+}
+
+type GetAdminUser200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetAdminUser200JSONResponse struct {
+	Body    AdminUser
+	Headers GetAdminUser200ResponseHeaders
+}
+
+func (response GetAdminUser200JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetAdminUser400JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetAdminUser401JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetAdminUser403JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetAdminUser404JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetAdminUser422JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetAdminUser429JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetAdminUser500JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetAdminUser503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetAdminUser503JSONResponse) VisitGetAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUserRequestObject struct {
+	UserID AdminUserIDPath `json:"user_id"`
+	Params UpdateAdminUserParams
+	Body   *UpdateAdminUserJSONRequestBody
+}
+
+type UpdateAdminUserResponseObject interface {
+	VisitUpdateAdminUserResponse(w http.ResponseWriter) error
+}
+
+type UpdateAdminUser200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type UpdateAdminUser200JSONResponse struct {
+	Body    AdminUser
+	Headers UpdateAdminUser200ResponseHeaders
+}
+
+func (response UpdateAdminUser200JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response UpdateAdminUser400JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response UpdateAdminUser401JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response UpdateAdminUser403JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response UpdateAdminUser404JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser409JSONResponse struct{ ConflictJSONResponse }
+
+func (response UpdateAdminUser409JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response UpdateAdminUser413JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response UpdateAdminUser422JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response UpdateAdminUser429JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response UpdateAdminUser500JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type UpdateAdminUser503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response UpdateAdminUser503JSONResponse) VisitUpdateAdminUserResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -87418,6 +89860,15 @@ type StrictServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(ctx context.Context, request UpdateTenantRequestObject) (UpdateTenantResponseObject, error)
+	// ListAdminUsers List users
+	// (GET /api/v1/admin/users)
+	ListAdminUsers(ctx context.Context, request ListAdminUsersRequestObject) (ListAdminUsersResponseObject, error)
+	// GetAdminUser Get a user
+	// (GET /api/v1/admin/users/{user_id})
+	GetAdminUser(ctx context.Context, request GetAdminUserRequestObject) (GetAdminUserResponseObject, error)
+	// UpdateAdminUser Disable or enable a user, or reset its MFA
+	// (PATCH /api/v1/admin/users/{user_id})
+	UpdateAdminUser(ctx context.Context, request UpdateAdminUserRequestObject) (UpdateAdminUserResponseObject, error)
 	// ListAllocationGroups List the project's allocation groups
 	// (GET /api/v1/allocation-groups)
 	ListAllocationGroups(ctx context.Context, request ListAllocationGroupsRequestObject) (ListAllocationGroupsResponseObject, error)
@@ -89069,6 +91520,93 @@ func (sh *strictHandler) UpdateTenant(w http.ResponseWriter, r *http.Request, te
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(UpdateTenantResponseObject); ok {
 		if err := validResponse.VisitUpdateTenantResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAdminUsers operation middleware
+func (sh *strictHandler) ListAdminUsers(w http.ResponseWriter, r *http.Request, params ListAdminUsersParams) {
+	var request ListAdminUsersRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAdminUsers(ctx, request.(ListAdminUsersRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAdminUsers")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAdminUsersResponseObject); ok {
+		if err := validResponse.VisitListAdminUsersResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetAdminUser operation middleware
+func (sh *strictHandler) GetAdminUser(w http.ResponseWriter, r *http.Request, userID AdminUserIDPath, params GetAdminUserParams) {
+	var request GetAdminUserRequestObject
+
+	request.UserID = userID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetAdminUser(ctx, request.(GetAdminUserRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetAdminUser")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetAdminUserResponseObject); ok {
+		if err := validResponse.VisitGetAdminUserResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// UpdateAdminUser operation middleware
+func (sh *strictHandler) UpdateAdminUser(w http.ResponseWriter, r *http.Request, userID AdminUserIDPath, params UpdateAdminUserParams) {
+	var request UpdateAdminUserRequestObject
+
+	request.UserID = userID
+	request.Params = params
+
+	var body UpdateAdminUserJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.UpdateAdminUser(ctx, request.(UpdateAdminUserRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "UpdateAdminUser")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(UpdateAdminUserResponseObject); ok {
+		if err := validResponse.VisitUpdateAdminUserResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -91029,546 +93567,557 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37cuO2sjf6KiifXRX525R8mcvKGtdXu5zJTDIrc/Hny0q+vSZbgsmWhJgCGAC0Rmsqz3Pe4zzZKTQA",
-	"3kSKlCx7nIn+ScYUiUuj0ehudP/6814oZongwLXae/F5bwo0Aon/PActF6djDdL8FYEKJUs0E3zvxd4F",
-	"hIJHimhB5pRpcg1jIYFI8wnjk8FesKfCKcyo+XTGOJuls70Xh8GeXiSw92KPcQ0TkHt//BHs/XIOv6eg",
-	"9JtouZ+XQkqIqfmLsIiIMdFT0w1+QHrmj5DGMchvFPml7xrqv4kCIiQRHMjM9BSR6wV+qEDegtyvDI9+",
-	"egt8oqd7L46Ov82GqLRkfLL3hxliQiWdgXaEOU0jpi+E1DV0EVITISOQA/IylUpIRagEci1SHhlq4SjM",
-	"S6mCiMynwM2jBZmDBMKUSiEyo2Omsd9TkIu9YI/TGQ7I9Fgc+H9IGO+92Pt/DvIlPLC/qoNsjB/MYJDO",
-	"37E4ZnxypegE2kZvKC2poVxqXicx46C2MrDqKPLxWXotj+pDQn9PgSR0wrjlhBDfJGMpZmSUPx9w+KSH",
-	"9sdR02Dtz00M8OzoODD8mjHEMjsEe6+lmC0P002MJCCZiEgs5iDtujcNxYy/NJCxkDOq917sRVRDX7MZ",
-	"7AXF0T1/WjecNxHMEqGBh4ufYLE8sHf0BhShJJRANRBFxxAv7Fal1zG8IJRISIBqMmd6ajmUzoDcwIJQ",
-	"HpFrEZnXk5gulP1VCwkR6SnKmWb/hmifSFCJ4AqyqVo5ks+1MMi+GeWqDdhG/zPDOuzfYL6to2tCJzBU",
-	"5oViLxGMaRrrvRfPDpGoViQdHx4GuYA6qhVQZzHVZmnORQxn1AyrSuLLKZDEvUWkiHM6JOb9bGTmp71g",
-	"z8gvJiHae6FlCl13TnEYOK5L0cqFaZK0caEWW+DBX86k+A3CWhnufiKh4Bo+aSNaKEnsw74KRQIREQlI",
-	"u4fJaSbeDTuKVBOmCVNEgvnACE3DpSPGb2nMoqF7edTIeb/03QD6b75fSfts5mnKovKknzyvnfSqgwtP",
-	"pb5KkyRmEJGwdJAFBMKpgIgwFP+loyvbS8TOZEAus5MLjzOFBxseHfRaAdcrpp43u+6R50eBJ953NPqB",
-	"aphTFC+4kBzPD2qmF+K0Dn5TZuafO3LzKymFPHed2C7LFDzlJE2UlkBnJIIEeGSEBxlTFhvhM/I/DsG0",
-	"NMJDvaC9lObeMBb3+kFhIXEg39HIPXm46b6jsWFAiDL2F2a5lTK72W+d3hLbnxAaK2FOwcUMuB4qNuFU",
-	"pxKG7s1RQEZGYBuZaITRUEt6C1LReBQQSiLghj25iMDsyWsgmsoJ6G2S86Xg45iFD0hM32N+ooWplMA1",
-	"Udqcgb3R/xrSWAKNFkP4xJRWo8D9FLpPVUCo2aru2NLZsijN4pjIlHPGJ9sk02shr1kUAX/APZbqqZDs",
-	"31YuOV4wTKbS8ZiFzHBUAhLZUHBDpBGNZowPvRQ1T8Scg1RTlpSeKg3JMC0/o0ky5EIPgWumY/cs1VPT",
-	"hxKcxsOIKaOT5L8A1yATyRSUWyp9lf2yzeV4Y3rmNEYiPtySXHH4lNiDzsl8lG+4KnZA9yDw3gv92ugI",
-	"DzfNSzTjlEhlCCQSoAgXmuBeNIKP2b9vmWLXMXjDyZp6uHsNG43NkLdKhzO6iAWNLoV4a6TgQ5PDChjU",
-	"t5kisRmCJHpKecF4/UaRkCY1J0FARhFoymI1kECV4CNsaaiFGGJTWyaUOW7OM2XqoQj1piCayDWNKQ+h",
-	"KrHc461yxgXIWxbCFae3lMVGRj2glC7qP0yRNB8E6Y2UHdmw8HRp5ujK6We+nFUTL3h9jIp7B5JdCvGO",
-	"8oV7qh6OXufmHI/ZjKEo+T0VmhL4FAJEeLpJqmGIPw/9UzxS4ljY8QxDwa2+EC7si/7wYlxpw1pDbLT0",
-	"udexKr88ipW44tQd9A+5VY1yYU5623quuGtxA3zoVFtDOvugoK/aB/Ap8ce9fYC2YvbeNnf3FU+kCEGp",
-	"h93Y/zQTqVDnNnvmzvmTTK6PiLHrrA9mzCCO9gfk1Gj/lJOKf4VIsA5Go/9SErHxGFD/NUfC1gj3h7cp",
-	"rVs0DEXK9QWEqWR6kU3c0DCKmJkSjc+kMfU1M3blmMYKgr2k8Ojz3mxM1/wCOKqMNV4ZmXo7mRMaanYL",
-	"ZExDLaRVNNQJMeZS3xrhnHCACB1lIkIHjrOKr4WIgXKzCe3X2CvTMFNtHPDu9elr/MR8PKOf3tiPjnJH",
-	"OJWSLvbQ3g7FLcjF0PSuhhJmlBkLo82BHuyh3WIJYd751x4XHPaCPXNkmAaCPTv3vV/rnBi5P+RfGSV9",
-	"m/mEV4wvb1Vc/wahxiGBNRjWXEk3zmW/NJtwiMw6+YZJT8JYgpr2UTSQMZ2xmIHyDB+btcafUEy03EAU",
-	"abBEq8KsrEmz5qQU1UyNWR2D/jwFPUUVzxjfoADvKuyM/GeKmG77aUK4mNdz5ZzxSMyHyt7JdLhxKc43",
-	"H95SQ3U0SBXIIYs28pcVu/XtBLjhCxyTk7mu+9Moct68dzC7Bllw06yxJOiGbfO22m6ss/U+5o2DqJ1j",
-	"poi0TqvMTj+cXSkixugevPjpigiO/0TfTi8SoTrIdRw1mJnj45XZ0vYwMZoljed0oYhhxBPC09jqmIKD",
-	"vcUyT6qOx+oODmUK0TAUblHi+MN478W/WsSk4LDY++PXYGl/UE2YVu4SakoVMQ0TJciYSu88xR+NWeRU",
-	"tvq5ntibQ7zT6l0LcQPRPqEzc2KRJE7tqeq8OiShUqMBat9fgB6Q92byKdcsJkzjWK4B/LliKOHpZT3L",
-	"f3ixO6S6q1+93MISKwV7BR11IkWaOI5ctiXzFwm+aIY8p8amTHk4RcezXWAyFpJQYlSxGNzPZjItTN46",
-	"0lBwDmHGxJ3YIGf8l/nXhiuWKGuvsqI1SLs0QGNP+QaWpDIneKcd0pkxy2OgCqLA62hCEjP4GLS9q93K",
-	"yk6SdIjqk3PPu/uo56svp+x3MxFB3MGtH+xNRSrjxVA6heFuu/NHbAy3CKHa8Y7flBo45bqwK08K0sO8",
-	"YATUlEaEC5JIFoL5kOnafbSJ2PV3IBWiHNa9KCIYbtaHUEM2M1Zfp89bmQA9qcONjxoUxuYU2fBrCRNr",
-	"/UZVwtXuIHWTdnpNTYc3sBiyqKw3rzu6XH1+crysPhuFNW3Vx//55Gchb2JBowv7fvbl0PrMqgxzeNxl",
-	"81pm35DqaRLdTZZVNAzsFJm/OLASb1Q5za5lUZgUBVKZMfL9khG9SsPympd3SelkKAukoKw91J92Jdlf",
-	"Il7xvC2I99Ua1svyMdVd1/pRzIkWRAINpwXzMh/ysm40dTpRYTWPnz2r28UuOCc7Bp4/e/bkWdtJYBaz",
-	"fT9WmGVqKZ3YCB5sYjXBXt16t0h3Wn3gQCyHEC0pV6yePmhquk1UPcnaNSP82D7OLWGcULCHd1aOcw13",
-	"LpSGWY05XGK5zXZz4Z5/06lsQ7nxq7SsGcZsDOEijIHgS6Q3sv2NAjJyqo75ZyLFLTMW2VBpKjW64QaD",
-	"gbWmW3ofSzEb5gK5m5axLJqXFA7UwAV3/i+ptJ8CzoAJa+tvSX2403kghpueR3XCvMyUZfoWO/Prng2+",
-	"tC2CfIMtsWmJ6ToIgLdM6Q39e9n538mBVhU8JT0AY7eqikAeDthq4edvLpEdOyg1tpoqP5jzaU2xmH9d",
-	"stozE02LiXUPMWvH21O4wZJflqZFplH1smCGPhQVkOsFYTZA7O7aWUEkZIuybNmYt1afZ1sQg5vt/Ngo",
-	"EdmIK1E6lmLWN9BmGNZPttaHW2esHB7+VUyEr0V/rteXKzuxxGDN6mwHefM9XgutK3X4snMIneZMKy8Q",
-	"bGB9pTfrJVQBiSCMqYSIjGOqA+s8G7kvR50k0U7KVKXMGqLCUXqDI7SdgjsxtBNDVava81sHgfQF1EKr",
-	"eD1WtfALEOSx0SKNmD41hsdlvW3uwpdys9yZ6XXWOTbWzQOxfLG8bMzVusjLjoTWFKt8atm33aVih1uU",
-	"Nm/Clk6jGWgaUb0i9MKOsKJLIFn7KoGQjVlIfCsnhMMtSKIglKBV4dY6ZwwR4s3AnU7etQ6RVmJLUJgf",
-	"1GHVz+2r5szAaPnlxUHPXrujwH7tuW2bB1RL33WnTXFJqsxccSU0nkjUe3aLUyuSKaNzjRMi48JGSfLA",
-	"3odc3jxCqXqe8asXqSoNQ1AK43ZYnMoVUjRPvSymxhVZYGj2+l6wMkXUmAnUNEdipjTpKYCIPB0c7d8t",
-	"+9XPp2Y0xUcUn1iOK//hXrac5n5yf7ifHEPS4h/4Uz3F9PRS3ADfkOsoLssQA3tqUvaASpDkHz9fVpyr",
-	"3x79vS0bNdizUZJqyGpafsvGYERptlQ4DhdghNFUGOjTFiFlaIfBVsN1OnPf3KG3BnrZfODAxSz0U1Xp",
-	"q0LF9pTeYM/Gl1ZvD+zC1HKEv2xZtc2vVG14WYEVSh2XlrJKhNolWHFh49JAXUhmZ7atxFGDAky4uHZJ",
-	"pUwRShK6AHkgqTZPYvMHodfiFoikcwI86oep0mIG0sUAuOAdyjHCyCoG7hc2cyk8TRdCOPpOylh5wl4h",
-	"cwMf+pa2pJVJiJgeSqZuhmiBFZnGpwFbiYP0q+UgT6VhIlloxpjElG9pgE6eD33sxfIeenPxgTw9Pvpb",
-	"HjRlrMSA6KkEsFnDIVVAYtAapKpsqSelDfXEHFfmNdPw//zrtP/fv35+8sd/7NUNjKkkpouh9zOUB/W9",
-	"/RWjnL0U8aznVnBATm2IGvye0tgcKSPz9qgyQAz0aNnzjN8KFsJQQsgSzBvZonqVu1I2n6ICrgObin9L",
-	"4xQIVWRUpODI+unw0HVOOeXoQa5Tm7HI8FnpqxNyLfQUD2bTxf4GtEuoxESbe9lefttsdz3yCzm/U12k",
-	"L3Klj3uOAL33tTtW009DlxXNrlnM9KJt32MYwtDv9PpG7+Jzmk9FDIrGsH0hUjm2ala6bASUZHXmuCrt",
-	"91VsU7vqq/dojZhbRZEVErd2aevEfMZF7Udu1dthx70mc/gmo99SpX2+3frhzjbKtTVXwYb5Ndx8Pzts",
-	"lwp34OUKu5U4a5a5M3Fcq2hfINRmivp6lHKJhp3fjyGaGA6XlCtnqWy28bdH6fohBfUr4Oe7Ygm+s69s",
-	"qHGOfOqmURVvINEYnnxNw5s5lRHerlLtdqjXKG3yBJtRuSBO3hSCTn2LauTfDSkXnIU0JgnIfqb/GAN2",
-	"WQVdd4V9b3WAILXd+g8G5GVsBJwis1TZ2HOVzvxEmANf6pRz5MdSvuqZMe6zj6q+i6qsd3MuzGbVgqfR",
-	"BPRLvD7oKp6q6a0c5uQa2xl4/cUsbkXZMQqL4F4ZsmEQoeBa0lDbCH+qSQxUaXwNIWPsrAKHY6SngXU6",
-	"WNUKKX0NVpesjUfLspGcf6R0VBYycNaUG1U1eE3tC3ik7hb6PhYyBMQLmbkrtA62lV3pV/nH78y3KyKt",
-	"25RIhCgqHpIzwfU0Nmfv7ymVGiT+m3Ke0jg7wGtPyrInuGrGWi5AWWJzSM33HoLoJOMDm9RSfc1Kwg45",
-	"EcsqZ9bIWhS+MJ95Cxaj7+602sakU1MRR0Nj1GVxgY6jvz1cSrqhkpOeSGzaJEaU7btdkwCPbMgrZqEy",
-	"RVyTxsD3PiabUtP7mB4ePoH/vV8KhDnqgLZVSk7LKZjxS7bbWoXS9xBiCGNJ6Y9jMTeKIpXc/E+kcTS8",
-	"jkV4s0oDK7dn5OiaioWVbt2PEXx9mIiYhYsNdYSoMPvOvJeRrIOUune54phrmCqIhtSnzGd0YFw/f7pX",
-	"50AsfWihKbt/yUQ0BB5tfillm8CN+0hutlxrEA1xC3dmQ8PDAom/qQXht92c6SnjQ7cNikIplEIptL0d",
-	"03vohNr9uBWRmsAac6kVn2vk1y5t5aAi1Yq3ZxV7eWlDFXZ1Ici3xHElHvaTXV7KZabwC7BXN+f6PVW7",
-	"RTuL5c2M2bsFDm3G0ZUlrTayxow3skrvLMnXu/VsPvMqIAbLt6AVQhWY1fbcSqnqKVBCNdBsvBgKjkoh",
-	"HtlDGytt2Dy1TNx6hm8SPbLm4b2FFBDMbhgqAP4FAhPpFrouyoU/2dGLU88DM1dDb6x1lHTLCVlm1zxX",
-	"MRfMNxbptw3IsybKo9xGt9MjOxlK61pIACwzbIWJSjRtFwGFKRe2vzFI0M98w8UcvVbOayziW+iw8c+E",
-	"0qmEjRFJ7mz0byHSOIKESvRvbmoTrLx/s4TKnGjmpS3et63ptWiVkdu2NjaVlhqUHmYJd92S3WqOpFqc",
-	"g/XXqf3ScIOlE3Kyqb51bz6eO98HPl7nzOoz514Czd0KV0VMxTwpGS4NV3wVJ029MVFj2GS3sTlRK7tr",
-	"vVyZOuH/IEGDtafOuppzR3U558a6q0a3du1n4xWScjPv/csp5RPASiDUOfFPMk8qZgyRG4CE6CkwaWXS",
-	"gJwWHfX4losKK3Z3dJ+HcQxUDgtHUnlSRmYQCTNx6+D2gEfE0KgegGvnz9+2rL8vybqOI7pp6710d3cX",
-	"oDXjE7XhXadvhijXjveguwsH8pbdAnn9CwkFvwWpsHKAzTxNQDqseFfXJiufQPSUaiJBp5Irh6dTdSY8",
-	"0tiw8aeh4jRRU7G+IvX6lwv/aa0epdIkEdKcFvmFakmgPwoKdL6wva9Qi5qAmlrKlRdrxSlVWJf1Nseb",
-	"2SzVCD73+hcCtywCHsKA/MiUFhJv0W3gAgGuJfPwdBhbKgEPmWiZ9UOamMP4riknZjR1SCtt4tF9iWA3",
-	"myaMeOSuMrVefaKhJhGEbEZjB8ilCCX2O5+NQ8k4FlTXIHiUR15k18P+33/9z97HjwP7r/3/qmVcC+P+",
-	"+ESKi+t/ZOOq3nFWiLc8bLfsBear4aagxN4r9uQbG1O3UfJ4uYmLdIZRNzYDHEuEjUivlB6OIHqpAntK",
-	"4VDsXg1joaAOt2ILbpIs0M+G9U2Y0pI2JQC2B1OnW4VwHDNOY/bvtWbY2uhmxrlNuNnmOJAH1rWUHDe9",
-	"ZbzGTqpJtLqrN+IxuJhtpOs22HMtp7LfuLlDmX4a/pZKpiJWlyLbadFNG6r1mK/LH72kn7LDnXjxRagx",
-	"HHGTZHkhS7LM9KmFpnH3e1zzhZEtsw4ue0euS/rpMvsE04TW6fFWsGib22ul32alFz+HitJoeOXUq+GA",
-	"Kqma2XWVpK2wRcV3Y+VE+yGFMmHNEFLTNvqoRhVEY9Lz5CNTkHBCfPLEN3mkoM1jFDOmjfVUB2byBZz+",
-	"henVoJFt69rPBgIbfXqxJRdrthLrHwTew5qVNbPw4NvKMME1wby0IQ5yW4krxk6HYTg1CtzdEEXpp2FI",
-	"NUyEXGwqk71kvYNMdh4JQ6NGMQyfYJboO892G6cQ6sLXSR3aGf1k7SLGyTVVTJFEMK5VNTqx5BY6bOy2",
-	"4I5HMZciRbbHS3WiPt9N5SUrutqLXFMhSaOkrw6+blWbeLvCaK0wgg0bveAyLGzNLAUHETx9Zoftcy/Y",
-	"G4NNKUIBscrHnfX2QKgBtUbSIwMQqNUHC8sQSTo2pLYmwh5aQdiqVTao1IzG8WLoHhhVZy/Ym0umYSjG",
-	"4w7L4emy3krsrMM/sXW4M9x2htvOcPsTG24rTpK3aD6cgy0tvGFZns0STyvkbU8TrY51I51Aus+3kM3p",
-	"dKvozk0tUaJ+iM09riDamWThurZ4+V7ClvlwSMcpZ5r0/L/6Fhtm30Mde9d3jXu44MvfxhWB6R0Twtuu",
-	"VQKi0uv+jHEh+zj4RLroZsRTnUO0+p7lyd/a7lk+HwVH3/6RXbbYPxtuXKztasbRehFV7Ib2/22adv8f",
-	"DF/0f/18GDzvck1R6DHYK1xNFAjYwj3mfzHlD6/xbar/DLMsubqIkw2jJNxV/trmRIGC/7RNdHCWr8AU",
-	"LUyvMKiu4r4wmvVSfyulG8djsEU7xlLMNl/g0lJl/3Rdbm3pkMs3WjioMf+6J2T70DrbfbdVeWhrt7jB",
-	"q3x511i3GtZ/cBmyJU7dLgtVPQi3OXWKCRdPjvfWyrr1zSzNOhv/BmLCrdwjkBZfahu3799zQ9Irc9B2",
-	"uvi4G3YJi+O70RFb0GJzR8zdd+V9xoxtqDU4xKLt3Cj41rZ4SXEP9zyd/TodEpW3joVXarIgINd1lvh2",
-	"NnOYOEGYO00QAFULeymx8o4l6xjjhLrABG8ZFhmRHmsSzuqLl0kr2iEaXi/uUiCgbJh1Emn4ye8p5Zrp",
-	"xXBmtrnqmHxoPu38LlpCEkIho00nh03kK9pBXOGxcGG/aDMAO/ifqpMoeqSKKR+1y1mZQFA2DvOTJT8j",
-	"GhantMx+FQoXWhXeXxYQDfu7ZruWD4sSWy8LxWXJW5LsXdWf4nn+sOp4RZN4lJdPF1Maifk5rsMG+s4j",
-	"UGAoj5j5YGhvLdeNDSl+vo6IjSDWdN3e4BNT2MtGY/1qD+aXfhFIUjmit3QY786x+zrHlo+weh5v3KiV",
-	"ndSwI+/7sNviGddR2G5mfefE2YCl73D1u5M8DZInr9qgcHEd07aldzRs4mwfbatC29F63pFM/VwaTlDP",
-	"ep2ZfSOty2mEGNFSE0/msu3x0xfE0p84THxEyY/kgsiU1+eLbhQmv6QutblZy3GO9zMTvIzeZAaX9sMl",
-	"OFqkTNZuUFmH2il1ZITLbKgbCb2N1KYH19Qq5LzbgbiCsKUAizJI0zAUfMwmqfQIMTyishxWuBRPuCpe",
-	"zCkMteVqMGpiaNT1rtVqPNi+LUpRrVpTqD2z3HThiS0bEwqV1ZPBf9OG+jE1qk8FkjL0wRc0SYYy5WiB",
-	"1DX1kmoai8nFT1fruodvKYtpjlvfSfTkvZ0WP2+tIxkxdTOcsOsSmkVt/c21QSYnSVpTNvPoeVuhT/Pd",
-	"TEQQr1FFrU23n8FMyEW3ia5565BTvubioY7k6yjSwd5tmKRtY65zG1XQPnKiFhfGNV+iT4EnKhp0dqVU",
-	"4tA62dPAjevFpGBWfUgTGjK9MFKBYtVtF3gixlgH11bOVDXpH7bjuAmFwv/cVD/6RzEnM8oXhRq8Lu+f",
-	"KRzHmGnCxZz0gIZTIuyouIhg/4QckpTHWMBpmlUDN0e077S9stJYAgwnSVqjB7yWAOSHs6sMhuDip6tv",
-	"FMHVteMwZ3NADINGKfaH41J5vaeJC/prq+60Vu1W97rSLvN5dTn9c3y7yB4X+OFyaFSxNGqpjyKVlle0",
-	"8KSFRx/M5Vc4Eh6Xn68qw9bbqJcZD9rAsQcPDZuKVMaLoezAeHfwk3W3TlceL53j2CpheKgG5cF4P5xd",
-	"+Vi8wFB8Rn8TEn+vJr8/PWzzz9QHiZXp2tnbUctf6ISv1ALetAbBhGI5s5QbsTsmI9zuo6qcNjQqHBdO",
-	"CNtaBIVXB7Nof0DeuWrqiE1BZxCREaKih+YPi4/edw/sXyPS4+R/k6PBAHvfH5CfmZ6KVJORUtPhDSyM",
-	"QTwiRndekBtYeNkb0jgG+Y3yNaTMsZCqWgyM7ufSifkDB5/ENISICEm4sLeUa1RYb6op3oY5p4ZsZtSE",
-	"rVQIr1QQ5FA+5dx5f4KZnxqiAH9DUMv8ePWrnX9p0XbGRmOwS2JrZQ/WdsG4AuUV48XwWRQQGEwGZDQ9",
-	"Ojzsf3s4ue6rT7PB0afRBr3kPLQlH8+T426ha8W65F128qabON+/bqPeww7aMHjwC/Mz7u1mTt6xbB3L",
-	"NrPq9xlM4mbO9Dsixqk4nVSV5yerQr37v34+Cp4fd4jzrlh42FMzHd69Pj2HUJjddNecj0oVEiNZpzRJ",
-	"gENEerFQRoO5ZSEEZDAY7J8QCRTxzxxCVZBF39uq41WY08Mt5pHYub8X0YaBjDSKJChVdwwr7WpDSvLm",
-	"jLgX/UY19hbpmePm4uJHAjzCJOZqAcfjZ09aGaiG754/6ZA50Mv56TB4fvSHf96QppBIcQ1Dszw1Kdkv",
-	"z4j5heBL0Qn54fT95fn/Hb7/8P2r4dn5h+9eDc8+nF+S3vGxqz9jUSXL6sezZ0+etWkgVtrdIVGie5aE",
-	"2zV+gZuZ58PFG3MabMg/hcpUpeqi1jGKYJxaph3RKle0MbWK6waQwREz/75Oa3ITnxyvSfknR/UGmj1P",
-	"0Sz7vG7F5w2yO9ZLrVnBM6VA7c6EOe3/t+8j+6frpp5A9axZWpigEOudU7OZa89stv05jFMePXAxyur5",
-	"sPBVxlMekTlVZEaNdMSqgYwXS9OLCdZ/E7zwRVVorp1muOKOpESrS5FcJQ9AqrWH5+rVnosYvmM82jgu",
-	"YOMYz6VwDtvOiiHbwMQNNa4qdn6Vn4CXrT8hJ5S7VOZvFHHSguTtoO9VKTbh1kxYVyd9fLofjqgD/Tdy",
-	"ano06ja3o3utpuhOBcy6Ojzr+91wqyVsuNLEqh6L5q21kDQ7axTli5A7O74RFxIvO4YWvn3KuK4LM2xh",
-	"uwZ//VYm3HYYx/S65t5uTYHtfP22rWYuuvjp6gspZfmNaQ5I9PTbZ39rvdpcT6Fj0Qbq3L3curapaNFq",
-	"fnvaYqH8r9w4+fhx8K8jw4zmz//6VI++XL7MLVoYz7tZGGUXxX1slBVXwOhk/z0F97tLYnqAPPHCZXLO",
-	"t8dPg7Xvlu9+mbxiV1/8+BNs6KLYNFs4vY5ZWFeo6fmTb5+uJ7t8BnDeZPNULxHQ+zSaMb7BjZuFA/9G",
-	"Oee3/ZNQ01oNlvzdvFgJVWouZFl1zB5WfBrPy80d1wYygmy325602m3HXRERXHeFmbQty6b+IreYK6+B",
-	"l1b/j6AB7d+HT11dfL8lpO1Hqsu6HgJHwfbV2UizxcYxOaptjWw3V8qd225xcpOi7fvc7Vz8fl3N2pcP",
-	"6DbahooBnqh23rWTWR5h2wIYynwRh/q2RZGrqiBFDN2obMzwRyLDyqOvW7LvIYa7moPipl7Xv0t912pI",
-	"+U05m7F+KsW9t85lIy95CPpoXEUkFEr3Q+AaJKE8nAo5IHkfhOrM+UaYIjPKI6qFXGDReTdUdS+g+GsH",
-	"Wt4Pak7MxhAuwhi6GbY56d76DzO7dvOckoZjZ1mhuN9SazU3bRVcniq11iuB1ki8YvCxL7sWMUWv44ZK",
-	"msWWHiiqrXzUPaKotldSCvmy1kl0YUvWzGg4ZRz6EmiED8B8gi4jF2yuACHXyN8Gx/sD8hLDKKkEomwD",
-	"FIuiE4/KVAxL1+IG+HDGlLKpPvZvxm9pbLF78W/4lDAbf2//tp6f/C2a6ukwAanMwg2zpXc/oPRKJFMw",
-	"zOhT/abwA+MqHY9ZyIBr8wIOzoJJWQ2h8K6Yc5BqypLiQ6UhGaalRzhQW0IZiWfzr83DoctIN61n8SJD",
-	"LvRwLFJETaw8zji88JzGZm0WQwkxUEfJws+h4F5hHsZshmHKpVle05hawGN1kw5TnseE2ifF4dj7huGc",
-	"8UjM8+r2BWxzNuFUp7K4QFxEUGoFH4jxOGYc/J9W+fJ/+TlhzgdmGyqQpTbwwdJrSgtpLGjL4aUP/E8J",
-	"1dOhltTCCRZ+aGzs91RoWpwsTZLyIiWJj+1bem7+Bq6ZjrNPGVfaUHzp3ewHFJBFFi/+uDQchMXGpS0+",
-	"ZYbxDXd7nksTpSXQWfZAgbxlIZSWvE5gopDYsDCcMcOtxAB+C7FIMLjHRizZ59I1XBfe117+LxdgtcXK",
-	"K1mK+e+ERXmsN+5B0jN//NJ3Knv/TWQLPO4veRi/rU1j15Stysiqy5p8LQH65iQm7vMBeUmlLQHmi0qO",
-	"3CqNArz3G2lJEbdhZP9UCUaajlxQgV/HEzKyl43uNSxLiS9JRGhZEJok8aI2OXMGChHLl8hnDJq+omMI",
-	"yDSdUZ6fCe6TAXlvq5bROfE1nYiQJKKaXlMFRMOnaizL8eHTbzt6u/3Alha67mR7HQPoH87WziyygtMW",
-	"el/W+MI0osPmC+9ltpDsFuSKvNzlQG2gsZ4u6nIaxMyC62AdWaLoLDELzdM4JtcwFnZlna/LhbY2pP0W",
-	"ZsR4BJ+qDs8nbXkPzn95vXBpmEsZ+m2fa8lC1R3myq/mO/dhLcjVjE2GwO3pX7t63VOmkpANr1M17JY6",
-	"hZr62gXsnX5vF8APrkLa0kjKM1xirgp3BgVeztkqp/2qTfOusD5rQNqFoT1b1BA3aOi20ZrMUWgm5Xdp",
-	"COv2f2L1n7YXw3ALkSrEC9qM0RMxB2kxE+ZU602asPv8TuayhhnWVDVqWdihKLdmHva8Q73Z2iY+sciv",
-	"YQZXXhZnv7z53ioAikiwVTmJYjy0QuyHsyuCmjtE9p6P3wLXQi5KsQldCFgtUJhTs36idetepWDNugb1",
-	"3N/IzTUkKjDsyr1p5MRG+d+ls609t679re7yNGOCFs7jpZzEtpcLZ+UaLOAFrad6UUzivItNl8fUuC7v",
-	"naq6zmpMjL10B8QOn/rYyQORqUOtubdToXSNXw0DcdsBGQ0HT4FKfQ1U15Yjf2u02uwVq7LQa8lCouic",
-	"9GJ2CySRoICHsB8QiF3BTWOtM2XEhOmkrwA4MfKvJBHuUtGjIYx4+T00Vzfz1dl8047+QsNUF+6LzFHY",
-	"rdIGfprX15CUq/rA5d9TFhoVXYcJ6V2+vSD/SRZ0ln7aD8jYK5x2eb5RpLQ2FT3+23UrR3gyZiDeWYGI",
-	"CpWCylYpsGgdwxWn6zZJ47a9hBiMPrTY0As4AQ7yrs5sTDxebyO/dwbvvXgSi0AoFWMen5PrBZ7PLpva",
-	"GHyGS+ZTEQMZm+EF5hX7s4+4XktIFY+48iyfPW9JeCmtiKdtAYKlxR/6I4r9rd4CLd/j1HX8xnlrzKZV",
-	"X5IbRaqvxadhAhhFW5Oehb8TMPqYLeC/AE0wmENNK7GjHXVkd1O0gW5s7/Y2+TJVINf/rvby2Lsn1V5h",
-	"LkuEDMrLU8cD//j5p4tzGEtQm3LgDSwKkW0rCdCVWYNCo02DhnXvG88w9ocoNuGMT8gNLBTpnb9+Sf72",
-	"7Ohv5B8//0QuoK5gqXmxJCm7+9pOyT8uPrwnP8M1+QkWeW/79T6wFSpShUY4pjrKvBUTtmEE77Zv8KVL",
-	"a2uIBz4lglsBQfyb9oKHcZsujUnkWugEGxidEAT0mAt5o4hY1gWOjspDOqxL/jju/+3Xz8/+6P9X+e/6",
-	"2ve+6+Wxn/tit8LbjmYvkilVhHJi70vI5YfLMzKmoRaS9FCjfHp4ZGZUuG8aBZkX1rpOyWg2ptk9zsho",
-	"SZYG/oOqZ7i8EM9riuI8b6jb8zhjvd6KiUj1pqmQKMeGSOK1U5qWsheLjdUN9d3r09e4vJvEOa95ZLYa",
-	"ElsIcFDVq+38GHFXgHUXNbpSf9Rwa82L1VPMlmGtuZRvoPQ50IhxUJvqKdeLLJaoRZDXfj4VceQO7xZw",
-	"ng4BS8XMIfPN3GbYD2djuqZbAXsLstGVm/p15RnzZFl134ou55hmmIl/d9XVgXaJowuu1LBA8ko8PkLy",
-	"hdoLWtSDiHndnOtZIypNQOL9uZGi2WORqHaIJUPGLstxl7WrWA31ky8MpdxXkHH0KpI3bqa7ZJx/sYJi",
-	"aqnKbkFCJYkUt/ZqGn6z/s5fO4UTZS6ANiGEaYJrx7jZPEKjzMxMA0a9cRxBsBaewwZyt5iF0nd1qYxD",
-	"/KRGmbKdMF5sM0PmcJEYpDcWksAn9EaT0Iik/VrTaZnLy9HPxZ7fXHwgT4+P/pb3YlSmgOipBCBpkoAM",
-	"qQISg9EiqhhIG4ZL16ZqOtoUBlu3ips4TdcFG+iFlAvOQhoTlQAiV+5bpBvM1FckFJxDqIkWdcgDy+ls",
-	"d/XabqN8F5cijrers9Tj6GVuHoVhBGgFqtwxyEUE3yj0x+Y3NO46p7PTx3DBD2dXL9HCXMs73cQBmC1t",
-	"1im7Wapb2nuqNI0OSeSt7rfbhgRn5pNzUGncUMIJG1YAfJvL3tXnXca+2BJiRXtV6S/jLrffDMMp5ZPt",
-	"7rJ7icGtwHSUFiujfo1XPfe3L823wm0lj3vVGV+URk6OlHbBemG+ZiVeYYsbZhe1yOeW1Ak7GYxkrLNc",
-	"l5wttUiLzfdn6xi9S0NZsQptlNzITLPXPkPDV8vS1gzlBSLeFOF83EVe7/9cvXkZmJP48u2FvSG4fHlG",
-	"jM7sbpeWBHJdaRg3gJAOE5gtD+Hs1Tvfuev35WlB9s9SpYmW5r89mCV6QeZThjiv/nWGp7+D915y5thU",
-	"2W3e/uGnGVstx0kiCa+BSpAEXyO90YTr4WAwGO2fEDUVc4SuXZApSBiQCy0kEKYtYc05TQ6fHx4OahyE",
-	"na/i8iFW6R+UGGI1x1msEDfRdSKIarbfEjqcdVRaAhktejShXMtF34zdLr1tZrRMsnbKBHs23Fzd9UZv",
-	"Gzk/+brUCIPCOJsWI1Or1jQql3LjS8CYdwoFaYjFaL5fMPN4sDyNe71X3SxDo6obrmf0fkh1KGZgocGN",
-	"DPbmDp7N1hDC4AoRs3Dhi7/XmLxNdpeRWwVzy1gJeCpgy3OqSMSo0Q5ID+NUMUrZI3GRiEV4gyhBifh2",
-	"KdK6k0plg9lrIZWYHYHtgYZT084LTwEm+FDCOFUIkcNmIFIdkJRnbwZ+WMMxZbFFjHXfuidVA/q4U4CM",
-	"xkyMOmvrpTdFjXxD/0EohQUwVoElXTa61nvW9vhGC1V3FzmXjabDVWL+blFVLZDDL2VxYE0boqzm1+Ef",
-	"6SlIe3eFqYozuiBJqgmHOV5befws7tOYCKIeY7jAYBbhuWJ+x1AS3GwEs5nKVTVy9Hgbkx4J7gJzKePW",
-	"F4b/bEhEK1gdTbzAbpleEOps7DwE6npRVbpOyMh54EYk5ZrFhRcwItzxbikBK/fZWUR88w+XltM0YDzW",
-	"33AthUrsNtoStIyr3WO4lfSoO99RjDC7hzH6iCnidq3Vep4eHu3Xg9DcVVHrZhpX3V8+P6uiUjWCUWUk",
-	"3fB8u091FObLKukmOlUXbbOFNrfiBh6eQhL7rUkkem06KhxmhkpTag4zy6U4pzq2bCSF76qODg5ec4Oc",
-	"boxZZnzSVwulYUYQFhHvxbP8QBSN1+DQpt22qlEAsl1bkxTzBRK6WyA5t5UAXgTlrMH0xfQxW+DIJjxh",
-	"rqh1kPYod/SWMAaJhbKFJJQY09m8PUZrlM6W9J5ntTEcG4J8bt8HtQrxs7u7qpIw3gHJs5JOnonaddxL",
-	"bis9mEHht+7jsinOSn2tI0vhE8LvqDqV+0NCf0/xikuJrESZ+YIkdOIT1ZzeZdUZOoE61m+vVYklTNm/",
-	"a7SIM7PhzE+2KL3V45gq9mVV5ONSEks7qldx6sUR1NN30QmE405gsiFNNNalW/eDRxbqYmwpTKupDe8y",
-	"iohPJf1GEfeyjU7Lzl+XfE5qzbJO89i0uo0dWPuOxfGd+dcLnw594nxdvnJl8n6altEIi0gPaxNQ4jp4",
-	"wzVCuUa1/tVWItjk/jU4qtvlihtcIR3BIvJsWKX5Pq5Q8hEVFrV+kQr3JoUKlG4rFmhYYezy9lvv0HIE",
-	"fLBDy4uvx3ZolTdRjei32yPPPB8T6jdNuRqmZEm9hVvCBL9n+f2lQneEZBPGOzKBpcQH+8kfOc7HpgaV",
-	"B0CvopWvlzvEipAjFiHD70U3u6yv1liiuoku8ZaNXevpqRTpZGpVitOzN/vEIl1ZfutZRwtmpjFueM//",
-	"gtkSrpIMJRFV02tBZVSEb88wjBDcryCGWtl0UwjrXEnpKAxktis6M05dKK/FO/Hdr1iSJt+Y3+h4kT0g",
-	"r4WcUxn1BY8XL4hbbWKLkQFxLq7sb5WGFiIlf4NKzWgcL4ZeeGc/+QcnTrUgPYrwC9I2oxRRmsUxcbJd",
-	"7dswGcpDMG8Dj3IJZH1Ztq6LPwuKC+8GnscQmqPGDxYJVh3m8nGD//Ddr+IcB+S/EeOEMcIG2co0rUqL",
-	"fdvVsUF9HO9c5cwsSlF5c2UOrqWYK5ADcuH8TOGmNsJ67F1FaHfPg8p0V7Drz3A9FeLmNLxZF+4xTWIW",
-	"1nqyL2Wa6bnGiikJFKMBzqkiDriIKC2k4VUu9NRQF39LkphBROiEsoay59hWF/3Td9rp8l5CCOy2Holj",
-	"SSa4V4MCKQrjqqW5C9F9SZNC6dzMr+1+HWTS1D8QCaZ3RNVnWH596cWUXwtxs/QBFxEsPcT6HPZp7cYr",
-	"BprXDLUQI12MQBaJKv6J+KRtzbsKGOteFXKXOnMtUh4RLbDsnO+ZSBHXQDRNJOUtSsxyqKH75npRz3H2",
-	"rJ1PhRsJ0853YITHtZ2bIjM2wYht62zDuPOBGaM5kRXKzA5lLNpNog1SCDauIbIyEaglQ8ZGn/uug2KO",
-	"T4HeQXHBVm2rAhttmuVhhrSGzVHoGEuftmRI1Mxftc7INrxmsoqjwkYz8TuxNJejw8M6Wyr0koxtQLaC",
-	"GCz39Xy5o/V5up7ZSgMOckLVrkKO6rxWDUyXTzsgI9PpiDBVLnCJO55xwvT94MyurrPzXvA+SqYSUG6O",
-	"irtJIZ1Cl90vQ/JvuqLB3g8gbucRbw53a77s3E0nVnfIz056dyPgSizcbIhVBlpe3eW1Cypg726zla4+",
-	"2ixaO6OH8xflWOxlKdcitG3jK2Zga04/fEqUrXxcu+XfZLCR9iU1ZckJgd9TGvuaNPaHb5TVpthG5bTu",
-	"Ahy+Edt/CaUlJ3Npwg1qjD91OvG+5ZyH3gGOXx+Z37Sw0DWZ//4EpdlZW/BJIMJxVnHCb4y9YO+WwbzB",
-	"Esmyg19OIby5WMoTREyJSMx5h6/V2tVtdOta1Y4PofqUnkjY8Puq+8A3Ftgx1S3M+mnUVeQD932WXCi4",
-	"liI2NhuHF0TcoLokU7DROuhGsMi7oRm6+VXc1OhNGeW7k0GtByniuqinCub6u7ifPwH0wMVPVxuWdi/i",
-	"qxM1pQmQHoYhhlTTWEwGs2h/QC4R0oJOADNJCXqBWAgRSUCSH86u+jZC1IcEmh9d7jU/qYb6gAapSFaP",
-	"yuW7foFgn62Vh2tVAbdS7G3ZSZEDYMEnGuoYgzQxfNQlHRKmSe/9P9+93Xd+/4977//55vs3p+THo8ND",
-	"8u3hD9+RH7979+TjXid86W5AtPdc9m2dEm7biTRaWfLtvmq3VUKT7l7KLSfuhmFLFz9dPZguY+TZ49Jg",
-	"bL27tf02uubq6CdY2Oggxol5I0dEJzSeCMn0dIbYQQ4/e72I+m1EwzA+wXoVXNdFWAG/uPiRXPx4evzs",
-	"OSm862TMyP7yYjAYjOrESiGl3725tzXfwA0shh6AZpnoGXX9SJWa9iE6fvbs6O+jQZecqq4Cv1yqsOZC",
-	"w2KP3Vj8B09SmuqpkOzfEA0RjczOvkpDW+ywe5BjYSzlpS2QK7Cs2mrZ2F3wcGLAbrpHJgnYhKfJFymq",
-	"VqyPtasRWRj0MmFqV07DxqXjS+hvd8dbq8JfZa2vGvdmtRQxRqApx+I7m1bxj58vbSqLOYRGdCZdyQ4s",
-	"UWROjREJY8pmVbyWb4/+ftzKcXQmSzs+u3Wc49LVwoMVd3yNVpeNa3P8Epe5Whdo85aNAcPpnU1rSeiy",
-	"gRgnLh2uHTbK12Fa1dmFbYxEqcT78ikL7TLY7hTVTI0ZKGIa66dJe68WUbCKw2ZXuh0DqcQvpcZKRLPL",
-	"WlyJ2unWsfPlh8uzPEV7c7ZGkJ9aKVhnvGSHf5EoFz+eHtVyX8QmTndzrz7/tY7UTKnUOodb+xc6QVql",
-	"ki0zgfvxxcGBkQQHg8GAXJ2/wctm8xy4ZiHV5q8kUaT3f84x+Hg/cIlQGJdRh4GJpkcNJJtkIipM7slh",
-	"7eyaomu+owqeHFv40qfPn34bEC5IYhaPT/YtzqX9tHV8FX3wX6f9/z7u/+3X/2yXmG5sZbpmCxKU+aO4",
-	"+tnaZnRo4tF/gmTjxZ/vuCiOfUPQDY9iuTKINIO7rIK7qhWQCSVsV7XEIA7VVQKmzSpCLTthqD2Cq1KN",
-	"iL19G0hU5yQ4Wi697mFe/9UC8Vq8OWq77C9POPBEq12QrDjwWg46Vyq8V1Ru9u/pirmuqPUXh3Xb1Ars",
-	"bKZ1vajulmNglzl35t8n0JK7mF1auHr4wlbfjh36g9l1vg72o7LrCmWja66ojN1RiPXQU2CyeYdWA6nd",
-	"nVWdplHimrXryBbqnz/4DXXVmK2gslrWVP5G2htu9gqICw4YGzphtzZL+Z7KJ28e5HEfFcc7bPCCgVvx",
-	"AWexHcWRtbpscg554O3ti/I/qi0uZ4zT+AKU2gA0Iq9nuxlHlVGdlr2CzsDM0SV6peLD+x70kiliC7Hq",
-	"rnWH6pJgtKbhtBm3JDdB/buAe5lygsVpjbGqLB3rQ7rdj41B3dothm+l0KNIgCvS4zBHADfzg5EX2UAi",
-	"osX+JiEtKr1OpNAiFHEDjpCeC1J8C2OQx2OQgRX7Rk+VEchG7bPW+CvsAVSF8j+q26HBT3PB+CSGfqog",
-	"INdUwfOnqYxr4Ng+mKESpgm1QYqFqXiMsoEFhsDskhD/bRNNOnnA53CtRHgDGksY13KPBKRZ4vJif4br",
-	"C/zCOd0P5urAL/3B59Ke+qPDLeSSJWTdFAVmCyobtcDspS24NJkKe3QQIC9R9G6Imp2xoItl/PawagK8",
-	"4UwzGuc7Zc4iPTV8GIo4nXFVSia3wW4t96tiXu70+Glrp1Ngkymmxpiv1+5ylRg4dwtjdQSmsPgF7m8v",
-	"E3xUiY+17TFtxGOIKcipTlJt5aU5Jx1+4tpod0urfIXKcl4vv+sCzxgvPj3asvc/ZmMIF2FXKNp8/G/9",
-	"hw6RtnnO70UE25ptAa5tLQjSRkDg8lc11wk994/+r58Pg+dHf/jn+/9Va1zeC55w6yBLY2y68WhYHofk",
-	"sbUVWhFic0deLYHWrBX71B7g3Yz80kx8W94H6Z/9E6+dDoMnR+stQinOcsPosHVjY+uSH35tG+FmY9tw",
-	"wRtcKSs3wFHw/Hg92p/jttsa/ydsaDdyrat2O7s52HOlWzEzppvo/ucTO9HTwpcZmnhIExpiU6FIYDit",
-	"jdI45cTiDdthkDAGKq1KaD7olD1Z3ofl9jGic0ZvwLZpqYj/dJ+cEFyEYsfjmE7qTYWYXtcAtx62R0k2",
-	"sMnFT1cPJCPvLYawZbvdc5DdVvh+RWBesJdy9nsK7ndXXWBloF3XIQ2GL1aOarP4vAZGc46fLfHapqJ3",
-	"A+907ZTW9yLeX2qIGczWHWrN56bvreCAxTRnn3ZQ53s1H/3M9PQ7GlMerhs5b74mSZwq60XGGxWu4ZPG",
-	"yItr2ybpRRDGVEJkpKcm1xDS1NWitqNXhEojZYUy5g95hXdrYwZxZAwjavFMFXCXv4zh3oKD/SyHQ6bX",
-	"ygHUVCIY87l1ApS5Zydta670qsy8drgGn+F+L2mwT2q8PeUiX0qkMlziQeUdvTXJrTVj3zzluT1rd62M",
-	"sHZyu9Y2Xq8vK0cKDvlS4lgh87I0w6U1alj+Jj4Mss1YJ8GMykgjLFr9DjRd1xlFw2mJ8aYYMT5jCJB9",
-	"vUiockVa4nrMqi2UClxdDs+OsGnmkw28+a3K/xdS5NeGzOs6fKaGbgZxg0LbZnk36umrl9KBz1Up7tur",
-	"JBaXhllL9HrSreKNZfoXb1oLvSUx5RY/fUaN/sdxw7Vcwvpe7nDBZi/wdQtHtkNIrnVPl+2ctvr2xt6w",
-	"MqWtuaIIWmKDmjkG2dUd9lC/hhdTiONTrYFvDPU+1FTddCg56t6eC3kTCxp1+IIDRGpIMxT6lpLvXAKN",
-	"hlxoNmb2jkKtWSd0aYiVMQTlKTf0uYLSL60eui6di+uzmk0q65lL1hgwyWkdDsa23i2VTKnTXgq6bLeS",
-	"eE6rrSuEt9F+sBVq1p2TiGAoEr1ksnds40Oil7b4Ct2uO3VcHxnwQh2Z6lwNW5JIOg+qW2e4PvSobrSp",
-	"aofRdc3Y4IaaQkJ7y8xcWcPAW5ZuBjnpiyl6nlmDwsZqF5Ju6256COUbvwMJvJhYPu3t8xXDfOe2QcXU",
-	"dnEtBfRJ1J6X8Mj8A5GohvO4yv1rZum4qLqYZhhmFe/qtRJxqoGMpZksj4gUqV4qQ3H4tDmLdg0JwKxo",
-	"b/JCbqiUoa3iFbDqjIudrljHrohK23AabTmosy22csWsO4bzPuCkGyezYhYbePvWznt/YCyXlfFz9aT4",
-	"2WlRL4XSjptXygurd1fTIcIb4FFfzDlE5JphgWf04smUz+nCg5owwQfkJSJ5KiKBRy5Sh0e2TqStEWbk",
-	"gREt9tsBeaOV9ec5l53QLurHYZUqgMiibtBQB0SJgnOQMEXGEqCP6Ik+fimSdKxPfKNzFsfkGkjmaLQT",
-	"v4V4UbisqaPZT4wXk0j23Mj3gr3f0mShLUZLHM9MK3kxKl8C1vx6k16D5KDxkKRJ0iDNfYfLQbKusD1k",
-	"mOmKCddPFj/LotgmJ4kksdi0YpbEoB12rdJUavuJ+2OYodhKiIEq/6P5dxnl1j3zH7SMPp3NqFy3Yrz7",
-	"yuKIe51/+35eGoYyhWgYCqW3oiBTX93Ob89aVFlMcCrmhHBLGIR5JWxM6AQiwrgWZMqUFnJRf4Foe0Od",
-	"C+uO1XTHZuBqktkUu9puzc5SZqNgBaVM8yIqlWMaguoab9lqqDsTbYtVMNaNTm1vMEmGNsw0hC02ubG3",
-	"13zccLZ3cJHZUtAF+b5aAWs4F7aDrzAVqYwXQ+n8UHfea3WhdX4CWKHDHBqUmEXbrwuxbI/HyfdXXQKr",
-	"vAXZj0CyW4hIqjDewMJA9REGCotJnjgUblVz2NVv6hvGo+4rhafROnpi1XGzfKgjorvplGpm5CmNGUWg",
-	"qxJF7lr5r70+fkMlwG7eYYRPG94BWi9voGt1r7sBB7ZdC9XEst/JZ6pu0roY7vbvOl27L2kvtUprNWK5",
-	"Knsz2wT3RCHJq3TzVLluKvtZzTTrS0JWeWRpyQuytyDDKxlm+YlWFnBBWbdYlsW17sui6lCVQDXH/bJy",
-	"b9OXU8n04sIshbvOxiT409SGrtu/Xnv+/MfPl3tLWZjF1H+XfgHENOALGwquBsQlO6E+Y9Htsl8HTued",
-	"oYCwSfjZaKdaI8g049rQOkbEuYbhCSxttjTCyymQWxqniFbw5v3lq/P3p2+H//j5p4vh+avX568ufhxe",
-	"fvjp1fsTmyZw9uHikhz4/g5oqqcHv81v1IEDmes0XMM7360iZcNYXXU283nfD8GnfIwxswRhASByNXHx",
-	"xTG1WHJUT21t56zaZSwmZEI1zOliv9O4JSCy/znEdNEw8h/fnb5c5oLKeeba+QYhmvqpMk9iuvAF800b",
-	"fYePlKKZRxHqxx+RGR/NqNIgzW/7bnlGP7y6JAc0YQe3R/kqZfkS2E01a2LUae6+jRKLLbOSyhJN8oUZ",
-	"2Y1eSX4YBTYxxpiMqpzqsVbaCbkGxSLI33PdDG6PRiWqrEgcQRIwM4cpUFs3yx4fexcQ9rNx9c/coHLy",
-	"0IQ5iKEsG+S7dYXEZRUjRIxJLmmI4IQWaDOlPFJTegOk56dVuprZD9CO8/b9qQOFsuiJdnpEyMChhlFf",
-	"rISElKNzwHSBb6lgVRaQHWDNepy4+jCIx/p7aoSZPfQGBGE2i5WfC8P2O5EwrSA2BBgLh2qWJhNJI+jA",
-	"pn+gLByL2lrU6OHo2/pG568uLjOvh88S+QFnhniUYSzSqAxGOvjIP/K+s5yd4wALz4ZUygUZ/dJ3cXz9",
-	"N9GI9Gb0Ezk6/paEUyrV/okT69J51gmEU2GDXz9yQkIhzdbEJWLGYF1qzgsuM2DI37k0f/bffD/aH+SD",
-	"wxrkaNZzMnpl/vAO/ZFF6aFEYSVwMjKH+wg/feMcRFdXb76//dsJ6txK01liH5+/fkmePHny9xMyM4YE",
-	"wRxCvGAkM8aFdDCcpqUPS4FlpDeqc1m8sDG+o32S8thwfyTCdAZcW5GQeZ4GHxFJhmmjTe25VSqtDTk9",
-	"e1OouPpi72hwODjso6cKddAEOE3Y3ou9J4PDwRPM9NRTPNIPBnOI4/4NF3OOJ9ngN1fea2KxS7KT+E20",
-	"98I8NGejrWVELRhpo+2Vv3Lwi1vNNxHaYJ4PcAjHh4fZ9YlzDCe2hAwT/MAPx2qEbfqiGRxouxOWpcw/",
-	"fv6JXAD6b9weN+0VWa2pffd6aR6mj6fHf2/6JJvjwaUQ7yj3UCgIbvDMznn1d2/cAYY8bL960v6VMShZ",
-	"CFc8D8woqnN7L/71a7CnvDdt78xi6Sk24UZPuIGFUYw1nZh13UMx/qv53p+qDhnmIG8vY5Uywd+9PrXl",
-	"vYJcL7EoHyqo4JiQGMY6IFYH9slrRv7yyMjpLKE2kaDs/rAHhQuJiBc1OE/kvS3TJbimjCuz6RHzZoA3",
-	"XxWePrWTuvBzeqzsXRlndlHZwO+JUDq19d23xe+HR+0ceMVzKMY9/KgD274W8ppFEaD5/yfaVtlGuiwm",
-	"WrpdQvwuQVY2O8ItSWGLXSmzLiv32MFsTA/8lulLP+EXnxGkvC4xNBQyQp5Pk0RI3adKMWU2jhlDtvn8",
-	"Md7Dwlf22BnNxnSQwfO4NwZWhR0FBAeGTmXckbY5D2Ju/mUhlfcH5A3en1hliCaJFEZ3p6kWM6qZIdRi",
-	"QCwwCKK1Uk1mQmnMVMfsZ9f1iVG/ZkxjxjyWQCOUqzm4rBh8FdEwzMl+fHi4vL/t2N+9Pj13s/IJB3fe",
-	"5fjXdyJabG2Dv2wa6x9lx0cWIHJPgqZpBEtpUsWlyqrYIcKBOiHMpRfrVHKICAKm84kt67UlgXRsBdID",
-	"Ttpurq1O4mkXsfUdjbJRPZwgPurwxRldxIJGl0K8pdJWyn96fNxleIkUxu6z0vTPKfZP1Y2XskQLL1uN",
-	"YNxAxmuhk2ax/oOL6TaCncO8CBVo0QSfHz/5NiAXP54eBeQ5sUB9AXlySFxVU7sTFWE6sPKSaUUcAiC5",
-	"On8TeCQ5f+dgN7AtSkkU0Bh3ceTUsdz/gq0zlVVqtTeFtyDZmEFk5LyrcGDkfhGezn+AGiIWeSbn+KuN",
-	"AfAqodUbCXo6vYZHek8Pn5CRR830snG0v3wCWP3TkGvLmt32ZE8Dqmed0K0h2k7Be4Cd/h1MGLebLqP8",
-	"hnv8ALfGonmrn3rbxmE3Wg+NX3i353FzoDxgmvRk474JMBSAL8pC4OgQ3a9dYCXxOycFplRNITohQGXM",
-	"QFYtOaVFgoEW6PE6JXMp8D4zAiMfnh4fk9EtjVlkfY/oqrFgyVY1UL7y7QkKKJHqOiHh5NLTw0MyYhzb",
-	"85rqaEB+zrpUVl0lWsyp0Yc9kNo3ChXXaxreiPGY9J4e/71Gatg12o7U2L6muAyx+sAqYg1Oap0ZarYL",
-	"U44hdzrTTmfae7H3mnGmpuuJ0mjG+EF+baEa/U4+J9MWIVb2CqQ3wr+KWgL5ICO8frleEBadEBtgTmMy",
-	"ZjHWWLpeeIRKK/6oTtWylIiZ0qem7dPC2O4iL4LWt1+mUuFytL55Ridwwf4N+G4VUjheWAlvJ/mNKpSZ",
-	"UtmFEN5g5PdBLsYcr7lzMbEuZlTtWAq9Z7GWOdHrBpNd43cTWDWxBPfqq8vmU0psq9fo6AQP+coKfP2i",
-	"8i8j8gwPlFichlIov/lKLveqMFktB6t3uQdjIUPou9jaZg2zs5g85QvCBe+PLdokbh0yEajrSYrgdlqQ",
-	"kQ/wHb0gP5xd2eurKMjiuV38cODqNGX17MYxnUwgwtAPjEoIY6DcWHdOESSh4GMmZ1CIXGDKvrZvrEXb",
-	"7Qvy9PDvZFSghXNGDbMo5NEJsZHGREiSRTEvf8iFdskbowE5dZ7RXuGNAZLYNQx1Bie+4IaWL+Vdj4WK",
-	"1MiJaAvUooh0UIxOQi5DORa1wzuI8IcRnE33Gvm0AsLFvMB8fw2pefi0/Yv3Qr8WKXdddBCYLwUfx8xm",
-	"KfyFVNGitCzX2lxXJhtJ0aiVntudp8jI5+EN8IOBEVIj0hOy+Itp0Mheq+nZWIJrs5oeDlwJqQmCHGNe",
-	"gp7CgsxBGtGoUmOeUxLitxm4pwt9MFIVpP2eqRrzuV7BNUN9dQv2pHqEum3Luzj+CyF1jRx99YmGmuBi",
-	"EBsZ2aRvZiGWuRxbKxa8QfEFpKv18WTq+H0r4HVtS1AWQ6KjnDYkO7ff3POJkLHfGqo0Lqil7U6X/gp1",
-	"6cL6LklqFMU1Mtppowc0+i1VCO6r1tOQBwSv8DHDj9AZehdDCRHT1rs4p3EMOsALmgnFtwQHEgFWKmWa",
-	"9OyF+DXEYk7+DVK8MDJYpeMxCxlwPXSZ60b6nwllY12w6RiiCUh7Ba601aPzafiIg6br7+/szE+zL+5Z",
-	"jr+JYJYIDTxc/OQSb+7DC7o0rbWcoUf3OY5mIWXX9U8plI47eTb9QiDtH6uKu/PStojZlyjXjLGM4otQ",
-	"7w61Qq4gdB33r5K44099xWmipsKJ3LSzxH0zm6U2XhduWQQ8hBdWB6Yz8AW1GKiAYAoz5gvgTXOiU4np",
-	"NS5syF582U/djbYbEekdHx7uZ6o0kVSjkwF+T2kcoIMA1eY5UzAg/w1SBLl8xwR0GptxQ0Tc/byEmnuu",
-	"ZdksMZbEke/1LxduPI/xvml5kA9839QwgKpTxEYgSRek48uyMoUr80gDjzpN7a8Vd7ST/19c/luGI5ST",
-	"179konI9qW911r6WlCtrPauDz4W/0GEtjUasaLyuJm7UKI+fjqkPGCKgJQNFYsZvctVZSDZB73UPoxkS",
-	"kKQwCPQi24pRKC3q9XEHAOEOPzIXaRyRiSho8nXi3YzL695vkRiXecfb9Qfb5osTa/YLl5dgm47hx2YZ",
-	"WKqcOxb7stZBdSzNFoJ9Z2cj7M6IR39GIKMS6t0TuiTe1jgqEslCxieYIrxecMeAXCVG0h8dHmI6HEZu",
-	"GEEX2GrIWaSry49rCOJwYzyz4zjDYTzWPKDlsbY5RjEdyMxp5wv9+nyhbu/YBa7ddsFampXNQrG6lWnT",
-	"biG3fcjRgJz6OjX2Z9M/KJfj650EefimeUWMbbD5nLd4KAs8/VW5KAvzKtc9/DK6SJHMNeLCDnFna+70",
-	"iAfzNVJt1IiiKLuDAnHw2fwPzUt/6q9rXiIyjBN5Gkt1wXgMoSZUu3+xWxgiGEnPS0Mu5vuBQ8ib0QXC",
-	"dMXMlzwnCVX6BTqiIoLVmvIMSQmIQhN1l47/dNn+WzUizwrkbzYfHW2/ZrtxmdA7qb2T2jupXc59jKKK",
-	"yPYScz3RraY0EvO+EXoWL3wdOX0OfXvpcjQYGBPQClbpUuDFmIxsoaGREdyjkPKIRVTbQnlD1FxHpFcA",
-	"cUH3oPmXTZdCAEMJyurA8ynVZE4VuRbiBqIB+VkynWctLUtvO7XzXII/4rudCz9WxidfKKmodiSrrdpI",
-	"Lvoy5SRmiNeLMXKaxmonBXdS8EGk4PeOAa34MlKGkkzMWNu4mzjkvnjLFvOaLHhUQ8rSe1dg47EFdN6n",
-	"68zMuXsUIS7JzmX29bnMuGP9Utyg3Q/resswI8FW60cMBCmuISK9y5dnJBScG5NRCzLK6+WPgsx9dny8",
-	"76D+PnLKFzbjJYNcsI42ziCyrRJtpKsmvViI5JqGNwFJuUogRJiFgMzSWLOQKh3gBWg/FiGNA4Jofh/5",
-	"DDSNqKYBYhPyBVEJoCwKCOLIT4WhC8V0cCXiWzMULYjgcGJeEKm2QJPvP3z/anh2/uG7V8PTt28//Pzq",
-	"++HLN9+fX4w+crwjVaD3G9Oz3RVrBJqyWA0kUCX4yE5vaKc3tFO28F9ceCLihab6yGc0ggE5tZH6cyPn",
-	"Uk2wSFc4xSihwlq4OJ/sBsBS0cY5kx6W8xYOxtCY6tdA0uQjX4DeN6Q3Vj+3FDEEss3+Z+JC5zFtCGGA",
-	"faaRhb0Z1Ylca8S/t1jCX4FT82U2ny9kECMpm03gwAf+QHnNGSejmFoE5Wv4q6QL7VS++3JXWqBlZCaF",
-	"EsYLH8RZ3W86YOpVv4PPDl/8D3v0xKChuxU8E7fuygYHlck8hEpURujfAtdCWrAeDTHMQMuFFbPAIxz/",
-	"R65TziGuhMTkso7xYYpAqlMWQymh1RfWNq/hiWJfsVAdghvzzHT1kSvN4pi4QjYosXvGVhccQ00lZdx8",
-	"ZAlYJ0stYbYhS8uEfY+ppU0+zxz6/R6TKJ8uL/f3ONvoTwjxs8tS3J6JiUzg5E2z1rpOyARHyF/CMAH6",
-	"qdvdXOjh2KxHrRIzAf1V7rrDe9dKLp1c/Cvs4r/MpvwBdOuOTKgOp91Tyxw+ZqZFCOnUV290OOPSorj3",
-	"qLcOnV1ozKOnh4cIXC84sUYHmjIeoVNPqa5CbZF52Ydds/PTJKJfz5G7fXPoKqPPF/KbP6jg2TnDd5ZR",
-	"o2WEsqVFLraZPwfWHlj3JvC9QFjUEsqOxAi2ECIjEL15ckJkyhHuHms8Kk0Xg5JB0rfFPIgdB0QnH7n9",
-	"Jzr4rZGCnzuDxZfc8W6hJa9Xz9ftHGKALLOR9/YtY+ScQwLu+uCustoOdKeo3UleEjRCFfKTXzpbzWBn",
-	"iP2VDbGX1lFxR/GGMuPu0i3I6nmVxJmReTNE2xfj8UkJNWvkJdfIQTQ7OfKRyxQ7QmhoPQXuXgUsvqMt",
-	"Cix6970gMh9sWXJhjzvBtRNcO8F1D0EKWDnjbnILMoDyvvUqbxJTa0v3MOVApo1kCcyfqAu5ktZqinD6",
-	"bAYfeW/0w+n7y/P/O8R7x1fvzz+8ffvu1ftLW5dxeHn5tnCfevSMzBhPNaj9AGGolesAIVzTBLPqQHn0",
-	"6o885ejlttPxONtoMflSb33zF50A166O0YhoSSOLum2GmwlYV6Jv1e1fDvGOhQS/OkG33Qu+KrUa5J6r",
-	"G+n5KV6QKUjY3znbviL59Uap1JiVGWR9Lovs+m8s1NCltrYgKwd3eBHwTX4BaARO7rs7cXnq9hLaByZ8",
-	"5AWjtBDskbnzMIaipwBILkL2HeLIDSpTheiIOsmDI9ipVK2S5szQKcOyq8+eLMQR7Nxpf21phOzitKnC",
-	"nudivrEYQiF2IOFW3MAmapUbij0LlRaJ8mU4iLffsEiPVsRe8SPAEY8gOrFlWFGFmaXKqzkONclVTDX2",
-	"RFXkDsjIjjcamcawmmkOooTtTSmGcMXsFj5y99Gzwyf5W24sIcJpuBgsHJUNz8qURdfRCZGg5cJHydEx",
-	"1IYI2LcN7b9ONWu7wg9pdI4kawGlwJyHnVr1VeE3iBso6i93U6ZSvpnrPnNf2EzLJTc+iqIeJlt6n3yQ",
-	"u+H7fZdzGVIeQmyjoGwkUb9PhPzInTNryw4rP9udgrXzWe18VlsXTldue63rthKqz2Z0suVcGrP3VmbT",
-	"fFBvbK9/rYSaDxc47e45NR8uiF2eXV7N15dXky1udbc6Nlk3vaa+JE0xNaPxzr020+QjF2qII3TpGgPy",
-	"jt64qon43CoPzp9s1RHzZBzTCUEFxFWiv2UiVf7FZq+vkwpfU9qHW8ovlPnhet/hH+xil+4pq4NnUmyF",
-	"EGvWOg4+W/myQR5HrbRbCtXuKumyaO7mLIotSadKVRNHvWYDxhNol02x82FsLTmi07YN7mgQ3M9mnEDJ",
-	"hPg6t+PhQ6gAl1PI2GC3y7+2bIuOW3yNrIsG+2Ir+RJf226+r7yJTeyJP7cw2WVQ7KyQtgyKzayQxCKr",
-	"q7UKUWK5yRPCYW5kHiaXrSh0fua7+LNUOfc0eeASi6tGUixwDluqb+7W5UGKm7u+ujt9/cx3Pt+vEH68",
-	"sL+KGOBVuZUJjhVy6+Cz+5crDTNOebQizLhRmjlYJluhEaNargswvNjDN8pXD7OQGFSTmXCVFX31sKwF",
-	"xlOVoz/SrMyUGR9EpFfrgg6WgY7sF0P4FAJEauj72T8h1I/LKp0MFcx8IM7N3VuGTnL0Mgambd2s0/4J",
-	"og27sEPzlMwZj8Sc9LBOJETWme3a33c4HSM3PvuuGyYmgTw9/Pt+iahM2bpwviUM1ykWiPPkxjptxbI0",
-	"vVUVdvIqmhg4JPgEJJmKGPFJbOxjRnU9lSKdZDA/tvhbb5QmSkugM1d2LW83e0ciuIk6yVR6jDByJcP0",
-	"FPh+Ew5zVrnEDOGBnfrLaM2OYZqBmrO99CcwBl4uE/gLXTFUxrAqJMpy4q5Oz86ouLdz+rgTP/xANczp",
-	"YpuhYXhq9BIqNRHjfUQ1dYeRkytrHfDufO5LEW8jMuMVKhq+VWJazTGvQprQaxYzzTwk8BRIqkCqvIw+",
-	"0xhZH5H/7/89HjxBr495o1C45JrxyBwO9vTJNIyheW00ID9n5UJFDH3/Mkb2m/MkzSlrizVzNQdpfnl2",
-	"+ISMlKX/sPDaKBvQ3wZPiExjIE/36w0xT6ZzEcN3tufHW62obrBtqM6OnCogEynSxIbgGELvDIivK5K+",
-	"tIHzVXerXZUw5yg8WsXLwWfzvz8OfHvdw1HnU0Gm9BaI0pAYtksT0hudfbi4JFmHqZ4emJ/7aTLaR3nh",
-	"NV370GnaJ7ZosCIT0OSp2fMVKUaEtM/Nd8M0KfxioU+tburczwPi9g6hllhepmXWiJVTVs4ocnx4mINg",
-	"YqyL+dZRZECwRr6xXHK5htvLvDDab9LdXaQuzO0QEHTVBciYoXyjCIdPmtDQ8GWWmMcmvM8Q3k/CWIKa",
-	"NqvXy6LinpXsYo9nRnm+Z/V2eYJfyO9dR+oGYVzmMoij7Ng7qeeux1lmueOMv8Nb2p27v04z33nvW84z",
-	"w1eE2h2jha1+lx9wWzrODj6b9tcNMKo52jodUV2PJyMpYqp0QVPGjHvrkCMh5S6/y+VyvbBxm6Ez5Jqg",
-	"wS1ec7GlnmnAp4aIMcl/s+AnCiSjsdkWAVGC6DlmyVpfn7YYKTEYQghu0fG87o6Ot0jYu10r1azfDfEx",
-	"M2jMxrPTTmzk/GR4QmJHqw/IE0J5+cRkSqVG40VgeHIDkCDYgIVsYWZkCTo9ew4Z4fTly1cXFzkgQlDA",
-	"QTCalAtSrTl1Le88hlN3ybmFVgAaa4ZwDQ4utw8ePI7sPnLh/sKXwn+1fDvqhcFmp4OEyfoVDWu9KGaT",
-	"hQ4cCm83MKGPhFTKhbMBmCQj2+HoI++N/udftP/vw/7ff3X/7//6+TB4/uSP/ygG5ocrwfAaIuRsJ0th",
-	"+cQ+33JY/jk2+jVF5dsZfSGP+T+fOILuovJ3rut7qrUg/ZYtCcmLm3SVjDz47MSKEUmoLt81ONBHAJsG",
-	"N44B3laI4XbEWFW3QXkbOtjgGq2rQNKVmldB03r+NNibMe7/PHrgEMMNhOPhgwhHNBTw150uubsLfFiI",
-	"5vUEqjLPH7A4IY7jr5VKffHTVfeIuoufrnbRdF9hNJ1ZV9KjWF7eQjZx+8d+w04NtmEEsgizqa1R9cPZ",
-	"FVFTmoCrgJxyTXqj6dHhYf/bw8l1X32aDY4+jV585LGYgwypAhKDNjslIBGbYCEsHDkHSaaLZIoVqCiJ",
-	"hIcX9t3Yxs3Lo0+jkywG7/nTjzycUklD0+h+Bl1lX8fgsU8OrOr3lMZkNEnSIf448qEBzmy0LxmbMjdP",
-	"mQ+n+8i7FihUN6m3TBttyoub9GsyKC9+uvpC1uTFT1c7Q3Kn99yXIWnYaw2l5+Czukm3k8q9XFRvuVLE",
-	"stloZI+tu7fviurFeDZUiu8xfUIiwLPCzJNpwrjSQCMzFDxBXliMvtE+0QIxAgmH+Uce05SHU1DNaeJb",
-	"kGxlil38dEVYFBAYTAakerA0WJ0KB9HJ2jw6/raTublLF9/57LsX32uWG1vPKjdbvrUYnx/B1781D+9b",
-	"tTAq8MVPV7uM8a+uPt+qTXtXV/ClM2JmIoK4YCth1SkbNo2GDovsjxgBgYYNnwDphR5vBoMwzEi3l3v+",
-	"tYqF+3IQr2vs/Ckl0s4rvLOOWr3Ca1hHWRHxg3EMVgHqpAcZYTgVseFSIyLz3E2RoNkTjQbkDKSrri44",
-	"oNMzsE7j/RfEJkYHH3kZLTYgtkzLLUjFBA9sNNoUqNTXQHWWCPLD2ZXKQqOZJDHVRt6ambBQDcil0DRW",
-	"5HrxkefSXdyCLfUyn4oYCE74hUt3NW8xTOqGTzTU8YKYMYuxN9EgCkjKp0BjPV0EZCwBSM/9iTUgKHcV",
-	"0oNSGUKelXsoJpP03Afjsf0iAYzYCuqQkQvYx7a1EzLSZnqI2G6nr9JZg4L52kzy0i/yX8wZX578Kp88",
-	"vplX1N855b8qwVhZ3SUwjqRBNHK6Coajq45Zez926Rr/a21IO+vuF2RuCXbb8eu7I9PZBijtxStlFnm9",
-	"G7H8VkjFKVb0xR8xQLOAL9yUsHTpkS6+mmsfO6MvdPNTHkLzLndXQUGe8puvWl4NMAJjhSNEglGi/ONE",
-	"it8g1Lt7pJ2ldKd7JI924lkQgbP8U+THJgHVpC4cfM7Ap/4oqA5Livl2pE7F4WDH3YglUoTF+lOghDoi",
-	"NRWNzDDAdu6Vv7qPuB6uqqBNeD9xnaf169qL9+Vf3UCreChJYJcx2kmEncP1QasbIdu1Sp+iqpAFfPQR",
-	"FKXZu3CavWnhU7LK1k71JYyT0S/9M/tX/833o4CIOMrQP0nPulqDopt0BrNrkOobwiI1IKd8kbWGma4z",
-	"uiASaNSAHJqN6Ac79Pu1mH5xU/tzejoqxOru8qDVdd85P75C50e+j79Ry0teFCTVTdfsGhnZ4NlSUJkY",
-	"4z0G3vxy/KeNqQ1IEtMQIkJDKbDsLVbDt68UwGL89YgVHERIwgUHl3Q6hfAGu6BEMT6JgdgwNCJTboVQ",
-	"UAKhETIypr0vuG9vYXDGL/CBGWWvJnZm/8QBesYxZtyirOrdMpiDfGExD0polAnIGVPKEGCEqJwSlIhv",
-	"8ebl4uJHcgML0nt6fExGGLiHpHJAk66r6zSagCYRhMw0k107OZxLM8E5XeBMPNU/+Sl8o+ztVD2eKLEh",
-	"gWRku8jhOU/I08NjUg+r6UaVc0yGhRAuSMxmTNuoBcYnpI4Lek+P/05G+ZNh4fshfm+6CGlCQ6bttErL",
-	"XmIdNzGzREXgMxf3ME4VjashDg2OtwpvP6rz5EH9dRVCfCHHXWUU32MM6wrP3UmZSUaOPhCNArsDJCiQ",
-	"tztozZ0e/9jPZHtsUXsYlbUwFZg/7MmH0mz14bxK1z/4XBDB+KjiJKzqhPlwXHxZpvs7RJtCe4VQ09pA",
-	"0y8pa1dbNs0+khpy/Vk8l52FqdGkLBl8gpQz0nZejJ1fk/Il4yC/q3B8sm15dCAhBqqgGZrmnbgF5Q5/",
-	"+zKq1k4P0MKoAuYp45NRQLSYgBFeQY15QXpuEgU4fvdl4P4JUUDGlMUQGRlsSIn5HBigG8NYE4pBUAvz",
-	"YN8h+nLhBxNSTmbiFhxQWWG+rsNhPlTCrLGEQPLuoQW89OOAWMFSQ0bw2tyc0YD8E40S1WaVFPHHqmsw",
-	"cP3VRY64n3bC/M8mzAkdaxd86NZwJ953OUxr4o4h31QcMmOvtW5wDHRxPm/udrbjtHG+hPEwTiOI7uB0",
-	"3vmbu4moTVzNOyfzX8jJXK8xrvIsv0RPb5CVPENHLh5xDt+U8kVWhGcumdbAc5euxVywJ6IiDhWj1c+L",
-	"csH5kxkviaD7cf0GmWuWi6FS0+ENLBx4rv1jeaRVN3FTCakmn29QbMWoSZGZqkse932UXc69di8xyL6n",
-	"1LKfeE1XcKOv99Lo2VVtHu8UEOdWcELxUiHwXkCF6hD6BQ0nYI0NfJWqouuw3Ve8cxN/MYjIwiI0u4Ur",
-	"C3pS9gXnnLHzCu+8wn8GrzCyL+rZlbS60tFZr2CXPCwrfb0lR8+WPb6PxD/QxTPwZ/QJNDkC8mntbP2d",
-	"K7fkyr2jGDmA25UFoi16GmpmTGO0R9FEdxFhVikNjEIupEM+kBLi4mZdZY+/un2ACtKPV7b8mV0EuHTd",
-	"/QTOh2OZbifL/tqyzNYmJ1NmLLiFVVW2KNk6Xj7R4sVTQXMqXz6RXiRCVbz4itkYwkUYw2AWOXsZEQoQ",
-	"deAbRWh4w8U8hmgCmHPm75vQUu2N/FXQKCDXLI5dschE7Q/IafUCq3h11OX66aTumuvFdq6b2i+Sdjri",
-	"F9YRA8LFvMi8O0G7uyDa6IJoy/JYaSp1qzzmzrEbEBbFEKBYTKwwc00MnXhbktb4K4prdAwCj1RFMFs/",
-	"rnmNaKpuTtCVKCERUuPtPkpn05gTjOi1LXfbdhYMyGk25sIIJah0BiqT9liH3tbZ9/DOE8o4Fikzg3IO",
-	"axcancVBv9iKu3i/KQ55lVN4QM69Ly6w1fNN3y7AwpPeh1gEhQCLlcdX4RQ6yY+8LsfcHWMkBm7Q9dER",
-	"+NPuUHt8h1q2x3de391p+ECnoT0wtnoaaiOfOI37CqyUWnEuMq7tOWYLQiIUpEiAKzL64dUlOZirrLlq",
-	"P/6w8r+bA+oFeXJMJOWRmJHrhQYVkGuq4PnTVMYBwSMEEzeeHxIFoeCRvWczjwQH8jNcX4jwBjQipgR5",
-	"Df38xjUoXbL6o6a4mbOLu8iCHVF7qXfx42n/+NlzmxXky18SNRVzTgQPISBTkC5pqHC2Iqz/NR5iCHTW",
-	"Kx3fRo0Y7bfH3J0QextcKIDaeKScVAIq1/azk5+xsoBb/SGLRoUVlkC1dsW0RTljyVAiAvzRaDj4tQ2s",
-	"YaX0r8ar6eViBm4I2eACq5uYyWAII8fLWZGNimix34yAY/nswjb61z42t397WyGvr/X3Ra5wq0vdBK1h",
-	"ODoo7WGL+Dg3PGWh6ncG6u5IXutINkdilivaN0zkDzjLb51O51RPD2IxYbz56L3yuF+GZROq1FxIY/zE",
-	"qULozATL3o0ygWlLfU+pIpcfLs8IcCniGKIB+VkKPiGhhAi4ZjS2tamfHh6ZZm6AD53tNjohIzMwc9go",
-	"wWk8jBiuVDQiB+4nMDRNJFNQLMKNzT2puWrBGd5FDt+TLHtrBvaFMEBOUz29NHRfdW1xwSYc46j+GuJp",
-	"F8VRL3QgTCXTi70X//q1KILO3AYlik14v4zuleppvawRacn/tbRTze+Pc6uKdD28nuYy6aRHYyUy/9ec",
-	"FlN28I39P+OG222frtXOJYwlqOnySV2/bdzrzfvGvXDpmnt0u+e8ML7HfN6dEg5zQkPDaM4QNWoPxcel",
-	"RbPXnSKOyo/RVk/gzwmbtdu/ax1/50L7Qtxr7WZzWqZJs8ZtTVpFKPEacAlZsxDV71xGRYTNSk21Rk26",
-	"9/Twyb49gZLKMW54WIzHJ2RkVPns1sFmHuCXf98vq/seFxhxg5f1bzfhRyiXLnBkXyoAvJtEqjKBT4a0",
-	"GWJobc1BAgk9kEhmhBlZ9FgU+B1O76NW3sspjw1yS0PSXyW4Tsk0nVHueNKIn+wm2zoDxjY80t5KU2JT",
-	"ZTRW1ke2noBW7rAtncEhlXKBeEx0JkfkXx/3knn0cS/4uCd08v+z97XNbePIn18Flap/RdqTZXvimZuJ",
-	"a19o8jDxJrFzlnO5rfWeCIuQhDMFcADQijY33/1f6G7wSZRsJ47t2Jw341AkCALoRqMffr/TJ/9GvlxQ",
-	"dU7ORdRnr7VhfwwOT47/ORqevPow+vhh9Ong8OXRJ9YJqNc/s7lUmRO2S/XEpQYwwIAvt9xJO5HCslyr",
-	"WfxdCREzGpX9vCiZuxDTVkybWCpultXPyZSTib9JfE6lEbbPBmxhNEaRQXdrw8DPrqYwOD1ETGkYyx76",
-	"2J+xyPdjlKUlf0in6uYmb03wsvTo30akCV9CFlY0n3DwgQenTdTdZ0akWImyQP8NYJslenwevjyHIINp",
-	"x5Iow53AAqhyfVa9P/51Z3x8rieTqMeOhTPLrYEfxW6fHepVw0pam4mGVFrfkY/3c3+Bnt0VkRa9fNPm",
-	"EuawvD5bX097WPUbhNEX3rpFIcQwaNDgHVo33Y27BuX5bPMxwOitzbAv4Mfz1CB6ZB9K3cDWnUiRxOgz",
-	"VlmS9FlE947oXgggSgu/koqFkCv+yoxeUPFsY4HP79jYgLr6zbrkO8l0tZubZNsPam0027r0ByWgv1dn",
-	"N2BL5HHyFRxleqBZSCnHba2QHqkiUy4VhuWl0J2ILtuox8ZcaSXHPOnus3A9UKux1EjfdRZL622OUhOu",
-	"0ADBPAs/dvvsBf7pTTAQf3EhgKVt3mQMFLL8O33RPZdl6ualskyD3ArxwxJimtZvlV7Ibt3CqqLtL/B/",
-	"SLIq1WCsP7idzLQFCGHAiZhzxacCegPtPLWUbNtnVK+CacITbRbcUPZSR6dCsa3TbGfnmShXfsT5RUSP",
-	"EHF3v/Q7KDBVfQDeWmf6xZyJ2oN5mwFrbG/nN9ZZye+JsOhqVBTxYdJTkugFMhcPFL215F1DemKA06FM",
-	"plVtU+p3EGcYKigKu1kODGyYurk2nSfM/I+SANswamsUIHxZmybTpslcS78OCgFlPBQNCJLOb1OtpHtu",
-	"QK0epSHQtKIGLTsTYz0vtOc+/VXTf406s8/ecScMExc8ychzZZ1MEuJlt3I6c1JNCZKh1lgnskKoEUKg",
-	"d9lZ5sj0MgKUvXRfrzfpVa3ObHVmqzPvYba/F85v0peX4SlQyzWIMq8z6vgKgo9nBU4vcZOThgJfzwJR",
-	"apXo9hkRhQWgUNBBaElv2bFORUwvtvshSb12HaFwpQUCLJ03VMNt7HC1BMBFqiLTlRisDantdPsI3O1g",
-	"JkN4oMCRCy/tlMchs47N+IUonLLld1MS/wakNmBwxe7MNPjMHJtr69juzs5OeGUzIEVFs9ib1cVH+P0i",
-	"/+iQsl+iHwXl/GcmgFaatHMxiE++DWGioTv1rsBaWNcR+HEEDfe+RlMP/fMn/vFb3B4+aOsyc7l3Iax+",
-	"LFSRhqX4YOtueFjuBlS7NLnXcTqsg7M8KSs+SkK4ROUyvVAA4+wtXnyuAwuv3FQ3tFWRUViZpC9Y5AUT",
-	"C50j8imO6JIRBVOSN37FPkSdmZBQoNQ5026Gmtb53eNMMPFnxpNun30QRurYsrlWbpYse+zPjBsnTLLE",
-	"/iqV8QRe8PHkhR85oWJuWIqP7YOvwTg74i4KvsxchWMRXRh0in7jk15pjzPr9JwuQHTZVpqDDxUqxn9h",
-	"fk/+T4phF7f3WcTn4PbH/43mUmkDztjdfn935//u/txnBxgNZlKlGQStV+ulmOJzf9jwfYYgzH5B9Qvb",
-	"WUhdnXFb2WI2+GOoGBsjxEZAKVe0tqKqotAeBrV45ZPutIapabdYt0sosaDJfWof1wbRZiN9N9bwsyDW",
-	"1zldbAfchw01w4LbzAgLZniqrYhHqAgjhJnAUwTk5kBWTX4i8SrNi5Ow5cBUyVrnKhDtVy38qnHfZVLB",
-	"kaWq6NGPXeN0Y8NUIKKzH0ye1wRLhcefXOhCVMzrYPwsnvi7QuVtHlLjcZw3j9sPd+ETO75X0ok5lCQ2",
-	"DdBOQIleeTHukHSdRoE+WcTs75j8zP4HC032iKYBMn78/lLH4aAc1LwJDBb83e8k7L/CXhleF7mZEdaf",
-	"akZAtbjh+dKtqTBj4T/rv8LhyXdbqhE2G7GO+MwBjd+JqTA0BxIA/axm8GOypB5Jy0Lfu/2Gz/HfuNBZ",
-	"Eo/OEj0+j5DXEP4eIaAJbeQ282MVRxXbO1pwo+gZpZ2cLEd+IUT7jZ8O7/IPYDm4vhCGJ0mBiUJxV+uM",
-	"VlN/bPaT/pTIal35qAynb27P82Su+qLfX13w5cM7GiscSQiqCOOru7rvX3yDu/pt7NEvaUzvKJdrTV82",
-	"H+rCOtjPFcGC55DybZZXuw0/ef7kpVlumUytwCl5PcBzLQ5qPb7uHv2FlCNhNcciEU6sbtRDf0jzisMy",
-	"Hk6QqNDy3YdCIVMdHIFNSsW3fqNHhcZYwtooQv6x3zeM0FBV+BI+PW79/I8bTBSXwWaL2kuEG8+uI4Tg",
-	"xMHq/+C+mRShAYwIYtyxz6JxIrgZ5U4JIzBVBIKeKmbA8N9R2jHKvSA9U/F89JjyRggx3dX8HODdXg0e",
-	"rMYcm9wOFc4RgHSptICPQ5xTuxCv9TbWBlg1BG7OfSA6FUrE7FyIlLxVmHqyqq+yNOYPVF99Z1PsI4zc",
-	"fTDELnGX4BTHj9Vlcl1F3dpqlyh4XPjXdpmEo/uWFQ6yPdaGZl/Wcm97zGZpqo1fxONSEi6hmVEs9vX/",
-	"YVbx1M60YxOj5/BbPY23IVZ7qFkiL4R/fqzVhTDhzJoK49XO5uxeSgpeDsNH3fM033p/Lzu85QMXZq2N",
-	"xD0s/2d9fr8xAzizfLo+e/+dVMKiKeUfGIGcSsX+5f/oAZwdQ4oFzICoIBpabaDQOM6rvpdYcowFeftY",
-	"ymkB4xaLCUP1Jzol4Xm0o6rovBuTED7CB33faM9ro+dXue9EX+WucseH2rgfkfqSvuHYGy7wIVdntjBg",
-	"7MA6ZIlfb63GelhpYfX5/UqNNeaOJ3q6re2WnPOp2MCci5GZoyHDG3tIlulN6iVQPPZPVaMKeYGvOLIH",
-	"+ILvq0XumwwfDeGzry65+QD/iBL7uHho86nymzMB5PvNtiR0tPibhc6eZ5fK2/Dtx6qoybiehpkaWa8D",
-	"zFRMpOy5PvB3STVlacIVxFJPVR5X8tcoHFc+L/jL+0zMU7cMhwV8HN5oAw/uU0uKKFPSdXNMFH+eOA0D",
-	"KBPpihCqnhDRwVRqZRGbP/MKLT+yTIwQOUGhVl7F9ZiXqTiD6QAOBXuJyhn68X1c6iZ8+duPV9c4fom1",
-	"yua+KxvUL8j3/PajDdF+L/qQC1eSs+von+0v9jzbSN+ZqXMFYMmGScVzrZQDileprptEcipKEnmzjlXo",
-	"iNeI/WmfzXZ3drZ+3ZmebdnP8/7u5zXOVgudWO9mLblVd3/6tfdkLlX+79stLimkeZ1nYvj2442K7leZ",
-	"6W0UaBM9Zk1yLxPOWKTcuHmNBnN1j3tZuu9x7XHFl199jyuNansSfnibI1qt+RRffhgmpgZ75WR6rZIl",
-	"UGkl2TSPMIIfjjKsKIUL86zXZU8XS/dhpE6/qH3VHeVNl4Z1PX1/mxzdJkd/U3J0XBbeBkXSvIlvfyn+",
-	"UWPKX7GSb0491GOJod31KQiVXv4o1debBf+ksiu0kf7WGL9ciNcmZTWZAy8BwjkUZAW3WVyStjXWAGaj",
-	"PFxxv3lL42NtxO4o5ehyhRMSjVrFc9OYD62lctWcpGtYKjPBEzfbZJS8wTvua0oPdu+yDJ7BhwPGlV0I",
-	"c6Pn/1tcJBvgw9/JC6GEzY+9/mNpOZfmn+axMvuS3rEN4ZRtxJrewIbgz9MQhYqmXDmz3PLPIZM1Phvt",
-	"M6XZmeBGGOSG1kpsOTkXdAPsSoQiTWVtOl5SddSpKijJ+uxYuMwoDDMlWk23EnkhYmTPxhY6gcYvWQIT",
-	"5z6SeDLp2M4vOztdLHib8DMjx+zFgDl9qpzJbEECSr/xODYE7xHDu6t+bzjnr/bfb+67p6pGmdZjXBGa",
-	"OELhlWjV6HLUZ6+gNULcCxjfgRmcS0XkQ0AqcapSIy6kzso8KIDbDowTmVIiafK7Y7OHOhb3saTL9wtH",
-	"4Y68BuUOrNcerwJpXksi89BpGHCqGQcxLGnO8HK/YOxGBfrF/w8Jlb2g+p+NtqkYu42kjqBSvToC+U/0",
-	"lE25Ewu+7LHFTI5nLDXCikC77G8i6l14y3PGMXkXlYOesCjvR3SqaNtjREL8nHm5igr+GmpOgt51UM2c",
-	"EyAgQ5o2zAC/TrzFF3y5Wf3tr/QmpB7CxwWKhLVlHKwDfZ9LO/cHsW6TYiuG1U/JtzNtrZygDuKyC9lr",
-	"aeh8JzA753NVkCSfCb9H2cBG3HDkojm5auzxl727DD3mA3uQj/VlrLp+bv3M331Aso2WrFV4X2AZ/g4G",
-	"GrAEPP/Xv/+qaMFiwkkTrnBpfb0+RDWyCaWT5CpXeGXQhsL4MWIs5IUIBDXeyqrbgt2CFU4rcaqs06ll",
-	"C23OwehyQP6c24FoRDGtiC9GqFgADlCzFnMzrspalkl7qi7TawS8cLl6w1FqVdv3Vm2XHRr90rp5FpZW",
-	"o922RiNywGJlf4U+s45vwNE8xlVP1AoJdxNt5mzM05D5GIWLfZ1CEWwcNRZUha4M4XX31edS6eUmKXqh",
-	"s3I4XvutJYEc0h/SSvjxXIJDLyciZv8YHh0yS4sqZwmK51IdpeuWfOCw3zYi4cvtLzynrq/FMZvPMzzM",
-	"9xbMN9QjyTFnC0DizgnyP4mzoR6fC8cS7jdd2oMXM5mIfNMNzyKGaunUQvt2J9Zjm3e4P4+7BFoBWgEI",
-	"4JidaePIhwRfFDjlkJYRq6TYuViyWBi4C7KRI6Kuez8Ynrw6Hr199c+oV8DwSRv61su7hX8Vo5UbGVZY",
-	"hIBBG2OqNdbce/Mls1TiHz5Vp4J8X/lQWWcEn4dKMHS7+bazdGp4jGnovDSgHZudpUY7PdZJ8Nj1Q2tb",
-	"MAb9i92oS1NyhvR4c78hTIVFpr8AWiT4/KllZ0snLAPAxgVf2j471A4+YZzIkFtVBxdP+PKE3nmzlsyg",
-	"GOG1Ya7Kmv2eUe1d1EG17NSFdOOZyIv3iqm5wrT8kGGjB4nj/dOVBu8PdNncqGVDyuDYr4lm2+akphxQ",
-	"s50JtxBCNWtgezXTZy42RYXe318up49WmE/SzQLn1LqibsQaQT+YUFyNlzBe4jNqVSJ5au2U27BTigkp",
-	"LU4/kbVFCW6FtabHG53EhBBfGNz+EbS4WSc3zW3mFzTmcvjJ1qnt7jMwNiybCsf2dp6dqg1gM2sqj1CO",
-	"Hlc+tv/mq2diY+FWm4P94HKwFS39IL0NW4q3aXkq+0s+TzZtLkepUIMPBy/1OPvm7KjrrfzQs0a31d7u",
-	"b3vPdvZWjcHG/YU+gsX0FQ8v7+BkBiC5yhk+dvl3XpJykPJlvbjlskS7fabEImchaQaq+BCafVy6lz77",
-	"6uo3DH+rgR9mFUxR010IRJ4BFi41CuS20+lWltoN0ZmGFFjMjreMhxfm3o7U6AsZY+05/aTPiLGHDZ2R",
-	"qdiybpkIRv06AHnoIuAyoV/3KNxTZAKVmkWnA7NibAD/GkLlkFJk9MIKyNsBp8hYq4k0WFke+pLHv0OD",
-	"6H6ptMmkZSGsNBaswxUrFdZsvRVLQtkh8G7pmBExHzsRHFALb9NCO2MjYukCmHgA7yl/TnBEibOZ1ue+",
-	"ZW0o5B86PeapywxEphTDIWI6c1bGAokk6D8G/BJQkG8ZoToSNACVSiUaW4w1Qp8DwVG6hnaCEM6ho2zC",
-	"ZZIZBGPMUjx25veFxQRNwrBPwf/ob7a4iEdZsYqjdYVStCROdPoxfUilUuXvuqO0p2oXNkfAcmHJcUjj",
-	"VcHZz+VLklhFKEUjlKKorbx6fPnMt+szK+IdwOrDg97FLa20ZGk9h6V79c2RtLLd/hKe/Wv9RnkYUmAx",
-	"xLBfyXP1C00o54W3SPyKaEMcyqniXsVHDEWAdSL3d+BRGGdKfvYbk1axRWaF3sUu/TYTn9mb94MXW8M3",
-	"g59+/sVbeqdP8CeH9/bxX4YvoCd4ke4RUY9ZAYwFLLrYjZCmydKeIIAnY1lW57Q9ht8BCBh8I2rqtxvI",
-	"H4P9DL6lxzhzci6s4/OUzbWhBIpnOzvMYoaGqVxmNiQHTzJsAPYwGEF9Qcg2YZ8c8xS2F5qqUf7aPCWN",
-	"dfZ2drqNXB8BMtgITB2OcadPhSk2vMBYijgbwEYSB8LtLTyfcBZnqI/95ppI5DKhxLufdnZILeY3RZCE",
-	"RzGqIv+5bA34icI3c2QjAUBkHmIwHZoRB4kxy1R0m2IvkCVDK/sTjtfNxmA+1ARqTRimJG/rIzBX2LQ+",
-	"hHYaSARPVq0pWAYkSHnP8J9F3+qS92RN0sqvu7/9dM1yp79t/+3J8y+3W6FUne3B+HwjHy3s7BfCyIlf",
-	"1H6lkRh0vBjzAkwbL3fveCtvE5qvldB8jAqgdDjLlVrQnnU62TXbIPnNtyWfb88nfMsvCqmE3eSLX7C5",
-	"V1KzwimPKk5eyERMRVwkyiDWfe6dHxXe+R6Tapxksd9YMuubAU0Kf/aB4IZuA0z88LxObZclfHzOuAqU",
-	"UrhxsgkfO23w/lno4vvXA2bEWIPaJnHGTUGnQvXZIdL/rebwsE4E7x8F+Y4whrCQFlCV+Rw2G+hvY77P",
-	"+9eD43wo72tArdzJTSeG/CakNLdt6Ow2XD+4eMPI60kuBlsgH0H8Ov4eMFe69RSgYy9+NYEPxYKbIIjy",
-	"isL7unCpg5d5R08KgixbpqGAtCHi5NKTdjXfqiOzBFyZr7JroPd8mgnFokqVO3C06bl0LlDhaTPlSv4H",
-	"ltZTu6aAn1t0zPkzTumXUkp4Gfpnb61HC/v8oJxZ+El35Meq9WFDEio6rvZrog2u0YXCjbmtz2/r828P",
-	"SSjNdcHm4vyg+sDpRFSPG+nbPlRIvdG/kKP54m/kSwn8UWBOQ73eQptzPze2txa2BF97Q5qsuecy7rMX",
-	"3BgpbJm4Ms/MolNE3q/1Dgcarx8Hyqg0tpvUWcswd6Na6/FR0m3UPr21STmt2H/HI8olx5JW2FvssksF",
-	"dw1wWdUmwCAGZHCsgyV75IL+vbDLvua0dGt6JqCWtfqmPRLdCWTZNx2JttFJdyVv5Xu69fFptx8wu7U8",
-	"ZVfPcaXV0Cqxx200gSs5SOA8F/trOJHXm07gWcmsMIxwMxKtpqHMk96Z486zTuRvLbGklKKE+wgXJ62T",
-	"ahqiDescMDyOKzLRarG784EPanNxV+mclfXQpBfjuPUWtQbdLSndQRznQdNvM+a2v+Af1/N5V5T0sZjr",
-	"iwDPnXBLN61Vr8bfL1oNW+v1e9qUYuANpMkF1j+4ug4UKp++7+uL22uC4/Hz2Cq91kV+TVZdWDeX6K+v",
-	"cLSxl2Ku3TUUUcUR1yqie6uIvrOv8CsMy53bMyzLfkMc4lbhtlbm7WRSzLiaFor6qYUU4kvtTWtnW+di",
-	"udlPOBy+eevveVyF5PjVV/ex+WFsa8gfZg15nno5HL5haXaWyDHMd0m+hnYGQrKBPnEmAExPWpZyY6m6",
-	"hEqLRcw6q2XGWBWN4HhQkqwARKPai+4+ofTlRX2WzwWbSDUVJjVSubxmRavq5/Ax5KVfwtGIkvCQ8jTx",
-	"i+7IP0XDuc4xtV9aEn6BlOaxpWxszYNvcEKpmvpq1F4NxsH2l3OxXHU6NWVC3oyqqGFGDt+g3lwHaYm9",
-	"u3WfSpt22AbVSlmE15UuqNi7BuYT62yA0i/V2DWCQWFzCB/4uMz44suvbspTkBJrKluT/kGa9Fg7eykt",
-	"ekDcvA4nOsa2yeYeQSTbAuTCb90C5sjf4/cvADrgRKnQZH0XC/ghWeDFV92RFV4a1pYhvTW3v1NdE/rh",
-	"1RWVTN062P4CmmQTt8AAX9FYe7mSY9PZ29nrNlbd35ySWaE+MOsNd/q6H6UyYbPKCPlP7XmgrUzguVRe",
-	"W/Avnm0bMfVW/VqZf0WoHP4udPpJZxn1B9l1rONO7LOIiMJGePNorGMRBWilUAZJDXVUliRgn5wqpZXo",
-	"rkP0/t/PjqmD9xXlIPTwKjAHNNh3jmXwuCxwk6+gIAp+znj8XsciCRKR8+74odr+f4tz/56JEXa2Hmju",
-	"lfKvrGOKCnXBrHCQcBAdHJ68Oj4cvBv949Pb4ej41evjV8M3o5Ojt68OQTascPs5VNnezl5xuK5T6LgZ",
-	"dwUfWj1zCnrq33Fv5cR37hj7uRnFBm65YXP4q/apa+86PyR9W1j4wMnXzHLyWpuxNzBpmYWtxsqpkmq6",
-	"dS6Wfh2XcW2yHHd8LpyRY7uZzARv+b4r14nPbjtNuFRrEeZ/+Z+7O7/++stVIOY/GD0XbiYyv9F+dkx8",
-	"TrWVwIaERuTDw5svffI8n7FGrHnwRfxnrUkBiIxeW37Q1k2NGP6vdxB8OhycDEkX9tjPO8/qutBfKsM1",
-	"rqBiFcRgAnCS/d/jmRif9yCgCcrZf6ZX0SLRqWg8ntx/RLArw4EtnzMB9lssUqFiQKCmzeYHXZ+54ru9",
-	"gTzUDhC+ls8ZdywRkD+oBK4svxZjvbg5jtKNeILU2+cbJGedTC7sttJOTmig1hv8H9fQ2YH9kWZ2Jmz1",
-	"oFFplnGLbIegFQOZ3fNTFX05fTKecaVEcvrkOTuF8/hzRMWVccDDZf+fnT7RZtr8w5nRPB5z606f9Ngp",
-	"KGlsC+9GSE24Sk/5u2LuuL/rS7/f/8tfsP6Mwl35yePXL9izZ89+C8/9FfVP1QlyZirk3gZjLTvzI3VW",
-	"UMrlgwBHMPq+XvWnMswV6+CxrHuq6OYcsD//uNBMnx2Vn8yJAfmZzkr16KxT4jr0R7HMYuNTYXv5TWdZ",
-	"PBUO8SZt16/n8QztVsr3Z4uZZmOumBWC5pqKkdnLAKkrLTsT1p0qMZlog9C4XrGmwlhpAeTJPw1skJVV",
-	"0Z/H/VN1CuYFgS9LrZ4jkeLYHzKIDbLzj08nXSCQOssZZaMeExK8TVKxaEBGGrWAxLOMsJZ9GwSpfKq0",
-	"6SGHJPER2J5fnFUiwCaKRnxzf7VJpicTYUTMlF/bTp+q8Ej1Yy92I8yQtcJcCMPEeKYFxdXWPhEIFABq",
-	"GP1T/lA8YH9mfujREsFfJ5kVMevwwPuuGGcfj98xoWLLstRfSPTUEgdCdGTkVKqIlSimTxU5258CCBeb",
-	"aa/TDANSbEaUm4dHJwevD14MTg6ODoejwbt3R59evRwdHR/8cXA47LPXSETgl8QEwaPFqSIuTADvBI2d",
-	"b81hyyUI0cjozIkIllDkzQodRzC/sXBcJs0UXySNhxU9dpOb9AYaST/6H2ipWAQzKy8eaddP7SOJ6v2Q",
-	"p5+FOLOgCjYxWFcWHEKgl2heU2G2vPrveT24VdH2QGRY1+u2u9kTsSiodK/M+jsodSjIYMcKEbO9/rNu",
-	"hVsFlJitL2C7QoUKagzEM/wAvocGtdgpuOq95g6RRGxmiKy7UZdkZr1KLL+44P6neMZaLbi3s8Migpof",
-	"kVaLerke6SPtf4StjaQaQUsIR29ToVxVS/bwZOJthF5JY0pb05GBl/jk1fH7g8PBu7p+hPjHs6aeYYeY",
-	"hvdBwMTP8aIG408fb9nezi6LsPP0WwQ1y5k6V3qhekSBIwDF3ytiOVX0dOnRgMVP5c6pRKx9Ub6HLkcA",
-	"y2+WOdNMod/zpSWtb6eq4JHFONffxF/cpOf7bDBxRCMQWiT244kBzGbiPg7kqjXeYzSZ/B5cuR3MzkBy",
-	"nlueLCLe5xHY8H5piM8SlgilvULXUq2mEZoLxTLtscgIK/8T+p/Kyk0kUA3s1ys7l06FammYr0zD/Hh2",
-	"zbZ88I45nsOS2+D+LJ2Bg0aSyp+OVYlmvuz9zC/Cll5/49mqpQHaBnVBA1MyqTRkkZbOimTCOl7CSyTx",
-	"0jAK6rHUiIn8DEooM8mT50+2wdCl3tXf8E5eCCWs7RUo5j3c8AKjJOg+8vj1C6VC3oWGFFo5VVtZ2gP/",
-	"8JZUPdqOgvcYdl50Hed1LNQmDEoztwghB4fT8qaMqlKDGPNcbfFljiRtWWfsd/ax8KvSdnsFFjmQGlQB",
-	"TEpN5zVOm/q7WsVRaiFkavoG6NLvMklAtRaXckqI0rUX3PFEV25DvtfShfIqbLz8h9FZWvlt6LThkD5T",
-	"3J5Wbxmk6cA4OeHjao8qdmy594SGfywSwW21hySeA6wLqT6GgzsA38ALI2KhnORJ02CHN2BanLQOt90i",
-	"tRInMs+vDB/i7y6WR/kqAvLXrzb3pXzHe87tUDrR/Ms7ORHj5TgRK7+uTp2/OjzPVi8eDQ/m3qxZ7V19",
-	"nuBibQmsrlKexdIxZ7hM6mMz8D+tNFlZjdX2joLFQ2RJc1gMxGrD3crgH1V7XOXCb/hhkKYfjP68fPLX",
-	"v//67wAAAP//",
+	"7L37chu3sjf6KiidXRXq20Pq4svKsuqrXYpjJ17xRZ8kr+Tby9kkONMkEQ2BCYARzeXK85z3OE92Cg1g",
+	"bpzhDClKdhz+Y4vkDC6NRqO70f3rTwehmCeCA9fq4NmngxnQCCT+eQlaLs8nGqT5FIEKJUs0E/zg2cEV",
+	"hIJHimhBFpRpMoaJkECkeYXx6eAgOFDhDObUvDpnnM3T+cGz4+BALxM4eHbAuIYpyIM//ggOfrmE31NQ",
+	"+lW02s9zISXE1HwiLCJiQvTMdIMvkJ75ENI4BvmNIr/0XUP9V1FAhCSCA5mbniIyXuKLCuQtyMPK8OjH",
+	"18Cnenbw7OT022yISkvGpwd/mCEmVNI5aEeY82jO+HsF8lV0Qc1r1VGb3wiLTDfMfE7MU8EBp3PTcKpA",
+	"Dll0EByYeTAJ0cEzLVMojmki5Jxq83CKTxbG+Ojp6hCDg/M0YvpKSF2zVkJqImQEckCep1IJqQiVQMYi",
+	"5ZFZQaSMeShVEJHFDLj5akkWIIEwpVLIp/J7CnKZz8W8ViLmf0iYHDw7+H+OcrY6sr+qo2yM78xgcNjf",
+	"sThmfPpe0Sm0jd6svqRmNVPzOIkZB7WTgVVHkY/P0mt1VO8S+nsKJKFTxi13hvgkmUgxJ6P8+wGHj3po",
+	"fxw1Ddb+3MSUT05OA7OHMiatW/+XUsxXh+kmRhKQTEQkFguQdt2bhmLGf1DLiRHV0NdsDmV2fPq4bjiv",
+	"IpgnQgMPlz/BcnVgb+gNKEJJKIFqIIpOIF5a8UHHMTwjlEhIgGqyYHpmOZTOgdzAklAekbGIzONJTJfK",
+	"/qqFhIj0FOVMs39DdEgkqERwBdlUrWzL51oYZN+Mcp1QaKP/hWEd9m8w79bRNaFTGCrzQLGXCCY0jfXB",
+	"syfHSFQrJk+Pj4NcaJ7UCs2LmGqzNJcihnohdD0DkriniBQxNIgj89NaWbRu5xSHgeO6Fq1cmCZJGxdq",
+	"sQMe/OVCit8grD1X3E8kFFzDR21ECyWJ/bKvQpFAREQC0u5hcp4dOYYdRaoJ04QpIsG8YISm4dIR47c0",
+	"ZtHQPTxq5Lxf+m4A/Vff7/YcWHuY4knZV2mSxAwiEpYO14BAOBMQEYbiv3ScZnuJ2JkMyHV2muIRq/Cw",
+	"xaODjhVwvWbqebObHsN+FHgKf0ejH6iGBUXxggvJ8fygZnohTuvoN2Vm/qkjN7+QUshL14ntskzBc07S",
+	"RGkJdE4iSIBHRniQCWWxET4j/+MQTEsjVDQKGlVp7g1jcY8fFRYSB/Idjdw3DzfdNzQ2DAhRxv7CLLdS",
+	"Zjf7rdNbYfszQmMlzCm4nAPXQ8WmnOpUwtA9OQrIyAhsIxONMBpqSW9BKhqPAkJJBNywJxcRmD05BqKp",
+	"nILeJTmfCz6JWfiAxPQ95idamEoJXBOlzRnYG/2vIY0l0Gg5hI9MaTUK3E+he1UFhJqt6o4tnS2L0iyO",
+	"iUw5Z3y6SzK9FHLMogj4A+6xVM+EZP+2csnxgmEylU4mLGSGoxKQyIaCGyKNqFHIh16Kmm/EgoNUM5aU",
+	"vlUakmFa/o4myZALPQSumY7dd6memT6U4DQeRkwZnST/BbgGmUimoNxS6a3sl10uxyvTM6cxEvHhluQ9",
+	"h4+JPeiczEf5hqtiB3QPAu+t0C+NjvBw07xG01KJVIZAIgGKcKEJ7kUj+Jj9fMsUG8fgDSdrfuLuNWw0",
+	"MUPeKR0u6DIWNLoW4rWRgg9NDitgUN9misRmCJLoGeUFg/obRUKa1JwEARlFoCmL1UACVYKPsKWhFmKI",
+	"Te2YUOa4ucyUqYci1KuCaCJjGlMeQlViua93yhlXIG9ZCO85vaUsNjLqAaV0Uf9hiqT5IEhvpOzIhoVv",
+	"V2aO7qV+5l9aN/GCJ8qouHcg2bUQbyhfum/Vw9Hr0pzjMZszFCW/p0JTAh9DgAhPN0k1DPHnof8Wj5Q4",
+	"FnY8w1Bwqy+ES/ugP7wYV9qw1hAbLb3udazKL1/ESrzn1B30D7lVjXJhTnrbeq64a3EDfOhUW0M6+0VB",
+	"X7VfwMfEH/f2C7QVs+d2ubvf80SKEJR62I39TzORCnVus+/cOX+WyfURMXad9cFMGMTR4YCcG+2fclLx",
+	"rxAJ1sFo9F9KIjaZAOq/5kjYGeH+8DalddWGoUi5voIwlUwvs4kbGkYRM1Oi8YU0pr5mxq6c0FhBcJAU",
+	"vvp0MJ/QDd8AjipjjVdGpt5O5oSGmt0CmdBQC2kVDXVGjLnUt0Y4JxwgQkeZiNCB46zisRAxUG42oX0b",
+	"e2Ua5qqNA968PH+Jr5iX5/TjK/vSSe6cp1LS5QHa26G4Bbkcmt7VUMKcMmNhtDn1gwO0WywhzDP/OuCC",
+	"w0FwYI4M00BwYOd+8GudEyP3h/wro6RvM5/wmvHlrYrxbxBqHBJYg2HDlXTjXPVLsymHyKyTb5j0JEwk",
+	"qFkfRQOZ0DmLGSjP8LFZa/wJxUTLrUiRBiu0KszKmjQbTkpRzdSE1THozzPQM1TxjPENCvD+xM7Iv6aI",
+	"6bafJoSLRT1XLhiPxGKo7D1Rh1ug4nzz4a00VEcDf6Gyjb+s2G1+MWM2fIFjcjLXdX8eRc6b9wbmY5AF",
+	"N80GS4Ju2DZvq+3GOlvvY944iPo5uiuv1llV1UTTOKEqd0Wjsa6IAiAM3YRlOtgbgWhIdaPntzKb4CBi",
+	"KonpcmhdjBVX4nHNC9sQDbliWBDsq0zv5zg0dOwukctO9KJQflQjkx2feMFq6GvEqaFqjTS1YjNtHYNZ",
+	"2yv75B/BgQZOue7GWzyNne1hndcrA3CNVQduRxwczHHTmKG3tpQm0ca8YehTwxf1VwbFXYFzzd6uMFng",
+	"r00cdYskK894hSvKfBQUGb40w7Xb8DVTektlJmPJTryZb/wSY+IVVZU181vPVo7Pn1whO3ZQaqyWEpll",
+	"tKFE+uHivSJigvcVVz+9J4Ljn+hs7kUiVEe50aUGc6PPvjA6htVujalL4wVdGgHG9RnxPGsasdfq5pvq",
+	"TUhVpQhlCtEwFO6UiON3k4Nn/2rR2wSH5cEfvwYrBzbVhGnlbsVnVBHTMFGCTKj0tzn44zeKeBuyfq5n",
+	"NrwCL9l7YyFuIDokdG5UaJLEqVXznZuZJFRq9IjZ55egB+StmXzKNYsJ0ziWMYBXdA0lynv8D68HrtvS",
+	"lV3bKiUKRvNUijRxYmzVuZU/SPBBM+QFVSSmKQ9neBNmF5hMhCSUGNswBvezmcxdJWMoOIcwY+JObJAz",
+	"/vP87T9+raFsh5N0vUAMDoBHWQMraiInGPgT0jkQCTFQBVHgjUYhiRl8DNoGj+xkZadJOkR7zglzd0H+",
+	"dP1tuX1vLiKIO9wzBgczkcp4OZTOgrnb7vwRG8MtQqh2vOM3pT0nCrvyrCA9zANGQM1oRLggiWQhmBet",
+	"0rSy2tupNJ01JiMfh9v1IdSQzekUdqRO4NXOcGvdF4WxOUW2fFvC1Lrjog4qRXCgbtJOj6nZ8AaWQxaV",
+	"j+aNVdRcdTxdPaC7qYL/fPSzkDexoFGuENo3h9aJX2WY49PH3dXA7ajeQfPbXLlzmlxRcyvwRpXT7FoW",
+	"hUlRIJUZI98vBQ2xTMPympd3SelkKAukoKw91J92zUpl8bwtiPf1Gtbz8jHVXdf6USyIFkQCDWcFf1c+",
+	"5FXdaOZ0osJqnj55UreLXbRgdgw8ffLk0ZO2kyB1JuxGzDKzlE5sSCE2sZ5gL269n7Y7rd5xIJZDiJaU",
+	"K1ZPH/R9uU1UPcnaNSN82X7dYEFazjXcuVQa5rUWZYHlttvNhcCjbaeyC+XGr9KqZhizCYTLMAaCD5He",
+	"yPY3CsjIqTrmz0SKW6bMLJSmUuO9wGAwsO69lt4nUsyHuUDupmWsiuYVhQM1cMGdQ14q7aeAM2DCOh93",
+	"pD7c6TwQw23PozphXmbKMn2Lnfl1zwZf2hZBvsFW2LTEdB0EwMPZ6BXB86Va6j+Y82lTB2JuoBat9sxE",
+	"02Jq/dXM2vH2FG6w5FelaZFpVL0ssP4pFZDx0sf03107K4iEbFFWLRvz1PrzbAdicLudHxslIhtxJWzQ",
+	"Usz6BtoMw/rJ1l4q1Rkrx8d/FRPha9Gf6/Xlyk4sMdiGPtKyvPke76k3lTp81TmEt3hMKy8QbPZRpTfr",
+	"JVQBiSCMqYSITGKqA+s8G7k3R50k0V7KVKXMBqLCUXqLI7SdgnsxtBdDVava81sHgfQZ1EKreH2pauFn",
+	"IMiXRos0YvrcGB7X9ba5i6fMzXJnptdZ59hYNw/EaqTLqjFX6yIvOxJacz7zqWXvdpeKHW5R2rwJu7r/",
+	"B00jqtfEgtkRVnQJJGtfJRCyCQuJb+WMcLgFSRSEErQqhNHkjCFCvBm408m70SHSSmwJChMWO6z6pX3U",
+	"nBmYvrO6OOjZa3cU2Lc9t+3ygGrpu+60KS5JlZkrroTGE4l6z25xakUyZXSucUJkXNgoSR7Y+5DLmy9Q",
+	"ql5m/OpFqkrDEJTCQEIWp3KNFM1zwYu5ukUWGJq9fhCszVk3ZgI1zZGYKU16CiAijwcnh3dLx/fzqRlN",
+	"8SuK31iOK39wD1tOcz+5D+4nx5C0+AF/qqeYnl2LG+Bbch3FZRlipGFNDjFQCZL84+frinP125O/t6XH",
+	"Bwc2bFsNWU3Lr9kEjCjNlgrH4SIeMbwTIw/bQjYN7TD6c7hJZ+6dO/TWQC8LUBC4mIV+qip9VajYjjEQ",
+	"HNiA9+rtgV2YWo7wly1tcWc18a4FVih1XFrKKhFql2DNhY3LS3cx4p3ZtpLYAQowA2zsstyZIpQkdAny",
+	"SFJtvonNB0LH4haIpAsCPOqHqdJiDtLFALjgHcoxwsgqBu4XNnc5hU0XQjj6TspYecJeIXMDH/qWdqSV",
+	"SYiYHkqmboZogRWZxofEWYmD9KvlIE+lYSJZaMaYxJTvaIBOng997MXqHnp19Y48Pj35Wx40ZazEgOiZ",
+	"BLAwBiFVQGLQGqSqbKlHpQ31yBxX5jHT8P/867z/379+evTHf3SJZi0P6nv7K6ZdeCniWc+t4ICc2xA1",
+	"+D2lsTlSRubpUWWAGOjRsucZvxUshKGEkCWYyLbT0NC7T1EB14HFBrmlcQqEKjIqUnBk/XR46DqnnHL0",
+	"IOPUplAz/K701hkZCz3Dg9l0cbgF7RIqMfPvXraX3za7XY/8Qi6L0rWpB8iVPmI1AvTe1+5YTT8OHUwD",
+	"G7OY6WXbvscwhKHf6fWN3sXntJiJGBSNYfdCpHJs1ax02QgoyerMcVUJLG5mm9pVX79Ha8TcOoqskbi1",
+	"S1sn5jMuaj9yq94OO+4NmcM3Gf2WKu0TgDfPv7BRrq3JUzbMr+Hm+8lxu1S4Ay9X2K3EWfPMnYnjWkf7",
+	"AqG2U9Q3o5TLfO78fAzR1HC4pFw5S2W7jb87StcPKahfAT/fNUvwnX1kS41z5HPJjap4A4nG8OQxDW8W",
+	"VEZ4u0q126Feo7TZXGxO5ZI4eVMIOvUtqpF/NqRccBbSmCQg+5n+YwzYVRV00xX2vdUhFNV2618YkOex",
+	"EXCKzFNlY89VOvcTYQ4NrlMSpB9L+apnzrhPh6z6Lqqy3s25MJt1C55GU9DP8fqgq3iqJlJxWJAxtjPw",
+	"+otZ3IqyYxQWwb0yZMMgQsG1pKG2Ef5Ukxio0vgYYljZWQUOWE3PAut0sKoVUnoMVpesjUfL0iOdf6R0",
+	"VBayozaUG21JXW0mP4/U3ULfJ0KGgABGc3eF1sG2siv9In/5jXl3TaR1mxKJmGnFQ3IuuJ7F5uz9PaVS",
+	"g8S/KecpjbMDvPakLHuCq2as5QKUJTap3bzvMdHOMj6wSS3Vx6wk7JATsapyZo1sROEr85q3YDH67k6r",
+	"bUw6NRNxNDRGXRYX6Dj62+OVpBsqOemJxOZxY0TZods1CfDIhrxiWjxTxDVpDHzvY7IpNb0P6fHxI/jf",
+	"h6VAmJMO8H+lbNmcghm/ZLutVSh9DyGGMJaU/jgWC6MoUsnNfyKNo+E4FuHNOg2s3J6RoxsqFla6dT9G",
+	"8PFhImIWLrfUEaLC7DvzXkaybVJPdy1XHHMNUwXRkHoMj4wOjOunjw/qHIilFy1+b/c3mYiGwKPtL6Vs",
+	"E7hxv5CbLdcaREPcwp3Z0PCwQOJva0H4bbdgesb40G2DolAKpVAKbW/H9B7LpT7jdxciNYEN5lIrPjdI",
+	"+F/ZykFFqhVvzyr28sqGKuzqQpBvieNKPOwnu7qUq0zhF+Cgbs71e6p2i3YWy9sZs3cLHNqOoytLWm1k",
+	"gxlvZZXeWZJvduvZfOZVUFVWb0ErhCowq+25lVLVU6AEs6LZZDkUHJVCPLKHNlbasHlqmbj1DN8memTD",
+	"w3sHKSCY3TBUAPwzBCbSHXRdlAt/sqMXp54HZq7HAtroKOmWE7LKrgXwikww31jo8TZk4Zooj3Ib3U6P",
+	"7GQorWshAbDMsBUmKtG0XQQUplzY/sYgQT/zDRcL9Fo5r7GIb6HDxr8QSqcStoZIurPRv4NI4wgSKtG/",
+	"ua1NsPb+zRIqc6KZh3Z437ah16JVRu7a2thWWmpQepgl3HVLdqs5kmpxDjZfp/ZLwy2WTsjptvrWvfl4",
+	"7nwf+OU6Z9afOfcSaO5WuCpiKuZJyXBpuOKrOGnqjYkawya7jc2JWtldm+XK1An/BwkarD11NtWcO6rL",
+	"OTfWXTW6tWs/G98jKbfz3j+fUT4FLJdEnRP/LPOkYsYQuQFIiJ4Bk1YmDch50VGPT7mosGJ3J/d5GMdA",
+	"5bBwJJUnZWQGkTAXtw7/E3hEDI3qEQH3/vxdy/r7kqybOKKbtt5zd3d3BVozPlVb3nX6Zohy7XgPurtw",
+	"IK/ZLZCXv5BQ8FuQCkuZ2MzTBKQrXuGKf2X1XIieUU0k6FRyVQtC+MXGhk0+DhWniZqJzRWpl79c+Vdr",
+	"9SiVJomQ5rTIL1RLAv2LoEDnC9v7CrWoCaippVx5sdacUoV12WxzvJrPU43gcy9/IXDLIuAhDMiPTGkh",
+	"8RbdBi4Q4FoyD0+HsaUS8JCJavA3aWIO47umnJjR1CGttIlH9yaC3WybMOKRu8rUevGRhppEELI5jR0g",
+	"lyKU2Pd8Ng4lk1hQXYPgUR55kV2P+3//9T97Hz4M7F+H/1XLuLauxJcnUlxc/xc2ruodZ4V4q8N2y15g",
+	"vhpuCkrsvWZPvrIxdVslj5ebuErnGHVjM8CxZuGI9Erp4QiilyqwpxQOxe7VMBYK6nArduAmyQL9bFjf",
+	"lCktaVMCYHswdbpTCMcJ4zRm/95ohq2Nbmec24SbXY4DeWBTS8lx02vGa+ykmkSru3ojvgQXs4103QV7",
+	"buRU9hs3dyjTj8PfUslUxOpSZDstumlDtR7zdfmj1/RjdrgTL74INYYjbpIsL2RFlpk+tdA07n6Pa94w",
+	"smXewWXvyHVNP15nr2Ca0CY93goW7XJ7rfXbrPXi51BRGg2vnHo1HFAlVTO7rpO0Fbao+G6snGg/pFAm",
+	"bBhCatpGH9WogmhMep58ZAYSzohPnvgmjxS0eYxizrSxnurATD6D078wvRo0sl1d+9lAYKNPL3fkYs1W",
+	"YvODwHtYszqLtl7BrjJMcE0wL22Ig9xV4oqx02EYzowCdzdEUfpxGFINUyGX28pkL1nvIJOdR8LQqFEM",
+	"w0eYJ/rOs93FKYS68DipQzujH61dxDgZU8UUSQTjWlWjE0tuoePGbgvueBRzKVJkd7xUJ+rz3VResqKr",
+	"vcg1FZI0Svrq4OtWtYm3K4zWCiPYsNELLsPC1sxScBDB02d22D4PgoMJ2JQiFBDrfNxZbw+EGlBrJH1h",
+	"AAK1+mBhGSJJJ4bU1kQ4QCsIW7XKBpWa0TheDt0XRtU5CA4WkmkYismkw3J4umy2Envr8E9sHe4Nt73h",
+	"tjfc/sSG25qT5DWaD5dga51vWSdsu8TTCnnb00SrY91KJ5Du9R1kczrdKrpzUyuUqB9ic49riHYhWbip",
+	"LV6+l7BlPhzSccqZJj3/V99iwxx6qGPv+q5xDxd8+bu4IjC9Y0J427VKQFQ67s8ZF7KPg0+ki25GPNUF",
+	"ROvvWR79re2e5dNJcPLtH9lli/3YcONibVczjtaLqGI3tP9v07T7fzB81v/103HwtMs1RaHH4KBwNVEg",
+	"YAv3mP9iyh9e49tW/xlmWXJ1ESdbRkm4q/yNzYkCBf9pm+jgLF+DKVqYXmFQXcV9YTSbpf5WaslOJmCL",
+	"dkykmG+/wKWlyv50Xe5s6ZDLt1o4qDH/uidk+9A62323VXloa7e4wat8eddYtxrWf3AZsiNO3S0LVT0I",
+	"tzl1igkXj04PNsq69c2szDob/xZiwq3cFyAtPtc2bt+/l4ak781B2+ni427YJSyO70ZHbEGL7R0xd9+V",
+	"9xkztqXW4BCLdnOj4Fvb4SXFPdzzdPbrdEhU3jkWXqnJgoDc1Fni29nOYeIEYe40QQBULeylxNo7lqxj",
+	"jBPqAhO8Y1hkRHqsSTirL14mrWiHaDhe3qVAQNkw6yTS8JXfU8o108vh3Gxz1TH50Lza+Vm0hCSEQkbb",
+	"Tg6byFe0g7jCY+HKvtFmAHaq/lyeRNEjVUz5qF3OygSCsnGYnyz5GdGwOKVl9qtQuNCq8P6qgGjY3zXb",
+	"tXxYlNh6VSiuSt6SZO+q/hTP84dVxyuaxBd5+XQ1o5FYXOI6bKHvfAEKDOURMy8M7a3lprEhxdc3EbER",
+	"xJpu2ht8ZAp72WqsX+3B/NwvAkkqR/SODuP9OXZf59jqEVbP440btbKTGnbkfR92OzzjOgrb7azvnDhb",
+	"sPQdrn73kqdB8uRVGxQurmPatvSOhk2c7aNdVWg72cw7kqmfK8MJ6lmvM7NvpXU5jRAjWmriyVy2Pb76",
+	"jFj6E4eJjyj5kVwSmfL6fNGtwuRX1KU2N2s5zvF+ZoKX0dvM4Nq+uAJHi5TJ2g0q61A7pY6McJ0NdSuh",
+	"t5Xa9OCaWoWcdzsQ1xC2FGBRBmkahoJP2DSVHiGGR1SWwwpX4gnXxYs5haG2XA1GTQyNut61Wo0H27dF",
+	"KapVawq1Z1abLnxjy8aEQmX1ZPBv2lA/pkb1qUBShj74gibJUKYcLZC6pp5TTWMxvfrp/abu4VvKYprj",
+	"1ncSPXlv58XXW+tIRkzdDKdsXEKzqK2/uTHI5DRJa8pmnjxtK/Rp3puLCOINqqi16fZzmAu57DbRDW8d",
+	"csrXXDzUkXwTRTo4uA2TtG3MdW6jCtpHTtTiwrjmS/Qp8ERFg86ulEocWid7Grhxs5gUzKoPaUJDppdG",
+	"KlCsuu0CT8QE6+DaypmqJv3Ddhw3oVD4n5vqR/8oFmRO+bJQg9fl/TOF45gwTbhYkB7QcEaEHRUXERye",
+	"kWOS8hgLOM2yauDmiPadtldWmkiA4TRJa/SAlxKA/HDxPoMhuPrp/TeK4OracZizOSCGQaMU+8Nxqbze",
+	"09QF/bVVd9qodqt7XGmX+by+nP4lPl1kjyt8cTU0qlgatdRHkUqrK1r4poVHH8zlVzgSviw/X1WGbbZR",
+	"rzMetIFjDx4aNhOpjJdD2YHx7uAn626drj1eOsexVcLwUA3Kg/F+uHjvY/ECQ/E5/U1I/L2a/P74uM0/",
+	"Ux8kVqZrZ29HLX+hE75SC3jbGgRTiuXMUm7E7oSMcLuPqnLa0KhwXDghbGsRFB4dzKPDAXnjqqkjNgWd",
+	"Q0RGiIoemg8WH73vvrCfRqTHyf8mJ4MB9n44ID8zPROpJiOlZsMbWBqDeESM7rwkN7D0sjekcQzyG+Vr",
+	"SJljIVW1GBjdz6Uz8wEHn8Q0hIgISbiwt5QbVFhvqinehjmnhmxu1ISdVAivVBDkUD7l3Hl/hpmfGqIA",
+	"f0NQy/x49audv2nRdiZGY7BLYmtlDzZ2wbgC5RXjxfBZFBAYTAdkNDs5Pu5/ezwd99XH+eDk42iLXnIe",
+	"2pGP59Fpt9C1Yl3yLjt5202c71+3Ue9hB20ZPPiZ+Rn3djMn71m2jmWbWfX7DCZxO2f6HRHjVJxOq8rz",
+	"o3Wh3v1fP50ET087xHlXLDzsqZkOb16eX0IozG66a85HpQqJkawzmiTAISK9WCijwdyyEAIyGAwOz4gE",
+	"ivhnDqEqyKLvbdXxKszp8Q7zSOzc34poy0BGGkUSlKo7hpV2tSEleXVB3IN+oxp7i/TMcXN19SMBHmES",
+	"c7WA4+mTR60MVMN3Tx91yBzo5fx0HDw9+cN/35CmkEgxhqFZnpqU7OcXxPxC8KHojPxw/vb68v8O3777",
+	"/sXw4vLddy+GF+8ur0nv9NTVn7GokmX148mTR0/aNBAr7e6QKNE9S8LtGr/Azczz7uqVOQ225J9CZapS",
+	"dVHrGEUwTi3TjmiVa9qYWcV1C8jgiJm/x2lNbuKj0w0p/+ik3kCz5ymaZZ82rfi8RXbHZqk1a3imFKjd",
+	"mTDn/f/2fWR/um7qCVTPmqWFCQqx3jk1m7n2wmbbX8Ik5dEDF6Osng9LX2U85RFZUEXm1EhHrBrIeLE0",
+	"vZhi/TfBC29UhebGaYZr7khKtLoWyfvkAUi18fBcvdpLEcN3jEdbxwVsHeO5Es5h21kzZBuYuKXGVcXO",
+	"r/IT8LL1J+SUcpfK/I0iTlqQvB30vSrFptyaCZvqpF+e7ocj6kD/rZyaHo26ze3oHqspulMBs64Oz/p+",
+	"t9xqCRuuNbGqx6J5aiMkzc4aRfki5M6Ob8SFxMuOoYVvnzGu68IMW9iuwV+/kwm3HcYxHdfc220osJ2v",
+	"37bVzEVXP73/TEpZfmOaAxI9/vbJ31qvNjdT6Fi0hTp3L7eubSpatJ7fHrdYKP8rN04+fBj868Qwo/n4",
+	"Xx/r0ZfLl7lFC+NpNwuj7KK4j42y5goYney/p+B+d0lMD5AnXrhMzvn29HGw8d3y3S+T1+zqqx9/gi1d",
+	"FNtmC6fjmIV1hZqePvr28Wayy2cA5002T/UaAb3PoznjW9y4WTjwb5RzftuPhJrWarDk7+bFSqhSCyHL",
+	"qmP2ZcWn8bTc3GltICPIdrvtUavddtoVEcF1V5hJ27Js6y9yi7n2Gnhl9f8IGtD+ffjU+6vvd4S0/YXq",
+	"sq6HwFGwfXW20myxcUyOalsj28175c5ttzi5SdH2fu52Lr6/qWbtywd0G21DxQBPVDvv2smsjrBtAQxl",
+	"PotDfdeiyFVVkCKGblQ2ZvgXIsPKo69bsu8hhruag+KmXte/S33Xakj5TTmbsX4qxb23yWUjL3kI+mhc",
+	"RSQUSvdD4BokoTycCTkgeR+E6sz5Rpgic8ojqoVcYtF5N1R1L6D4Gwda3g9qTswmEC7DGLoZtjnpXvsX",
+	"M7t2+5yShmNnVaG431JrNTdtFVyeKrU2K4HWSLxi8LEvuxYxRcdxQyXNYksPFNVWPuq+oKi2F1IK+bzW",
+	"SXRlS9bMaThjHPoSaIRfgHkFXUYu2FwBQq6Rvw1ODwfkOYZRUglE2QYoFkUnHpWpGJauxQ3w4ZwpZVN9",
+	"7GfGb2lssXvxM3xMmI2/t5+t5yd/iqZ6NkxAKrNww2zp3Q8ovRLJFAwz+lTfKfzAuEonExYy4No8gIOz",
+	"YFJWQyg8KxYcpJqxpPil0pAM09JXOFBbQhmJZ/OvzZdDl5FuWs/iRYZc6OFEpIiaWPk64/DC9zQ2a7Mc",
+	"SoiBOkoWfg4F9wrzMGZzDFMuzXJMY2oBj9VNOkx5HhNqvykOx943DBeMR2KRV7cvYJuzKac6lcUF4iKC",
+	"Uiv4hZhMYsbBf7TKl//k54Q5H5htqECW2sAvVh5TWkhjQVsOL73gf0qong21pBZOsPBDY2O/p0LT4mRp",
+	"kpQXKUl8bN/K9+YzcM10nL3KuNKG4ivPZj+ggCyyePHHleEgLDYubfFbZhjfcLfnuTRRWgKdZ18okLcs",
+	"hNKS1wlMFBJbFoYzZriVGMBvIRYJBvfYiCX7vXQN14X3tZf/ywVYbbHySpZi/jthUR7rjXuQ9MyHX/pO",
+	"Ze+/imyBx8MVD+O3tWnsmrJ1GVl1WZMvJUDfnMTEvT4gz6m0JcB8UcmRW6VRgPd+Iy0p4jaM7EeVYKTp",
+	"yAUV+HU8IyN72egew7KU+JBEhJYloUkSL2uTM+egELF8hXzGoOkrOoGAzNI55fmZ4F4ZkLe2ahldEF/T",
+	"iQhJIqrpmCogGj5WY1lOjx9/29Hb7Qe2stB1J9vLGED/cLFxZpEVnLbQ+6rGF6YRHTZfeK+yhWS3INfk",
+	"5a4GagON9WxZl9Mg5hZcB+vIEkXniVlonsYxGcNE2JV1vi4X2tqQ9luYEeMRfKw6PB+15T04/+V46dIw",
+	"VzL0217XkoWqO8yVX8037sVakKs5mw6B29O/dvW6p0wlIRuOUzXsljqFmvrGBeydfm8XwA+uQtrSSMoz",
+	"XGGuCncGBV7O2Sqn/bpN86awPhtA2oWhPVvUEDdo6LbRhsxRaCbld2kI6/Z/ZPWvthfDcAuRKsQL2o7R",
+	"E7EAaTETFlTrbZqw+/xO5rKGOdZUNWpZ2KEot2Ye9rxDvdnaJj6yyK9hBldeFme/vPreKgCKSLBVOYli",
+	"PLRC7IeL9wQ1d4jsPR+/Ba6FXJZiE7oQsFqgMKdm/UTr1r1KwZp1Deq5v5Gba0hUYNi1e9PIia3yv0tn",
+	"W3tuXftT3eVpxgQtnMdLOYltDxfOyg1YwAtaT/WimMR5F5suj6lxXd46VXWT1Zgae+kOiB0+9bGTByJT",
+	"h1pzb2dC6Rq/GgbitgMyGg6eAZV6DFTXliN/bbTa7BGrstCxZCFRdEF6MbsFkkhQwEM4DAjEruCmsdaZ",
+	"MmLCdNJXAJwY+VeSCHep6NEQRrz6HJqr2/nqbL5pR3+hYaor90bmKOxWaQNfzetrSMpVfeDy7ykLjYqu",
+	"w4T0rl9fkf8kSzpPPx4GZOIVTrs83yhSWpuKHv/tppUjPBkzEO+sQESFSkFlqxRYtI7hitN1m6Rx215D",
+	"DEYfWm7pBZwCB3lXZzYmHm+2kd86g/dePIlFIJSKMY/fk/ESz2eXTW0MPsMli5mIgUzM8ALziP3ZR1xv",
+	"JKSKR1x5lk+etiS8lFbE07YAwdLiD/0Rxf5Ob4FW73HqOn7lvDVm06rPyY0i1WPxcZgARtHWpGfh7wSM",
+	"PmYL+C9BEwzmULNK7GhHHdndFG2hG9u7vW3eTBXIzd+rvTz27kl1UJjLCiGD8vLU8cA/fv7p6hImEtS2",
+	"HHgDy0Jk21oCdGXWoNBo06Bh0/vGC4z9IYpNOeNTcgNLRXqXL5+Tvz05+Rv5x88/kSuoK1hqHixJyu6+",
+	"tnPyj6t3b8nPMCY/wTLv7bDeB7ZGRarQCMdUR5nXYsq2jODd9Q2+dGltDfHA50RwKyCIf9Je8DBu06Ux",
+	"iVwLnWADozOCgB4LIW8UEau6wMlJeUjHdckfp/2//frpyR/9/yp/rq9977teHfulL3YrvO1o9iKZUUUo",
+	"J/a+hFy/u74gExpqIUkPNcrHxydmRoX7plGQeWGt65SM5hOa3eOMjJZkaeBfqHqGywvxtKYoztOGuj1f",
+	"ZqzXazEVqd42FRLl2BBJvHFK00r2YrGxuqG+eXn+Epd3mzjnDY/MVkNiBwEOqnq1nR8j7gqw7qJGV+qP",
+	"Gm6tebB6itkyrDWX8g2UvgQaMQ5qWz1lvMxiiVoEee3rMxFH7vBuAefpELBUzBwy7yxshv1wPqEbuhWw",
+	"tyAbXbmpX9eeMY9WVfed6HKOaYaZ+HdXXR1olzi64EoNCySvxOMjJF+ovaBFPYiYx825njWi0gQk3p8b",
+	"KZp9LRLVDrFkyNhlOe6ydhWroX7yhaGU+woyjl5H8sbNdJeM889WUEytVNktSKgkkeLWXk3Db9bf+Wun",
+	"cKLMBdAmhDBNcOMYN5tHaJSZuWnAqDeOIwjWwnPYQO4Ws1D6ri6VcYiv1ChTthPGi21myBwuEoP0JkIS",
+	"+IjeaBIakXRYazqtcnk5+rnY86urd+Tx6cnf8l6MyhQQPZMAJE0SkCFVQGIwWkQVA2nLcOnaVE1Hm8Jg",
+	"61ZxG6fppmADvZBywVlIY6ISQOTKQ4t0g5n6ioSCcwg10aIOeWA1ne2uXttdlO/iUsTxbnWWehy9zM2j",
+	"MIwArUCVOwa5iOAbhf7Y/IbGXed0dvoYLvjh4v1ztDA38k43cQBmS5t1ym6W6pb2nipNo0MSeav77bYh",
+	"wYV55RJUGjeUcMKGFQDf5bJ39XmXsS92hFjRXlX687jL7TvDcEb5dLe77F5icCswHaXFyqhf41XP/e0r",
+	"861wW8njXnXGF6WRkyOlXbBZmK9ZiRfY4pbZRS3yuSV1wk4GIxnrLNcVZ0st0mLz/dkmRu/KUNasQhsl",
+	"tzLT7LXP0PDVqrQ1Q3mGiDdFOB93kdf7P+9fPQ/MSXz9+sreEFw/vyBGZ3a3SysCua40jBtASIcJzFeH",
+	"cPHije/c9fv8vCD756nSREvzbw/miV6SxYwhzqt/nOHp7+C9V5w5NlV2l7d/+GrGVqtxkkjCMVAJkuBj",
+	"pDeacj0cDAajwzOiZmKB0LVLMgMJA3KlhQTCtCWsOafJ8dPj40GNg7DzVVw+xCr9gxJDrOc4ixXiJrpJ",
+	"BFHN9ltBh7OOSksgo0WPppRrueybsdult82MVknWTpngwIabq7ve6O0i5ydflxphUBhn02JkatWGRuVK",
+	"bnwJGPNOoSANsRjN9wtmHg+Wp3Gv96rbZWhUdcPNjN53qQ7FHCw0uJHB3tzBs9kaQhhcIWIWLn3x9xqT",
+	"t8nuMnKrYG4ZKwFPBWx5QRWJGDXaAelhnCpGKXskLhKxCG8QJSgR365EWndSqWwwey2kErMjsD3QcGba",
+	"eeYpwAQfSpikCiFy2BxEqgOS8uzJwA9rOKEstoix7l33TdWAPu0UIKMxE6PO2nruTVEj39B/EEphAYxV",
+	"YEmXja71nrU9vtFC1d1FzmWj6XCVmD9bVFUL5PBLWRxY04Yoq/l1+Ed6BtLeXWGq4pwuSZJqwmGB11Ye",
+	"P4v7NCaCqMcYLjCYR3iumN8xlAQ3G8FspnJVjRw93sakR4K7wFzKuPWF4Z8NiWgFq6OJF9gt00tCnY2d",
+	"h0CNl1Wl64yMnAduRFKuWVx4ACPCHe+WErByn51FxDd/uLScpgHjsf6KaylUYrfRjqBlXO0ew62kR935",
+	"jmKE2T2M0UdMEbdrrdbz+PjksB6E5q6KWjfTuOr+8vlZFZWqEYwqI+mW59t9qqOwWFVJt9GpumibLbS5",
+	"FTfw8BSS2G9NItFL01HhMDNUmlFzmFkuxTnVsWUjKXxXdXRw8Jpb5HRjzDLj075aKg1zgrCIeC+e5Qei",
+	"aByDQ5t226pGAch2bU1SzGdI6G6B5NxVAngRlLMG0xfTx2yBI5vwhLmi1kHao9zRW8IEJBbKFpJQYkxn",
+	"8/QErVE6X9F7ntTGcGwJ8rl7H9Q6xM/u7qpKwngHJM9KOnkmajdxL7mt9GAGhd+6X5ZNcVHqaxNZCh8R",
+	"fkfVqdzvEvp7ildcSmQlyswbJKFTn6jm9C6rztAp1LF+e61KLGHK/l2jRVyYDWd+skXprR7HVLEvqyKf",
+	"lpJY2lG9ilMvjqCevstOIBx3ApMNaaKxLt2mL3xhoS7GlsK0mtrwLqOI+FTSbxRxD9votOz8dcnnpNYs",
+	"6zSPbavb2IG171gc34V/vPDq0CfO1+UrVybvp2kZjbCI9LA2ASWug1dcI5RrVOtfbSWCTe7fgKO6Xa64",
+	"wRXSESwiz5ZVmu/jCiUfUWFR6xepcG9SqEDptmKBhhXGLm+/zQ4tR8AHO7S8+PrSDq3yJqoR/XZ75Jnn",
+	"E0L9pilXw5QsqbdwS5jg9yy/P1fojpBsynhHJrCUeGdf+SPH+djWoPIA6FW08s1yh1gRcsQiZPi96GaX",
+	"9dUaS1Q30RXesrFrPT2TIp3OrEpxfvHqkFikK8tvPetowcw0xg3v+V8wW8JVkqEkomo2FlRGRfj2DMMI",
+	"wf0KYqiVTbeFsM6VlI7CQGa7ojPj1IXyWrwT3/2aJWnyjfmNjhfZA/JSyAWVUV/wePmMuNUmthgZEOfi",
+	"yj6rNLQQKfkTVGpG43g59MI7+8l/ceZUC9KjCL8gbTNKEaVZHBMn29WhDZOhPATzNPAol0DWl2Xruviz",
+	"oLjwbuB5DKE5avxgkWDVYa4eN/iH734d5zgg/60YJ4wRNshWpmlVWuzTro4N6uN45yrnZlGKypsrczCW",
+	"YqFADsiV8zOF29oIm7F3FaHdfR9UpruGXX+G8UyIm/PwZlO4xzSJWVjryb6WaabnGiumJFCMBrigijjg",
+	"IqK0kIZXudAzQ138LUliBhGhU8oayp5jW130T99pp8t7CSGw23okjhWZ4B4NCqQojKuW5i5E9zlNCqVz",
+	"M7+2+3WQSVP/hUgwvSOqfofl11ceTPlYiJuVF7iIYOVLrM9hv63deMVA85qhFmKkixHIIlHFj4hP2ta8",
+	"q4Cx6VUhd6kzY5HyiGiBZed8z0SKuAaiaSopb1FiVkMN3TvjZT3H2bN2MRNuJEw734ERHmM7N0XmbIoR",
+	"29bZhnHnAzNGcyIrlJkdyli0m0RbpBBsXUNkbSJQS4aMjT73XQfFHJ8CvYPigq3bVgU22jbLwwxpA5uj",
+	"0DGWPm3JkKiZv2qdkW14w2QVR4WtZuJ3YmkuJ8fHdbZU6CUZ24JsBTFY7uvpakeb83Q9s5UGHOSEql2F",
+	"HNV5oxqYLp92QEam0xFhqlzgEnc844Tp+8GZXV9n563gfZRMJaDcHBV3m0I6hS67X4bk73RFg70fQNzO",
+	"I94e7ta82bmbTqzukJ+d9O5GwLVYuNkQqwy0urqraxdUwN7dZitdfbRZtHZGD+cvyrHYy1KuRWjbxtfM",
+	"wNacfviUKFv5uHbLv8pgI+1DasaSMwK/pzT2NWnsD98oq02xrcpp3QU4fCu2/xxKS07m0oQb1Bh/6nTi",
+	"fcs5D70DHL9+YX7TwkLXZP77E5RmZ23BJ4EIx1nFCb8xDoKDWwaLBkskyw5+PoPw5molTxAxJSKx4B3e",
+	"VhtXt9Gta1U7PoTqU3oqYcv3q+4D31hgx1S3MJunUVeRD9z7WXKh4FqK2NhsHJ4RcYPqkkzBRuugG8Ei",
+	"74Zm6OZXcVOjN2WU704GtRmkiOuiniqY6+/ifv4E0ANXP73fsrR7EV+dqBlNgPQwDDGkmsZiOphHhwNy",
+	"jZAWdAqYSUrQC8RCiEgCkvxw8b5vI0R9SKD50eVe87NqqA9okIpk9ahcvutnCPbZWXm4VhVwJ8XeVp0U",
+	"OQAWfKShjjFIE8NHXdIhYZr03v7zzetD5/f/cPD2n6++f3VOfjw5PibfHv/wHfnxuzePPhx0wpfuBkR7",
+	"z2XfNinhtptIo7Ul3+6rdlslNOnupdxy4m4ZtnT10/sH02WMPPuyNBhb725jv42uuTr6CZY2OohxYp7I",
+	"EdEJjadCMj2bI3aQw8/eLKJ+F9EwjE+xXgXXdRFWwK+ufiRXP56fPnlKCs86GTOyvzwbDAajOrFSSOl3",
+	"Tx7szDdwA8uhB6BZJXpGXT9SpWZ9iE6fPDn5+2jQJaeqq8AvlyqsudCw2GM3Fv/Bk5SmeiYk+zdEQ0Qj",
+	"s7Ov0tAWO+we5FgYS3lpC+QKLKu2WjZ2FzycGLCb7guTBGzK0+SzFFUr1sfa14gsDHqVMLUrp2Hr0vEl",
+	"9Le7461V4a+y1teNe7taihgj0JRj8Z1Nq/jHz9c2lcUcQiM6l65kB5YoMqfGiIQxZfMqXsu3J38/beU4",
+	"OpelHZ/dOi5w6WrhwYo7vkary8a1PX6Jy1ytC7R5zSaA4fTOprUkdNlAjBOXDtcOG+XrMK3r7Mo2RqJU",
+	"4n35jIV2GWx3imqmJgwUMY3106S9V4soWMVhsyvdjoFU4pdSYyWi2WUtrkTtdOvY+frd9UWeor09WyPI",
+	"T60UrDNessO/SJSrH89ParkvYlOnu7lHn/5aR2qmVGqdw639C50grVLJVpnA/fjs6MhIgqPBYEDeX77C",
+	"y2bzPXDNQqrNpyRRpPd/LjH4+DBwiVAYl1GHgYmmRw0km2QiKkzu0XHt7Jqia76jCh6dWvjSx08ffxsQ",
+	"LkhiFo9PDy3OpX21dXwVffBf5/3/Pu3/7df/bJeYbmxlumYLEpT5o7j62dpmdGji0X+CZJPln++4KI59",
+	"S9ANj2K5Nog0g7usgruqNZAJJWxXtcIgDtVVAqbNKkItO2GoPYKrUo2IvX0bSFTnJDhZLb3uYV7/1QLx",
+	"Wrw5arvsL0848ESrXZCsOPBGDjpXKrxXVG4O7+mKua6o9WeHddvWCuxspnW9qO6WY2CXOXfm3yfQkruY",
+	"XVm4evjCVt+OHfqD2XW+DvYXZdcVykbXXFEZu6MQ66FnwGTzDq0GUrs7qzpNo8Q1G9eRLdQ/f/Ab6qox",
+	"W0Fltayp/I20N9zsFRAXHDA2dMpubZbyPZVP3j7I4z4qjnfY4AUDt+IDzmI7iiNrddnkHPLA29sX5f+i",
+	"tricM07jK1BqC9CIvJ7tdhxVRnVa9Qo6AzNHl+iVig8fetBLpogtxKq71h2qS4LRmoazZtyS3AT1zwLu",
+	"ZcoJFqc1xqqydKwP6XY/NgZ1a7cYvpVCjyIBrkiPwwIB3MwPRl5kA4mIFofbhLSodJxIoUUo4gYcIb0Q",
+	"pPgUxiBPJiADK/aNniojkI3aZ63xV9gDqArlH6rbocFPc8X4NIZ+qiAgY6rg6eNUxjVwbO/MUAnThNog",
+	"xcJUPEbZwAJDYHZJiH/bRJNOHvAFjJUIb0BjCeNa7pGANEtcXuzPML7CN5zT/WihjvzSH30q7ak/OtxC",
+	"rlhC1k1RYLagslELzF7agiuTqbBHBwHyHEXvlqjZGQu6WMZvj6smwCvONKNxvlMWLNIzw4ehiNM5V6Vk",
+	"chvs1nK/KhblTk8ft3Y6AzadYWqMeXvjLteJgUu3MFZHYAqLX+D+9jLBR5X4WNse00Y8hpiCnOok1VZe",
+	"mnPS4SdujHa3ssrvUVk+N7qbOcS6ru+c8eK3J6sxIQoyYPgqIebiNq8c8o0qVQuhPKrYzUY2QpT5BIs6",
+	"p5Yp/ForjzsZMWbChXiiBtp8nwWM7oo4d7wZidkEwmXYFaY3H/9r/6JD622e81sRwa5mW4Cy2wietREs",
+	"ufxWzVVLz/3R//XTcfD05A///eF/1Rre94K13DrI0hibboMalsehnOxshdaEH92RV0uAPhvFhbUHvzej",
+	"4jQT35Y+Qvpnf+KV3HHw6GSzRSjFoG4ZObdp3HBdYsivbSPcbmxbLniDm2ntBjgJnp5uRvtL3HY74/+E",
+	"De1GrnVj72Y3BweurC1mDXUT3f98ZCd6XngzQ1oPaUJDbCoUCQxntREs55xYLGY7DBLGQKVVl80LnTJL",
+	"y/uw3D5Gu87pDdg2LRXxT/fKGcFFKHY8iem03oyK6bgG1Pa4PYK0gU2ufnr/QDLy3uIrW7bbPQcg7oTv",
+	"1wQtBgcpZ7+n4H53lRfWBiF2HdJg+GztqLaLXWxgNOcU2xGvbSt6t/Dc105pcw/r/aXNoFGya2dj87np",
+	"eys4pzEF3Kdk1PmlC2bExj5t8+7PTM++ozHl4aYZCeZtksSpst55vKniGj5qNKPGtk3SiyCMqYTISF5N",
+	"xhDS1NX4tjNXhEojoYUyZiV5gbbXhEEcGYOTWpxYBdzlhWMYveBgX8thpulYOeCfSmRoPrdOQD337Pxu",
+	"zUFfl/HYDoPhkQPuJb34UY0XrVw8TYlUhiv8q7wDvSZpuGbs26eSt2dDb5Rp105u19rW6/V5ZVDhoqOU",
+	"kFfIaC3NcGWNGpa/iQ+DbDPWST+jbtIIi4G/AU03dfLRcFZivBlG4s8ZAo+PlwlVrvhNXI8FtoMSjOvL",
+	"DNoRNs18usUtSavh8JmMgI2hCLsOn6mhm0HcoAy3We2NOv76pXSgflWK+/YqCdulYdYSvZ5063hjlf7F",
+	"077QWxJTbnHp59Tojhw3XIsi4Hu5w8WlDYzQLRzZDs250f1ntnPKNz9PaiT/3MmUtuaKImiFDWrmGGRX",
+	"othD/RpezSCOz7UGvjWE/lBTddOhlKt7eiHkTSxo1OENdHAPaYbu31JKn0ug0ZALzSbM3v2oDeuvrgyx",
+	"MoagPOWGPtdQ+rnVQzelc3F91rNJZT1zyRoDJo9twsHY1puVUjR12ktBl+1WatBptXUFBrfaD7byz6Zz",
+	"EhEMRaJXzP2ObbxL9MoWX6PbdaeO6yMDtKgjU52bYkcSSefBipsM14d01Y02Ve3wxK4ZGzRSU6DpYJWZ",
+	"K2sYeKvUzSAnfTH10TNrUNhY7ULSbd1tD6F843cggRcTq6e9/X7NMN+4bVAx0128UAHVE7XnFZw3/4VI",
+	"VMN5XOX+DbOfXLRiTDNsuIpndqxEnGogE2kmyyMiRapXynscP27OTt5AAjAr2ps8mFsqZWireAWsOuNi",
+	"p2vWsStS1S4cTjsOlm2LWV0z645h0g846cbJrJnFFp7CjfEEHhgjZ21cYj0pfnZa1HOhtOPmtfLC6t3V",
+	"NJPwBnjUFwsOERkzLJxtgyFSvqBLDxbDBB+Q54iQqogEHrkIKB7Z+pu29pqRB0a02HcH5JVW1p/nXHZC",
+	"u2gqhwGrACKLZkJDHRAlCs5BwhSZSIA+olL6uLBI0ok+840uWByTMZDM0WgnfgvxsnDRU0eznxgvJucc",
+	"uJEfBAe/pclSW+ybOJ6bVvIiX760rvn1Jh2D5KDxkKRJ0iDNfYerjlppvfaQYdErJlw/mQ+XRbFN+hJJ",
+	"YjF/xTyJQTtMYKWp1PYV92GYoQNLiIEq/6P5u4we7L7zL7SMPp3Pqdy0Er97y+Kze51/935eGoYyhWgY",
+	"CqV3oiBTXzXQb89atF5MHCvGDHFLGITPJWxC6BQiwrgWZMaUFnJZf/loe0OdC+u51XTH5uBqvdnUxdpu",
+	"zc5SZqNgZapM8yIqlRMaguoax9pqqDsTbYfVRTaN+m1vMEmGNnw3hB02ubW317zccLZ3cJHZEtsF+b5e",
+	"AWs4F3aDWzETqYyXQ+n8UHfea3Uhi34CWPnEHBqUmEU7rAtdbY/lyfdXXWKwvAXZj0CyW4hIqjBWwcJr",
+	"9RFeC4t0njl0c1Vz2NVv6hvGo+4rhafRJnpi1XGzeqgjUr7plGpm5CmNGUUAsRJF7lpRsZV5myosdvMO",
+	"Iyzd8A6QhXkDXaum3Q2Qse1aqCZH4E4+U3WT1sXGt7/X6cp+RXupVVqrkeBV2ZvZJrgnCslzpZunynVT",
+	"2c9qpllfarPKIytLXpC9BRleydzLT7SygAvKusWqLK51XxZVh6oEqjnuV5V7mxaeSqaXV2Yp3HU2gguc",
+	"pzYlwH566fnzHz9fH6xktxYhFVxaCxDTgC8YKbgaEJdEhvqMRQ3Mfh04nXeOAsKCG2SjnWmN4N2Ma0Pr",
+	"GJH8GoYnsGTcygivZ0BuaZwiCsSrt9cvLt+evx7+4+efroaXL15evrj6cXj97qcXb89s+sXFu6trcuT7",
+	"O6Kpnh39trhRRw68r9NwDe98t46UDWN1Ve/M630/BJ9KM8GMHYRbgMjVGsYHJ9Ri9FE9szWzsyqisZiS",
+	"KdWwoMvDTuOWgBUTLiGmy4aR//jm/PkqF1TOM9fONwh91U+V+SamSzeVnmmj73CnUjTzKEIo+SMy46M5",
+	"VRqk+e3QLc/ohxfX5Igm7Oj2JF+lLA8Fu6lmo4w6zd23UWKxVVZSWQJPvjAju9ErSSWjwCYcGZNRlVNo",
+	"NkrnIWNQLIL8OdfN4PZkVKLKmoQcJAEzc5gBtfXI7PFxcAVhPxtX/8INKicPTZiDbsqybL7bVEhcV7FX",
+	"xITkkoYITmiBNjPKIzWjN0B6flqlq5nDAO04b9+fO7Ati0ppp0eEDBwaG/VFYEhIOToHTBf4lArWZVfZ",
+	"Adasx5mru4M4t7+nRpjZQ29AEL60WFG7MGy/EwnTCmJDgIlwaHFpMpU0gg5s+gfKwomorfGNHo6+rRt1",
+	"+eLqOvN6+OybH3BmiPMZxiKNyiCvgw/8A+87y9k5DrCgb0ilXJLRL30XA9h/FY1Ib04/kpPTb0k4o1Id",
+	"njmxLp1nnUA4EzZw9gMnJBTSbE1cImYM1pXmvOAyA4b8mWvzsf/q+9HhIB8c1nZHs56T0QvzwTv0Rxb9",
+	"iBKFFdbJyBzuI3z1lXMQvX//6vvbv52hzq00nSf268uXz8mjR4/+fkbmxpAgmJuJF4xkzriQDt7UtPRu",
+	"JbCM9EZ1LotnNj54dEhSHhvuj0SYzoFrKxIyz9PgAyL0MG20qQO3SqW1IecXrwqVbJ8dnAyOB8d99FSh",
+	"DpoApwk7eHbwaHA8eIQZtHqGR/rRYAFx3L/hYsHxJBv85sqmTS0mTHYSv4oOnpkvzdloa0RRC/LaaHvl",
+	"jxz94lbzVYQ2mOcDHMLp8XF2feIcw4ktzcMEP/LDsRphm75oBgfa7oRVKfOPn38iV4D+G7fHTXtFVmtq",
+	"3z1emofp4/Hp35teyeZ4dC3EG8o9xAyCRjyxc17/3it3gCEP27cetb9lDEoWwnueB2YU1bmDZ//6NThQ",
+	"3pt2cGExChWbcqMn3MDSKMaaTs26HqAY/9W8709Vh7hzlLeXsUqZ4G9entuyaUGul9hMNxVU89ximOiA",
+	"WB3YJwUa+csjI6ezROVEgrL7wx4ULiQiXtbgZ5G3tvyZ4JoyrsymRyyhAd58VXj63E7qys/pS2Xvyjiz",
+	"i8oGfk+E0qmtm78rfj8+aefA9zyHuDzAlzqw7UshxyyKAM3/P9G2yjbSdTGB1e0S4ncJsrLZEW5JClvs",
+	"vTLrsnaPHc0n9Mhvmb70E372CcHf6/JMQyEj5Pk0SYTUfaoUU2bjmDFkm88f4z0sKGaPndF8QgcZ7JF7",
+	"YmBV2FFAcGDoVMYdaZvz4PDmLwtVfTggr/D+xCpDNEmkMLo7TbWYU80MoZYDYgFXEAWXajIXSiMCAGaV",
+	"u67PjPo1ZxqRCLC0HKFcLcBl1OCjiDJiTvbT4+PV/W3H/ubl+aWblU9WuPMux0/fiWi5sw3+vGmsf5Qd",
+	"H1mAyD0JmqYRrKRYFZcqqw6IyBHqjDCXtq1TySEiCETPp7Zc2o4E0qkVSA84abu5djqJx13E1nc0ykb1",
+	"cIL4pMMbF3QZCxpdC/GayilYAX7aZXiJFMbus9L0zyn2z9WNl7JECy9bjWDcQsZroZNmsf6Di+k2gp3D",
+	"ogjBaFEan54++jYgVz+enwTkKbEAiAF5dExctVi7ExVhOrDykmlFHLIieX/5KvAIff7OwW5gW+yTKKAx",
+	"7uLIqWO5/wVbZyqrgGtvCm9BsgmDyMh5VznCyP0i7J9/ATVELJ5NLvFXGwPgVUKHkFBCQyC9x8ePyMij",
+	"kXrZODpcPQGs/mnItWPNbneypwEttU7o1hBtr+A9wE7/DqaM202XUX7LPX6EW2PZvNXPvW3jMDGth8Yv",
+	"vNvzuDlQHjBNerJx3wQYCsCXZSFwcozu1y5wnfiekwIzqmYQnRGgMmYgq5ac0iLBQAv0eJ2ThRR4nxmB",
+	"kQ+PT0/J6JbGLLK+R3TVWBBqqxooX1H4DAWUSHWdkHBy6fHxMRkxju15TXU0ID9nXSqrrhItFtTowwXg",
+	"FaO4jml4IyYT0nt8+vcaqWHXaDdSY/ea4ip07QOriDX4s3VmqNkuTDmG3OtMe53p4NnBS8aZmm0mSqM5",
+	"40f5tYVq9Dv5nExb3FnZK5DeCD8VtQTyTkZ4/TJeEhadERtgTmMyYTHWrhovPfKnFX9Up2pVSsRMacSQ",
+	"Oi+M7S7yImh9+nkqFS5H65MXdApX7N+Az1ahmuOllfB2kt+oQvkulV0I4Q1Gfh/kYszxmjsXE5ticdWO",
+	"pdB7FmuZE71uMNk1fjeBVRNLcK++umw+pcS2eo2OTvGQr6zA1y8q/zIiz/BAicVpKIXym6/kcq8Kk/Vy",
+	"sHqXezQRMoS+i61t1jA7i8lzviRc8P7Eonji1iFTgbqepAgaqAUZ+QDf0TPyw8V7e30VBVk8t4sfDlz9",
+	"q6xO4CSm0ylEGPqBUQlhDJQb684pgiQUfMLkHAqRC0zZxw6NtWi7fUYeH/+djAq0cM6oYRaFPDojNtKY",
+	"CEmyKObVF7nQLnljNCDnzjPaKzwxQBK7hqHO4MQH3NDypbzrsVCRGjkRbeFfFJEO4tJJyFWIzKJ2eAcR",
+	"/jCCs+leI59WQLhYFJjvryE1jx+3v/FW6Jci5a6LDgLzueCTmNkshb+QKlqUluUappvKZCMpGrXSS7vz",
+	"FBn5PLwBvjAwQmpEekIWfzENGtlrNT0bSzA2q+lh1pWQmiB4NOYl6BksyQKkEY0qNeY5JSG+m4GmutAH",
+	"I1VB2veZqjGf6xVcM9QXt2BPqi9Qt215Fsd/JaSukaMvPtJQE1wMYiMjm/TNLMQyl2MbxYI3KL6AdLU+",
+	"nkwdv28FvK5tCcpiSHSU04Zkl/adez4RMvbbQJXGBbW03evSX6EuXVjfFUmNorhGRjtt9IhGv6UKgYHV",
+	"ZhrygOAVPmb4ETpH72IoIWLaehcXNI5BB3hBM6X4lOBAIsAKsEyTnr0QH0MsFuTfIMUzI4NVOpmwkAHX",
+	"Q5e5bqT/hVA21gWbjiGagrRX4EpbPTqfho84aLr+/s7O/Dx7457l+KsI5onQwMPlTy7x5j68oCvT2sgZ",
+	"enKf42gWUnZd/5RC6bSTZ9MvBNL+S1Vx917aFjH7HOWaMZZRfBHq3aFWyBWEruP+dRJ38rGvOE3UTDiR",
+	"m3aWuK/m89TG68Iti4CH8MzqwHQOvlAZAxUQTGHGfAG8aU50KjG9xoUN2Ysv+6q70XYjIr3T4+PDTJUm",
+	"kmp0MsDvKY0DdBCg2rxgCgbkv0GKIJfvmIBOYzNuiIi7n5dQc8+1KpslxpI48r385cqN50u8b1od5APf",
+	"NzUMoOoUsRFI0gXp+HK3TOHKfKGBR52m9teKO9rL/88u/y3DEcrJy18yUbmZ1Lc6a19LypW1ntXRp8In",
+	"dFhLoxErGm+qiRs1ymOvY+oDhghoyUCRmPGbXHUWkk3Re93DaIYEJCkMAr3IthIXSot6fdwBQLjDjyxE",
+	"GkdkKgqafJ14N+PyuvdrJMZ13vFu/cG2+eLEmv3C5SXYpWP4S7MMLFUuHYt9XuugOpZmC8E+s7cR9mfE",
+	"F39GIKMS6t0TuiTeNjgqEslCxqeYIrxZcMeAvE+MpD85PsZ0OIzcMIIusFWms0hXlx/XEMThxnhhx3GB",
+	"w/hS84BWx9rmGMV0IDOnvS/06/OFur1jF7h22wUbaVY2C8XqVqZNu4Xc9iEnA3Lua9zYn03/oFyOr3cS",
+	"5OGb5hExscHmC97ioSzw9FfloizMq1xP8vPoIkUy14gLO8S9rbnXIx7M10i1USOKouwOCsTRJ/Mfmpf+",
+	"1N/UvERkGCfyNJb5gskEQk2odn+xWxgiGEnPS0MuFoeBQ8ib0yXCdMXMl5InCVX6GTqiIoKVnvIMSQmI",
+	"QhN1l47/dNn+OzUiLwrkbzYfHW2/ZrtxldB7qb2X2nupXc59jKKKyPYSczPRrWY0Eou+EXoWL3wTOX0J",
+	"fXvpcjIYGBPQClbpUuDFhIxsoaGREdyjkPKIRVTbIntD1FxHpFcAcUH3oPnLpkshgKEEZXXgxYxqsqCK",
+	"jIW4gWhAfpZM51lLq9LbTu0yl+Bf8N3OlR8r49PPlFRUO5L1Vm0kl32ZchIzxOvFGDlNY7WXgnsp+CBS",
+	"8HvHgFZ8GSlDSSZmrG3cTRxyX7xlh3lNFjyqIWXprSuw8aUFdN6n68zMuXsUIS7J3mX29bnMuGP9Utyg",
+	"3Q+besswI8FW+kcMBCnGEJHe9fMLEgrOjcmoBRnltfZHQeY+Oz09dFB/HzjlS5vxkkEuWEcbZxDZVok2",
+	"0lWTXixEMqbhTUBSrhIIEWYhIPM01iykSgd4AdqPRUjjgCCa3wc+B00jqmmA2IR8SVQCKIsCgjjyM2Ho",
+	"QjEdXIn41gxFCyI4nJkHRKot0OTbd9+/GF5cvvvuxfD89et3P7/4fvj81feXV6MPHO9IFejDxvRsd8Ua",
+	"gaYsVgMJVAk+stMb2ukN7ZQt/BcXnoh4oak+8DmNYEDObaT+wsi5VBMs0hXOMEqosBYuzie7AbBUtHHO",
+	"pIelwIWDMTSm+hhImnzgS9CHhvTG6ueWIoZAttn/TFzoPKYNIQywzzSysDejOpFrjfi3Fkv4K3BqPs/m",
+	"85kMYiRlswkc+MAfKK8542QUU4ugPIa/SrrQXuW7L3elBVpGZlIoYbzwQZzVw6YDpl71O/rk8MX/sEdP",
+	"DBq6W8FzceuubHBQmcxDqERlhP4tcC2kBevREMMctFxaMQs8wvF/4DrlHOJKSEwu6xgfpgikOmMxlBJa",
+	"fWFt8xieKPYRC9UhuDHPTFcfuNIsjokrZIMSu2dsdcEx1FRSxs1LloB1stQSZheytEzYt5ha2uTzzKHf",
+	"7zGJ8vHqcn+Ps43+hBA/+yzF3ZmYyARO3jRrrZuETHCE/CUME6Afu93NhR5OzHrUKjFT0F/lrju+d63k",
+	"2snFv8Iu/stsyh9At+7IhOpw1j21zOFjZlqEkE599UaHMy4tinuPeuvQ2YXGPHp8fIzA9YITa3SgKeMR",
+	"OvWM6irUFlmUfdg1Oz9NIvr1HLm7N4feZ/T5TH7zBxU8e2f43jJqtIxQtrTIxTbz58jaA5veBL4VCIta",
+	"QtmRGMEWQmQEojdPzohMOcLdY41HpelyUDJI+raYB7HjgOjsA7d/ooPfGin4ujNYfMkd7xZa8Xr1fN3O",
+	"IQbIMht5b58yRs4lJOCuD+4qq+1A94raneQlQSNUIT/5pbPVDPaG2F/ZEHtuHRV3FG8oM+4u3YKsnldJ",
+	"nBmZN0e0fTGZnJVQs0Zeco0cRLOTIx+4TLEjhIbWM+DuUcDiO9qiwKJ33wsi88KOJRf2uBdce8G1F1z3",
+	"EKSAlTPuJrcgAyjvW6/yNjG1tnQPUw5k2kiWwHxEXciVtFYzhNNnc/jAe6Mfzt9eX/7fId47vnh7+e71",
+	"6zcv3l7buozD6+vXhfvUkydkzniqQR0GCEOtXAcI4ZommFUHyqNXf+ApRy+3nY7H2UaLyZd665tPdApc",
+	"uzpGI6IljSzqthluJmBdib51t385xDsWEvzqBN1uL/iq1GqQe65upOeneElmIOFw72z7iuTXK6VSY1Zm",
+	"kPW5LLLrv7VQQ5faxoKsHNzhRcA3+QWgETi57+7M5anbS2gfmPCBF4zSQrBH5s7DGIqeAiC5CDl0iCM3",
+	"qEwVoiPqJA+OYK9StUqaC0OnDMuuPnuyEEewd6f9taURsovTpgp7novF1mIIhdiRhFtxA9uoVW4o9ixU",
+	"WiTKl+Eg3n7DIj1aEXvFjwBHPILozJZhRRVmniqv5jjUJFcx1dgTVZE7ICM73mhkGsNqpjmIErY3oxjC",
+	"FbNb+MDdS0+OH+VPubGECKfhYrBwVDY8K1MWXUdnRIKWSx8lRydQGyJgnza0/zrVrN0KP6TRJZKsBZQC",
+	"cx72atVXhd8gbqCov9xNmUr5dq77zH1hMy1X3PgoinqYbOl98kHuhu/3Xc5lSHkIsY2CspFE/T4R8gN3",
+	"zqwdO6z8bPcK1t5ntfdZ7Vw4vXfba1O3lVB9NqfTHefSmL23NpvmnXple/1rJdS8u8Jpd8+peXdF7PLs",
+	"82q+vryabHGru9WxyabpNfUlaYqpGY137rWZJh+4UEMcoUvXGJA39MZVTcTvrfLg/MlWHTHfTGI6JaiA",
+	"uEr0t0ykyj/Y7PV1UuFrSvtwS/mZMj9c73v8g33s0j1ldfBMiq0RYs1ax9EnK1+2yOOolXYrodpdJV0W",
+	"zd2cRbEj6VSpauKo12zAeALtsyn2PoydJUd02rbBHQ2C+9mMUyiZEF/ndjx+CBXgegYZG+x3+deWbdFx",
+	"i2+QddFgX+wkX+Jr2833lTexjT3x5xYm+wyKvRXSlkGxnRWSWGR1tVEhSiw3eUY4LIzMw+SyNYXOL3wX",
+	"f5Yq554mD1xicd1IigXOYUf1zd26PEhxc9dXd6evn/ne5/sVwo8X9lcRA7wqtzLBsUZuHX1yf7nSMJOU",
+	"R2vCjBulmYNlshUaMaplXIDhxR6+Ub56mIXEoJrMhaus6KuHZS0wnqoc/ZFmZabM+CAivVoXdLAKdGTf",
+	"GMLHECBSQ9/P4RmhflxW6WSoYOYDcW7u3ip0kqOXMTBt62adDs8QbdiFHZpvyYLxSCxID+tEQmSd2a79",
+	"Q4fTMXLjs8+6YWISyOPjvx+WiMqUrQvnW8JwnWKBOE9urNNWLEvTW1dhJ6+iiYFDgk9BkpmIEZ/Exj5m",
+	"VNczKdJpBvNji7/1RmmitAQ6d2XX8nazZySCm6izTKXHCCNXMkzPgB824TBnlUvMEB7Yqb+K1uwYphmo",
+	"OdtLfwJj4PkqgT/TFUNlDOtCoiwn7uv07I2KezunTzvxww9Uw4IudxkahqdGL6FSEzE5RFRTdxg5ubLR",
+	"Ae/O574U8S4iM16gouFbJabVHPMqpAkds5hp5iGBZ0BSBVLlZfSZxsj6iPx//+/p4BF6fcwThcIlY8Yj",
+	"czjY0yfTMIbmsdGA/JyVCxUx9P3DGNlvzpM0p6wt1szVAqT55cnxIzJSlv7DwmOjbEB/GzwiMo2BPD6s",
+	"N8Q8mS5FDN/Znr/cakV1g21DdXbkVAGZSpEmNgTHEHpvQHxdkfSlDZyvulvtqoS5ROHRKl6OPpn//jjy",
+	"7XUPR13MBJnRWyBKQ2LYLk1Ib3Tx7uqaZB2menZkfu6nyegQ5YXXdO2XTtM+s0WDFZmCJo/Nnq9IMSKk",
+	"/d68N0yTwi8W+tTqps79PCBu7xBqieVlWmaNWDll5Ywip8fHOQgmxrqYdx1FBgRr5BvLJZdruL3MA6PD",
+	"Jt3dRerCwg4BQVddgIwZyjeKcPioCQ0NX2aJeWzK+wzh/SRMJKhZs3q9KiruWcku9nhhlOd7Vm9XJ/iZ",
+	"/N51pG4QxmUugzjKjr2zeu76Msssd5zxd3hLu3f312nme+99y3lm+IpQu2O0sNXv8gNuR8fZ0SfT/qYB",
+	"RjVHW6cjquvxZCRFTJWR/lgYPz9YMPHe+uVISLlL83IpXc82Cd906M3FBnt4Evk7WiqBKJCMxmZbBEQJ",
+	"oheYJWt9fRq79XklYoK/5s0pEoMhkeAWN89r9eiSi4S99bXyznrkHncfuWurCLLZeApb2oycxw1niANb",
+	"f9SeEcrLZy9TKjW6M0LMkxuABGELLPgLMzNJ0H3acxgL58+fv7i6yqEVggKigtHJXLhrzfltufBLOL9X",
+	"3GRoT6DZZwjX4CpzO+rBI9LuI6vuL3y9/FfL3KNeGGx3zkiYbl4bsdYfYzZZ6GCm8J4EUwNJSKVcOmuC",
+	"STKyHY4+8N7of/5F+/8+7v/9V/d//9dPx8HTR3/8RzHEP1wLq9cQa2c7WQnwJ/b7HQf4X2KjX1N8v53R",
+	"Z/K9//ORI+g+vn/vBL+nqg3Sb9mSkLy6SdfJyKNPTqwYkYSK913DDH0ssWlw62jiXQUr7kaMVXUblLeh",
+	"AyCu0boKJF2reRU0raePg4M54/7jyQMHK24hHI8fRDiioYC/7nXJ/a3iw4I9byZQlfn+Acsc4jj+WknZ",
+	"Vz+97x6bd/XT+31c3lcYl2fWlfScNw7Bn7j9cNiwU4NdGIEswrxsa1T9cPGeqBlNwNVSTrkmvdHs5Pi4",
+	"/+3xdNxXH+eDk4+jZx94LBYgQ6qAxKDNTglIxKZYUgtHzkGS2TKZYS0rSiLhgYp9N7Zx8/Do4+gsi+Z7",
+	"+vgDD2dU0tA0epiBYNnHMQzto4O9+j2lMRlNk3SIP458kIEzG+1DxqbMzVPmA/M+8K5+QHWTesu00aa8",
+	"ukm/JoPy6qf3n8mavPrp/d6Q3Os992VIGvbaQOk5+qRu0t0kha+W51utObFqNhrZYyv4HbryfDGeDZUy",
+	"fkyfkQjwrDDzZJowrjTQyAwFT5BnFu1vdEi0QLRBwmHxgcc05eEMVHPC+Q4kW5liVz+9JywKCAymA1I9",
+	"WBqsToWD6GRtnpx+28nc3Cee73323cv4NcuNneenmy3fWtbPj+Dr35rH961aGBX46qf3+9zzr67S37pN",
+	"e1dX8LUzYuYigrhgK2H9KhuAjYYOi+yPGESBhg2fAumFHrkGwznMSHeXxf61ioX7chBvauz8KSXS3iu8",
+	"t45avcIbWEdZOfKjSQxWAeqkBxlhOBOx4VIjIvMsUJGg2RONBuQCpKvTLjig0zOwTuPDZ8SmWAcfeBl3",
+	"NiC24MstSMUED2xc2wyo1GOgOksp+eHivcqCrJkkMdVG3pqZsFANyLXQNFZkvPzAc+kubsEWjVnMRAwE",
+	"J/zMJc6apximh8NHGup4ScyYxcSbaBAFJOUzoLGeLQMykQCk5z5iNQnKXa31oFTQkGeFI4ppKT33wmRi",
+	"30gAI7aCOozlAoqybe2MjLSZHmK/2+mrdN6gYL40k7z2i/wXc8aXJ7/OJ49P5rX59075r0owVlZ3BdYj",
+	"aRCNnK4D9OiqY9bej127xv9aG9LOuvsFmVuC/Xb8+u7IdLYBSnvxvTKLvNmNWH4rpOIUawPjjxigWUAq",
+	"bkp9uvaYGV/NtY+d0We6+SkPoXmXu6ugIE8ezlctrysYgbHCEWzBKFH+60SK3yDU+3ukvaV0p3skj5vi",
+	"WRAhuPy3yI9NAqpJXTj6lMFY/VFQHVYU891InYrDwY67EZWkCLD1p8AbdURqKj+ZoYnt3St/dR9xPfBV",
+	"QZvwfuI6T+vXtRfvy7+6hVbxUJLALmO0lwh7h+uD1klCtmuVPiuqAgLi7AqJBzOe3S2V98I6P6vTrUP0",
+	"AhijmnFqwSRGv4/I3IhEUAgvpKDPuAKuGMYsqnRsZYpvODOlXNntiKkkprY2E+lZgB9MceaCQH9OWexr",
+	"c6K70ss6m8A8ss7fEeFUSrEgk1Tqmc0PbQgktpT8E8CeXq0jXJloVaIfNqGR/n7QeOF23HbhVo+Gatfr",
+	"s4Oy2mEUEVlTtSNIVsMwD4LHmrFnd6cWTnvv0vr6XFqpk1IbHAJlQIndRCDhgeAxErD5QhhSYxCSGec9",
+	"S9isn1dRAfDnvjfmOmydvaa4tx1tIn8Hy3HLbem0nWfm+DdDiEYeBbcIKeKhuizM7q24AeVuph1yl8MV",
+	"8SXFe0W0kRwX2cGOyJQTkWoPkdaAMWJUMz84G108IjHofFw4KnNAuzLAIo6IAqUwXllpuvRQMocD8j3O",
+	"zmg+S5FKBfHE64rt0DSNMAOroMsjG4E1dMQcmo5GwSo6zSHWSFegh/MJfUaMeWroPhcVKJfrd9cXZEJD",
+	"LaSjfSiQ7CGiKCA8dZJIfI1yIhLg+TNunGeEacIBIpUB0fUa4OUwTGzBFAR1UD6HRVwalE9ummaG+Bl4",
+	"6eN8Qoc4y7prRmsUf17hfl++iKy3z+SO6HS6EDrRLuLELvD+uNk7Jh4m3t2KDSOBrcRwp1xgoSAVaLzt",
+	"ePPyvIu6miWp9BESttlzcZ49acFjVeaXsNd15igZ/dK/sJ/6r74fBUTEUVb7hPRseFhQDO2aw3wMUn1D",
+	"WKQG5Jwvs9YQnWuOpxCNGrwH2Yh+sEO/XyH4i5vanzM6o0Ks7hYtra773rr9CgM28n38jVpd8qIgqW66",
+	"5nCOkU34LSXCiQnGXmK0Osc/bR5wQJKYhhARGkqhlMO5co8UoHJ9SKcVHEbiccHBAWXNILzBLihRjE9j",
+	"o56mPJyhyoxCKChB8AoZGbE5EcXIUZzxM/zCjLJXk+9zeObKmcQx6pkoq3q3DBYgn1nEx1ItjgTknFnN",
+	"eoQ1SSQoEd+i7L66+pHcwJL0Hp+ekhGqyEgqV2bDdTVOoyloEkHITDNZqKyr8mEmuKBLnImn+kc/hW+U",
+	"jaitr6ZCrPJNRraLvDjJGXl8fErqi4q4UeUckyFBhksSsznTNtPCqL91XNB7fPp3Msq/GRbeH+L7pouQ",
+	"JjRk2k6rtOwl1nETM0tUhH13uRqTVNG4mpbRECxU4e0v6jx50BijCiE+U7BRZRTfo7W4JtrorMwkI0cf",
+	"iEaB3QFGOZK3+8IiexX/Sz+T7bFF7WFU1sJUYD7Ykw+l2frDeZ2uf/SpIILxq7XO6vPCcFxOXKb7O490",
+	"ob02v/TnlLXrLZvmuI4acv1Zoq06C1OjSVkyeFAXZ6TtHRx7fzrlK8ZBHl/p+GTX8uhIQgxUQTOc7hv0",
+	"4HqPunkYVWunB2hhVAHzLePTUUC0mIIRXkGNeUF6bhKFYoTuzcD9CVFAJpTFEBkZbEiJGBSYVBzDRBOK",
+	"Puil+eLQ1TPiwg8mpJzMxS04fPbCfF2Hw3yohFljCcvouS+tj8ePA2IFKw0Zwes8/gPyTzRKVJtVUvRN",
+	"V9dg4Pqrc0O7n/bC/M8mzAvua7eGe/G+x13ZECsd+abikJl4rXWLY6CL83l7t7Mdp70TJYyHcRpBdAen",
+	"897f3E1EbeNq3juZ/0JO5nqNcZ1n+Tl6eoMsvBAduXjEuZoslC+zEsQLybQGnrt0LU6kPRGVD15o9fOi",
+	"XHD+ZMZLIuh+XL9B5prlYqjUbHgDS1c6yH5YHWnVTdxUQLvJ5xsUWzFqUmSm6sI0fB9ll3Ov3UsMsu8p",
+	"teon3tAV3OjrvTZ6dlWbxzsFrM0jOKF4qRB4L6BCdQj9goYTsMIoPkpV0XXY7iveu4k/W1mLwiI0u4Ur",
+	"C3pW9gXnnLH3Cu+9wn8GrzCyL+rZFSig0tFZr2CXPCxrfb0lR8+OPb5fiH+gi2fgz+gTaHIE5NPa2/p7",
+	"V27JlXtHMXIEt7AOTccms6FmxjRGexRNdBcRZpXSgOTxuqGQEuLiZl1nj7+wY/irypY/s4sAl667n8D5",
+	"cCzT7WXZX1uW2UxAMmPGgltaVWWHkq3j5RMtXjwVNKfy5RPpRSJUxYuvmE0gXIYxDOaRs5cRVRGREr9R",
+	"hIY3XCxiiKaAODn+vgkt1d7IXwWNAjJmMWZoKC0STDaoXmAVr466XD+d1V1zPdvNdVP7RdJeR/zMOmJA",
+	"uFgUmXcvaPcXRFtdEO1YHitNpW6Vx9w5dgPCohgCFIuJFWauiaETbyvSGn9FcY2OQeCRqghm68c1jxFN",
+	"1c0ZuhIlJEJqYrPQmMbGfOadkFnDrtu2s2BAzrMxF0YoQaVzUJm0X8yAYymRzJGN6XxYot0MyjmsXWh0",
+	"Fgf9bCfu4sOmOOR1TuEBufS+uIAkUtxi3y7AwpPeh1gEhQCLtcdX4RQ6y4+8LsfcHWMkBm7Q9dER+NP+",
+	"UPvyDrVsj++9vvvT8IFOQ3tg7PQ01EY+cRr3feb2mnORcZf9bZPNsXyFSIArMvrhxTU5WqisuWo//rDy",
+	"v5sD6hl5dEok5ZGYk/FSgwrImCp4+jiVcUDwCMHEjafHREEozCFqTgvzleBAfobxlQhvQGNyfUDGhoXM",
+	"mZnfuAalS1Z/1BQ3c3ZxF9kUfWov9a5+PO+fPnlqs4LsbJkiaiYWHBPsAzID6ZKGCmcrliIc4yGG4Oy9",
+	"0vFt1IjRYXvM3dn/z97XNreNI39+FZSr/jXSnizbE+/cTFz7QpOHnWwSO2c5l7ta7YkwCUk4UwAXAK1o",
+	"c/Pdr9ANgA8iZTtxbMfmvBmHIkEQQDca/fD7EYwGa2L31u1bylEtofLGfnbyCdgQ3ewDCFMxw4pRYyjA",
+	"QFXG9SdN7EgkDH4MVf8BM6jUodbQ9CYBo+tC6NwAbRP7MZDCKCA4K0OviJH9dtReXGdjbPRpb5u3H72t",
+	"DS/GSe8phFuf6jY4ULuiBxUZRpaKlV1TSK/XHVC7LflGW7LdEkOt6K5dRH6Dw/V2rd05N4u9VM65aN96",
+	"P3qcOLtkM6r1Sip7+ElzDXQfGVD1R0FhIsDEgjoEEyaUTFOWDMknJcWcxIolTBhOUw1Z54f7B7aZCyam",
+	"7uwWHZHIdsxuNloKmk4LfJo99xOzY5oprlkJwgSbe9YQaoEv/BY9/J102TvbsfsCCsnN4syO+7awxZjP",
+	"BeRRPQ311GVxNCsdFueKm/XO83/+q6yCPjgB9RhRZZWTm0WzrpF5xf+1Ian294cpqjK/GcZwA+frKaJS",
+	"kR5NtQz+rxUtl+w43KofUOA68bnyGG0nFxywJei0q8XG3d4uN+6GM9fcg5Oe01L/HvJ+NyKCrUgZwQ6B",
+	"1uByZdIw3CnTpAaDZ8/qGfsxob47+b3R9ncqDYJs31Ca7W6ZZ+0WNx5pNaHEW8AVNpBSVr9zGZVZQWo8",
+	"8K2WdO9w/1kfd6Csto3bNSxnsyOH0eqjDlh5AE/+1q+a+57LCLiONu1v98EPUC+NoWf3lQB+PY1UXwS+",
+	"GBIrxOC0tWKKkdgDiYRDGEf0zgdhwHfcQg/aeK+WPLboLYQQbVdcI7LIl9ThPIP6CZHsCpwpRqUpwVIZ",
+	"A4imsKznzGi32Vb24JgqtQY8JrpUEfnnZCdbJZOdwWRHmmyy8y8E7wdVZ/iSRUPyWioPLjs+e/Vh+vHD",
+	"9NOb45cnn0jPM3X9lSy5yA3TfVdPXGoAAwz4ck0N1zPONAlaTePvgrHEA6sehaJkanxMWxCpEi6oWlc/",
+	"JxeGp/Ym9jnjiukhGZGVkhhFBt0tFQE/u5jD4AwQMaVhLAfoY2+EdO1V3dzOW+O9LAP3b8WylK4hCyta",
+	"zij4wL3TJuofEcUyrERZof8GsM1SGV8ESFkPQQbTjiVRihqGBVDl+qx6f+zrzml8IWezaEBOmVHr3ZEd",
+	"xf6QHMtNwwoxhBv2F8Oyjw9zf4Ge3Rf5t3v5ts3Fz2F5fXa+nu6wajcIJS+tdYtCiGFQr8F7bt30t+4a",
+	"Ls9nj8YAo9eaYV9QpoXUIPfIEZS6ga074yxN0Gcs8jQdksjdO3X3QgCRa/jVqVgIueKvRMmVK55tLPD5",
+	"HRsbua5+sy75TjJd7eY22baDWhvNri79UQno79XZ9dgSIU6+wf3kHmgWUpfj1iqkJ6LIlMuYIqEUuhe5",
+	"yzoakJgKKXhM0/4R8dc9HTzJFLddD3RDRROm0ADePPM/9ofkBf5pTTAQf3bJgFl+2WQMFLL8u/uiBy7L",
+	"rptXyrIb5E6IH5cQu2n9VumF7NZdrCra+wL/hySrUg1G+8HtbCE1QAgDTsSSCjpn0Bto5yftkm2HxNWr",
+	"YJrwTKoVVS57qQcEFLuTfH//GStXfiThIqJHsKR/VPodFJioPgBv9dQTHikScyZqD4Y2PdbY4f5vTdwc",
+	"WHQ1LYr4MOkpTeUKuVBGwr215F1DQg+A03GZTJvaptRvL84wVFAUdru8ndiw62ZrOo+f+R8lAbZh1FoU",
+	"IHxZlybTpcncSL+OCgEl1BcNMCed36Zane65BbV6kvlA04Ya1OScxXJZaM8j91dN/zXqzCF5Rw1ThF3S",
+	"NHeeK214miLCOdF8vjBczB0kQ62xXqQZE1OEQO+T89w400sxUPbcfL3edK/qdGanMzud+QCz/a1wfpO+",
+	"vApPwbVcgyizOqOOr8BovChwelNq7G9OQ4GvZ4UotYL1h8SRm3ugUNBBaEnv6lhmLHEv1kc+Sb12HaFw",
+	"uQbSbhkaquE29qhYA+CiqyKTlRis9qnt7vYpuNvBTIbwQIEj51/aK49Drg1SFgenbPndLol/C1LbkIx8",
+	"dxYSfGaGLKU25GB/f9+/shmQoqJZ9O3q4hP8fhY+2qfsuw9rI9gtBvH2iX7rXYG10Mr0a3+cQsODr9HU",
+	"Y/v8mX38DreHD1KbXF3tXfCrHwtVuCIZPti5Gx6XuwHVrpvcmzgd2uAsz8qKzyUhXKFyiVwJgHG2Fi8+",
+	"14OFV26q79uqyCisTKcvSGQF0zG3O5/i1F1SrGBKssYvO4KoM2EcCpR659IsUNMau3ucM8L+ndO0PyQf",
+	"mOIy0WQphVmk6wH5d06VYSpdY3+FyGkKL/h49sKOHBMJVSTDx5C4VBk9pSbyvsygwrGIzg+6i37jk1Zp",
+	"x7k2cukuON7OcnPwoUwk+C/M7wn/dDHs4vYhiegS3P74v+mSC6nAGXswHB7s/5+Dvw7JG4wGEy6yHILW",
+	"m/VSRNClPWzYPkMQ5ohQP1WwnfnU1QXVlS1miz/GFWNjhFgxKOWKWiuqKgrtO9dT3REGZeWT7rWGqWm3",
+	"aNslBFu5yf1JP60NostGuu2dCBd9OGPc8HSx53EfttQMM6pzxTSY4ZnULJmiIowQZgJPEZCbA1k14URi",
+	"VZoVJ6bLgamStU6hQHTTwq8a933CBRxZqooe/dg1TjcyzhgiOtvBpKEmmAs8/gSh81Exq4Pxs2gKPNiu",
+	"8jaE1GiShOZx+6HGf2LP9oobtoSSxKYB2vco0Rsvxh3SXXej4D6ZJeRvmPxM/hvxTQ4cTQNk/Nj9pY7D",
+	"4XJQQxMYLPib3UnIf/m90r8uMgvFtD3VTIFqccvzpVszpmJmP+u//OEJ6cen2GxEeuwzBTR+w+ZMuTng",
+	"AOinJYEf07XrEdfE970/bPgc+40rmafJ9DyV8UWEvIbw9xQBTdxGrnM7VklUsb2jFVXCPSOk4bP11C6E",
+	"6Kjx0+Fd9gEsB5eXTNE0LTBRXNxVGyXF3B6b7aT/5MhqTfmoDKdvqi9CMld90R9tLvjy4R2NFYokBFWE",
+	"8c1d3fYvucVd/S726JduTO8pl6ulL9sPdX4dHAVFsKIBUr7L8uq24Z3nOy/VelflYgNOyeoBGrQ4qPXk",
+	"pnv0F6ccHVZzwlJm2OZGPbaHNKs4NKH+BIkKLew+LhQyl94R2KRUbOu3elRojCW0RhHCx37fMEJDVeFL",
+	"+PSk8/M/bTBRXAbbLWorESZe3EQIwYmD1f/efTMrQgMYEcS445BEccqomganhGKYKgJBT5GQxJr8PSEN",
+	"cbkXTs9UPB8DIqwR4pjuan4O8G5vBg82Y45NbocK5whAulRawMchzimNj9daG2sLrBoCNwcfiMyYYAm5",
+	"YCxz3ipMPdnUV3mW0Eeqr76zKfYRRu4hGGJXuEtwipOn6jK5qaLubLUrFDwu/Bu7TPzRfVczA9keraHZ",
+	"l7Xc2wHReZZJZRdxXErCdWhmLhb7+n8RLWimF9KQmZJL+K2extsQqz2WJOWXzD4fS3HJlD+zZkxZtbM9",
+	"u9clBa/H/qMeeJpvvb9XHd7CwPlZ6yJxj8v/WZ/fb8wAzjWdt2fvv+OCaTSl7ANTkFMuyD/tHwOAsyNI",
+	"sYAZEBVEQy0VFBonoep7jSXHWJB3hKWcGjBusZjQV3+iUxKeRzuqis67NQnhI3zQ9432vFZyeZ37zuR1",
+	"7ip3fCyV+RGpL903nFrDBT7k+swWCowdWIckteut01iPKy2sPr9fqbFiamgq53tS7/IlnbMtzLkYmTkZ",
+	"E7xxgGSZ1qReA8XjcCIaVcgLfMWJfoMv+L5a5KHJ8MkYPvv6khsG+EeU2KfFQxumym7ODiDfbrYloXOL",
+	"v1no9EV+pbyN336sihpP6mmYmeL1OsBcJI6UPegDexcXc5KlVEAsdSJCXMlec+G48nnBXj4ibJmZtT8s",
+	"4OPwRu15cH/SThHlgpt+wESx54mJH0CeclOEUOXMER3MuRQasflzq9DCkWWmGAsEhVJYFTcgVqaSHKYD",
+	"OBT0FSpnbMf3aakb/+VvP15f49gl1imbh65sUL8g3/Pbj9pH+63oQy5cSc5uon/2vuiLfCt9Zy4uBIAl",
+	"K8IFDVopAIpXqa6bRHLOShJ5u45V6IjViMP5kCwO9vd3f92fn+/qz8vhwecWZ6uGTrS7WUtu1YOffx3s",
+	"LLkI/77b4pJCmts8E+O3H29VdL/KTO+iQNvoMWuSe5VwJiyjyixrNJibe9zL0n1Pa48rvvz6e1xpVLuT",
+	"8OPbHNFqDVN89WHYMTXoayfTS5GugUorzechwgh+OJdh5VK4MM+6LXu6WLqPI3X6Re2r7ilvujSs7fT9",
+	"XXJ0lxz9TcnRSVl4GxRJ8ya+96X4R40pf8NKvj31UI8l+nbbUxAqvfxRqq+3C/5ZZVfoIv2dMX61ELcm",
+	"ZTWZAy8BwtkXZHm3WVKSthZrALNRHq+4376l8bE2YveUcnS1wvGJRp3iuW3Mh85SuW5O0g0slQWjqVls",
+	"M0r+wDseakoPdu+qDJ7RhzeECr1i6lbP/3e4SLbAh7/jl0wwHY699mPdci7Nv5vHyuxz9449CKfsIdb0",
+	"FjYEe56GKFQ0p8Ko9a59Dpms8dnoiAhJzhlVTCE3tBRs1/AlczfAruRQpF1Zm0zWrjpqIgpKsiE5ZSZX",
+	"AsNMqRTz3ZRfsgTZs7GFnqfxS9fAxHmEJJ6EG7L/y/5+HwveZvRc8Zi8GBEjJ8KoXBckoO43miTKwXsk",
+	"8O6q3xvO+Zv9t5v7wUTUKNMGhAqHJo5QeCVaNXc5GpJX0JpD3PMY354ZnHLhyIeAVGIiMsUuuczLPCiA",
+	"2w6ME7kQLG3yu2OzxzJhD7Gky/YLR+GevAblDrRrj1eeNK8jkXnsNAw41YSCGJY0p3+5XTB6qwL9Yv+H",
+	"hMpWUO3PSuqMxWYrqSOoVKuOQP5TOSdzatiKrgdkteDxgmSKaeZpl+1NjnoX3vKcUEzeReUgZyQK/Ygm",
+	"wm17xJEQPydWrqKCv8Y1x0HvGqhmDgQIyJAmFVHAr5Ps0hVdb1d/Rxu98amH8HGeIqG1jIP0oO9Lrpf2",
+	"INZvUmzFsNop+XamrY0T1Juk7EK2Who63/PMzmGuCpLkc2b3KO3ZiBuOXG5Orht7/OXwPkOPYWDfhLG+",
+	"ilXXzq2d+fsPSHbRklaF9wWW4e9goAFLwPN//uvPihYsJtxpwg0ura/Xh6hGtqF0OrkKCq8M2lAYP4rF",
+	"jF8yT1Bjray6LdgvWOGkYBOhjcw0WUl1AUaXAfLnYAeiEUWkcHwxTCQMcICatZhZUFHWsoTribhKrzng",
+	"havVG45Sp9q+t2q76tBol9bts7B0Gu2uNZojByxW9lfoM23oFhzNU1z1jlohpWYm1ZLENPOZj5G/OJQZ",
+	"FMEmUWNBle/KGF73UH0ulV5uk6IXMi+H46XdWlLIIf0hrYQfzyU4tnLCEvKP8ckx0W5RBZagZMnFSda2",
+	"5D2H/Z5iKV3vfaGBur4Wx2w+z1A/37sw31CPxGNKVoDEHQjyP7HzsYwvmCEptZuu24NXC56ysOn6ZxFD",
+	"tXRqcft2L5GxDh0eLpO+A60ArQAEcEQvpDLOhwRf5DnlkJYRq6TIBVuThCm4C7KRI0dd9340Pnt1On37",
+	"6n9HgwKGj2vft0HoFv5VjFYwMjTTCAGDNsZcSqy5t+ZLrl2Jv/9UmTHn+wpDpY1idOkrwdDtZtvOs7mi",
+	"Caah09KA9nR+nilpZCxT77Eb+tZ2YQyGlwdR303JOdLjLe2GMGcamf48aBGjy580OV8bpgkANq7oWg/J",
+	"sTTwCXHKfW5VHVw8pesz987btWRGxQi3hrkqa/Z7RrUPUAfVslNX3MQLFor3iqm5xrT8kGGjR4nj/fO1",
+	"Bu/v6LK5VcvGKYNTuyaabZuzmnJAzXbOzIox0ayB9fVMnyXbFhV6/3C5nD5qpj5xs/CcU21F3Yg1gn4w",
+	"JqiI1zBe7DNqVUfy1Nkpd2GnFBNSWpx2ImuLEtwKrabHHzJNHEJ8YXDbR9DiJr1gmuvcLmjM5bCTLTPd",
+	"PyJgbGgyZ4Yc7j+biC1gMy2VRyhHTysf237z9TOxsXCry8F+dDnYwi19L70NW4q1aWnGh2u6TLdtLicZ",
+	"E6MPb17KOP/m7KibrXzfs0a31eHBb4fP9g83jcHG/cV9BEncVzy+vIOzBYDkCqNobMJ3XpFykNF1vbjl",
+	"qkS7IyLYKrCQNANVfPDNPi3d6z77+urXD3+ngR9nFUxR010IRMgA85caBXLPyGw3z/SW6ExDCixmx2tC",
+	"/QuDtyNT8pInWHvufpLnjrGHjI3iGdvVZp0y4vr1BuShj4DLDv164MI9RSZQqVl0OhDNYgX41xAqh5Qi",
+	"JVeaQd4OOEViKWZcYWW570uIf/sG0f1SaZNwTXxYKWakRwUpFdbsvmVrh7LjwLu5IYolNDbMO6BW1qaF",
+	"dmLFEm48mLgH7yl/jndEsfOFlBe2ZalcyN93OqaZyRVEpgTBISIyN5onDIkk3H8E+CWgIF8Th+rooAFc",
+	"qVQqscVEIvQ5EBxlLbQTDuEcOkpmlKe5QjDGPMNjZ7jPLyZoEoZ9Dv5He7PGRTzNi1UctRVKuSVxJrOP",
+	"2WMqlSp/1z2lPVW7sD0CFoQl4JAmm4JzFOSLO7GKUIqmKEVRV3n19PKZ79ZnVsQ7gNWHer2LW1ppybr1",
+	"7Jfu9TdHp5X13hf/7J/tG+WxT4HFEMNRJc/VLjQmjBXeIvErchvimM8FtSo+IigCpBeZvwGPQpwL/tlu",
+	"TFIkGpkVBpcH7rcF+0z+eD96sTv+Y/TzX3+xlt5kB38yeO8Q/6XoCnqCF909LBoQzYCxgESXBxHSNGm3",
+	"JzDgyViX1bnbHv3vAAQMvhExt9sN5I/BfgbfMiCUGL5k2tBlRpZSuQSKZ/v7RGOGhqpcJtonB89ybAD2",
+	"MBhBeemQbfw+GdMMthc3VdPw2pCSRnqH+/v9Rq4PDxmsGKYOJ7jTZ0wVG55nLEWcDWAjSTzh9i6eTyhJ",
+	"ctTHdnNNOXKZuMS7n/f3nVoMN0WQhOdiVEX+c9kasBOFb6bIRgKAyNTHYHpuRgwkxqwz1m+KvUCWjFvZ",
+	"n3C8bjcG86EmUC1hmJK8tUdgrrFpffDtNJAInm1aU7AMnCCFnuE/i77VJW+nJWnl14Pffr5hudNf9v6y",
+	"8/zL3VYoVWd7FF9s5aOFnf2SKT6zi9quNCcGPSvGtADTxsv9e97Ku4TmGyU0n6ICKB3OglLz2rNOJ9uy",
+	"DTq/+R6ny73ljO7aRcEF09t88SuytEpqUTjlUcXxS56yOUuKRBnEug/e+WnhnR8QLuI0T+zGkmvbDGhS",
+	"+HMIBDfuNsDE98/LTPdJSuMLQoWnlMKNk8xobKTC+xe+i+9fj4hisQS17cQZNwWZMTEkx0j/t5nDQ3oR",
+	"vH/q5TvCGMKKa0BVpkvYbKC/jfk+71+PTsNQPtSAWrmT204M4SakNNdd6OwuXD+4eP3Iy1kQg12QDy9+",
+	"PXsPmCv9egrQqRW/msD7YsFtEEShovChLlzXwau8o2cFQZYu01BA2pDj5JKzbjXfqSOzBFwZVtkN0Hs+",
+	"LZggUaXKHTja5JIb46nwpJpTwf8DS+sn3VLATzU65uwZp/RLKSW8DP1z2OrRwj4/KmcWftI9+bFqfdiS",
+	"hIqOq6OaaINrdCVwY+7q87v6/LtDEsqCLthenO9VHzidHNXjVvq2DxVSb/QvBDRf/M35Ujx/FJjTUK+3",
+	"kurCzo0etMKW4GtvSZM195wnQ/KCKsWZLhNXhswsd4oI/Wp3OLjx+nGgjEpju02ddQxzt6q1nh4l3Vbt",
+	"M2hNyunE/jseUa44lnTC3mGXXSm4LcBlVZsAgxiQwdEGS/bEBf17YZd9zWnpzvSMRy3r9E13JLoXyLJv",
+	"OhLtoZPuWt7K9+7Wp6fdfsDs1vKUXT/H1a2GTok9baMJXMleApdB7G/gRG43ncCzkmumiMPNSKWY+zJP",
+	"986AO096kb21xJJSihIeIVwc14aLuY82tDlgaJJUZKLTYvfnAx/V5uK+0jkr66FJLyZJ5y3qDLo7Urqj",
+	"JAlB028z5va+4B8383lXlPQpW8pLD8+dUu1ualWvyt7POg1b6/V7tyklwBvoJhdY/+BqGyhUmL7v64s7",
+	"bILjsfPYKb3ORX5DVl1YN1for69wtJGXbCnNDRRRxRHXKaIHq4i+s6/wKwzL/bszLMt+QxziTuF2Vubd",
+	"ZFIsqJgXivonDSnEV9qbWi92L9h6u59wPP7jrb3naRWS41df38dmh7GrIX+cNeQh9XI8/oNk+XnKY5jv",
+	"knyN9QKEZAt94oIBmB7XJKNKu+oSV1rMEtLbLDPGqmgEx4OSZAEgGtVe9I8cSl8o6tN0yciMizlTmeLC",
+	"hJoVKaqfQ2PIS7+CoxEl4THlaeIX3ZN/yg1nm2PqqLQk7AIpzWNH2diZB9/ghBI19dWovRqMg70vF2y9",
+	"6XRqyoS8HVVRw4wc/4F6sw3SEnt35z6VLu2wC6qVsghvKl1QsXcDzCfS2wKlX6qxawSDwuYQPvBpmfHF",
+	"l1/flHdBSqyp7Ez6R2nSY+3slbToHnHzJpzoGNt2NvcUItkaIBd+6xcwR/Yeu38B0AF1lApN1nexgB+T",
+	"BV581T1Z4aVh7RjSO3P7O9U1oR9eXFPJ1K2DvS+gSbZxC4zwFY21lxs5Nr3D/cN+Y9X97SmZDeoD1W64",
+	"u6/7USoTtqsMn//UnQe6ygQapPLGgn/5bE+xubXqW2X+lUPlsHeh048bTVx/kF1HG2rYEYkcUdgUb57G",
+	"MmGRh1byZZCuoZ7I0xTsk4kQUrB+G6L3/3x26jr4UFEOfA+vA3PgBvvesQyelgWuwgryomDnjCbvZcJS",
+	"LxGBd8cO1d7/XV3Y98wU04t2oLlXwr6yjinKxCXRzEDCQfTm+OzV6fHo3fQfn96Op6evXp++Gv8xPTt5",
+	"++oYZEMzcxSgyg73D4vDdZ1CxyyoKfjQ6plT0FP7jgcrJ7Zzp9jP7Sg2cMstm8NftU/deNf5Ienb/MIH",
+	"Tr5mlpPXUsXWwHTLzG81ms8FF/PdC7a267iMa5MH3PElM4rHejuZCd7yfVeuYZ/NXpZSLloR5n/57wf7",
+	"v/76y3Ug5j8ouWRmwXK70X42hH3OpObAhoRG5OPDmy998jLMWCPWPPgi/tNqUgAio9WWH6Q2c8XG/+Md",
+	"BJ+OR2djpwsH5K/7z+q60F4qwzVuoGIVxGAMcJLt3/GCxRcDCGiCcrafaVU0S2XGGo8nDx8R7NpwYOvn",
+	"hIH9lrCMiQQQqN1m84Ouz6D47m4gj6UBhK/1c0INSRnkDwqGK8uuxUSubo+jdCueoOvt8y2S0yaTK70n",
+	"pOEzN1DtBv/HFjo7sD+yXC+Yrh40Ks0SqpHtELSiJ7N7PhHRl8lOvKBCsHSy85xM4Dz+HFFxeeLxcMn/",
+	"I5MdqebNP5wrSZOYajPZGZAJKGlsC+9GSE246p6ydyXUUHvXl+Fw+Ke9oO0ZhZryk6evX5Bnz5795p/7",
+	"MxpOxBlyZgrk3gZjLT+3I3VeUMqFQYAjmPu+QfWnMswV6eGxrD8R7uYA2B8+zjczJCflJwMxID2Xeake",
+	"nfRKXIf2KJZrbHzO9CDcdJ4nc2YQb1L37XqOF2i3unx/slpIElNBNGNurl0xMnnpIXW5JudMm4lgs5lU",
+	"CI1rFWvGlOYaQJ7s08AGWVkVw2UynIgJmBcOfJlL8RyJFGN7yHBskL1/fDrrA4HUeWCUjQaEcfA2cUGi",
+	"kTPSXAtIPEsc1rJtw0EqT4RUA+SQdHwEemAXZ5UIsImiEd883GySyNmMKZYQYde2kRPhH6l+7OVBhBmy",
+	"mqlLpgiLF5K5uFrrE55AAaCG0T9lD8Uj8u/cDj1aIvjrLNcsIT3qed8FoeTj6TvCRKJJntkLqZxrx4EQ",
+	"nSg+5yIiJYrpiXDO9p8AhIsspNVpigApNnGUm8cnZ29ev3kxOntzcjyejt69O/n06uX05PTN398cj4fk",
+	"NRIR2CUxQ/BoNhGOCxPAO0Fjh63Zb7kOQjRSMjcsgiUUWbNCJhHMb8IM5WkzxZeTxuOKHrvNTXoLjaQd",
+	"/Q9uqWgEMysvHq7bp/aJRPV+yNPPip1rUAXbGKwrCw4h0Es0rxlTu1b9D6we3K1oeyAyrOt13d/uiVgV",
+	"VLrXZv0dlTrkZbCnGUvI4fBZv8KtAkpM1xew3qBCBTUG4ul/AN9Dg1rsFVz1VnP7SCI2M0bW3ajvZKZd",
+	"JZZfXHD/u3hGqxY83N8nkYOanzqtFg2CHhki7X+ErU25mEJLCEevMyZMVUsO8GRibYRBSWNyXdORnpf4",
+	"7NXp+zfHo3d1/Qjxj2dNPcMOEQnvg4CJneNVDcbffbwmh/sHJMLOu98iqFnOxYWQKzFwFDgMUPytIuZz",
+	"4Z4uPeqx+F25c8YRa5+V73GXI4DlV+vANFPo97C0uLbtVBU8shgH/e34i5v0/JCMZsbRCPgWHfvxTAFm",
+	"s+M+9uSqNd5jNJnsHly5HcxOT3IeLE8SOd7nKdjwdmmwzxyWiEt7ha5lUswjNBeKZTogkWKa/8f3P+OV",
+	"m5xANbBfb+xcMmOio2G+Ng3z09k1u/LBe+Z49ktui/uzdAb2GokLezoWJZr5svczXIQtvf7G801LA7QN",
+	"6oIGpmSn0pBFmhvN0hnpWQkvkcRzRVxQj2SKzfhnUEK5Snee7+yBoet6V3/DO37JBNN6UKCYD3DD84yS",
+	"oPucx29YKBXnXWhIoeVzsZtnA/AP73IxcNuR9x7Dzouu41DH4tqEQWnmFnHIwf60vC2jqtQgxjw3W3wZ",
+	"kKQ16cV2Z4+ZXZW6PyiwyIHUoApgUmo61Dht6+9mFUepBZ+paRtwl37naQqqtbgUKCFK115QQ1NZuQ35",
+	"XksXyquw8fLflcyzym9jIxWF9Jni9qx6yyjLRsrwGY2rParYseXeOzT8U5Yyqqs9dOI5wrqQ6mM4uCPw",
+	"DbxQLGHCcJo2DbZ/A6bFcW1w2y1SK3EiQ36l/xB7d7E8ylcRkL9+tbkv5TveU6rH3LDmX97xGYvXcco2",
+	"ft2cOnt1fJFvXjwZv1las2azd/V5gou1JbC5SmmecEOMojytj83I/rTRZGU1Vts78RaPI0tawmJwrDbU",
+	"bAz+SbXHVS78hh9GWfZByc/rnT//9ef/DwAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -244,7 +244,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	}
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
-		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy),
+		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
 		TenancyAPI:     tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
 		SSHKeysAPI:     sshkeys.NewHandlers(a.SSHKeys, cursors),
 		AuditAPI:       &audit.Handlers{Pool: a.Pool, Cursors: cursors},

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/correlation"
@@ -29,6 +30,7 @@ type Handlers struct {
 	keys        *Keyring
 	cfg         Config
 	provisioner TenantProvisioner
+	cursors     pagination.Codec // WithCursors (admin user lists)
 }
 
 // NewHandlers returns the auth handlers.

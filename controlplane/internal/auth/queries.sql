@@ -220,3 +220,43 @@ WHERE b.role = 'platform_superadmin' AND u.status = 'active';
 -- name: SetUserRole :exec
 -- users.role follows the superadmin binding (the contract's User.role).
 UPDATE users SET role = @role, updated_at = @updated_at WHERE id = @id;
+
+-- Admin users (adminusers.go) ---------------------------------------------------------
+
+-- name: ListAdminUsers :many
+-- q is a LIKE pattern with its wildcards escaped by the caller.
+SELECT u.id, u.username, u.display_name, u.role, u.status, u.tenant_id, u.tenant_role,
+       u.created_at, u.updated_at,
+       EXISTS (SELECT 1 FROM auth_totp_factors f WHERE f.user_id = u.id AND f.secret_enc IS NOT NULL) AS mfa_enabled,
+       COALESCE((SELECT array_agg(b.role ORDER BY b.role) FROM platform_role_bindings b WHERE b.user_id = u.id), '{}')::text[] AS platform_roles
+FROM users u
+WHERE (sqlc.narg('after')::uuid IS NULL OR u.id > sqlc.narg('after')::uuid)
+  AND (sqlc.narg('q')::text IS NULL OR u.username ILIKE sqlc.narg('q')::text OR u.display_name ILIKE sqlc.narg('q')::text)
+  AND (sqlc.narg('tenant_id')::uuid IS NULL OR u.tenant_id = sqlc.narg('tenant_id')::uuid)
+  AND (sqlc.narg('status')::text IS NULL OR u.status = sqlc.narg('status')::text)
+ORDER BY u.id
+LIMIT @max_rows;
+
+-- name: GetAdminUser :one
+SELECT u.id, u.username, u.display_name, u.role, u.status, u.tenant_id, u.tenant_role,
+       u.created_at, u.updated_at,
+       EXISTS (SELECT 1 FROM auth_totp_factors f WHERE f.user_id = u.id AND f.secret_enc IS NOT NULL) AS mfa_enabled,
+       COALESCE((SELECT array_agg(b.role ORDER BY b.role) FROM platform_role_bindings b WHERE b.user_id = u.id), '{}')::text[] AS platform_roles
+FROM users u WHERE u.id = @id;
+
+-- name: LockUser :one
+SELECT status FROM users WHERE id = @id FOR UPDATE;
+
+-- name: SetUserStatus :exec
+UPDATE users SET status = @status, updated_at = @updated_at WHERE id = @id;
+
+-- name: RevokeUserRefreshTokens :execrows
+-- Disabling a user ends every session at once.
+UPDATE auth_refresh_tokens SET revoked_at = @revoked_at WHERE user_id = @user_id AND revoked_at IS NULL;
+
+-- name: DeleteTOTPFactor :execrows
+DELETE FROM auth_totp_factors WHERE user_id = @user_id;
+
+-- name: ApproveOpenMFARecoveryRequest :execrows
+UPDATE auth_mfa_recovery_requests SET status = 'approved', decided_at = @decided_at
+WHERE user_id = @user_id AND status = 'pending';

@@ -53,6 +53,11 @@ var Operations = map[string]Requirement{
 	"createPlatformRoleBinding": PlatformAdmin().WithStepUp(),
 	"deletePlatformRoleBinding": PlatformAdmin().WithStepUp(),
 
+	// Admin users (auth/adminusers.go).
+	"listAdminUsers":  PlatformAdmin(),
+	"getAdminUser":    PlatformAdmin(),
+	"updateAdminUser": PlatformAdmin(), // reset_mfa also needs step-up: checked by the service
+
 	// Tenancy.
 	"listDepartments":     TenantMember(),
 	"createDepartment":    TenantAdmin(),

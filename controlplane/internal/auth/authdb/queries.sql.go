@@ -36,6 +36,24 @@ func (q *Queries) ActivatePendingTOTP(ctx context.Context, arg ActivatePendingTO
 	return result.RowsAffected(), nil
 }
 
+const approveOpenMFARecoveryRequest = `-- name: ApproveOpenMFARecoveryRequest :execrows
+UPDATE auth_mfa_recovery_requests SET status = 'approved', decided_at = $1
+WHERE user_id = $2 AND status = 'pending'
+`
+
+type ApproveOpenMFARecoveryRequestParams struct {
+	DecidedAt *time.Time
+	UserID    uuid.UUID
+}
+
+func (q *Queries) ApproveOpenMFARecoveryRequest(ctx context.Context, arg ApproveOpenMFARecoveryRequestParams) (int64, error) {
+	result, err := q.db.Exec(ctx, approveOpenMFARecoveryRequest, arg.DecidedAt, arg.UserID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const chargeLoginFailure = `-- name: ChargeLoginFailure :exec
 UPDATE auth_login_throttle
 SET failures = $1, last_failure_at = $2, locked_until = $3
@@ -147,6 +165,18 @@ func (q *Queries) DeleteRecoveryCodes(ctx context.Context, userID uuid.UUID) err
 	return err
 }
 
+const deleteTOTPFactor = `-- name: DeleteTOTPFactor :execrows
+DELETE FROM auth_totp_factors WHERE user_id = $1
+`
+
+func (q *Queries) DeleteTOTPFactor(ctx context.Context, userID uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteTOTPFactor, userID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const ensureLoginThrottle = `-- name: EnsureLoginThrottle :exec
 INSERT INTO auth_login_throttle (username_hash, failures, last_failure_at)
 VALUES ($1, 0, $2)
@@ -176,6 +206,47 @@ func (q *Queries) GetActiveSigningKey(ctx context.Context) (GetActiveSigningKeyR
 	row := q.db.QueryRow(ctx, getActiveSigningKey)
 	var i GetActiveSigningKeyRow
 	err := row.Scan(&i.Kid, &i.CreatedAt)
+	return i, err
+}
+
+const getAdminUser = `-- name: GetAdminUser :one
+SELECT u.id, u.username, u.display_name, u.role, u.status, u.tenant_id, u.tenant_role,
+       u.created_at, u.updated_at,
+       EXISTS (SELECT 1 FROM auth_totp_factors f WHERE f.user_id = u.id AND f.secret_enc IS NOT NULL) AS mfa_enabled,
+       COALESCE((SELECT array_agg(b.role ORDER BY b.role) FROM platform_role_bindings b WHERE b.user_id = u.id), '{}')::text[] AS platform_roles
+FROM users u WHERE u.id = $1
+`
+
+type GetAdminUserRow struct {
+	ID            uuid.UUID
+	Username      string
+	DisplayName   string
+	Role          string
+	Status        string
+	TenantID      uuid.NullUUID
+	TenantRole    *string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+	MfaEnabled    bool
+	PlatformRoles []string
+}
+
+func (q *Queries) GetAdminUser(ctx context.Context, id uuid.UUID) (GetAdminUserRow, error) {
+	row := q.db.QueryRow(ctx, getAdminUser, id)
+	var i GetAdminUserRow
+	err := row.Scan(
+		&i.ID,
+		&i.Username,
+		&i.DisplayName,
+		&i.Role,
+		&i.Status,
+		&i.TenantID,
+		&i.TenantRole,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.MfaEnabled,
+		&i.PlatformRoles,
+	)
 	return i, err
 }
 
@@ -527,6 +598,83 @@ func (q *Queries) InsertSigningKey(ctx context.Context, arg InsertSigningKeyPara
 	return err
 }
 
+const listAdminUsers = `-- name: ListAdminUsers :many
+
+SELECT u.id, u.username, u.display_name, u.role, u.status, u.tenant_id, u.tenant_role,
+       u.created_at, u.updated_at,
+       EXISTS (SELECT 1 FROM auth_totp_factors f WHERE f.user_id = u.id AND f.secret_enc IS NOT NULL) AS mfa_enabled,
+       COALESCE((SELECT array_agg(b.role ORDER BY b.role) FROM platform_role_bindings b WHERE b.user_id = u.id), '{}')::text[] AS platform_roles
+FROM users u
+WHERE ($1::uuid IS NULL OR u.id > $1::uuid)
+  AND ($2::text IS NULL OR u.username ILIKE $2::text OR u.display_name ILIKE $2::text)
+  AND ($3::uuid IS NULL OR u.tenant_id = $3::uuid)
+  AND ($4::text IS NULL OR u.status = $4::text)
+ORDER BY u.id
+LIMIT $5
+`
+
+type ListAdminUsersParams struct {
+	After    uuid.NullUUID
+	Q        *string
+	TenantID uuid.NullUUID
+	Status   *string
+	MaxRows  int32
+}
+
+type ListAdminUsersRow struct {
+	ID            uuid.UUID
+	Username      string
+	DisplayName   string
+	Role          string
+	Status        string
+	TenantID      uuid.NullUUID
+	TenantRole    *string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+	MfaEnabled    bool
+	PlatformRoles []string
+}
+
+// Admin users (adminusers.go) ---------------------------------------------------------
+// q is a LIKE pattern with its wildcards escaped by the caller.
+func (q *Queries) ListAdminUsers(ctx context.Context, arg ListAdminUsersParams) ([]ListAdminUsersRow, error) {
+	rows, err := q.db.Query(ctx, listAdminUsers,
+		arg.After,
+		arg.Q,
+		arg.TenantID,
+		arg.Status,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListAdminUsersRow
+	for rows.Next() {
+		var i ListAdminUsersRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Username,
+			&i.DisplayName,
+			&i.Role,
+			&i.Status,
+			&i.TenantID,
+			&i.TenantRole,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.MfaEnabled,
+			&i.PlatformRoles,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const listAllPlatformRoleBindings = `-- name: ListAllPlatformRoleBindings :many
 SELECT b.user_id, b.role, b.granted_by, b.created_at AS granted_at, u.username
 FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
@@ -684,6 +832,17 @@ func (q *Queries) LockSigningKeys(ctx context.Context, lockID int64) error {
 	return err
 }
 
+const lockUser = `-- name: LockUser :one
+SELECT status FROM users WHERE id = $1 FOR UPDATE
+`
+
+func (q *Queries) LockUser(ctx context.Context, id uuid.UUID) (string, error) {
+	row := q.db.QueryRow(ctx, lockUser, id)
+	var status string
+	err := row.Scan(&status)
+	return status, err
+}
+
 const mFAReadiness = `-- name: MFAReadiness :many
 
 WITH holders AS (
@@ -831,6 +990,24 @@ func (q *Queries) RevokeRefreshFamily(ctx context.Context, arg RevokeRefreshFami
 	return result.RowsAffected(), nil
 }
 
+const revokeUserRefreshTokens = `-- name: RevokeUserRefreshTokens :execrows
+UPDATE auth_refresh_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL
+`
+
+type RevokeUserRefreshTokensParams struct {
+	RevokedAt *time.Time
+	UserID    uuid.UUID
+}
+
+// Disabling a user ends every session at once.
+func (q *Queries) RevokeUserRefreshTokens(ctx context.Context, arg RevokeUserRefreshTokensParams) (int64, error) {
+	result, err := q.db.Exec(ctx, revokeUserRefreshTokens, arg.RevokedAt, arg.UserID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const setUserRole = `-- name: SetUserRole :exec
 UPDATE users SET role = $1, updated_at = $2 WHERE id = $3
 `
@@ -844,6 +1021,21 @@ type SetUserRoleParams struct {
 // users.role follows the superadmin binding (the contract's User.role).
 func (q *Queries) SetUserRole(ctx context.Context, arg SetUserRoleParams) error {
 	_, err := q.db.Exec(ctx, setUserRole, arg.Role, arg.UpdatedAt, arg.ID)
+	return err
+}
+
+const setUserStatus = `-- name: SetUserStatus :exec
+UPDATE users SET status = $1, updated_at = $2 WHERE id = $3
+`
+
+type SetUserStatusParams struct {
+	Status    string
+	UpdatedAt time.Time
+	ID        uuid.UUID
+}
+
+func (q *Queries) SetUserStatus(ctx context.Context, arg SetUserStatusParams) error {
+	_, err := q.db.Exec(ctx, setUserStatus, arg.Status, arg.UpdatedAt, arg.ID)
 	return err
 }
 
