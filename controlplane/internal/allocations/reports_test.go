@@ -121,8 +121,8 @@ func TestAgentReportsDriveTheLifecycle(t *testing.T) {
 	if n := w.count(t, `SELECT count(*) FROM allocation_gpus WHERE allocation_id = $1 AND released_at IS NULL`, a.ID); n != 0 {
 		t.Fatalf("released GPUs still held: %d", n)
 	}
-	if used, _ := w.App.Nodes.Allocations.NodeInUse(ctx, node); used {
-		t.Fatal("node still in use")
+	if used, err := w.App.Nodes.Allocations.NodeInUse(ctx, node); err != nil || used {
+		t.Fatalf("node still in use: %v %v", used, err)
 	}
 	// A late report of the first release task does not fit any more.
 	if err := w.report(t, node, first, false, ""); err == nil {

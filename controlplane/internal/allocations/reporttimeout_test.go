@@ -8,6 +8,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // A task the agent acknowledged and never reported on fails after the report timeout
@@ -92,7 +93,11 @@ func TestReportTimeout(t *testing.T) {
 	// A second sweep finds nothing; the agent's late report changes nothing.
 	before := w.writes(t)
 	sweep(t, allocations.ReportTimeoutStats{})
-	_ = w.report(t, node, pTask, true, `{"host":"h","port":22,"user":"u"}`)
+	// The late report is refused by the lifecycle (provisioned does not apply to a
+	// failed allocation), not lost to some other error.
+	if e, ok := apierr.As(w.report(t, node, pTask, true, `{"host":"h","port":22,"user":"u"}`)); !ok || e.Details["reason"] != "allocation_transition_invalid" {
+		t.Fatalf("late report: %v", e)
+	}
 	if w.writes(t) != before || w.status(t, p.ID).Status != "failed" {
 		t.Fatal("a late report or a second sweep wrote something")
 	}
