@@ -26,6 +26,69 @@ import (
 	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
+// Defines values for AccessCredentialRole.
+const (
+	AccessCredentialRoleAdmin       AccessCredentialRole = "admin"
+	AccessCredentialRoleLessThanNil AccessCredentialRole = "<nil>"
+	AccessCredentialRoleMember      AccessCredentialRole = "member"
+	AccessCredentialRoleViewer      AccessCredentialRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the AccessCredentialRole enum.
+func (e AccessCredentialRole) Valid() bool {
+	switch e {
+	case AccessCredentialRoleAdmin:
+		return true
+	case AccessCredentialRoleLessThanNil:
+		return true
+	case AccessCredentialRoleMember:
+		return true
+	case AccessCredentialRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AccessCredentialKind.
+const (
+	AccessCredentialKindProject        AccessCredentialKind = "project"
+	AccessCredentialKindServiceAccount AccessCredentialKind = "service_account"
+)
+
+// Valid indicates whether the value is a known member of the AccessCredentialKind enum.
+func (e AccessCredentialKind) Valid() bool {
+	switch e {
+	case AccessCredentialKindProject:
+		return true
+	case AccessCredentialKindServiceAccount:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AccessCredentialStatus.
+const (
+	AccessCredentialStatusActive  AccessCredentialStatus = "active"
+	AccessCredentialStatusExpired AccessCredentialStatus = "expired"
+	AccessCredentialStatusRevoked AccessCredentialStatus = "revoked"
+)
+
+// Valid indicates whether the value is a known member of the AccessCredentialStatus enum.
+func (e AccessCredentialStatus) Valid() bool {
+	switch e {
+	case AccessCredentialStatusActive:
+		return true
+	case AccessCredentialStatusExpired:
+		return true
+	case AccessCredentialStatusRevoked:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AccountSecurityResponseMfaState.
 const (
 	AccountSecurityResponseMfaStateActive  AccountSecurityResponseMfaState = "active"
@@ -548,6 +611,21 @@ func (e BillingUsageSource) Valid() bool {
 	}
 }
 
+// Defines values for ClientCredentialsTokenResponseTokenType.
+const (
+	ClientCredentialsTokenResponseTokenTypeBearer ClientCredentialsTokenResponseTokenType = "Bearer"
+)
+
+// Valid indicates whether the value is a known member of the ClientCredentialsTokenResponseTokenType enum.
+func (e ClientCredentialsTokenResponseTokenType) Valid() bool {
+	switch e {
+	case ClientCredentialsTokenResponseTokenTypeBearer:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DepartmentLifecycleState.
 const (
 	DepartmentLifecycleStateActive   DepartmentLifecycleState = "active"
@@ -758,6 +836,27 @@ func (e MFARecoveryRequestStatus) Valid() bool {
 	}
 }
 
+// Defines values for MachineProjectRole.
+const (
+	MachineProjectRoleAdmin  MachineProjectRole = "admin"
+	MachineProjectRoleMember MachineProjectRole = "member"
+	MachineProjectRoleViewer MachineProjectRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the MachineProjectRole enum.
+func (e MachineProjectRole) Valid() bool {
+	switch e {
+	case MachineProjectRoleAdmin:
+		return true
+	case MachineProjectRoleMember:
+		return true
+	case MachineProjectRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NodeScheduleState.
 const (
 	NodeScheduleStateCordoned    NodeScheduleState = "cordoned"
@@ -797,6 +896,33 @@ func (e NodeStatus) Valid() bool {
 	case NodeStatusOnline:
 		return true
 	case NodeStatusPending:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for OAuthErrorError.
+const (
+	OAuthErrorErrorInvalidClient        OAuthErrorError = "invalid_client"
+	OAuthErrorErrorInvalidRequest       OAuthErrorError = "invalid_request"
+	OAuthErrorErrorInvalidScope         OAuthErrorError = "invalid_scope"
+	OAuthErrorErrorUnauthorizedClient   OAuthErrorError = "unauthorized_client"
+	OAuthErrorErrorUnsupportedGrantType OAuthErrorError = "unsupported_grant_type"
+)
+
+// Valid indicates whether the value is a known member of the OAuthErrorError enum.
+func (e OAuthErrorError) Valid() bool {
+	switch e {
+	case OAuthErrorErrorInvalidClient:
+		return true
+	case OAuthErrorErrorInvalidRequest:
+		return true
+	case OAuthErrorErrorInvalidScope:
+		return true
+	case OAuthErrorErrorUnauthorizedClient:
+		return true
+	case OAuthErrorErrorUnsupportedGrantType:
 		return true
 	default:
 		return false
@@ -1267,6 +1393,47 @@ func (e V3WorkloadStatus) Valid() bool {
 		return false
 	}
 }
+
+// AccessCredential A client credential (client id + hashed secret). The secret is never part of it.
+type AccessCredential struct {
+	ClientID  string               `json:"client_id"`
+	CreatedAt time.Time            `json:"created_at"`
+	CreatedBy *openapi_types.UUID  `json:"created_by"`
+	ExpiresAt *time.Time           `json:"expires_at"`
+	ID        openapi_types.UUID   `json:"id"`
+	Kind      AccessCredentialKind `json:"kind"`
+
+	// LastUsedAt Last token issued with it, to the minute.
+	LastUsedAt *time.Time `json:"last_used_at"`
+	Name       string     `json:"name"`
+
+	// ProjectID The project it is bound to (kind project).
+	ProjectID *openapi_types.UUID `json:"project_id"`
+	RevokedAt *time.Time          `json:"revoked_at"`
+
+	// Role Its role in project_id (kind project).
+	Role *AccessCredentialRole `json:"role"`
+
+	// ServiceAccountID The service account (kind service_account).
+	ServiceAccountID *openapi_types.UUID    `json:"service_account_id"`
+	Status           AccessCredentialStatus `json:"status"`
+	TenantID         openapi_types.UUID     `json:"tenant_id"`
+}
+
+// AccessCredentialRole Its role in project_id (kind project).
+type AccessCredentialRole string
+
+// AccessCredentialKind defines model for AccessCredentialKind.
+type AccessCredentialKind string
+
+// AccessCredentialListResponse defines model for AccessCredentialListResponse.
+type AccessCredentialListResponse struct {
+	Items      []AccessCredential `json:"items"`
+	Pagination Pagination         `json:"pagination"`
+}
+
+// AccessCredentialStatus defines model for AccessCredentialStatus.
+type AccessCredentialStatus string
 
 // AccountSecurityResponse defines model for AccountSecurityResponse.
 type AccountSecurityResponse struct {
@@ -2018,6 +2185,36 @@ type CatalogSKUPrice struct {
 	UnitPrice string `json:"unit_price"`
 }
 
+// ClientCredentialsTokenRequest RFC 6749 section 4.4.2. Every field is checked by the operation, which answers RFC 6749 errors; other parameters are ignored (RFC 6749 section 3.2).
+type ClientCredentialsTokenRequest struct {
+	ClientID     *string `json:"client_id,omitempty"`
+	ClientSecret *string `json:"client_secret,omitempty"`
+	GrantType    *string `json:"grant_type,omitempty"`
+	Scope        *string `json:"scope,omitempty"`
+}
+
+// ClientCredentialsTokenResponse defines model for ClientCredentialsTokenResponse.
+type ClientCredentialsTokenResponse struct {
+	AccessToken string `json:"access_token"`
+
+	// ExpiresIn Seconds until the access token expires.
+	ExpiresIn int `json:"expires_in"`
+
+	// Scope Always `api`.
+	Scope     string                                  `json:"scope"`
+	TokenType ClientCredentialsTokenResponseTokenType `json:"token_type"`
+}
+
+// ClientCredentialsTokenResponseTokenType defines model for ClientCredentialsTokenResponse.TokenType.
+type ClientCredentialsTokenResponseTokenType string
+
+// CreateAccessCredentialRequest defines model for CreateAccessCredentialRequest.
+type CreateAccessCredentialRequest struct {
+	// ExpiresAt When the credential stops working; must be in the future. None when absent.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Name      string     `json:"name"`
+}
+
 // CreateAllocationGroupRequest A gang launch of `count` allocations of one SKU in one region (docs/allocations.md). Members are named `<name>-<n>` (n = 1..count). Without `ssh_key_ids` every key of the caller's account is used.
 type CreateAllocationGroupRequest struct {
 	// Count How many allocations; all are placed or none.
@@ -2098,6 +2295,16 @@ type CreatePaymentTopUpRequest struct {
 	Amount Money `json:"amount"`
 }
 
+// CreateProjectAccessCredentialRequest defines model for CreateProjectAccessCredentialRequest.
+type CreateProjectAccessCredentialRequest struct {
+	// ExpiresAt When the credential stops working; must be in the future. None when absent.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Name      string     `json:"name"`
+
+	// Role A machine identity's role in a project (never owner).
+	Role MachineProjectRole `json:"role"`
+}
+
 // CreateProjectRequest defines model for CreateProjectRequest.
 type CreateProjectRequest struct {
 	// DepartmentID When omitted, the organization's default department is assigned.
@@ -2146,6 +2353,13 @@ type CreateSSHKeyRequest struct {
 	PublicKey string `json:"public_key"`
 }
 
+// CreateServiceAccountRequest defines model for CreateServiceAccountRequest.
+type CreateServiceAccountRequest struct {
+	Description  *string                     `json:"description,omitempty"`
+	Name         string                      `json:"name"`
+	ProjectRoles []ServiceAccountProjectRole `json:"project_roles,omitempty"`
+}
+
 // CreateTenantAdmin The tenant's first tenant admin.
 type CreateTenantAdmin struct {
 	DisplayName *string `json:"display_name,omitempty"`
@@ -2184,6 +2398,15 @@ type CreateTenantUserRequest struct {
 	// TenantRole A user's role in their tenant (organization).
 	TenantRole TenantRole `json:"tenant_role"`
 	Username   string     `json:"username"`
+}
+
+// CreatedAccessCredential defines model for CreatedAccessCredential.
+type CreatedAccessCredential struct {
+	// ClientSecret Shown in this response only; store it now. Send it to POST /api/v1/auth/token.
+	ClientSecret string `json:"client_secret"`
+
+	// Credential A client credential (client id + hashed secret). The secret is never part of it.
+	Credential AccessCredential `json:"credential"`
 }
 
 // DeleteProjectResponse defines model for DeleteProjectResponse.
@@ -2388,6 +2611,9 @@ type MFARecoveryRequest struct {
 // MFARecoveryRequestStatus defines model for MFARecoveryRequest.Status.
 type MFARecoveryRequestStatus string
 
+// MachineProjectRole A machine identity's role in a project (never owner).
+type MachineProjectRole string
+
 // Money An amount of money in integer minor units. Never a float.
 type Money struct {
 	// AmountMinor Amount in minor units of the currency (for example cents).
@@ -2509,6 +2735,15 @@ type NodeTokenRevokeResponse struct {
 	// Revoked False when the node had no live token.
 	Revoked bool `json:"revoked"`
 }
+
+// OAuthError RFC 6749 section 5.2 error, used only by POST /api/v1/auth/token.
+type OAuthError struct {
+	Error            OAuthErrorError `json:"error"`
+	ErrorDescription *string         `json:"error_description,omitempty"`
+}
+
+// OAuthErrorError defines model for OAuthError.Error.
+type OAuthErrorError string
 
 // OSImage An operating-system image an allocation may be launched with.
 type OSImage struct {
@@ -2740,6 +2975,31 @@ type SSHKey struct {
 type SSHKeyListResponse struct {
 	Items      []SSHKey   `json:"items"`
 	Pagination Pagination `json:"pagination"`
+}
+
+// ServiceAccount defines model for ServiceAccount.
+type ServiceAccount struct {
+	CreatedAt    time.Time                   `json:"created_at"`
+	CreatedBy    *openapi_types.UUID         `json:"created_by"`
+	Description  string                      `json:"description"`
+	ID           openapi_types.UUID          `json:"id"`
+	Name         string                      `json:"name"`
+	ProjectRoles []ServiceAccountProjectRole `json:"project_roles"`
+	TenantID     openapi_types.UUID          `json:"tenant_id"`
+}
+
+// ServiceAccountListResponse defines model for ServiceAccountListResponse.
+type ServiceAccountListResponse struct {
+	Items      []ServiceAccount `json:"items"`
+	Pagination Pagination       `json:"pagination"`
+}
+
+// ServiceAccountProjectRole defines model for ServiceAccountProjectRole.
+type ServiceAccountProjectRole struct {
+	ProjectID openapi_types.UUID `json:"project_id"`
+
+	// Role A machine identity's role in a project (never owner).
+	Role MachineProjectRole `json:"role"`
 }
 
 // SignupRequest defines model for SignupRequest.
@@ -3219,6 +3479,31 @@ type VerifyTOTPParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListAdminAccessCredentialsParams defines parameters for ListAdminAccessCredentials.
+type ListAdminAccessCredentialsParams struct {
+	// TenantID Only credentials of this tenant.
+	TenantID *openapi_types.UUID `form:"tenant_id,omitempty" json:"tenant_id,omitempty"`
+
+	// Kind Only credentials of this kind.
+	Kind *AccessCredentialKind `form:"kind,omitempty" json:"kind,omitempty"`
+
+	// Status Only credentials in this status.
+	Status *AccessCredentialStatus `form:"status,omitempty" json:"status,omitempty"`
+
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// RevokeAdminAccessCredentialParams defines parameters for RevokeAdminAccessCredential.
+type RevokeAdminAccessCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListAdminAllocationsParams defines parameters for ListAdminAllocations.
 type ListAdminAllocationsParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -3690,6 +3975,12 @@ type StepUpParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// IssueAccessTokenParams defines parameters for IssueAccessToken.
+type IssueAccessTokenParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // GetBillingAccountParams defines parameters for GetBillingAccount.
 type GetBillingAccountParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
@@ -3960,6 +4251,31 @@ type UpdateProjectParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListProjectAccessCredentialsParams defines parameters for ListProjectAccessCredentials.
+type ListProjectAccessCredentialsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateProjectAccessCredentialParams defines parameters for CreateProjectAccessCredential.
+type CreateProjectAccessCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// DeleteProjectAccessCredentialParams defines parameters for DeleteProjectAccessCredential.
+type DeleteProjectAccessCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListProjectMembersParams defines parameters for ListProjectMembers.
 type ListProjectMembersParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -3989,6 +4305,40 @@ type RemoveProjectMemberParams struct {
 type UpdateProjectMemberParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListServiceAccountsParams defines parameters for ListServiceAccounts.
+type ListServiceAccountsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateServiceAccountParams defines parameters for CreateServiceAccount.
+type CreateServiceAccountParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// DeleteServiceAccountParams defines parameters for DeleteServiceAccount.
+type DeleteServiceAccountParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateServiceAccountCredentialParams defines parameters for CreateServiceAccountCredential.
+type CreateServiceAccountCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // ListSSHKeysParams defines parameters for ListSSHKeys.
@@ -4158,6 +4508,9 @@ type SignupJSONRequestBody = SignupRequest
 // StepUpJSONRequestBody defines body for StepUp for application/json ContentType.
 type StepUpJSONRequestBody = StepUpRequest
 
+// IssueAccessTokenFormdataRequestBody defines body for IssueAccessToken for application/x-www-form-urlencoded ContentType.
+type IssueAccessTokenFormdataRequestBody = ClientCredentialsTokenRequest
+
 // CreateBillingBudgetJSONRequestBody defines body for CreateBillingBudget for application/json ContentType.
 type CreateBillingBudgetJSONRequestBody = BillingBudgetCreateRequest
 
@@ -4185,11 +4538,20 @@ type CreateProjectJSONRequestBody = CreateProjectRequest
 // UpdateProjectJSONRequestBody defines body for UpdateProject for application/json ContentType.
 type UpdateProjectJSONRequestBody = UpdateProjectRequest
 
+// CreateProjectAccessCredentialJSONRequestBody defines body for CreateProjectAccessCredential for application/json ContentType.
+type CreateProjectAccessCredentialJSONRequestBody = CreateProjectAccessCredentialRequest
+
 // AddProjectMemberJSONRequestBody defines body for AddProjectMember for application/json ContentType.
 type AddProjectMemberJSONRequestBody = AddProjectMemberRequest
 
 // UpdateProjectMemberJSONRequestBody defines body for UpdateProjectMember for application/json ContentType.
 type UpdateProjectMemberJSONRequestBody = UpdateProjectMemberRequest
+
+// CreateServiceAccountJSONRequestBody defines body for CreateServiceAccount for application/json ContentType.
+type CreateServiceAccountJSONRequestBody = CreateServiceAccountRequest
+
+// CreateServiceAccountCredentialJSONRequestBody defines body for CreateServiceAccountCredential for application/json ContentType.
+type CreateServiceAccountCredentialJSONRequestBody = CreateAccessCredentialRequest
 
 // CreateSSHKeyJSONRequestBody defines body for CreateSSHKey for application/json ContentType.
 type CreateSSHKeyJSONRequestBody = CreateSSHKeyRequest
@@ -4325,6 +4687,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
 	VerifyTOTP(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAdminAccessCredentials List access credentials across tenants
+	//
+	// Platform admins. Newest first; secrets are never listed.
+	//
+	// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+	ListAdminAccessCredentials(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RevokeAdminAccessCredential Revoke any access credential
+	//
+	// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+	//
+	// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+	RevokeAdminAccessCredential(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListAdminAllocations List allocations across tenants
 	//
@@ -5028,6 +5404,24 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
 	StepUp(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// IssueAccessTokenWithBody OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithBody(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// IssueAccessTokenWithFormdataBody OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes a body of the `application/x-www-form-urlencoded` content type.
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithFormdataBody(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetBillingAccount Billing account of the caller's tenant
 	//
 	// The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -5382,6 +5776,38 @@ type ClientInterface interface {
 	// Corresponds with PATCH /api/v1/projects/{project_id} (the `UpdateProject` operationId).
 	UpdateProject(ctx context.Context, projectID openapi_types.UUID, params *UpdateProjectParams, body UpdateProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListProjectAccessCredentials List the project's access credentials
+	//
+	// Project admins. Secrets are never listed.
+	//
+	// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+	ListProjectAccessCredentials(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateProjectAccessCredentialWithBody Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredentialWithBody(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateProjectAccessCredential Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteProjectAccessCredential Revoke a project access credential
+	//
+	// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+	//
+	// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+	DeleteProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListProjectMembers List project members
 	//
 	// Corresponds with GET /api/v1/projects/{project_id}/members (the `ListProjectMembers` operationId).
@@ -5429,6 +5855,56 @@ type ClientInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/projects/{project_id}/members/{member_id} (the `UpdateProjectMember` operationId).
 	UpdateProjectMember(ctx context.Context, projectID openapi_types.UUID, memberID openapi_types.UUID, params *UpdateProjectMemberParams, body UpdateProjectMemberJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListServiceAccounts List the tenant's service accounts
+	//
+	// Tenant admins only. Deleted service accounts are not listed.
+	//
+	// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+	ListServiceAccounts(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccountWithBody Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccountWithBody(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccount Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccount(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteServiceAccount Delete a service account
+	//
+	// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+	//
+	// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+	DeleteServiceAccount(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccountCredentialWithBody Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredentialWithBody(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccountCredential Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredential(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSSHKeys List the caller's SSH public keys
 	//
@@ -5659,6 +6135,40 @@ func (c *Client) VerifyTOTPWithBody(ctx context.Context, params *VerifyTOTPParam
 // Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
 func (c *Client) VerifyTOTP(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewVerifyTOTPRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAdminAccessCredentials List access credentials across tenants
+//
+// Platform admins. Newest first; secrets are never listed.
+//
+// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+func (c *Client) ListAdminAccessCredentials(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAdminAccessCredentialsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeAdminAccessCredential Revoke any access credential
+//
+// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+//
+// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+func (c *Client) RevokeAdminAccessCredential(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeAdminAccessCredentialRequest(c.Server, credentialID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -7181,6 +7691,44 @@ func (c *Client) StepUp(ctx context.Context, params *StepUpParams, body StepUpJS
 	return c.Client.Do(req)
 }
 
+// IssueAccessTokenWithBody OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *Client) IssueAccessTokenWithBody(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewIssueAccessTokenRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// IssueAccessTokenWithFormdataBody OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes a body of the `application/x-www-form-urlencoded` content type.
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *Client) IssueAccessTokenWithFormdataBody(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewIssueAccessTokenRequestWithFormdataBody(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetBillingAccount Billing account of the caller's tenant
 //
 // The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -7985,6 +8533,78 @@ func (c *Client) UpdateProject(ctx context.Context, projectID openapi_types.UUID
 	return c.Client.Do(req)
 }
 
+// ListProjectAccessCredentials List the project's access credentials
+//
+// Project admins. Secrets are never listed.
+//
+// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+func (c *Client) ListProjectAccessCredentials(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListProjectAccessCredentialsRequest(c.Server, projectID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateProjectAccessCredentialWithBody Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *Client) CreateProjectAccessCredentialWithBody(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateProjectAccessCredentialRequestWithBody(c.Server, projectID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateProjectAccessCredential Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *Client) CreateProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateProjectAccessCredentialRequest(c.Server, projectID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteProjectAccessCredential Revoke a project access credential
+//
+// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+//
+// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+func (c *Client) DeleteProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteProjectAccessCredentialRequest(c.Server, projectID, credentialID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListProjectMembers List project members
 //
 // Corresponds with GET /api/v1/projects/{project_id}/members (the `ListProjectMembers` operationId).
@@ -8083,6 +8703,116 @@ func (c *Client) UpdateProjectMemberWithBody(ctx context.Context, projectID open
 // Corresponds with PATCH /api/v1/projects/{project_id}/members/{member_id} (the `UpdateProjectMember` operationId).
 func (c *Client) UpdateProjectMember(ctx context.Context, projectID openapi_types.UUID, memberID openapi_types.UUID, params *UpdateProjectMemberParams, body UpdateProjectMemberJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewUpdateProjectMemberRequest(c.Server, projectID, memberID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListServiceAccounts List the tenant's service accounts
+//
+// Tenant admins only. Deleted service accounts are not listed.
+//
+// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+func (c *Client) ListServiceAccounts(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListServiceAccountsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccountWithBody Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *Client) CreateServiceAccountWithBody(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccount Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *Client) CreateServiceAccount(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteServiceAccount Delete a service account
+//
+// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+//
+// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+func (c *Client) DeleteServiceAccount(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteServiceAccountRequest(c.Server, serviceAccountID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccountCredentialWithBody Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *Client) CreateServiceAccountCredentialWithBody(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountCredentialRequestWithBody(c.Server, serviceAccountID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccountCredential Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *Client) CreateServiceAccountCredential(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountCredentialRequest(c.Server, serviceAccountID, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -8563,6 +9293,172 @@ func NewVerifyTOTPRequestWithBody(server string, params *VerifyTOTPParams, conte
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListAdminAccessCredentialsRequest constructs an http.Request for the ListAdminAccessCredentials method
+func NewListAdminAccessCredentialsRequest(server string, params *ListAdminAccessCredentialsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/access-credentials")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.TenantID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant_id", *params.TenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Kind != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "kind", *params.Kind, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Status != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "status", *params.Status, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewRevokeAdminAccessCredentialRequest constructs an http.Request for the RevokeAdminAccessCredential method
+func NewRevokeAdminAccessCredentialRequest(server string, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "credential_id", credentialID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/access-credentials/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	if params != nil {
 
@@ -12218,6 +13114,61 @@ func NewStepUpRequestWithBody(server string, params *StepUpParams, contentType s
 	return req, nil
 }
 
+// NewIssueAccessTokenRequestWithFormdataBody calls the generic IssueAccessToken builder with application/x-www-form-urlencoded body
+func NewIssueAccessTokenRequestWithFormdataBody(server string, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	bodyStr, err := runtime.MarshalForm(body, nil)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = strings.NewReader(bodyStr.Encode())
+	return NewIssueAccessTokenRequestWithBody(server, params, "application/x-www-form-urlencoded", bodyReader)
+}
+
+// NewIssueAccessTokenRequestWithBody constructs an http.Request for the IssueAccessToken method, with any body, and a specified content type
+func NewIssueAccessTokenRequestWithBody(server string, params *IssueAccessTokenParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/auth/token")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewGetBillingAccountRequest constructs an http.Request for the GetBillingAccount method
 func NewGetBillingAccountRequest(server string, params *GetBillingAccountParams) (*http.Request, error) {
 	var err error
@@ -14311,6 +15262,223 @@ func NewUpdateProjectRequestWithBody(server string, projectID openapi_types.UUID
 	return req, nil
 }
 
+// NewListProjectAccessCredentialsRequest constructs an http.Request for the ListProjectAccessCredentials method
+func NewListProjectAccessCredentialsRequest(server string, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "project_id", projectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/projects/%s/access-credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateProjectAccessCredentialRequest calls the generic CreateProjectAccessCredential builder with application/json body
+func NewCreateProjectAccessCredentialRequest(server string, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateProjectAccessCredentialRequestWithBody(server, projectID, params, "application/json", bodyReader)
+}
+
+// NewCreateProjectAccessCredentialRequestWithBody constructs an http.Request for the CreateProjectAccessCredential method, with any body, and a specified content type
+func NewCreateProjectAccessCredentialRequestWithBody(server string, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "project_id", projectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/projects/%s/access-credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteProjectAccessCredentialRequest constructs an http.Request for the DeleteProjectAccessCredential method
+func NewDeleteProjectAccessCredentialRequest(server string, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "project_id", projectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "credential_id", credentialID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/projects/%s/access-credentials/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewListProjectMembersRequest constructs an http.Request for the ListProjectMembers method
 func NewListProjectMembersRequest(server string, projectID openapi_types.UUID, params *ListProjectMembersParams) (*http.Request, error) {
 	var err error
@@ -14590,6 +15758,275 @@ func NewUpdateProjectMemberRequestWithBody(server string, projectID openapi_type
 			}
 
 			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListServiceAccountsRequest constructs an http.Request for the ListServiceAccounts method
+func NewListServiceAccountsRequest(server string, params *ListServiceAccountsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateServiceAccountRequest calls the generic CreateServiceAccount builder with application/json body
+func NewCreateServiceAccountRequest(server string, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateServiceAccountRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateServiceAccountRequestWithBody constructs an http.Request for the CreateServiceAccount method, with any body, and a specified content type
+func NewCreateServiceAccountRequestWithBody(server string, params *CreateServiceAccountParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteServiceAccountRequest constructs an http.Request for the DeleteServiceAccount method
+func NewDeleteServiceAccountRequest(server string, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "service_account_id", serviceAccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateServiceAccountCredentialRequest calls the generic CreateServiceAccountCredential builder with application/json body
+func NewCreateServiceAccountCredentialRequest(server string, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateServiceAccountCredentialRequestWithBody(server, serviceAccountID, params, "application/json", bodyReader)
+}
+
+// NewCreateServiceAccountCredentialRequestWithBody constructs an http.Request for the CreateServiceAccountCredential method, with any body, and a specified content type
+func NewCreateServiceAccountCredentialRequestWithBody(server string, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "service_account_id", serviceAccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts/%s/credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
 		}
 
 	}
@@ -15352,6 +16789,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
 	VerifyTOTPWithResponse(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*VerifyTOTPHTTPResponse, error)
+
+	// ListAdminAccessCredentialsWithResponse List access credentials across tenants
+	//
+	// Platform admins. Newest first; secrets are never listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+	ListAdminAccessCredentialsWithResponse(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListAdminAccessCredentialsHTTPResponse, error)
+
+	// RevokeAdminAccessCredentialWithResponse Revoke any access credential
+	//
+	// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+	RevokeAdminAccessCredentialWithResponse(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*RevokeAdminAccessCredentialHTTPResponse, error)
 
 	// ListAdminAllocationsWithResponse List allocations across tenants
 	//
@@ -16117,6 +17572,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
 	StepUpWithResponse(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*StepUpHTTPResponse, error)
 
+	// IssueAccessTokenWithBodyWithResponse OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error)
+
+	// IssueAccessTokenWithFormdataBodyWithResponse OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes a body of the `application/x-www-form-urlencoded` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithFormdataBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error)
+
 	// GetBillingAccountWithResponse Billing account of the caller's tenant
 	//
 	// The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -16523,6 +17996,42 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PATCH /api/v1/projects/{project_id} (the `UpdateProject` operationId).
 	UpdateProjectWithResponse(ctx context.Context, projectID openapi_types.UUID, params *UpdateProjectParams, body UpdateProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateProjectHTTPResponse, error)
 
+	// ListProjectAccessCredentialsWithResponse List the project's access credentials
+	//
+	// Project admins. Secrets are never listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+	ListProjectAccessCredentialsWithResponse(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListProjectAccessCredentialsHTTPResponse, error)
+
+	// CreateProjectAccessCredentialWithBodyWithResponse Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredentialWithBodyWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error)
+
+	// CreateProjectAccessCredentialWithResponse Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error)
+
+	// DeleteProjectAccessCredentialWithResponse Revoke a project access credential
+	//
+	// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+	DeleteProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*DeleteProjectAccessCredentialHTTPResponse, error)
+
 	// ListProjectMembersWithResponse List project members
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -16574,6 +18083,60 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/projects/{project_id}/members/{member_id} (the `UpdateProjectMember` operationId).
 	UpdateProjectMemberWithResponse(ctx context.Context, projectID openapi_types.UUID, memberID openapi_types.UUID, params *UpdateProjectMemberParams, body UpdateProjectMemberJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateProjectMemberHTTPResponse, error)
+
+	// ListServiceAccountsWithResponse List the tenant's service accounts
+	//
+	// Tenant admins only. Deleted service accounts are not listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+	ListServiceAccountsWithResponse(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*ListServiceAccountsHTTPResponse, error)
+
+	// CreateServiceAccountWithBodyWithResponse Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccountWithBodyWithResponse(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error)
+
+	// CreateServiceAccountWithResponse Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccountWithResponse(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error)
+
+	// DeleteServiceAccountWithResponse Delete a service account
+	//
+	// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+	DeleteServiceAccountWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*DeleteServiceAccountHTTPResponse, error)
+
+	// CreateServiceAccountCredentialWithBodyWithResponse Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredentialWithBodyWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error)
+
+	// CreateServiceAccountCredentialWithResponse Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredentialWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error)
 
 	// ListSSHKeysWithResponse List the caller's SSH public keys
 	//
@@ -17373,6 +18936,309 @@ func (r VerifyTOTPHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r VerifyTOTPHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAdminAccessCredentialsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAdminAccessCredentialsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AccessCredentialListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAdminAccessCredentialsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAdminAccessCredentialsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAdminAccessCredentialsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAdminAccessCredentialsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAdminAccessCredentialsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAdminAccessCredentialsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAdminAccessCredentialsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAdminAccessCredentialsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON200() *AccessCredentialListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAdminAccessCredentialsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAdminAccessCredentialsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAdminAccessCredentialsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAdminAccessCredentialsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RevokeAdminAccessCredentialHTTPResponse204Headers the declared response headers of an HTTP 204 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse404Headers the declared response headers of an HTTP 404 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type RevokeAdminAccessCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *RevokeAdminAccessCredentialHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RevokeAdminAccessCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RevokeAdminAccessCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *RevokeAdminAccessCredentialHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *RevokeAdminAccessCredentialHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *RevokeAdminAccessCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RevokeAdminAccessCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RevokeAdminAccessCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RevokeAdminAccessCredentialHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeAdminAccessCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeAdminAccessCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeAdminAccessCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeAdminAccessCredentialHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -26801,6 +28667,160 @@ func (r StepUpHTTPResponse) ContentType() string {
 	return ""
 }
 
+// IssueAccessTokenHTTPResponse200Headers the declared response headers of an HTTP 200 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse200Headers struct {
+	CacheControl *string
+	Pragma       *string
+	XRequestID   *string
+}
+
+// IssueAccessTokenHTTPResponse400Headers the declared response headers of an HTTP 400 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse400Headers struct {
+	CacheControl *string
+	XRequestID   *string
+}
+
+// IssueAccessTokenHTTPResponse401Headers the declared response headers of an HTTP 401 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse401Headers struct {
+	CacheControl    *string
+	WWWAuthenticate *string
+	XRequestID      *string
+}
+
+// IssueAccessTokenHTTPResponse413Headers the declared response headers of an HTTP 413 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// IssueAccessTokenHTTPResponse422Headers the declared response headers of an HTTP 422 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// IssueAccessTokenHTTPResponse429Headers the declared response headers of an HTTP 429 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse429Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+	XRequestID   *string
+}
+
+// IssueAccessTokenHTTPResponse500Headers the declared response headers of an HTTP 500 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// IssueAccessTokenHTTPResponse503Headers the declared response headers of an HTTP 503 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type IssueAccessTokenHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ClientCredentialsTokenResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *OAuthError
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *OAuthError
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *OAuthError
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *IssueAccessTokenHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *IssueAccessTokenHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *IssueAccessTokenHTTPResponse401Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *IssueAccessTokenHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *IssueAccessTokenHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *IssueAccessTokenHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *IssueAccessTokenHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *IssueAccessTokenHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON200() *ClientCredentialsTokenResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON400() *OAuthError {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON401() *OAuthError {
+	return r.JSON401
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON429() *OAuthError {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r IssueAccessTokenHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r IssueAccessTokenHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r IssueAccessTokenHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r IssueAccessTokenHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetBillingAccountHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetBillingAccount
 type GetBillingAccountHTTPResponse200Headers struct {
 	XRequestID *string
@@ -32183,6 +34203,485 @@ func (r UpdateProjectHTTPResponse) ContentType() string {
 	return ""
 }
 
+// ListProjectAccessCredentialsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListProjectAccessCredentialsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AccessCredentialListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListProjectAccessCredentialsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListProjectAccessCredentialsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListProjectAccessCredentialsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListProjectAccessCredentialsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListProjectAccessCredentialsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListProjectAccessCredentialsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListProjectAccessCredentialsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListProjectAccessCredentialsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON200() *AccessCredentialListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListProjectAccessCredentialsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListProjectAccessCredentialsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListProjectAccessCredentialsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListProjectAccessCredentialsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateProjectAccessCredentialHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateProjectAccessCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *CreatedAccessCredential
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateProjectAccessCredentialHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateProjectAccessCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateProjectAccessCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateProjectAccessCredentialHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateProjectAccessCredentialHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateProjectAccessCredentialHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateProjectAccessCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateProjectAccessCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateProjectAccessCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateProjectAccessCredentialHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON201() *CreatedAccessCredential {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateProjectAccessCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateProjectAccessCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateProjectAccessCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateProjectAccessCredentialHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteProjectAccessCredentialHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteProjectAccessCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteProjectAccessCredentialHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *DeleteProjectAccessCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteProjectAccessCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteProjectAccessCredentialHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteProjectAccessCredentialHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteProjectAccessCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteProjectAccessCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteProjectAccessCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteProjectAccessCredentialHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteProjectAccessCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteProjectAccessCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteProjectAccessCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteProjectAccessCredentialHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListProjectMembersHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListProjectMembers
 type ListProjectMembersHTTPResponse200Headers struct {
 	XRequestID *string
@@ -32888,6 +35387,675 @@ func (r UpdateProjectMemberHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r UpdateProjectMemberHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListServiceAccountsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListServiceAccountsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ServiceAccountListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListServiceAccountsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListServiceAccountsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListServiceAccountsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListServiceAccountsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListServiceAccountsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListServiceAccountsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListServiceAccountsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListServiceAccountsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON200() *ServiceAccountListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListServiceAccountsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListServiceAccountsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListServiceAccountsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListServiceAccountsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateServiceAccountHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateServiceAccountHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *ServiceAccount
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateServiceAccountHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateServiceAccountHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateServiceAccountHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateServiceAccountHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateServiceAccountHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateServiceAccountHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateServiceAccountHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateServiceAccountHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateServiceAccountHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateServiceAccountHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON201() *ServiceAccount {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateServiceAccountHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateServiceAccountHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateServiceAccountHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateServiceAccountHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteServiceAccountHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse400Headers the declared response headers of an HTTP 400 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteServiceAccountHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteServiceAccountHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *DeleteServiceAccountHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteServiceAccountHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteServiceAccountHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteServiceAccountHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteServiceAccountHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteServiceAccountHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteServiceAccountHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteServiceAccountHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteServiceAccountHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteServiceAccountHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteServiceAccountHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteServiceAccountHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateServiceAccountCredentialHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse404Headers the declared response headers of an HTTP 404 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateServiceAccountCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *CreatedAccessCredential
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateServiceAccountCredentialHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateServiceAccountCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateServiceAccountCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateServiceAccountCredentialHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreateServiceAccountCredentialHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateServiceAccountCredentialHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateServiceAccountCredentialHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateServiceAccountCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateServiceAccountCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateServiceAccountCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateServiceAccountCredentialHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON201() *CreatedAccessCredential {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateServiceAccountCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateServiceAccountCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateServiceAccountCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateServiceAccountCredentialHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -34673,6 +37841,36 @@ func (c *ClientWithResponses) VerifyTOTPWithResponse(ctx context.Context, params
 	return ParseVerifyTOTPHTTPResponse(rsp)
 }
 
+// ListAdminAccessCredentialsWithResponse List access credentials across tenants
+//
+// Platform admins. Newest first; secrets are never listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+func (c *ClientWithResponses) ListAdminAccessCredentialsWithResponse(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListAdminAccessCredentialsHTTPResponse, error) {
+	rsp, err := c.ListAdminAccessCredentials(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAdminAccessCredentialsHTTPResponse(rsp)
+}
+
+// RevokeAdminAccessCredentialWithResponse Revoke any access credential
+//
+// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+func (c *ClientWithResponses) RevokeAdminAccessCredentialWithResponse(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*RevokeAdminAccessCredentialHTTPResponse, error) {
+	rsp, err := c.RevokeAdminAccessCredential(ctx, credentialID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeAdminAccessCredentialHTTPResponse(rsp)
+}
+
 // ListAdminAllocationsWithResponse List allocations across tenants
 //
 // Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
@@ -35923,6 +39121,36 @@ func (c *ClientWithResponses) StepUpWithResponse(ctx context.Context, params *St
 	return ParseStepUpHTTPResponse(rsp)
 }
 
+// IssueAccessTokenWithBodyWithResponse OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *ClientWithResponses) IssueAccessTokenWithBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error) {
+	rsp, err := c.IssueAccessTokenWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseIssueAccessTokenHTTPResponse(rsp)
+}
+
+// IssueAccessTokenWithFormdataBodyWithResponse OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes a body of the `application/x-www-form-urlencoded` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *ClientWithResponses) IssueAccessTokenWithFormdataBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error) {
+	rsp, err := c.IssueAccessTokenWithFormdataBody(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseIssueAccessTokenHTTPResponse(rsp)
+}
+
 // GetBillingAccountWithResponse Billing account of the caller's tenant
 //
 // The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -36599,6 +39827,66 @@ func (c *ClientWithResponses) UpdateProjectWithResponse(ctx context.Context, pro
 	return ParseUpdateProjectHTTPResponse(rsp)
 }
 
+// ListProjectAccessCredentialsWithResponse List the project's access credentials
+//
+// Project admins. Secrets are never listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+func (c *ClientWithResponses) ListProjectAccessCredentialsWithResponse(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListProjectAccessCredentialsHTTPResponse, error) {
+	rsp, err := c.ListProjectAccessCredentials(ctx, projectID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListProjectAccessCredentialsHTTPResponse(rsp)
+}
+
+// CreateProjectAccessCredentialWithBodyWithResponse Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *ClientWithResponses) CreateProjectAccessCredentialWithBodyWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error) {
+	rsp, err := c.CreateProjectAccessCredentialWithBody(ctx, projectID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateProjectAccessCredentialHTTPResponse(rsp)
+}
+
+// CreateProjectAccessCredentialWithResponse Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *ClientWithResponses) CreateProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error) {
+	rsp, err := c.CreateProjectAccessCredential(ctx, projectID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateProjectAccessCredentialHTTPResponse(rsp)
+}
+
+// DeleteProjectAccessCredentialWithResponse Revoke a project access credential
+//
+// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+func (c *ClientWithResponses) DeleteProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*DeleteProjectAccessCredentialHTTPResponse, error) {
+	rsp, err := c.DeleteProjectAccessCredential(ctx, projectID, credentialID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteProjectAccessCredentialHTTPResponse(rsp)
+}
+
 // ListProjectMembersWithResponse List project members
 //
 // Returns a wrapper object for the known response body format(s).
@@ -36685,6 +39973,96 @@ func (c *ClientWithResponses) UpdateProjectMemberWithResponse(ctx context.Contex
 		return nil, err
 	}
 	return ParseUpdateProjectMemberHTTPResponse(rsp)
+}
+
+// ListServiceAccountsWithResponse List the tenant's service accounts
+//
+// Tenant admins only. Deleted service accounts are not listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+func (c *ClientWithResponses) ListServiceAccountsWithResponse(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*ListServiceAccountsHTTPResponse, error) {
+	rsp, err := c.ListServiceAccounts(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListServiceAccountsHTTPResponse(rsp)
+}
+
+// CreateServiceAccountWithBodyWithResponse Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *ClientWithResponses) CreateServiceAccountWithBodyWithResponse(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccountWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountHTTPResponse(rsp)
+}
+
+// CreateServiceAccountWithResponse Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *ClientWithResponses) CreateServiceAccountWithResponse(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccount(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountHTTPResponse(rsp)
+}
+
+// DeleteServiceAccountWithResponse Delete a service account
+//
+// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+func (c *ClientWithResponses) DeleteServiceAccountWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*DeleteServiceAccountHTTPResponse, error) {
+	rsp, err := c.DeleteServiceAccount(ctx, serviceAccountID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteServiceAccountHTTPResponse(rsp)
+}
+
+// CreateServiceAccountCredentialWithBodyWithResponse Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *ClientWithResponses) CreateServiceAccountCredentialWithBodyWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccountCredentialWithBody(ctx, serviceAccountID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountCredentialHTTPResponse(rsp)
+}
+
+// CreateServiceAccountCredentialWithResponse Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *ClientWithResponses) CreateServiceAccountCredentialWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccountCredential(ctx, serviceAccountID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountCredentialHTTPResponse(rsp)
 }
 
 // ListSSHKeysWithResponse List the caller's SSH public keys
@@ -37659,6 +41037,363 @@ func ParseVerifyTOTPHTTPResponse(rsp *http.Response) (*VerifyTOTPHTTPResponse, e
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers VerifyTOTPHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAdminAccessCredentialsHTTPResponse parses an HTTP response from a ListAdminAccessCredentialsWithResponse call
+func ParseListAdminAccessCredentialsHTTPResponse(rsp *http.Response) (*ListAdminAccessCredentialsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAdminAccessCredentialsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AccessCredentialListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAdminAccessCredentialsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAdminAccessCredentialsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAdminAccessCredentialsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAdminAccessCredentialsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAdminAccessCredentialsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAdminAccessCredentialsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAdminAccessCredentialsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAdminAccessCredentialsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRevokeAdminAccessCredentialHTTPResponse parses an HTTP response from a RevokeAdminAccessCredentialWithResponse call
+func ParseRevokeAdminAccessCredentialHTTPResponse(rsp *http.Response) (*RevokeAdminAccessCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RevokeAdminAccessCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers RevokeAdminAccessCredentialHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers RevokeAdminAccessCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RevokeAdminAccessCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers RevokeAdminAccessCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers RevokeAdminAccessCredentialHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers RevokeAdminAccessCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers RevokeAdminAccessCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers RevokeAdminAccessCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers RevokeAdminAccessCredentialHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -48706,6 +52441,220 @@ func ParseStepUpHTTPResponse(rsp *http.Response) (*StepUpHTTPResponse, error) {
 	return response, nil
 }
 
+// ParseIssueAccessTokenHTTPResponse parses an HTTP response from a IssueAccessTokenWithResponse call
+func ParseIssueAccessTokenHTTPResponse(rsp *http.Response) (*IssueAccessTokenHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &IssueAccessTokenHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ClientCredentialsTokenResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest OAuthError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest OAuthError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest OAuthError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers IssueAccessTokenHTTPResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Pragma"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Pragma", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Pragma = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers IssueAccessTokenHTTPResponse400Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers IssueAccessTokenHTTPResponse401Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 413:
+		var headers IssueAccessTokenHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers IssueAccessTokenHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers IssueAccessTokenHTTPResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers IssueAccessTokenHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers IssueAccessTokenHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetBillingAccountHTTPResponse parses an HTTP response from a GetBillingAccountWithResponse call
 func ParseGetBillingAccountHTTPResponse(rsp *http.Response) (*GetBillingAccountHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -54961,6 +58910,569 @@ func ParseUpdateProjectHTTPResponse(rsp *http.Response) (*UpdateProjectHTTPRespo
 	return response, nil
 }
 
+// ParseListProjectAccessCredentialsHTTPResponse parses an HTTP response from a ListProjectAccessCredentialsWithResponse call
+func ParseListProjectAccessCredentialsHTTPResponse(rsp *http.Response) (*ListProjectAccessCredentialsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListProjectAccessCredentialsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AccessCredentialListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListProjectAccessCredentialsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListProjectAccessCredentialsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListProjectAccessCredentialsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListProjectAccessCredentialsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListProjectAccessCredentialsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListProjectAccessCredentialsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListProjectAccessCredentialsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListProjectAccessCredentialsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateProjectAccessCredentialHTTPResponse parses an HTTP response from a CreateProjectAccessCredentialWithResponse call
+func ParseCreateProjectAccessCredentialHTTPResponse(rsp *http.Response) (*CreateProjectAccessCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateProjectAccessCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest CreatedAccessCredential
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateProjectAccessCredentialHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateProjectAccessCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateProjectAccessCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateProjectAccessCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateProjectAccessCredentialHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateProjectAccessCredentialHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateProjectAccessCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateProjectAccessCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateProjectAccessCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateProjectAccessCredentialHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteProjectAccessCredentialHTTPResponse parses an HTTP response from a DeleteProjectAccessCredentialWithResponse call
+func ParseDeleteProjectAccessCredentialHTTPResponse(rsp *http.Response) (*DeleteProjectAccessCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteProjectAccessCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteProjectAccessCredentialHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers DeleteProjectAccessCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteProjectAccessCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteProjectAccessCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteProjectAccessCredentialHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteProjectAccessCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteProjectAccessCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteProjectAccessCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteProjectAccessCredentialHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListProjectMembersHTTPResponse parses an HTTP response from a ListProjectMembersWithResponse call
 func ParseListProjectMembersHTTPResponse(rsp *http.Response) (*ListProjectMembersHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -55778,6 +60290,792 @@ func ParseUpdateProjectMemberHTTPResponse(rsp *http.Response) (*UpdateProjectMem
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers UpdateProjectMemberHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListServiceAccountsHTTPResponse parses an HTTP response from a ListServiceAccountsWithResponse call
+func ParseListServiceAccountsHTTPResponse(rsp *http.Response) (*ListServiceAccountsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListServiceAccountsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ServiceAccountListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListServiceAccountsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListServiceAccountsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListServiceAccountsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListServiceAccountsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListServiceAccountsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListServiceAccountsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListServiceAccountsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListServiceAccountsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateServiceAccountHTTPResponse parses an HTTP response from a CreateServiceAccountWithResponse call
+func ParseCreateServiceAccountHTTPResponse(rsp *http.Response) (*CreateServiceAccountHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateServiceAccountHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest ServiceAccount
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateServiceAccountHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateServiceAccountHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateServiceAccountHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateServiceAccountHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateServiceAccountHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateServiceAccountHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateServiceAccountHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateServiceAccountHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateServiceAccountHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateServiceAccountHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteServiceAccountHTTPResponse parses an HTTP response from a DeleteServiceAccountWithResponse call
+func ParseDeleteServiceAccountHTTPResponse(rsp *http.Response) (*DeleteServiceAccountHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteServiceAccountHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteServiceAccountHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers DeleteServiceAccountHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteServiceAccountHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteServiceAccountHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteServiceAccountHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteServiceAccountHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteServiceAccountHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteServiceAccountHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteServiceAccountHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateServiceAccountCredentialHTTPResponse parses an HTTP response from a CreateServiceAccountCredentialWithResponse call
+func ParseCreateServiceAccountCredentialHTTPResponse(rsp *http.Response) (*CreateServiceAccountCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateServiceAccountCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest CreatedAccessCredential
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateServiceAccountCredentialHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateServiceAccountCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateServiceAccountCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateServiceAccountCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreateServiceAccountCredentialHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateServiceAccountCredentialHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateServiceAccountCredentialHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateServiceAccountCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateServiceAccountCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateServiceAccountCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateServiceAccountCredentialHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -57761,6 +63059,12 @@ type ServerInterface interface {
 	// VerifyTOTP Finish TOTP enrolment
 	// (POST /api/v1/account/security/mfa/totp/verify)
 	VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams)
+	// ListAdminAccessCredentials List access credentials across tenants
+	// (GET /api/v1/admin/access-credentials)
+	ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request, params ListAdminAccessCredentialsParams)
+	// RevokeAdminAccessCredential Revoke any access credential
+	// (DELETE /api/v1/admin/access-credentials/{credential_id})
+	RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request, credentialID openapi_types.UUID, params RevokeAdminAccessCredentialParams)
 	// ListAdminAllocations List allocations across tenants
 	// (GET /api/v1/admin/allocations)
 	ListAdminAllocations(w http.ResponseWriter, r *http.Request, params ListAdminAllocationsParams)
@@ -57929,6 +63233,9 @@ type ServerInterface interface {
 	// StepUp Prove a fresh second factor (step-up)
 	// (POST /api/v1/auth/step-up)
 	StepUp(w http.ResponseWriter, r *http.Request, params StepUpParams)
+	// IssueAccessToken OAuth 2.0 client-credentials grant
+	// (POST /api/v1/auth/token)
+	IssueAccessToken(w http.ResponseWriter, r *http.Request, params IssueAccessTokenParams)
 	// GetBillingAccount Billing account of the caller's tenant
 	// (GET /api/v1/billing/account)
 	GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams)
@@ -58037,6 +63344,15 @@ type ServerInterface interface {
 	// UpdateProject Update a project
 	// (PATCH /api/v1/projects/{project_id})
 	UpdateProject(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params UpdateProjectParams)
+	// ListProjectAccessCredentials List the project's access credentials
+	// (GET /api/v1/projects/{project_id}/access-credentials)
+	ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectAccessCredentialsParams)
+	// CreateProjectAccessCredential Create a project access credential
+	// (POST /api/v1/projects/{project_id}/access-credentials)
+	CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params CreateProjectAccessCredentialParams)
+	// DeleteProjectAccessCredential Revoke a project access credential
+	// (DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id})
+	DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, credentialID openapi_types.UUID, params DeleteProjectAccessCredentialParams)
 	// ListProjectMembers List project members
 	// (GET /api/v1/projects/{project_id}/members)
 	ListProjectMembers(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectMembersParams)
@@ -58049,6 +63365,18 @@ type ServerInterface interface {
 	// UpdateProjectMember Change a member's role
 	// (PATCH /api/v1/projects/{project_id}/members/{member_id})
 	UpdateProjectMember(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, memberID openapi_types.UUID, params UpdateProjectMemberParams)
+	// ListServiceAccounts List the tenant's service accounts
+	// (GET /api/v1/service-accounts)
+	ListServiceAccounts(w http.ResponseWriter, r *http.Request, params ListServiceAccountsParams)
+	// CreateServiceAccount Create a service account
+	// (POST /api/v1/service-accounts)
+	CreateServiceAccount(w http.ResponseWriter, r *http.Request, params CreateServiceAccountParams)
+	// DeleteServiceAccount Delete a service account
+	// (DELETE /api/v1/service-accounts/{service_account_id})
+	DeleteServiceAccount(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params DeleteServiceAccountParams)
+	// CreateServiceAccountCredential Create a client credential of a service account
+	// (POST /api/v1/service-accounts/{service_account_id}/credentials)
+	CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params CreateServiceAccountCredentialParams)
 	// ListSSHKeys List the caller's SSH public keys
 	// (GET /api/v1/ssh-keys)
 	ListSSHKeys(w http.ResponseWriter, r *http.Request, params ListSSHKeysParams)
@@ -58118,6 +63446,18 @@ func (_ Unimplemented) EnrollTOTP(w http.ResponseWriter, r *http.Request, params
 // VerifyTOTP Finish TOTP enrolment
 // (POST /api/v1/account/security/mfa/totp/verify)
 func (_ Unimplemented) VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAdminAccessCredentials List access credentials across tenants
+// (GET /api/v1/admin/access-credentials)
+func (_ Unimplemented) ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request, params ListAdminAccessCredentialsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// RevokeAdminAccessCredential Revoke any access credential
+// (DELETE /api/v1/admin/access-credentials/{credential_id})
+func (_ Unimplemented) RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request, credentialID openapi_types.UUID, params RevokeAdminAccessCredentialParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -58457,6 +63797,12 @@ func (_ Unimplemented) StepUp(w http.ResponseWriter, r *http.Request, params Ste
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// IssueAccessToken OAuth 2.0 client-credentials grant
+// (POST /api/v1/auth/token)
+func (_ Unimplemented) IssueAccessToken(w http.ResponseWriter, r *http.Request, params IssueAccessTokenParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetBillingAccount Billing account of the caller's tenant
 // (GET /api/v1/billing/account)
 func (_ Unimplemented) GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams) {
@@ -58673,6 +64019,24 @@ func (_ Unimplemented) UpdateProject(w http.ResponseWriter, r *http.Request, pro
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListProjectAccessCredentials List the project's access credentials
+// (GET /api/v1/projects/{project_id}/access-credentials)
+func (_ Unimplemented) ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectAccessCredentialsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateProjectAccessCredential Create a project access credential
+// (POST /api/v1/projects/{project_id}/access-credentials)
+func (_ Unimplemented) CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params CreateProjectAccessCredentialParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteProjectAccessCredential Revoke a project access credential
+// (DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id})
+func (_ Unimplemented) DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, credentialID openapi_types.UUID, params DeleteProjectAccessCredentialParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListProjectMembers List project members
 // (GET /api/v1/projects/{project_id}/members)
 func (_ Unimplemented) ListProjectMembers(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectMembersParams) {
@@ -58694,6 +64058,30 @@ func (_ Unimplemented) RemoveProjectMember(w http.ResponseWriter, r *http.Reques
 // UpdateProjectMember Change a member's role
 // (PATCH /api/v1/projects/{project_id}/members/{member_id})
 func (_ Unimplemented) UpdateProjectMember(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, memberID openapi_types.UUID, params UpdateProjectMemberParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListServiceAccounts List the tenant's service accounts
+// (GET /api/v1/service-accounts)
+func (_ Unimplemented) ListServiceAccounts(w http.ResponseWriter, r *http.Request, params ListServiceAccountsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateServiceAccount Create a service account
+// (POST /api/v1/service-accounts)
+func (_ Unimplemented) CreateServiceAccount(w http.ResponseWriter, r *http.Request, params CreateServiceAccountParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteServiceAccount Delete a service account
+// (DELETE /api/v1/service-accounts/{service_account_id})
+func (_ Unimplemented) DeleteServiceAccount(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params DeleteServiceAccountParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateServiceAccountCredential Create a client credential of a service account
+// (POST /api/v1/service-accounts/{service_account_id}/credentials)
+func (_ Unimplemented) CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params CreateServiceAccountCredentialParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -58974,6 +64362,162 @@ func (siw *ServerInterfaceWrapper) VerifyTOTP(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.VerifyTOTP(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAdminAccessCredentials operation middleware
+func (siw *ServerInterfaceWrapper) ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAdminAccessCredentialsParams
+
+	// ------------- Optional query parameter "tenant_id" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant_id", r.URL.Query(), &params.TenantID, runtime.BindQueryParameterOptions{Type: "string", Format: "uuid"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant_id"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "kind" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "kind", r.URL.Query(), &params.Kind, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "kind"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "kind", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "status" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "status", r.URL.Query(), &params.Status, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "status"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "status", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAdminAccessCredentials(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RevokeAdminAccessCredential operation middleware
+func (siw *ServerInterfaceWrapper) RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "credential_id" -------------
+	var credentialID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "credential_id", chi.URLParam(r, "credential_id"), &credentialID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "credential_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RevokeAdminAccessCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RevokeAdminAccessCredential(w, r, credentialID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -62411,6 +67955,47 @@ func (siw *ServerInterfaceWrapper) StepUp(w http.ResponseWriter, r *http.Request
 	handler.ServeHTTP(w, r)
 }
 
+// IssueAccessToken operation middleware
+func (siw *ServerInterfaceWrapper) IssueAccessToken(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params IssueAccessTokenParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.IssueAccessToken(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetBillingAccount operation middleware
 func (siw *ServerInterfaceWrapper) GetBillingAccount(w http.ResponseWriter, r *http.Request) {
 
@@ -64329,6 +69914,210 @@ func (siw *ServerInterfaceWrapper) UpdateProject(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// ListProjectAccessCredentials operation middleware
+func (siw *ServerInterfaceWrapper) ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "project_id" -------------
+	var projectID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "project_id", chi.URLParam(r, "project_id"), &projectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "project_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListProjectAccessCredentialsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListProjectAccessCredentials(w, r, projectID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateProjectAccessCredential operation middleware
+func (siw *ServerInterfaceWrapper) CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "project_id" -------------
+	var projectID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "project_id", chi.URLParam(r, "project_id"), &projectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "project_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateProjectAccessCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateProjectAccessCredential(w, r, projectID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteProjectAccessCredential operation middleware
+func (siw *ServerInterfaceWrapper) DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "project_id" -------------
+	var projectID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "project_id", chi.URLParam(r, "project_id"), &projectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "project_id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "credential_id" -------------
+	var credentialID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "credential_id", chi.URLParam(r, "credential_id"), &credentialID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "credential_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteProjectAccessCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteProjectAccessCredential(w, r, projectID, credentialID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListProjectMembers operation middleware
 func (siw *ServerInterfaceWrapper) ListProjectMembers(w http.ResponseWriter, r *http.Request) {
 
@@ -64583,6 +70372,252 @@ func (siw *ServerInterfaceWrapper) UpdateProjectMember(w http.ResponseWriter, r 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UpdateProjectMember(w, r, projectID, memberID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListServiceAccounts operation middleware
+func (siw *ServerInterfaceWrapper) ListServiceAccounts(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListServiceAccountsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListServiceAccounts(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateServiceAccount operation middleware
+func (siw *ServerInterfaceWrapper) CreateServiceAccount(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateServiceAccountParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateServiceAccount(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteServiceAccount operation middleware
+func (siw *ServerInterfaceWrapper) DeleteServiceAccount(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "service_account_id" -------------
+	var serviceAccountID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "service_account_id", chi.URLParam(r, "service_account_id"), &serviceAccountID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "service_account_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteServiceAccountParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteServiceAccount(w, r, serviceAccountID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateServiceAccountCredential operation middleware
+func (siw *ServerInterfaceWrapper) CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "service_account_id" -------------
+	var serviceAccountID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "service_account_id", chi.URLParam(r, "service_account_id"), &serviceAccountID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "service_account_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateServiceAccountCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateServiceAccountCredential(w, r, serviceAccountID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -65336,6 +71371,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/api/v1/auth/login", wrapper.Login)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/auth/token", wrapper.IssueAccessToken)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/auth/refresh", wrapper.RefreshToken)
 	})
 	r.Group(func(r chi.Router) {
@@ -65424,6 +71462,33 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/ssh-keys/{key_id}", wrapper.DeleteSSHKey)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/service-accounts", wrapper.ListServiceAccounts)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/service-accounts", wrapper.CreateServiceAccount)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/service-accounts/{service_account_id}", wrapper.DeleteServiceAccount)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/service-accounts/{service_account_id}/credentials", wrapper.CreateServiceAccountCredential)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/projects/{project_id}/access-credentials", wrapper.ListProjectAccessCredentials)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/projects/{project_id}/access-credentials", wrapper.CreateProjectAccessCredential)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/projects/{project_id}/access-credentials/{credential_id}", wrapper.DeleteProjectAccessCredential)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/access-credentials", wrapper.ListAdminAccessCredentials)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/admin/access-credentials/{credential_id}", wrapper.RevokeAdminAccessCredential)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/admin/tenants", wrapper.ListTenants)
@@ -66459,6 +72524,330 @@ func (response VerifyTOTP500JSONResponse) VisitVerifyTOTPResponse(w http.Respons
 type VerifyTOTP503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response VerifyTOTP503JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentialsRequestObject struct {
+	Params ListAdminAccessCredentialsParams
+}
+
+type ListAdminAccessCredentialsResponseObject interface {
+	VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error
+}
+
+type ListAdminAccessCredentials200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAdminAccessCredentials200JSONResponse struct {
+	Body    AccessCredentialListResponse
+	Headers ListAdminAccessCredentials200ResponseHeaders
+}
+
+func (response ListAdminAccessCredentials200JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAdminAccessCredentials400JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAdminAccessCredentials401JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAdminAccessCredentials403JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAdminAccessCredentials422JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAdminAccessCredentials429JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAdminAccessCredentials500JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAdminAccessCredentials503JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredentialRequestObject struct {
+	CredentialID openapi_types.UUID `json:"credential_id"`
+	Params       RevokeAdminAccessCredentialParams
+}
+
+type RevokeAdminAccessCredentialResponseObject interface {
+	VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error
+}
+
+type RevokeAdminAccessCredential204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type RevokeAdminAccessCredential204Response struct {
+	Headers RevokeAdminAccessCredential204ResponseHeaders
+}
+
+func (response RevokeAdminAccessCredential204Response) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type RevokeAdminAccessCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response RevokeAdminAccessCredential400JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response RevokeAdminAccessCredential401JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response RevokeAdminAccessCredential403JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response RevokeAdminAccessCredential404JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response RevokeAdminAccessCredential422JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response RevokeAdminAccessCredential429JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response RevokeAdminAccessCredential500JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response RevokeAdminAccessCredential503JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -76708,6 +83097,210 @@ func (response StepUp503JSONResponse) VisitStepUpResponse(w http.ResponseWriter)
 	return err
 }
 
+type IssueAccessTokenRequestObject struct {
+	Params IssueAccessTokenParams
+	Body   *IssueAccessTokenFormdataRequestBody
+}
+
+type IssueAccessTokenResponseObject interface {
+	VisitIssueAccessTokenResponse(w http.ResponseWriter) error
+}
+
+type IssueAccessToken200ResponseHeaders struct {
+	CacheControl *string
+	Pragma       *string
+	XRequestID   *string
+}
+
+type IssueAccessToken200JSONResponse struct {
+	Body    ClientCredentialsTokenResponse
+	Headers IssueAccessToken200ResponseHeaders
+}
+
+func (response IssueAccessToken200JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.Pragma != nil {
+		w.Header().Set("Pragma", fmt.Sprint(*response.Headers.Pragma))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken400ResponseHeaders struct {
+	CacheControl *string
+	XRequestID   *string
+}
+
+type IssueAccessToken400JSONResponse struct {
+	Body    OAuthError
+	Headers IssueAccessToken400ResponseHeaders
+}
+
+func (response IssueAccessToken400JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken401ResponseHeaders struct {
+	CacheControl    *string
+	WWWAuthenticate *string
+	XRequestID      *string
+}
+
+type IssueAccessToken401JSONResponse struct {
+	Body    OAuthError
+	Headers IssueAccessToken401ResponseHeaders
+}
+
+func (response IssueAccessToken401JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response IssueAccessToken413JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response IssueAccessToken422JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken429ResponseHeaders struct {
+	CacheControl *string
+	RetryAfter   *int
+	XRequestID   *string
+}
+
+type IssueAccessToken429JSONResponse struct {
+	Body    OAuthError
+	Headers IssueAccessToken429ResponseHeaders
+}
+
+func (response IssueAccessToken429JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response IssueAccessToken500JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response IssueAccessToken503JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetBillingAccountRequestObject struct {
 	Params GetBillingAccountParams
 }
@@ -82452,6 +89045,525 @@ func (response UpdateProject503JSONResponse) VisitUpdateProjectResponse(w http.R
 	return err
 }
 
+type ListProjectAccessCredentialsRequestObject struct {
+	ProjectID openapi_types.UUID `json:"project_id"`
+	Params    ListProjectAccessCredentialsParams
+}
+
+type ListProjectAccessCredentialsResponseObject interface {
+	VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error
+}
+
+type ListProjectAccessCredentials200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListProjectAccessCredentials200JSONResponse struct {
+	Body    AccessCredentialListResponse
+	Headers ListProjectAccessCredentials200ResponseHeaders
+}
+
+func (response ListProjectAccessCredentials200JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListProjectAccessCredentials400JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListProjectAccessCredentials401JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListProjectAccessCredentials403JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListProjectAccessCredentials422JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListProjectAccessCredentials429JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListProjectAccessCredentials500JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListProjectAccessCredentials503JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredentialRequestObject struct {
+	ProjectID openapi_types.UUID `json:"project_id"`
+	Params    CreateProjectAccessCredentialParams
+	Body      *CreateProjectAccessCredentialJSONRequestBody
+}
+
+type CreateProjectAccessCredentialResponseObject interface {
+	VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error
+}
+
+type CreateProjectAccessCredential201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateProjectAccessCredential201JSONResponse struct {
+	Body    CreatedAccessCredential
+	Headers CreateProjectAccessCredential201ResponseHeaders
+}
+
+func (response CreateProjectAccessCredential201JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateProjectAccessCredential400JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateProjectAccessCredential401JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateProjectAccessCredential403JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateProjectAccessCredential409JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateProjectAccessCredential413JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateProjectAccessCredential422JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateProjectAccessCredential429JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateProjectAccessCredential500JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateProjectAccessCredential503JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredentialRequestObject struct {
+	ProjectID    openapi_types.UUID `json:"project_id"`
+	CredentialID openapi_types.UUID `json:"credential_id"`
+	Params       DeleteProjectAccessCredentialParams
+}
+
+type DeleteProjectAccessCredentialResponseObject interface {
+	VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error
+}
+
+type DeleteProjectAccessCredential204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteProjectAccessCredential204Response struct {
+	Headers DeleteProjectAccessCredential204ResponseHeaders
+}
+
+func (response DeleteProjectAccessCredential204Response) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteProjectAccessCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteProjectAccessCredential400JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteProjectAccessCredential401JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteProjectAccessCredential403JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteProjectAccessCredential404JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteProjectAccessCredential422JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteProjectAccessCredential429JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteProjectAccessCredential500JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteProjectAccessCredential503JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListProjectMembersRequestObject struct {
 	ProjectID openapi_types.UUID `json:"project_id"`
 	Params    ListProjectMembersParams
@@ -83216,6 +90328,732 @@ func (response UpdateProjectMember500JSONResponse) VisitUpdateProjectMemberRespo
 type UpdateProjectMember503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response UpdateProjectMember503JSONResponse) VisitUpdateProjectMemberResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccountsRequestObject struct {
+	Params ListServiceAccountsParams
+}
+
+type ListServiceAccountsResponseObject interface {
+	VisitListServiceAccountsResponse(w http.ResponseWriter) error
+}
+
+type ListServiceAccounts200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListServiceAccounts200JSONResponse struct {
+	Body    ServiceAccountListResponse
+	Headers ListServiceAccounts200ResponseHeaders
+}
+
+func (response ListServiceAccounts200JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListServiceAccounts400JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListServiceAccounts401JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListServiceAccounts403JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListServiceAccounts422JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListServiceAccounts429JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListServiceAccounts500JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListServiceAccounts503JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountRequestObject struct {
+	Params CreateServiceAccountParams
+	Body   *CreateServiceAccountJSONRequestBody
+}
+
+type CreateServiceAccountResponseObject interface {
+	VisitCreateServiceAccountResponse(w http.ResponseWriter) error
+}
+
+type CreateServiceAccount201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateServiceAccount201JSONResponse struct {
+	Body    ServiceAccount
+	Headers CreateServiceAccount201ResponseHeaders
+}
+
+func (response CreateServiceAccount201JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateServiceAccount400JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateServiceAccount401JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateServiceAccount403JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateServiceAccount409JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateServiceAccount413JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateServiceAccount422JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateServiceAccount429JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateServiceAccount500JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateServiceAccount503JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccountRequestObject struct {
+	ServiceAccountID openapi_types.UUID `json:"service_account_id"`
+	Params           DeleteServiceAccountParams
+}
+
+type DeleteServiceAccountResponseObject interface {
+	VisitDeleteServiceAccountResponse(w http.ResponseWriter) error
+}
+
+type DeleteServiceAccount204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteServiceAccount204Response struct {
+	Headers DeleteServiceAccount204ResponseHeaders
+}
+
+func (response DeleteServiceAccount204Response) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteServiceAccount400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteServiceAccount400JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteServiceAccount401JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteServiceAccount403JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteServiceAccount404JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteServiceAccount422JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteServiceAccount429JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteServiceAccount500JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteServiceAccount503JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredentialRequestObject struct {
+	ServiceAccountID openapi_types.UUID `json:"service_account_id"`
+	Params           CreateServiceAccountCredentialParams
+	Body             *CreateServiceAccountCredentialJSONRequestBody
+}
+
+type CreateServiceAccountCredentialResponseObject interface {
+	VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error
+}
+
+type CreateServiceAccountCredential201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateServiceAccountCredential201JSONResponse struct {
+	Body    CreatedAccessCredential
+	Headers CreateServiceAccountCredential201ResponseHeaders
+}
+
+func (response CreateServiceAccountCredential201JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateServiceAccountCredential400JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateServiceAccountCredential401JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateServiceAccountCredential403JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreateServiceAccountCredential404JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateServiceAccountCredential409JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateServiceAccountCredential413JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateServiceAccountCredential422JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateServiceAccountCredential429JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateServiceAccountCredential500JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateServiceAccountCredential503JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -85028,6 +92866,12 @@ type StrictServerInterface interface {
 	// VerifyTOTP Finish TOTP enrolment
 	// (POST /api/v1/account/security/mfa/totp/verify)
 	VerifyTOTP(ctx context.Context, request VerifyTOTPRequestObject) (VerifyTOTPResponseObject, error)
+	// ListAdminAccessCredentials List access credentials across tenants
+	// (GET /api/v1/admin/access-credentials)
+	ListAdminAccessCredentials(ctx context.Context, request ListAdminAccessCredentialsRequestObject) (ListAdminAccessCredentialsResponseObject, error)
+	// RevokeAdminAccessCredential Revoke any access credential
+	// (DELETE /api/v1/admin/access-credentials/{credential_id})
+	RevokeAdminAccessCredential(ctx context.Context, request RevokeAdminAccessCredentialRequestObject) (RevokeAdminAccessCredentialResponseObject, error)
 	// ListAdminAllocations List allocations across tenants
 	// (GET /api/v1/admin/allocations)
 	ListAdminAllocations(ctx context.Context, request ListAdminAllocationsRequestObject) (ListAdminAllocationsResponseObject, error)
@@ -85196,6 +93040,9 @@ type StrictServerInterface interface {
 	// StepUp Prove a fresh second factor (step-up)
 	// (POST /api/v1/auth/step-up)
 	StepUp(ctx context.Context, request StepUpRequestObject) (StepUpResponseObject, error)
+	// IssueAccessToken OAuth 2.0 client-credentials grant
+	// (POST /api/v1/auth/token)
+	IssueAccessToken(ctx context.Context, request IssueAccessTokenRequestObject) (IssueAccessTokenResponseObject, error)
 	// GetBillingAccount Billing account of the caller's tenant
 	// (GET /api/v1/billing/account)
 	GetBillingAccount(ctx context.Context, request GetBillingAccountRequestObject) (GetBillingAccountResponseObject, error)
@@ -85304,6 +93151,15 @@ type StrictServerInterface interface {
 	// UpdateProject Update a project
 	// (PATCH /api/v1/projects/{project_id})
 	UpdateProject(ctx context.Context, request UpdateProjectRequestObject) (UpdateProjectResponseObject, error)
+	// ListProjectAccessCredentials List the project's access credentials
+	// (GET /api/v1/projects/{project_id}/access-credentials)
+	ListProjectAccessCredentials(ctx context.Context, request ListProjectAccessCredentialsRequestObject) (ListProjectAccessCredentialsResponseObject, error)
+	// CreateProjectAccessCredential Create a project access credential
+	// (POST /api/v1/projects/{project_id}/access-credentials)
+	CreateProjectAccessCredential(ctx context.Context, request CreateProjectAccessCredentialRequestObject) (CreateProjectAccessCredentialResponseObject, error)
+	// DeleteProjectAccessCredential Revoke a project access credential
+	// (DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id})
+	DeleteProjectAccessCredential(ctx context.Context, request DeleteProjectAccessCredentialRequestObject) (DeleteProjectAccessCredentialResponseObject, error)
 	// ListProjectMembers List project members
 	// (GET /api/v1/projects/{project_id}/members)
 	ListProjectMembers(ctx context.Context, request ListProjectMembersRequestObject) (ListProjectMembersResponseObject, error)
@@ -85316,6 +93172,18 @@ type StrictServerInterface interface {
 	// UpdateProjectMember Change a member's role
 	// (PATCH /api/v1/projects/{project_id}/members/{member_id})
 	UpdateProjectMember(ctx context.Context, request UpdateProjectMemberRequestObject) (UpdateProjectMemberResponseObject, error)
+	// ListServiceAccounts List the tenant's service accounts
+	// (GET /api/v1/service-accounts)
+	ListServiceAccounts(ctx context.Context, request ListServiceAccountsRequestObject) (ListServiceAccountsResponseObject, error)
+	// CreateServiceAccount Create a service account
+	// (POST /api/v1/service-accounts)
+	CreateServiceAccount(ctx context.Context, request CreateServiceAccountRequestObject) (CreateServiceAccountResponseObject, error)
+	// DeleteServiceAccount Delete a service account
+	// (DELETE /api/v1/service-accounts/{service_account_id})
+	DeleteServiceAccount(ctx context.Context, request DeleteServiceAccountRequestObject) (DeleteServiceAccountResponseObject, error)
+	// CreateServiceAccountCredential Create a client credential of a service account
+	// (POST /api/v1/service-accounts/{service_account_id}/credentials)
+	CreateServiceAccountCredential(ctx context.Context, request CreateServiceAccountCredentialRequestObject) (CreateServiceAccountCredentialResponseObject, error)
 	// ListSSHKeys List the caller's SSH public keys
 	// (GET /api/v1/ssh-keys)
 	ListSSHKeys(ctx context.Context, request ListSSHKeysRequestObject) (ListSSHKeysResponseObject, error)
@@ -85530,6 +93398,59 @@ func (sh *strictHandler) VerifyTOTP(w http.ResponseWriter, r *http.Request, para
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(VerifyTOTPResponseObject); ok {
 		if err := validResponse.VisitVerifyTOTPResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAdminAccessCredentials operation middleware
+func (sh *strictHandler) ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request, params ListAdminAccessCredentialsParams) {
+	var request ListAdminAccessCredentialsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAdminAccessCredentials(ctx, request.(ListAdminAccessCredentialsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAdminAccessCredentials")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAdminAccessCredentialsResponseObject); ok {
+		if err := validResponse.VisitListAdminAccessCredentialsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// RevokeAdminAccessCredential operation middleware
+func (sh *strictHandler) RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request, credentialID openapi_types.UUID, params RevokeAdminAccessCredentialParams) {
+	var request RevokeAdminAccessCredentialRequestObject
+
+	request.CredentialID = credentialID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RevokeAdminAccessCredential(ctx, request.(RevokeAdminAccessCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RevokeAdminAccessCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RevokeAdminAccessCredentialResponseObject); ok {
+		if err := validResponse.VisitRevokeAdminAccessCredentialResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -87197,6 +95118,43 @@ func (sh *strictHandler) StepUp(w http.ResponseWriter, r *http.Request, params S
 	}
 }
 
+// IssueAccessToken operation middleware
+func (sh *strictHandler) IssueAccessToken(w http.ResponseWriter, r *http.Request, params IssueAccessTokenParams) {
+	var request IssueAccessTokenRequestObject
+
+	request.Params = params
+
+	if err := r.ParseForm(); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode formdata: %w", err))
+		return
+	}
+	var body IssueAccessTokenFormdataRequestBody
+	if err := runtime.BindForm(&body, r.Form, nil, nil); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't bind formdata: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.IssueAccessToken(ctx, request.(IssueAccessTokenRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "IssueAccessToken")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(IssueAccessTokenResponseObject); ok {
+		if err := validResponse.VisitIssueAccessTokenResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetBillingAccount operation middleware
 func (sh *strictHandler) GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams) {
 	var request GetBillingAccountRequestObject
@@ -88213,6 +96171,95 @@ func (sh *strictHandler) UpdateProject(w http.ResponseWriter, r *http.Request, p
 	}
 }
 
+// ListProjectAccessCredentials operation middleware
+func (sh *strictHandler) ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectAccessCredentialsParams) {
+	var request ListProjectAccessCredentialsRequestObject
+
+	request.ProjectID = projectID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListProjectAccessCredentials(ctx, request.(ListProjectAccessCredentialsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListProjectAccessCredentials")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListProjectAccessCredentialsResponseObject); ok {
+		if err := validResponse.VisitListProjectAccessCredentialsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateProjectAccessCredential operation middleware
+func (sh *strictHandler) CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params CreateProjectAccessCredentialParams) {
+	var request CreateProjectAccessCredentialRequestObject
+
+	request.ProjectID = projectID
+	request.Params = params
+
+	var body CreateProjectAccessCredentialJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateProjectAccessCredential(ctx, request.(CreateProjectAccessCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateProjectAccessCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateProjectAccessCredentialResponseObject); ok {
+		if err := validResponse.VisitCreateProjectAccessCredentialResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteProjectAccessCredential operation middleware
+func (sh *strictHandler) DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, credentialID openapi_types.UUID, params DeleteProjectAccessCredentialParams) {
+	var request DeleteProjectAccessCredentialRequestObject
+
+	request.ProjectID = projectID
+	request.CredentialID = credentialID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteProjectAccessCredential(ctx, request.(DeleteProjectAccessCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteProjectAccessCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteProjectAccessCredentialResponseObject); ok {
+		if err := validResponse.VisitDeleteProjectAccessCredentialResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListProjectMembers operation middleware
 func (sh *strictHandler) ListProjectMembers(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectMembersParams) {
 	var request ListProjectMembersRequestObject
@@ -88330,6 +96377,126 @@ func (sh *strictHandler) UpdateProjectMember(w http.ResponseWriter, r *http.Requ
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(UpdateProjectMemberResponseObject); ok {
 		if err := validResponse.VisitUpdateProjectMemberResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListServiceAccounts operation middleware
+func (sh *strictHandler) ListServiceAccounts(w http.ResponseWriter, r *http.Request, params ListServiceAccountsParams) {
+	var request ListServiceAccountsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListServiceAccounts(ctx, request.(ListServiceAccountsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListServiceAccounts")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListServiceAccountsResponseObject); ok {
+		if err := validResponse.VisitListServiceAccountsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateServiceAccount operation middleware
+func (sh *strictHandler) CreateServiceAccount(w http.ResponseWriter, r *http.Request, params CreateServiceAccountParams) {
+	var request CreateServiceAccountRequestObject
+
+	request.Params = params
+
+	var body CreateServiceAccountJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateServiceAccount(ctx, request.(CreateServiceAccountRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateServiceAccount")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateServiceAccountResponseObject); ok {
+		if err := validResponse.VisitCreateServiceAccountResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteServiceAccount operation middleware
+func (sh *strictHandler) DeleteServiceAccount(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params DeleteServiceAccountParams) {
+	var request DeleteServiceAccountRequestObject
+
+	request.ServiceAccountID = serviceAccountID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteServiceAccount(ctx, request.(DeleteServiceAccountRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteServiceAccount")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteServiceAccountResponseObject); ok {
+		if err := validResponse.VisitDeleteServiceAccountResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateServiceAccountCredential operation middleware
+func (sh *strictHandler) CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params CreateServiceAccountCredentialParams) {
+	var request CreateServiceAccountCredentialRequestObject
+
+	request.ServiceAccountID = serviceAccountID
+	request.Params = params
+
+	var body CreateServiceAccountCredentialJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateServiceAccountCredential(ctx, request.(CreateServiceAccountCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateServiceAccountCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateServiceAccountCredentialResponseObject); ok {
+		if err := validResponse.VisitCreateServiceAccountCredentialResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -88671,532 +96838,578 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7P17d9u20igOfxUsv2etyr+Hki+57DZeZz3LTZM2u2ni48tOz7PTI8HkSEJNASwAWtHO6nd/FwYAbyJF",
-	"SpYdN9U/bUyRuAxmBnOfz3uhmCWCA9dq78XnvSnQCCT+8xy0XJyONUjzVwQqlCzRTPC9F3sXEAoeKaIF",
-	"mVOmyTWMhQQizSeMTwZ7wZ4KpzCj5tMZ42yWzvZeHAZ7epHA3os9xjVMQO79+Wew9+s5/JGC0m+i5Xle",
-	"CikhpuYvwiIixkRPzTT4AemZP0IaxyC/UeTXvhuo/yYKiJBEcCAzM1NErhf4oQJ5C3K/sjz66S3wiZ7u",
-	"vTg6/jZbotKS8cnen2aJCZV0BtoB5jSNmL4QUtfARUhNhIxADsjLVCohFaESyLVIeWSghaswL6UKIjKf",
-	"AjePFmQOEghTKoXIrI6Zwf5IQS72gj1OZ7ggM2Nx4f9Lwnjvxd7/7yA/wgP7qzrI1vjeLAbh/D2LY8Yn",
-	"V4pOoG31BtKSGsil5nUSMw5qKwurriJfn4XX8qreJ/SPFEhCJ4xbTAjxTTKWYkZG+fMBh096aH8cNS3W",
-	"/tyEAM+OjgODrxlCLKNDsPdaitnyMt3GSAKSiYjEYg7SnnvTUsz6SwsZCzmjeu/FXkQ19DWbwV5QXN3z",
-	"p3XLeRPBLBEaeLj4GRbLC/uF3oAilIQSqAai6BjihSVVeh3DC0KJhASoJnOmpxZD6QzIDSwI5RG5FpF5",
-	"PYnpQtlftZAQkZ6inGn2H4j2iQSVCK4g26rlI/leC4vsm1WuIsA2+J8Z1GH/AfNtHVwTOoGhMi8UZ4lg",
-	"TNNY7714dohAtSzp+PAwyBnUUS2DuhStp50mSdtpa7GFs/71TIrfIazlle4nEgqu4ZM2JExJYh/2VSgS",
-	"iIhIQFpaIacZGzXHLlJNmCZMEQnmA8OcDDaMGL+lMYuG7uVR4wn/2ncL6L/5YS/YM+8zCdHeCy1TqN15",
-	"mrKovOknz2s3veqCQO7fV2mSxAwiEpYujIBAOBUQEYZstnRFZDhL7E4G5DK7IfDaUHiBIIum1wq4XrH1",
-	"fNh1rxa/CrxZvqfRj1TDnCIZ40Fy5NPUbC/EbR38rszOP3fkt6+kFPLcTWKnLEPwlJM0UVoCnZEIEuCR",
-	"IVIypiw2RD7yPw7BjDTCy7MgJZT23rAW9/pB4SBxId/TyD15uO3+QmODgBBl6C/McStlqNmTTm8J7U8I",
-	"jZUwt81iBlwPFZtwqlMJQ/fmKCAjwxgN70mong61pLcgFY1HAaEkAm7Qk4sIDE1eA9FUTkBvE5wvBR/H",
-	"LHxAYPoZ85sjTKUEronS5q7pjf6/IY0l0GgxhE9MaTUK3E+h+1QFhBpSddeDzo5FaRbHRKacMz7ZJphe",
-	"C3nNogj4A9JYqqdCsv9YvuRwwSCZSsdjFjKDUQlIREPBDZBGNJoxPvRc1DwRcw5STVlSeqo0JMO0/Iwm",
-	"yZALPQSumY7ds1RPzRxKcBoPI6bM3Z//AlyDTCRTUB6p9FX2yzaP442ZmdMYgfhwR3LF4VNiLzrH85G/",
-	"4anYBd0Dw3sn9GsjIzzcNi9RXVIilSGQSIAiXGiCtGgYH7N/3zLFrmPwCopVqZB6DRqNzZK3CoczuogF",
-	"jS6FeGu44EODwzIYlGuZIrFZgiR6SnlBSfxGkZAmNTdBQEYRaMpiNZBAleAjHGmohRjiUFsGlLluzjNh",
-	"6qEA9abAmsg1jSkPocqx3OOtYsYFyFsWwhWnt5TFhkc9IJcuyj9MkTRfBOmNlF3ZsPB0aedoMulnNpNV",
-	"Gy9YV4yIeweQXQrxC+UL91Q9HLzOzT0esxlDVvJHKjQl8CkEiPB2k1TDEH8e+qd4pcSxsOsZhoJbeSFc",
-	"2Bf95cW40ga1hjho6XMvY1V+eRQnccWpu+gfklSNcGFuejt6LrhrcQN86ERbAzr7oCCv2gfwKfHXvX2A",
-	"umL23jap+4onUoSg1MMS9r/MRirQuc2euXv+JOPrI2L0OmvrGDOIo/0BOTXSP+WkYscgEqwhz8i/lERs",
-	"PAaUf82VsDXA/el1Smt+DEORcn0BYSqZXmQbNzCMIma2ROMzaVR9zYxeOaaxgmAvKTz6vDcb0zW/AI4i",
-	"47IOfilTrydzQkPNboGMaaiFtIKGOiFGXepbJZwTDhChQUpEaDByWvG1EDFQbojQfo2zMg0z1YYBv7w+",
-	"fY2fmI9n9NMb+9FRbnCmUtLFHurbobgFuRia2dVQwowyo2G0GaqDPdRbLCDMO//e44LDXrBnrgwzQLBn",
-	"9773W50RI7eH/DuDpB8z3/CK9eWjiuvfIdS4JLAKw5on6da5bP9lEw6ROSc/MOlJGEtQ0z6yBjKmMxYz",
-	"UB7hY3PW+BOyiRZLfxEGS7Aq7MqqNGtuSlHN1JjVIeiHKegpinhG+QYF6BOwO/KfKWKm7acJ4WJej5Vz",
-	"xiMxHyrr++jg2SjuN1/e0kB1MEgVyCGLNrKXFaf14wRI8AWMycFcN/1pFDlr3i8wuwZZMNOscSRSWC6/",
-	"inTdNOfm1XvZNy6ido+ZINK6rTI6/Xh2pYgYo3nw4ucrIjj+E207vUiE6iCXcdRgZq6PV4ak7WViJEsa",
-	"z+lCEYOIJ4SnsZUxBQfrLTJPqobHKgWHMoVoGAp3KHH8frz34t8tbFJwWOz9+VuwRB9UE6aVc/ZMqSJm",
-	"YKIEGVPpjaf4o1GLnMhWv9cT66FD31HvWogbiPYJnZkbiyRxam9VZ9UhCZUaFVD7/gL0gLwzm0+5ZjFh",
-	"GtdyDeDvFQMJDy9rWf7Ts90h1V3t6uURllAp2CvIqBMp0sRh5LIumb9I8EWz5Dk1OmXKwykanu0Bk7GQ",
-	"hBIjisXgfjabaUHy1pWGgnMIMyTuhAY54r/MvzZYsQRZ6zKK1gDt0gKNPuUHWOLKnKDvOKQzo5bHQBVE",
-	"gZfRhCRm8TFo6xPdyslOknSI4pMzzzu/z/PVTiD73UxEEHcw6wd7U5HKeDGUTmC4G3X+hIMhiRCqHe54",
-	"otTAKdcFqjwpcA/zgmFQUxoRLkgiWQjmQ6Zr6WgTtut9IBWgHNa9KCIYbjaHUEM2M1pfp89bkQAtqcON",
-	"rxpkxuYW2fBrCROr/UZVwNVSkLpJO72mpsMbWAxZVJab111dLj4/OV4Wn43AmrbK4/968kHIm1jQ6MK+",
-	"n305tDazKsIcHnchXovsG0I9TaK78bKKhIGTIvIXF1bCjSqm2bMsMpMiQyojRk4vGdCrMCyfeZlKSjdD",
-	"mSEFZemh/rYr8f4S8Ir3bYG9r5awXpavqe6y1k9iTrQgEmg4LaiX+ZKXZaOpk4kKp3n87FkdFbsgmOwa",
-	"eP7s2ZNnbTeBOcx2eqwgy9RCOrGRMjjEaoC9uvVmke6wes+BWAwhWlKuWD18UNV0RFS9ydolI/zYPs41",
-	"YdxQsIc+K4e5BjsXSsOsRh0uodxm1Fzw82+6lW0IN/6UliXDmI0hXIQxEHyJ9EZ2vlFARk7UMf9MpLhl",
-	"RiMbKk2lRjPcYDCw2nTL7GMpZsOcIXeTMpZZ85LAgRK44M7+JZX2W8AdMGF1/S2JD3e6D8Rw0/uojpmX",
-	"kbIM3+Jk/tyzxZfIIsgJbAlNS0jXgQG8ZUpvaN/L7v9OBrQq4ynJARgjVRUE8rC7Vg0/f3MJ7DhBabDV",
-	"UPnR3E9rssX865LWnqloWkyseYhZPd7ewg2a/DI3LSKNqucFM7ShqIBcLwizAWJ3l84KLCE7lGXNxry1",
-	"+j7bAhvcjPJjI0RkK65E6ViIWdtAm2JYv9laG26dsnJ4+HdREb4W+bleXq5QYgnBmsXZDvzmB3QLrct1",
-	"+LJxCI3mTCvPEGwAe2U2ayVUAYkgjKmEiIxjqgNrPBu5L0edONGOy1S5zBqswkF6gyu0HYI7NrRjQ1Wt",
-	"2uNbB4b0BcRCK3g9VrHwCwDkscEijZg+NYrHZb1u7sKXcrXcqel12jkO1s0CsexYXlbmak3kZUNCaypT",
-	"vrXs2+5csYMXpc2asKXbaAaaRlSvCL2wK6zIEgjWvkogZGMWEj/KCeFwC5IoCCVoVfBa54ghQvQM3Onm",
-	"XesSaQW2BIV5OB1O/dy+au4MjJZfPhy07LUbCuzXHtu2eUG1zF132xSPpIrMFVNC441EvWW3uLUimDI4",
-	"1xghMixs5CQPbH3I+c0j5KrnGb56lqrSMASlMG6HxalcwUXzFMdiCloRBYaG1veClamYRk2gZjgSM6VJ",
-	"TwFE5OngaP9uWaZ+PzWrKT6i+MRiXPkP97LFNPeT+8P95BCSFv/An+ohpqeX4gb4hlhH8ViGGNhTk7IH",
-	"VIIk//xwWTGufnv0XVvWZ7BnoyTVkNWM/JaNwbDS7KhwHS7ACKOpMNCnLULKwA6DrYbrTOa+ucNsDfCy",
-	"ebeBi1nop6oyVwWK7amzwZ6NL616D+zB1GKEd7asIvMrVRteVkCF0sSlo6wCofYIVjhsXBqoC8nsjLaV",
-	"OGpQgAkX1y6plClCSUIXIA8k1eZJbP4g9FrcApF0ToBH/TBVWsxAuhgAF7xDOUYYWcHA/cJmLoWnySGE",
-	"q+8kjJU37AUyt/ChH2lLUpmEiOmhZOpmiBpYEWmSmGozgeU4CL9aDPJQGiaShWaNSUz5lhbo+PnQx14s",
-	"09Cbi/fk6fHRP/KgKaMlBkRPJYDNGg6pAhKD1iBVhaSelAjqibmuzGtm4P/379P+//z2+cmf/2uvbmFM",
-	"JTFdDL2dobyoH+yvGOXsuYhHPXeCA3JqQ9Tgj5TG5koZmbdHlQVioEcLzTN+K1gIQwkhSzBvZIviVW5K",
-	"2XyLCrgObMr7LY1TIFSRURGCI2unw0vXGeWUgwe5Tm3GIsNnpa9OyLXQU7yYzRT7G8AuoRITbe6FvDzZ",
-	"bPc8coecp1QX6YtY6eOeI0DrfS3Favpp6LKi2TWLmV600T2GIQw9pdcPeheb03wqYlA0hu0zkcq1VXPS",
-	"ZSWgxKszw1WJ3lehTe2pr6bRGja3CiIrOG7t0dax+QyL2q/cqrXDrntN5PBDRr+nSvt8u/XDnW2Ua2uu",
-	"gg3za/B8Pzts5wp3wOUKupUwa5aZM3Fdq2BfANRmgvp6kHKJhp3fjyGaGAyXlCunqWxG+NuDdP2SgvoT",
-	"8PtdcQTf21c2lDhHPnXTiIo3kGgMT76m4c2cygi9q1Q7CvUSpU2eYDMqF8Txm0LQqR9Rjfy7IeWCs5DG",
-	"JAHZz+Qfo8Aui6DrnrCfra4gSO20/oMBeRkbBqfILFU29lylM78R5oocdco58mspu3pmjPvso6rtosrr",
-	"3Z4Lu1l14Gk0Af0S3Qdd2VM1vZXDnFzjOAMvv5jDrQg7RmAR3AtDNgwiFFxLGmob4U81iYEqja9hyRi7",
-	"q8DVC9LTwBodrGiFkL4GK0vWxqNl2UjOPlK6KgsZOGvyjaoYvKb0BTxSdwt9HwsZAtYLmTkXWgfdyp70",
-	"q/zjX8y3KyKt24RILFFUvCRngutpbO7eP1IqNUj8N+U8pXF2gdfelGVLcFWNtViAvMTmkJrvfQmikwwP",
-	"bFJL9TXLCTvkRCyLnNkga0H4wnzmNViMvrvTaRuVTk1FHA2NUpfFBTqM/vZwKemGSk56IrFpkxhRtu+o",
-	"JgEe2ZBXzEJlirghjYLvbUw2pab3MT08fAL/e78UCHPUoapVKTkth2CGLxm1tTKlHyDEEMaS0B/HYm4E",
-	"RSq5+Z9I42h4HYvwZpUEVh7P8NE1BQvL3bpfI/j6MBExCxcbyghRYfedcS8DWQcude98xSHXMFUQDalP",
-	"mc/gwLh+/nSvzoBY+tCWgOz+JRPREHi0uVPKDoGE+0g8W240iIZIwp3R0OCwQOBvqkF4spszPWV86Mig",
-	"yJRCKZRC3dshvS+dUEuPW2GpCayxl1r2uUZ+7RIpBxWuVvSeVfTlJYIqUHUhyLeEcSUc9ptdPsplpPAH",
-	"sFe353qaqiXRzmx5M2X2boFDm2F05Uirg6yx44200jtz8vW8ns13XqWIwbIXtAKoArLamVshVb0FSlUN",
-	"NBsvhoKjUIhX9tDGShs0Ty0St97hm0SPrHl5byEFBLMbhgqAf4HARLqFqYt84S929eLW88DM1aU31rpK",
-	"uuWELKNrnquYM+YbW1G3rZBnTZRHeYxut0d2M5TOtZAAWEbYChKVYNrOAgpbLpC/UUjQznzDxRytVs5q",
-	"LOJb6ED4Z0LpVMLGFUnurPRvIdI4goRKtG9uqhOs9L9ZQGVGNPPSFv1ta1otWnnktrWNTbmlBqWHWcJd",
-	"t2S3miupts7B+ufU7jTc4OiEnGwqb92bjefO/sDHa5xZfefcS6C5O+Eqi6moJyXFpcHFVzHS1CsTNYpN",
-	"5o3NgVqhrvVyZeqY/4MEDdbeOutKzh3F5Rwb61yN7uza78YrBOVm1vuXU8ongB03qDPin2SWVMwYIjcA",
-	"CdFTYNLypAE5LRrq8S0XFVac7ug+L+MYqBwWrqTypgzPIBJm4taV2wMeEQOj+gJcO3v+tnn9fXHWdQzR",
-	"TaT30vnuLkBrxidqQ1+nH4YoN463oDuHA3nLboG8/pWEgt+CVNg5wGaeJiBdrXjXPyZrn0D0lGoiQaeS",
-	"K1dPp2pMeKSxYeNPQ8VpoqZifUHq9a8X/tNaOUqlSSKkuS1yh2qJoT8KCHR22N5XqEVNQE0t5MqHteKW",
-	"KpzLesTxZjZLNRafe/0rgVsWAQ9hQH5iSguJXnQbuECAa8l8eTqMLZWAl0y0jPohTcxlfNeUE7Oaukor",
-	"bezRfYnFbjZNGPGVu8rQevWJhppEELIZjV1BLkUosd/5bBxKxrGguqaCR3nlRXQ97H/323/1Pn4c2H/t",
-	"/3ct4toy7o+Ppbi4/ke2rqqPswK85WW7Yy8gXw02BSX0XkGTb2xM3UbJ4+UhLtIZRt3YDHBsxTUivVJ6",
-	"OBbRSxXYWwqXYmk1jIWCuroVWzCTZIF+NqxvwpSWtCkBsD2YOt1qCccx4zRm/1lrh62Dbqac24Sbba4D",
-	"cWBdTclh01vGa/SkmkSru1ojHoOJ2Ua6bgM91zIqe8LNDcr00/D3VDIVsboU2U6HbsZQrdd8Xf7oJf2U",
-	"Xe7Esy9CjeKIRJLlhSzxMjOnFprG3f245gvDW2YdTPYOXJf002X2CaYJrTPjrWDRNslrpd1mpRU/LxWl",
-	"UfHKoVeDAVVQNaPrKk5bQYuK7cbyifZLCnnCmiGkZmy0UY0qFY1Jz4OPTEHCCfHJE9/kkYI2j1HMmDba",
-	"U10xky9g9C9sr6Ya2bbcfjYQ2MjTiy2ZWLOTWP8i8BbWrK2ZLQ++rQwTPBPMSxviIreVuGL0dBiGUyPA",
-	"3a2iKP00DKmGiZCLTXmy56x34MnOImFg1MiG4RPMEn3n3W7jFkJZ+Dqpq3ZGP1m9iHFyTRVTJBGMa1WN",
-	"TiyZhQ4bpy2Y45HNpQiR7eFSHavPqal8ZEVTexFrKiBp5PTVxdedahNuVxCttYxgA6EXTIYF0sxScLCC",
-	"p8/ssHPuBXtjsClFyCBW2biz2R6oakCtkvTICgjUyoOFY4gkHRtQWxVhD7UgHNUKG1RqRuN4MXQPjKiz",
-	"F+zNJdMwFONxh+PwcFnvJHba4V9YO9wpbjvFbae4/YUVtxU3yVtUH87BthbesC3PZomnFfC2p4lW17qR",
-	"TCDd51vI5nSyVXTnoZYgUb/E5hlXAO1MsnBdXbzsl7BtPlyl45QzTXr+X31bG2bflzr2pu8a83DBlr8N",
-	"F4GZHRPC29wqAVHpdX/GuJB9XHwiXXQz1lOdQ7Taz/LkH21+ls9HwdG3f2bOFvtng8fF6q5mHa2OqOI0",
-	"tP8fM7T7/2D4ov/b58PgeRc3RWHGYK/gmigAsAV7zP9iyh9e4ttU/hlmWXJ1EScbRkk4V/7a6kQBgv+y",
-	"Q3Qwlq+oKVrYXmFRXdl9YTXrpf5WWjeOx2CbdoylmG1+wKWjyv7pptza0SGWb3RwUKP+dU/I9qF1dvpu",
-	"p/LQ2m6RwKt4eddYtxrUf3AesiVM3S4KVS0Itzl0igkXT4731sq69cMs7Tpb/wZswp3cI+AWX4qM2+n3",
-	"3ID0yly0nRwfd6tdwuL4bnDEEbTY3BBzd6q8z5ixDaUGV7FoOx4FP9oWnRT34OfpbNfpkKi89Vp4pSEL",
-	"DHJdY4kfZzODiWOEudEEC6BqYZ0SK30s2cQYJ9SlTPCWyyJjpceahLP65mXSsnaIhteLuzQIKCtmnVga",
-	"fvJHSrlmejGcGTJXHZMPzaed30VNSEIoZLTp5nCI/EQ7sCu8Fi7sF20KYAf7U3UTRYtUMeWj9jgrGwjK",
-	"ymF+s+R3RMPhlI7Zn0LBoVXB/WUG0UDfNeRavixKaL3MFJc5b4mzdxV/ivf5w4rjFUniUTqfLqY0EvNz",
-	"PIcN5J1HIMBQHjHzwdB6LdeNDSl+vg6LjSDWdN3Z4BNTOMtGa/1qL+aX/hBIUrmit3QZ7+6x+7rHlq+w",
-	"ehxvJNQKJTVQ5H1fdlu84zoy28207xw4G6D0HVy/O87TwHnyrg0KD9chbVt6RwMRZ3S0rQ5tR+tZRzLx",
-	"c2k5QT3qdUb2jaQuJxFiREtNPJnLtsdPXxALf+Jq4mOV/EguiEx5fb7oRmHyS+JSm5m1HOd4PztBZ/Qm",
-	"O7i0Hy6Vo0XIZOMGlXOo3VJHRLjMlroR09tIbHpwSa0CzrtdiCsAWwqwKBdpGoaCj9kklb5CDI+oLIcV",
-	"LsUTrooXcwJDbbsajJoYGnG9a7caX2zfNqWodq0p9J5ZHrrwxLaNCYXK+sngv2lD/5ga0adSkjL0wRc0",
-	"SYYy5aiB1A31kmoai8nFz1frmodvKYtpXre+E+vJZzstft7aRzJi6mY4Ydelaha1/TfXLjI5SdKatplH",
-	"z9safZrvZiKCeI0uam2y/QxmQi66bXRNr0MO+RrHQx3I1xGkg73bMEnb1lxnNqpU+8iBWjwYN3wJPgWc",
-	"qEjQmUuphKF1vKcBG9eLScGs+pAmNGR6YbgCxa7bLvBEjLEPru2cqWrSP+zEcVMVCv9zU//on8SczChf",
-	"FHrwurx/pnAdY6YJF3PSAxpOibCr4iKC/RNySFIeYwOnadYN3FzRftL2zkpjCTCcJGmNHPBaApAfz66y",
-	"MgQXP199owierl2HuZsDYhA0SnE+XJfK+z1NXNBfW3entXq3uteVdpnPq9vpn+PbRfS4wA+XQ6OKrVFL",
-	"cxShtHyihSctOPpgJr/ClfC47HxVHrYeoV5mOGgDxx48NGwqUhkvhrID4t3BTtZdO115vXSOY6uE4aEY",
-	"lAfj/Xh25WPxAgPxGf1dSPy9mvz+9LDNPlMfJFaGa2drRy1+oRG+0gt40x4EE4rtzFJu2O6YjJDcR1U+",
-	"bWBUuC4cE7a9CAqvDmbR/oD84rqpY20KOoOIjLAqemj+sPXR++6B/WtEepz8b3I0GODs+wPygempSDUZ",
-	"KTUd3sDCKMQjYmTnBbmBhee9IY1jkN8o30PKXAupqq2B0f1eOjF/4OKTmIYQESEJF9ZLuUaH9aae4m01",
-	"59SQzYyYsJUO4ZUOghzKt5y7708w81NDFOBvWNQyv179aedf2mo7YyMx2COxvbIHa5tgXIPyivJi8CwK",
-	"CAwmAzKaHh0e9r89nFz31afZ4OjTaINZchzako3nyXG30LViX/IulLwpEef06wj1Hihow+DBL4zPSNvN",
-	"mLxD2TqUbUbVH7IyiZsZ0+9YMU7F6aQqPD9ZFerd/+3zUfD8uEOcd0XDw5ma4fDL69NzCIWhprvmfFS6",
-	"kBjOOqVJAhwi0ouFMhLMLQshIIPBYP+ESKBY/8xVqAqy6Hvbdbxa5vRwi3kkdu/vRLRhICONIglK1V3D",
-	"SrvekJK8OSPuRU+oRt8iPXPdXFz8RIBHmMRcbeB4/OxJKwLV4N3zJx0yB3o5Ph0Gz4/+9M8b0hQSKa5h",
-	"aI6nJiX75RkxvxB8KTohP56+uzz/v8N37394NTw7f//9q+HZ+/NL0js+dv1nbFXJsvjx7NmTZ20SiOV2",
-	"d0iU6J4l4ajGH3Az8ry/eGNugw3xp9CZqtRd1BpGsRinlmnHapUrxphawXWDksERM/++TmtyE58crwn5",
-	"J0f1Cpq9T1Et+7xux+cNsjvWS61ZgTOlQO3OgDnt/4+fI/unm6YeQPWoWTqYoBDrnUOzGWvPbLb9OYxT",
-	"Hj1wM8rq/bDwXcZTHpE5VWRGDXfEroGMF1vTiwn2fxO88EWVaa6dZrjCR1KC1aVIrpIHANXay7NRfhuK",
-	"L9VC9NXDAV5WpYScUO7ygr9RxJEeycdBQ6ZSbMKtzL2ugPf4BClcUQf4b2Qh9KWd22x47rWaDjaVytDV",
-	"5VlD6oZ4m7DhSn2leseYt9YqS9n5ei57Fe5sRcYii+g5GNpa6FPGdV3MXgvaNRi/t7Lhtpstptc1TrA1",
-	"uZ8znNuxmrHo4uerLyTh5O7HvLrP02+f/aPVT7iedMSiDWSje3Fhtsk70Wp8e9oi7v9/uaT/8ePg30cG",
-	"Gc2f//2pvpRx2TNaFNefdxPXy/r+fRDKCn8qWqz/SMH97jKCHiDpuuCZzfH2+GmwtqP27p7ZFVR98dPP",
-	"sKG+v2nqbXods7Cu69HzJ98+XY93+XTafMjmrV5idezTaMb4Bu4rW1v7G+UsyfZPQs1oNYXZ72YSSqhS",
-	"cyHLxsXsYcVA8Lw83HFtVCDIdiXoSasSdNy1vICbrrCTtmPZ1PjiDnOlT3Xp9P8MGkrn+1ikq4sftlS2",
-	"+pHKsm6GwEGw/XQ2a8FvBsdMo7YzstNcKXdvu8PJVYq273MbbvH7dSVrX4u/22obyu97oNp9125meYVt",
-	"B2Ag80Ws09tmRa5FgRQxdIPyuXnzcfCw8urrjuwHiOGu6qC4qZf179IstRqffVNODazfSpH21vHc8ZKF",
-	"oI/KVURCoXQ/BK5BEsrDqZADks9BqM4sWYQpMqM8olrIBXZwd0tV91Jhfu2oxfspQROzMYSLMIZuim0O",
-	"urf+w0yv3TxBo+HaWRYo7rdvWY3bqlLkpgqt9fqJNQKvGMnre5hFTNHruKEtZXGkBwoRK191jyhE7JWU",
-	"Qr6sNRJd2P4vMxpOGYe+BBrhAzCfoMnIRW4rwPpl5B+D4/0BeYkxiVQCUXYAih3GiS9xVIzx1uIG+HDG",
-	"lLJ5M/Zvxm9pbAvh4t/wKWE2mN3+bS0/+Vs01dNhAlKZgxtmR+9+QO6VSKZgmMGn+k3hB8ZVOh6zkAHX",
-	"5gVcnK3MZCWEwrtizkGqKUuKD5WGZJiWHuFCbT9iBJ5NZjYPhy6924yeBV8MudDDsUixBGHlcYbhhec0",
-	"NmezGEqIgTpIFn4OBfcC8zBmM4z5Le3ymsbUVg9WN+kw5XmApX1SXI413g/njEdinreKLxQKZxNOdSqL",
-	"B8RFBKVR8IEYj2PGwf9phS//l98TJlBg6p4CWRoDHyy9prSQRoO2GF76wP+UUD0dakltbb7CD42D/ZEK",
-	"TYubpUlSPqQk8YFyS8/N38A103H2KeNKG4gvvZv9gAyyiOLFH5eWgzWm8WiLT5lBfIPdHufSRGkJdJY9",
-	"UCBvWQilI69jmMgkNuyyZtRwyzGA30IsEoyUseE/9rl0A9fFyrX30ssZWG3n70rKX/47YVEeOI00SHrm",
-	"j1/7TmTvv4lst8T9JQvjt7U54ZqyVelNdSmIryVA39zExH0+IC+ptP20fIfGkTulUYBOtJGWFIsgjOyf",
-	"KsGwzZHz0PtzPCEj67lzr2GPR3xJYrmTBaFJEi9qMx1noLD89xL4jELTV3QMAZmmM8rzO8F9MiDvbAsw",
-	"Oie+QRIRkkRU02uqgGj4VA0MOT58+m1Ha7df2NJB191sr2MA/ePZ2mk6lnHarunLEl+YRnTY7D1eRgvJ",
-	"bkGuSHJdjnoGGuvpoi5BQMxspRpsykoUnSXmoHkax+QaxsKerLN1uTjRhhzawo4Yj+BT1eD5pC2JwNkv",
-	"rxcup3Ep3b3tcy1ZqLrXjPKn+Yv7sLZi1IxNhsDt7V97et3zj5KQDa9TNeyWh4SS+trd4J18bw/AL64C",
-	"2tJKyjtcQq4KdgYFXM7RKof9KqL5pXA+a9SHC0N7t6ghEmjoyGhN5CgMk/K7DIRN8D+x+k/bO0u4g0gV",
-	"Ft/ZDNETMQdpCxDMqdabDGHp/E7qsoYZNig1YlnYocO1Zr6GeIfmrbVDfGKRP8Os9neZnf365gcrACgi",
-	"wba4JIrx0DKxH8+uCEruEFk/H78FroVclGITugCw2u0vh2b9RuvOvQrBmnMN6rG/EZtrQFRA2JW0afjE",
-	"RsnUpbutPVGt/a3u/DRDghbM46UEv7aXC3flGijgGa2HepFN4r6LQ5fX1Hgu75yous5pTIy+dIfyFz6P",
-	"sJMFIhOHWhNZp0LpGrsaRrW2Vzc0GDwFKvU1UF3b2/utkWqzV6zIQq8lC4mic9KL2S2QRIICHsJ+QCB2",
-	"3SuNts6UYRNmkr4C4MTwvxJHuEt7jIaY3OX3UF3dzFZnkzc72gsNUl24LzJDYbe2Ffhp3qxCUq7qo4D/",
-	"SFloRHQdJqR3+faC/BdZ0Fn6aT8gYy9w2uP5RpHS2VTk+G/XbcPgwZhVxM66LVSgFFRIpYCidQhX3K4j",
-	"kkayvYQYjDy02NAKOAEO8q7GbMziXY+Q3zmF914sicWqIhVlHp+T6wXezy412Sh8BkvmUxEDGZvlBeYV",
-	"+7MPX16LSRWvuPIunz1vyR4pnYiHbaGeSYs99Cdk+1v1Ai37ceomfuOsNYZo1ZfERpHqa/FpmACPzJPl",
-	"XCf8nYCRx2w3/AVogsEcalqJHe0oIztP0QaysfXtbfJlqkCu/12t89ibJ9VeYS9LgAzKx1OHA//88PPF",
-	"OYwlqE0x8AYWhci2lQDoiqxBYdCmRcO6/sYzjP0hik044xNyAwtFeuevX5J/PDv6B/nnh5/JBdR1/zQv",
-	"ljhld1vbKfnnxft35ANck59hkc+2X28DWyEiVWCEa6qDzFsxYRtG8G7bgy9djlhDPPApEdwyCOLftA4e",
-	"xm3uMWZka6ETHGB0QrA6xlzIG0XEsixwdFRe0mFdJsVx/x+/fX72Z/+/y3/XN5L3Uy+v/dx3jhVedzS0",
-	"SKZUEcqJ9ZeQy/eXZ2RMQy0k6aFE+fTwyOyo4G8aBZkV1ppOyWg2ppkfZ2SkJAsD/0HVMlw+iOc1HWae",
-	"NzTBeZyxXm/FRKR607xC5GNDBPHa+UFLqYDFweqW+svr09d4vJvEOa95ZbYqElsIcFBV13Z+jTgXYJ2j",
-	"RleaeRpsrXmxeovZnqY1TvkGSJ8DjRgHtamccr3IYolaGHnt51MRR+7ybql00yFg6Sym2pyQD1ma23T1",
-	"4WxM1zQr4GxBtrryUL+tvGOeLIvuW5HlHNIMM/bvXF0dYJc4uOBJDQsgr8TjY327UHtGi3IQMa+bez0b",
-	"RKUJSPSfGy6aPRaJaq9XZMDY5TjucnYVraF+84WllOcKMoxeBfJGYrpL+vYX686lllrWFjhUkkhxa13T",
-	"8Lu1d/7WKZwoMwG0MSHMuVs7xs0m5RlhZmYGMOKNwwiCjeVcoR3nxSz0kavLCxziJzXClJ2E8eKYWZkL",
-	"F4lBemMhCXxCazQJDUvar1WdlrG8HP1cnPnNxXvy9PjoH/ksRmQKiJ5KAJImCciQKiAxGCmiWlBow3Dp",
-	"2rxHB5vCYutOcROj6bqZ+72QcsFZSGOiEsAykPu2bAymvSsSCs4h1ESLujT+5XS2u1ptt9ELi0sRx9uV",
-	"WeqL0mVmHoVhBKgFqtwwyEUE3yi0x+YeGufO6Wz0MVjw49nVS9Qw17JON2EAph6bc8o8S3VHe09tm9Eg",
-	"ibjV3bttQHBmPjkHlcYN/ZBwYAXAt3nsXW3e5UISWyr/0N6i+cuYy+03w3BK+WS7VHYvMbiVmhelw8qg",
-	"X2NVz+3tS/utYFvJ4l41xhe5keMjJSpYL8zXnMQrHHHD7KIW/tySOmE3g5GMdZrrkrGltmxhs/9sHaV3",
-	"aSkrTqENkhupadbtMzR4tcxtzVJeYPmYYm0c58jr/Z+rNy8DcxNfvr2wHoLLl2fEyMzOu7TEkOv6rLgF",
-	"hHSYwGx5CWevfvGTu3lfnhZ4/yxVmmhp/tuDWaIXZD5lWDTVv87w9ne1speMOTZVdpveP/w0Q6vlOEkE",
-	"4TVQCZLga6Q3mnA9HAwGo/0ToqZijnVgF2QKEgbkQgsJhGkLWHNPk8Pnh4eDGgNhZ1dcvsQq/IMSQqzG",
-	"OFt4w210nQiiGvJbKrVmDZUWQEaKHk0o13LRN2u3R2+HGS2DrB0ywZ4NN1d39ehtI+cnP5caZlBYZ9Nh",
-	"ZGLVmkrlUm58qcrknUJBGmIxmv0LZh8Plqdxr37VzTI0qrLhekrv+1SHYga2zrbhwV7dwbvZKkIYXCFi",
-	"Fi58J/UalbdJ7zJ8q6BuGS0BbwUceU4ViRg10gHpYZwqRin7slYkYhF6ECUoEd8uRVp3EqlsMHttfSJm",
-	"V2BnoOHUjPPCQ4AJPpQwThWWyGEzEKkOSMqzNwO/rOGYstiWX3XfuidVBfq4U4CMxkyMOm3rpVdFDX9D",
-	"+0Eoha0GrAILumx1rX7W9vhGW/ftLnwuW00HV2L+blFULYDDH2VxYU0EURbz6+of6SlI67vCVMUZXZAk",
-	"1YTDHN1WvhgV92lMBEsIY7jAYBbhvWJ+x1ASJDaC2UzlFhV5KXYbkx4J7gJzKePWFob/bEhEK2gdTbjA",
-	"bpleEOp07DwE6npRFbpOyMhZ4EYk5ZrFhRcwItzhbikBK7fZ2fLy5h8uLadpwXitv+FaCpVYMtpSaRnX",
-	"CMdgK+lRd78jG2GWhjH6iCniqNZKPU8Pj/bri9DcVVDrphpXzV8+P6siUjUWo8pAuuH9dp/iKMyXRdJN",
-	"ZKou0mYLbG7FDTw8hCTOW5NI9NpMVLjMDJSm1FxmFktxT3Vo2QgKP1UdHFytyg1yujFmmfFJXy2UhhnB",
-	"GoPoF8/yA5E1XoMr3ezIqkYAyKi2JinmCyR0t9S33FYCeLHCZU2BXEwfs92CbMIT5opaA2mPcgdvCWOQ",
-	"2HVaSEKJUZ3N22PURulsSe55VhvDsWHFzO3boFaVz+xurqokjHcoi1lJJ89Y7TrmJUdKD6ZQeNJ9XDrF",
-	"WWmudXgpfMLyO6pO5H6f0D9SdHEpkfX7Ml+QhE58opqTu6w4QydQh/rtjR+xHyj7T40UcWYIzvxkO7xb",
-	"OY6p4lxWRD4uJbG0V/Uqbr24gnr4LjoV4bhTZdaQJhqbvK37wSMLdTG6FKbV1IZ3GUHEp5J+o4h72Uan",
-	"ZfevSz4ntWpZp31s2irGLqydYnF9Z/71wqdDnzhfl69c2bzfpkU0wiLSw0L/lLgJ3nCNpVyjWvtqKxBs",
-	"cv8aGNXNueIWV0hHsBV5Nmx5fB8ulHxFhUOtP6SC36TQztGRYgGGFcQuk996l5YD4INdWp59PbZLq0xE",
-	"NazfkkeeeT4m1BNNubWkZEm9hlsqsH3P/PtLhe4IySaMd0QCC4n39pM/8zofmypUvpp4tfT3erlDrFhy",
-	"xFbI8LTodpfN1RpLVLfRJdyysWs9PZUinUytSHF69maf2EpXFt961tCCmWmMG9zzv2C2hGvLQklE1fRa",
-	"UBkVa6FnNYywuF+BDbWi6aYlrHMhpSMzkBlVdEaculBeW+/ET7/iSJpsY57Q0ZE9IK+FnFMZ9QWPFy+I",
-	"O21iO3sBcSau7G+VhrZESv4GlZrROF4MPfPOfvIPTpxoQXoUyy9IO4xSRGkWx8TxdrVvw2QoD8G8DTzK",
-	"OZC1ZdkmKf4uKB68W3geQ2iuGr9YBFh1mcvXDf7DT78Kc1xV/I0QJ4yxbJBt89IqtNi3XVMYlMfR5ypn",
-	"5lCKwpvrGXAtxVyBHJALZ2cKN9UR1kPvaoV29zyobHcFun6A66kQN6fhzbrlHtMkZmGtJftSppmca7SY",
-	"EkMxEuCcKuIKFxGlhTS4yoWeGujib0kSM4gInVDW0EMcx+oif/pJOznvJYTAbusrcSzxBPdqUABFYV21",
-	"MHchui9pUuhDm9m13a+DjJv6ByLB9I6o+gx7mS+9mPJrIW6WPuAigqWH2OzCPq0lvGKgec1SCzHSxQhk",
-	"kajin1iftHb4vGzqWh3bXMLagIykiGFEmCq3YzNPMU5W308hx9WNLN4J3kezQakSZV52cpNOFYUpu1sb",
-	"82+6llu8n4qTnVe8eT1J82XnaTqlWLjSqi7DohsAVxabzJZYRaDl010+u6BSTdkF7pdsi20io93Rwylk",
-	"ebHjXCGzHdVWpibawVfswHZIfficA9uns5bk32R12exLasqSEwJ/pDT2TR/sD98om+nHNupXc5fKvBuh",
-	"PdYr3NDk0Zwe2BJdk4G5tOF8MUExF9ARQjfct5jz0BTg8PWRGSYKB12TWutvUJrdtQWhH0uIZiXdPWHs",
-	"BXu3DOYNV32WfvdyCuHNxVIiDiZtR2LOO3yt1m4foVvPqnZ9WAtL6YmEDb+vyud+sMCuqe5g1s9TrKYW",
-	"u++z7B3BtRQxSWLK4QURNyguGREd3eEop9vSlqFZuvlV3NTITRnku4NBrZez76aohwom0zrH+l8gt/fi",
-	"56sNGxEXCxgTNaUJuFbhoe2Mb9uEX05LfdiZa3gfkQRkoSG7j7lx7dERCU6qvnTQIBXJGr7kndsf2pu+",
-	"tf5LrSLgVropLeudeYUZ+ERDHWMUFMZnuawewjTpvfvXL2/3nWHt4967f7354c0p+eno8JB8e/jj9+Sn",
-	"73958nGvUwHXbpUe77mv0jo9krbjyl/ZU+m+miNVfP9375WUA3fDuICLn68eTJYx/OxxSTC2odS6WfxM",
-	"19hmf4aFdb8zTswbeclhQuOJkExPZ1icwxWoXS9kdRvuZsYnWBCe67oQBuAXFz+Ri59Oj589J4V3fU91",
-	"+8uLwWAwqmMrhZxZ9+be1mwDN7AY+goPy0DPoOtXqtS0D9Hxs2dH39U1fu/c9ailF1iNxdAW97mxCdYe",
-	"pDTVUyHZfyAaYrkfu/sqDG03se5RRIW1lI+2AK7AomqrZmOp4OHYgCW6R8YJ2ISnyRfpWlRsQLNrwlZY",
-	"9DJgak9Ow8aNjkvlle5e0KhaXyYbfdW6N2tWhk64piDm723c8j8/XNpYcXMJjehMupr42APE3BojEsaU",
-	"zaoFEb49+q69jzmdyRLFZ2b9OR5dbf2dIsXXSHXZujYvEOBSw+o82W/ZGDBe1em0FoQu3J5x4vJN2uuy",
-	"+EYnqya7sIORKJXokJqy0B6DnU5RzdSYgSJmsH6atM9qS3ZVCx3Zk24vMlLCl9JgJaDZYy2eRO1269D5",
-	"8v3lWZ4DuTlaYxWNWi5Yp7xkl38RKBc/nR7VYl/EJk52c68+/60O1Eyp1BqHW+cXOkFYpZItI4H78cXB",
-	"geEEB4PBgFydv0FXsHkOXLOQavNXkijS+z/nGN23H7hMA3R81hWZQ9WjpuaRZCIqbO7JYe3umtzX31MF",
-	"T45tfcCnz59+GxAuSGIOj0/2bSE5+2nr+iry4L9P+/9z3P/Hb//VzjHd2spwzQ4kKONH8fSzs83g0ISj",
-	"/wLJxou/3nVRXPuGWe2+TNzKKK2snly1eqJakZNcKp6olhDElU2UgHlpilCLThjLitULqcaSmH3rqa8z",
-	"Ehwt9zb2dRT/3VJDseg5avEbVTYceKDVHkjWfXMtA53rxdsrCjf79+Rirusa+8XrJm2qBXZW07o6qrsF",
-	"8dpjzo3591nJxDlmlw6uvj5Yq23HLv3B9DrfaPZR6XWFvqw1LiqjdxRiPfQUmGym0GqkovNZ1UkaJaxZ",
-	"u1FjocHwg3uoq8pspeyhRU3lPdJecbMuIC44YPDVhN3aNMB76k+6eZDHfbT07UDgBQW3YgPOYjuKK2s1",
-	"2eQY8sDk7btePyoSlzPGaXwBSm2QlZ03jNwMo8plU2p68VsFM0/f7pW6e+77qnJMEdvpUHdt7FEXZa41",
-	"DafNhQFyFdS/C0jLlBPs/miUVWXhWB8z6X5sjJrU7jD8KIUZRQJckR6HOVZIMj8YfpEtJCJa7G8S0qLS",
-	"60QKLUIRNxTq0HNBim+ZLYvxGGRg2b6RU2UEslH6rFX+CjSAolD+R5UcGuw0F4xPYuinCgJyTRU8f5rK",
-	"uKbe0XuzVMI0oTZIsbAVXwRoYDOvMXw7xH/bSO5OFvA5XCsR3oDGHqG12CMBYZa4xLMPcH2BXzij+8Fc",
-	"HfijP/hcoqk/O3ghlzQha6YoIFtQIdQCspdIcGkzFfTowEBsK/sNy9JmKOhiGb89rKoAbzjTjMY5pcxZ",
-	"pKcGD0MRpzOuStmaNtitxb8q5uVJj5+2TjoFNpli7Ln5eu0pV7GBc3cwVkZgCqvLI317nuCjSnysbY9p",
-	"wx5DzPFLdZJqyy/NPekKlK1dTmrplK9QWM4bUnc94BnjxadHW7b+b62VevOe34kItrXbQj2ktWr8NVbc",
-	"LH9V407ouX/0f/t8GDw/+tM/3//vWuXyXgp2ti6ytMYmj0fD8bhU+a2d0IoQmzviaqkqxFqxT+0B3s2l",
-	"FZqBb/tnIPyzf6Lb6TB4crTeIZTiLDeMDls3Nraujv5vbSvcbG0bHniDKWUlARwFz4/Xg/05kt3W8D9h",
-	"Q0vItaba7VBzsOd6I2IGTjfW/a8ndqOnhS+zcr0hTWiIQ2GT/2ltlMYpJ7agp10GCWOg0oqE5oNO6Ull",
-	"OiyPjxGdM3oDyvUHn3gJ3n1yQvAQihOPYzqpVxViel1TGfGwPUqyAU0ufr56IB55bzGELeR2z0F2W8H7",
-	"FYF5wV7K2R8puN9d+e6VgXZdlzQYvli5qs3i8xoQzRl+toRrm7LeDazTtVta34p4f6khZjFbN6g135t+",
-	"toIBFvMIfdpBne3VfPSB6en3NKY8XDdy3nxNkjhV1oqMHhWu4ZPGyItrOybpRRDGVEJkuKcm1xDS1DV7",
-	"tatXhErDZYUy6g95hb61MYM4MooRtQUDFXBtiwthuLfgYD/L643Sa+UqQFQiGPO9darYcM9G2taU5lWZ",
-	"ee350D6FNPQZs2yNrqM16bblDkY11p5yFx0lUhku4aDyht5rhjnvqhYZSyOtv2hPagUP6POa5a6TEdYO",
-	"bjfaxuf1ZflIwSBfShwrZF6Wdrh0Rg3H34SHQUaMdRzMiIw0wq6wv4Cm6xqjaDgtId4UI8ZnDCvQXi8S",
-	"qlwXhLi+KMwWenGt7jdlV9i088kG1vxW4f8LCfJr16TqunymhqXW8csCbZvm3Sinrz5KV92pCnE/XiWx",
-	"uLTMWqDXg24VbizDv+hpLcyWxJTbAsUzauQ/jgTX4oT1s9zBwWYd+LoFI9trtK3lp8sop62BtNE3LE9p",
-	"G67IgpbQoGaPQea6wxnqz/BiCnF8qjXwjWspDzVVNx16+rm350LexIJGHb7gAJEa0qzMc0tPZS6BRkMu",
-	"NBsz66NQazbiW1piZQ1BecsNc66A9Esrh64L5+L5rEaTynnmnDUGTHJaB4NxrF+WehLUSS8FWbZbzykn",
-	"1dZ1mtqIHmwLiHX3JCIYikQvqewdx3if6CUSXyHbdYeOmyMrvFAHpjpTw5Y4ks6D6tZZrg89qlttqtrr",
-	"VLphbHBDTaeOvWVkrpxh4DVLt4Mc9MUUPY+sQYGw2pmkI91NL6Gc8DuAwLOJ5dvePl+xzF8cGVRUbRfX",
-	"UijvhtLzUsEf/0AkquE+rmL/mlk6Lqoupg0N/k+vlYhTDWQszWZ5RKRI9VKd98OnzVm0a3AAZll7kxVy",
-	"Q6EMdRUvgFV3XJx0xTl2rai0DaPRloM622IrV+y6YzjvA266cTMrdrGBtW/tvPcHruWyMn6uHhQfnBT1",
-	"UijtsHklv7BydzUdIrwBHvXFnENErhl2UEUrnkz5nC58URMm+IC8xFJ5ikjgkYvU4ZFtxGab8Bh+YFiL",
-	"/XZA3mhl7XnOZCe0i/pxxQAVQGSrbtBQB0SJgnGQMEXGEqBvjiCLX4okHesTP+icxTG5BpIZGu3GbyFe",
-	"FJw1dTD7mfFiEsmeW/lesPd7miy0rdESxzMzSt7txfdYNL/epNcgOWi8JGmSNHBzP+FykKzrHA1ZUWLF",
-	"BC/1gDdIGNvkJJEktvijmCUxaFccUmkqtf3E/THMykRKiIEq/6P5d7mMpHvmP2hZfTqbUbluS2b3lS3U",
-	"62X+7dt5aRjKFKJhKJTeioBMffsoT561ZRsxwamYE8ItYLCOImFjQicQEca1IFOmtJCLegeinQ1lLmzs",
-	"UzMdm4Fr+mNT7GqnNZSlDKFgi5JM8iIqlWMaguoab9mqqDsVbYtl5teNTm0fMEmGNsw0hC0OubG113zc",
-	"cLd3MJHZXqsF/r5aAGu4F7ZTX2EqUhkvhtLZoe5Ma3WhdX4DWALfXBqUmEPbrwuxbI/HyemrLoFV3oLs",
-	"RyDZLUQkVRhvYMtA9bEMFHZrO3FlblXNZVdP1DeMR91PCm+jdeTEquFm+VLHkslmUqqZ4ac0ZhQLXZUg",
-	"ctfWWu0NqBtabXWzDmP5tOEdSuvlA3Rtn3O3woFtbqGaWPY72UzVTVoXw93+XSe3+5L0Uiu0ViOWq7w3",
-	"002QJgpJXiXPU8XdVLazmm3W91yr4sjSkRd4b4GHVzLM8hutzOCCsmyxzItrzZdF0aHKgWqu+2Xh3qYv",
-	"p5LpxYU5CufOxiT409SGrtu/Xnv8/OeHy72lLMxi6n/W1N8M4DuHCa4GxCU7oTxjq9tlvw6czDtDBmGT",
-	"8LPVTrVOkMVybWAdY8W5huUJ7B20tMLLKZBbGqdYreDNu8tX5+9O3w7/+eHni+H5q9fnry5+Gl6+//nV",
-	"uxObJnD2/uKSHPj5Dmiqpwe/z2/UgSsy12m5Bne+XwXKhrW69kfm875fgk/5GGNmiWuU7ppO4otjamvJ",
-	"UT21zVOzdnKxmJAJ1TCni/1O65aApbPPIaaLhpX/9Mvpy2UsqNxnbpxvsERTP1XmSUwXviO1GaPv6iOl",
-	"qOZRLPXjr8gMj2ZUaZDmt313PKMfX12SA5qwg9uj/JSyfAmcppo1Meq0dz9GCcWWUUlliSb5wYwsoVeS",
-	"H0aBTYwxKqMqp3qslXZCrkGxCPL33DSD26NRCSorEkcQBAybrgO1jWns9bF3AWE/W1f/zC0qBw9NmCsx",
-	"lGWDfL8uk7is1ggRY5JzGiI4oQXYTCmP1JTeAOn5bZVcM/sB6nFevz91RaFs9US7PSJk4KqGUd8NgISU",
-	"o3HATIFvqWBVFpBdYM15nLgGDFiP9Y/UMDN76Q0IltkstlYtLNtTImFaQWwAMBauqlmaTCSNoAOa/om8",
-	"cCxqm72ihaNvG4icv7q4zKwePkvkR9wZ1qMMY5FG5WKkg4/8I+87zdkZDrCzY0ilXJDRr30Xx9d/E41I",
-	"b0Y/kaPjb0k4pVLtnzi2Lp1lnUA4FTb49SMnJBTSkCYeETMK69JwnnGZBUP+zqX5s//mh9H+IF8cNvlF",
-	"tZ6T0Svzhzfoj2yVHkoUttolI3O5j/DTN85AdHX15ofbf5ygzK00nSX28fnrl+TJkyffnZCZUSQI5hCi",
-	"g5HMGBfSleE0I71fCiwjvVGdyeKFjfEd7ZOUxwb7IxGmM+DasoTM8jT4iJVkmDbS1J47pdLZkNOzN4WW",
-	"hi/2jgaHg8M+WqpQBk2A04Ttvdh7MjgcPMFMTz3FK/1gMIc47t9wMed4kw1+d/1zJrZ2SXYTv4n2XpiH",
-	"5m60zUKoLUbaqHvlrxz86k7zTYQ6mMcDXMLx4WHmPnGG4cT2aGCCH/jlWImwTV40iwNtKWGZy/zzw8/k",
-	"AtB+42jcjFdEtabx3eulfZg5nh5/1/RJtseDSyF+odyXQsHiBs/snld/98ZdYIjD9qsn7V8ZhZKFcMXz",
-	"wIyiOLf34t+/BXvKW9P2zmwtPcUm3MgJN7AwgrGmE3Oue8jGfzPf+1vVVYY5yMfLUKUM8F9en9r+OUEu",
-	"l9gqHyqo1DEhMYx1QKwM7JPXDP/lkeHTWUJtIkFZ+rAXhQuJiBc1dZ7IO9sHR3BNGVeG6LHmzQA9XxWc",
-	"PrWbuvB7eqzoXVln5qhswPdEKJ3aBsrbwvfDo3YMvOJ5KcY9/KgD2r4W8ppFEaD6/xciq4yQLouJlo5K",
-	"iKcSRGVDEe5ICiR2pcy5rKSxg9mYHniS6Uu/4RefsUh5XWJoKGSEOJ8miZC6T5Vr627WkBGfv8Z72FnG",
-	"Xjuj2ZgOsvI87o2BFWFHAcGFoVEZKdIO54uYm3/Zksr7A/LGtlVHKqRJIoWR3WmqxYxqZgC1GBBbGASr",
-	"tVJNZkJpzFTH7Gc39YkRv2ZMY8Y89hgilKs5uKwYfBWrYZib/fjwcJm+7dp/eX167nblEw7uTOX41/ci",
-	"WmyNwF82rfXPsuEjCxC5J0bTtIK6BuDZUWVtorDCgTohzKUX61RyiAgWTOcT25RsSwzp2DKkB9y0Ja6t",
-	"buJpF7b1PY2yVT0cIz7q8MUZXcSCRpdCvKXStqJ+enzcZXmJFEbvs9z0r8n2T9WN57JEC89bDWPcgMdr",
-	"oZNmtv6ji+k2jJ3DvFgq0FYTfH785NuAXPx0ehSQ58QW6gvIk0Pi2gZaSlSE6cDyS6YVcRUAydX5m8BX",
-	"kvM+B0vAtusbUUBjpOLIiWO5/QVHZyprhWg9hbcg2ZhBZPi863Bg+H6xPJ3/ACVE7KJKzvFXGwPgRUIr",
-	"NxK0dHoJj/SeHj4hI1810/PG0f7yDWDlTwOuLUt22+M9DVU965huDdB2At4DUPr3MGHcEl0G+Q1p/ABJ",
-	"Y9FM6qdet3G1G62Fxh+8o3kkDuQHTJOebKSbAEMB+KLMBI4O0fzapawkfue4wJSqKUQnBKiMGciqJqe0",
-	"SDDQAi1ep2QuBfozIzD84enxMRnd0phF1vaIphpbLNmKBsq3ljxBBiVSXcckHF96enhIRozjeF5SHQ3I",
-	"h2xKZcVVosWcGnnYF1L7RqHgek3DGzEek97T4+9quIY9o+1wje1LisslVh9YRKypk1qnhhpyYcoh5E5m",
-	"2slMey/2XjPO1HQ9VhrNGD/I3Raq0e7kczIJfqKsC6Q3wr+KUgJ5LyN0v1wvCItOiA0wpzEZsxh7LF0v",
-	"fIVKy/6oTtUyl4iZ0qdm7NPC2u7CL4LWt1+mUuFxtL55Ridwwf4D+G61pHC8sBzebvIbVWgzpTKHEHow",
-	"cn+QizFHN3fOJtatGVW7lsLsWaxlDvS6xWRu/G4MqyaW4F5tddl+Solt9RIdneAlXzmBr59V/m1YnsGB",
-	"EorTUArlia9kcq8yk9V8sOrLPRgLGULfxdY2S5id2eQpXxAueH9sq00i6ZCJQFlPUixupwUZ+QDf0Qvy",
-	"49mVdV9FQRbP7eKHA9enKetnN47pZAIRhn5gVEIYA+VGu/M9xl0zdyhELjBlX9s32qKd9gV5evgdGRVg",
-	"4YxRwywKeZT12McW8S6KeflDLrRL3hgNyKmzjPYKbwwQxG5gqFM48QW3tPwo73otVLhGDkTboBZZpCvF",
-	"6DjkcinHonR4Bxb+MIyzya+RbysgXMwLyPf34JqHT9u/eCf0a5FyN0UHhvlS8HHMbJbC30gULXLLcq/N",
-	"dXmy4RSNUum5pTxFRjXt/EekJ2TxFzOg4b1W0rOxBNfmNH05cCWkJljkGPMS9BQWZA7SsEaVGvWckhC/",
-	"zYp7utAHw1VB2u+ZqlGf6wVcs9RXt2Bvqkco27a8i+u/EFLX8NFXn2ioCR4GsZGRTfJmFmKZ87G1YsEb",
-	"BF9AuFobTyaO37cAXje2BGVrSHTk0wZk5/abe74RMvRbQ5TGA7Ww3cnSX6EsXTjfJU6NrLiGRztp9IBG",
-	"v6cKi/uq9STkAUEXPmb4ETpD62IoIWLaWhfnNI5BB+igmVB8S3AgEWCnUqZJzzrEryEWc/IfkOKF4cEq",
-	"HY9ZyIDroctcN9z/TCgb64JDxxBNQFoXuNJWjs634SMOmtzf39udn2Zf3DMffxPBLBEaeLj42SXe3IcV",
-	"dGlbaxlDj+5zHc1Myp7rX5IpHXeybPqDQNg/VhF3Z6VtYbMvka8ZZRnZF6HeHGqZXIHpOuxfxXHHn/qK",
-	"00RNhWO5aWeO+2Y2S228LtyyCHgIL6wMTGfgG2oxUAHBFGbMF0BPc6JTiek1LmzIOr7sp86j7VZEeseH",
-	"h/uZKE0k1WhkgD9SGgdoIECxec4UDMj/gBRBzt8xAZ3GZt0QEeefl1Dj51rmzRJjSRz4Xv964dbzGP1N",
-	"y4t8YH9TwwKqRhEbgSRdkI5vy8oUnswjDTzqtLW/V9zRjv9/cf5vEY5QTl7/mrHK9bi+lVn7WlKurPas",
-	"Dj4X/kKDtTQSsaLxupK4EaN8/XRMfcAQAS0ZKBIzfpOLzkKyCVqvexjNkIAkhUWgFdl2jEJuUS+PuwIQ",
-	"7vIjc5HGEZmIgiRfx97Nurzs/RaBcZlPvF17sB2+uLFmu3D5CLZpGH5smoGFyrlDsS+rHVTX0qwh2Hd2",
-	"OsLujnj0dwQiKqHePKFL7G2NqyKRLGR8ginC6wV3DMhVYjj90eEhpsNh5IZhdIHthpxFurr8uIYgDrfG",
-	"M7uOM1zGY80DWl5rm2EU04HMnna20K/PFupoxx5wLdkFa0lWNgvFylZmTEtCjnzI0YCc+j419mczPyiX",
-	"4+uNBHn4pnlFjG2w+Zy3WCgLOP1VmSgL+yr3PfwyskgRzDXswi5xp2vu5IgHszVSbcSIIiu7gwBx8Nn8",
-	"D9VLf+uvq15iZRjH8jS26oLxGEJNqHb/YrcwxGIkPc8NuZjvB65C3owusExXzHzLc5JQpV+gISoi2K0p",
-	"z5CUgFVoou7c8V8u23+rSuRZAfzN6qOD7desNy4Dese1d1x7x7XLuY9RVGHZnmOux7rVlEZi3jdMz9YL",
-	"X4dPn0PfOl2OBgOjAlrGKl0KvBiTkW00NDKMexRSHrGIatsob4iS64j0CkVc0Dxo/mXTpbCAoQRlZeD5",
-	"lGoyp4pcC3ED0YB8kEznWUvL3Ntu7Tzn4I/Yt3Ph18r45AslFdWuZLVWG8lFX6acxAzr9WKMnKax2nHB",
-	"HRd8EC74g0NAy74Ml6EkYzNWN+7GDrlv3rLFvCZbPKohZemda7Dx2AI679N0ZvbcPYoQj2RnMvv6TGbc",
-	"oX4pbtDSw7rWMsxIsN36sQaCFNcQkd7lyzMSCs6NyqgFGeX98kdBZj47Pt53pf4+csoXNuMlK7lgDW2c",
-	"QWRHJdpwV016sRDJNQ1vApJylUCIZRYCMktjzUKqdIAO0H4sQhoHBKv5feQz0DSimgZYm5AviEoAeVFA",
-	"sI78VBi4UEwHVyK+NUvRgggOJ+YFkWpbaPLd+x9eDc/O33//anj69u37D69+GL5888P5xegjRx+pAr3f",
-	"mJ7tXKwRaMpiNZBAleAju72h3d7QbtmW/+LCAxEdmuojn9EIBuTURurPDZ9LNcEmXeEUo4QKZ+HifDIP",
-	"gIWijXMmPWznLVwZQ6OqXwNJk498AXrfgN5o/dxCxADIDvtfiQudx7QhLAPsM41s2ZtRHcu1Svw7W0v4",
-	"KzBqvsz284UUYgRlswoc+MAfKJ8542QUU1tB+Rr+LulCO5HvvsyVttAyIpNCDuOZD9ZZ3W+6YOpFv4PP",
-	"rr74n/bqiUFDdy14Jm6dywYXlfE8LJWoDNO/Ba6FtMV6NMQwAy0Xls0Cj3D9H7lOOYe4EhKT8zrGhykW",
-	"Up2yGEoJrb6xtnkNbxT7ii3VIbhRz8xUH7nSLI6Ja2SDHLtndHXBMdRUUsbNRxaAdbzUAmYbvLQM2HeY",
-	"Wtpk88xLv99jEuXT5eP+AXcb/QVL/OyyFLenYiISOH7TLLWuEzLBseQvYZgA/dRRNxd6ODbnUSvETEB/",
-	"lVR3eO9SyaXji38HKv7bEOWPoFspMqE6nHZPLXP1MTMpQkgnvnqlwymXtop7j3rt0OmFRj16eniIhesF",
-	"J1bpQFXGV+jUU6qrpbbIvGzDrqH8NIno13Plbl8dusrg84Xs5g/KeHbG8J1m1KgZIW9p4Ytt6s+B1QfW",
-	"9QS+E1gWtVRlR2IEWwiRYYhePTkhMuVY7h57PCpNF4OSQtK3zTyIXQdEJx+5/Sca+K2Sgp87hcW33PFm",
-	"oSWrV8/37RxigCyzkff2LaPknEMCzn1wV15tF7oT1O7ELwkqoQrxyR+d7WawU8T+zorYS2uouCN7Q55x",
-	"d+4WZP28SuzM8LwZVtsX4/FJqWrWyHOukSvR7PjIRy5TnAhLQ+spcPcqYPMdbavAonXfMyLzwZY5F864",
-	"Y1w7xrVjXPcQpICdM+7GtyArUN63VuVNYmpt6x6mXJFpw1kC8yfKQq6ltZpiOX02g4+8N/rx9N3l+f8d",
-	"ot/x1bvz92/f/vLq3aXtyzi8vHxb8KcePSMzxlMNaj/AMtTKTYAlXNMEs+pA+erVH3nK0cptt+PrbKPG",
-	"5Fu99c1fdAJcuz5GI6IljWzVbbPcjMG6Fn2rvH95iXdsJPjVMbrtOviq0Grge65vpMeneEGmIGF/Z2z7",
-	"ivjXG6VSo1ZmJetzXmTPf2Omhia1tRlZObjDs4BvcgegYTi57e7E5albJ7QPTPjIC0ppIdgjM+dhDEVP",
-	"AZCchey7iiM3KEwVoiPqOA+uYCdStXKaMwOnrJZdffZkIY5gZ077e3MjRBcnTRVonov5xmwImdiBhFtx",
-	"A5uIVW4p9i5UWiTKt+EgXn/DJj1aEevixwJHPILoxLZhRRFmliov5riqSa5jqtEnqix3QEZ2vdHIDIbd",
-	"TPMiSjjelGIIV8xu4SN3Hz07fJK/5dYSYjkNF4OFq7LhWZmw6CY6IRK0XPgoOTqG2hAB+7aB/dcpZm2X",
-	"+SGMzhFkLUUpMOdhJ1Z9VfUbxA0U5Ze7CVMp38x0n5kvbKblkhkfWVEPky29TT7IzfD9vsu5DCkPIbZR",
-	"UDaSqN8nQn7kzpi1ZYOV3+1OwNrZrHY2q60zpytHXuuarYTqsxmdbDmXxtDeymya9+qNnfXvlVDz/gK3",
-	"3T2n5v0Fscezy6v5+vJqssOtUqtDk3XTa+pb0hRTMxp97rWZJh+5UENcoUvXGJBf6I3rmojPrfDg7MlW",
-	"HDFPxjGdEBRAXCf6WyZS5V9stvo6rvA1pX24o/xCmR9u9l39g13s0j1ldfCMi61gYs1Sx8Fny182yOOo",
-	"5XZLodpdOV0Wzd2cRbEl7lTpauKg16zAeADtsil2NoytJUd0ItvgjgrB/RDjBEoqxNdJjocPIQJcTiFD",
-	"gx2Vf23ZFh1JfI2siwb9Yiv5El8bNd9X3sQm+sRfm5nsMih2WkhbBsVmWkhiK6urtRpRYrvJE8Jhbnge",
-	"JpetaHR+5qf4q3Q59zB54BaLq1ZSbHAOW+pv7s7lQZqbu7m6G339znc236+w/HiBvoo1wKt8K2McK/jW",
-	"wWf3L9caZpzyaEWYcSM3c2WZbIdGjGq5LpThxRm+Ub57mC2JQTWZCddZ0XcPy0ZgPFV59UeatZky64OI",
-	"9GpN0MFyoSP7xRA+hQCRGvp59k8I9euyQidDATNfiDNz95ZLJzl4GQXTjm7Oaf8Eqw27sEPzlMwZj8Sc",
-	"9LBPJETWmO3G33d1OkZuffZdt0xMAnl6+N1+CahM2b5wfiQM1yk2iPPgxj5txbY0vVUddvIumhg4JPgE",
-	"JJmKGOuT2NjHDOp6KkU6ycr82OZvvVGaKC2BzlzbtXzc7B2JxU3USSbSY4SRaxmmp8D3m+owZ51LzBIe",
-	"2Ki/XK3ZIUxzoeaMlv4CysDLZQB/IRdDZQ2rQqIsJu769OyUinu7p4874cOPVMOcLrYZGoa3Ri+hUhMx",
-	"3seqpu4ycnxlnQtewmT9Kvy11hlzB4UuoRFvZAxCIyGVcuHuHCbNTWYmHH3kvdH/+zft/+ew/91v7v/9",
-	"3z4fBs+f/Pm/is7kcGUCd4NV106y5Eom9vmWXcnnOOjX5Em2O/pCXP5fTxxAd57kHbu9p/qA0pNsiU9e",
-	"3KSreOTBZ8dWDEtCH/JdDdrea2UG3NhvtS2z+HbYWFUQQ34bulI3NaJwAaQrZeGC7Pv8abA3Y9z/efTA",
-	"ZvENmOPhgzDHS9Qpza87o/hOfn3YskLrMVRlnj9gQX1cx98r/Pfi56vuVuCLn692FuCv0AJszpX0KLZE",
-	"s2mG3P6x30CpwTaUQBZhBLBVqn48uyJqShNwXXtSrklvND06POx/ezi57qtPs8HRp9GLjzwWc5AhVUBi",
-	"0IZSAhKxCRZvxpVzkGS6SKZYNZmSSPiSOH4aO7h5efRpdJLZjZ8//cjDKZU0NIPuZ+mW9nU0eH5yCZZ/",
-	"pDQmo0mSDvHH0YC8Qru5UxvtS0anzNVT5k3AH3nXovrqJvWaaaNOeXGTfk0K5cXPV19Im7z4+WqnSO7k",
-	"nvtSJA16rSH0HHxWN+l2wo+XC8EvVzdcVhsN77G14vddIfgY74ZKwXimT0gEeFeYfTJNGFcaaGSWgjfI",
-	"C5tXPtonWmBeO+Ew/8hjmvJwCqo5tHkLnK0MsYufrwiLAgKDyYBUL5YGrVPhIjppm0fH33ZSN3chzrvU",
-	"ye4F45v5xtYjoQ3JtxaQ9yv4+knz8L5FCyMCX/x8tYty/upqyq8i2ruagi+dEjMTEcQFXQkrJVtXHyo6",
-	"LLI/Us6FRsWGT4D0Qp8jJfQUpFnp9uKlv1a2cF8G4nWVnb8kR9pZhXfaUatVeA3tKGt8dTCOwQpAneQg",
-	"wwynIjZYik2ls3hDkaDaE40G5Ayk6wgmOKDRM7BG4/0XxAbzBh95ucJJQGxpUdc3OyAxVZpMgUp9DVRn",
-	"FZ5/PLtSWU87JklMteG3ZicsVANyiT2PyfXiI8+5u7gFW550PhUxENzwCxeiad5iGIgMn2io4wUxaxZj",
-	"r6JBFJCUT4HGeroIyFgCkJ77E+sWUu66egWl0vk8K1GY5udmAIIfjMf2iwR4hJ0na6r5FOr12NFOyAhb",
-	"OmOVMbt9lc4aBMzXZpOX/pD/Zsb48uZX2eTxzbwL3M4o/1UxxsrpLiWQJA2skdNVqSNdZcxa/9ilG/zv",
-	"RZB2190dZO4IduT49fnIdEYAJVq8UuaQ1+057b1CKk4ntjnxjHGSKrP6rCZOUwz7pc/O+GrcPnZHX8jz",
-	"U15CM5WXWxPbZrH+1PIK9hEYLRzD+o0Q5R8nUvwOod75kXaa0p38SD5Dx6Og7SToniI+NjGoJnHh4HOW",
-	"MPlnQXRYEsy3w3UqBge77sb8l2Iq51+isoUDUlOjgyxvdWde+bvbiOtTLAvShLcT11lavy5avC/76gZS",
-	"xUNxAnuM0Y4j7AyuD1qRF9GulfsURYUs4KM/kSJNmq0Lp9mbxL7pPVFO9CWMk9Gv/TP7V//ND6OAiDjK",
-	"KlaQnjW1BkUz6Qxm1yDVN4RFakBO+SIbTYoYyIwuiAQaNVS7yFb0o136/WpMv7qt/TUtHRVgdTd50Oq5",
-	"74wfX6HxI6fjb9TykRcZSZXomk0jIxs8WwoqE2P0Y6Dnl+M/bUxt4NsA01AKbNWCHdzsK4XiBN49YhkH",
-	"EZJwwcElnU4hvMEpKFGMT2IgNgyNyJRbJhSUih4IGRnV3jeJs14Y3PELfGBW2auJndk/cUUo4hjkN8ry",
-	"qt4tgznIF+Tp4RNSrqCQgJwxpQwARlhJQoIS8S16Xi4ufiI3sCC9p8fHZISBewgqVxzBTXWdRhPQJIKQ",
-	"mWEyt5OrzWA2OKcL3ImH+ie/hW+U9U7V18AgNiSQjOwUeUmJE/L08JjUl4Jwq8oxJhQ8q9URsxnTNmqB",
-	"8Qmpw4Le0+PvyCh/Mix8P8TvzRQhTWjItN1W6dhLqOM2Zo6o4NLydeLGqaJxNcShwfBWwe1HdZ88qL2u",
-	"AogvZLirrOIHjGFdYbk7KSPJyMEHolFgKUCCAnm7Kwexk+Mf+51sry1qL6OyFKYC84e9+ZCbrb6cV8n6",
-	"B58LLBgfVYyEVZkwX46LL8tkf2VjTAvjFUJNawNNvySvXa3ZNNtIasD1V7FcdmamRpKyYPAJUk5J21kx",
-	"dnZNypeUg9xX4fBk2/zoQEIMVK3ouviLuAXlLn/7MorWTg7QwogC5injk1FAtJiAYV5BjXpBem4ThRJy",
-	"7svA/ROigIwpiyEyPNiAEvM5MEA3hrEmFIOgFubB/oB8sE35/WJCyrH5/wubqlPYr5twmC+VMKssYfEz",
-	"99DMma8DYgVLAxnGa3NzRgPyL1RKVJtWMiCnaYS14nqj6hkM3Hx1kSPupx0z/6sxc0LH2gUfujPcsfdd",
-	"DtOaBcgQbyoGmbGXWje4BroYnzc3O9t12jhfwngYpxFEdzA67+zN3VjUJqbmnZH5b2RkrpcYV1mWX6Kl",
-	"N8jKdKMhF6+4axgLCYTyRVY4di6Z1sBzk66tuWBvREVcVYxWOy/yBWdPZrzEgu7H9BtkplkuhkpNhzew",
-	"GBn5b+T+WF5p1UzcVPa4yeYbFEcxYlJktuqSx/0cZZNzr91KDLLvIbVsJ17TFNxo6700cnZVmkefgiJM",
-	"k6xLaeCtgArFIbQLGkxQWkj7KlVF02G7rXhnJv5iJSILh9BsFq4c6EnZFpxjxs4qvLMK/xWswoi+KGdX",
-	"0upKV2e9gF2ysKy09ZYMPVu2+D4S+0AXy8Bf0SbQZAjIt7XT9Xem3JIp945s5ABuVzY1stXTUDJjGqM9",
-	"iiq6iwizQmlgBHIhXeUDKSEuEusqffzV7QN0PXq8vOWvbCLAo+tuJ3A2HIt0O1729+Zltp8WmTKjwS2s",
-	"qLJFztbR+USLjqeC5FR2PpFeJEJVdHzFbAzhIoxhMIucvowVCrDqwDeK0PCGi3kM0QQw58z7m1BT7Y28",
-	"K2gUkGsWx4xPsAab2h+Q06oDq+g66uJ+Oqlzc73Yjrup3ZG0kxG/sIwYEC7mReTdMdqdg2gjB9GW+bHS",
-	"VOpWfsydYTcgLIohQLaYWGbmhhg69rbErfFXZNdoGAQeqQpjtnZc8xrRVN2coClRQiKkRu8+cmczmGOM",
-	"aLUtT9t2FwzIabbmwgolqHQGKuP22DvN9obz5Z0nlPGAKIGLcgZrFxqdxUG/2Iq5eL8pDnmVUXhAzr0t",
-	"LrAd38zcLsDCg96HWASFAIuV11fhFjrJr7wu19wdYyQGbtH10RH40+5Se3yXWkbjO6vv7jZ8oNvQXhhb",
-	"vQ214U+cxn0FlkutuBcZ1/Ye0+IGq+VTTUQCXJHRj68uycFcZcNV5/GXlf/dXFAvyJNjIimPxIxcLzSo",
-	"gFxTBc+fpjIOCF4hmLjx/JAoCIW5RM1tYR4JDuQDXF+I8AY0VkwJyLVBIXNn5h7XoORk9VdNkZgzx11k",
-	"ix1R69S7+Om0f/zsuc0KsrtliqipmHMieAgBmYJ0SUOFu9W3oZUpx0JnvdL1bcSI0X57zN0Jsd5gRczd",
-	"uvpKOakEVK5tZycfsLOAO/0hi0aFE5ZAtabhFFQZrt8oYiARAf5oJBz8Omu/XVhQo2t6uZmBW0K2uCDr",
-	"6yrBdsvlZmHZqogW+80VcCyeXdhB/97X5va9txXw+l5/X8SFWz3qptIaBqODEg3bio9zg1O2VP1OQd1d",
-	"yWtdyeZKzHJF+waJ/AVn8a3T7Zzq6UEsJow3X71Xvu6XQdmEKjUX0ig/caqwdGaCbe8KjbBTBZJMqSKX",
-	"7y/PCHAp4hiiAfkgBZ+QUEIEXDMaK4w6f3p4ZIa5AT50utvohIzMwsxlowSn8TBieFLRiBy4n8DANJFM",
-	"QV4b0A33pMbVgju8Cx++J1721izsC9UAOU319NLAfZXb4oJNOMZR/T3Y0y6Ko57pQJhKphd7L/79W5EF",
-	"nTkCJYpNeL9c3SvV03peI9KS/WuJUs3vj5NURbpevZ6a/inncCtuICI9GiuR2b/mtJiyg2/s/xUJbkc+",
-	"rWq0OVw0wI4lqOnyTV1PNu71ZrpxL1y64R4d9ZwX1veY77tTwmFOaGgQzSmiRuyh+Lh0aNbdKeKo/Bh1",
-	"9QT+mmWzdvS71vV3LrRvxL0WNZvbMk2aJW6r0ipCiZeAS5U1C1H9zmRUrLBZ6anWKEn3nh4+2bc3UFK5",
-	"xg0Oi/H4hIyMKJ95HWzmAX753X5Z3Pd1gbFu8LL87Tb8CPnSBa7sSwWAd+NIVSTwyZA2Qwy1rTlIIKEv",
-	"JJIpYYYXPRYBflen91EL7+WUxwa+pSHpr2Jcp2Sazih3OGnYT+bJtsaAsQ2PtF5pSmyqjMbO+ojWE9DK",
-	"XbalOzikUi6wHhOdyRH598e9ZB593As+7gmdfNz7zfbLRVan2QxGA/JaSPLj6bvL8/87vLh8dTa8Oht+",
-	"ePPuh/cfSM9XvX5GZoynGtS+yycuDGAdDHZyRTVTYwaKZFxN2d85QEQcVE6ypGSqvU+bEyEjxqlclLeT",
-	"cs1i8xJ8SpgENSCnZC6F9SIj7xaSoJ2dTxA4ga2YUgPLwNrYn5CRWccwTQr2kF7ZzO2sNd7KEri/JSQx",
-	"XWAU1mg2pmgD90ab0f4JkZDYTJS5td9gbbNYhDd+51kJMjx2mxIlqQabAFXMz6qux0x3TcMbMR6PAnIO",
-	"Wi76pwaK+wPyTiwLVkypFGpCac1Crh7n/YIr+1KNtNzkqy4Xf4ZF/NzZenbKqrkgpLg10q0lQusG9Ry8",
-	"5/Bmf+Wt4eJ8DmiIZfQaI+zz8uNZaJD75ART3VDWHTOII2sz5mkcD8jIvTt076IDkSn81bFYdLnaX4kU",
-	"c5c8W5vg870d7NQt9c685J5ourzMVbRtgFqB5i4v/asi0O/Lp+trS2R+8qU6yu6DeiJ1MW6NRPqe55Fy",
-	"CUiSpUL3Ru6xGgUkpFxwFtJ4/4T45761GkkkM0snEVNG5igMoXMO4MUz/+P+gLy0/zQiGJI/3AJ2aZvV",
-	"CQM5LX/vdvTIadkts5WWHZB3RPx1EbE71rtSL0a39m1W0cFn/D8GWRVyMJoVt8upUFhCGOtEzCinE8DV",
-	"4DjfKBdsOyAuX8WGCY+FnFPpopd6IgFO+h/Tw8MnUMz8iLKHtnoERPsnhd+RgfHyBzhrtdOvjZmofJiN",
-	"6WuNPT38jvSW4ntGNulqmCfx2aCnOBZz27n4lLtZC9Y1254Yy+m4SKZlblNYtydnBBUmhW23B4Yd2C2z",
-	"MZzHn/xfJQC2BmoNDBB3tguT2YXJrMVfT3MCJdQnDYCjzruxVsd7tsBW3yfe0bTEBhW5hlDMcu554v5V",
-	"4X+1PHNA3lINksAtjVNnuVKaxbHry67YZKoZn7iSDJXBeqP/P3vXutw2jqVfBeWqqUizsix3PL3dcc0P",
-	"TS4TTxI7azmb3RrNijAJSVhTABsAraiz/e5bOAfgTaQsJ77FZv/pmAJBXA8OzuX7NGNighDoXXKeGqd6",
-	"KQbCnptvl5vuU63MbGVmKzMfYLS/3ZzfJS+vwlNwNVcgyqzMqOIrMBrOc5xex03uJBTYepaIUitYt08c",
-	"UZgHCgUZhJr0rg5lwiL3YX3og9QrzxEKl2sgwJJZRRXcxg4VKwBcdFlksuSD1T603RWfgLkd1GRwD+Q4",
-	"cv6jneI4pNqQOb1kuVG2+G0XxL8BqQ0YXLE5cwk2M0MWUhuyPxgM/CfrASlKkkXfrCw+wf6zrNM+ZL9A",
-	"PwrC+beUAa20k875IO58H8JETXOqTYG10NQQ+HECFfe+RVKP7Ptn9vU7PB4+Sm1SdbV1wa9+TFThiiT4",
-	"YmtueFzmBhS7bnKvY3RogrM8Kwo+F4RwhcglcikAxtlqvPheBxZesaqur6u0R2FlOnlBArsxMdE5cDbF",
-	"iXukWM6UZJVfdgheZ8I4JCh1zqWZo6Q19vQ4Z4T9ltK42ycfmeIy0mQhhZnHqx75LaXKMBWvsL1CpDSG",
-	"D3w6e2lHjomIKpLga4dga1BGT6gJvC0zE+GYROcH3Xm/8U0rtMNUG7lwD8C7rEvVQUeZiPAvjO/J/nQ+",
-	"7Lx4nwR0AWZ//N9kwYVUYIzd7/f3B/+z/5c+OUJvMOEiScFpvZ4vRQRd2MuGbTM4YQ5zql84znzo6pzq",
-	"0hGzwR7jkrHRQ6wYpHIFjRlVJYH2OKjFS1261xymutOi6ZQQbOkm95l+WgdEG410a6zh535bX+d2sedx",
-	"HzbkDDOqU8U0qOGJ1CyaoCAMEGYCbxEQmwNRNdmNxIo0u52YLjqmCto6FZ5ov6zhl5X7LuECrixlQY92",
-	"7AqnGxklDBGd7WDSLCeYC7z+ZJvOe8WsDMZu0diW8pm3mUuNRlFWPR4/1PgudmyruGELSEmsG6CBR4le",
-	"+zCekO65GwXXZRaRv2LwM/k34qvsOZoGiPix50sVh8PFoGZVoLPgr/YkIX/yZ6X/XGDmiml7q5kA1eKG",
-	"9wtFE6ZCZrv1J395ss3mYoLVBqTDvlBA4zdsxpSbAw6AfloS+DFeuRZxTXzbu/2a7tg+LmUaR5PzWIYX",
-	"AfIawr8nCGjiDnKd2rGKgpLuHSypEu4dIQ2friZ2IQSHtV2Hb9kXMB1cXjJF4zjHRHF+V22UFDN7bbaT",
-	"/syR1ZriVRlu31RfZMFc1UV/uL7gi5d3VFYokhCUEcbXT3XbvugGT/W7OKNfuTG9p1iuhrZsvtT5dXCY",
-	"CYIlzSDl2yiv9hjeebHzSq12VSrW4JSsHKCZFAexHl33jP7qhKPDao5YzAxbP6hH9pJmBYcm1N8gUaBl",
-	"p49zhcykNwTWCRVb+41eFWp9CY1ehKyzt+tGqMkqfAVdj1o7/9MGE8VlsFmjtjvChPPrbEIw4mD2vzff",
-	"THPXAHoE0e/YJ0EYM6ommVFCMQwVAaeniAgw/HeENMTFXjg5U7J89IiwSohjuqvYOcC6ve48WPc51pkd",
-	"SpwjAOlSqgFfBz+nNN5fa3WsDbBqCNyc2UBkwgSLyAVjibNWYejJurxKk4g+Unl1y6rYJxi5h6CIXWEu",
-	"wSmOnqrJ5LqCutXVrhDwuPCvbTLxV/ddzQxEezS6Zl9VYm97RKdJIpVdxGEhCNehmTlf7Jv/IlrQRM+l",
-	"IVMlF/BbNYy3xld7LEnML5l9P5Tikil/Z02YsmJnc3SvCwpejXynHniYb7W9V13esoHzs9Z64h6X/bM6",
-	"v98ZAZxqOmuO3n/PBdOoStkXJrBPuSD/tP/oAZwdQYoFjIAoIRpqqSDROMqyvleYcowJeYeYyqkB4xaT",
-	"CX32Jxol4X3Uo8rovBuDED5Bh27X2/NGycU25c7kNqWKDR9JZX5E6kvXh1OruEBHtme2UKDswDoksV1v",
-	"rcR6XGFh1fn9RokVUkNjOduTepcv6IxtYM5Fz8zJiGDBHpJlWpV6BRSP/bGoFSEv8RMn+gg/cLtS5KHt",
-	"4ZMRdHv7nZsN8I+4Y58WD202VfZwdgD59rAtbDq3+Os3nb5Ir9xvo3efyluNR9UwzETxah5gKiJHyp7J",
-	"A1uKixlJYirAlzoWmV/JPnPuuOJ9wT4+JGyRmJW/LODr8EXteXCfaSeIUsFNN8NEsfeJsR9AHnOTu1Dl",
-	"1BEdzLgUGrH5UyvQsivLVDGWERRKYUVcj9g9FaUwHcChoK8QOSM7vk9L3Piev/u0vcSxS6wVNg9d2KB8",
-	"Qb7nd5+09/bbrQ+xcIV9dh35s/dVX6Qb6TtTcSEALFkRLmgmlTJA8TLVdd2WnLHCjrxZwyo0xErE/qxP",
-	"5vuDwe4vg9n5rv6y6O9/aTC2amhEs5m1YFbd/+mX3s6Ci+zvu00uyXdzk2Vi9O7TjW7db1LTWy/QJnrM",
-	"ys69anNGLKHKLCo0mOtn3KtCuad1xuU93/6MK4xqexN+fIcjaq3ZFF99GXZMDXrrYHop4hVQacXpLPMw",
-	"gh3ORVi5EC6Ms26Kns6X7uMInX5Z6dU9xU0XhrWZvr8Njm6Do78rODoqbt4aQVJ/iO99zf+oMOWvack3",
-	"Jx6qvkRfb3MIQqmVP0r29eaNf1Y6FVpPf6uMX72JG4Oy6tSBVwDh7BOyvNksKuy2Bm0Ao1Ee73a/eU3j",
-	"U2XE7ink6GqB4wONWsFz05gPraaybUzSNTSVOaOxmW9SSt5iiYca0oPNuyqCZ/jxiFChl0zd6P3/DhfJ",
-	"Bvjw9/ySCaaza6/trFvOhfl381iafe6+sQfulD3Emt7AhmDv0+CFCmZUGLXate8hkzW+GxwSIck5o4op",
-	"5IaWgu0avmCuAJxKDkXapbXJaOWyo8YipyTrk1NmUiXQzRRLMduN+SWLkD0ba+h4Gr94BUych0jiSbgh",
-	"g58Hgy4mvE3pueIheTkkRo6FUanOSUDdbzSKlIP3iODbZbs33PPX228P9/2xqFCm9QgVDk0cofAKtGru",
-	"cdAnr6E2h7jnMb49MzjlwpEPAanEWCSKXXKZFnlQALcdGCdSIVhcZ3fHao9lxB5iSpdtF47CPVkNig1o",
-	"lh6vPWleSyLz2GkYcKoJhW1YkJz+43bB6I0C9Kv9HxIq241qf1ZSJyw0G0kdQaRacQT7P5YzMqOGLemq",
-	"R5ZzHs5JophmnnbZFnLUu/CVF4Ri8C4KBzklQdaOYCzcsUccCfELYvdVkPPXuOo4yF0D2cwZAQIypElF",
-	"FPDrRLt0SVebxd/hWmt86CF0zlMkNKZxkA60fcH1wl7EunWCLR9WOyXfz7S1doM6ioomZCulofEdz+yc",
-	"zVVOknzO7BmlPRtxzZXLzcm2vsefD+7T9ZgN7FE21lex6tq5tTN//w7J1lvSKPC+wjL8GyhowBLw4p//",
-	"+qMkBfMJd5JwjUvr2+UhipFNKJ1uX2UCrwjakCs/ioWMXzJPUGO1rKou2M1Z4aRgY6GNTDRZSnUBSpcB",
-	"8udMD0Qlikjh+GKYiBjgANVLMTOnoihlCddjcZVcc8ALV4s3HKVWtN22aLvq0miX1s2zsLQS7a4lmiMH",
-	"zFf2N8gzbegGHM1TXPWOWiGmZirVgoQ08ZGPgX/YlwkkwUZBbUKVb8oIPvdQbS6lVm7aRS9lWnTHS3u0",
-	"xBBD+kNqCT+eSXBk9wmLyD9GJ8dEu0WVsQRFCy5OkqYl7zns9xSL6WrvK82o6yt+zPr7DPXzvQvzDflI",
-	"PKRkCUjcGUH+Z3Y+kuEFMySm9tB1Z/ByzmOWHbr+XcRQLdxa3LndiWSoswb3F1HXgVaAVAACOKLnUhln",
-	"Q4IeeU45pGXELClywVYkYgpKQTRy4KjrPgxHZ69PJ+9e/3fQy2H4uPZt62XNwn/lo5UpGZpphIBBHWMm",
-	"JebcW/Ul1S7F33dVJszZvrKh0kYxuvCZYGh2s3WnyUzRCMPQaWFAOzo9T5Q0MpSxt9j1fW27MAb9y/2g",
-	"66bkHOnxFvZAmDGNTH8etIjRxTNNzleGaQKAjUu60n1yLA10IYy5j62qgovHdHXmvnmzmswwH+FGN1dp",
-	"zd6mV3sfZVAlOnXJTThnWfJePjVbTMsP6TZ6lDjeP201eH9Hk82NajZOGJzaNVGv25xVhANKtnNmloyJ",
-	"egmst1N9FmyTV+jDw+Vy+qSZ+szN3HNONSV1I9YI2sGYoCJcwXixLyhVHclTq6fchZ6ST0hhcdqJrCxK",
-	"MCs0qh5vZRw5hPhc4bavoMZNOplqrlO7oDGWw062THT3kICyocmMGXIweD4WG8BmGjKPcB89rXhs2+ft",
-	"I7ExcauNwX50MdjCLX2/e2uOFKvT0oT3V3QRbzpcThImhh+PXskw/e7oqOutfN+yWrPVwf6vB88HB+vK",
-	"YO354jpBIteLxxd3cDYHkFxhFA1N1s8rQg4Suqomt1wVaHdIBFtmLCT1QBUffbVPS/a6bm8vfv3wtxL4",
-	"cWbB5Dnd+YbIIsD8o9oNuWdkspsmeoN3piYEFqPjNaH+g5m1I1HykkeYe+5+kueOsYeMjOIJ29VmFTPi",
-	"2nUE+6GLgMsO/brn3D15JFChWjQ6EM1CBfjX4CqHkCIll5pB3A4YRUIpplxhZrlvS+b/9hWi+aVUJ+Ga",
-	"eLdSyEiHClJIrNl9x1YOZceBd3NDFItoaJg3QC2tTgv1hIpF3HgwcQ/eU+yON0Sx87mUF7ZmqZzL3zc6",
-	"pIlJFXimBMEhIjI1mkcMiSTcfwT4JSAhXxOH6uigAVyqVCyxxkgi9DkQHCUNtBMO4RwaSqaUx6lCMMY0",
-	"wWtnVs4vJqgShn0G9kdbWOMinqT5Kg6aEqXckjiTyafkMaVKFft1T2FP5SZs9oBlmyXDIY3WN85htr+4",
-	"21YB7qIJ7qKgzbx6evHMd2szy/0dwOpDvdzFI62wZN169kt3+8PRSWW999W/+0fzQXnsQ2DRxXBYinO1",
-	"C40JYzdvHvgVuANxxGeCWhEfENwCpBOYvwKPQpgK/sUeTFJEGpkVepf77rc5+0Lefhi+3B29Hf70l5+t",
-	"pjfewZ8Mlu3jX4ouoSX40JVhQY9oBowFJLjcD5CmSbszgQFPxqoozt3x6H8HIGCwjYiZPW4gfgzOM+hL",
-	"j1Bi+IJpQxcJWUjlAiieDwZEY4SGKj0m2gcHT1OsAM4wGEF56ZBt/DkZ0gSOFzdVk+yzWUga6RwMBt1a",
-	"rg8PGawYhg5HeNInTOUHnmcsRZwNYCOJPOH2Lt5PKIlSlMf2cI05cpm4wLufBgMnFrNCAQThOR9VHv9c",
-	"1AbsROGXKbKRACAy9T6YjpsRA4Exq4R163wvECXjVvZnHK+b9cF8rGyoBjdMYb81e2C2OLQ++npqSATP",
-	"1rUpWAZuI2Utwz/ztlV33k5D0Mov+7/+dM10pz/v/Xnnxde7zVAqz/YwvNjIRwsn+yVTfGoXtV1pbht0",
-	"7DamOZg2Pu7e81HeBjRfK6D5FAVA4XKWCTUvPat0sg3HoLOb73G62FtM6a5dFFwwvckWvyQLK6TmuVEe",
-	"RRy/5DGbsSgPlEGs+8w6P8mt8z3CRRinkT1YUm2rAUkK/+wDwY0rBpj4/n2Z6C6JaXhBqPCUUnhwkikN",
-	"jVRYfu6b+OHNkCgWShDbbjvjoSATJvrkGOn/1mN4SCeA70/8/g7Qh7DkGlCV6QIOG2hvbbzPhzfD02wo",
-	"H6pDrdjITTeGrBBSmuvWdXYXph9cvH7k5TTbBruwP/z269gyoK50qyFAp3b7VTa8TxbcBEGUZRQ+1IXr",
-	"GniVdfQsJ8jSRRoKCBtynFxy2q7mOzVkFoArs1V2DfSez3MmSFDKcgeONrngxngqPKlmVPDfYWk90w0J",
-	"/FSjYc7ecQq/FELCi9A/B40WLWzzozJmYZfuyY5VacOGIFQ0XB1WtjaYRpcCD+Y2P7/Nz787JKEkkwWb",
-	"k/O96AOjk6N63Ejf9rFE6o32hQzNF39zthTPHwXqNOTrLaW6sHOje42wJfjZG5Jk9S3nUZ+8pEpxpovE",
-	"lVlklrtFZO1qNji48fpxoIwKY7tJnLUMczcqtZ4eJd1G6dNrDMppt/0tXlGuuJa0m73FLrty4zYAl5V1",
-	"AnRiQARHEyzZE9/ot4Vd9i23pTuTMx61rJU37ZXoXiDLvutKtIdGuq2slR9c0acn3X7A6NbilG0f4+pW",
-	"QyvEnrbSBKZkvwMX2ba/hhG5WXUCy0qqmSIONyOWYubTPN03M9x50gls0QJLSsFLeIhwcVwbLmbe29Bk",
-	"gKFRVNoTrRS7Pxv4sDIX9xXOWVoPdXIxilprUavQ3ZHQHUZR5jT9PmVu7yv+43o275KQPmULeenhuWOq",
-	"XaFG8apsedZK2EqrP7hDKQLeQDe5wPoHT5tAobLpu11b3EEdHI+dx1botSbya7Lqwrq5Qn59g6GNvGIL",
-	"aa4hiEqGuFYQPVhBdMu2wm9QLAd3p1gW7YY4xK3AbbXMu4mkmFMxywX1Mw0hxFfqm1rPdy/YarOdcDR6",
-	"+86WeVqJ5Njr7W1sdhjbHPLHmUOehV6ORm9Jkp7HPIT5LuyvkZ7DJtlAnzhnAKbHNUmo0i67xKUWs4h0",
-	"1tOMMSsawfEgJVkAiEa5Fd1Dh9KXJfVpumBkysWMqURxYbKcFSnK3aEhxKVfwdGIO+ExxWlij+7JPuWG",
-	"s8kwdVhYEnaBFOaxpWxs1YPvMEKJiviqlV41ysHe1wu2Wjc61UVC3oyoqGBGjt6i3GyCtMTW3blNpQ07",
-	"bJ1qhSjC6+4uyNi7BuYT6WyA0i/k2NWCQWF1CB/4tNT4vOfbq/LOSYk5la1K/yhVesydvZIW3SNuXocT",
-	"HX3bTueegCdbA+TCr90c5siWsecXAB1QR6lQp33nC/gxaeB5r+5JCy8Ma8uQ3qrbt5TXhHZ4saWQqWoH",
-	"e19BkmziFhjiJ2pzL9dibDoHg4Nubdb9zQmZNeoD1ay4u979KJkJm0WGj39q7wNtZgLNduW1N/7l8z3F",
-	"Zlarb9zzrx0qhy2FRj9uNHHtQXYdbahhhyRwRGETLDwJZcQCD63k0yBdRR2RxjHoJ2MhpGDdJkTv/3x+",
-	"6hr4UFEOfAu3gTlwg33vWAZPSwNX2QryW8HOGY0+yIjFfkdkvDt2qPb+d3lhvzNVTM+bgeZeC/vJKqYo",
-	"E5dEMwMBB8HR8dnr0+Ph+8k/Pr8bTU5fvzl9PXo7OTt59/oY9oZm5jCDKjsYHOSX6yqFjplTk/OhVSOn",
-	"oKX2Gw92n9jGnWI7N6PYQJEbVoe/6Zy69qnzQ9K3+YUPnHz1LCdvpAqtgumWmT9qNJ8JLma7F2xl13ER",
-	"1ybNcMcXzCge6s1kJljkdleuYV/MXhJTLhoR5n/+9/3BL7/8vA3E/EclF8zMWWoP2i+GsC+J1BzYkFCJ",
-	"fHx484UuL7IZq8WaB1vE740qBSAyWmn5UWozU2z0H+/B+XQ8PBs5Wdgjfxk8r8pC+6gI17iGipUTgzHA",
-	"Sbb/DucsvOiBQxOEs+2mFdEslgmrvZ48fESwreHAVi8IA/0tYgkTESBQu8PmB12fmeC7u4E8lgYQvlYv",
-	"CDUkZhA/KBiuLLsWI7m8OY7SjXiCrrUvNuycpj251HtCGj51A9Ws8H9qoLMD/SNJ9Zzp8kWjVC2hGtkO",
-	"QSp6MrsXYxF8He+EcyoEi8c7L8gY7uMvEBWXRx4Pl/wfGe9INav/4VxJGoVUm/FOj4xBSGNdWBohNeGp",
-	"e8uWiqihttTXfr//h32g7R2FmuKbp29ekufPn//q3/sj6I/FGXJmCuTeBmUtPbcjdZ5TymWDAFcw179e",
-	"+acizBXp4LWsOxaucAbYn3XOV9MnJ8U3M2JAei7TQj466RS4Du1VLNVY+YzpXlboPI1mzCDepO7a9RzO",
-	"UW918f5kOZckpIJoxtxcu2Rk8spD6nJNzpk2Y8GmU6kQGtcK1oQpzTWAPNm3gQ2ytCr6i6g/FmNQLxz4",
-	"MpfiBRIphvaS4dggO//4fNYFAqnzjFE26BHGwdrEBQmGTklzNSDxLHFYy7YOB6k8FlL1kEPS8RHonl2c",
-	"ZSLAOopG/HJ/vUoip1OmWESEXdtGjoV/pdzZy/0AI2Q1U5dMERbOJXN+tcY3PIECQA2jfcpeiofkt9QO",
-	"PWoi+Os01SwiHep53wWh5NPpe8JEpEma2AexnGnHgRCcKD7jIiAFiumxcMb2ZwDCRebSyjRFgBSbOMrN",
-	"45OzozdHL4dnRyfHo8nw/fuTz69fTU5Oj/5+dDzqkzdIRGCXxBTBo9lYOC5MAO8EiZ0dzf7IdRCigZKp",
-	"YQEsocCqFTIKYH4jZiiP6ym+3G48LsmxmzykN9BI2tH/6JaKRjCz4uLhunlqn4hX74e8/SzZuQZRsInB",
-	"urTgEAK9QPOaMLVrxX/PysHdkrQHIsOqXNfdzZaIZU6luzXr77DQIL8HO5qxiBz0n3dL3CogxHR1Aes1",
-	"KlQQY7A9/Q9ge6gRi52cq95Kbu9JxGpGyLobdN2eaRaJxQ/n3P/On9EoBQ8GAxI4qPmJk2pBL5MjfaT9",
-	"D7C2CRcTqAnh6HXChClLyR7eTKyO0CtITK4rMtLzEp+9Pv1wdDx8X5WP4P94XtcybBCR8D1wmNg5XlZg",
-	"/F3nNTkY7JMAG+9+CyBnORUXQi5Fz1HgMEDxt4KYz4R7u/Cqx+J36c4JR6x9VizjHgcAy69WGdNMLt+z",
-	"pcW1racs4JHFOJPfjr+4Ts73yXBqHI2Ar9GxH08VYDY77mNPrlrhPUaVyZ7BpeKgdnqS80zzJIHjfZ6A",
-	"Dm+XBvvCYYm4sFdoWiLFLEB1IV+mPRIopvnvvv0JLxVyG6qG/Xrt5JIJEy0N89Y0zE/n1GzTB++Z49kv",
-	"uQ3mz8Id2EskLuztWBRo5ovWz+whHOnVL56vaxogbVAW1DAlO5GGLNLcaBZPScfu8AJJPFfEOfVIotiU",
-	"fwEhlKp458XOHii6rnXVL7znl0wwrXs5inkPDzzPKAmyz1n8+rlQcdaFmhBaPhO7adID+/AuFz13HHnr",
-	"MZy8aDrO8lhcnTAo9dwiDjnY35Y3RVQVKkSf53qNrzIkaU06oT3ZQ2ZXpe72cixyIDUoA5gUqs5ynDa1",
-	"dz2Lo1CDj9S0FbhHf+NxDKI1f5RRQhSevaSGxrJUDPleCw+Kq7D28d+VTJPSbyMjFYXwmbx4Ui4yTJKh",
-	"MnxKw3KLSnpssfUODf+UxYzqcgvd9hxiXkj5NRzcIdgGXioWMWE4jesG238Bw+K4Nnjs5qGVOJFZfKXv",
-	"iC2dL4/iUwTkrz6tb0uxxAdK9YgbVv/Lez5l4SqM2dqv61Nnn44u0vWHJ6OjhVVr1ltXnSd4WFkC66uU",
-	"phE3xCjK4+rYDO1Pa1WWVmO5vhOv8TiypAUsBsdqQ83a4J+UW1zmwq/5YZgkH5X8str5419//H8AAAD/",
-	"/w==",
+	"7P15cxu30i+OvxWUfrfK1PcZUouXk1h16ynFsRMfb7pajnOf41wSnAFJRENgAmBE87j83n+FBjArhjOk",
+	"KFlx+E9iDWewNBqN7kb3p7/shXyecEaYknvPv+zNCI6IgH+eEyWWpxNFhP4rIjIUNFGUs73nexck5CyS",
+	"SHG0wFShMZlwQZDQn1A2HewFezKckTnWn84po/N0vvf8MNhTy4TsPd+jTJEpEXtfvwZ7v52TP1Mi1euo",
+	"3s8LLgSJsf4L0QjxCVIz3Q18gHr6jxDHMRGPJPqtbxvqv44CxAXijKC57ilC4yV8KIm4IWK/Mjz8+S1h",
+	"UzXbe350/EM2RKkEZdO9r3qICRZ4TpQlzGkaUXXBhfLQhQuFuIiIGKAXqZBcSIQFQWOeskhTC0ahX0ol",
+	"idBiRph+tEQLIgiiUqYk0qOjurE/UyKWe8Eew3MYkO6xOPD/Jchk7/ne/+8gX8ID86s8yMb4QQ8G6PwT",
+	"jWPKplcST0nb6DWlBdaUS/XrKKaMyK0MrDqKfHyGXvVRfUjwnylBCZ5SZjghhDfRRPA5GuXPB4x8VkPz",
+	"46hpsObnJgZ4enQcaH7NGKLODsHeK8Hn9WHaiaGECMojFPMFEWbdm4aix18ayISLOVZ7z/cirEhf0TnZ",
+	"C4qje/bEN5zXEZknXBEWLt+QZX1g7/A1kQijUBCsCJJ4QuKl2ap4HJPnCCNBEoIVWlA1MxyK5wRdkyXC",
+	"LEJjHunXkxgvpflVcUEi1JOYUUX/Q6J9JIhMOJMkm6qRI/lcC4Ps61Gu2oBt9D/TrEP/Q/S3PromeEqG",
+	"Ur9Q7CUiE5zGau/500MgqhFJx4eHQS6gjrwC6pK3rnaaJG2rrfgW1vq3M8H/IKFXVtqfUMiZIp+V3sIY",
+	"JeZhX4Y8IRHiCRFmr6DTTIzqZeepQlQhKpEg+gMtnDQ3jCi7wTGNhvblUeMK/9a3A+i//nkv2NPvU0Gi",
+	"vedKpMQ78zSlUXnSj595J73qgADp35dpksSURCgsHRgBIuGMkwhRELOlIyLjWWRmMkCX2QkBx4aEAwRE",
+	"NB5LwtSKqefNrnu0uFHAyfITjn7BiiwwbGNYSAZyGuvphTCtgz+knvmXjvL2pRBcnNtOTJdlCp4ylCZS",
+	"CYLnKCIJYZHepGiCaaw3+cj9OCS6pREcngUtoTT3hrHY1w8KCwkD+QlH9sn9TfcdjjUDkihjf66XW0q9",
+	"m93W6dXY/gThWHJ92iznhKmhpFOGVSrI0L45CtBIC0YtexKsZkMl8A0REsejAGEUEabZk/GI6D05Jkhh",
+	"MSVqm+R8wdkkpuE9EtP1mJ8cYSoEYQpJpc+a3uj/G+JYEBwth+QzlUqOAvtTaD+VAcJ6q9rjQWXLIhWN",
+	"YyRSxiibbpNMr7gY0ygi7B73WKpmXND/GLlkeUEzmUwnExpSzVEJEcCGnGkijXA0p2zopKh+wheMCDmj",
+	"SempVCQZpuVnOEmGjKshYYqq2D5L1Uz3ITnD8TCiUp/9+S+EKSISQSUpt1T6Kvtlm8vxWvfMcAxEvL8l",
+	"uWLkc2IOOivzQb7BqpgB3YHAe8/VK60j3N80L8FckjwVIUERJxIxrhDsRS34qPn7hko6jokzUIxJBbtX",
+	"s9FED3mrdDjDy5jj6JLzt1oK3jc5jIABvZZKFOshCKRmmBWMxEcShTjxnAQBGkVEYRrLgSBYcjaCloaK",
+	"8yE0tWVC6ePmPFOm7otQrwuiCY1xjFlIqhLLPt4qZ1wQcUNDcsXwDaaxllH3KKWL+g+VKM0HgXojaUY2",
+	"LDytzRxcJv3MZ7Jq4gXvilZxb0GyS87fYba0T+X90etcn+MxnVMQJX+mXGFEPoeERHC6CazIEH4euqdw",
+	"pMQxN+MZhpwZfSFcmhfd4UWZVJq1htBo6XOnY1V+eRArccWwPejvc6tq5UKf9Kb1XHFX/JqwoVVtNenM",
+	"g4K+ah6Qz4k77s0DsBWz97a5u69YInhIpLzfjf0vPZEKdW6yZ/acP8nk+ghpu874OiaUxNH+AJ1q7R8z",
+	"VPFjIEGMI0/rvxhFdDIhoP/qI2FrhPvqbErjfgw1BV8IEulVxzEQL4qonguOz4S28RXVBuUEx5LUpVwY",
+	"g1QPsxZQzz6iEfovNMNyBlpRKLR9Ys1i/QeoC0TrSgkW4GCgYBQnhT6/7Jm2hjSqWMAej0awZ5xS0RCr",
+	"DZ0ieRPjZQfvAktje6oYt0StNbMb5BoDam3SUGI9t0ewd01Z1OrlrbDCG/3N12AvxlINNWPaaZQ54C2W",
+	"CsFWtx5nw75UBU4BnFOWKnDmbYUAxk1ScYcctjj6gK3+IKHjpLoiZ3+3fqvMxd7TlHM/7pcmsSFPCHLD",
+	"r9di0vYmuRGAFa1LSaR/QZShfPaeGRGWzvee/3sPrETdPZmPwSN1Q8lC/0MP4PcO43BaDQ5DnrJmWtv3",
+	"kH3PDqny9VaILRVWqVyX8y/MV1+DPUUYziaytq8xd1v+ew++gG1YbNWyc1CQc14ylvjXLng2u5KcqezX",
+	"kkQrScgSJ/6eDZ+PdTd67l558PxLxi6VYeZjLLSWr0S1tbdUquyYbTt0ymcCVWRe/sc6i6sHM8efX5tv",
+	"wWVvB4uFwEuQFdktUFvjZ/mbtQWHDkqNdaHyRcax2bYMFb0h2SpH+co1EVovxwUJU0HVckMazyd4zS8I",
+	"AyeQZ8eL1Hm+GTKTQRMcKi6M60CeIEmnrG/c6gwxQiK4YuIRnBp2hmPOY4KZnqL5ujsLvHt1+go+Ka/9",
+	"kWfpBQn5DRHLoe5dDgWZY8o0ZVuuns1mJMV1Y5zpVdNGoG4gcAv5e5uocJR0beYTXjE+H29JYlyAa66k",
+	"HWf9RpdOGYn0OrmGUU+QiSBy1jcawATPaUyJdCpsrNcafgJp3nJ3X6RBjVaFWRkn5ZqTklhROaE+Bv04",
+	"I2oGThutBhBJ4JbfzMh9JpHutp8miPGFnysXlEV8MZQmmqFDrEJxvvnwag35aJBKIrZxKrl2AtjwBY7J",
+	"yewVWlFk7+fega5QuHhZY0mc2rJSwJpuzvWrdzJvGIR3jplrYU2b6JezK6nNGc4IunhzhTiDf8JtTS/i",
+	"oTzIvRZyMNcG4Uu9pY15qLVPHC/wUiLNiCfI6Ti6ERP/oZ9UrxKrOzgUKYmGIbeLEscfJnvP/90iJjkj",
+	"y72vvwe1/YG1Xixt+MYMS6QbRpKjCRbuOhR+fCSRc8L453piYm4gGqQ35voU20d4DmpgEqfGTrb3NMYw",
+	"ZFzZ95dEDdB7PfmUKRprVV2PZUyIO1c0Jco64Vcndrepbxe8TlPB06RR0c1fRPCiHvICSxTjlIUzuEo2",
+	"C4wmXCCMJGXTmNift6H/hpwxEmZM3IkNcsZ/kX/99XcPZbdgbxMWNRiWHzWDQzRYiOcECRITLEkUOK8L",
+	"F0gPPibKRDltZWWnSTo02qyxMG0kx7PVYR3muzmPSNzhoj7Ym/FUxMuhsArD7Xbnr9AYbBGEleUdtymN",
+	"pVHYlScF6aFf0AJqhiPEOEqEtskos36Y2mpv5nloMtfrL/KIDDfrg8shneNpx89bmQDuRocbHzVVX8O6",
+	"XwsyNf7siHRxesnrtNNrcja8Jsshjcp687qjy9Xnx8d19bmbvf2vxx+5uI45jnJL23w5NLdgVYY5PO6y",
+	"eW9hrAd7aRLdTpb57H1r3Bft/ZIdX+Y0s5ZFYVIUSGXGyPdLwQ1QpmF5zcu7pHQylAVSUNYe/KddxZNQ",
+	"IF7xvC2I99Ua1ovyMdVd1/qVL5DiSBAczgrmZT7kum40szpRYTWPnz717WIb1podA8+ePn38tO0k0IvZ",
+	"vh8rzDIzlE5M7Cs0sZpgL2/cRUd3Wn1gBBkOQUpgJqmfPmBq1h3ucJK1a0bwsXmcW8IwoSDzLzLDwHIp",
+	"FZl7fRgFlttsNxci9zadyjaUG7dKdc0wphMSLsOYIHgJ9Uamv1GARlbV0f9MBL+h2iIbSoWFgou1wWBg",
+	"rOmW3ieCz4e5QO6mZdRFc03hAA2cM3ujJaRyU4AZUG5s/S2pD7c6D/hw0/PIJ8zLTFmmb7Ezt+7Z4Evb",
+	"Isg3WI1NS0zXQQDcnw+1IngemAs1G90v+nxa9wozN1CLVntmoik+Ne4haux4cwo3WPJ1aVpkGumXBea+",
+	"RQZovETUhHzfXjsriIRsUeqWjX5r9Xm2BTG42c6PtRKRjbgSd2soZnwDbYahf7JeH67PWDk8/LuYCN+L",
+	"/uzXlys7scRgzepsB3nzMwR6rCt1WN05ZC/OpRMIJiWt0pvxEsoARSSMsSARmsRYBcZ5NrJfjjpJop2U",
+	"qUqZNUSFpfQGR2g7BXdiaCeGqla147cOAukbqIVG8XqoauE3IMhDo0UaUXWqDY9Lv21ugzlys9ya6d4I",
+	"A91YNw9E/WK5bsx5XeRlR0JrcnI+tezb7lKxwy1KmzdhS6fRnCgcYbUi9MKMsKJLAFn7MiEhndAQuVZO",
+	"bHylibeUhVvrnDF4CDcDtzp51zpEOsTHScis7bDq5+ZVfWZA/lt9ccCz1+4oMF87btvmAdXSt++0KS5J",
+	"lZkrroTGEwk7z25xakUyZXT2OCEyLmyUJPfsfcjlzQOUqucZv2aBcSnEdEHcDo1TsUKK5qAFxaTyIgsM",
+	"9V7fC1aCK2gzAevmUEylQj1JSISeDI72b4cb4ebjGU3xEYYnhuPKf9iXDafZn+wf9ifLkLj4B/zkp5ia",
+	"XfJrwjbkOgzLMoTAHk8SPsGCCPTPj5cV5+oPRz8et4YXuwhM6mn5LZ0QLUqzpYJxuKBphmygT1uElKYd",
+	"BFsN1+nMfnOL3hroZZA0Ahuz0E9lpa8KFdvBMII9kzFSvT0wC+PlCHfZsmqbX0lveFmBFUodl5aySgTv",
+	"Eqy4sLHADjYkszPbVjKjiCSQQjm2MBFUIowSvCTiQGCln8T6D4TH/IYggReIsKgfplLxORE2BsAG72AW",
+	"5YkX9hc6t0m5TRdCJgy5izJWnrBTyOzAK3Hht9bKBImoGgoqr4dggRWZJomx0h0YiQP083KQo9IwETTU",
+	"Y0xizLY0QCvPhy72whOif/EBPTk++kceNKWtxACpmSDE4ICEWBIUE6WIkJUt9bi0oR7r40q/phv+f/8+",
+	"7f/P718ef/1fe76BUZnEeDl0fobyoH42v0LekpMijvXsCg7QqQlRI3+mONZHyki/PaoMsEteBmU3nIZk",
+	"KEhIE4iB36J6lbtSNp+iJEwFBsTmBscpQViiUZGCI+Ong0PXOuWkpQcapwaDgMKz0lcnaMzVDA5m3cX+",
+	"BrRLsIDU2TvZXm7bbHc9ZHN4u4MRAGUHvPfeHavw56HFOaFjGlO1bNv3EIYwdDvd3+htfE6LGY+JxDHZ",
+	"vhCpHFuelS4bASVZnTmuSvt9Fdt4V331HvWIuVUUWSFxvUvrE/MZF7UfuVVvhxn3mszhmoz+SKVyGfTr",
+	"hzubKNfWXAUT5tdw8/30sF0qbC9nqcRZ88ydCeNaRfsCoTZT1NejlIUO6Px+TKKp5nCBmbSWymYbf3uU",
+	"9g8p8K+Am++KJfjJvLKhxjlyYAxaVbwmiYLw5DEOrxdYRHC7ipXdoU6jNMkTdI7FEll5Uwg6dS3KkXs3",
+	"xIwzGuIYJUT0M/1HG7B1FXTdFXa9+SC+vN26DwboBSTiSTRPpYk9l+ncTYRa2MJOOUduLOWrnjllLvuo",
+	"6ruoyno758JsVi14Gk2JegHXB13FUzWVm5EFGkM7A6e/6MWtKDtaYeHMKUMmDCLkTAkcKhPhjxWKCZYK",
+	"XgMQODOrwCIAqllgnA5GtQJKj4nRJb3xaFk2kvWPlI7KQgbOmnKjqgavqX0RFsnbhb5PuAgJIIDN7RVa",
+	"B9vKrPTL/ON3+ttbJEYD6GDxkJxzpmaxPnv/TLFQRMC/MWMpjrMD3HtSrkqydrAzIEsMKoT+3mUin2R8",
+	"YJJaqq8ZSdghJ6KucmaNrEXhC/2Zs2Ah+u5Wq61NOjnjcTTURl0WF2g5+ofDWtINFgz1eGLSJiGibN/u",
+	"moSwyIS8Aq4Elcg2qQ1852MyKTW9T+nh4WPyv/dLgTBHHXAqS8lpOQUzfsl2W6tQ+pmEEMJYUvrjmC+0",
+	"oogF0//jaRwNxzEPr1dpYOX2tBxdU7Ew0q37MQKvDxMe03C5oY4QFWbfmfcyknWQUncuVyxz2ZRyB4KT",
+	"0YEy9ezJns+BWPrQgDp3/5LyaEhYtPmllGkCNu4DudmyrZFoCFu4MxtqHuZA/E0tCLftFlTNKBvabVAU",
+	"SqHgUoLtbZnegSF59+NWRGpC1piLV3yukV9b28pBRaoVb88q9nJtQxV2dSHIt8RxJR52k60vZZ0p3ALs",
+	"+ebs31PeLdpZLG9mzN4ucGgzjq4sabWRNWa8kVV6a0m+3q1n85lXATGo34JWCFVgVtNzK6Wqp0AJ1UDR",
+	"yXLIGSiFcGQPTay0ZvPUMHHrGb5J9Miah/cWUkAgu2EoCWHfIDARb6Hrolz4ix29MPU8MHM19MZaR0m3",
+	"nJA6uxZQgTLBfG0w8tuguT1RHuU2up0e2clQWtdCAmCZYStMVKJpuwgoTLmw/bVBAn7ma8YX4LWyXmMe",
+	"35AOG/+MS5UKsjEiya2N/i1EGkckwQL8m5vaBCvv3wyhMieafmmL921rei3aIe62bG1sKi0VkWqYJdx1",
+	"S3bzHElenIP116n90nCDpeNiuqm+dWc+nlvfBz5c58zqM+dOAs3tCldFTMU8KRkuDVd8FSeN35jwGDbZ",
+	"bWxO1MruWi9Xxif87yVo0HvqrKs5d1SXc270XTWuQsUrNXMFpNzMe/9ihtmUQA0tbJ34J5knFTKG0DUh",
+	"CVIzQoWRSQN0WnTUw1s2KqzY3dFdHsYxwWJYOJLKk9IyAwky5zcWQJewCGka+QG4dv78bcv6u5Ks6zii",
+	"m7beC3t3d0GUomwqN7zrdM0gadtxHnR74YDe0huCXv2GQs5uiJBQC8hkniZE2OovtiJcVhAJqRlWSBCV",
+	"Cia9uMYPNjZs8nkoGU7kjK+vSL367cJ96tWjZJokXOjTIr9QLQn0B0GBzhe2dxVq4Qmo8VKuvFgrTqnC",
+	"uqy3OV7P56kC8LlXvyFyQyPCQjJAv1KpuIBbdBO4gAhTgjp4OogtFQQOmcgD6Y0TfRjfNuVEj8aHtNKO",
+	"Aw1fAtjNpgkjDrmrTK2Xn3GoUERCOsexBeSSCCPzncvGwWgSc6w8CB7lkRfZ9bD/4+//1fv0aWD+tf/f",
+	"XsY1hVkenkixcf0PbFzVO84K8erDtsteYD4PNwUl9l6xJ1+bmLqNksfLTVykc4i6MRngUFxzhHql9HAA",
+	"0UslMacUDMXs1TDmkvhwK7YBpe8C/UxY35RKJXBTAmB7MHW6VQjHCWU4pv/ZLg77Zsa5SbjZ5jiAB9a1",
+	"lCw3vaXMYyd5Eq1u6414CC5mE+m6DfZcy6nsNm7uUMafh3+kgsqI+lJkOy26bkO2HvO+/NFL/Dk73JET",
+	"XwhrwxE2SZYXUpNluk/FlSkb0u0eV3+hZcu8g8vekusSf77MPoE0oXV6vOE02ub2Wum3WenFz6GiFBhe",
+	"OfU8HFAlVTO7rpK0Fbao+G6MnGg/pEAmrBlCqtsGH9WogmiMeo58aEYEOUEueeJRHilo8hj5nCptPfnA",
+	"TL6B078wPQ8a2bau/UwgsNanl1tysWYrsf5B4DysWaFSAw++rQwTWBPISxvCILeVuKLtdDIMZ1qBux2i",
+	"KP48DLEiUy6Wm8pkJ1lvIZOtR0LTqFEMk89knqhbz3YbpxDowuPEh3aGPxu7iDI0xpJKlHDKlKxGJ5bc",
+	"QoeN3Rbc8SDmUqDI9njJJ+rz3VResqKrvcg1FZI0Svrq4H2r2sTbFUZrhRFs2OgFl2Fha2YpOIDg6TI7",
+	"TJ97wd6EmJQiEBCrfNxZb/eEGuA1kh4YgIBXHywsQyTwRJPamAh7YAVBq0bZwEJRHMfLoX2gVZ29YG8h",
+	"qCJDPpl0WA5Hl/VWYmcd/oWtw53htjPcdobbX9hwW3GSvAXz4Ry0BBxvWJZns8TTCnnb00SrY91IJxD2",
+	"8y1kc1rdKrp1UzVK+IfY3OMKop0JGq5ri5fvJUyZD4t0nDKqUM/9q2+wYfYd1LFzfXvcwwVf/jauCHTv",
+	"kBDedq0SIJmO+3PKuOjD4BNho5sBT3VBotX3LI//0XbP8uUoOPrha3bZYv5suHExtqseR+tFVLEb3P+P",
+	"btr+fzB83v/9y2HwrMs1RaHHYK9wNVEgYAv36P/FmN2/xrep/jPMsuR8EScbRknYq/y1zYkCBf9lmujg",
+	"LF+BKVqYXmFQXcV9YTTrpf5WSjdOJsQU7ZgIPt98gUtLlf3Tdrm1pQMu32jhiMf8656Q7ULrTPfdVuW+",
+	"rd3iBq/y5W1j3Tysf+8yZEucul0WqnoQbnLqFBMuHh/vrZV165qpzTob/wZiwq7cA5AW32obt+/fc03S",
+	"K33Qdrr4uB12CY3j29ERWlD81hXvb7Er7zJmbEOtwSIWbedGwbW2xUuKO7jn6ezX6ZCovHUsvFKTBQG5",
+	"rrPEtbOZw8QKwtxpAgCoiptLiZV3LFnHECfUBSZ4y7DIgPToSTjzFy8TRrRD3ffbFAgoG2adRBp88meK",
+	"maJqOZzrbS47Jh/qTzu/C5aQICEX0aaTgybyFe0gruBYuDBftBmAHfxP1UkUPVKlgv++5axMICgbh/nJ",
+	"kp8RDYtTWma3CoULrQrv1wVEw/72bNfyYVFi67pQrEvekmTvqv4Uz/P7VccrmsSDvHy6mOGIL85hHTbQ",
+	"dx6AAoNZRPUHQ3NruW5sSPHzdURsRGKF1+2NfKYSetlorN/twfzCLQJKKkf0lg7j3Tl2V+dY/Qjz83jj",
+	"Rq3spIYdedeH3RbPuI7CdjPrOyfOBix9i6vfneRpkDx51QYJi2uZti29o2ETZ/toWxXajtbzjmTqZ204",
+	"gZ/1OjP7RlqX1QghosUTT2az7eHT58jQH1lMfEDJj8QSiZT580U3CpOvqUttbtZynOPdzAQuozeZwaX5",
+	"sAZHC5TJ2g0q6+CdUkdGuMyGupHQ20htundNrULO2x2IKwhbCrAogzQNQ84mdJoKhxDDIizKYYW1eMJV",
+	"8WJWYfCWq4GoiaFW17tWq3Fg+6YoRbVqTaH2TL3pwhNTNibkMqsnA//GDfVjPKpPBZIydMEXOEmGImVg",
+	"gfiaeoEVjvn04s3Vuu7hG0xjnOPWdxI9eW+nxc9b60hGVF4Pp3RcQrPw1t9cG2RymqSesplHz9oKferv",
+	"5jwi8RpV1Np0+zmZc7HsNtE1bx1yynsuHnwkX0eRDvZuwiRtG7PPbVRB+8iJWlwY23yJPgWeqGjQ2ZVS",
+	"iUN9sqeBG9eLSYGs+hAnOKRqqaUChqrbNvCET6AOrqmcKT3pH6bjuAmFwv3cVD/6V75Ac8yWhRq8Nu+f",
+	"ShjHhCrE+AL1CA5niJtRMR6R/RN0iFIWQwGnWVYNXB/RrtP2ykoTQchwmqQePeCVIAT9cnaVwRBcvLl6",
+	"JBGsrhmHPpsDpBk0SqE/GJfM6z1NbdBfW3WntWq32telspnPq8vpn8PbRfa4gA/roVHF0qilPopUqq9o",
+	"4UkLj96by69wJDwsP19Vhq23US8zHjSBY/ceGjbjqYiXQ9GB8W7hJ+tuna48XjrHsVXC8EANyoPxfjm7",
+	"crF4gab4HP/BBfxeTX5/ctjmn/EHiZXp2tnb4eUvqJjwQpCIMEVxLG2Nvk1gjM5fvUDP/vHkRyQJREOi",
+	"J4Mng+MBenlDxNJAFGlZG85IeO3BXQnQYkbDGcJMLoiQKGuOCMGFPEFczYhACRZ4ThSxdRHplHFBItSr",
+	"9f54cOzLjYcJ+7AjfIxk3zZFWKtRtUfHPt1KYOatRupXkgAOrEPDX9dYu63UV6zVUFyrauKFqVOItBYe",
+	"1+sm2k8HXp9qRhKvkT3CCR0NuoAXrVePcNMag2a03q0F91un0FC+SBuG7dgufUBbH20JUBRmnSCpeCLR",
+	"gotrAC9x1RmoeXGSqlSQAXqvxRWUJTBgY6UCDevc4mwUDOiL0FtBx3K58k3LpEwxVFxMmdYMJ2gEGsmo",
+	"qkpquhQ0WqsnmnIphVcH82h/gN6Z4u4GPgfPSYRGULgh1H+YEg59+8D8NUI9hv43OhoMoPf9AfpI1Yyn",
+	"Co2knA2vyXJIIzlCBOTmNVk69TDEcUzEI+nK3GlpmkovTE931flE/wGDT2IckghxgRg3gRSZbWhdoCsO",
+	"Tx8LdKh3xeWQzrUls2nYf0kRrhQ5ZaSsiFuT5ASS0xWJArMbqJAqtwDcaudfGkCwiTZqzJKYcv6Dtb3E",
+	"8jr1iErNZ1GAyGA6QKPZ0eFh/4fD6bgvP88HR59HG/SS89CW3NCPj7tF1+r5BXvNGMXVnbzpJs73r92o",
+	"d7CDNoxv/sb8DHu7mZN3LOtj2WZW/TlDct3s2L4lqKWM02nVvn+8Khul//uXo+DZcYdUlIoTCnpqpsO7",
+	"V6fnJOR6N902La2qu2CFZjhJCNM6fMylNrJuaEgCNBgM9k+QIBhMBQuiF2QJQkYnryIxH24x1c3M/T2P",
+	"Noy1xlEkiJS+Y1gqW75WoNdnyL7oNirjEUE9fdxcXPyKCIsAZ6FaY/b46eNWBvLw3bPHHZKbejk/HQbP",
+	"jr665w2ZVIngYzLUy+NBjXhxhvQvCF6KTtAvp+8vz//v8P2Hn18Oz84//PRyePbh/BL1jo/3q7porn48",
+	"ffr4aZsGYqTdLXK5uidy2V3jFriZeT5cvNanwYb8UyieVyqAbO5uAC9YibQjoO6KNmZGcd0A1Tyi+t/j",
+	"1JM+/fh4Tco/PvL7kMx5Cp6jL+sWpd8gAW297L8VPFPKJelMmNP+/7g+sn/abvwE8rNmaWGCQjpKTs1m",
+	"rj0zgCDnZJKy6J7r5VbPh6V1jOuhoAWWaI61dITCptacxWlEFYr5FEpUclb4oio0186EXnGNW6LVJU+u",
+	"knsg1drDM4HIOy9Es4wQPG53TuNwRpmj5rn+omHjQWut67GhOlmtXeJZgpJpy8UUMwsl8UgiKwpR3g7c",
+	"fUlJp8zYQOsq3A9PsW1xI2X038hJ6qoBtF372Nc8Rc8qxQSqwzN3bxvKkYQOV9qP1TNfv7UWknFndal8",
+	"EX3ri0fA5YXL5qEpnzGjTPnCvFvYruG+dCsTbtM0Yjz2xE2seRrZu1bTVjMXXby5+kYaZx6xkgPCPfnh",
+	"6T9aQ0vW01ZptIGueidRL236Z7Sa3560mF//X255ffo0+PeRZkb9539/9qPfl4NpiubTs27mU9n/chcb",
+	"ZUUIDlxy/pkS+7tNIr0HnI5CME/Ot8dPgrVje24fzLNiV1/8+oZs6H/ZFK0hHcc09BXKe/b4hycb3O+U",
+	"mlwxVSJuaEhOjZN2U2WpCfP16eHh9lQZl+mn9b7u8SblCZbUyvWAH1rUnUuoTHEazSnbIHTE1LV4JO0V",
+	"ifkTYd2apyjK7XydCZZywUXZa549DGpX9cXmjr0R+US0W/ePW637467QPra7wkzalmVTr6JdzJXxTLXV",
+	"/xo0lK1xccBXFz9vqWTEAzUKbA+BpWD76mwWR6EbhyzftjUy3VxJqwDZxclts7bv88uJ4vfrmiiuDk63",
+	"0TaUvnFENfP2TqY+wrYF0JT5Jtcu2xZFtjxQFz+DZT17EDwAGVYeffOSRVUP07pJItVAq8qN44wvmHEc",
+	"UYmE3ZqIs3h5gqTigiAT9DtAF4RF+g/F0dmHi0t0gBN6cHN0gFM1O4A4nprt8IMfWaUwk1VrVpt5zWrL",
+	"f6pGlPkI+jOJyW0dFfzab4XepvJ7Ndnsuoxz4J9KUZitc8fPSr6rPpj9EQq5VP2QMEUEwiyccTFAeR8I",
+	"q8znjahEc8wirLhYogkXyA5V3km5nLVTMO4GTy+mExIuw5h0c7nkpHvrPsw8Lptnmzac43UN7W6LsHou",
+	"uCuIfVVqrVcctZF4xbQkV5A1ohKP44Ya28WW7inevaw7PKB495dCcPHC6768MMXs5sYV3xcER/AAwoPB",
+	"mWnT0FwA8D8Gx/sD9AISLLAgSJoGcCi4lMjhNRYT1kyY55xKaZKAzd+U3eDYoPrD3+YaJP/b+CTzt/RJ",
+	"M0yIkHrhhtnS2x9AeiWCSjLM6FP9pvADZTKdTGgIp0ZCBAzOwEwalavwLl8wIuSMJsWHUpFkmJYewUBh",
+	"DYZAPIPMoh8OLVaNbj0L0xoyroYTngKecuVxxuGF5zjWa7McChITbClZ+DnkzFkgw5jOIYGpNMsxjrEp",
+	"hSCv02HK8mwR86Q4HHPNN1xQFvHFkHwOCYlItFeoekKnDKtUFBeI8YiUWoEHfDKJKSPuT6PNur/cnCAb",
+	"FHAIJBGlNuBB7TWtm+ApGRoOL33gfkqwmg2VwAZouPBDY2N/plzh4mRxkpQXKUlc1H/tuf5bayMqzj6l",
+	"TCpN8dq72Q8gIIssXvyxNhwomAFLW3xKNeNr7nY8lyZSCYLn2QNpvCKlJfcJTBASG5aMvZw5iUHYDYl5",
+	"AjF1JlDQPHfapS+qtr0wcC7A4MJBCBLjAhh1Bb8g/x3RKM8Cgz2IevqP3/rWBuq/jkzp5/1O+msEtQnl",
+	"engKrwQhfX0SI/v5AL3AwhQHdeWmR3aVRgFct4+UwIDoNDJ/ygRyUEb2Rtet4wkamTt++xpkg8BLArDb",
+	"lggnSbz0wjbMiYRaJjXyaQuxL/GEBGiWzjHLzwT7yQC9N/VM8QK5ao+ICxRhhcdYEqTI52oI2fHhkx86",
+	"3sO4gdUW2neyvYoJUb+crZ1zbAQnifwaX5hGeNgcZ1JnC0FviFiB2FFP4SI4VrOlL9uRzw3sHlSYRxLP",
+	"E73QLI1jNCYTblbWOg9tRHkDIEhhRpRF5HPVFf+4LSPSetbHSwvQUMPuaftcCRrK7gCYbjXf2Q+98Jdz",
+	"Oh0SZk5/7+p1T6ZOQjocp3LYLakaNPX2Zqv2f2pB2vQCuMFVSFsaSXmGNeaqcGdQ4OWcrXLar9o07wrr",
+	"s0a8Shias0UOYYOGdhutyRyFZlJ2m4ZiLNXwM/V/2l4myy5EKgFJcDNGT/iCCIOmtMBKbdKE2ee3MpcV",
+	"mUPWn1bLwlJiprfHVFFXEKVDJXpvE59p5NYwK2RSFme/vf7ZZhoiQUy9biQpC40Q++XsCoHmTiJzA81u",
+	"CFNcLEtRM10IWC1dnFPTP1Hfulcp6FnXwM/9jdzsIVGBYVfuTS0nNkKGKZ1t7Vn37W91l6cZE7RwHiuh",
+	"FbS9XDgr12ABJ2gd1YtiEuZdbLo8psZ1eW9V1XVWY6rtpVtgeTlQhE4eiEwdakXlmHGpPH41iH9vh2rW",
+	"HDwjWKgxwcobufhWa7XZK0ZlwWNBQyTxAvViekNQIogkLCT7ASKxLcWtrXUqtZjQnfQlIQxp+dc1frF1",
+	"7A3R+/X3wFzdzFdnkCg6+gs1U13YLzJHYbcaXPBpXnlLYCb9+QJ/pjTUKroKE9S7fHuB/gst8Tz9vB+g",
+	"iVM4zfI8kqi0NhU9/od1a0o5MmblPbLSURUqBZWtUmBRH8MVp2s3SeO2vSQx0frQckMv4JQwIm7rzAZI",
+	"kvU28ntr8N6JJ7EIkVYx5uE5Gi/hfLY4K9rg01yymPGYoIkeXqBfMT+7RIe1hFTxiCvPsoAa4A/QKK2I",
+	"o20BnK3FH/oriP2t3gLV73F8Hb+23hq9aeW35EaeqjH/PEwIi/STelYk/I6I1sckYlyhJVEIwozkrBLV",
+	"3FFHtjdFG+jG5rJ0ky9TScT633lv4517Uu4V5lIjZFBeHh8P/PPjm4tzMhFEbsqB12RZiLlcSYCuzBoU",
+	"Gm0aNFn3vvEMotKQpFNG2RRdk6U0iCL/eHr0D/TPj2/QBfGVMtcvliRld1/bKfrnxYf36CMZozdkmfe2",
+	"7/eBrVCRKjSCMfko85ZP6Yax5dsOiRA2m7QhUv0UcWYEBHJvmgseygxKAWA3KK4SaGB0ggDqa8HFtUS8",
+	"rgscHZWHdOjLuTru/+P3L0+/9v+7/Lc3xCnruj72c1cGnzvbUe9FNMMSYYbMfQm6/HB5hiY4VFygHmiU",
+	"Tw6P9IwK902jIPPCGtcpGs0nOLvHGWktydDAfVD1DJcX4pmnXN6zhop+DzN47i2f8lRtmoEMcswLcNOe",
+	"SVhLGi425hvqu1enr2B5N4nAX/PIbDUkthDgIKtX2/kxYq8AfRc1VfQdza3t2DsWZsdzKd9A6XOCI8qI",
+	"3FRPGS+z4KwWQe79fMbjyB7eLbB9HSLAzmKs9Aq5GLCFAbYYzid4TbcC9BZkoys39fvKM+ZxXXXfii5n",
+	"mWaYiX971dWBdomlC6zUsEDySqYIgPWGygla0IOQfl2f61kjMk2IgPtzLUWzxzyR7eCLmoxdluM2a1ex",
+	"GvyTLwyl3FeQcfQqkjduptsAPXyzUqOyVn+/IKGSRPAbczVN/jD+zt87hRNlLoA2IVTPD/UoNTZ0BVEI",
+	"B1TLRxLpVdJaDXbxaahnAC4glqOEpmzClsEdPIYo2xtKFl4ss2DPZAuvHXNn0om1cjXXDeiBWQ5FULXX",
+	"ohjaW9VCkV5fRvMQPvHQwXRCWbHNDKDHRoag3oQLRD6DdxyFWkTue025+q4rh7cXe3598QE9OT76R96L",
+	"VuECpGaCEJQmCREhlgTFRGs1VbTGDePhvRnbljaFwfq4ahMn7rqYI70QM85oiGMkEwIY2/sG8AoAOyQK",
+	"OWOaLxX3AZDUEz9v60XeRqFRJngcb1eH8iP+Zm4nCWENYJXK3FHJeEQeSfAP5zdG9nqpsxNKc8EvZ1cv",
+	"wOJdy1vexAEAmqDXKbvp8i1te2XFjQQ1OEiBt7rftmsSnOlPzolM44Zik9CwJIRtc9m7+uDLEDhbAq5p",
+	"Hd03ct+bb4bhDLPpdnfZncQEV9B6SouVUd/j5c/9/7X5VritdANQvRwoSiMrR0q7YL2wY70SL6HFDdPH",
+	"WuRzS26MmQxEVvos6Zrzx4sJ3Xyft44RXhvKilVoo+RGZqO5hhpqvqpLWz2U5wB8VUT1sheLvf9z9fpF",
+	"oE/iy7cX5sbi8sUZ0jq8ve2qCWRfETs7gBAPEzKvD+Hs5TvXue33xWlB9gMcixL6vz0yT9QSLWYUEOnd",
+	"6xROf1uIpOZcMknl27yNhE8ztqrHbQIJx4Dga4GEe6MpU8PBYDDaP0ESkoQ4i5doRgQZoAuXGASE1ec0",
+	"Onx2eDjwOCw7Xw3mQ6zSPygxxGqOM5BBdqLrRDR5tl8NJNI4Tg2BtBY9mmKmxLKvx26W3jQzqpOsnTJB",
+	"BQVo4xvGbeQg5eviEQaFcTYtRqZWrWnk1lAkSvi4twpNaYgNab7v0PO4t7yRO73n3SxjpKobrmf0fkhV",
+	"yOfEFDHRMtiZO3A2G0MIgj14TEODm7zwwcU22l1abhXMLW0lwKkALS+wRBHFWjtAPYibXTgYLVDUIxrB",
+	"jaYgksc3tcjvTiqVCa73IqtRMwLTAw5nup3njgKUs6Egk1QCmBSdE56qAKUsezNwwxpOMI0NcLT91j6p",
+	"GtDHnQJ2FGSG+KytF84U1fIN/Aeh4KbUggwM6bLRtd77tsdbGsTK28i5bDQdrjbzd4uqaoEcbimLA2va",
+	"EGU134cUZmopxDgkkDo5x0uUpAoxsoBrNAejx1xaFQLwcwhfGMwjOFf07xDaApsNQXZVuf5XXufGxMhH",
+	"nNlAYUyZ8c3BPxsS4wpWRxMv0BuqlghbGzsPybLFJQpK1wkaWY/gqFCWwLwAEeqWd0sJYbkP0dTu0f+w",
+	"aUJNA4Zj/TVTgsvEbKMtgTDZAgiaW1EP2/MdxAg1exiioSA9Gnat0XqeHB7t++GabquodTONa3UVbL5Y",
+	"RaVqxDHJSLrh+XaX6ihZ1FXSTXSqLtpmC21u+DW5fwoJ6NeT2PRKd1Q4zDSVZlgfZoZLszz8FqGYk8J1",
+	"5aPDh9NUzV66c+42FWueDo5NEHgAsPBmFcfLVUgCFQXdjcJJkHpipXtikAAgoNeCW5NoWCgfk79paoxA",
+	"5G+qZlzQ/5Ds89+bjvzhCgAkf4GZknEN8/AS20Aab5DQbwr9sGlfLqUicwRQtBAUkSWHwjk0Jhbh38ow",
+	"j7aViUhPRtQ3yOZvgUHeVvZ/EQjZg6MOuYOm7qXJdoNEYeON7mFm6S3IhAjCQrgIwGjGJSi7EzD98bym",
+	"ZPrLHG0IrLx9h98qlOXuvsEKWkAH9OQKlkB2rq3jy7Nb6d6sN7d1H5YBd1bqa52Di3wGMCvps28+JPjP",
+	"FO4TJc8q1+ovUIKnLkvRKrlGd8RT4mP99hLmUNme/sejsp3pDad/MqeJUZqpLPZl7JHjUgZTO9hgcerF",
+	"Efjpu+yEwHIrAO8QJwrKFa/7wQOLc9KGK+RUeWP7tNbn8ogfSWRfNqGJmbJjkQeQ1wbuNI9Nix6agbXv",
+	"WBjfmXu98OnQoSb4ktUrk3fTNIyGaIR6UA8GI9vBa6YAYTryOrNbiWCQHdbgqG43WXZwhVwUg2+1Gc3v",
+	"5L4qH1FhUf2LVLikKhQmt1uxQMMKY5e333qHliXgvR1aTnw9tEOrvIk8ot9sjxx2YIKw2zTlIumCJn53",
+	"QqkOwx3L728Vt8UFnVLWkQkMJT6YT77mIC+bWq+u6EQVHHa9xDFaxJsx8ChuL9rZZX21BpL5JlrjLRO4",
+	"2FMzwdPpzKgUp2ev95GBOTP81jNeLUhLdAFm5hdIlbHVuzCKsJyNORZRsWRGNeYsE0OtbLopsn6upHQU",
+	"BiLbFZ0ZxxfHbcBuXPcrlqTJEek2OkQNDNArLhZYRH3O4uVzZFcbmQKQBFl/Yva3TEODj5O/gYWiOI6X",
+	"Qye8s5/cgxOrWqAeBuwNYZqREklF4xhZ2S73TUwSZiHRbxMW5RLIOA5NqKE7C4oLbweeB5Dqo8YNFghW",
+	"HWb9uIF/uO5XcY4tnrIR47QAR1aUFvO2rR0G+jhccIu5XpSi8mZrlIwFX0giBujCOvXCTW2E9di7WjjC",
+	"Pu8CH2nb+EjGM86vT8PrdcFT0ySmoffa4FKkmZ6rrZiSQNEa4AJLZFGrDCpndIIYVzNNXfgtSWJKIoSn",
+	"mDK/Vxra6qJ/uk47RUoIEhJ644dhqckE+2pQIEVhXF6a2/jsFzixlStKgcj210EmTd0DnkBuT1R9thDU",
+	"FPYuvZiyMefXtQ8Yj0jtIdREMk+9G6+YZeAZaiFAvhh+zhNZ/BPQfr3N5yDEaxX2tDHQAzQSPCYjRGW5",
+	"aqeLlqbqblA8V9fXec9ZH9wGJRjSHHN0kwI6hS67exvzb7pibd4N3GjnEW8OJqq/7NxNp/yaMtZ+NwKu",
+	"RBrNhlhloPrq1tcuqGCT26yNkm+xTWU0M7o/gyyHDi9VKmgrVWAaXzEDU0j7/hNOTEKFd8u/zkD5zEty",
+	"RpMTRP5Mcexq0ZgfHkmT5kk3KqN1G1jmjdgewCo3dHk054a2hDJlZC5NOB9MUEwEtRuhG+8bzrnvHWD5",
+	"9YE5JlanINXyjYpKP+QcZQUSumUaZbmXL2YkvL6oZWFBxn7EF6zD13Ltqjaqda284wMgNKmmgmz4fVU/",
+	"d40FZky+hVk/SbWaV26/z1KlOFOCxyiJMSPPEb8GdUmr6HBrDXq6wTUN9dD1r/zaozdllO9OBrkeYIPt",
+	"wk8VyKS2UQx/gcTuizdXG9arL6JXIznDCUE9CKoKscIxnw7m0f4AXQJgAJ4SyItDYGbRkEQoIQL9cnbV",
+	"N/FuLsBJ/2gzW9lJ9S6dKCIkyupQ2ey9b3CbvrWycK0q4FaKvNXtzhxeiHzGoYoh5AyC4WwKFaIK9d7/",
+	"693bfetY+7T3/l+vf359in49OjxEPxz+8hP69ad3jz/tdULv7Qbzecfl3tYp3badq/yVpd7uqmZb5e7/",
+	"9iXccuJuGBdw8ebq3nQZLc8elgZj6tytC+FAlcc3+4YszfU7ZUi/keNNIxxPuaBqNgdkFotOvF588Dau",
+	"mymbQjUApnwhDIRdXPyKLn49PX76DBXetTJmZH55PhgMRj6xUkhQtm/ubc03cE2WQwfvUSd6Rl03Uiln",
+	"fRIdP3169ONocItazi0lCj0eQ4PsdG2y2R1JC3F0gPVkZl+loSly2D2KqDCW8tIWyBUYVm21bMwuuD8x",
+	"YDbdA5MEpSqJ9+8YcE2Mlx12SOsdwLoFKTcMWv5rlLG8VdxFW9BE5mvLCV6dYWlx2zdjaZ73tynL/P+Q",
+	"N2fF7bB+TfU79H11KN5f8kc1lrq7oFOWJt+kJmGxGtquxGph0HXCeFdOEbhi3mTlSlh/t0fXq4KdZa2v",
+	"GvdmpUghKKApg+Unk7Tyz4+XJlFIK8UjPBe2QAsUpNLn5AiFMabzKhrOD0c/HrdyHJ6LkrDLrhkXsHRe",
+	"MLiikPNYmdm4NkeHsXnBvsiat3RCIH7e+tgMCW2uFWXIJhu2g4S5qlurOrswjaEoFXBBPqOhWQbTncSK",
+	"ygklEunG+mnS3qvBj6yi7pmVbke8KvFLqbES0cyyFlfCO10fO19+uDzLE+A3Z2uAUPJKQZ8zJTNGikS5",
+	"+PX0yMt9EZ1aW9K++ux3H6mplKm5rGrtn6sEaJUKWmcC++PzgwMtCQ4GgwG6On8NoSn6OWGKhljpv5JE",
+	"ot7/OYdo4/3ApplBIIYP8RRcIR4APkF5VJjc40Pv7JrCaX7Ckjw+NmC1T549+SFAjKNELx6b7htUU/Np",
+	"6/gq9um/T/v/c9z/x+//1S4x7djKdM0WJCjzR3H1s7XN6NDEo/8igk6Wf73jojj2DSFNHGbpSoUqAzet",
+	"QvnKFYAUJSRfWWMQi+ErCCQlS4QNO0FsPUDpYgX4zH0TOeRzWh4d1XQNB+r77xZA36Kx0nKPXZlw4Ijm",
+	"XZCstvZaFwa20n6vqNzs31HIi68m/DcHzdu29btxkdpuSQVmmfPLxbuEsbKBIrWF84NVtvqazdDvzaR1",
+	"ZeQflClbqLruuTLXdkch9kzNCBXNO7QBrdOnaZS4Zu2qwXmR/Pt3jFWN2QoGr2FN6SJknOFmrqQZZwSC",
+	"Qaf0xlOL/XCLmQWbBp3dRcH+Dhu8YOBW7qSyWLPiyFq9VjmH3PP2BqZ8aFtczCnD8QWRcgNIjrx68WYc",
+	"VcbMqt9SWAMzx+7olUpN7ztIUSqRKburulaZ8mW9KIXDWTMqTG6CuncJ7GXMEJQi1saqNHT0x3DbHxuj",
+	"uJVdDNdKoUeeECZRj5EFwOPpH7S8yAYSIcX3Nwmxk+k4EVzxkMcNKE1qwVHxLT1lPpkQERixr/VUERHR",
+	"qH16jb/CHgBVKP+j5hD3+2kuKJvGpJ9KEqAxluTZk1TEHrC7D3qoiCqETdB0YSoOAW5gQCsgnSSEf5vM",
+	"kk43cgsyljy8JgoKVnu5RxCgWWITYT+S8QV8YS8BDxbywC39wZfSnvraISqiZgkZN0WB2YLKRi0we2kL",
+	"1iZTYY8OAuQFiN4NMdIzFrSx1T8cVk2A14wqiuN8pyxopGaaD0Mep3MmS9njJvi2Jd6DL8qdHj9p7XRG",
+	"6HQGuTD667W7XCUGzu3CGB2BSih1AvvbyQQX5eZi/3tUafEYQs5xqpJUGXmpz0mLTrn2LVJtla9AWf45",
+	"C9LuusBzyopPj7bs/Y/phITLsCvQbz7+t+5Di/fbPOf3PCLbmm0BDG8tgNdGuOXyV57rhJ79R//3L4fB",
+	"s6Ov7vn+f3uNyztBa24dZGmMTTceDctjoTu2tkIrQv5uyasllJq1YjHbE06aoV6aiW+KOQH9s3/CtdNh",
+	"8PhovUUoxX1vGK26bqy+r6jL720j3GxsGy54gytl5QY4Cp4dr0f7c9h2W+P/hA7NRva6arezm4M9W6gX",
+	"MgK7ie5/PTYTPS18mWG1hzjBITQV8oQMZ96osVOGDJqzGQYKY4KFUQn1B53SJcv7sNw+RJjP8TUxbRoq",
+	"wj/tJycIFqHY8STGU7+pEOOxBxb3sD1qu4FNLt5c3ZOMvLOY5pbtdsdBv1vh+xWBwsFeyuifKbG/29oN",
+	"KwN/uw5pMHy+clSbxQs3MJp1/GyJ1zYVvRt4p71TWt+LeHfhOnowW3eoNZ+brreCAxbyml0alM/3qj/6",
+	"SNXsJxxjFq6byaO/RkmcSuNFhhsVpshnBZEXY9Mm6kUkjLEgkZaeCo1JiFNbedyMXiIstJTlUps/6CXc",
+	"rU0oiSNtGGGDFisJUwbsDNJPOCPmsxxsGo+lRaSpRFTnc+uEIHPHTtrW8MpVmcLt+AwupT10Gfx0jTBI",
+	"T/p/uZyex9tTLukmeSrCGg9K5+gdU8DgkF5mLLW0/qA94ZrPPMNdJ0qvndy2tY3X69vKkYJDvhQ4WMgE",
+	"L82wtkYNy9/Eh0G2GX0STKuMOIIS5e+Iwus6o3A4KzHeDDJY5hTgx8fLBEtbAif2g1RtoTDk6uKHZoRN",
+	"M59u4M1vVf6/kSK/NkZe1+FTObQziBsU2jbLu1FPX72UFm2uSnHXXgXooDRML9H9pFvFG3X6F29aC70l",
+	"MWYGnX6Otf7HYMO1XMK6Xm5xwWYu8FULR7ZjRq51T5ftnPINxVOP5J9bmdLWXFEE1djAM8cgu7qDHvxr",
+	"eDEjcXyqFGEbA+kPFZbXHQrM2rcXXFzHHEcdvmCERHKIM4z/lgL/TBAcDRlXdELNHYVcsypsbYiVMQTl",
+	"KTf0uYLSL4weui6di+uzmk0q65lL1phA0uU6HAxtvasVpPFpLwVdtlvBQavV+soMbrQfTP2fdefEIzLk",
+	"iaqZ7B3b+JCo2hZfodt1p47tIwOC8ZHJ52rYkkRSeVDdOsN1oUe+0aayHTfXNmOCGzxlmvbqzFxZw8BZ",
+	"lnYGOemLKcOOWYPCxmoXknbrbnoI5Ru/AwmcmKif9ub5imG+s9ugYmrbuJYC3CRozzUAMveAJ7LhPK5y",
+	"/5pZOjaqLsYG9LDuXR1LHqeKoInQk2UREjxVtSIfh0+as/rXkADUiPYmL+SGShnYKk4Bq8642OmKdeyK",
+	"8LYNp9GWgzrbYitXzLpjOO89TrpxMitmsYG3b20cjnvGlloZP+cnxUerRb3g0mUvrpQXRu+upkOE14RF",
+	"fb5gJEJjCuWzwYsnUrbASweyRDkboBcA3SmRICyykTosMlU4TQU2LQ+0aDHfDtBrJY0/z7rsuLJRPxac",
+	"VBISGRQgHKoASV5wDiIq0UQQ0tdLkMUvRQJP1IlrdEHjGI0JyhyNZuI3JF4WLmt8NHtDWTGJZM+OfC/Y",
+	"+yNNlspgRsXxXLeSl/pyBXb1r9fpmAhGFBySOEkapLnrsB4ka+vpkAwkXVJu+8niZ2kUm+QkniQGjJbP",
+	"k5goC1YrFRbKfGL/GGawtYLEBEv3o/53GdbWPnMftIw+nc+xWLcev/3KAIc7nX/7fl4chiIl0TDkUm1F",
+	"QcaudqDbnl4YWUhwKuaEMEMYwHVFdILwlESIMsXRjErFxdJ/gWh6A50Lqrp5uqNzYiu+mRQ7b7d6Z0m9",
+	"UaA+VaZ5IZmKCQ6J7Bpv2WqoWxNti2Uv1o1ObW8wSYYmzDQkW2xyY2+v/rjhbO/gIjOFtgvyfbUC1nAu",
+	"bAfvZcZTES+Hwvqhbr3XfKF1bgJQkkMfGhjpRdv3hVi2x+Pk+8uXwCpuiOhHRNAbEqFUQryBgaXrAywd",
+	"lOo8sbDb0nPY+Tf1NWVR95WC02gdPbHquKkf6gDhrjvFimp5imOKAXivRJHb1lVsZd6mOovdvMMA5zi8",
+	"BdRn3kDXcl63A3NouxbyxLLfymcqr1NfDHf7d52u3Wvai1dprUYsV2VvZpvAnigkeZVunirXTWU/q56m",
+	"v+BmlUdqS16QvQUZXskwy0+0soALyrpFXRZ73ZdF1aEqgTzHfV25N+nLqaBqeaGXwl5nQxL8aWpC181f",
+	"rxx//vPj5V4tC7OY+m/TLwjSDbhKhpzJAbLJTqDPGLTN7NeB1XnnICBMEn422plSCYhYpjStY0DAbBge",
+	"h1pmtRFezgi6wXEKaAWv31++PH9/+nb4z49vLobnL1+dv7z4dXj54c3L9ycmTcDUsHT9mSqWfyyu5YEF",
+	"vew0XM07P60iZcNYbTk2/XnfDcGlfEwgswRgAUhkKw7DixNssC2xmpnK2Vkt0ZhP0RQrssDL/U7jFgSg",
+	"/M9JjJcNI//13emLOhdUzjPbziOAjOunUj+J8dJOpafb6Fu8thTMPAzQY+6IzPhojqUiQv+2b5dn9MvL",
+	"vMRotkpZvgR0U82aGHWau2ujxGJ1VpJZokm+MCOz0SvJD6PAJMZok1GWUz3WSjtBYyJpRPL3bDeDm6NR",
+	"iSorEkeABFTPYUawKZRljo+9CxL2s3H1z+ygcvLghFrIsywb5Kd1hcRlFSOET1AuaRBnCBdoM8MskjN8",
+	"TVDPTat0NbMfgB3n7PtTC1Jn0FzN9BAXgUUxxK46CQoxA+eA7gLeksGqLCAzQM96nNiCMIAP/WeqhZk5",
+	"9AYIYH+LdbULw3Y7EVElSawJMOEWZTFNpgJHpAObfgVZOOHeSt/g4eibgkbnLy8uM6+HyxL5BWYG+Lhh",
+	"zNOoDI48+MQ+sb61nK3jACrNhliIJRr91rdxfP3X0Qj15vgzOjr+AYUzLOT+iRXrwnrWEQln3AS/fmII",
+	"hVzorQlLRLXBWmvOCS49YJK/c6n/7L/+ebQ/yAcHZXfBrGdoBBWNnUN/ZFB6MJJQZx2N9OE+gk9fWwfR",
+	"1dXrn2/+cQI6t1R4npjH569eoMePH/94gubakECQQwgXjGhOGRcWFli39KEWWIZ6I5/L4rmJ8R3to5TF",
+	"mvsjHqZzwpQRCZnnafAJkGSo0trUnl2l0tqg07PXhRKrz/eOBoeDwz54qkAHTQjDCd17vvd4cDh4DJme",
+	"agZH+sFgQeK4f834gsFJNvjD1vOaGuyS7CR+He091w/12WiKF2EDjtxoe+WvHPxmV/N1BDaY4wMYwvHh",
+	"YXZ9Yh3DiakZQzk7cMMxGmGbvqgHR5TZCXUp88+Pb9AFAf+N3eO6vSKrNbVvXy/NQ/fx5PjHpk+yOR5c",
+	"cv4OMweFAuAGT82cV3/32h5gpio3fPW4/SuLKXfF8sCMojq39/zfvwd70nnT9s4MtqekU6b1hGuy1Iqx",
+	"wlO9rnsgxn/X32eFuw0yzEHeXsYqZYK/e3Vq6nkFuV5iUD5kUMExQTGZqAAZHdglr2n5yyItp7OE2kQQ",
+	"afaHOShsSES89OA8ofemLhdnClMm9aYHzJsB3HxVeNoC8F24OT1U9q6MM7uobOD3hEuVmur52+L3w6N2",
+	"DrwqlFjfg486sO0rLsY0igiY/3+hbZVtpMtioqXdJcjtEmBlvSPskhS22JXU67Jyjx3MJ/jAbZm+cBN+",
+	"/gWKJvgSQ0MuIuB5UxS/j6WkUm8cPYZs87ljvAeVrsyxM5pP8CCD57FvDIwKOwoQDAycyrAjTXOuqIL+",
+	"l4F43x+g13B/YpQhnCSCa90dp4rPsaKaUMsBMsAggB6NFZpzqSBTHbKfbdcnWv2aUwUZ81DzDGEmF8Rm",
+	"xcCrgIahT/bjw8P6/jZjf/fq9NzOyiUc3HqXw18/8Wi5tQ3+ommsX8uOjyxA5I4ETdMIamlSxaXKytYB",
+	"woE8QdSmF6tUMBIhKODApqZI4pYE0rERSPc4abO5tjqJJ13E1k84ykZ1f4L4qMMXZ3gZcxxdcv4WC1Ma",
+	"/8nxcZfhJYJru89I07+m2D+V107KIsWdbNWCcQMZr7hKmsX6LzamWwt2RhZFqECDJvjs+PEPAbr49fQo",
+	"QM+QAeoL0ONDZMuYmp0oEVWBkZdUSWQRANHV+evAIcm5OwezgU0VSiQJjmEXR1Ydy/0v0DqVWWlWc1N4",
+	"QwSdUBJpOW8rrmi5X4Sncx+AhghVndE5/GpiAJxKaPRGBJ5Op+Gh3pPDx2jkUDOdbBzt108Ao39qcm1Z",
+	"s9ue7GlA9fQJXQ/RdgrePez0n8iUMrPpMspvuMcPYGssm7f6qbNtLHaj8dC4hbd7HjYHyAOqUE807psA",
+	"QgHYsiwEjg7B/doFVhK+s1JghuWMRCeIYBFTIqqWnFQ8gUAL8HidooXgcJ8ZES0fnhwfo9ENjmlkfI/g",
+	"qjFgyUY1kK7U7QkIKJ4qn5CwcunJ4SEaUQbtOU11NEAfsy6lUVeR4gus9WEHpPZIguI6xuE1n0xQ78nx",
+	"jx6pYdZoO1Jj+5piHWL1nlVED06qzwzV24VKy5A7nWmnM+0933tFGZWz9URpNKfswFwT9ENBIsIUxQYD",
+	"yut+cqmZCL6UA/SeLLSNAg7wEytCbXwX2KgxGMh1MaCfn+o2zGXmi0LftxELQR3jN16iwsyM0Kc2wVll",
+	"VzRwp5Df0BRrduQbd10Up86DuaYsahqKu13v6soqUdMEoHQYiYvDNJf4TWPJrvg3G00ebdC6qC9SIWFz",
+	"tL55hqfkgv6H3LmPsDSVUlqdX5/EU1AxClT+ewjqv43A1Tzg7liLewmHgksnYUp+f7/A6ySSD77kfwxp",
+	"9NXI5pgo0iqlA3dBB8EUuaVXt/IQVzMiFlSS/QG6BCQdMpmQUCGsjM46AYNxYa4K5EnpillmripAvNfK",
+	"LV4iUCSt7WoQiuVMm/WAerhEvV9O31+e/9/hu9MXv75+/9LEhQwvL98G6OgpmlOWalV8vHQYPvvalr3h",
+	"16CSI6H/SaIC+bVadHz4xDg16+eO+cC7ENs9eF4URpTLdovpaMVpaUX3qmrmLU6euiR84vNnA+3+HkLJ",
+	"EGD1F++5esVTE7H595Fihg20JVuXZZvJriwKprMeaSJqeiP4q+h0Qh9EBNE84yWi0Qky+Yo4RhMaQwnh",
+	"8dIBnhtr2mkvTdpmYWy33O53oMD41bSCuvpIFqooy2+gvBZ6vxuV0ROaeqdqXTaf7gpdZQV2Ct13ptAV",
+	"WLxFkysIk9VysBoaeDDhIiR9m6rV7LDsLCZP2RIxzvoTA14OWwdNObgOBQasZMXRyOWLjZ6jX86uTDRU",
+	"FGTpgTYdLbBliLNy7ZMYT6ckMsofjwyAItMqpPUropCzCRVzUgiEpdK8Bgqb6fY5enL4IxoVaGEVxmGW",
+	"1DY6QSZxDXGBsqS4+oeMK5sLPBqgU3vR3iu8MQAS24aJ7/4CXrBDy5dyu1pg3m6zFlhHBr8zLfAuBGdT",
+	"mEw+rQAxvigw307j9Gqchx0E5gvOJjE1Sa9/I89mUVrCRUxxu64lk7WkaNRKz83Ok2jkYB0G8MFAC6kR",
+	"6nFR/EU3qGWv0fSM03OsV9NVl5HazIWaGZDmqmZkiRZEEGsenyCMQvg2w4q3hjoDM9x8T6XnNsav4Oqh",
+	"vrwh5qR6gLpty7sw/gsulEeOvvyMQ4VgMZBJtGnSN7OMnVyOrZVa2KD4EqDrPXuPfW0LIg0kWUc5rUl2",
+	"br654xMhY781VGlYUEPbnS79HerShfWtSWoQxR4ZbbXRAxz9kUqoFSHX05AHCCJCATAC4TlcVoeCRFSZ",
+	"y+oFjmOiAoj3mWJ4izOCIjLWb1CFeubuakxivkD/IYI/1zJYppMJDSlhamiBkLT0P+PShE5D0zGJpkQY",
+	"56NURo/Op+ECWJuiKX8yMz/NvrhjOf46IvOEK8LC5Rubx30Xl+q1aa11t350l+NoFlJmXf+SQum400W5",
+	"Wwig/UNVcXeX/i1i9gXINW0sg/hC2LlDjZArCF3L/ask7uRzXzKcyBm3IjftLHFfz+epSf8iNzQiLCTP",
+	"jQ6M58TVZ6VEBggQcSD9FAIXE5UKyNa2Uegmjsp8agMk7YhQ7/jwcD9TpZHACpwM5M8UxwE4CLLbqwH6",
+	"HyJ4kMt3wDPCsR43iZAN9xTEEzbluzIKuYgs+V79dmHH8xDDl+qDvOfwpYYBVJ0i5pZQ2JhvV+WfSliZ",
+	"BxrH3mlqf68w9p38fwC3d5rhEGbo1W+ZqFxP6hudta8EZtJYz/LgS+EvcFgLrRFLHK+riWs1ypXjgUxa",
+	"iDhVghKJYsquc9WZCzoF73UPAg0SIlBhEOBFNgVIQVr49XGLJ2YPP7TgaRyhKS9o8t6IACKk073fAjEu",
+	"84636w82zRcn1uwXLi/BNh3DD80yMFQ5tyz2ba2D6liaLQTzzs5G2J0RDz/CQzMqws49oUribY2jIhE0",
+	"pGwKiDPrBXcM0FWiJf3R4SGgK0DkhhZ0ASI4nOWJUxZuoSGIw47xzIzjDIbxUNPK62Ntc4xCdrme084X",
+	"+v35Qu3eMQvs3XbBWpqVSWo2upVu02whu33Q0QCdupBJ87Pun0gLGeOcBHk2kH6FT0zu4oK1eCgLPP1d",
+	"uSgL8yqX0f42ukiRzB5xYYa4szV3esS9+Rqx0mpEUZTdQoE4+KL/B+alO/XXNS8BaNCKPFWJVzf/ojdk",
+	"CNh2PScNGV/sBxZweY6XgPoaU+LANxIs1XNwREUIin/mgBuCAKhh1F06/suCR23ViDwrkL/ZfLS0/Z7t",
+	"xjqhd1J7J7V3UrsMpRFFFZHtJOZ6olvOcMQXfS30TPmZdeT0OembS5ejwUCbgEawCouoxCdoZOpWjrTg",
+	"HoWYRTTCytRdHoLmOkK9AiYguAf1v0z2PeBhCyKNDryYYYUWWKIxhwQX9FFQlSfB16W3mdp5LsEf8N3O",
+	"hRsrZdNvlKPuHclqqzYSy75IGYoplH+AGDn1t8mI3EnBby4Ff7YMaMSXljIYZWLG2MbdxCFztQC3mNdk",
+	"sEgbUpbe23ptDy2g8y5dZ3rO3aMIYUl2LrPvz2XGLOuX4gbNfljXWwYZCVEkiJQAqSX4mESod/niDIWc",
+	"MW0yKo5G8HyYcKFGQeY+Oz7et8jRnxhmS5PxkiF4GUcboyQyrSKlpatCvZjzZIzD6wClTCYkBNSuAM3T",
+	"WNEQSxXABWg/5iGOAwTg0J/YnCgcYYUDgLpmSyQTArIoQFCWaMY1XTCgC0ke3+ihKI44Iyf6BZ4qg1v+",
+	"/sPPL4dn5x9+ejk8ffv2w8eXPw9fvP75/GL0icEdqSRqvxHtx16xRkRhGsuBIFhyNjLTG5rpDc2UDZos",
+	"446IcKEpP7E5jsgAnZpI/YWWc6lCUPM1nEGUUGEtbJxPdgNgqGjinFFPm+QwaWeqjwlKk09sSdS+Jr22",
+	"+pmhiCaQafa/Ehs6D2lDUFXCZRoZFMWRT+QaI/69KU3xHTg1X2Tz+UYGMZCy2QQOXOAPKa85ZWgUY1OQ",
+	"Y0z+LulCO5XvrtyVpm4HMJMECeOED6AW7TcdMH7V7+CLLVezDgJHZgXP+Y29soFBZTLP4GdooX9DmOLC",
+	"YD8qEpM5UWJpxCxhEYz/E1MpYySuhMTkso6yYQq4/DMak1JCK5TQsL3DiWJeMchvnGnzTHf1iUlF4xjZ",
+	"uoggsXvaVucMQk0Fpkx/ZAjok6WGMNuQpWXCvofU0iafZ15J6H6hNH6G2UZ/QcTIXZbi9kxMYAIrb5q1",
+	"1nVCJhhUkEAUEqCf2N3NuBpO9Hp4lZgpUd/lrju8c63k0srFv8Mu/ttsyl+Iat2RCVbhrHtqmYVbz7QI",
+	"Lqz66owOa1yaokA97KxDaxdq8+jJ4SHUQeIMGaMDTBkH+K5mWFWRW9Gi7MP27Pw0ifD3c+Ru3xy6yujz",
+	"jfzm9yp4ds7wnWXUaBmBbGmRi23mz4GxB9a9CXzPAT+whLIjIIItJJEWiM48OUEiZVA9CUqGS4WXg5JB",
+	"0je14ZAZB4lOPjHzTwMNGNny7pnB4io4OrdQzevVc2XghxAgS03kvXlLGznnJCH2+uC2stoMdKeo3Upe",
+	"IjBCJfCTWzpTHGtniP2dDbEXxlFxS/EGMuP20i3IysOWxJmWeXMo3sQnk5MSatbISa6RRU21cuQTEyl0",
+	"BJVG1Iww+yqBWo4WoBW8+04Q6Q+2LLmgx53g2gmuneC6gyAFKMR2O7lFsno3feNV3iSm1lSCpNLWLNGS",
+	"JdB/GjDnCVxFGhhnRefkE+uNLIwz3Du+fH/+4e3bdy/fX+ZwzoX71BzXeT+AqibSdgAQrmkCWXVEumIo",
+	"n1jKwMttQaZt2RawmFzl4L7+C08JU7Ys5ggpgSNTxEUPNxOwtuLzqtu/vGIQ1KX+7gTddi/4qtRqkHu2",
+	"DLnjp3iJZkSQ/Z2z7TuSX6+lTLVZmVVAymWRWf+NhRq41NYWZOXgDicCHuUXgFrg5L67E5unbi6hXWDC",
+	"J1YwSgvBHpk7D2IoepIQlIuQfYs4cg3KVCE6wid5YAQ7lapV0pxpOmVYdv7syUIcwc6d9veWRsAuVpsq",
+	"7HnGFxuLIRBiB6aGxCZqlR2KOQul4ol0Vd2yAhtQ81FJZK74AeCIRSQ6MVX9QYWZp9KpORY1ydb30PZE",
+	"VeQO0MgWyRjpxqA4fg6iBO3NMIRwxfSGfGL2o6eHj/O37FhCgNOwMVgwKhOelSmLtqMTJIgSSxclhyfE",
+	"GyJg3ta0/z7VrO0KP6CRqdXQAkqx9aIeO0H2ICp0qIoA2ViKpWwz133mvjCZljU3PoiiHiRbOp98kLvh",
+	"+32bcxliFpLYREGZSKJ+H3HxiVln1pYdVm62OwVr57Pa+ay2Lpyu7PZa123FZZ/O8XTLuTR6763Mpvkg",
+	"X5te/14JNR8uYNrdc2o+XCCzPLu8mu8vryZb3OputWyybnqNvyRNMTWj8c7dm2nyiXE5hBHadI0Beoev",
+	"bRFueG6UB+tPNuqIfjKJ8RSBAmKSCsgN5al0LzZ7fa1U+J7SPuxSfqPMD9v7Dv9gF7t0R1kdLJNiK4RY",
+	"s9Zx8MXIlw3yOLzSrhaq3VXSZdHczVkUW5JOlaomlnrNBowj0C6bYufD2FpyRKdtG9zSILibzTglJRPi",
+	"+9yOh/ehAlzOSMYGu13+vWVbdNzia2RdNNgXW8mX+N52813lTWxiT/y1hckug2JnhbRlUGxmhSQGWV2u",
+	"VYgSyk2eIEYWWuZBctmKQudnrou/SpVzR5N7LrG4aiTFAudkS/XN7brcS3Fz21d3p6+b+c7n+x3Cjxf2",
+	"VxEDvCq3MsGxQm4dfLH/sqVhJimLVoQZN0ozC8tkKjRCVMu4AMMLPTySrnqYgcTACs25razoqodlLVCW",
+	"yhz9EWdlpvT4SIR6Xhd0UAc6Ml8MyeeQkEgOXT/7Jwi7cRmlk4KCmQ/Eurl7degkSy9tYJrW9TrtnwDa",
+	"sA071E/RgrKIL1AP6kSSyDizbfv7FqdjZMdn3rXDhCSQJ4c/7peISqWpC+dagnCdYoE4R26o01YsS9Nb",
+	"VWEnr6IJgUOcTYlAMx4DPomJfcyormaCp9MM5scUf+uN0kQqQfDcll3L283eEQBuIk8ylR4ijGzJMDUj",
+	"bL8JhzmrXKKHcM9O/Tpas2WYZqDmbC/9BYyBF3UCf6MrhsoYVoVEGU7c1enZGRV3dk4fd+KHX7AiC7zc",
+	"ZmgYnBq9BAuF+GQfUE3tYWTlyjoHvCDT9VH4vd4ZfQaFNqERTmQIQkMhFmJpzxwq9EmmOxx9Yr3R//s3",
+	"7v/nsP/j7/b//d+/HAbPHn/9X8XL5HBlAneDV9d0UrtKRub5lq+Sz6HR7+km2czoG0n5fz22BN3dJO/E",
+	"7R3hAwq3ZUty8uI6XSUjD75YsaJFEtwh39ah7W6tdIMb31ttyy2+HTFWVcRA3oYW6sajChdIulIXLui+",
+	"z54Ee3PK3J9H9+wW30A4Ht6LcLwEm1L/unOK7/TX+4UVWk+gSv38HgH1YRx/r/DfizdX3b3AF2+udh7g",
+	"79ADrNcV9TCURDNphsz8sd+wU4NtGIE0gghgY1T9cnaF5AwnxFbtSZlCvdHs6PCw/8PhdNyXn+eDo8+j",
+	"559YzBdEhFgSFBOld0qAIjoF8GYYOSMCzZbJDFCTMYq4g8Rx3ZjG9cujz6OTzG/87MknFs6wwKFudD9L",
+	"tzSvg8Pzs02w/DPFMRpNk3QIP44G6CX4za3ZaF7SNmVunlLnAv7EuoLqy+vUWaaNNuXFdfo9GZQXb66+",
+	"kTV58eZqZ0ju9J67MiQ1e62h9Bx8kdfpdsKP60DwdXTDutmoZY/Bit+3QPAxnA0VwHiqTlBE4KzQ86QK",
+	"USYVwZEeCpwgz01e+WgfKQ557YiRxScW45SFMyKbQ5u3INnKFLt4c4VoFCAymA5Q9WBpsDolDKKTtXl0",
+	"/EMnc3MX4rxLnewOGN8sN7YeCa23fCuAvBvB9781D+9atdAq8MWbq12U83eHKb9q097WFXxpjZg5j0hc",
+	"sJUAKdlc9YGhQyPzI2aMKzBs2JSgXuhypLiaEaFHur146e9VLNyVg3hdY+cvKZF2XuGdddTqFV7DOsoK",
+	"Xx1MYmIUoE56kBaGMx5rLoWi0lm8IU/A7IlGA3RGhK0IxhkBp2dgnMb7z5EJ5g0+sTLCSYAMtKitmx2g",
+	"GEuFZgQLNSZYZQjPv5xdyaymHRUoxkrLWz0TGsoBuoSax2i8/MRy6c5viIEnXcx4TBBM+LkN0dRvUQhE",
+	"Jp9xqOIl0mPmE2eikShAKZsRHKvZMkATQQjq2T8BtxAzW9UrKEHnswyiMM3XTRMEPphMzBcJYRFUnvSg",
+	"+RTwekxrJ2gEJZ0BZcxMX6bzBgXzlZ7kpVvkv5kzvjz5VT55eDOvArdzyn9XgrGyurUEkqRBNDK8KnWk",
+	"q47pvR+7tI3/vTakmXX3CzK7BLvt+P3dkalsA5T24pXUi7xuzWl3KyTjdGqKE88pQ6nUo88wcZpi2C9d",
+	"dsZ3c+1jZvSNbn7KQ2je5eXSxKZYrFu1HME+ItoKh7B+rUS5x4ngf5BQ7e6RdpbSre6RXIaOY0FTSdA+",
+	"BX5sElBN6sLBlyxh8mtBdagp5tuROhWHgxl3Y/5LMZXzL4FsYYnUVOggy1vduVf+7j5if4plQZtwfmKf",
+	"p/X72ot35V/dQKu4L0lgljHaSYSdw/VeEXmB7VqlT1FVyAI++lPB06TZu3CavYnMm+4myqq+iDI0+q1/",
+	"Zv7qv/55FCAeRxliBeoZV2tQdJPOyXxMhHyEaCQH6JQts9YEjwma4yUSBEcNaBfZiH4xQ79bi+k3O7W/",
+	"pqejQqzuLg9cXfed8+M7dH7k+/iRrC95UZBUN12za2RkgmdLQWV8AvcYcPPL4J8mpjZwZYBxKDiUaoEK",
+	"buaVAjiBux4xggNxgRhnxCadzkh4DV1gJCmbxgSZMDQkUmaEUFACPeAi0qa9KxJnbmFgxs/hgR5lzxM7",
+	"s39iQSjimIhH0siq3g0lCyKeoyeHj1EZQSEhYk6l1AQYAZKEIJLHN3DzcnHxK7omS9R7cnyMRhC4B6Sy",
+	"4Ai2q3EaTYlCEQmpbia7drLYDHqCC7yEmTiqf3ZTeCTN7ZQfAwOZkEA0Ml3kkBIn6MnhMfJDQdhR5RwT",
+	"cpZhdcR0TpWJWqBsinxc0Hty/CMa5U+Ghe+H8L3uIsQJDqky0yote4l17MT0EhWutBxO3CSVOK6GODQ4",
+	"3iq8/aDOk3v111UI8Y0cd5VR/AwxrCs8dydlJhlZ+pBoFJgdIIgk4mYHB7HT4x/6mWyOLWwOo7IWJgP9",
+	"hzn5QJqtPpxX6foHXwoiGB5VnIRVnTAfjo0vy3R/aWJMC+0VQk29gabfUtautmyafSQecv1VPJedhanW",
+	"pAwZXIKUNdJ2XoydXxOzmnGQ31VYPtm2PDoQJCZYrqi6+I7fEGkPf/MyqNZWD1BcqwL6KWXTUYAUnxIt",
+	"vAKPeYF6dhIFCDn7ZWD/SaIATTCNSaRlsCYl5HNAgG5MJgphCIJa6gf7A/TRFOV3gwkxg+L/z02qTmG+",
+	"tsNhPlREjbEE4Gf2oe4zHweJJak1pAWvyc0ZDdC/wCiRbVbJAJ2mEWDF9UbVNRjY/nyRI/annTD/qwlz",
+	"hCfKBh/aNdyJ910O05oAZMA3FYfMxGmtGxwDXZzPm7udzThNnC+iLIzTiES3cDrv/M3dRNQmruadk/lv",
+	"5GT2a4yrPMsvwNMbZDDd4MiFI25MJlwQhNkyA45dCKoUYblL12AumBNRIouK0ernBblg/cmUlUTQ3bh+",
+	"g8w1y/hQytnwmixHWv8b2T/qI626iZtgj5t8vkGxFa0mRXqqNnnc9VF2OffavcRE9B2l6n7iNV3Bjb7e",
+	"S61nV7V5uFOQiCqUVSkNnBdQgjoEfkHNCVJxYV7Fsug6bPcV79zE3wwisrAIzW7hyoKelH3BOWfsvMI7",
+	"r/BfwSsM7At6diWtrnR0+hXskodlpa+35OjZssf3gfgHungG/oo+gSZHQD6tna2/c+WWXLm3FCMH5GZl",
+	"USODngaaGVUQ7VE00W1EmFFKA62Qc2GRD4QgcXGzrrLHX97cQ9Wjhytb/souAli67n4C68MxTLeTZX9v",
+	"WWbqaaEZ1Rbc0qgqW5RsHS+fcPHiqaA5lS+fUC/ioSxefMV0QsJlGJPBPLL2MiAUAOrAI4lweM34IibR",
+	"lEDOmbtvAku1N3JXQaMAjWkcUzYFDDa5P0Cn1Qus4tVRl+unE9811/PtXDe1XyTtdMRvrCMGiPFFkXl3",
+	"gnZ3QbTRBdGW5bFUWKhWecysYzdANIpJAGIxMcLMNjG04q0mreFXENfgGCQskhXBbPy4+jWksLw+AVei",
+	"IAkXCm73QTrrxqxgBK9tudu2s2CATrMxF0YoiEznRGbSHmqnmdpwDt55iikLkOQwKOuwtqHRWRz08624",
+	"i/eb4pBXOYUH6Nz54gJT8U33bQMsHOldiEVQCLBYeXwVTqGT/MjrcszdMkZiYAftj46An3aH2sM71LI9",
+	"vvP67k7DezoNzYGx1dNQafnEcNyXxEipFeciZcqcY4pfA1o+VognhEk0+uXlJTpYyKy5aj/usHK/6wPq",
+	"OXp8jARmEZ+j8VIRGaAxluTZk1TEAYIjBBI3nh0iSUKuD1F9WuhHnBH0kYwveHhNFCCmBGisWUifmfmN",
+	"a1C6ZHVHTXEzZxd3kQE7wuZS7+LX0/7x02cmK8jMlkokZ3zBEGchCdCMCJs0VDhbXRlakTIAOuuVjm+t",
+	"Roz222PuTpC5DZZIn62rj5STSkDl2n529BEqC9jVH9JoVFhhQbBSOJwRWabrI4k0JSICP2oNB77Oym8X",
+	"BtR4NV0vZmCHkA0uyOq6CmKq5TI9sGxUSPH9ZgQcw2cXptG/97G5/dvbCnldrb9vcoVbXeomaA3N0UFp",
+	"DxvEx4XmKQNVvzNQd0fyWkeyPhKzXNG+ZiJ3wBl+63Q6p2p2EPMpZc1H75XD/dIsm2ApF1xo4ydOJUBn",
+	"JlD2rlAIO5VEoBmW6PLD5RkiTPA4JtEAfRScTVEoSESYojiWEHX+5PBIN3NN2NDabqMTNNID04eN5AzH",
+	"w4jCSkUjdGB/IpqmiaCS5NiAtrnHnqsWmOFt5PAdybK3emDfCAPkNFWzS033VdcWF3TKII7q7yGedlEc",
+	"fqFDwlRQtdx7/u/fiyLozG5QJOmU9cvoXqma+WUNT0v+r9pO1b8/zK3K0/Xwejz1U87JDb8mEerhWPLM",
+	"/7XAxZQdeGP/r7jhdtun1YzWiwsO2IkgclY/qf3bxr7evG/sC5e2uQe3e84L43vI593p/5+9b39uG0f+",
+	"/FdQrvpWpO9Jsp14Zmfsmh80eUyySeyc5Vxua7UnwiQk4UwBXAC0ovXlf79CN8CXSNlO/IrN+WViigRB",
+	"oPvTjX4SwZaEhpbQ3EHUqj0ULpc2Dd2dMo7Kl+GsnrCfs2xWy7/XEn/H0vhG3NfiZist06RZ48YjrSaU",
+	"eA24VFmzENXvTEbFCpuVnmqNmnRnb+dFFyVQUhHjlobldHpAAqvKZ14HzDyAJ3/vltV9XxcY6gav69/u",
+	"gx8gLo1gZvcVAH41RKoSgU+GxAwxOG0tmWIk9IVEskOYxaKHosC3dXoftPJeTnlswC3Dkv4m4BqSebqg",
+	"wtGkhZ/Mk43GgCmGR6JXmhJMlTHQWR/IesaMdsK2JINDqtQK6jHRhQrIP8dbyTIab/XGW9Ik461/Yb9c",
+	"gDrDFywYkDdSkb+GhyfH/5iMTl5/mnz+NPny7vDV0RfS8VWvfyELLlLDdNflExcGQAcDvlxTw/WUM00y",
+	"VNP4u2AsIm5VDrKkZGq8T1sQqSIuqFqVPycVhsf2JvY14YrpARmSpZLoRQbsloqAnV3MYHF6WDGlZi17",
+	"aGN/QQI7j0maFOwhnbKZ21lrvJWl5/5WLInpCqKwgsWUgg3cG22C7gFRLMFMlCXab6C2WSzDM//lWQky",
+	"2HZMiVLUMEyAKuZnVedjX3dKwzM5nQY9csyMWvWHdhW7A3Io1xUrrnXKakJp7UQ+P0z5AjO7r0Za7uWb",
+	"hIvfwyJ9trae9rBqBYSS51a7RSZEN6hH8I6jm+7lUgOV4kaZcfzmJfn1b3u/2xeAo2pvsAeIonF+fRrm",
+	"LdEzdypSa8GWjP7QUxmtLFAERab52l8ul/2pVIt+qmImLIJFvq35TFFhJmaVsD/CGFychUEDl0ILPxD7",
+	"NfaHEJRzfNw9wyMMt/J/axYqZgKfagvTkk4kvj05+UT+pJqHpLP28c8HLwa73R4R0pBTaebOzSv0EtU5",
+	"SvRcKtOP+TmLyCmjyp4CirKl46Tex+HLt+8OX09Ojt6/PpycnHzokd1M4pHTlW/+0CU6lAkD7/UShN6c",
+	"FRYW/KlLvV/0ZqMvXMmYZfUM3GYRt1kgr+B8LMo+cKhRAOlfjVt54PTcPjawgG33bUoKAhiKIzLCTc8p",
+	"xESwc6YK0tqRKCyh9+KWZco+ofoMY84G5LOI+ZkvCIFu7Ox1PZepLfxeaAK+ZCjyubaJvwyeE5huJ7gY",
+	"b8GN4619MhgMesT9PSkwgfvtW+D23a4b3ESYOGexTNh+XVvsvZ2dbo8EqdBpkkhlWDTJiTn/3T8Iu5xd",
+	"BmL1PyHRwm+7Lp0l+PLlS39YIPh9JNmgC7xpdTzXoRcf7hHq9AMkfSAAKpyC48Lf0PSZ7/SAvMEgRnwG",
+	"/UFWc+iD5sAie/Tx3Mcjp1pUZw3zLegOviO4DMGMSo4gtgJ5EGhbCqNoaBwFaZ91b6DajD1g2eMuhqgb",
+	"KUlskX+f7O2+OLBgyFkcYe87KEjjXeBOQzP2FqkW+2Tv+fMu6rOwn24n13UX0GmGwAR3aL2rxcRrZFDD",
+	"2r/MkfI+DXtNk2lWewBTS6BZw8O7VRP8SxrOWf+lJR8Z11V5WdKVJoGQfYjqgeC8/AvWMp62Pik6w98a",
+	"BwrtKy8d6AYUtBvZiCMLGE4JWV/0mtDcRvCCkKUKcNXB7G1v0Q30u77LlXWQuL8GzmVo3gzKt7uiVblS",
+	"U3gbdSPFaLz4Y7w1o8Ko1XjrdvfqPg4D90IZVqItqFj59CgvevEMz3Uubu3J36iVM2sUBayLiLxlSim8",
+	"cX20kQvKREtKQUnnEZS6gYmDXlf3Fi4MmzH1w2TzcIx5QAbk+WDHrUO/GGYDyLrxoOYSMrad+t6YCp33",
+	"icpyONwjB1CTBJwSoCKhMifSOB6QwN07cffCccmq42kcF3bQH/SUXLoqR7WVGP7EwYZuqj+sLt2SVlKe",
+	"5mXaSGU12wJij8qS8md5d/2hOQtoXmt44x6oZ1KXjNTIpEciT2mCA5SvWdUJ3GUd9EhIhRQ8pHH3gPjr",
+	"vgc2SRS3UycR10lMV4UhTI4A3o7uf+wOyEv8pz19A/vjiTxdLOqstjkv/+m+6IHzspvmpbzsFrll4sfF",
+	"xG5bf5R7IQ2xj+Ufti/g/5ANU0iWb7aWnsylhl4voOUsqKAztFzAOM+0y4ocEFdYAPM5p1ItqXJpJh2Z",
+	"MEH643Rn5wUrpuhH2UUs88ei7kHhdwAwUX4A3krCORWzvEEJWpcqD2Zj+qLQezu/k85aIkaA1TEmebUV",
+	"zE6JY7mE9t9kKNxbC2EQIRVCot3GpZyso01h3p6dYamgesfNNivEgd00G/Mu/M7/LJmKNavWAIDwZW0+",
+	"Q5vPcC18HeYMSqjP7maOO38MWh323ACsHiU+InANBjU5ZaFc5Oh54P5Vwb9azByQD9Qerdk5jVPn4dCG",
+	"xzG2oiKaz+aGi5mrnVcZrBNoxsQEe1V1yWnqnSGKAdhz8/246V7VYmaLmS1mPsC0bMucP4SXlxW+cyNX",
+	"aklbzKgWwmM0nOcNVWJq7G8OocDWs8R2IoJ1B8R1dPYdHQCDnOPXOaTd9A68q7hyHXuWcG3Qd+0HqhTY",
+	"71CxAq+zK/chS8Gy2ucgu9snEBcFajLEceUFv/1LO8V1SLUhc3pecCYV3+2yrTeU1B6QoZ/OXILNzJCF",
+	"1Ibs7uzs+FfWVw4sIYu+WSw+wu9n2Uf73Gr3YRk4/ztlapWjc76IWz9WCrBmOtWpAC00TQR+BFdSaSJX",
+	"RuqRff7EPn6H4uGT1CZVl1sXPPVjRQGuSIIPtuaGx2VuQNh1m3sdo0NT34GTIvC5aPFLIJfIpYB+O1bj",
+	"xec6QHjFobp+rBKPAmU6vCCBZUwXIuVsihN3yUVeQEtbq/yyAwgPJoxDCE7nVJo5Iq2x0uOUEfbvlMbd",
+	"AfnEFJeRJgspzDxe9ci/U6oMU/EK5ytESmN4weeTl3blmIioIgk+dgC2BmX0hJrA2zIzCMdqJ37RXZgy",
+	"PmlBO0y1kQt3AcKAdWk4+FAmIvwLI2qyP12wcX77gAR0AWZ//N9kwYVUYIzdHQx2d/7P7i8D8g49eYSL",
+	"JIXo4vXCFkTQhT1s2DmDE+Yga6aO4sznGM6pLomYDfYYVzULQ3kVg5obQWPpixKg3XLhiztqFlD6pHst",
+	"NlEnLZqkhGBLt7nP9NMSEG3ayE1LIiT67IxxzdPFti/Qt6G4E6M6VUyDGp5IzaIJAmGAPnw8RUASBaQ/",
+	"ZCcSC2mWnZguOqYK2jqFSj7rGn5Zue8SLuDIUgZ6tGNXmm+TUcKw9Y5dTJoVb+ICjz8Z03mv2AHGuiZS",
+	"05hAPCvGlmYuNRpF2fAofqjxn9ixs+KGLaB2TN0C7WQxxtUXo4R0190quE9mEfkDs1TJ/yB+yJ7rpwep",
+	"GVa+VAsmumTBbAh0FvxhJQn5Ly8r/esCM1dM21PNBHrib3i+cGvCVAhBnf/lD0922lxMcNiAdNhXCm3T",
+	"IIDD7QGHyutaEvgxXrkZcU383LuDms+x37iUaRxNTmMZngXYgB7+PcHKk06Q69SuVRSUdO9gSZVwzwhp",
+	"+HQ1sYQQHNR+OrzLPoAB3fKcKRrHefFK53fVRkkxs8dmu+nPNDZ4M8WjMpy+qT7Lsm6qRH+wTvDFwzsq",
+	"KxQjscutoNalup1fdINS/S5k9Cu3pvcUjdowl82HOk8HBxkQLGnW+6tNx2nF8Nb+1iu16qtUrNW9hXj8",
+	"DMUB1qPryugLB46uqU7EYlYXmjmyhzTM+6D+BOkSb7z0ca6QmfSGwDpQsaPf6FGh1pfQ6EXIPvZ23Qg1",
+	"5V9ewadHrZ3/aXd9QDLYrFFbjjDh/DpMCEacUp4cOAt9R0TwCKLfcUCCMGZUTTKjhGIYKoLJKhGJrMrf",
+	"gYQWjL1wOFOyfPSIsEqIa0lesXOAdXvdebDuc6wzO5SaQ0LtzdII+Dj4OaXx/lqrY22of40ddjIbiEyY",
+	"YBE5Yyxx1ioMPVnHqzSJ6CPFq1tWxT7Dyj0ERewScwlucfRUTSbXBepWV7sE4JHwr20y8Uf3vmYGoj0a",
+	"XbOvKrG3PZIlUvlrEITryk47X+yb/020oImeS0OmSi7gt2oYb42v9lCSmJ8z+3woxTlT/syaMGVhZ3N0",
+	"rwsKXo38Rz3wMN/qfC87vGUL53et9cQ9LvtndX9/MAI41XTWHL3/gQtfXcA+MAE+5YL80/6jB3XHCfbC",
+	"wwiIUul5LRVUhIqy8lwrrA2FlVMOsOaOhsQ/rPriy/SgURKeRz2qnKu5MQjhM3zQ7Xp73ii5uMp9J/Iq",
+	"dxUnPpLKbP2EDQjdNxxbxQU+5OotCBUoO0CHJLb01iLW4woLq+7vdyJWSA2N5Wxb6j5f0Blr1keG6Jk5",
+	"GhG8sUekipiyKvUKevEPxqIWQl7iK470O3zB7aLIQ+PhoxF89tU5N1vgn5Fjn06vc65NvlVWOLtOZlbY",
+	"FpjOEX890+mz9FJ+G73/XGY1HlXDMBPFq3mAqYiYKuOBvYuLGUliKsCXOhaZX8lec+644nnBXj4gbJGY",
+	"lT8s4OPwRrQkjd5/fqYdEKWCm25WvNKeJ8Z+AXnMTe5ClVPXkW7GpdDYRC21gJYdWaaKsayTvBQW4nrE",
+	"8lSUwnZAszt9CeSM7Po+LbjxX/7+89URx5JYCzYPHWwQX4D27YZ5bz+U5BIRKfLZdfBn+0Kfpd+aUSgv",
+	"AyUV4YJmqJR1ftJnabHlUw1LzliBI2/WsAoTsYg4mA3IfHdnp//bzuy0r78uBrtfG4ytGibRbGYtmFV3",
+	"n//W21pwkf19t8klOTc3WSZG7z/fKOt+l5reeoEaGPcvZgitcO5lzBmxhCqzsK8qcOW6jHtVuO9pybj8",
+	"y68u4wqr2p6EH59wRK012+LLD8OupZ6+cjC9FPEKeh7H6SzzMIIdzkVYuRAujLNuip7OSfdxhE6/rHzV",
+	"PcVNF5a1BgVwklEbHN0GR/9QcHRUZN4aIKkX4tsX+R8++qpWqEMw4U3BQ9WX6MdtDkEozfJnyb7ezPgn",
+	"JanQevpbZfxyJm4MyqpTB15Brx2fkOXNZlGB2xq0AYxGebzsfvOaxufKit1TyNHlgOMDjVrguemaD62m",
+	"ctWYpGtoKnNGYzPfpJS8xTseakgPTu+yCJ7hp3e+rv9NsuMdEsmG0rAf+DkTTGfHXvuxjpwL++/2sbT7",
+	"3L1jG9wp29gUaEPbOnueBi9UgEWb+/Y5OrOSBp8NDoiQrmvFvu8P0Td8wdwNIJVcu59C6wzMjhqLYuuA",
+	"Y2ZSJdDNFEsxcy0x7Ct9UXffbz1ekTlT7IBA4WHCDdn5FboggC+JnioekpdDYuRYGJVqk4XNud9oFClX",
+	"3iOCd5ft3nDOX5+/Fe67Y1Hpbd0rdUUQpf7X7nIwIK9hNFdxzzdjwm+DjEhXtxu6/41Fotg5l2mxYSU0",
+	"2ILWgKkQLK6zu+OwhzJiDzGly84LV+GerAbFCTSjx2vf3bzt9vnY++XhVhMKbFhATv9ySzB6I4Be2P9B",
+	"QTpgVPuzkjphodnYfR8g1cIR8H8sZ2RGDVvSVY8s5zyck0QxDYZNf9MzTSw2+R43GLyL4CCnJMjmEYyF",
+	"b2cToO9un1i+CvJGo244DrhrIJs561SHrQOkIgoaoUZ9uqSrzfB3sDYbH3oIH+d72TWmcZAOzH3B9cIe",
+	"xLp1wJYvq92SH2+qsnaCehcVTcgWpWHyHahScsryvQLLL3zoKbMySkP4Zv2Ry+3JVX2Pv+7dp+sxW9h3",
+	"2VrbpWlQrzKKsDt//w7J1lvSCHgXQIZ/goIGXQL2//mvbyUUzDfcIeFa0+Pvx0OEkU1VOh1fZYBXLNqQ",
+	"Kz+KhYyfM99J1GpZVV2wm7fvloKNhTYy0WQp1RkoXYZI4UIngIdBiSJSuMaeTEQM6gDVo5iZU1FEWcL1",
+	"WFyGa67wwuXwhqvUQtttQ9tlh0ZLWjffLrNFtLtGNNfFPafs78AzbeiGOprHSPWutYLvZRjSxEc+Bv7i",
+	"QCaQBBsFtQlVfiojeN1DtbmUZrmJi17KtOiOx85BEEP6U2oJP59JcGT5hEXk76OjQ6IdUWVdgqIFF0dJ",
+	"E8kbK73sPxSL6Wr7gsaxRHKp+DHrzzPU73cf9hvykXhIyRIqcfvByRd2OpLhGTMkplboOhmMLR690PXP",
+	"Yg3VwqnFye1OJEOdTXiwiLquaAW2T11rqwpf5Jt/Y/98zJIiZ2xFIqbgLohGDrJuq6OT18eT96//EfTy",
+	"Mnxc+7n1smnhv/LVypQMzTSWgEEdYyYl5txb9SXVLsXff6pMmLN9ZUuljWJ04TPB0Oxmx06TmaIRhqHT",
+	"woJ2dHqaKGlkKGNvsRv40fqwBoPz3aDrtuQU+5gvrECYMY0t2X3RIkYXzzQ5XUFrWWnmZElXekAOpYFP",
+	"wJ5Uuq64eExXJ+6dN6vJDPMVbnRzlWj2Nr3au4hBlejUJTfhnGXJe/nWXGFbfkq30aOs4/38Sov3F5ps",
+	"blSzcWBwbGmiXrc5qYADItspM0vGRD0C66upPgu2ySv08eH2cvqsmfrCzdz3nGpK6sZaI2gHY4KKcAXr",
+	"xb4iqromT62echd6Sr4hBeK0G1khSjArNKoeb2UcuQrxucJtH0GNm3Qy1VynlqAxlsNutkx09wB7gmsy",
+	"Y4bs7bwYiw3FZhoyj5CPnlY8tv3mq0diY+JWG4P96GKwhSN9z701IsXqtDThgxVdxJuEy1HCxPDTu1cy",
+	"TH84Oup6lO9nVmu22tv9fe/Fzt66MlgrX9xHkMh9xeOLOziBbsK+2X6U79amkIOErqrJLZcF2h0QwZZZ",
+	"F5L6QhWf/LBPC3vdZ18dfv3ytwj8OLNg8pzunCGyCDB/qZYht41M+mmiN3hnakJgMTpeE+pfmFk7EiXP",
+	"eYS55+4neeo69pCRUTxhfW1WMSNuXu+AH7pYcNlVv+45d08eCVQY1jUE903v0VUOIUVKLjWDuB0wioRS",
+	"TLnCzHI/l8z/7QdE80tpTMI18W6lkJEOFaSQWNN/z1auyo4r3s0NUSyioWHeALW0Oi2MEyoWceOLifvi",
+	"PcXP8YYodjqX8syOLJVz+ftJhzQxqQLPlCC4RESmRvOIYSMJ9x+B/hKQkK+Jq+roSgO4VKlY4oiRxNLn",
+	"0OAoaWg74Sqcw0ShrXyqsBhjmuCxM7vPExMMCcs+A/ujvVkjEU/SnIqDpkQpRxInMvmcPKZUqeJ33VPY",
+	"U3kKmz1gGbNkdUijdcY5yPiLO7YKkIsmyEVBm3n19OKZ79Zmlvs7oKsP9biLIq1Aso6ePeleXTg6VNbb",
+	"F/7Zb82C8tCHwKKL4aAU52oJjQljmTcP/AqcQBzxmaAW4gOCLEA6gfkD+iiEqeBfrWCSItLYWaF3vut+",
+	"m7Ov5O3H4cv+6O3w+S+/Wk1vvIU/Gbx3gH8puoSZ4EV3Dwt6RDPoWECC890A2zRpJxMY9MlYFeHciUf/",
+	"OxQCBtuImFlxA/FjIM/gW3qEEsMXTBu6SMhCKhdA8WJnh2iM0FCly0T74OBpigOADIMVlOeuso2XkyFN",
+	"QLy4rZpkr81C0khnb2enW9vrw5cMVgxDhyOU9AlTucDzHUuxzgZ0I4l8w+0+nk8oiVLEYytcY469TFzg",
+	"3fOdHQeL2U0BBOE5H1Ue/1zUBuxG4ZspdiOBgsjU+2A6bkcMBMasEtat871AlIyj7C+4Xjfrg/lUYagG",
+	"N0yB35o9MFcQWp/8ODVNBE/WtSkgA8dI2czwz3xuVc7bagha+W339+fXTHf67+3/3tq/uNsMpfJuD8Oz",
+	"jf1oQbKfM8WnlqgtpTk26Fg2pnkxbbzcvWdR3gY0Xyug+RgBoHA4y0DNo2e1nWyDGHR2821OF9uLKe1b",
+	"ouCC6U22+CVZWJCa50Z5hDh+zmM2Y1EeKIO17jPr/CS3zvcIF2GcRlawpNoOA0gK/xxAgxt3G9TE98/L",
+	"RHdJTMMzQoVvKYWCk0xpaKTC++d+ih/fDIlioQTYduyMQkEmTAzIIbb/W4/hIZ0A3j/x/B2gD2HJNVRV",
+	"pgsQNjDf2nifj2+Gx9lSPlSHWnGSm04M2U3Y0ly3rrO7MP0g8fqVl9OMDfrAH579OvYeUFe61RCgY8t+",
+	"FYb3yYKbShBlGYUPlXDdBC+zjp7kDbJ0sQ0FhA25nlxy2lLznRoyC4UrMyq7RvWeL3MmSFDKcocebXLB",
+	"jfGt8KSaUcH/A6T1TDck8FONhjl7xin8UggJL5b+2Wu0aOGcH5UxCz/pnuxYlTlsCEJFw9VBhbXBNLoU",
+	"KJjb/Pw2P//uKgklGRZsTs730AdGJ9fqcWP7tk+lpt5oX8iq+eJvzpbi+0eBOg35ekupzuze6F5j2RJ8",
+	"7Q0hWf3MeTQgL6lSnOli48osMsudIrJ5NRsc3Hr9PKWMCmu7Cc7aDnM3ilpPryXdRvTpNQbltGx/i0eU",
+	"S44lLbO3tcsuZdyGwmVlnQCdGBDB0VSW7Ikz+m3VLvue09Kd4YyvWtbiTXskupeSZT90JNqmoV2Ifl49",
+	"qtkv4YHIYSAZgSsbrf3YQDfm2tT1OyyYPIfwvpeF1z09sPz5gmWru3b1qNkCYbWBs48zcNYxyTOMetG6",
+	"uOfrqLQOAM2m6CriDH2Qaf6GYo9HrsvGmUDJmAWk4xyd3h+hyDlnS6YOHGqBetcdEKhsAaGoM4A1CyOi",
+	"PKyLWRGr5ZwplvV9WgEGKjbF9pLw7g3dtqEfeSVM1r/JbwAGCW+2iFeXsoXSB2LXr27Mvdr5ozUyuczS",
+	"XxfC3UaitmrqTVju12XE1UTEdyiy2xf5H1c1/3tJc0LPmCZsOoWLruTVVKq8spE+8J+Cf2bxXthOmGhD",
+	"VwSiKEkqDI8tZ3GFtTSwyOnqEjdBC+/rs85Xo7lyRWnXb9eauVdX0AhKP7Z2gKdtd0QyuAPcQ632SuFG",
+	"H92trZr4E6SnFrfs6sdtRw0t+jxt9IGzuefARcb214gCa/Z9wPE11UwRV/gylmLm6zTltgAX2tUJ7K2F",
+	"NqeFMN8DrPfOteFi5o/nTREUNIpKPNGi2P0ddoeVvbivfMwSPdThYhS1mljrkbkj0B1GURb1/J3eGAfV",
+	"2xf4j+sFrZVA+pgt5LnvrxVT7W5qhFdl72ctwlZm/dEJpQga/7vNhbb9cLWpqnO2ffdw/LT72IJeG+N2",
+	"3fOqpZtL8Os7ImXIK7aQ5hpAVIqkaYHowQLRLQf7fIdiuXN3imUx8AeXuAXcVsu8G4fKnIpZDtTPNOQA",
+	"X6pvuhJCfRpihuk1ishZDIfAeeIGIX4QDP2RZmPgj/uioX/x0yozV/76qxvyqkvdBs888qpz1Q0vcHSV",
+	"g5qtdnXMO6wO7bJzaTjngmXdy7y+gxM6IIFXbKDEQEBm0DWIG0IBcK4YVUO4IIyGc4cQeSBN8WUD8s6Q",
+	"OYV8/4RqvZQKK2qEVLjRNDVcT1dEG5b00wQaAWg+E1DuJitShNFBRR8wmSm0Qn46Gp0QD4aWTrGvUtAl",
+	"KdTeocWYImxfUHqkip/bF74om7sC5/fCmxsLtJV38zFltZa/7J6MgpXlbY51aSNaWgXshyJaKrC6EbA3",
+	"aGK1SLLJ6lcH8seu5y2DQiwFKHNAWxUBPqSlI2Qe0gK53Ri9MpVQKmzRvb0ol5vFwUr7kKrEa4oVWV/6",
+	"O7fYOeX6ABv2FUQXxpS20SStPzfPQL1NzNmuJIFcXcX0/cZ99VIeBaC/VaqZ1keX1kY+FwuqUauuzqme",
+	"D8gRzILGJMB+4HpCzRUVrduKo3sgUPPAVME2Arq18LUK5g8qmOvJLnL6AzJAz/tnbLU5UnA0evve3vPE",
+	"jHTw1Vc3ztllbA1yj9Mgl1VPG43ekiQ9jXkI+11kMz0HJtlgh5sz6IfJNUmo0q5ArOsOwCLSWe8UgI0N",
+	"sL8ldBUQ0AenPAt7HIOBM5OXpgtGplzMmEoUt4qZO6BJUf6cgvGv1u/qdCbghEdllIIvui9jFC5nU2ja",
+	"QYEkLIEU9rG1T7Xqww+EoYkKfNWiV41ysH1xxlbrBqha+82NQEXlMDV6i7jZdIjC2d2XjaY9ArRmGKuZ",
+	"X5e7oOj2NTzupNOcPl4sk13rb8fhsAPo01Lj8y+/uirv0hSwLHqr0j9KlR7L3ztPSKYQ487XNM29jnMd",
+	"s1uczj2BXBYNXVN+7+adyuw9Vn5BrxJ6xkST9p0T8GPSwPOvuictvLCsrTu4VbdvyVqHkbjiiiBT1Q62",
+	"LwBJnOZdqycM8RW15dPXsuw6ezt73drGGTcHMuXpfcZI5AbF3X3dz1JcdDNk+AzI9jzQFhelGVdem/HP",
+	"X2wrNrNafSPPv3aNdexdaPTjRhM3Hx5zsyLaUMMOSIB9Ss0Eb56EMmKB747mK5m7gToijWPQT8ZCSMG6",
+	"TU35/9eLYzfBh9qoxM/wKp1K3GLfezuSp6WBq4yCPCvYPaPRRxmxrMQFdxPA0Mz/uzyz75kqpufNkQiv",
+	"hX1ltS0wE+dEMwMpR8G7w5PXx4fDD5O/f3k/mhy/fnP8evR2cnL0/vUh8IZm5iDrNri3s5cfrl2HQexF",
+	"CVxEDcZA1eVOwkztOx4sn9jJHeM8NzeigltuWB3+Ljl1banzE/acu9jyhA/FB4ep1XX++a9vpV50b6QK",
+	"rYLpyCwL6eMzwcWsf8ZWlo6LransMMhXC2YUD5t9vjNmPrpbbpdyDftqtpOY8grNFnS8X/+2u/Pbb7/u",
+	"rWt6a2T6SckFM3OWWkH7FSINpeb2R4JK5E2S7x0S1oaOhIVPXmQ75nf8LaNxtudgi/hPo0oBTVUtWn6S",
+	"2swUG/3PD+B8OhyejBwW9sgvOy+qWGgvFTuurjW2I4IufKLnlPLY/jucs/CsBw5NAGf7mRaiWSwTVns8",
+	"efhN/a7c0W+17+JxI5YwEUETeSdsflL6zIDv7hbyUBpo0rfaJ9SQmEEGsWBIWZYWI7kUN7acG1uCutnu",
+	"b+CcJp5c6m0hDZ+6hWpW+D8nM0UjpomRhJIv7HQkwzNmUP9IUj1nunzQKA1LqCZ/Hx0dIiourPo4Y3p/",
+	"LIKL8VY4p0KweLy1T8ZwHt/HxtY88i2tyf8j4y2pZvU/nCpJo5BqM97qkTGANI6Fd2NXXLjqnrJ3RdRQ",
+	"e9fFYDD4Zi9oe0ahpvjk8ZuX5MWLF7/7574Fg7GwkBNKIVgIsG6VtfTUrtQpi3y1oWwR4Ajmvq9X/qnY",
+	"qY508FjWHQt3M+wf9Bj3H+eHGZCj4pN+LQk9lWmhpQTp0DiWuPxwFEs1Dj5jupfddJpGM2awZazuWnoO",
+	"56i3uoofZDmXkO6kGXN77foJkFe+KzbX5JRpMxZsOpUKu1tbYE2Y0pBddQBPRzKsENtgEQ3GYgzqheuf",
+	"zqXYh+8uRveTzt+/nHStfhGg4msfCHqEcbA2cUGCoVPS3Ah/on7s2qXbMVxX9LGQqod5VKdKLu3Zt2eJ",
+	"074yJ2qdniZKGhnKmAQzKoxaDfDNg/UhiZxOmWIREZa2jRwL/0j5Y893A8yR10ydM0VYOJfM+dUan+iR",
+	"5ZyHc+wWjvYpeygekn+ndulRE8Ffschzh/qcCUEo+Xz8gTARaZIm9kIsZ7qLUjM4UnzGReCLZdkVGAtn",
+	"bH8GffTIXFpMU2RBTTgnfw0PT47/MTk8Onn35t3L4cm7o8PRZPjhw9GX168mR8fv/np3OBqQN5THqWKW",
+	"JKbY/52NRYrgAZkDgNiZaPYiV2eVsVPDXJC2VStkFMD+RsxQHuugziDguPGwhGM3KaR38aBQCQlYchPO",
+	"7ep/cqSiXYxugXi4bt7aJ+LV+ylPP0t2qgEK/szwZv38UyI4Ii1P5xDSSZjqW/jvWRzsl9DeUvcaruvu",
+	"ZkvEUm8bphZc0Hj7Isf2Syzz+YQ8D3Y0YxHZG7xwQOCCeQHEdJWAc/L17wYYA/b0P4DtoQYWAesQiyxy",
+	"e08iDjNiEDYQdA/IJZBYfPGADHN0s881ouDezg4JuIAwtolDtaCX4chAMaqlCHC0CRcTGKmL6R0JE6aM",
+	"kj08mVgdoVdATK4rGBk4kDx5ffzx3eHwQxUfwf/xom5mOCEi4X3gMLF7vLRwT4YEoiygmqFLh9vb2SUB",
+	"Tt79FkDVwlScCbkUdrwkpisW2blZIOYz4Z4uPOqmEbiCh4kVL6DEFu5xl4MBQZvvFAG+gO8ZaXFtxykD",
+	"/HIuNcvxm4RUqVUtzg/IcGqYKo14ygW171TQdh2f9QRBTlfGyhlp5mRJV1jdB/TL0u2gdtpjgZJxrnmS",
+	"QCMFTkCHt6TBvnIgERf2ClNLpJgFqC7kZNojgWKa/8fPP+GlmxxDdUDfyah3EdV4vWTChOeIm3V6DXPl",
+	"r9H1VQKR23SAbZCfuc6cI9Wa6lWCgNa19XQKiD2/0v78RQ1b0tWNKgCe5DaYPwtnYI9IXNjTsSA5ZxWt",
+	"n9lFEOnVN56uaxqANogF604jD2lJTAUj3GgWT0nHcngGlJDy7Jx6JFFsyr8CCKUq3trf2gZF182u+oYP",
+	"/JwJpjUIJjQv9FDgRTJMoV26xT5n8RvkoOKsCzUhtHwm+mnSA/twn4ueE0feegySF03HWR6LGxMWZX3E",
+	"k7z5tz8tb4qoKgyIPs/1EV9lzeA16YRWsofMUqXuZkdmFDOVEsaFobMqR5vmu57FURjBR2raAdylP3kc",
+	"A7Tmlz7RFcyzeO0lNTSWpdsOZcRK9xSpsPbyX0qmSem3kZGKQvhMfntSvmWYJENl+JSG5RmV9Nji7GNq",
+	"rFA5ZjGjujzDarJY8bGmevQ11fTcGzAsjmuDYjcPrcSNzOIr/YfYu3PyKF49ljFbv1o/l+IdHynVI25Y",
+	"/S8f+JSFqzBma7+ub529OjpL1y8ejd4trFqzPrvqPsHFCgmsUylNI26IUZTH1bUZ2p/WhixRY3m8I6/x",
+	"aIASsgBicHnU1Kwt/lF5xl4qrK2G/2GYJJ+U/Lra+vavb/8/AAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -12,6 +12,25 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type AccessCredential struct {
+	ID               uuid.UUID
+	TenantID         uuid.UUID
+	Kind             string
+	ServiceAccountID uuid.NullUUID
+	ProjectID        uuid.NullUUID
+	ProjectRole      *string
+	UserID           uuid.UUID
+	Name             string
+	ClientID         string
+	SecretHash       []byte
+	ExpiresAt        *time.Time
+	LastUsedAt       *time.Time
+	CreatedBy        uuid.NullUUID
+	CreatedAt        time.Time
+	RevokedAt        *time.Time
+	RevokedBy        uuid.NullUUID
+}
+
 type Allocation struct {
 	ID                  uuid.UUID
 	TenantID            uuid.UUID
@@ -593,6 +612,24 @@ type ProjectMember struct {
 	Role      string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+}
+
+type ServiceAccount struct {
+	ID          uuid.UUID
+	TenantID    uuid.UUID
+	UserID      uuid.UUID
+	Name        string
+	Description string
+	CreatedBy   uuid.NullUUID
+	CreatedAt   time.Time
+	DeletedAt   *time.Time
+}
+
+type ServiceAccountProjectRole struct {
+	ServiceAccountID uuid.UUID
+	ProjectID        uuid.UUID
+	Role             string
+	CreatedAt        time.Time
 }
 
 type SshKey struct {
