@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -142,7 +143,7 @@ func setup(t *testing.T) fixture {
 	saID := sa.str("id")
 	c := call(t, e, "POST", "/api/v1/service-accounts/"+saID+"/credentials", ten.AdminToken, map[string]any{"name": "ci key"}, "")
 	want(t, "create credential", c, 201, "")
-	cred := c.body["credential"].(map[string]any)
+	cred := c.body
 	return fixture{e: e, clk: clk, adminTok: adminTok, ten: ten, other: other, saID: saID,
 		clientID: cred["client_id"].(string), secret: c.str("client_secret"), credential: cred["id"].(string)}
 }
@@ -170,6 +171,23 @@ func TestServiceAccountGrant(t *testing.T) {
 		if strings.Contains(l.raw, f.secret) || strings.Contains(l.raw, "client_secret") {
 			t.Fatalf("%s shows the secret: %s", path, l.raw)
 		}
+	}
+
+	// A replay of the create (same Idempotency-Key) answers the same credential without
+	// its secret: the secret is never stored, not even in the idempotency record.
+	mk := func() answer {
+		req := e.Request("POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken, `{"name":"replayed"}`)
+		req.Header.Set("Idempotency-Key", "cred-1")
+		return send(t, e, req)
+	}
+	first, replay := mk(), mk()
+	want(t, "create with a key", first, 201, "")
+	want(t, "replay", replay, 201, "")
+	if replay.str("id") != first.str("id") || replay.str("client_secret") != "[redacted]" || first.str("client_secret") == "[redacted]" {
+		t.Fatalf("replay: %s (first %s)", replay.raw, first.raw)
+	}
+	if n := count(t, e, `SELECT count(*) FROM idempotency_keys WHERE position($1::bytea in response_body) > 0`, []byte(first.str("client_secret"))); n != 0 {
+		t.Fatal("the idempotency record holds the secret")
 	}
 
 	// Form body and Basic.
@@ -218,6 +236,9 @@ func TestServiceAccountGrant(t *testing.T) {
 	sc := creds(f.clientID, f.secret)
 	sc.Set("scope", "admin")
 	want(t, "scope beyond the credential", grant(t, e, sc), 400, "invalid_scope")
+	jreq := e.Request("POST", "/api/v1/auth/token", "", `{"grant_type":"client_credentials"}`)
+	// Not a form: the contract refuses it before the grant runs, in the envelope (documented).
+	want(t, "JSON body", send(t, e, jreq), 422, "validation_error")
 	want(t, "body and Basic", grant(t, e, creds(f.clientID, f.secret), f.clientID, f.secret), 400, "invalid_request")
 	if after := count(t, e, `SELECT count(*) FROM audit_events`); after != before {
 		t.Fatalf("refused grants wrote %d audit rows", after-before)
@@ -249,7 +270,7 @@ func TestGrantBackoffExpiryAndDeletion(t *testing.T) {
 	exp := f.clk.Now().Add(time.Hour).Format(time.RFC3339)
 	c := call(t, e, "POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken, map[string]any{"name": "short", "expires_at": exp}, "")
 	want(t, "credential with expiry", c, 201, "")
-	shortID, shortSecret := c.body["credential"].(map[string]any)["client_id"].(string), c.str("client_secret")
+	shortID, shortSecret := c.str("client_id"), c.str("client_secret")
 	want(t, "before expiry", grant(t, e, creds(shortID, shortSecret)), 200, "")
 	want(t, "expiry in the past", call(t, e, "POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken,
 		map[string]any{"name": "past", "expires_at": f.clk.Now().Add(-time.Minute).Format(time.RFC3339)}, ""), 422, "validation_error")
@@ -279,7 +300,7 @@ func TestProjectAccessCredential(t *testing.T) {
 	want(t, "owner role refused", call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": "x", "role": "owner"}, ""), 422, "validation_error")
 	c := call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": "deploy", "role": "viewer"}, "")
 	want(t, "create", c, 201, "")
-	cred := c.body["credential"].(map[string]any)
+	cred := c.body
 	if cred["kind"] != "project" || cred["role"] != "viewer" || cred["project_id"] != proj || cred["status"] != "active" {
 		t.Fatalf("credential: %v", cred)
 	}
@@ -330,4 +351,33 @@ func TestProjectAccessCredential(t *testing.T) {
 	// The admin revocation is a sensitive IAM operation: step-up first.
 	want(t, "admin revoke without step-up", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, f.adminTok, nil, ""), 403, "step_up_required")
 	want(t, "still usable", grant(t, e, creds(f.clientID, f.secret)), 200, "")
+
+	// With a step-up token (TOTP codes from oathtool, the authenticator Debian ships) the
+	// platform admin revokes it, and the next grant is refused.
+	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", f.adminTok, nil, "")
+	want(t, "admin enrols TOTP", en, 201, "")
+	secretB32 := en.str("secret")
+	want(t, "admin verifies TOTP", call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", f.adminTok,
+		map[string]string{"totp_code": oathtool(t, secretB32, f.clk.Now())}, ""), 200, "")
+	f.clk.Advance(30 * time.Second)
+	su := call(t, e, "POST", "/api/v1/auth/step-up", f.adminTok, map[string]string{"totp_code": oathtool(t, secretB32, f.clk.Now())}, "")
+	want(t, "admin steps up", su, 200, "")
+	want(t, "admin revoke with step-up", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, su.str("access_token"), nil, ""), 204, "")
+	want(t, "grant after admin revocation", grant(t, e, creds(f.clientID, f.secret)), 401, "invalid_client")
+	want(t, "admin revoke again", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, su.str("access_token"), nil, ""), 204, "")
+	want(t, "admin revoke unknown", call(t, e, "DELETE", "/api/v1/admin/access-credentials/01936b2e-7c4a-7d2e-9f1a-3b5c7d9e1f20", su.str("access_token"), nil, ""), 404, "invalid_request")
+}
+
+// oathtool is the code an authenticator app shows for secret at now.
+func oathtool(t *testing.T, secret string, now time.Time) string {
+	t.Helper()
+	path, err := exec.LookPath("oathtool")
+	if err != nil {
+		t.Fatal("oathtool is not installed (Debian package oathtool; .ci/run installs it)")
+	}
+	out, err := exec.Command(path, "--totp", "--base32", "--now", now.UTC().Format("2006-01-02 15:04:05 UTC"), secret).Output()
+	if err != nil {
+		t.Fatalf("oathtool: %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }

@@ -71,6 +71,22 @@ func (h *Handlers) apiCredential(c machineiddb.AccessCredential) api.AccessCrede
 	return out
 }
 
+// apiCreated is a new credential with its secret, flat (see CreatedAccessCredential).
+func (h *Handlers) apiCreated(c Created) api.CreatedAccessCredential {
+	a := h.apiCredential(c.Credential)
+	out := api.CreatedAccessCredential{
+		ID: a.ID, Kind: a.Kind, TenantID: a.TenantID, Name: a.Name, ClientID: a.ClientID,
+		ServiceAccountID: a.ServiceAccountID, ProjectID: a.ProjectID, Status: a.Status, ExpiresAt: a.ExpiresAt,
+		LastUsedAt: a.LastUsedAt, CreatedBy: a.CreatedBy, CreatedAt: a.CreatedAt, RevokedAt: a.RevokedAt,
+		ClientSecret: c.Secret,
+	}
+	if a.Role != nil {
+		r := api.CreatedAccessCredentialRole(*a.Role)
+		out.Role = &r
+	}
+	return out
+}
+
 func apiServiceAccount(sa ServiceAccount) api.ServiceAccount {
 	out := api.ServiceAccount{ID: sa.ID, TenantID: sa.TenantID, Name: sa.Name, Description: sa.Description,
 		ProjectRoles: make([]api.ServiceAccountProjectRole, 0, len(sa.Roles)), CreatedBy: optUUID(sa.CreatedBy), CreatedAt: sa.CreatedAt}
@@ -157,7 +173,7 @@ func (h *Handlers) CreateServiceAccountCredential(ctx context.Context, req api.C
 		return nil, err
 	}
 	return api.CreateServiceAccountCredential201JSONResponse{
-		Body:    api.CreatedAccessCredential{Credential: h.apiCredential(c.Credential), ClientSecret: c.Secret},
+		Body:    h.apiCreated(c),
 		Headers: api.CreateServiceAccountCredential201ResponseHeaders{XRequestID: requestID(ctx)},
 	}, nil
 }
@@ -222,7 +238,7 @@ func (h *Handlers) CreateProjectAccessCredential(ctx context.Context, req api.Cr
 		return nil, err
 	}
 	return api.CreateProjectAccessCredential201JSONResponse{
-		Body:    api.CreatedAccessCredential{Credential: h.apiCredential(c.Credential), ClientSecret: c.Secret},
+		Body:    h.apiCreated(c),
 		Headers: api.CreateProjectAccessCredential201ResponseHeaders{XRequestID: requestID(ctx)},
 	}, nil
 }
