@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/auth/authdb"
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/shared/apierr"
@@ -113,17 +115,40 @@ func clientKey(clientID string) []byte {
 	return sum[:]
 }
 
-// ErrClientLocked is the refusal of ChargeClientAttempt while a client id is locked;
-// RetryAfter says for how long.
+// ErrClientLocked is the refusal while a client id is locked; RetryAfter says for how long.
 type ErrClientLocked struct{ RetryAfter time.Duration }
 
 func (e *ErrClientLocked) Error() string { return "client id locked after failed secrets" }
 
-// ChargeClientAttempt charges one client-credentials attempt of clientID to the same
-// failure backoff as sign-in (throttle.go: charged before the secret is checked, cleared
-// by ClearClientAttempts when it succeeds), so secret guessing is limited per client id
-// whatever address it comes from. *ErrClientLocked while locked.
-func (s *Service) ChargeClientAttempt(ctx context.Context, clientID string) error {
+// Client ids get the sign-in backoff (throttle.go) for failed secrets, with one
+// difference that keeps a good client's grant at a single query: the record is read
+// before the secret is compared and a failure is charged after it, instead of charging
+// every attempt up front. A burst of concurrent guesses can therefore get a few more
+// compares than the limit before the first failure lands; against a 256-bit secret
+// that is worth nothing, while charging up front would put every grant of a client id
+// through one locked row.
+
+// ClientThrottle reads clientID's failure record without changing it: how long the
+// client id is still locked (0 when not) and whether there are failures to forget on
+// success.
+func (s *Service) ClientThrottle(ctx context.Context, clientID string) (time.Duration, bool, error) {
+	var lockedUntil *time.Time
+	err := db.Querier(ctx, s.pool).QueryRow(ctx, `SELECT locked_until FROM auth_login_throttle WHERE username_hash = $1`, clientKey(clientID)).Scan(&lockedUntil)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("client throttle: %w", err)
+	}
+	if now := s.clock.Now(); lockedUntil != nil && now.Before(*lockedUntil) {
+		return lockedUntil.Sub(now), true, nil
+	}
+	return 0, true, nil
+}
+
+// ChargeClientFailure records a failed secret of clientID; *ErrClientLocked when the
+// client id was locked meanwhile (the failure is then not charged, as in throttle.go).
+func (s *Service) ChargeClientFailure(ctx context.Context, clientID string) error {
 	var wait time.Duration
 	err := s.chargeAttempt(ctx, clientKey(clientID), func(d time.Duration) *apierr.Error {
 		wait = d
@@ -135,7 +160,10 @@ func (s *Service) ChargeClientAttempt(ctx context.Context, clientID string) erro
 	return err
 }
 
-// ClearClientAttempts forgets clientID's failures, in the transaction of a success.
-func ClearClientAttempts(ctx context.Context, tx pgx.Tx, clientID string) error {
-	return clearLoginThrottle(ctx, tx, clientKey(clientID))
+// ForgetClientFailures clears clientID's failures after a successful grant.
+func (s *Service) ForgetClientFailures(ctx context.Context, clientID string) error {
+	if err := authdb.New(db.Querier(ctx, s.pool)).ClearLoginThrottle(ctx, clientKey(clientID)); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("clear client throttle: %w", err)
+	}
+	return nil
 }

@@ -94,10 +94,11 @@ func ReadGrantRequest(r *http.Request) (GrantRequest, *GrantError) {
 // Grant checks the client credentials and issues a machine access token.
 //
 // Order: the request's shape (grant type, scope) first, then the client id's failure
-// backoff (charged before the secret is compared, like sign-in), then one lookup, a
-// constant-time compare of SHA-256 hashes (an unknown client id compares against a
-// dummy hash, so it costs the same), then the credential's state. Nothing is written on
-// failure but the backoff counter.
+// backoff (read; a failure is charged after the compare: auth/machine.go says why), then
+// one lookup, a constant-time compare of SHA-256 hashes (an unknown client id compares
+// against a dummy hash, so it costs the same), then the credential's state. Nothing is
+// written on failure but the backoff counter; a success writes last_used_at at most once
+// a minute.
 func (s *Service) Grant(ctx context.Context, g GrantRequest) (Token, error) {
 	switch {
 	case g.GrantType == "":
@@ -115,14 +116,12 @@ func (s *Service) Grant(ctx context.Context, g GrantRequest) (Token, error) {
 	if len(g.ClientID) > 64 || len(g.ClientSecret) > 128 {
 		return Token{}, invalidClient()
 	}
-	if err := s.tokens.ChargeClientAttempt(ctx, g.ClientID); err != nil {
-		var locked *auth.ErrClientLocked
-		if errors.As(err, &locked) {
-			e := grantErr(http.StatusTooManyRequests, ErrInvalidClient, "too many failed attempts for this client; retry later")
-			e.RetryAfter = locked.RetryAfter
-			return Token{}, e
-		}
+	lockedFor, hasFailures, err := s.tokens.ClientThrottle(ctx, g.ClientID)
+	if err != nil {
 		return Token{}, err
+	}
+	if lockedFor > 0 {
+		return Token{}, errLocked(lockedFor)
 	}
 	q := machineiddb.New(db.Querier(ctx, s.pool))
 	c, err := q.CredentialForGrant(ctx, g.ClientID)
@@ -135,7 +134,7 @@ func (s *Service) Grant(ctx context.Context, g GrantRequest) (Token, error) {
 	}
 	presented := sha256.Sum256([]byte(g.ClientSecret))
 	if subtle.ConstantTimeCompare(presented[:], stored) != 1 || err != nil {
-		return Token{}, invalidClient()
+		return Token{}, s.failed(ctx, g.ClientID)
 	}
 	now := s.clock.Now()
 	if c.RevokedAt != nil || (c.ExpiresAt != nil && !now.Before(*c.ExpiresAt)) || c.TenantStatus != "active" ||
@@ -161,16 +160,37 @@ func (s *Service) Grant(ctx context.Context, g GrantRequest) (Token, error) {
 	if err != nil {
 		return Token{}, err
 	}
-	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := machineiddb.New(tx).TouchCredential(ctx, machineiddb.TouchCredentialParams{Now: &now, ID: c.ID}); err != nil {
-			return err
+	// last_used_at to the minute: most grants of a busy client write nothing.
+	if c.LastUsedAt == nil || now.Sub(*c.LastUsedAt) >= time.Minute {
+		if err := q.TouchCredential(ctx, machineiddb.TouchCredentialParams{Now: &now, ID: c.ID}); err != nil {
+			return Token{}, err
 		}
-		return auth.ClearClientAttempts(ctx, tx, g.ClientID)
-	})
-	if err != nil {
-		return Token{}, err
+	}
+	if hasFailures {
+		if err := s.tokens.ForgetClientFailures(ctx, g.ClientID); err != nil {
+			return Token{}, err
+		}
 	}
 	return Token{AccessToken: token, ExpiresIn: int(exp.Sub(now.Truncate(time.Second)) / time.Second), Scope: auth.ScopeAPI}, nil
+}
+
+// failed charges a wrong secret (or unknown client id) to the client id's backoff.
+func (s *Service) failed(ctx context.Context, clientID string) error {
+	err := s.tokens.ChargeClientFailure(ctx, clientID)
+	var locked *auth.ErrClientLocked
+	if errors.As(err, &locked) {
+		return errLocked(locked.RetryAfter)
+	}
+	if err != nil {
+		return err
+	}
+	return invalidClient()
+}
+
+func errLocked(d time.Duration) *GrantError {
+	e := grantErr(http.StatusTooManyRequests, ErrInvalidClient, "too many failed attempts for this client; retry later")
+	e.RetryAfter = d
+	return e
 }
 
 // invalidClientMissing: no client authentication at all (RFC 6749 §5.2 says
