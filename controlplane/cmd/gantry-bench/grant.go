@@ -85,7 +85,9 @@ func runTokenGrant(ctx context.Context, fx *fixture, dur time.Duration, rounds, 
 			}
 		})
 	}
+	stop := startProfile("GANTRY_BENCH_GRANT_CPUPROFILE")
 	r := pair(rounds, bareSign, grantLoad)
+	stop()
 	ratio := r[1] / r[0]
 	p99 := pct(lat, 99)
 	fmt.Printf("POST /api/v1/auth/token (client-credentials grant, %d credentials)\n  baseline (bare RS256 signing of the same claims, in-process): %.0f tokens/s\n  full grant through the chain: %.0f tokens/s, p50 %v, p99 %v\n  ratio grant/baseline = %.2fx (goal >= 0.7x: %s); p99 <= 20ms: %s\n\n",
