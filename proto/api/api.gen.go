@@ -28116,6 +28116,11 @@ type LogoutHTTPResponse401Headers struct {
 	XRequestID *string
 }
 
+// LogoutHTTPResponse403Headers the declared response headers of an HTTP 403 response for Logout
+type LogoutHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
 // LogoutHTTPResponse413Headers the declared response headers of an HTTP 413 response for Logout
 type LogoutHTTPResponse413Headers struct {
 	XRequestID *string
@@ -28150,6 +28155,8 @@ type LogoutHTTPResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
@@ -28166,6 +28173,8 @@ type LogoutHTTPResponse struct {
 	Headers400 *LogoutHTTPResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *LogoutHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *LogoutHTTPResponse403Headers
 	// Headers413 the parsed response headers for an HTTP 413 response
 	Headers413 *LogoutHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
@@ -28186,6 +28195,11 @@ func (r LogoutHTTPResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r LogoutHTTPResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r LogoutHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
 }
 
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
@@ -51801,6 +51815,13 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest PayloadTooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -51869,6 +51890,16 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 			headers.XRequestID = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers LogoutHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
 	case rsp.StatusCode == 413:
 		var headers LogoutHTTPResponse413Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -82545,6 +82576,23 @@ func (response Logout401JSONResponse) VisitLogoutResponse(w http.ResponseWriter)
 	return err
 }
 
+type Logout403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response Logout403JSONResponse) VisitLogoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type Logout413JSONResponse struct{ PayloadTooLargeJSONResponse }
 
 func (response Logout413JSONResponse) VisitLogoutResponse(w http.ResponseWriter) error {
@@ -97301,166 +97349,166 @@ var swaggerSpec = []string{
 	"c2bsmg+aXCY5Seys5Wz21GhWhElIwpoCeADQio53/vsWugHeRMp24ltszpeJKRIEge6nG32VYkZCxSIm",
 	"DKexhqjzvZ1dO8wZExN3dgsOSGAnZoWNloLGk4jDTkUB2XY/MbumieKa5bUB3XAvalwt8IXfg8O3hGUf",
 	"7MTuqQbIMDXzE7vum9wWIz4TEEf1NOCpjeKoBx0Wpoqb1db+n38VIeiTY1Ci+Uz0y9W9UjOvxxqZluxf",
-	"a5xqf3+YrCrT69XrqemfcszO5RmLSIfGWmb2ryUtpuzAHd0fkeFa9rn0GG03FwywU8X0fF1S17ONu72Z",
-	"b9wNJ264B8c9x4X5PWR5NySCLQkNLaG5g6hVeyhcLm0aujtlHJUvw1k9YT9m2ayWf68l/o6l8Y24r8XN",
-	"VlqmSbPGjUdaTSjxGnCpsmYhqt+ZjIoVNis91Ro16c7ezosuSqCkIsYtDcvp9IAEVpXPvA6YeQBP/tot",
-	"q/u+LjDUDV7Xv90HP0BcGsHM7isA/GqIVCUCnwyJGWJw2loyxUjoC4lkhzCLRQ9FgW/r9D5o5b2c8tiA",
-	"W4Yl/U3ANSTzdEGFo0kLP5knG40BUwyPRK80JZgqY6CzPpD1jBnthG1JBodUqRXUY6ILFZA/x1vJMhpv",
-	"9cZb0iTjrb+wXy5AneELFgzIG6nIH8PDk+N/TUYnrz9NPn+afHl3+OroC+n4qtc/kQUXqWG66/KJCwOg",
-	"gwFfrqnhesqZJhmqafxdMBYRtyoHWVIyNd6nLYhUERdUrcqfkwrDY3sT+5pwxfSADMlSSfQiA3ZLRcDO",
-	"LmawOD2smFKzlj20sb8ggZ3HJE0K9pBO2cztrDXeytJzfyuWxHQFUVjBYkrBBu6NNkH3gCiWYCbKEu03",
-	"UNssluGZ//KsBBlsO6ZEKWoYJkAV87Oq87GvO6XhmZxOgx45Zkat+kO7it0BOZTrihXXOmU1obR2Ip8f",
-	"pnyBmd1XIy338k3Cxe9hkT5bW097WLUCQslzq90iE6Ib1CN4x9FN93KpgUpxo8w4fvOS/PyPvV/tC8BR",
-	"tTfYA0TROL8+DfOW6Jk7Fam1YEtGf+ipjFYWKIIi03ztL5fL/lSqRT9VMRMWwSLf1nymqDATs0rYb2EM",
-	"Ls7CoIFLoYUfiP0a+0MIyjk+7p7hEYZb+b81CxUzgU+1hWlJJxLfnpx8Ir9TzUPSWfv454MXg91ujwhp",
-	"yKk0c+fmFXqJ6hwlei6V6cf8nEXklFFlTwFF2dJxUu/j8OXbd4evJydH718fTk5OPvTIbibxyOnKN3/o",
-	"Eh3KhIH3eglCb84KCwv+1KXeL3qz0ReuZMyyegZus4jbLJBXcD4WZR841CiA9K/GrTxwem4fG1jAtvs2",
-	"JQUBDMURGeGm5xRiItg5UwVp7UgUltB7ccsyZZ9QfYYxZwPyWcT8zBeEQDd29rqey9QWfi80AV8yFPlc",
-	"28SfBs8JTLcTXIy34Mbx1j4ZDAY94v6eFJjA/fZ34PbdrhvcRJg4Z7FM2H5dW+y9nZ1ujwSp0GmSSGVY",
-	"NMmJOf/dPwi7nF0GYvU/IdHCb7sunSX48uVLf1gg+H0k2aALvGl1PNehFx/uEer0AyR9IAAqnILjwt/Q",
-	"9Jnv9IC8wSBGfAb9QVZz6IPmwCJ79PHcxyOnWlRnDfMt6A6+I7gMwYxKjiC2AnkQaFsKo2hoHAVpn3Vv",
-	"oNqMPWDZ4y6GqBspSWyRf5/s7b44sGDIWRxh7zsoSONd4E5DM/YWqRb7ZO/58y7qs7CfbifXdRfQaYbA",
-	"BHdovavFxGtkUMPav8yR8j4Ne02TaVZ7AFNLoFnDw7tVE/xLGs5Z/6UlHxnXVXlZ0pUmgZB9iOqB4Lz8",
-	"C9YynrY+KTrD3xoHCu0rLx3oBhS0G9mIIwsYTglZX/Sa0NxG8IKQpQpw1cHsbW/RDfS7vsuVdZC4vwbO",
-	"ZWjeDMq3u6JVuVJTeBt1I8VovPhtvDWjwqjVeOt29+o+DgP3QhlWoi2oWPn0KC968QzPdS5u7cnfqJUz",
-	"axQFrIuIvGVKKbxxfbSRC8pES0pBSecRlLqBiYNeV/cWLgybMfXdZPNwjHlABuT5YMetQ78YZgPIuvGg",
-	"5hIytp363pgKnfeJynI43CMHUJMEnBKgIqEyJ9I4HpDA3Ttx98JxyarjaRwXdtAf9JRcuipHtZUYfsfB",
-	"hm6q360u3ZJWUp7mZdpIZTXbAmKPypLye3l3/aE5C2hea3jjHqhnUpeM1MikRyJPaYIDlK9Z1QncZR30",
-	"SEiFFDykcfeA+Ou+BzZJFLdTJxHXSUxXhSFMjgDeju5/7A7IS/ynPX0D++OJPF0s6qy2OS//7r7ogfOy",
-	"m+alvOwWuWXix8XEblu/l3shDbGP5R+2L+D/kA1TSJZvtpaezKWGXi+g5SyooDO0XMA4z7TLihwQV1gA",
-	"8zmnUi2pcmkmHZkwQfrjdGfnBSum6EfZRSzzx6LuQeF3ADBRfgDeSsI5FbO8QQlalyoPZmP6otB7O7+S",
-	"zloiRoDVMSZ5tRXMToljuYT232Qo3FsLYRAhFUKi3calnKyjTWHenp1hqaB6x802K8SB3TQb8y78zv8o",
-	"mYo1q9YAgPBlbT5Dm89wLXwd5gxKqM/uZo47vw9aHfbcAKweJT4icA0GNTlloVzk6Hng/lXBv1rMHJAP",
-	"1B6t2TmNU+fh0IbHMbaiIprP5oaLmaudVxmsE2jGxAR7VXXJaeqdIYoB2HPz7bjpXtViZouZLWY+wLRs",
-	"y5zfhZeXFb5zI1dqSVvMqBbCYzSc5w1VYmrsbw6hwNazxHYignUHxHV09h0dAIOc49c5pN30DryruHId",
-	"e5ZwbdB37QeqFNjvULECr7Mr9yFLwbLa5yC72ycQFwVqMsRx5QW//Us7xXVItSFzel5wJhXf7bKtN5TU",
-	"HpChn85cgs3MkIXUhuzu7Oz4V9ZXDiwhi75ZLD7C72fZR/vcavdhGTj/O2VqlaNzvohb31cKsGY61akA",
-	"LTRNBH4EV1JpIldG6pF9/sQ+fofi4ZPUJlWXWxc89WNFAa5Igg+25obHZW5A2HWbex2jQ1PfgZMi8Llo",
-	"8Usgl8ilgH47VuPF5zpAeMWhun6sEo8CZTq8IIFlTBci5WyKE3fJRV5AS1ur/LIDCA8mjEMITudUmjki",
-	"rbHS45QR9u+Uxt0B+cQUl5EmCynMPF71yL9TqgxT8QrnK0RKY3jB55OXduWYiKgiCT52ALYGZfSEmsDb",
-	"MjMIx2onftFdmDI+aUE7TLWRC3cBwoB1aTj4UCYi/AsjarI/XbBxfvuABHQBZn/832TBhVRgjN0dDHZ3",
-	"/s/uTwPyDj15hIskheji9cIWRNCFPWzYOYMT5iBrpo7izOcYzqkuiZgN9hhXNQtDeRWDmhtBY+mLEqDd",
-	"cuGLO2oWUPqkey02USctmqSEYEu3uc/00xIQbdrITUsiJPrsjHHN08W2L9C3obgTozpVTIMankjNogkC",
-	"YYA+fDxFQBIFpD9kJxILaZadmC46pgraOoVKPusaflm57xIu4MhSBnq0Y1eab5NRwrD1jl1MmhVv4gKP",
-	"PxnTea/YAca6JlLTmEA8K8aWZi41GkXZ8Ch+qPGf2LGz4oYtoHZM3QLtZDHG1RejhHTX3Sq4T2YR+Q2z",
-	"VMn/IH7InuunB6kZVr5UCya6ZMFsCHQW/GYlCfkvLyv96wIzV0zbU80EeuJveL5wa8JUCEGd/+UPT3ba",
-	"XExw2IB02FcKbdMggMPtAYfK61oS+DFeuRlxTfzcu4Oaz7HfuJRpHE1OYxmeBdiAHv49wcqTTpDr1K5V",
-	"FJR072BJlXDPCGn4dDWxhBAc1H46vMs+gAHd8pwpGsd58Urnd9VGSTGzx2a76c80NngzxaMynL6pPsuy",
-	"bqpEf7BO8MXDOyorFCOxy62g1qW6nV90g1L9LmT0K7em9xSN2jCXzYc6TwcHGRAsadb7q03HacXw1v7W",
-	"K7Xqq1Ss1b2FePwMxQHWo+vK6AsHjq6pTsRiVheaObKHNMz7oP4E6RJvvPRxrpCZ9IbAOlCxo9/oUaHW",
-	"l9DoRcg+9nbdCDXlX17Bp0etnf9pd31AMtisUVuOMOH8OkwIRpxSnhw4C31HRPAIot9xQIIwZlRNMqOE",
-	"YhgqgskqEYmsyt+BhBaMvXA4U7J89IiwSohrSV6xc4B1e915sO5zrDM7lJpDQu3N0gj4OPg5pfH+Wqtj",
-	"bah/jR12MhuITJhgETljLHHWKgw9WcerNInoI8WrW1bFPsPKPQRF7BJzCW5x9FRNJtcF6lZXuwTgkfCv",
-	"bTLxR/e+ZgaiPRpds68qsbc9kiVS+WsQhOvKTjtf7Jv/TbSgiZ5LQ6ZKLuC3ahhvja/2UJKYnzP7fCjF",
-	"OVP+zJowZWFnc3SvCwpejfxHPfAw3+p8Lzu8ZQvnd631xD0u+2d1f78zAjjVdNYcvf+BC19dwD4wAT7l",
-	"gvxp/9GDuuMEe+FhBESp9LyWCipCRVl5rhXWhsLKKQdYc0dD4h9WffFletAoCc+jHlXO1dwYhPAZPuh2",
-	"vT1vlFxc5b4TeZW7ihMfSWW2fsAGhO4bjq3iAh9y9RaECpQdoEMSW3prEetxhYVV9/cbESukhsZyti11",
-	"ny/ojDXrI0P0zByNCN7YI1JFTFmVegW9+AdjUQshL/EVR/odvuB2UeSh8fDRCD776pybLfCPyLFPp9c5",
-	"1ybfKiucXSczK2wLTOeIv57p9Fl6Kb+N3n8usxqPqmGYieLVPMBUREyV8cDexcWMJDEV4Esdi8yvZK85",
-	"d1zxvGAvHxC2SMzKHxbwcXgjWpJG7z8/0w6IUsFNNyteac8TY7+APOYmd6HKqetIN+NSaGyillpAy44s",
-	"U8VY1kleCgtxPWJ5KkphO6DZnb4EckZ2fZ8W3Pgvf//56ohjSawFm4cONogvQPt2w7y3H0pyiYgU+ew6",
-	"+LN9oc/Sv5tRKC8DJRXhgmaolHV+0mdpseVTDUvOWIEjb9awChOxiDiYDch8d2en/8vO7LSvvy4Gu18b",
-	"jK0aJtFsZi2YVXef/9LbWnCR/X23ySU5NzdZJkbvP98o636Tmt56gRoY9w9mCK1w7mXMGbGEKrOwrypw",
-	"5bqMe1W472nJuPzLry7jCqvanoQfn3BErTXb4ssPw66lnr5yML0U8Qp6HsfpLPMwgh3ORVi5EC6Ms26K",
-	"ns5J93GETr+sfNU9xU0XlrUGBXCSURsc3QZHf1dwdFRk3hogqRfi2xf5Hz76qlaoQzDhTcFD1Zfox20O",
-	"QSjN8kfJvt7M+CclqdB6+ltl/HImbgzKqlMHXkGvHZ+Q5c1mUYHbGrQBjEZ5vOx+85rG58qK3VPI0eWA",
-	"4wONWuC56ZoPraZy1Zika2gqc0ZjM9+klLzFOx5qSA9O77IInuGnd76u/02y4x0SyYbSsB/4ORNMZ8de",
-	"+7GOnAv77/axtPvcvWMb3Cnb2BRoQ9s6e54GL1SARZv79jk6s5IGnw0OiJCua8W+7w/RN3zB3A0glVy7",
-	"n0LrDMyOGoti64BjZlIl0M0USzFzLTHsK31Rd99vPV6ROVPsgEDhYcIN2fkZuiCAL4meKh6Sl0Ni5FgY",
-	"lWqThc2532gUKVfeI4J3l+3ecM5fn78V7rtjUelt3St1RRCl/tfucjAgr2E0V3HPN2PCb4OMSFe3G7r/",
-	"jUWi2DmXabFhJTTYgtaAqRAsrrO747CHMmIPMaXLzgtX4Z6sBsUJNKPHa9/dvO32+dj75eFWEwpsWEBO",
-	"/3JLMHojgF7Y/0FBOmBU+7OSOmGh2dh9HyDVwhHwfyxnZEYNW9JVjyznPJyTRDENhk1/0zNNLDb5HjcY",
-	"vIvgIKckyOYRjIVvZxOg726fWL4K8kajbjgOuGsgmznrVIetA6QiChqhRn26pKvN8HewNhsfeggf53vZ",
-	"NaZxkA7MfcH1wh7EunXAli+r3ZLvb6qydoJ6FxVNyBalYfIdqFJyyvK9AssvfOgpszJKQ/hm/ZHL7clV",
-	"fY8/792n6zFb2HfZWtulaVCvMoqwO3//DsnWW9IIeBdAhr+DggZdAvb//OvvEgrmG+6QcK3p8bfjIcLI",
-	"piqdjq8ywCsWbciVH8VCxs+Z7yRqtayqLtjN23dLwcZCG5lospTqDJQuQ6RwoRPAw6BEESlcY08mIgZ1",
-	"gOpRzMypKKIs4XosLsM1V3jhcnjDVWqh7bah7bJDoyWtm2+X2SLaXSOa6+KeU/Y34Jk2dEMdzWOketda",
-	"wfcyDGniIx8Df3EgE0iCjYLahCo/lRG87qHaXEqz3MRFL2VadMdj5yCIIf0htYQfzyQ4snzCIvLP0dEh",
-	"0Y6osi5B0YKLo6SJ5I2VXvYfisV0tX1B41giuVT8mPXnGer3uw/7DflIPKRkCZW4/eDkCzsdyfCMGRJT",
-	"K3SdDMYWj17o+mexhmrh1OLkdieSoc4mPFhEXVe0AtunrrVVhS/yzb+xfz5mSZEztiIRU3AXRCMHWbfV",
-	"0cnr48n71/8KenkZPq793HrZtPBf+WplSoZmGkvAoI4xkxJz7q36kmqX4u8/VSbM2b6ypdJGMbrwmWBo",
-	"drNjp8lM0QjD0GlhQTs6PU2UNDKUsbfYDfxofViDwflu0HVbcop9zBdWIMyYxpbsvmgRo4tnmpyuoLWs",
-	"NHOypCs9IIfSwCdgTypdV1w8pqsT986b1WSG+Qo3urlKNHubXu1dxKBKdOqSm3DOsuS9fGuusC0/pNvo",
-	"Udbxfn6lxfsDTTY3qtk4MDi2NFGv25xUwAGR7ZSZJWOiHoH11VSfBdvkFfr4cHs5fdZMfeFm7ntONSV1",
-	"Y60RtIMxQUW4gvViXxFVXZOnVk+5Cz0l35ACcdqNrBAlmBUaVY+3Mo5chfhc4baPoMZNOplqrlNL0BjL",
-	"YTdbJrp7gD3BNZkxQ/Z2XozFhmIzDZlHyEdPKx7bfvPVI7ExcauNwX50MdjCkb7n3hqRYnVamvDBii7i",
-	"TcLlKGFi+OndKxmm3x0ddT3K9zOrNVvt7f6692Jnb10ZrJUv7iNI5L7i8cUdnEA3Yd9sP8p3a1PIQUJX",
-	"1eSWywLtDohgy6wLSX2hik9+2KeFve6zrw6/fvlbBH6cWTB5TnfOEFkEmL9Uy5DbRib9NNEbvDM1IbAY",
-	"Ha8J9S/MrB2Jkuc8wtxz95M8dR17yMgonrC+NquYETevd8APXSy47Kpf95y7J48EKgzrGoL7pvfoKoeQ",
-	"IiWXmkHcDhhFQimmXGFmuZ9L5v/2A6L5pTQm4Zp4t1LISIcKUkis6b9nK1dlxxXv5oYoFtHQMG+AWlqd",
-	"FsYJFYu48cXEffGe4ud4QxQ7nUt5ZkeWyrn8/aRDmphUgWdKEFwiIlOjecSwkYT7j0B/CUjI18RVdXSl",
-	"AVyqVCxxxEhi6XNocJQ0tJ1wFc5hotBWPlVYjDFN8NiZ3eeJCYaEZZ+B/dHerJGIJ2lOxUFTopQjiROZ",
-	"fE4eU6pU8bvuKeypPIXNHrCMWbI6pNE64xxk/MUdWwXIRRPkoqDNvHp68cx3azPL/R3Q1Yd63EWRViBZ",
-	"R8+edK8uHB0q6+0L/+zfzYLy0IfAoovhoBTnagmNCWOZNw/8CpxAHPGZoBbiA4IsQDqB+Q36KISp4F+t",
-	"YJIi0thZoXe+636bs6/k7cfhy/7o7fD5Tz9bTW+8hT8ZvHeAfym6hJngRXcPC3pEM+hYQILz3QDbNGkn",
-	"Exj0yVgV4dyJR/87FAIG24iYWXED8WMgz+BbeoQSwxdMG7pIyEIqF0DxYmeHaIzQUKXLRPvg4GmKA4AM",
-	"gxWU566yjZeTIU1AvLitmmSvzULSSGdvZ6db2+vDlwxWDEOHI5T0CVO5wPMdS7HOBnQjiXzD7T6eTyiJ",
-	"UsRjK1xjjr1MXODd850dB4vZTQEE4TkfVR7/XNQG7Ebhmyl2I4GCyNT7YDpuRwwExqwS1q3zvUCUjKPs",
-	"L7heN+uD+VRhqAY3TIHfmj0wVxBan/w4NU0ET9a1KSADx0jZzPDPfG5VzttqCFr5ZffX59dMd/rv7f/e",
-	"2r+42wyl8m4Pw7ON/WhBsp8zxaeWqC2lOTboWDameTFtvNy9Z1HeBjRfK6D5GAGgcDjLQM2jZ7WdbIMY",
-	"dHbzbU4X24sp7Vui4ILpTbb4JVlYkJrnRnmEOH7OYzZjUR4og7XuM+v8JLfO9wgXYZxGVrCk2g4DSAr/",
-	"HECDG3cb1MT3z8tEd0lMwzNChW8phYKTTGlopML7536KH98MiWKhBNh27IxCQSZMDMghtv9bj+EhnQDe",
-	"P/H8HaAPYck1VFWmCxA2MN/aeJ+Pb4bH2VI+VIdacZKbTgzZTdjSXLeus7sw/SDx+pWX04wN+sAfnv06",
-	"9h5QV7rVEKBjy34VhvfJgptKEGUZhQ+VcN0EL7OOnuQNsnSxDQWEDbmeXHLaUvOdGjILhSszKrtG9Z4v",
-	"cyZIUMpyhx5tcsGN8a3wpJpRwf8DpPVMNyTwU42GOXvGKfxSCAkvlv7Za7Ro4ZwflTELP+me7FiVOWwI",
-	"QkXD1UGFtcE0uhQomNv8/DY//+4qCSUZFmxOzvfQB0Yn1+pxY/u2T6Wm3mhfyKr54m/OluL7R4E6Dfl6",
-	"S6nO7N7oXmPZEnztDSFZ/cx5NCAvqVKc6WLjyiwyy50isnk1Gxzcev04pYwKa7sJztoOczeKWk+vJd1G",
-	"9Ok1BuW0bH+LR5RLjiUts7e1yy5l3IbCZWWdAJ0YEMHRVJbsiTP6bdUu+5bT0p3hjK9a1uJNeyS6l5Jl",
-	"33Uk2qahXYh+Xj2q2S/hgchhIBmBKxut/dhAN+ba1PU7LJg8h/C+l4XXPT2w/PGCZau7dvWo2QJhtYGz",
-	"jzNw1jHJM4x60bq45+uotA4AzaboKuIMfZBp/oZij0euy8aZQMmYBaTjHJ3eH6HIOWdLpg4caoF61x0Q",
-	"qGwBoagzgDULI6I8rItZEavlnCmW9X1aAQYqNsX2kvDuDd22oR95JUzWv8lvAAYJb7aIV5eyhdIHYtev",
-	"bsy92vmjNTK5zNJfF8LdRqK2aupNWO7XZcTVRMQ3KLLbF/kfVzX/e0lzQs+YJmw6hYuu5NVUqryykT7w",
-	"n4J/ZvFe2E6YaENXBKIoSSoMjy1ncYW1NLDI6eoSN0EL7+uzzlejuXJFaddv15q5V1fQCEo/tnaAp213",
-	"RDK4A9xDrfZK4UYf3a2tmvgDpKcWt+zqx21HDS36PG30gbO558BFxvbXiAJr9n3A8TXVTBFX+DKWYubr",
-	"NOW2ABfa1QnsrYU2p4Uw3wOs98614WLmj+dNERQ0iko80aLY/R12h5W9uK98zBI91OFiFLWaWOuRuSPQ",
-	"HUZRFvX8jd4YB9XbF/iP6wWtlUD6mC3kue+vFVPtbmqEV2XvZy3CVmb90QmlCBr/u82Ftv1wtamqc7Z9",
-	"93D8tPvYgl4b43bd86qlm0vw6xsiZcgrtpDmGkBUiqRpgejBAtEtB/t8g2K5c3eKZTHwB5e4BdxWy7wb",
-	"h8qcilkO1M805ABfqm+6EkJ9GmKG6TWKyFkMh8B54gYhfhAM/ZFmY+CP+6Khf/HTKjNX/vqrG/KqS90G",
-	"zzzyqnPVDS9wdJWDmq12dcw7rA7tsnNpOOeCZd3LvL6DEzoggVdsoMRAQGbQNYgbQgFwrhhVQ7ggjIZz",
-	"hxB5IE3xZQPyzpA5hXz/hGq9lAoraoRUuNE0NVxPV0QblvTTBBoBaD4TUO4mK1KE0UFFHzCZKbRCfjoa",
-	"nRAPhpZOsa9S0CUp1N6hxZgibF9QeqSKn9sXviibuwLn98KbGwu0lXfzMWW1lr/snoyCleVtjnVpI1pa",
-	"Bey7IloqsLoRsDdoYrVIssnqVwfyx67nLYNCLAUoc0BbFQE+pKUjZB7SArndGL0ylVAqbNG9vSiXm8XB",
-	"SvuQqsRrihVZX/o7t9g55foAG/YVRBfGlLbRJK0/N89AvU3M2a4kgVxdxfT9xn31Uh4FoL9VqpnWR5fW",
-	"Rj4XC6pRq67OqZ4PyBHMgsYkwH7gekLNFRWt24qjeyBQ88BUwTYCurXwtQrmdyqY68kucvodMkDP+2ds",
-	"tTlScDR6+97e88SMdPDVVzfO2WVsDXKP0yCXVU8bjd6SJD2NeQj7XWQzPQcm2WCHmzPoh8k1SajSrkCs",
-	"6w7AItJZ7xSAjQ2wvyV0FRDQB6c8C3scg4Ezk5emC0amXMyYShS3ipk7oElR/pyC8a/W7+p0JuCER2WU",
-	"gi+6L2MULmdTaNpBgSQsgRT2sbVPterDd4ShiQp81aJXjXKwfXHGVusGqFr7zY1AReUwNXqLuNl0iMLZ",
-	"3ZeNpj0CtGYYq5lfl7ug6PY1PO6k05w+XiyTXetvx+GwA+jTUuPzL7+6Ku/SFLAseqvSP0qVHsvfO09I",
-	"phDjztc0zb2Ocx2zW5zOPYFcFg1dU37t5p3K7D1WfkGvEnrGRJP2nRPwY9LA86+6Jy28sKytO7hVt2/J",
-	"WoeRuOKKIFPVDrYvAEmc5l2rJwzxFbXl09ey7Dp7O3vd2sYZNwcy5el9xkjkBsXdfd2PUlx0M2T4DMj2",
-	"PNAWF6UZV16b8c9fbCs2s1p9I8+/do117F1o9ONGEzcfHnOzItpQww5IgH1KzQRvnoQyYoHvjuYrmbuB",
-	"OiKNY9BPxkJIwbpNTfn/14tjN8GH2qjEz/AqnUrcYt97O5KnpYGrjII8K9g9o9FHGbGsxAV3E8DQzP+7",
-	"PLPvmSqm582RCK+FfWW1LTAT50QzAylHwbvDk9fHh8MPk39+eT+aHL9+c/x69HZycvT+9SHwhmbmIOs2",
-	"uLezlx+uXYdB7EUJXEQNxkDV5U7CTO07Hiyf2Mkd4zw3N6KCW25YHf4mOXVtqfMD9py72PKED8UHh6nV",
-	"df786+9SL7o3UoVWwXRkloX08ZngYtY/YytLx8XWVHYY5KsFM4qHzT7fGTMf3S23S7mGfTXbSUx5hWYL",
-	"Ot7P/9jd+eWXn/fWNb01Mv2k5IKZOUutoP0KkYZSc/sjQSXyJsn3DglrQ0fCwicvsh3zO/6W0Tjbc7BF",
-	"/KdRpYCmqhYtP0ltZoqN/ucHcD4dDk9GDgt75KedF1UstJeKHVfXGtsRQRc+0XNKeWz/Hc5ZeNYDhyaA",
-	"s/1MC9EslgmrPZ48/KZ+V+7ot9p38bgRS5iIoIm8EzY/KH1mwHd3C3koDTTpW+0TakjMIINYMKQsS4uR",
-	"XIobW86NLUHdbPc3cE4TTy71tpCGT91CNSv8n5OZohHTxEhCyRd2OpLhGTOofySpnjNdPmiUhiVUk3+O",
-	"jg4RFRdWfZwxvT8WwcV4K5xTIVg83tonYziP72Njax75ltbk/5HxllSz+h9OlaRRSLUZb/XIGEAax8K7",
-	"sSsuXHVP2bsiaqi962IwGPxtL2h7RqGm+OTxm5fkxYsXv/rn/g4GY2EhJ5RCsBBg3Spr6aldqVMW+WpD",
-	"2SLAEcx9X6/8U7FTHengsaw7Fu5m2D/oMe4/zg8zIEfFJ/1aEnoq00JLCdKhcSxx+eEolmocfMZ0L7vp",
-	"NI1mzGDLWN219BzOUW91FT/Ici4h3Ukz5vba9RMgr3xXbK7JKdNmLNh0KhV2t7bAmjClIbvqAJ6OZFgh",
-	"tsEiGozFGNQL1z+dS7EP312M7iedf3456Vr9IkDF1z4Q9AjjYG3iggRDp6S5EX5H/di1S7djuK7oYyFV",
-	"D/OoTpVc2rNvzxKnfWVO1Do9TZQ0MpQxCWZUGLUa4JsH60MSOZ0yxSIiLG0bORb+kfLHnu8GmCOvmTpn",
-	"irBwLpnzqzU+0SPLOQ/n2C0c7VP2UDwk/07t0qMmgr9ikecO9TkTglDy+fgDYSLSJE3shVjOdBelZnCk",
-	"+IyLwBfLsiswFs7Y/gz66JG5tJimyIKacE7+GB6eHP9rcnh08u7Nu5fDk3dHh6PJ8MOHoy+vX02Ojt/9",
-	"8e5wNCBvKI9TxSxJTLH/OxuLFMEDMgcAsTPR7EWuzipjp4a5IG2rVsgogP2NmKE81kGdQcBx42EJx25S",
-	"SO/iQaESErDkJpzb1f/kSEW7GN0C8XDdvLVPxKv3Q55+luxUAxT8nuHN+vmnRHBEWp7OIaSTMNW38N+z",
-	"ONgvob2l7jVc193Nloil3jZMLbig8fZFju2XWObzCXke7GjGIrI3eOGAwAXzAojpKgHn5OvfDTAG7Ol/",
-	"ANtDDSwC1iEWWeT2nkQcZsQgbCDoHpBLILH44gEZ5uhmn2tEwb2dHRJwAWFsE4dqQS/DkYFiVEsR4GgT",
-	"LiYwUhfTOxImTBkle3gysTpCr4CYXFcwMnAgefL6+OO7w+GHKj6C/+NF3cxwQkTC+8BhYvd4aeGeDAlE",
-	"WUA1Q5cOt7ezSwKcvPstgKqFqTgTcinseElMVyyyc7NAzGfCPV141E0jcAUPEyteQIkt3OMuBwOCNt8p",
-	"AnwB3zPS4tqOUwb45VxqluM3CalSq1qcH5Dh1DBVGvGUC2rfqaDtOj7rCYKcroyVM9LMyZKusLoP6Jel",
-	"20HttMcCJeNc8ySBRgqcgA5vSYN95UAiLuwVppZIMQtQXcjJtEcCxTT/j59/wks3OYbqgL6TUe8iqvF6",
-	"yYQJzxE36/Qa5spfo+urBCK36QDbID9znTlHqjXVqwQBrWvr6RQQe36l/fmDGrakqxtVADzJbTB/Fs7A",
-	"HpG4sKdjQXLOKlo/s4sg0qtvPF3XNABtEAvWnUYe0pKYCka40Syeko7l8AwoIeXZOfVIotiUfwUQSlW8",
-	"tb+1DYqum131DR/4ORNMaxBMaF7oocCLZJhCu3SLfc7iN8hBxVkXakJo+Uz006QH9uE+Fz0njrz1GCQv",
-	"mo6zPBY3JizK+ognefNvf1reFFFVGBB9nusjvsqawWvSCa1kD5mlSt3NjswoZioljAtDZ1WONs13PYuj",
-	"MIKP1LQDuEu/8zgGaM0vfaIrmGfx2ktqaCxLtx3KiJXuKVJh7eU/lEyT0m8jIxWF8Jn89qR8yzBJhsrw",
-	"KQ3LMyrpscXZx9RYoXLMYkZ1eYbVZLHiY0316Guq6bk3YFgc1wbFbh5aiRuZxVf6D7F35+RRvHosY7Z+",
-	"tX4uxTs+UqpH3LD6Xz7wKQtXYczWfl3fOnt1dJauXzwavVtYtWZ9dtV9gosVElinUppG3BCjKI+razO0",
-	"P60NWaLG8nhHXuPRACVkAcTg8qipWVv8o/KMvVRYWw3/wzBJPin5dbX1919///8AAAD//w==",
+	"a5xqf3+YrCrT69XrqemfcszO5RmLSIfGWmb2ryUtpuzAHd2W4dqwqYxgwGQ7VUzP12V7PaO525s5zd1w",
+	"4oZ7cPx2XJjfQ5aQQyLYktDQEpo7ulpFicLl0qahg1TGUfkynO4T9mMW2mr591oC81ga37r7Wtxs5Wua",
+	"NOvoeAjWhBKvM5dqcRbyAJyRqViTs9KFrVH37uztvOiizEoqgt/SsJxOD0hglf/MT4G5CvDkr93yAcFX",
+	"EoZKw+sau/vgB4hLI5jZfYWMXw2RqkTg0ycxpwzOZ0umGAl96ZHs2Gax6KGo/G1l3wet7peTJBtwy7Ck",
+	"vwm4hmSeLqhwNGnhJ/N9o/lgigGV6MemBJNrDPTiB7KeMaOdsC3J4JAqtYIKTnShAvLneCtZRuOt3nhL",
+	"mmS89Rd22AWoM3zBggF5IxX5Y3h4cvyvyejk9afJ50+TL+8OXx19IR1fJ/snsuAiNUx3XQZyYQB0SeDL",
+	"NTVcTznTJEM1jb8LxiLiVuUgS2OmxnvBBZEq4oKqVflzUmF4bG9iXxOumB6QIVkqiX5nwG6pCFjmxQwW",
+	"p4c1VmrWsodW+RcksPOYpEnBgtIpG8adfcfbZXrub8WSmK4gbitYTClYzb2ZJ+geEMUSzF1ZosUHqqHF",
+	"MjzzX54VLYNtxyQqRQ3DlKliRld1PvZ1pzQ8k9Np0CPHzKhVf2hXsTsgh3JdseJap6wm+NZO5PPDlC8w",
+	"s/tqveVevkm4+D0s0md7WG0Pq1ZAKHlutVtkQnScegTvOLrpXi41UClulBnHb16Sn/+x96t9Abi29gZ7",
+	"gCga59enYd5EPXPAIrUWrM/oQT2V0coCRVBkmq/95XLZn0q16KcqZsIiWOQboc8UFWZiVgn7LYzBKVoY",
+	"NHBJt/ADsV9jfwhBOcfH3TM8wgAt/7dmoWIm8Mm5MC3pROLbk5NP5HeqeUg6ax//fPBisNvtESENOZVm",
+	"7hzDQi9RnaNEz6Uy/Zifs4icMqrsKaAoWzpO6n0cvnz77vD15OTo/evDycnJhx7ZzSQeOV35dhFdokOZ",
+	"MPB3L0HozVlhYcEDu9T7Rf83es+VjFlWAcFtFnGbBfIKzsei7DWHqgaQMNa4lQdOz+1jywvYdt/YpCCA",
+	"oZwiI9z0nEJMBDtnqiCtHYnCEnq/b1mm7BOqzzBKbUA+i5if+RIS6PjOXtdzud3C74Um4H2GsqBrm/jT",
+	"4DmB6XaCi/EW3Dje2ieDwaBH3N+TAhO43/4O3L7bdYObCBPnLJYJ269rpL23s9PtkSAVOk0SqQyLJjkx",
+	"57/7B2GXs8tArP4nJFr4bdclwARfvnzpDwsEv48kG3SBN62O53r64sM9Qp1+gKQPBECFU3BcwBwaS/Od",
+	"HpA3GPaIz6AHyWoOfdAcWGSPPp77eORUi+qsYb4F3cH3EJchGF7JEURjIA8CbUthFA2NoyDt8/QN1Kex",
+	"Byx73MWgdiMliS3y75O93RcHFgw5iyPslgclbLzT3Gloxt4i1WKf7D1/3kV9FvbT7eS67gI6zRCY4A6t",
+	"d7WYeI2ca1j7lzlS3qdhr2kyzWoPYGoJNGt4eLdqtH9Jwznrv7TkI+O6ujBLutIkELIPcUAQzpd/wVqO",
+	"1NYnRWf4W+NAoX3lpQPdgIJ2IxtxZAHDKSHri14TzNsIXhDkVAGuOpi97S26gQ7Zd7myDhL318C5DM2b",
+	"Qfl2V7QqV2pKdaNupBiNF7+Nt2ZUGLUab93uXt3HYeBeKMNKtAUVK59Q5UUvnuG5zsWtPfkbtXJmjaKA",
+	"dTGUt0wphTeujzZyYZxoSSko6TyC4jgwcdDr6t7ChWEzpr6bbB6OMQ/IgDwf7Lh16BcDcwBZNx7UXArH",
+	"tlPfG5On885SWdaHe+QAqpiAUwJUJFTmRBrHAxK4eyfuXjguWXU8jePCDvqDnpJLVxeptnbD7zjY0E31",
+	"u9WlW9JKytO8TBuprGZbcuxRWVJ+L++uPzRnIdBrLXLcA/VM6tKXGpn0SORJUHCA8lWuOoG7rIMeCamQ",
+	"goc07h4Qf913zSaJ4nbqJOI6iemqMITJEcDb0f2P3QF5if+0p29gfzyRp4tFndU25+Xf3Rc9cF5207yU",
+	"l90it0z8uJjYbev3ci8kLvaxYMT2Bfwf8mcK6fXN1tKTudTQHQa0nAUVdIaWCxjnmXZ5lAPiShFgBuhU",
+	"qiVVLjGlIxMmSH+c7uy8YMWk/ii7iIUBWdQ9KPwOACbKD8BbSTinYpa3NEHrUuXBbExfRnpv51fSWUvd",
+	"CLCexiSvz4L5LHEsl9AwnAyFe2shDCKkQki027gklXW0KczbszMsFdT7uNn2hjiwm2Zjpobf+R8lt7Fm",
+	"1RoAEL6szYBoMyCuha/DnEEJ9fngzHHn90Grw54bgNWjxEcErsGgJqcslIscPQ/cvyr4V4uZA/KB2qM1",
+	"O6dx6jwc2vA4xuZVRPPZ3HAxc9X2KoN1As2YmGB3qy45Tb0zRDEAe26+HTfdq1rMbDGzxcwHmMhtmfO7",
+	"8PKyUnlu5Er1aYsZ1dJ5jIbzvAVLTI39zSEU2HqW2IBEsO6AuB7QvgcEYJBz/DqHtJvegXcVV65jlxOu",
+	"Dfqu/UCVkvwdKlbgdXYFQmQpWFb7rGV3+wTiokBNhjiuvES4f2mnuA6pNmROzwvOpOK7XX72hiLcAzL0",
+	"05lLsJkZspDakN2dnR3/yvpagyVk0TeLxUf4/Sz7aJ+N7T4sA+d/p0ytcnTOF3Hr+4oH1kynOhWghaaJ",
+	"wI/gSipN5MpIPbLPn9jH71A8fJLapOpy64KnfqxBwBVJ8MHW3PC4zA0Iu25zr2N0aOpUcFIEPhctfgnk",
+	"ErkU0KHHarz4XAcIrzhU149V4lGgTIcXJLCM6UKknE1x4i65yAtogmuVX3YA4cGEcQjB6ZxKM0ekNVZ6",
+	"nDLC/p3SuDsgn5jiMtJkIYWZx6se+XdKlWEqXuF8hUhpDC/4fPLSrhwTEVUkwccOwNagjJ5QE3hbZgbh",
+	"WB/FL7oLU8YnLWiHqTZy4S5AGLAuDQcfykSEf2FETfanCzbObx+QgC7A7I//myy4kAqMsbuDwe7O/9n9",
+	"aUDeoSePcJGkEF28XgqDCLqwhw07Z3DCHGTt11Gc+azEOdUlEbPBHuPqbGEor2JQpSNoLJZRArRbLpVx",
+	"R+0FSp90r+Up6qRFk5QQbOk295l+WgKiTRu5aUmERJ+dMa55utj2Jf02lINiVKeKaVDDE6lZNEEgDNCH",
+	"j6cISKKA9IfsRGIhzbIT00XHVEFbp1D7Z13DLyv3XcIFHFnKQI927Eq7bjJKGDbrsYtJs3JPXODxJ2M6",
+	"7xU7wFjXRGoaE4hnxdjSzKVGoygbHsUPNf4TO3ZW3LAFVJupW6CdLMa4+mKUkO66WwX3ySwiv2GWKvkf",
+	"xA/Zcx34IDXDypdqiUWXLJgNgc6C36wkIf/lZaV/XWDmiml7qplAF/0NzxduTZgKIajzv/zhyU6biwkO",
+	"G5AO+0qh0RoEcLg94FCrXUsCP8YrNyOuiZ97d1DzOfYblzKNo8lpLMOzAFvWw78nWKvSCXKd2rWKgpLu",
+	"HSypEu4ZIQ2friaWEIKD2k+Hd9kHMKBbnjNF4zgvd+n8rtooKWb22Gw3/ZnGlnCmeFSG0zfVZ1nWTZXo",
+	"D9YJvnh4R2WFYiR2uXnUulS384tuUKrfhYx+5db0nqJRG+ay+VDn6eAgA4IlzbqFtek4rRje2t96pVZ9",
+	"lYq1SrkQj5+hOMB6dF0ZfeHA0bXhiVjM6kIzR/aQhnkf1J8gXeKNlz7OFTKT3hBYByp29Bs9KtT6Ehq9",
+	"CNnH3q4boaZgzCv49Ki18z/tPhFIBps1assRJpxfhwnBiFPKkwNnoe+hCB5B9DsOSBDGjKpJZpRQDENF",
+	"MFklIpFV+TuQ0IKxFw5nSpaPHhFWCXFNzCt2DrBurzsP1n2OdWaHUjtJqNZZGgEfBz+nNN5fa3WsDRWz",
+	"sSdPZgORCRMsImeMJc5ahaEn63iVJhF9pHh1y6rYZ1i5h6CIXWIuwS2OnqrJ5LpA3epqlwA8Ev61TSb+",
+	"6N7XzEC0R6Nr9lUl9rZHskQqfw2CcF2haueLffO/iRY00XNpyFTJBfxWDeOt8dUeShLzc2afD6U4Z8qf",
+	"WROmLOxsju51QcGrkf+oBx7mW53vZYe3bOH8rrWeuMdl/6zu73dGAKeazpqj9z9w4asL2AcmwKdckD/t",
+	"P3pQqZxg9zyMgCgVq9dSQUWoKCvPtcLaUFg55QBr7mhI/MOqL75MDxol4XnUo8q5mhuDED7DB92ut+eN",
+	"kour3Hcir3JXceIjqczWD9iy0H3DsVVc4EOu3rRQgbIDdEhiS28tYj2usLDq/n4jYoXU0FjOtqXu8wWd",
+	"sWZ9ZIiemaMRwRt7RKqIKatSr6B7/2AsaiHkJb7iSL/DF9wuijw0Hj4awWdfnXOzBf4ROfbpdEfn2uRb",
+	"ZYWz631mhW2B6Rzx1zOdPksv5bfR+89lVuNRNQwzUbyaB5iKiKkyHti7uJiRJKYCfKljkfmV7DXnjiue",
+	"F+zlA8IWiVn5wwI+Dm9ES9Lo/edn2gFRKrjpZsUr7Xli7BeQx9zkLlQ5dT3sZlwKjW3XUgto2ZFlqhjL",
+	"es9LYSGuRyxPRSlsB7TH05dAzsiu79OCG//l7z9fHXEsibVg89DBBvEFaN9umPf2Q0kuEZEin10Hf7Yv",
+	"9Fn6dzMK5WWgpCJc0AyVsl5R+iwtNomqYckZK3DkzRpWYSIWEQezAZnv7uz0f9mZnfb118Vg92uDsVXD",
+	"JJrNrAWz6u7zX3pbCy6yv+82uSTn5ibLxOj95xtl3W9S01svUAPj/sEMoRXOvYw5I5ZQZRb2VQWuXJdx",
+	"rwr3PS0Zl3/51WVcYVXbk/DjE46otWZbfPlh2DXh01cOppciXkGX5DidZR5GsMO5CCsXwoVx1k3R0znp",
+	"Po7Q6ZeVr7qnuOnCstagAE4yaoOj2+Do7wqOjorMWwMk9UJ8+yL/w0df1Qp1CCa8KXio+hL9uM0hCKVZ",
+	"/ijZ15sZ/6QkFVpPf6uMX87EjUFZderAK+i14xOyvNksKnBbgzaA0SiPl91vXtP4XFmxewo5uhxwfKBR",
+	"Czw3XfOh1VSuGpN0DU1lzmhs5puUkrd4x0MN6cHpXRbBM/z0ztf1v0l2vEMi2VAa9gM/Z4Lp7NhrP9aR",
+	"c2H/3T6Wdp+7d2yDO2UbmwJtaFtnz9PghQqwaHPfPkdnVtLgs8EBEdJ1rdj3/SH6hi+YuwGkkmv3U2id",
+	"gdlRY1FsHXDMTKoEupliKWauJYZ9pS/q7ju0xysyZ4odECg8TLghOz9DFwTwJdFTxUPyckiMHAujUm2y",
+	"sDn3G40i5cp7RPDust0bzvnr87fCfXcsKt2we6WuCKLUMdtdDgbkNYzmKu75Zkz4bZAR6ep2Q/e/sUgU",
+	"O+cyLTashAZb0BowFYLFdXZ3HPZQRuwhpnTZeeEq3JPVoDiBZvR47fuht90+H3u/PNxqQoENC8jpX24J",
+	"Rm8E0Av7PyhIB4xqf1ZSJyw0G/v1A6RaOAL+j+WMzKhhS7rqkeWch3OSKKbBsOlveqaJxSbf4waDdxEc",
+	"5JQE2TyCsfDtbAL03e0Ty1dB3mjUDccBdw1kM2ed6rB1gFREQSPUqE+XdLUZ/g7WZuNDD+HjfC+7xjQO",
+	"0oG5L7he2INYtw7Y8mW1W/L9TVXWTlDvoqIJ2aI0TL4DVUpOWb5XYPmFDz1lVkZpCN+sP3K5Pbmq7/Hn",
+	"vft0PWYL+y5ba7s0DepVRhF25+/fIdl6SxoB7wLI8HdQ0KBLwP6ff/1dQsF8wx0SrjU9/nY8RBjZVKXT",
+	"8VUGeMWiDbnyo1jI+DnznUStllXVBbt5+24p2FhoIxNNllKdgdJliBQudAJ4GJQoIoVr7MlExKAOUD2K",
+	"mTkVRZQlXI/FZbjmCi9cDm+4Si203Ta0XXZotKR18+0yW0S7a0RzXdxzyv4GPNOGbqijeYxU71or+F6G",
+	"IU185GPgLw5kAkmwUVCbUOWnMoLXPVSbS2mWm7jopUyL7njsHAQxpD+klvDjmQRHlk9YRP45Ojok2hFV",
+	"1iUoWnBxlDSRvLHSy/5DsZiuti9oHEskl4ofs/48Q/1+92G/IR+Jh5QsoRK3H5x8YacjGZ4xQ2Jqha6T",
+	"wdji0Qtd/yzWUC2cWpzc7kQy1NmEB4uo64pWYPvUtbaq8EW++Tf2z8csKXLGViRiCu6CaOQg67Y6Onl9",
+	"PHn/+l9BLy/Dx7WfWy+bFv4rX61MydBMYwkY1DFmUmLOvVVfUu1S/P2nyoQ521e2VNooRhc+EwzNbnbs",
+	"NJkpGmEYOi0saEenp4mSRoYy9ha7gR+tD2swON8Num5LTrGP+cIKhBnT2JLdFy1idPFMk9MVtJaVZk6W",
+	"dKUH5FAa+ATsSaXriovHdHXi3nmzmswwX+FGN1eJZm/Tq72LGFSJTl1yE85ZlryXb80VtuWHdBs9yjre",
+	"z6+0eH+gyeZGNRsHBseWJup1m5MKOCCynTKzZEzUI7C+muqzYJu8Qh8fbi+nz5qpL9zMfc+ppqRurDWC",
+	"djAmqAhXsF7sK6Kqa/LU6il3oafkG1IgTruRFaIEs0Kj6vFWxpGrEJ8r3PYR1LhJJ1PNdWoJGmM57GbL",
+	"RHcPsCe4JjNmyN7Oi7HYUGymIfMI+ehpxWPbb756JDYmbrUx2I8uBls40vfcWyNSrE5LEz5Y0UW8Sbgc",
+	"JUwMP717JcP0u6Ojrkf5fma1Zqu93V/3XuzsrSuDtfLFfQSJ3Fc8vriDE+gm7JvtR/lubQo5SOiqmtxy",
+	"WaDdARFsmXUhqS9U8ckP+7Sw13321eHXL3+LwI8zCybP6c4ZIosA85dqGXLbyKSfJnqDd6YmBBaj4zWh",
+	"/oWZtSNR8pxHmHvufpKnrmMPGRnFE9bXZhUz4ub1DvihiwWXXfXrnnP35JFAhWFdQ3Df9B5d5RBSpORS",
+	"M4jbAaNIKMWUK8ws93PJ/N9+QDS/lMYkXBPvVgoZ6VBBCok1/fds5arsuOLd3BDFIhoa5g1QS6vTwjih",
+	"YhE3vpi4L95T/BxviGKncynP7MhSOZe/n3RIE5Mq8EwJgktEZGo0jxg2knD/EegvAQn5mriqjq40gEuV",
+	"iiWOGEksfQ4NjpKGthOuwjlMFNrKpwqLMaYJHjuz+zwxwZCw7DOwP9qbNRLxJM2pOGhKlHIkcSKTz8lj",
+	"SpUqftc9hT2Vp7DZA5YxS1aHNFpnnIOMv7hjqwC5aIJcFLSZV08vnvlubWa5vwO6+lCPuyjSCiTr6NmT",
+	"7tWFo0NlvX3hn/27WVAe+hBYdDEclOJcLaExYSzz5oFfgROIIz4T1EJ8QJAFSCcwv0EfhTAV/KsVTFJE",
+	"Gjsr9M533W9z9pW8/Th82R+9HT7/6Wer6Y238CeD9w7wL0WXMBO86O5hQY9oBh0LSHC+G2CbJu1kAoM+",
+	"GasinDvx6H+HQsBgGxEzK24gfgzkGXxLj1Bi+IJpQxcJWUjlAihe7OwQjREaqnSZaB8cPE1xAJBhsILy",
+	"3FW28XIypAmIF7dVk+y1WUga6ezt7HRre334ksGKYehwhJI+YSoXeL5jKdbZgG4kkW+43cfzCSVRinhs",
+	"hWvMsZeJC7x7vrPjYDG7KYAgPOejyuOfi9qA3Sh8M8VuJFAQmXofTMftiIHAmFXCunW+F4iScZT9Bdfr",
+	"Zn0wnyoM1eCGKfBbswfmCkLrkx+npongybo2BWTgGCmbGf6Zz63KeVsNQSu/7P76/JrpTv+9/d9b+xd3",
+	"m6FU3u1heLaxHy1I9nOm+NQStaU0xwYdy8Y0L6aNl7v3LMrbgOZrBTQfIwAUDmcZqHn0rLaTbRCDzm6+",
+	"zeliezGlfUsUXDC9yRa/JAsLUvPcKI8Qx895zGYsygNlsNZ9Zp2f5Nb5HuEijNPICpZU22EASeGfA2hw",
+	"426Dmvj+eZnoLolpeEao8C2lUHCSKQ2NVHj/3E/x45shUSyUANuOnVEoyISJATnE9n/rMTykE8D7J56/",
+	"A/QhLLmGqsp0AcIG5lsb7/PxzfA4W8qH6lArTnLTiSG7CVua69Z1dhemHyRev/JymrFBH/jDs1/H3gPq",
+	"SrcaAnRs2a/C8D5ZcFMJoiyj8KESrpvgZdbRk7xBli62oYCwIdeTS05bar5TQ2ahcGVGZdeo3vNlzgQJ",
+	"Slnu0KNNLrgxvhWeVDMq+H+AtJ7phgR+qtEwZ884hV8KIeHF0j97jRYtnPOjMmbhJ92THasyhw1BqGi4",
+	"OqiwNphGlwIFc5uf3+bn310loSTDgs3J+R76wOjkWj1ubN/2qdTUG+0LWTVf/M3ZUnz/KFCnIV9vKdWZ",
+	"3Rvdayxbgq+9ISSrnzmPBuQlVYozXWxcmUVmuVNENq9mg4Nbrx+nlFFhbTfBWdth7kZR6+m1pNuIPr3G",
+	"oJyW7W/xiHLJsaRl9rZ22aWM21C4rKwToBMDIjiaypI9cUa/rdpl33JaujOc8VXLWrxpj0T3UrLsu45E",
+	"2zS0C9HPq0c1+yU8EDkMJCNwZaO1Hxvoxlybun6HBZPnEN73svC6pweWP16wbHXXrh41WyCsNnD2cQbO",
+	"OiZ5hlEvWhf3fB2V1gGg2RRdRZyhDzLN31Ds8ch12TgTKBmzgHSco9P7IxQ552zJ1IFDLVDvugMClS0g",
+	"FHUGsGZhRJSHdTErYrWcM8Wyvk8rwEDFptheEt69ods29COvhMn6N/kNwCDhzRbx6lK2UPpA7PrVjblX",
+	"O3+0RiaXWfrrQrjbSNRWTb0Jy/26jLiaiPgGRXb7Iv/jquZ/L2lO6BnThE2ncNGVvJpKlVc20gf+U/DP",
+	"LN4L2wkTbeiKQBQlSYXhseUsrrCWBhY5XV3iJmjhfX3W+Wo0V64o7frtWjP36goaQenH1g7wtO2OSAZ3",
+	"gHuo1V4p3Oiju7VVE3+A9NTill39uO2ooUWfp40+cDb3HLjI2P4aUWDNvg84vqaaKeIKX8ZSzHydptwW",
+	"4EK7OoG9tdDmtBDme4D13rk2XMz88bwpgoJGUYknWhS7v8PusLIX95WPWaKHOlyMolYTaz0ydwS6wyjK",
+	"op6/0RvjoHr7Av9xvaC1Ekgfs4U89/21YqrdTY3wquz9rEXYyqw/OqEUQeN/t7nQth+uNlV1zrbvHo6f",
+	"dh9b0Gtj3K57XrV0cwl+fUOkDHnFFtJcA4hKkTQtED1YILrlYJ9vUCx37k6xLAb+4BK3gNtqmXfjUJlT",
+	"McuB+pmGHOBL9U1XQqhPQ8wwvUYROYvhEDhP3CDED4KhP9JsDPxxXzT0L35aZebKX391Q151qdvgmUde",
+	"da664QWOrnJQs9WujnmH1aFddi4N51ywrHuZ13dwQgck8IoNlBgIyAy6BnFDKADOFaNqCBeE0XDuECIP",
+	"pCm+bEDeGTKnkO+fUK2XUmFFjZAKN5qmhuvpimjDkn6aQCMAzWcCyt1kRYowOqjoAyYzhVbIT0ejE+LB",
+	"0NIp9lUKuiSF2ju0GFOE7QtKj1Txc/vCF2VzV+D8XnhzY4G28m4+pqzW8pfdk1GwsrzNsS5tREurgH1X",
+	"REsFVjcC9gZNrBZJNln96kD+2PW8ZVCIpQBlDmirIsCHtHSEzENaILcbo1emEkqFLbq3F+VyszhYaR9S",
+	"lXhNsSLrS3/nFjunXB9gw76C6MKY0jaapPXn5hmot4k525UkkKurmL7fuK9eyqMA9LdKNdP66NLayOdi",
+	"QTVq1dU51fMBOYJZ0JgE2A9cT6i5oqJ1W3F0DwRqHpgq2EZAtxa+VsH8TgVzPdlFTr9DBuh5/4ytNkcK",
+	"jkZv39t7npiRDr766sY5u4ytQe5xGuSy6mmj0VuSpKcxD2G/i2ym58AkG+xwcwb9MLkmCVXaFYh13QFY",
+	"RDrrnQKwsQH2t4SuAgL64JRnYY9jMHBm8tJ0wciUixlTieJWMXMHNCnKn1Mw/tX6XZ3OBJzwqIxS8EX3",
+	"ZYzC5WwKTTsokIQlkMI+tvapVn34jjA0UYGvWvSqUQ62L87Yat0AVWu/uRGoqBymRm8RN5sOUTi7+7LR",
+	"tEeA1gxjNfPrchcU3b6Gx510mtPHi2Wya/3tOBx2AH1aanz+5VdX5V2aApZFb1X6R6nSY/l75wnJFGLc",
+	"+ZqmuddxrmN2i9O5J5DLoqFryq/dvFOZvcfKL+hVQs+YaNK+cwJ+TBp4/lX3pIUXlrV1B7fq9i1Z6zAS",
+	"V1wRZKrawfYFIInTvGv1hCG+orZ8+lqWXWdvZ69b2zjj5kCmPL3PGIncoLi7r/tRiotuhgyfAdmeB9ri",
+	"ojTjymsz/vmLbcVmVqtv5PnXrrGOvQuNftxo4ubDY25WRBtq2AEJsE+pmeDNk1BGLPDd0XwlczdQR6Rx",
+	"DPrJWAgpWLepKf//enHsJvhQG5X4GV6lU4lb7HtvR/K0NHCVUZBnBbtnNPooI5aVuOBuAhia+X+XZ/Y9",
+	"U8X0vDkS4bWwr6y2BWbinGhmIOUoeHd48vr4cPhh8s8v70eT49dvjl+P3k5Ojt6/PgTe0MwcZN0G93b2",
+	"8sO16zCIvSiBi6jBGKi63EmYqX3Hg+UTO7ljnOfmRlRwyw2rw98kp64tdX7AnnMXW57wofjgMLW6zp9/",
+	"/V3qRfdGqtAqmI7MspA+PhNczPpnbGXpuNiayg6DfLVgRvGw2ec7Y+aju+V2Kdewr2Y7iSmv0GxBx/v5",
+	"H7s7v/zy8966prdGpp+UXDAzZ6kVtF8h0lBqbn8kqETeJPneIWFt6EhY+ORFtmN+x98yGmd7DraI/zSq",
+	"FNBU1aLlJ6nNTLHR//wAzqfD4cnIYWGP/LTzooqF9lKx4+paYzsi6MInek4pj+2/wzkLz3rg0ARwtp9p",
+	"IZrFMmG1x5OH39Tvyh39VvsuHjdiCRMRNJF3wuYHpc8M+O5uIQ+lgSZ9q31CDYkZZBALhpRlaTGSS3Fj",
+	"y7mxJaib7f4GzmniyaXeFtLwqVuoZoX/czJTNGKaGEko+cJORzI8Ywb1jyTVc6bLB43SsIRq8s/R0SGi",
+	"4sKqjzOm98ciuBhvhXMqBIvHW/tkDOfxfWxszSPf0pr8PzLekmpW/8OpkjQKqTbjrR4ZA0jjWHg3dsWF",
+	"q+4pe1dEDbV3XQwGg7/tBW3PKNQUnzx+85K8ePHiV//c38FgLCzkhFIIFgKsW2UtPbUrdcoiX20oWwQ4",
+	"grnv65V/KnaqIx08lnXHwt0M+wc9xv3H+WEG5Kj4pF9LQk9lWmgpQTo0jiUuPxzFUo2Dz5juZTedptGM",
+	"GWwZq7uWnsM56q2u4gdZziWkO2nG3F67fgLkle+KzTU5ZdqMBZtOpcLu1hZYE6Y0ZFcdwNORDCvENlhE",
+	"g7EYg3rh+qdzKfbhu4vR/aTzzy8nXatfBKj42geCHmEcrE1ckGDolDQ3wu+oH7t26XYM1xV9LKTqYR7V",
+	"qZJLe/btWeK0r8yJWqeniZJGhjImwYwKo1YDfPNgfUgip1OmWESEpW0jx8I/Uv7Y890Ac+Q1U+dMERbO",
+	"JXN+tcYnemQ55+Ecu4Wjfcoeiofk36ldetRE8Fcs8tyhPmdCEEo+H38gTESapIm9EMuZ7qLUDI4Un3ER",
+	"+GJZdgXGwhnbn0EfPTKXFtMUWVATzskfw8OT439NDo9O3r1593J48u7ocDQZfvhw9OX1q8nR8bs/3h2O",
+	"BuQN5XGqmCWJKfZ/Z2ORInhA5gAgdiaavcjVWWXs1DAXpG3VChkFsL8RM5THOqgzCDhuPCzh2E0K6V08",
+	"KFRCApbchHO7+p8cqWgXo1sgHq6bt/aJePV+yNPPkp1qgILfM7xZP/+UCI5Iy9M5hHQSpvoW/nsWB/sl",
+	"tLfUvYbrurvZErHU24apBRc03r7Isf0Sy3w+Ic+DHc1YRPYGLxwQuGBeADFdJeCcfP27AcaAPf0PYHuo",
+	"gUXAOsQii9zek4jDjBiEDQTdA3IJJBZfPCDDHN3sc40ouLezQwIuIIxt4lAt6GU4MlCMaikCHG3CxQRG",
+	"6mJ6R8KEKaNkD08mVkfoFRCT6wpGBg4kT14ff3x3OPxQxUfwf7yomxlOiEh4HzhM7B4vLdyTIYEoC6hm",
+	"6NLh9nZ2SYCTd78FULUwFWdCLoUdL4npikV2bhaI+Uy4pwuPumkEruBhYsULKLGFe9zlYEDQ5jtFgC/g",
+	"e0ZaXNtxygC/nEvNcvwmIVVqVYvzAzKcGqZKI55yQe07FbRdx2c9QZDTlbFyRpo5WdIVVvcB/bJ0O6id",
+	"9ligZJxrniTQSIET0OEtabCvHEjEhb3C1BIpZgGqCzmZ9kigmOb/8fNPeOkmx1Ad0Hcy6l1ENV4vmTDh",
+	"OeJmnV7DXPlrdH2VQOQ2HWAb5GeuM+dItaZ6lSCgdW09nQJiz6+0P39Qw5Z0daMKgCe5DebPwhnYIxIX",
+	"9nQsSM5ZRetndhFEevWNp+uaBqANYsG608hDWhJTwQg3msVT0rEcngElpDw7px5JFJvyrwBCqYq39re2",
+	"QdF1s6u+4QM/Z4JpDYIJzQs9FHiRDFNol26xz1n8BjmoOOtCTQgtn4l+mvTAPtznoufEkbceg+RF03GW",
+	"x+LGhEVZH/Ekb/7tT8ubIqoKA6LPc33EV1kzeE06oZXsIbNUqbvZkRnFTKWEcWHorMrRpvmuZ3EURvCR",
+	"mnYAd+l3HscArfmlT3QF8yxee0kNjWXptkMZsdI9RSqsvfyHkmlS+m1kpKIQPpPfnpRvGSbJUBk+pWF5",
+	"RiU9tjj7mBorVI5ZzKguz7CaLFZ8rKkefU01PfcGDIvj2qDYzUMrcSOz+Er/IfbunDyKV49lzNav1s+l",
+	"eMdHSvWIG1b/ywc+ZeEqjNnar+tbZ6+OztL1i0ejdwur1qzPrrpPcLFCAutUStOIG2IU5XF1bYb2p7Uh",
+	"S9RYHu/IazwaoIQsgBhcHjU1a4t/VJ6xlwprq+F/GCbJJyW/rrb+/uvv/x8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
