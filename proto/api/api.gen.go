@@ -26,6 +26,69 @@ import (
 	openapi_types "github.com/oapi-codegen/runtime/types"
 )
 
+// Defines values for AccessCredentialRole.
+const (
+	AccessCredentialRoleAdmin       AccessCredentialRole = "admin"
+	AccessCredentialRoleLessThanNil AccessCredentialRole = "<nil>"
+	AccessCredentialRoleMember      AccessCredentialRole = "member"
+	AccessCredentialRoleViewer      AccessCredentialRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the AccessCredentialRole enum.
+func (e AccessCredentialRole) Valid() bool {
+	switch e {
+	case AccessCredentialRoleAdmin:
+		return true
+	case AccessCredentialRoleLessThanNil:
+		return true
+	case AccessCredentialRoleMember:
+		return true
+	case AccessCredentialRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AccessCredentialKind.
+const (
+	AccessCredentialKindProject        AccessCredentialKind = "project"
+	AccessCredentialKindServiceAccount AccessCredentialKind = "service_account"
+)
+
+// Valid indicates whether the value is a known member of the AccessCredentialKind enum.
+func (e AccessCredentialKind) Valid() bool {
+	switch e {
+	case AccessCredentialKindProject:
+		return true
+	case AccessCredentialKindServiceAccount:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for AccessCredentialStatus.
+const (
+	AccessCredentialStatusActive  AccessCredentialStatus = "active"
+	AccessCredentialStatusExpired AccessCredentialStatus = "expired"
+	AccessCredentialStatusRevoked AccessCredentialStatus = "revoked"
+)
+
+// Valid indicates whether the value is a known member of the AccessCredentialStatus enum.
+func (e AccessCredentialStatus) Valid() bool {
+	switch e {
+	case AccessCredentialStatusActive:
+		return true
+	case AccessCredentialStatusExpired:
+		return true
+	case AccessCredentialStatusRevoked:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for AccountSecurityResponseMfaState.
 const (
 	AccountSecurityResponseMfaStateActive  AccountSecurityResponseMfaState = "active"
@@ -584,6 +647,45 @@ func (e BillingUsageSource) Valid() bool {
 	}
 }
 
+// Defines values for ClientCredentialsTokenResponseTokenType.
+const (
+	ClientCredentialsTokenResponseTokenTypeBearer ClientCredentialsTokenResponseTokenType = "Bearer"
+)
+
+// Valid indicates whether the value is a known member of the ClientCredentialsTokenResponseTokenType enum.
+func (e ClientCredentialsTokenResponseTokenType) Valid() bool {
+	switch e {
+	case ClientCredentialsTokenResponseTokenTypeBearer:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for CreatedAccessCredentialRole.
+const (
+	CreatedAccessCredentialRoleAdmin       CreatedAccessCredentialRole = "admin"
+	CreatedAccessCredentialRoleLessThanNil CreatedAccessCredentialRole = "<nil>"
+	CreatedAccessCredentialRoleMember      CreatedAccessCredentialRole = "member"
+	CreatedAccessCredentialRoleViewer      CreatedAccessCredentialRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the CreatedAccessCredentialRole enum.
+func (e CreatedAccessCredentialRole) Valid() bool {
+	switch e {
+	case CreatedAccessCredentialRoleAdmin:
+		return true
+	case CreatedAccessCredentialRoleLessThanNil:
+		return true
+	case CreatedAccessCredentialRoleMember:
+		return true
+	case CreatedAccessCredentialRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for DepartmentLifecycleState.
 const (
 	DepartmentLifecycleStateActive   DepartmentLifecycleState = "active"
@@ -794,6 +896,27 @@ func (e MFARecoveryRequestStatus) Valid() bool {
 	}
 }
 
+// Defines values for MachineProjectRole.
+const (
+	MachineProjectRoleAdmin  MachineProjectRole = "admin"
+	MachineProjectRoleMember MachineProjectRole = "member"
+	MachineProjectRoleViewer MachineProjectRole = "viewer"
+)
+
+// Valid indicates whether the value is a known member of the MachineProjectRole enum.
+func (e MachineProjectRole) Valid() bool {
+	switch e {
+	case MachineProjectRoleAdmin:
+		return true
+	case MachineProjectRoleMember:
+		return true
+	case MachineProjectRoleViewer:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for NodeScheduleState.
 const (
 	NodeScheduleStateCordoned    NodeScheduleState = "cordoned"
@@ -833,6 +956,33 @@ func (e NodeStatus) Valid() bool {
 	case NodeStatusOnline:
 		return true
 	case NodeStatusPending:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for OAuthErrorError.
+const (
+	OAuthErrorErrorInvalidClient        OAuthErrorError = "invalid_client"
+	OAuthErrorErrorInvalidRequest       OAuthErrorError = "invalid_request"
+	OAuthErrorErrorInvalidScope         OAuthErrorError = "invalid_scope"
+	OAuthErrorErrorUnauthorizedClient   OAuthErrorError = "unauthorized_client"
+	OAuthErrorErrorUnsupportedGrantType OAuthErrorError = "unsupported_grant_type"
+)
+
+// Valid indicates whether the value is a known member of the OAuthErrorError enum.
+func (e OAuthErrorError) Valid() bool {
+	switch e {
+	case OAuthErrorErrorInvalidClient:
+		return true
+	case OAuthErrorErrorInvalidRequest:
+		return true
+	case OAuthErrorErrorInvalidScope:
+		return true
+	case OAuthErrorErrorUnauthorizedClient:
+		return true
+	case OAuthErrorErrorUnsupportedGrantType:
 		return true
 	default:
 		return false
@@ -1336,6 +1486,47 @@ func (e V3WorkloadStatus) Valid() bool {
 		return false
 	}
 }
+
+// AccessCredential A client credential (client id + hashed secret). The secret is never part of it.
+type AccessCredential struct {
+	ClientID  string               `json:"client_id"`
+	CreatedAt time.Time            `json:"created_at"`
+	CreatedBy *openapi_types.UUID  `json:"created_by"`
+	ExpiresAt *time.Time           `json:"expires_at"`
+	ID        openapi_types.UUID   `json:"id"`
+	Kind      AccessCredentialKind `json:"kind"`
+
+	// LastUsedAt Last token issued with it, to the minute.
+	LastUsedAt *time.Time `json:"last_used_at"`
+	Name       string     `json:"name"`
+
+	// ProjectID The project it is bound to (kind project).
+	ProjectID *openapi_types.UUID `json:"project_id"`
+	RevokedAt *time.Time          `json:"revoked_at"`
+
+	// Role Its role in project_id (kind project).
+	Role *AccessCredentialRole `json:"role"`
+
+	// ServiceAccountID The service account (kind service_account).
+	ServiceAccountID *openapi_types.UUID    `json:"service_account_id"`
+	Status           AccessCredentialStatus `json:"status"`
+	TenantID         openapi_types.UUID     `json:"tenant_id"`
+}
+
+// AccessCredentialRole Its role in project_id (kind project).
+type AccessCredentialRole string
+
+// AccessCredentialKind defines model for AccessCredentialKind.
+type AccessCredentialKind string
+
+// AccessCredentialListResponse defines model for AccessCredentialListResponse.
+type AccessCredentialListResponse struct {
+	Items      []AccessCredential `json:"items"`
+	Pagination Pagination         `json:"pagination"`
+}
+
+// AccessCredentialStatus defines model for AccessCredentialStatus.
+type AccessCredentialStatus string
 
 // AccountSecurityResponse defines model for AccountSecurityResponse.
 type AccountSecurityResponse struct {
@@ -2114,6 +2305,36 @@ type CatalogSKUPrice struct {
 	UnitPrice string `json:"unit_price"`
 }
 
+// ClientCredentialsTokenRequest RFC 6749 section 4.4.2. Every field is checked by the operation, which answers RFC 6749 errors; other parameters are ignored (RFC 6749 section 3.2).
+type ClientCredentialsTokenRequest struct {
+	ClientID     *string `json:"client_id,omitempty"`
+	ClientSecret *string `json:"client_secret,omitempty"`
+	GrantType    *string `json:"grant_type,omitempty"`
+	Scope        *string `json:"scope,omitempty"`
+}
+
+// ClientCredentialsTokenResponse defines model for ClientCredentialsTokenResponse.
+type ClientCredentialsTokenResponse struct {
+	AccessToken string `json:"access_token"`
+
+	// ExpiresIn Seconds until the access token expires.
+	ExpiresIn int `json:"expires_in"`
+
+	// Scope Always `api`.
+	Scope     string                                  `json:"scope"`
+	TokenType ClientCredentialsTokenResponseTokenType `json:"token_type"`
+}
+
+// ClientCredentialsTokenResponseTokenType defines model for ClientCredentialsTokenResponse.TokenType.
+type ClientCredentialsTokenResponseTokenType string
+
+// CreateAccessCredentialRequest defines model for CreateAccessCredentialRequest.
+type CreateAccessCredentialRequest struct {
+	// ExpiresAt When the credential stops working; must be in the future. None when absent.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Name      string     `json:"name"`
+}
+
 // CreateAllocationGroupRequest A gang launch of `count` allocations of one SKU in one region (docs/allocations.md). Members are named `<name>-<n>` (n = 1..count). Without `ssh_key_ids` every key of the caller's account is used.
 type CreateAllocationGroupRequest struct {
 	// Count How many allocations; all are placed or none.
@@ -2199,6 +2420,16 @@ type CreatePlatformRoleBindingRequest struct {
 	UserID openapi_types.UUID `json:"user_id"`
 }
 
+// CreateProjectAccessCredentialRequest defines model for CreateProjectAccessCredentialRequest.
+type CreateProjectAccessCredentialRequest struct {
+	// ExpiresAt When the credential stops working; must be in the future. None when absent.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Name      string     `json:"name"`
+
+	// Role A machine identity's role in a project (never owner).
+	Role MachineProjectRole `json:"role"`
+}
+
 // CreateProjectRequest defines model for CreateProjectRequest.
 type CreateProjectRequest struct {
 	// DepartmentID When omitted, the organization's default department is assigned.
@@ -2247,6 +2478,13 @@ type CreateSSHKeyRequest struct {
 	PublicKey string `json:"public_key"`
 }
 
+// CreateServiceAccountRequest defines model for CreateServiceAccountRequest.
+type CreateServiceAccountRequest struct {
+	Description  *string                     `json:"description,omitempty"`
+	Name         string                      `json:"name"`
+	ProjectRoles []ServiceAccountProjectRole `json:"project_roles,omitempty"`
+}
+
 // CreateTenantAdmin The tenant's first tenant admin.
 type CreateTenantAdmin struct {
 	DisplayName *string `json:"display_name,omitempty"`
@@ -2286,6 +2524,38 @@ type CreateTenantUserRequest struct {
 	TenantRole TenantRole `json:"tenant_role"`
 	Username   string     `json:"username"`
 }
+
+// CreatedAccessCredential A new credential with its secret (flat, so that no field of the answer is named like a secret but client_secret). A replay of the create with the same Idempotency-Key answers client_secret "[redacted]".
+type CreatedAccessCredential struct {
+	ClientID string `json:"client_id"`
+
+	// ClientSecret Shown in this response only; store it now. Send it to POST /api/v1/auth/token.
+	ClientSecret string               `json:"client_secret"`
+	CreatedAt    time.Time            `json:"created_at"`
+	CreatedBy    *openapi_types.UUID  `json:"created_by"`
+	ExpiresAt    *time.Time           `json:"expires_at"`
+	ID           openapi_types.UUID   `json:"id"`
+	Kind         AccessCredentialKind `json:"kind"`
+
+	// LastUsedAt Last token issued with it, to the minute.
+	LastUsedAt *time.Time `json:"last_used_at"`
+	Name       string     `json:"name"`
+
+	// ProjectID The project it is bound to (kind project).
+	ProjectID *openapi_types.UUID `json:"project_id"`
+	RevokedAt *time.Time          `json:"revoked_at"`
+
+	// Role Its role in project_id (kind project).
+	Role *CreatedAccessCredentialRole `json:"role"`
+
+	// ServiceAccountID The service account (kind service_account).
+	ServiceAccountID *openapi_types.UUID    `json:"service_account_id"`
+	Status           AccessCredentialStatus `json:"status"`
+	TenantID         openapi_types.UUID     `json:"tenant_id"`
+}
+
+// CreatedAccessCredentialRole Its role in project_id (kind project).
+type CreatedAccessCredentialRole string
 
 // DeleteProjectResponse defines model for DeleteProjectResponse.
 type DeleteProjectResponse struct {
@@ -2489,6 +2759,9 @@ type MFARecoveryRequest struct {
 // MFARecoveryRequestStatus defines model for MFARecoveryRequest.Status.
 type MFARecoveryRequestStatus string
 
+// MachineProjectRole A machine identity's role in a project (never owner).
+type MachineProjectRole string
+
 // Money An amount of money in integer minor units. Never a float.
 type Money struct {
 	// AmountMinor Amount in minor units of the currency (for example cents).
@@ -2610,6 +2883,15 @@ type NodeTokenRevokeResponse struct {
 	// Revoked False when the node had no live token.
 	Revoked bool `json:"revoked"`
 }
+
+// OAuthError RFC 6749 section 5.2 error, used only by POST /api/v1/auth/token.
+type OAuthError struct {
+	Error            OAuthErrorError `json:"error"`
+	ErrorDescription *string         `json:"error_description,omitempty"`
+}
+
+// OAuthErrorError defines model for OAuthError.Error.
+type OAuthErrorError string
 
 // OSImage An operating-system image an allocation may be launched with.
 type OSImage struct {
@@ -2864,6 +3146,31 @@ type SSHKey struct {
 type SSHKeyListResponse struct {
 	Items      []SSHKey   `json:"items"`
 	Pagination Pagination `json:"pagination"`
+}
+
+// ServiceAccount defines model for ServiceAccount.
+type ServiceAccount struct {
+	CreatedAt    time.Time                   `json:"created_at"`
+	CreatedBy    *openapi_types.UUID         `json:"created_by"`
+	Description  string                      `json:"description"`
+	ID           openapi_types.UUID          `json:"id"`
+	Name         string                      `json:"name"`
+	ProjectRoles []ServiceAccountProjectRole `json:"project_roles"`
+	TenantID     openapi_types.UUID          `json:"tenant_id"`
+}
+
+// ServiceAccountListResponse defines model for ServiceAccountListResponse.
+type ServiceAccountListResponse struct {
+	Items      []ServiceAccount `json:"items"`
+	Pagination Pagination       `json:"pagination"`
+}
+
+// ServiceAccountProjectRole defines model for ServiceAccountProjectRole.
+type ServiceAccountProjectRole struct {
+	ProjectID openapi_types.UUID `json:"project_id"`
+
+	// Role A machine identity's role in a project (never owner).
+	Role MachineProjectRole `json:"role"`
 }
 
 // SignupRequest defines model for SignupRequest.
@@ -3358,6 +3665,31 @@ type EnrollTOTPParams struct {
 
 // VerifyTOTPParams defines parameters for VerifyTOTP.
 type VerifyTOTPParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListAdminAccessCredentialsParams defines parameters for ListAdminAccessCredentials.
+type ListAdminAccessCredentialsParams struct {
+	// TenantID Only credentials of this tenant.
+	TenantID *openapi_types.UUID `form:"tenant_id,omitempty" json:"tenant_id,omitempty"`
+
+	// Kind Only credentials of this kind.
+	Kind *AccessCredentialKind `form:"kind,omitempty" json:"kind,omitempty"`
+
+	// Status Only credentials in this status.
+	Status *AccessCredentialStatus `form:"status,omitempty" json:"status,omitempty"`
+
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// RevokeAdminAccessCredentialParams defines parameters for RevokeAdminAccessCredential.
+type RevokeAdminAccessCredentialParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
@@ -3882,6 +4214,12 @@ type StepUpParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// IssueAccessTokenParams defines parameters for IssueAccessToken.
+type IssueAccessTokenParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // GetBillingAccountParams defines parameters for GetBillingAccount.
 type GetBillingAccountParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
@@ -4152,6 +4490,31 @@ type UpdateProjectParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// ListProjectAccessCredentialsParams defines parameters for ListProjectAccessCredentials.
+type ListProjectAccessCredentialsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateProjectAccessCredentialParams defines parameters for CreateProjectAccessCredential.
+type CreateProjectAccessCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// DeleteProjectAccessCredentialParams defines parameters for DeleteProjectAccessCredential.
+type DeleteProjectAccessCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListProjectMembersParams defines parameters for ListProjectMembers.
 type ListProjectMembersParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -4181,6 +4544,40 @@ type RemoveProjectMemberParams struct {
 type UpdateProjectMemberParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// ListServiceAccountsParams defines parameters for ListServiceAccounts.
+type ListServiceAccountsParams struct {
+	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
+	Cursor   *Cursor   `form:"cursor,omitempty" json:"cursor,omitempty"`
+	PageSize *PageSize `form:"page_size,omitempty" json:"page_size,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateServiceAccountParams defines parameters for CreateServiceAccount.
+type CreateServiceAccountParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// DeleteServiceAccountParams defines parameters for DeleteServiceAccount.
+type DeleteServiceAccountParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// CreateServiceAccountCredentialParams defines parameters for CreateServiceAccountCredential.
+type CreateServiceAccountCredentialParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+
+	// IdempotencyKey Makes a create safely retryable: a repeat with the same key and body replays the stored (sanitized) response.
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
 // ListSSHKeysParams defines parameters for ListSSHKeys.
@@ -4356,6 +4753,9 @@ type SignupJSONRequestBody = SignupRequest
 // StepUpJSONRequestBody defines body for StepUp for application/json ContentType.
 type StepUpJSONRequestBody = StepUpRequest
 
+// IssueAccessTokenFormdataRequestBody defines body for IssueAccessToken for application/x-www-form-urlencoded ContentType.
+type IssueAccessTokenFormdataRequestBody = ClientCredentialsTokenRequest
+
 // CreateBillingBudgetJSONRequestBody defines body for CreateBillingBudget for application/json ContentType.
 type CreateBillingBudgetJSONRequestBody = BillingBudgetCreateRequest
 
@@ -4383,11 +4783,20 @@ type CreateProjectJSONRequestBody = CreateProjectRequest
 // UpdateProjectJSONRequestBody defines body for UpdateProject for application/json ContentType.
 type UpdateProjectJSONRequestBody = UpdateProjectRequest
 
+// CreateProjectAccessCredentialJSONRequestBody defines body for CreateProjectAccessCredential for application/json ContentType.
+type CreateProjectAccessCredentialJSONRequestBody = CreateProjectAccessCredentialRequest
+
 // AddProjectMemberJSONRequestBody defines body for AddProjectMember for application/json ContentType.
 type AddProjectMemberJSONRequestBody = AddProjectMemberRequest
 
 // UpdateProjectMemberJSONRequestBody defines body for UpdateProjectMember for application/json ContentType.
 type UpdateProjectMemberJSONRequestBody = UpdateProjectMemberRequest
+
+// CreateServiceAccountJSONRequestBody defines body for CreateServiceAccount for application/json ContentType.
+type CreateServiceAccountJSONRequestBody = CreateServiceAccountRequest
+
+// CreateServiceAccountCredentialJSONRequestBody defines body for CreateServiceAccountCredential for application/json ContentType.
+type CreateServiceAccountCredentialJSONRequestBody = CreateAccessCredentialRequest
 
 // CreateSSHKeyJSONRequestBody defines body for CreateSSHKey for application/json ContentType.
 type CreateSSHKeyJSONRequestBody = CreateSSHKeyRequest
@@ -4523,6 +4932,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
 	VerifyTOTP(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListAdminAccessCredentials List access credentials across tenants
+	//
+	// Platform admins. Newest first; secrets are never listed.
+	//
+	// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+	ListAdminAccessCredentials(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RevokeAdminAccessCredential Revoke any access credential
+	//
+	// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+	//
+	// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+	RevokeAdminAccessCredential(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListAdminAllocations List allocations across tenants
 	//
@@ -5290,6 +5713,24 @@ type ClientInterface interface {
 	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
 	StepUp(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// IssueAccessTokenWithBody OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithBody(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// IssueAccessTokenWithFormdataBody OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes a body of the `application/x-www-form-urlencoded` content type.
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithFormdataBody(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// GetBillingAccount Billing account of the caller's tenant
 	//
 	// The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -5644,6 +6085,38 @@ type ClientInterface interface {
 	// Corresponds with PATCH /api/v1/projects/{project_id} (the `UpdateProject` operationId).
 	UpdateProject(ctx context.Context, projectID openapi_types.UUID, params *UpdateProjectParams, body UpdateProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListProjectAccessCredentials List the project's access credentials
+	//
+	// Project admins. Secrets are never listed.
+	//
+	// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+	ListProjectAccessCredentials(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateProjectAccessCredentialWithBody Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredentialWithBody(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateProjectAccessCredential Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteProjectAccessCredential Revoke a project access credential
+	//
+	// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+	//
+	// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+	DeleteProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListProjectMembers List project members
 	//
 	// Corresponds with GET /api/v1/projects/{project_id}/members (the `ListProjectMembers` operationId).
@@ -5691,6 +6164,56 @@ type ClientInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/projects/{project_id}/members/{member_id} (the `UpdateProjectMember` operationId).
 	UpdateProjectMember(ctx context.Context, projectID openapi_types.UUID, memberID openapi_types.UUID, params *UpdateProjectMemberParams, body UpdateProjectMemberJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListServiceAccounts List the tenant's service accounts
+	//
+	// Tenant admins only. Deleted service accounts are not listed.
+	//
+	// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+	ListServiceAccounts(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccountWithBody Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccountWithBody(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccount Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccount(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// DeleteServiceAccount Delete a service account
+	//
+	// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+	//
+	// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+	DeleteServiceAccount(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccountCredentialWithBody Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredentialWithBody(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// CreateServiceAccountCredential Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredential(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ListSSHKeys List the caller's SSH public keys
 	//
@@ -5921,6 +6444,40 @@ func (c *Client) VerifyTOTPWithBody(ctx context.Context, params *VerifyTOTPParam
 // Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
 func (c *Client) VerifyTOTP(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewVerifyTOTPRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAdminAccessCredentials List access credentials across tenants
+//
+// Platform admins. Newest first; secrets are never listed.
+//
+// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+func (c *Client) ListAdminAccessCredentials(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAdminAccessCredentialsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RevokeAdminAccessCredential Revoke any access credential
+//
+// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+//
+// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+func (c *Client) RevokeAdminAccessCredential(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRevokeAdminAccessCredentialRequest(c.Server, credentialID, params)
 	if err != nil {
 		return nil, err
 	}
@@ -7587,6 +8144,44 @@ func (c *Client) StepUp(ctx context.Context, params *StepUpParams, body StepUpJS
 	return c.Client.Do(req)
 }
 
+// IssueAccessTokenWithBody OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *Client) IssueAccessTokenWithBody(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewIssueAccessTokenRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// IssueAccessTokenWithFormdataBody OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes a body of the `application/x-www-form-urlencoded` content type.
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *Client) IssueAccessTokenWithFormdataBody(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewIssueAccessTokenRequestWithFormdataBody(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetBillingAccount Billing account of the caller's tenant
 //
 // The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -8391,6 +8986,78 @@ func (c *Client) UpdateProject(ctx context.Context, projectID openapi_types.UUID
 	return c.Client.Do(req)
 }
 
+// ListProjectAccessCredentials List the project's access credentials
+//
+// Project admins. Secrets are never listed.
+//
+// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+func (c *Client) ListProjectAccessCredentials(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListProjectAccessCredentialsRequest(c.Server, projectID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateProjectAccessCredentialWithBody Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *Client) CreateProjectAccessCredentialWithBody(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateProjectAccessCredentialRequestWithBody(c.Server, projectID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateProjectAccessCredential Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *Client) CreateProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateProjectAccessCredentialRequest(c.Server, projectID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteProjectAccessCredential Revoke a project access credential
+//
+// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+//
+// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+func (c *Client) DeleteProjectAccessCredential(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteProjectAccessCredentialRequest(c.Server, projectID, credentialID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListProjectMembers List project members
 //
 // Corresponds with GET /api/v1/projects/{project_id}/members (the `ListProjectMembers` operationId).
@@ -8489,6 +9156,116 @@ func (c *Client) UpdateProjectMemberWithBody(ctx context.Context, projectID open
 // Corresponds with PATCH /api/v1/projects/{project_id}/members/{member_id} (the `UpdateProjectMember` operationId).
 func (c *Client) UpdateProjectMember(ctx context.Context, projectID openapi_types.UUID, memberID openapi_types.UUID, params *UpdateProjectMemberParams, body UpdateProjectMemberJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewUpdateProjectMemberRequest(c.Server, projectID, memberID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListServiceAccounts List the tenant's service accounts
+//
+// Tenant admins only. Deleted service accounts are not listed.
+//
+// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+func (c *Client) ListServiceAccounts(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListServiceAccountsRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccountWithBody Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *Client) CreateServiceAccountWithBody(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccount Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *Client) CreateServiceAccount(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// DeleteServiceAccount Delete a service account
+//
+// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+//
+// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+func (c *Client) DeleteServiceAccount(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteServiceAccountRequest(c.Server, serviceAccountID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccountCredentialWithBody Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *Client) CreateServiceAccountCredentialWithBody(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountCredentialRequestWithBody(c.Server, serviceAccountID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// CreateServiceAccountCredential Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *Client) CreateServiceAccountCredential(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCreateServiceAccountCredentialRequest(c.Server, serviceAccountID, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -8969,6 +9746,172 @@ func NewVerifyTOTPRequestWithBody(server string, params *VerifyTOTPParams, conte
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListAdminAccessCredentialsRequest constructs an http.Request for the ListAdminAccessCredentials method
+func NewListAdminAccessCredentialsRequest(server string, params *ListAdminAccessCredentialsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/access-credentials")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.TenantID != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant_id", *params.TenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: "uuid"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Kind != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "kind", *params.Kind, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Status != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "status", *params.Status, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewRevokeAdminAccessCredentialRequest constructs an http.Request for the RevokeAdminAccessCredential method
+func NewRevokeAdminAccessCredentialRequest(server string, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "credential_id", credentialID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/access-credentials/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	if params != nil {
 
@@ -13012,6 +13955,61 @@ func NewStepUpRequestWithBody(server string, params *StepUpParams, contentType s
 	return req, nil
 }
 
+// NewIssueAccessTokenRequestWithFormdataBody calls the generic IssueAccessToken builder with application/x-www-form-urlencoded body
+func NewIssueAccessTokenRequestWithFormdataBody(server string, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	bodyStr, err := runtime.MarshalForm(body, nil)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = strings.NewReader(bodyStr.Encode())
+	return NewIssueAccessTokenRequestWithBody(server, params, "application/x-www-form-urlencoded", bodyReader)
+}
+
+// NewIssueAccessTokenRequestWithBody constructs an http.Request for the IssueAccessToken method, with any body, and a specified content type
+func NewIssueAccessTokenRequestWithBody(server string, params *IssueAccessTokenParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/auth/token")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewGetBillingAccountRequest constructs an http.Request for the GetBillingAccount method
 func NewGetBillingAccountRequest(server string, params *GetBillingAccountParams) (*http.Request, error) {
 	var err error
@@ -15105,6 +16103,223 @@ func NewUpdateProjectRequestWithBody(server string, projectID openapi_types.UUID
 	return req, nil
 }
 
+// NewListProjectAccessCredentialsRequest constructs an http.Request for the ListProjectAccessCredentials method
+func NewListProjectAccessCredentialsRequest(server string, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "project_id", projectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/projects/%s/access-credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateProjectAccessCredentialRequest calls the generic CreateProjectAccessCredential builder with application/json body
+func NewCreateProjectAccessCredentialRequest(server string, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateProjectAccessCredentialRequestWithBody(server, projectID, params, "application/json", bodyReader)
+}
+
+// NewCreateProjectAccessCredentialRequestWithBody constructs an http.Request for the CreateProjectAccessCredential method, with any body, and a specified content type
+func NewCreateProjectAccessCredentialRequestWithBody(server string, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "project_id", projectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/projects/%s/access-credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteProjectAccessCredentialRequest constructs an http.Request for the DeleteProjectAccessCredential method
+func NewDeleteProjectAccessCredentialRequest(server string, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "project_id", projectID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	var pathParam1 string
+
+	pathParam1, err = runtime.StyleParamWithOptions("simple", false, "credential_id", credentialID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/projects/%s/access-credentials/%s", pathParam0, pathParam1)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewListProjectMembersRequest constructs an http.Request for the ListProjectMembers method
 func NewListProjectMembersRequest(server string, projectID openapi_types.UUID, params *ListProjectMembersParams) (*http.Request, error) {
 	var err error
@@ -15384,6 +16599,275 @@ func NewUpdateProjectMemberRequestWithBody(server string, projectID openapi_type
 			}
 
 			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewListServiceAccountsRequest constructs an http.Request for the ListServiceAccounts method
+func NewListServiceAccountsRequest(server string, params *ListServiceAccountsParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.PageSize != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "page_size", *params.PageSize, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateServiceAccountRequest calls the generic CreateServiceAccount builder with application/json body
+func NewCreateServiceAccountRequest(server string, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateServiceAccountRequestWithBody(server, params, "application/json", bodyReader)
+}
+
+// NewCreateServiceAccountRequestWithBody constructs an http.Request for the CreateServiceAccount method, with any body, and a specified content type
+func NewCreateServiceAccountRequestWithBody(server string, params *CreateServiceAccountParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewDeleteServiceAccountRequest constructs an http.Request for the DeleteServiceAccount method
+func NewDeleteServiceAccountRequest(server string, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "service_account_id", serviceAccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewCreateServiceAccountCredentialRequest calls the generic CreateServiceAccountCredential builder with application/json body
+func NewCreateServiceAccountCredentialRequest(server string, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewCreateServiceAccountCredentialRequestWithBody(server, serviceAccountID, params, "application/json", bodyReader)
+}
+
+// NewCreateServiceAccountCredentialRequestWithBody constructs an http.Request for the CreateServiceAccountCredential method, with any body, and a specified content type
+func NewCreateServiceAccountCredentialRequestWithBody(server string, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "service_account_id", serviceAccountID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/service-accounts/%s/credentials", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+		if params.IdempotencyKey != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idempotency-Key", *params.IdempotencyKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idempotency-Key", headerParam1)
 		}
 
 	}
@@ -16146,6 +17630,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/account/security/mfa/totp/verify (the `VerifyTOTP` operationId).
 	VerifyTOTPWithResponse(ctx context.Context, params *VerifyTOTPParams, body VerifyTOTPJSONRequestBody, reqEditors ...RequestEditorFn) (*VerifyTOTPHTTPResponse, error)
+
+	// ListAdminAccessCredentialsWithResponse List access credentials across tenants
+	//
+	// Platform admins. Newest first; secrets are never listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+	ListAdminAccessCredentialsWithResponse(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListAdminAccessCredentialsHTTPResponse, error)
+
+	// RevokeAdminAccessCredentialWithResponse Revoke any access credential
+	//
+	// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+	RevokeAdminAccessCredentialWithResponse(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*RevokeAdminAccessCredentialHTTPResponse, error)
 
 	// ListAdminAllocationsWithResponse List allocations across tenants
 	//
@@ -16983,6 +18485,24 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /api/v1/auth/step-up (the `StepUp` operationId).
 	StepUpWithResponse(ctx context.Context, params *StepUpParams, body StepUpJSONRequestBody, reqEditors ...RequestEditorFn) (*StepUpHTTPResponse, error)
 
+	// IssueAccessTokenWithBodyWithResponse OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error)
+
+	// IssueAccessTokenWithFormdataBodyWithResponse OAuth 2.0 client-credentials grant
+	//
+	// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+	//
+	// Takes a body of the `application/x-www-form-urlencoded` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+	IssueAccessTokenWithFormdataBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error)
+
 	// GetBillingAccountWithResponse Billing account of the caller's tenant
 	//
 	// The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -17389,6 +18909,42 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PATCH /api/v1/projects/{project_id} (the `UpdateProject` operationId).
 	UpdateProjectWithResponse(ctx context.Context, projectID openapi_types.UUID, params *UpdateProjectParams, body UpdateProjectJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateProjectHTTPResponse, error)
 
+	// ListProjectAccessCredentialsWithResponse List the project's access credentials
+	//
+	// Project admins. Secrets are never listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+	ListProjectAccessCredentialsWithResponse(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListProjectAccessCredentialsHTTPResponse, error)
+
+	// CreateProjectAccessCredentialWithBodyWithResponse Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredentialWithBodyWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error)
+
+	// CreateProjectAccessCredentialWithResponse Create a project access credential
+	//
+	// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+	CreateProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error)
+
+	// DeleteProjectAccessCredentialWithResponse Revoke a project access credential
+	//
+	// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+	DeleteProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*DeleteProjectAccessCredentialHTTPResponse, error)
+
 	// ListProjectMembersWithResponse List project members
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -17440,6 +18996,60 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PATCH /api/v1/projects/{project_id}/members/{member_id} (the `UpdateProjectMember` operationId).
 	UpdateProjectMemberWithResponse(ctx context.Context, projectID openapi_types.UUID, memberID openapi_types.UUID, params *UpdateProjectMemberParams, body UpdateProjectMemberJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateProjectMemberHTTPResponse, error)
+
+	// ListServiceAccountsWithResponse List the tenant's service accounts
+	//
+	// Tenant admins only. Deleted service accounts are not listed.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+	ListServiceAccountsWithResponse(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*ListServiceAccountsHTTPResponse, error)
+
+	// CreateServiceAccountWithBodyWithResponse Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccountWithBodyWithResponse(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error)
+
+	// CreateServiceAccountWithResponse Create a service account
+	//
+	// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+	CreateServiceAccountWithResponse(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error)
+
+	// DeleteServiceAccountWithResponse Delete a service account
+	//
+	// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+	DeleteServiceAccountWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*DeleteServiceAccountHTTPResponse, error)
+
+	// CreateServiceAccountCredentialWithBodyWithResponse Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredentialWithBodyWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error)
+
+	// CreateServiceAccountCredentialWithResponse Create a client credential of a service account
+	//
+	// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+	CreateServiceAccountCredentialWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error)
 
 	// ListSSHKeysWithResponse List the caller's SSH public keys
 	//
@@ -18239,6 +19849,309 @@ func (r VerifyTOTPHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r VerifyTOTPHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAdminAccessCredentialsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListAdminAccessCredentialsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListAdminAccessCredentials
+type ListAdminAccessCredentialsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListAdminAccessCredentialsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AccessCredentialListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListAdminAccessCredentialsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListAdminAccessCredentialsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAdminAccessCredentialsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListAdminAccessCredentialsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListAdminAccessCredentialsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAdminAccessCredentialsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListAdminAccessCredentialsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAdminAccessCredentialsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON200() *AccessCredentialListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListAdminAccessCredentialsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAdminAccessCredentialsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAdminAccessCredentialsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAdminAccessCredentialsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAdminAccessCredentialsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// RevokeAdminAccessCredentialHTTPResponse204Headers the declared response headers of an HTTP 204 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse404Headers the declared response headers of an HTTP 404 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// RevokeAdminAccessCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for RevokeAdminAccessCredential
+type RevokeAdminAccessCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type RevokeAdminAccessCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *RevokeAdminAccessCredentialHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *RevokeAdminAccessCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RevokeAdminAccessCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *RevokeAdminAccessCredentialHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *RevokeAdminAccessCredentialHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *RevokeAdminAccessCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RevokeAdminAccessCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *RevokeAdminAccessCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RevokeAdminAccessCredentialHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r RevokeAdminAccessCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r RevokeAdminAccessCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RevokeAdminAccessCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RevokeAdminAccessCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RevokeAdminAccessCredentialHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -28076,6 +29989,11 @@ type LogoutHTTPResponse401Headers struct {
 	XRequestID *string
 }
 
+// LogoutHTTPResponse403Headers the declared response headers of an HTTP 403 response for Logout
+type LogoutHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
 // LogoutHTTPResponse413Headers the declared response headers of an HTTP 413 response for Logout
 type LogoutHTTPResponse413Headers struct {
 	XRequestID *string
@@ -28110,6 +30028,8 @@ type LogoutHTTPResponse struct {
 	JSON400 *BadRequest
 	// JSON401 the response for an HTTP 401 `application/json` response
 	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
 	// JSON413 the response for an HTTP 413 `application/json` response
 	JSON413 *PayloadTooLarge
 	// JSON422 the response for an HTTP 422 `application/json` response
@@ -28126,6 +30046,8 @@ type LogoutHTTPResponse struct {
 	Headers400 *LogoutHTTPResponse400Headers
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *LogoutHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *LogoutHTTPResponse403Headers
 	// Headers413 the parsed response headers for an HTTP 413 response
 	Headers413 *LogoutHTTPResponse413Headers
 	// Headers422 the parsed response headers for an HTTP 422 response
@@ -28146,6 +30068,11 @@ func (r LogoutHTTPResponse) GetJSON400() *BadRequest {
 // GetJSON401 returns the response for an HTTP 401 `application/json` response
 func (r LogoutHTTPResponse) GetJSON401() *Unauthorized {
 	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r LogoutHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
 }
 
 // GetJSON413 returns the response for an HTTP 413 `application/json` response
@@ -28668,6 +30595,160 @@ func (r StepUpHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r StepUpHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// IssueAccessTokenHTTPResponse200Headers the declared response headers of an HTTP 200 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse200Headers struct {
+	CacheControl *string
+	Pragma       *string
+	XRequestID   *string
+}
+
+// IssueAccessTokenHTTPResponse400Headers the declared response headers of an HTTP 400 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse400Headers struct {
+	CacheControl *string
+	XRequestID   *string
+}
+
+// IssueAccessTokenHTTPResponse401Headers the declared response headers of an HTTP 401 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse401Headers struct {
+	CacheControl    *string
+	WWWAuthenticate *string
+	XRequestID      *string
+}
+
+// IssueAccessTokenHTTPResponse413Headers the declared response headers of an HTTP 413 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// IssueAccessTokenHTTPResponse422Headers the declared response headers of an HTTP 422 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// IssueAccessTokenHTTPResponse429Headers the declared response headers of an HTTP 429 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse429Headers struct {
+	CacheControl *string
+	RetryAfter   *int
+	XRequestID   *string
+}
+
+// IssueAccessTokenHTTPResponse500Headers the declared response headers of an HTTP 500 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// IssueAccessTokenHTTPResponse503Headers the declared response headers of an HTTP 503 response for IssueAccessToken
+type IssueAccessTokenHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type IssueAccessTokenHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ClientCredentialsTokenResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *OAuthError
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *OAuthError
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *OAuthError
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *IssueAccessTokenHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *IssueAccessTokenHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *IssueAccessTokenHTTPResponse401Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *IssueAccessTokenHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *IssueAccessTokenHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *IssueAccessTokenHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *IssueAccessTokenHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *IssueAccessTokenHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON200() *ClientCredentialsTokenResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON400() *OAuthError {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON401() *OAuthError {
+	return r.JSON401
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON429() *OAuthError {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r IssueAccessTokenHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r IssueAccessTokenHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r IssueAccessTokenHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r IssueAccessTokenHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r IssueAccessTokenHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -34056,6 +36137,485 @@ func (r UpdateProjectHTTPResponse) ContentType() string {
 	return ""
 }
 
+// ListProjectAccessCredentialsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListProjectAccessCredentialsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListProjectAccessCredentials
+type ListProjectAccessCredentialsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListProjectAccessCredentialsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AccessCredentialListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListProjectAccessCredentialsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListProjectAccessCredentialsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListProjectAccessCredentialsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListProjectAccessCredentialsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListProjectAccessCredentialsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListProjectAccessCredentialsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListProjectAccessCredentialsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListProjectAccessCredentialsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON200() *AccessCredentialListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListProjectAccessCredentialsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListProjectAccessCredentialsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListProjectAccessCredentialsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListProjectAccessCredentialsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListProjectAccessCredentialsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateProjectAccessCredentialHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateProjectAccessCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateProjectAccessCredential
+type CreateProjectAccessCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateProjectAccessCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *CreatedAccessCredential
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateProjectAccessCredentialHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateProjectAccessCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateProjectAccessCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateProjectAccessCredentialHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateProjectAccessCredentialHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateProjectAccessCredentialHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateProjectAccessCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateProjectAccessCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateProjectAccessCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateProjectAccessCredentialHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON201() *CreatedAccessCredential {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateProjectAccessCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateProjectAccessCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateProjectAccessCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateProjectAccessCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateProjectAccessCredentialHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteProjectAccessCredentialHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteProjectAccessCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteProjectAccessCredential
+type DeleteProjectAccessCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteProjectAccessCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteProjectAccessCredentialHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *DeleteProjectAccessCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteProjectAccessCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteProjectAccessCredentialHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteProjectAccessCredentialHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteProjectAccessCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteProjectAccessCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteProjectAccessCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteProjectAccessCredentialHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteProjectAccessCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteProjectAccessCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteProjectAccessCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteProjectAccessCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteProjectAccessCredentialHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListProjectMembersHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListProjectMembers
 type ListProjectMembersHTTPResponse200Headers struct {
 	XRequestID *string
@@ -34761,6 +37321,675 @@ func (r UpdateProjectMemberHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r UpdateProjectMemberHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListServiceAccountsHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse400Headers the declared response headers of an HTTP 400 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse401Headers the declared response headers of an HTTP 401 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse403Headers the declared response headers of an HTTP 403 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse422Headers the declared response headers of an HTTP 422 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse429Headers the declared response headers of an HTTP 429 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse500Headers the declared response headers of an HTTP 500 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// ListServiceAccountsHTTPResponse503Headers the declared response headers of an HTTP 503 response for ListServiceAccounts
+type ListServiceAccountsHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type ListServiceAccountsHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ServiceAccountListResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *ListServiceAccountsHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *ListServiceAccountsHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListServiceAccountsHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *ListServiceAccountsHTTPResponse403Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *ListServiceAccountsHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListServiceAccountsHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *ListServiceAccountsHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListServiceAccountsHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON200() *ServiceAccountListResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ListServiceAccountsHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListServiceAccountsHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListServiceAccountsHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListServiceAccountsHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListServiceAccountsHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateServiceAccountHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateServiceAccount
+type CreateServiceAccountHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateServiceAccountHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *ServiceAccount
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateServiceAccountHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateServiceAccountHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateServiceAccountHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateServiceAccountHTTPResponse403Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateServiceAccountHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateServiceAccountHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateServiceAccountHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateServiceAccountHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateServiceAccountHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateServiceAccountHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON201() *ServiceAccount {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateServiceAccountHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateServiceAccountHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateServiceAccountHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateServiceAccountHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateServiceAccountHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// DeleteServiceAccountHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse400Headers the declared response headers of an HTTP 400 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteServiceAccountHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteServiceAccount
+type DeleteServiceAccountHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteServiceAccountHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteServiceAccountHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *DeleteServiceAccountHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteServiceAccountHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteServiceAccountHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteServiceAccountHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteServiceAccountHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteServiceAccountHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteServiceAccountHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteServiceAccountHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteServiceAccountHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteServiceAccountHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteServiceAccountHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteServiceAccountHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteServiceAccountHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// CreateServiceAccountCredentialHTTPResponse201Headers the declared response headers of an HTTP 201 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse201Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse400Headers the declared response headers of an HTTP 400 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse401Headers the declared response headers of an HTTP 401 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse403Headers the declared response headers of an HTTP 403 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse404Headers the declared response headers of an HTTP 404 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse409Headers the declared response headers of an HTTP 409 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse413Headers the declared response headers of an HTTP 413 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse422Headers the declared response headers of an HTTP 422 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse429Headers the declared response headers of an HTTP 429 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse500Headers the declared response headers of an HTTP 500 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// CreateServiceAccountCredentialHTTPResponse503Headers the declared response headers of an HTTP 503 response for CreateServiceAccountCredential
+type CreateServiceAccountCredentialHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type CreateServiceAccountCredentialHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *CreatedAccessCredential
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *CreateServiceAccountCredentialHTTPResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *CreateServiceAccountCredentialHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CreateServiceAccountCredentialHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *CreateServiceAccountCredentialHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *CreateServiceAccountCredentialHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *CreateServiceAccountCredentialHTTPResponse409Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *CreateServiceAccountCredentialHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *CreateServiceAccountCredentialHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *CreateServiceAccountCredentialHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *CreateServiceAccountCredentialHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CreateServiceAccountCredentialHTTPResponse503Headers
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON201() *CreatedAccessCredential {
+	return r.JSON201
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r CreateServiceAccountCredentialHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CreateServiceAccountCredentialHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CreateServiceAccountCredentialHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CreateServiceAccountCredentialHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CreateServiceAccountCredentialHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -36546,6 +39775,36 @@ func (c *ClientWithResponses) VerifyTOTPWithResponse(ctx context.Context, params
 	return ParseVerifyTOTPHTTPResponse(rsp)
 }
 
+// ListAdminAccessCredentialsWithResponse List access credentials across tenants
+//
+// Platform admins. Newest first; secrets are never listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/access-credentials (the `ListAdminAccessCredentials` operationId).
+func (c *ClientWithResponses) ListAdminAccessCredentialsWithResponse(ctx context.Context, params *ListAdminAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListAdminAccessCredentialsHTTPResponse, error) {
+	rsp, err := c.ListAdminAccessCredentials(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAdminAccessCredentialsHTTPResponse(rsp)
+}
+
+// RevokeAdminAccessCredentialWithResponse Revoke any access credential
+//
+// Platform admins, with a fresh step-up (`step_up_required` otherwise). Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default). Revoking a revoked credential is 204 again.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/admin/access-credentials/{credential_id} (the `RevokeAdminAccessCredential` operationId).
+func (c *ClientWithResponses) RevokeAdminAccessCredentialWithResponse(ctx context.Context, credentialID openapi_types.UUID, params *RevokeAdminAccessCredentialParams, reqEditors ...RequestEditorFn) (*RevokeAdminAccessCredentialHTTPResponse, error) {
+	rsp, err := c.RevokeAdminAccessCredential(ctx, credentialID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRevokeAdminAccessCredentialHTTPResponse(rsp)
+}
+
 // ListAdminAllocationsWithResponse List allocations across tenants
 //
 // Platform admins only (`admin_required`). Ordered by id; optional filters by tenant and status.
@@ -37916,6 +41175,36 @@ func (c *ClientWithResponses) StepUpWithResponse(ctx context.Context, params *St
 	return ParseStepUpHTTPResponse(rsp)
 }
 
+// IssueAccessTokenWithBodyWithResponse OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *ClientWithResponses) IssueAccessTokenWithBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error) {
+	rsp, err := c.IssueAccessTokenWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseIssueAccessTokenHTTPResponse(rsp)
+}
+
+// IssueAccessTokenWithFormdataBodyWithResponse OAuth 2.0 client-credentials grant
+//
+// RFC 6749 section 4.4 for service-account and project access credentials. The body is `application/x-www-form-urlencoded` with `grant_type=client_credentials`; the client authenticates with `client_id` and `client_secret` in the body or with HTTP Basic (RFC 6749 section 2.3.1), not both. The answer is a short-lived bearer access token (GANTRY_MACHINE_TOKEN_TTL, 15 minutes by default) scoped to what the credential allows: the projects and roles of the service account, or the one project and role of a project access credential; tenant-admin and platform operations refuse it, and it never satisfies step-up. There is no refresh token: ask again. Unlike every other operation, this one answers errors in RFC 6749 section 5.2 form (`{"error": ..., "error_description": ...}`), not the error envelope: `invalid_request` (400), `unsupported_grant_type` (400), `invalid_scope` (400), and `invalid_client` (401, with `WWW-Authenticate: Basic`) for an unknown client, a wrong secret, or an expired or revoked credential. Failed secrets are rate-limited per client id (429 `invalid_client` with Retry-After while locked). Only a body the contract refuses before the grant reads it (too large: 413; a field over its maxLength, or not a form: 422) gets the envelope.
+//
+// Takes a body of the `application/x-www-form-urlencoded` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/auth/token (the `IssueAccessToken` operationId).
+func (c *ClientWithResponses) IssueAccessTokenWithFormdataBodyWithResponse(ctx context.Context, params *IssueAccessTokenParams, body IssueAccessTokenFormdataRequestBody, reqEditors ...RequestEditorFn) (*IssueAccessTokenHTTPResponse, error) {
+	rsp, err := c.IssueAccessTokenWithFormdataBody(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseIssueAccessTokenHTTPResponse(rsp)
+}
+
 // GetBillingAccountWithResponse Billing account of the caller's tenant
 //
 // The tenant billing account; reseller fields are null. `billing_account_id` is null until the account row exists.
@@ -38592,6 +41881,66 @@ func (c *ClientWithResponses) UpdateProjectWithResponse(ctx context.Context, pro
 	return ParseUpdateProjectHTTPResponse(rsp)
 }
 
+// ListProjectAccessCredentialsWithResponse List the project's access credentials
+//
+// Project admins. Secrets are never listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/projects/{project_id}/access-credentials (the `ListProjectAccessCredentials` operationId).
+func (c *ClientWithResponses) ListProjectAccessCredentialsWithResponse(ctx context.Context, projectID openapi_types.UUID, params *ListProjectAccessCredentialsParams, reqEditors ...RequestEditorFn) (*ListProjectAccessCredentialsHTTPResponse, error) {
+	rsp, err := c.ListProjectAccessCredentials(ctx, projectID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListProjectAccessCredentialsHTTPResponse(rsp)
+}
+
+// CreateProjectAccessCredentialWithBodyWithResponse Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *ClientWithResponses) CreateProjectAccessCredentialWithBodyWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error) {
+	rsp, err := c.CreateProjectAccessCredentialWithBody(ctx, projectID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateProjectAccessCredentialHTTPResponse(rsp)
+}
+
+// CreateProjectAccessCredentialWithResponse Create a project access credential
+//
+// Project admins. A client credential bound to this project with `role` (admin, member or viewer; never owner). Tokens it gets act in this project only; anywhere else they are refused with `insufficient_permissions`. The secret is shown in this response only.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/projects/{project_id}/access-credentials (the `CreateProjectAccessCredential` operationId).
+func (c *ClientWithResponses) CreateProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, params *CreateProjectAccessCredentialParams, body CreateProjectAccessCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateProjectAccessCredentialHTTPResponse, error) {
+	rsp, err := c.CreateProjectAccessCredential(ctx, projectID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateProjectAccessCredentialHTTPResponse(rsp)
+}
+
+// DeleteProjectAccessCredentialWithResponse Revoke a project access credential
+//
+// Project admins. Takes effect at once for new tokens; access tokens already issued stay valid until their short expiry.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id} (the `DeleteProjectAccessCredential` operationId).
+func (c *ClientWithResponses) DeleteProjectAccessCredentialWithResponse(ctx context.Context, projectID openapi_types.UUID, credentialID openapi_types.UUID, params *DeleteProjectAccessCredentialParams, reqEditors ...RequestEditorFn) (*DeleteProjectAccessCredentialHTTPResponse, error) {
+	rsp, err := c.DeleteProjectAccessCredential(ctx, projectID, credentialID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteProjectAccessCredentialHTTPResponse(rsp)
+}
+
 // ListProjectMembersWithResponse List project members
 //
 // Returns a wrapper object for the known response body format(s).
@@ -38678,6 +42027,96 @@ func (c *ClientWithResponses) UpdateProjectMemberWithResponse(ctx context.Contex
 		return nil, err
 	}
 	return ParseUpdateProjectMemberHTTPResponse(rsp)
+}
+
+// ListServiceAccountsWithResponse List the tenant's service accounts
+//
+// Tenant admins only. Deleted service accounts are not listed.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/service-accounts (the `ListServiceAccounts` operationId).
+func (c *ClientWithResponses) ListServiceAccountsWithResponse(ctx context.Context, params *ListServiceAccountsParams, reqEditors ...RequestEditorFn) (*ListServiceAccountsHTTPResponse, error) {
+	rsp, err := c.ListServiceAccounts(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListServiceAccountsHTTPResponse(rsp)
+}
+
+// CreateServiceAccountWithBodyWithResponse Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *ClientWithResponses) CreateServiceAccountWithBodyWithResponse(ctx context.Context, params *CreateServiceAccountParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccountWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountHTTPResponse(rsp)
+}
+
+// CreateServiceAccountWithResponse Create a service account
+//
+// Tenant admins only. A service account is a machine identity of the tenant; `project_roles` gives it a role (admin, member or viewer; never owner) in each listed project of the tenant. It has no password and can never satisfy step-up; it signs in with the client-credentials grant (`POST /api/v1/auth/token`) using a credential from `POST /api/v1/service-accounts/{service_account_id}/credentials`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts (the `CreateServiceAccount` operationId).
+func (c *ClientWithResponses) CreateServiceAccountWithResponse(ctx context.Context, params *CreateServiceAccountParams, body CreateServiceAccountJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccount(ctx, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountHTTPResponse(rsp)
+}
+
+// DeleteServiceAccountWithResponse Delete a service account
+//
+// Tenant admins only. Revokes every credential of the service account at once (no new token is issued for them); access tokens already issued stay valid until their short expiry.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/service-accounts/{service_account_id} (the `DeleteServiceAccount` operationId).
+func (c *ClientWithResponses) DeleteServiceAccountWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *DeleteServiceAccountParams, reqEditors ...RequestEditorFn) (*DeleteServiceAccountHTTPResponse, error) {
+	rsp, err := c.DeleteServiceAccount(ctx, serviceAccountID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteServiceAccountHTTPResponse(rsp)
+}
+
+// CreateServiceAccountCredentialWithBodyWithResponse Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *ClientWithResponses) CreateServiceAccountCredentialWithBodyWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccountCredentialWithBody(ctx, serviceAccountID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountCredentialHTTPResponse(rsp)
+}
+
+// CreateServiceAccountCredentialWithResponse Create a client credential of a service account
+//
+// Tenant admins only. Returns `client_id` and `client_secret`; the secret is shown in this response only and stored as a hash. Optional `expires_at`.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /api/v1/service-accounts/{service_account_id}/credentials (the `CreateServiceAccountCredential` operationId).
+func (c *ClientWithResponses) CreateServiceAccountCredentialWithResponse(ctx context.Context, serviceAccountID openapi_types.UUID, params *CreateServiceAccountCredentialParams, body CreateServiceAccountCredentialJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateServiceAccountCredentialHTTPResponse, error) {
+	rsp, err := c.CreateServiceAccountCredential(ctx, serviceAccountID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCreateServiceAccountCredentialHTTPResponse(rsp)
 }
 
 // ListSSHKeysWithResponse List the caller's SSH public keys
@@ -39652,6 +43091,363 @@ func ParseVerifyTOTPHTTPResponse(rsp *http.Response) (*VerifyTOTPHTTPResponse, e
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers VerifyTOTPHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAdminAccessCredentialsHTTPResponse parses an HTTP response from a ListAdminAccessCredentialsWithResponse call
+func ParseListAdminAccessCredentialsHTTPResponse(rsp *http.Response) (*ListAdminAccessCredentialsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAdminAccessCredentialsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AccessCredentialListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListAdminAccessCredentialsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListAdminAccessCredentialsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListAdminAccessCredentialsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListAdminAccessCredentialsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListAdminAccessCredentialsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAdminAccessCredentialsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListAdminAccessCredentialsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAdminAccessCredentialsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRevokeAdminAccessCredentialHTTPResponse parses an HTTP response from a RevokeAdminAccessCredentialWithResponse call
+func ParseRevokeAdminAccessCredentialHTTPResponse(rsp *http.Response) (*RevokeAdminAccessCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RevokeAdminAccessCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers RevokeAdminAccessCredentialHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers RevokeAdminAccessCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers RevokeAdminAccessCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers RevokeAdminAccessCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers RevokeAdminAccessCredentialHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers RevokeAdminAccessCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers RevokeAdminAccessCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers RevokeAdminAccessCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers RevokeAdminAccessCredentialHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -51193,6 +54989,13 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 		}
 		response.JSON401 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
 		var dest PayloadTooLarge
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -51261,6 +55064,16 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 			headers.XRequestID = &value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers LogoutHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
 	case rsp.StatusCode == 413:
 		var headers LogoutHTTPResponse413Headers
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
@@ -51860,6 +55673,220 @@ func ParseStepUpHTTPResponse(rsp *http.Response) (*StepUpHTTPResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers StepUpHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseIssueAccessTokenHTTPResponse parses an HTTP response from a IssueAccessTokenWithResponse call
+func ParseIssueAccessTokenHTTPResponse(rsp *http.Response) (*IssueAccessTokenHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &IssueAccessTokenHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ClientCredentialsTokenResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest OAuthError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest OAuthError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest OAuthError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers IssueAccessTokenHTTPResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Pragma"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Pragma", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Pragma = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers IssueAccessTokenHTTPResponse400Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers IssueAccessTokenHTTPResponse401Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 413:
+		var headers IssueAccessTokenHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers IssueAccessTokenHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers IssueAccessTokenHTTPResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers IssueAccessTokenHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers IssueAccessTokenHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -58135,6 +62162,569 @@ func ParseUpdateProjectHTTPResponse(rsp *http.Response) (*UpdateProjectHTTPRespo
 	return response, nil
 }
 
+// ParseListProjectAccessCredentialsHTTPResponse parses an HTTP response from a ListProjectAccessCredentialsWithResponse call
+func ParseListProjectAccessCredentialsHTTPResponse(rsp *http.Response) (*ListProjectAccessCredentialsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListProjectAccessCredentialsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AccessCredentialListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListProjectAccessCredentialsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListProjectAccessCredentialsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListProjectAccessCredentialsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListProjectAccessCredentialsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListProjectAccessCredentialsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListProjectAccessCredentialsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListProjectAccessCredentialsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListProjectAccessCredentialsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateProjectAccessCredentialHTTPResponse parses an HTTP response from a CreateProjectAccessCredentialWithResponse call
+func ParseCreateProjectAccessCredentialHTTPResponse(rsp *http.Response) (*CreateProjectAccessCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateProjectAccessCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest CreatedAccessCredential
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateProjectAccessCredentialHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateProjectAccessCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateProjectAccessCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateProjectAccessCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateProjectAccessCredentialHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateProjectAccessCredentialHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateProjectAccessCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateProjectAccessCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateProjectAccessCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateProjectAccessCredentialHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteProjectAccessCredentialHTTPResponse parses an HTTP response from a DeleteProjectAccessCredentialWithResponse call
+func ParseDeleteProjectAccessCredentialHTTPResponse(rsp *http.Response) (*DeleteProjectAccessCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteProjectAccessCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteProjectAccessCredentialHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers DeleteProjectAccessCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteProjectAccessCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteProjectAccessCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteProjectAccessCredentialHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteProjectAccessCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteProjectAccessCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteProjectAccessCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteProjectAccessCredentialHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListProjectMembersHTTPResponse parses an HTTP response from a ListProjectMembersWithResponse call
 func ParseListProjectMembersHTTPResponse(rsp *http.Response) (*ListProjectMembersHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -58952,6 +63542,792 @@ func ParseUpdateProjectMemberHTTPResponse(rsp *http.Response) (*UpdateProjectMem
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers UpdateProjectMemberHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListServiceAccountsHTTPResponse parses an HTTP response from a ListServiceAccountsWithResponse call
+func ParseListServiceAccountsHTTPResponse(rsp *http.Response) (*ListServiceAccountsHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListServiceAccountsHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ServiceAccountListResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers ListServiceAccountsHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers ListServiceAccountsHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers ListServiceAccountsHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers ListServiceAccountsHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 422:
+		var headers ListServiceAccountsHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListServiceAccountsHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers ListServiceAccountsHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListServiceAccountsHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateServiceAccountHTTPResponse parses an HTTP response from a CreateServiceAccountWithResponse call
+func ParseCreateServiceAccountHTTPResponse(rsp *http.Response) (*CreateServiceAccountHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateServiceAccountHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest ServiceAccount
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateServiceAccountHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateServiceAccountHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateServiceAccountHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateServiceAccountHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateServiceAccountHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateServiceAccountHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateServiceAccountHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateServiceAccountHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateServiceAccountHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateServiceAccountHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseDeleteServiceAccountHTTPResponse parses an HTTP response from a DeleteServiceAccountWithResponse call
+func ParseDeleteServiceAccountHTTPResponse(rsp *http.Response) (*DeleteServiceAccountHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteServiceAccountHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteServiceAccountHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers DeleteServiceAccountHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteServiceAccountHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteServiceAccountHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteServiceAccountHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteServiceAccountHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteServiceAccountHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteServiceAccountHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteServiceAccountHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseCreateServiceAccountCredentialHTTPResponse parses an HTTP response from a CreateServiceAccountCredentialWithResponse call
+func ParseCreateServiceAccountCredentialHTTPResponse(rsp *http.Response) (*CreateServiceAccountCredentialHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CreateServiceAccountCredentialHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest CreatedAccessCredential
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 201:
+		var headers CreateServiceAccountCredentialHTTPResponse201Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers CreateServiceAccountCredentialHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers CreateServiceAccountCredentialHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers CreateServiceAccountCredentialHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers CreateServiceAccountCredentialHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers CreateServiceAccountCredentialHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 413:
+		var headers CreateServiceAccountCredentialHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers CreateServiceAccountCredentialHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers CreateServiceAccountCredentialHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers CreateServiceAccountCredentialHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers CreateServiceAccountCredentialHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -60935,6 +66311,12 @@ type ServerInterface interface {
 	// VerifyTOTP Finish TOTP enrolment
 	// (POST /api/v1/account/security/mfa/totp/verify)
 	VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams)
+	// ListAdminAccessCredentials List access credentials across tenants
+	// (GET /api/v1/admin/access-credentials)
+	ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request, params ListAdminAccessCredentialsParams)
+	// RevokeAdminAccessCredential Revoke any access credential
+	// (DELETE /api/v1/admin/access-credentials/{credential_id})
+	RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request, credentialID openapi_types.UUID, params RevokeAdminAccessCredentialParams)
 	// ListAdminAllocations List allocations across tenants
 	// (GET /api/v1/admin/allocations)
 	ListAdminAllocations(w http.ResponseWriter, r *http.Request, params ListAdminAllocationsParams)
@@ -61121,6 +66503,9 @@ type ServerInterface interface {
 	// StepUp Prove a fresh second factor (step-up)
 	// (POST /api/v1/auth/step-up)
 	StepUp(w http.ResponseWriter, r *http.Request, params StepUpParams)
+	// IssueAccessToken OAuth 2.0 client-credentials grant
+	// (POST /api/v1/auth/token)
+	IssueAccessToken(w http.ResponseWriter, r *http.Request, params IssueAccessTokenParams)
 	// GetBillingAccount Billing account of the caller's tenant
 	// (GET /api/v1/billing/account)
 	GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams)
@@ -61229,6 +66614,15 @@ type ServerInterface interface {
 	// UpdateProject Update a project
 	// (PATCH /api/v1/projects/{project_id})
 	UpdateProject(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params UpdateProjectParams)
+	// ListProjectAccessCredentials List the project's access credentials
+	// (GET /api/v1/projects/{project_id}/access-credentials)
+	ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectAccessCredentialsParams)
+	// CreateProjectAccessCredential Create a project access credential
+	// (POST /api/v1/projects/{project_id}/access-credentials)
+	CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params CreateProjectAccessCredentialParams)
+	// DeleteProjectAccessCredential Revoke a project access credential
+	// (DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id})
+	DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, credentialID openapi_types.UUID, params DeleteProjectAccessCredentialParams)
 	// ListProjectMembers List project members
 	// (GET /api/v1/projects/{project_id}/members)
 	ListProjectMembers(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectMembersParams)
@@ -61241,6 +66635,18 @@ type ServerInterface interface {
 	// UpdateProjectMember Change a member's role
 	// (PATCH /api/v1/projects/{project_id}/members/{member_id})
 	UpdateProjectMember(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, memberID openapi_types.UUID, params UpdateProjectMemberParams)
+	// ListServiceAccounts List the tenant's service accounts
+	// (GET /api/v1/service-accounts)
+	ListServiceAccounts(w http.ResponseWriter, r *http.Request, params ListServiceAccountsParams)
+	// CreateServiceAccount Create a service account
+	// (POST /api/v1/service-accounts)
+	CreateServiceAccount(w http.ResponseWriter, r *http.Request, params CreateServiceAccountParams)
+	// DeleteServiceAccount Delete a service account
+	// (DELETE /api/v1/service-accounts/{service_account_id})
+	DeleteServiceAccount(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params DeleteServiceAccountParams)
+	// CreateServiceAccountCredential Create a client credential of a service account
+	// (POST /api/v1/service-accounts/{service_account_id}/credentials)
+	CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params CreateServiceAccountCredentialParams)
 	// ListSSHKeys List the caller's SSH public keys
 	// (GET /api/v1/ssh-keys)
 	ListSSHKeys(w http.ResponseWriter, r *http.Request, params ListSSHKeysParams)
@@ -61310,6 +66716,18 @@ func (_ Unimplemented) EnrollTOTP(w http.ResponseWriter, r *http.Request, params
 // VerifyTOTP Finish TOTP enrolment
 // (POST /api/v1/account/security/mfa/totp/verify)
 func (_ Unimplemented) VerifyTOTP(w http.ResponseWriter, r *http.Request, params VerifyTOTPParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListAdminAccessCredentials List access credentials across tenants
+// (GET /api/v1/admin/access-credentials)
+func (_ Unimplemented) ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request, params ListAdminAccessCredentialsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// RevokeAdminAccessCredential Revoke any access credential
+// (DELETE /api/v1/admin/access-credentials/{credential_id})
+func (_ Unimplemented) RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request, credentialID openapi_types.UUID, params RevokeAdminAccessCredentialParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -61685,6 +67103,12 @@ func (_ Unimplemented) StepUp(w http.ResponseWriter, r *http.Request, params Ste
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// IssueAccessToken OAuth 2.0 client-credentials grant
+// (POST /api/v1/auth/token)
+func (_ Unimplemented) IssueAccessToken(w http.ResponseWriter, r *http.Request, params IssueAccessTokenParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // GetBillingAccount Billing account of the caller's tenant
 // (GET /api/v1/billing/account)
 func (_ Unimplemented) GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams) {
@@ -61901,6 +67325,24 @@ func (_ Unimplemented) UpdateProject(w http.ResponseWriter, r *http.Request, pro
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// ListProjectAccessCredentials List the project's access credentials
+// (GET /api/v1/projects/{project_id}/access-credentials)
+func (_ Unimplemented) ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectAccessCredentialsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateProjectAccessCredential Create a project access credential
+// (POST /api/v1/projects/{project_id}/access-credentials)
+func (_ Unimplemented) CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params CreateProjectAccessCredentialParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteProjectAccessCredential Revoke a project access credential
+// (DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id})
+func (_ Unimplemented) DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, credentialID openapi_types.UUID, params DeleteProjectAccessCredentialParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListProjectMembers List project members
 // (GET /api/v1/projects/{project_id}/members)
 func (_ Unimplemented) ListProjectMembers(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectMembersParams) {
@@ -61922,6 +67364,30 @@ func (_ Unimplemented) RemoveProjectMember(w http.ResponseWriter, r *http.Reques
 // UpdateProjectMember Change a member's role
 // (PATCH /api/v1/projects/{project_id}/members/{member_id})
 func (_ Unimplemented) UpdateProjectMember(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, memberID openapi_types.UUID, params UpdateProjectMemberParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListServiceAccounts List the tenant's service accounts
+// (GET /api/v1/service-accounts)
+func (_ Unimplemented) ListServiceAccounts(w http.ResponseWriter, r *http.Request, params ListServiceAccountsParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateServiceAccount Create a service account
+// (POST /api/v1/service-accounts)
+func (_ Unimplemented) CreateServiceAccount(w http.ResponseWriter, r *http.Request, params CreateServiceAccountParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// DeleteServiceAccount Delete a service account
+// (DELETE /api/v1/service-accounts/{service_account_id})
+func (_ Unimplemented) DeleteServiceAccount(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params DeleteServiceAccountParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// CreateServiceAccountCredential Create a client credential of a service account
+// (POST /api/v1/service-accounts/{service_account_id}/credentials)
+func (_ Unimplemented) CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params CreateServiceAccountCredentialParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -62202,6 +67668,162 @@ func (siw *ServerInterfaceWrapper) VerifyTOTP(w http.ResponseWriter, r *http.Req
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.VerifyTOTP(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListAdminAccessCredentials operation middleware
+func (siw *ServerInterfaceWrapper) ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAdminAccessCredentialsParams
+
+	// ------------- Optional query parameter "tenant_id" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant_id", r.URL.Query(), &params.TenantID, runtime.BindQueryParameterOptions{Type: "string", Format: "uuid"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant_id"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "kind" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "kind", r.URL.Query(), &params.Kind, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "kind"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "kind", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "status" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "status", r.URL.Query(), &params.Status, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "status"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "status", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListAdminAccessCredentials(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// RevokeAdminAccessCredential operation middleware
+func (siw *ServerInterfaceWrapper) RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "credential_id" -------------
+	var credentialID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "credential_id", chi.URLParam(r, "credential_id"), &credentialID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "credential_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params RevokeAdminAccessCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.RevokeAdminAccessCredential(w, r, credentialID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -65995,6 +71617,47 @@ func (siw *ServerInterfaceWrapper) StepUp(w http.ResponseWriter, r *http.Request
 	handler.ServeHTTP(w, r)
 }
 
+// IssueAccessToken operation middleware
+func (siw *ServerInterfaceWrapper) IssueAccessToken(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params IssueAccessTokenParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.IssueAccessToken(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // GetBillingAccount operation middleware
 func (siw *ServerInterfaceWrapper) GetBillingAccount(w http.ResponseWriter, r *http.Request) {
 
@@ -67913,6 +73576,210 @@ func (siw *ServerInterfaceWrapper) UpdateProject(w http.ResponseWriter, r *http.
 	handler.ServeHTTP(w, r)
 }
 
+// ListProjectAccessCredentials operation middleware
+func (siw *ServerInterfaceWrapper) ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "project_id" -------------
+	var projectID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "project_id", chi.URLParam(r, "project_id"), &projectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "project_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListProjectAccessCredentialsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListProjectAccessCredentials(w, r, projectID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateProjectAccessCredential operation middleware
+func (siw *ServerInterfaceWrapper) CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "project_id" -------------
+	var projectID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "project_id", chi.URLParam(r, "project_id"), &projectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "project_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateProjectAccessCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateProjectAccessCredential(w, r, projectID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteProjectAccessCredential operation middleware
+func (siw *ServerInterfaceWrapper) DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "project_id" -------------
+	var projectID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "project_id", chi.URLParam(r, "project_id"), &projectID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "project_id", Err: err})
+		return
+	}
+
+	// ------------- Path parameter "credential_id" -------------
+	var credentialID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "credential_id", chi.URLParam(r, "credential_id"), &credentialID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "credential_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteProjectAccessCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteProjectAccessCredential(w, r, projectID, credentialID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListProjectMembers operation middleware
 func (siw *ServerInterfaceWrapper) ListProjectMembers(w http.ResponseWriter, r *http.Request) {
 
@@ -68167,6 +74034,252 @@ func (siw *ServerInterfaceWrapper) UpdateProjectMember(w http.ResponseWriter, r 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.UpdateProjectMember(w, r, projectID, memberID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListServiceAccounts operation middleware
+func (siw *ServerInterfaceWrapper) ListServiceAccounts(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListServiceAccountsParams
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "page_size" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "page_size", r.URL.Query(), &params.PageSize, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "page_size"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "page_size", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListServiceAccounts(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateServiceAccount operation middleware
+func (siw *ServerInterfaceWrapper) CreateServiceAccount(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateServiceAccountParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateServiceAccount(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// DeleteServiceAccount operation middleware
+func (siw *ServerInterfaceWrapper) DeleteServiceAccount(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "service_account_id" -------------
+	var serviceAccountID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "service_account_id", chi.URLParam(r, "service_account_id"), &serviceAccountID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "service_account_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteServiceAccountParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteServiceAccount(w, r, serviceAccountID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CreateServiceAccountCredential operation middleware
+func (siw *ServerInterfaceWrapper) CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "service_account_id" -------------
+	var serviceAccountID openapi_types.UUID
+
+	err = runtime.BindStyledParameterWithOptions("simple", "service_account_id", chi.URLParam(r, "service_account_id"), &serviceAccountID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "service_account_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CreateServiceAccountCredentialParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	// ------------- Optional header parameter "Idempotency-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idempotency-Key")]; found {
+		var IdempotencyKey IdempotencyKey
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idempotency-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idempotency-Key", valueList[0], &IdempotencyKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idempotency-Key", Err: err})
+			return
+		}
+
+		params.IdempotencyKey = &IdempotencyKey
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CreateServiceAccountCredential(w, r, serviceAccountID, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -68920,6 +75033,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/api/v1/auth/login", wrapper.Login)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/auth/token", wrapper.IssueAccessToken)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/auth/refresh", wrapper.RefreshToken)
 	})
 	r.Group(func(r chi.Router) {
@@ -69008,6 +75124,33 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/api/v1/ssh-keys/{key_id}", wrapper.DeleteSSHKey)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/service-accounts", wrapper.ListServiceAccounts)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/service-accounts", wrapper.CreateServiceAccount)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/service-accounts/{service_account_id}", wrapper.DeleteServiceAccount)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/service-accounts/{service_account_id}/credentials", wrapper.CreateServiceAccountCredential)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/projects/{project_id}/access-credentials", wrapper.ListProjectAccessCredentials)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/api/v1/projects/{project_id}/access-credentials", wrapper.CreateProjectAccessCredential)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/projects/{project_id}/access-credentials/{credential_id}", wrapper.DeleteProjectAccessCredential)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/access-credentials", wrapper.ListAdminAccessCredentials)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/admin/access-credentials/{credential_id}", wrapper.RevokeAdminAccessCredential)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/api/v1/admin/platform-roles", wrapper.ListPlatformRoleBindings)
@@ -70061,6 +76204,330 @@ func (response VerifyTOTP500JSONResponse) VisitVerifyTOTPResponse(w http.Respons
 type VerifyTOTP503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response VerifyTOTP503JSONResponse) VisitVerifyTOTPResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentialsRequestObject struct {
+	Params ListAdminAccessCredentialsParams
+}
+
+type ListAdminAccessCredentialsResponseObject interface {
+	VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error
+}
+
+type ListAdminAccessCredentials200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListAdminAccessCredentials200JSONResponse struct {
+	Body    AccessCredentialListResponse
+	Headers ListAdminAccessCredentials200ResponseHeaders
+}
+
+func (response ListAdminAccessCredentials200JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListAdminAccessCredentials400JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListAdminAccessCredentials401JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListAdminAccessCredentials403JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListAdminAccessCredentials422JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListAdminAccessCredentials429JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListAdminAccessCredentials500JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListAdminAccessCredentials503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListAdminAccessCredentials503JSONResponse) VisitListAdminAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredentialRequestObject struct {
+	CredentialID openapi_types.UUID `json:"credential_id"`
+	Params       RevokeAdminAccessCredentialParams
+}
+
+type RevokeAdminAccessCredentialResponseObject interface {
+	VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error
+}
+
+type RevokeAdminAccessCredential204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type RevokeAdminAccessCredential204Response struct {
+	Headers RevokeAdminAccessCredential204ResponseHeaders
+}
+
+func (response RevokeAdminAccessCredential204Response) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type RevokeAdminAccessCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response RevokeAdminAccessCredential400JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response RevokeAdminAccessCredential401JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response RevokeAdminAccessCredential403JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response RevokeAdminAccessCredential404JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response RevokeAdminAccessCredential422JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response RevokeAdminAccessCredential429JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response RevokeAdminAccessCredential500JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type RevokeAdminAccessCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response RevokeAdminAccessCredential503JSONResponse) VisitRevokeAdminAccessCredentialResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -80812,6 +87279,23 @@ func (response Logout401JSONResponse) VisitLogoutResponse(w http.ResponseWriter)
 	return err
 }
 
+type Logout403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response Logout403JSONResponse) VisitLogoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type Logout413JSONResponse struct{ PayloadTooLargeJSONResponse }
 
 func (response Logout413JSONResponse) VisitLogoutResponse(w http.ResponseWriter) error {
@@ -81394,6 +87878,210 @@ func (response StepUp500JSONResponse) VisitStepUpResponse(w http.ResponseWriter)
 type StepUp503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response StepUp503JSONResponse) VisitStepUpResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessTokenRequestObject struct {
+	Params IssueAccessTokenParams
+	Body   *IssueAccessTokenFormdataRequestBody
+}
+
+type IssueAccessTokenResponseObject interface {
+	VisitIssueAccessTokenResponse(w http.ResponseWriter) error
+}
+
+type IssueAccessToken200ResponseHeaders struct {
+	CacheControl *string
+	Pragma       *string
+	XRequestID   *string
+}
+
+type IssueAccessToken200JSONResponse struct {
+	Body    ClientCredentialsTokenResponse
+	Headers IssueAccessToken200ResponseHeaders
+}
+
+func (response IssueAccessToken200JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.Pragma != nil {
+		w.Header().Set("Pragma", fmt.Sprint(*response.Headers.Pragma))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken400ResponseHeaders struct {
+	CacheControl *string
+	XRequestID   *string
+}
+
+type IssueAccessToken400JSONResponse struct {
+	Body    OAuthError
+	Headers IssueAccessToken400ResponseHeaders
+}
+
+func (response IssueAccessToken400JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken401ResponseHeaders struct {
+	CacheControl    *string
+	WWWAuthenticate *string
+	XRequestID      *string
+}
+
+type IssueAccessToken401JSONResponse struct {
+	Body    OAuthError
+	Headers IssueAccessToken401ResponseHeaders
+}
+
+func (response IssueAccessToken401JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.WWWAuthenticate != nil {
+		w.Header().Set("WWW-Authenticate", fmt.Sprint(*response.Headers.WWWAuthenticate))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response IssueAccessToken413JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response IssueAccessToken422JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken429ResponseHeaders struct {
+	CacheControl *string
+	RetryAfter   *int
+	XRequestID   *string
+}
+
+type IssueAccessToken429JSONResponse struct {
+	Body    OAuthError
+	Headers IssueAccessToken429ResponseHeaders
+}
+
+func (response IssueAccessToken429JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.CacheControl != nil {
+		w.Header().Set("Cache-Control", fmt.Sprint(*response.Headers.CacheControl))
+	}
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response IssueAccessToken500JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type IssueAccessToken503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response IssueAccessToken503JSONResponse) VisitIssueAccessTokenResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -87155,6 +93843,525 @@ func (response UpdateProject503JSONResponse) VisitUpdateProjectResponse(w http.R
 	return err
 }
 
+type ListProjectAccessCredentialsRequestObject struct {
+	ProjectID openapi_types.UUID `json:"project_id"`
+	Params    ListProjectAccessCredentialsParams
+}
+
+type ListProjectAccessCredentialsResponseObject interface {
+	VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error
+}
+
+type ListProjectAccessCredentials200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListProjectAccessCredentials200JSONResponse struct {
+	Body    AccessCredentialListResponse
+	Headers ListProjectAccessCredentials200ResponseHeaders
+}
+
+func (response ListProjectAccessCredentials200JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListProjectAccessCredentials400JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListProjectAccessCredentials401JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListProjectAccessCredentials403JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListProjectAccessCredentials422JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListProjectAccessCredentials429JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListProjectAccessCredentials500JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListProjectAccessCredentials503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListProjectAccessCredentials503JSONResponse) VisitListProjectAccessCredentialsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredentialRequestObject struct {
+	ProjectID openapi_types.UUID `json:"project_id"`
+	Params    CreateProjectAccessCredentialParams
+	Body      *CreateProjectAccessCredentialJSONRequestBody
+}
+
+type CreateProjectAccessCredentialResponseObject interface {
+	VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error
+}
+
+type CreateProjectAccessCredential201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateProjectAccessCredential201JSONResponse struct {
+	Body    CreatedAccessCredential
+	Headers CreateProjectAccessCredential201ResponseHeaders
+}
+
+func (response CreateProjectAccessCredential201JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateProjectAccessCredential400JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateProjectAccessCredential401JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateProjectAccessCredential403JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateProjectAccessCredential409JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateProjectAccessCredential413JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateProjectAccessCredential422JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateProjectAccessCredential429JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateProjectAccessCredential500JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateProjectAccessCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateProjectAccessCredential503JSONResponse) VisitCreateProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredentialRequestObject struct {
+	ProjectID    openapi_types.UUID `json:"project_id"`
+	CredentialID openapi_types.UUID `json:"credential_id"`
+	Params       DeleteProjectAccessCredentialParams
+}
+
+type DeleteProjectAccessCredentialResponseObject interface {
+	VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error
+}
+
+type DeleteProjectAccessCredential204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteProjectAccessCredential204Response struct {
+	Headers DeleteProjectAccessCredential204ResponseHeaders
+}
+
+func (response DeleteProjectAccessCredential204Response) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteProjectAccessCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteProjectAccessCredential400JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteProjectAccessCredential401JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteProjectAccessCredential403JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteProjectAccessCredential404JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteProjectAccessCredential422JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteProjectAccessCredential429JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteProjectAccessCredential500JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteProjectAccessCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteProjectAccessCredential503JSONResponse) VisitDeleteProjectAccessCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListProjectMembersRequestObject struct {
 	ProjectID openapi_types.UUID `json:"project_id"`
 	Params    ListProjectMembersParams
@@ -87919,6 +95126,732 @@ func (response UpdateProjectMember500JSONResponse) VisitUpdateProjectMemberRespo
 type UpdateProjectMember503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response UpdateProjectMember503JSONResponse) VisitUpdateProjectMemberResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccountsRequestObject struct {
+	Params ListServiceAccountsParams
+}
+
+type ListServiceAccountsResponseObject interface {
+	VisitListServiceAccountsResponse(w http.ResponseWriter) error
+}
+
+type ListServiceAccounts200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type ListServiceAccounts200JSONResponse struct {
+	Body    ServiceAccountListResponse
+	Headers ListServiceAccounts200ResponseHeaders
+}
+
+func (response ListServiceAccounts200JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response ListServiceAccounts400JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response ListServiceAccounts401JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response ListServiceAccounts403JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response ListServiceAccounts422JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response ListServiceAccounts429JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response ListServiceAccounts500JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListServiceAccounts503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response ListServiceAccounts503JSONResponse) VisitListServiceAccountsResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountRequestObject struct {
+	Params CreateServiceAccountParams
+	Body   *CreateServiceAccountJSONRequestBody
+}
+
+type CreateServiceAccountResponseObject interface {
+	VisitCreateServiceAccountResponse(w http.ResponseWriter) error
+}
+
+type CreateServiceAccount201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateServiceAccount201JSONResponse struct {
+	Body    ServiceAccount
+	Headers CreateServiceAccount201ResponseHeaders
+}
+
+func (response CreateServiceAccount201JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateServiceAccount400JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateServiceAccount401JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateServiceAccount403JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateServiceAccount409JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateServiceAccount413JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateServiceAccount422JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateServiceAccount429JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateServiceAccount500JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccount503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateServiceAccount503JSONResponse) VisitCreateServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccountRequestObject struct {
+	ServiceAccountID openapi_types.UUID `json:"service_account_id"`
+	Params           DeleteServiceAccountParams
+}
+
+type DeleteServiceAccountResponseObject interface {
+	VisitDeleteServiceAccountResponse(w http.ResponseWriter) error
+}
+
+type DeleteServiceAccount204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteServiceAccount204Response struct {
+	Headers DeleteServiceAccount204ResponseHeaders
+}
+
+func (response DeleteServiceAccount204Response) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteServiceAccount400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteServiceAccount400JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteServiceAccount401JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteServiceAccount403JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteServiceAccount404JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteServiceAccount422JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteServiceAccount429JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteServiceAccount500JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteServiceAccount503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteServiceAccount503JSONResponse) VisitDeleteServiceAccountResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredentialRequestObject struct {
+	ServiceAccountID openapi_types.UUID `json:"service_account_id"`
+	Params           CreateServiceAccountCredentialParams
+	Body             *CreateServiceAccountCredentialJSONRequestBody
+}
+
+type CreateServiceAccountCredentialResponseObject interface {
+	VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error
+}
+
+type CreateServiceAccountCredential201ResponseHeaders struct {
+	XRequestID *string
+}
+
+type CreateServiceAccountCredential201JSONResponse struct {
+	Body    CreatedAccessCredential
+	Headers CreateServiceAccountCredential201ResponseHeaders
+}
+
+func (response CreateServiceAccountCredential201JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(201)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response CreateServiceAccountCredential400JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response CreateServiceAccountCredential401JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response CreateServiceAccountCredential403JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response CreateServiceAccountCredential404JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential409JSONResponse struct{ ConflictJSONResponse }
+
+func (response CreateServiceAccountCredential409JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response CreateServiceAccountCredential413JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response CreateServiceAccountCredential422JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response CreateServiceAccountCredential429JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response CreateServiceAccountCredential500JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CreateServiceAccountCredential503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response CreateServiceAccountCredential503JSONResponse) VisitCreateServiceAccountCredentialResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -89731,6 +97664,12 @@ type StrictServerInterface interface {
 	// VerifyTOTP Finish TOTP enrolment
 	// (POST /api/v1/account/security/mfa/totp/verify)
 	VerifyTOTP(ctx context.Context, request VerifyTOTPRequestObject) (VerifyTOTPResponseObject, error)
+	// ListAdminAccessCredentials List access credentials across tenants
+	// (GET /api/v1/admin/access-credentials)
+	ListAdminAccessCredentials(ctx context.Context, request ListAdminAccessCredentialsRequestObject) (ListAdminAccessCredentialsResponseObject, error)
+	// RevokeAdminAccessCredential Revoke any access credential
+	// (DELETE /api/v1/admin/access-credentials/{credential_id})
+	RevokeAdminAccessCredential(ctx context.Context, request RevokeAdminAccessCredentialRequestObject) (RevokeAdminAccessCredentialResponseObject, error)
 	// ListAdminAllocations List allocations across tenants
 	// (GET /api/v1/admin/allocations)
 	ListAdminAllocations(ctx context.Context, request ListAdminAllocationsRequestObject) (ListAdminAllocationsResponseObject, error)
@@ -89917,6 +97856,9 @@ type StrictServerInterface interface {
 	// StepUp Prove a fresh second factor (step-up)
 	// (POST /api/v1/auth/step-up)
 	StepUp(ctx context.Context, request StepUpRequestObject) (StepUpResponseObject, error)
+	// IssueAccessToken OAuth 2.0 client-credentials grant
+	// (POST /api/v1/auth/token)
+	IssueAccessToken(ctx context.Context, request IssueAccessTokenRequestObject) (IssueAccessTokenResponseObject, error)
 	// GetBillingAccount Billing account of the caller's tenant
 	// (GET /api/v1/billing/account)
 	GetBillingAccount(ctx context.Context, request GetBillingAccountRequestObject) (GetBillingAccountResponseObject, error)
@@ -90025,6 +97967,15 @@ type StrictServerInterface interface {
 	// UpdateProject Update a project
 	// (PATCH /api/v1/projects/{project_id})
 	UpdateProject(ctx context.Context, request UpdateProjectRequestObject) (UpdateProjectResponseObject, error)
+	// ListProjectAccessCredentials List the project's access credentials
+	// (GET /api/v1/projects/{project_id}/access-credentials)
+	ListProjectAccessCredentials(ctx context.Context, request ListProjectAccessCredentialsRequestObject) (ListProjectAccessCredentialsResponseObject, error)
+	// CreateProjectAccessCredential Create a project access credential
+	// (POST /api/v1/projects/{project_id}/access-credentials)
+	CreateProjectAccessCredential(ctx context.Context, request CreateProjectAccessCredentialRequestObject) (CreateProjectAccessCredentialResponseObject, error)
+	// DeleteProjectAccessCredential Revoke a project access credential
+	// (DELETE /api/v1/projects/{project_id}/access-credentials/{credential_id})
+	DeleteProjectAccessCredential(ctx context.Context, request DeleteProjectAccessCredentialRequestObject) (DeleteProjectAccessCredentialResponseObject, error)
 	// ListProjectMembers List project members
 	// (GET /api/v1/projects/{project_id}/members)
 	ListProjectMembers(ctx context.Context, request ListProjectMembersRequestObject) (ListProjectMembersResponseObject, error)
@@ -90037,6 +97988,18 @@ type StrictServerInterface interface {
 	// UpdateProjectMember Change a member's role
 	// (PATCH /api/v1/projects/{project_id}/members/{member_id})
 	UpdateProjectMember(ctx context.Context, request UpdateProjectMemberRequestObject) (UpdateProjectMemberResponseObject, error)
+	// ListServiceAccounts List the tenant's service accounts
+	// (GET /api/v1/service-accounts)
+	ListServiceAccounts(ctx context.Context, request ListServiceAccountsRequestObject) (ListServiceAccountsResponseObject, error)
+	// CreateServiceAccount Create a service account
+	// (POST /api/v1/service-accounts)
+	CreateServiceAccount(ctx context.Context, request CreateServiceAccountRequestObject) (CreateServiceAccountResponseObject, error)
+	// DeleteServiceAccount Delete a service account
+	// (DELETE /api/v1/service-accounts/{service_account_id})
+	DeleteServiceAccount(ctx context.Context, request DeleteServiceAccountRequestObject) (DeleteServiceAccountResponseObject, error)
+	// CreateServiceAccountCredential Create a client credential of a service account
+	// (POST /api/v1/service-accounts/{service_account_id}/credentials)
+	CreateServiceAccountCredential(ctx context.Context, request CreateServiceAccountCredentialRequestObject) (CreateServiceAccountCredentialResponseObject, error)
 	// ListSSHKeys List the caller's SSH public keys
 	// (GET /api/v1/ssh-keys)
 	ListSSHKeys(ctx context.Context, request ListSSHKeysRequestObject) (ListSSHKeysResponseObject, error)
@@ -90251,6 +98214,59 @@ func (sh *strictHandler) VerifyTOTP(w http.ResponseWriter, r *http.Request, para
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(VerifyTOTPResponseObject); ok {
 		if err := validResponse.VisitVerifyTOTPResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListAdminAccessCredentials operation middleware
+func (sh *strictHandler) ListAdminAccessCredentials(w http.ResponseWriter, r *http.Request, params ListAdminAccessCredentialsParams) {
+	var request ListAdminAccessCredentialsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListAdminAccessCredentials(ctx, request.(ListAdminAccessCredentialsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListAdminAccessCredentials")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListAdminAccessCredentialsResponseObject); ok {
+		if err := validResponse.VisitListAdminAccessCredentialsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// RevokeAdminAccessCredential operation middleware
+func (sh *strictHandler) RevokeAdminAccessCredential(w http.ResponseWriter, r *http.Request, credentialID openapi_types.UUID, params RevokeAdminAccessCredentialParams) {
+	var request RevokeAdminAccessCredentialRequestObject
+
+	request.CredentialID = credentialID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.RevokeAdminAccessCredential(ctx, request.(RevokeAdminAccessCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "RevokeAdminAccessCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(RevokeAdminAccessCredentialResponseObject); ok {
+		if err := validResponse.VisitRevokeAdminAccessCredentialResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -92093,6 +100109,43 @@ func (sh *strictHandler) StepUp(w http.ResponseWriter, r *http.Request, params S
 	}
 }
 
+// IssueAccessToken operation middleware
+func (sh *strictHandler) IssueAccessToken(w http.ResponseWriter, r *http.Request, params IssueAccessTokenParams) {
+	var request IssueAccessTokenRequestObject
+
+	request.Params = params
+
+	if err := r.ParseForm(); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode formdata: %w", err))
+		return
+	}
+	var body IssueAccessTokenFormdataRequestBody
+	if err := runtime.BindForm(&body, r.Form, nil, nil); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't bind formdata: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.IssueAccessToken(ctx, request.(IssueAccessTokenRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "IssueAccessToken")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(IssueAccessTokenResponseObject); ok {
+		if err := validResponse.VisitIssueAccessTokenResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetBillingAccount operation middleware
 func (sh *strictHandler) GetBillingAccount(w http.ResponseWriter, r *http.Request, params GetBillingAccountParams) {
 	var request GetBillingAccountRequestObject
@@ -93109,6 +101162,95 @@ func (sh *strictHandler) UpdateProject(w http.ResponseWriter, r *http.Request, p
 	}
 }
 
+// ListProjectAccessCredentials operation middleware
+func (sh *strictHandler) ListProjectAccessCredentials(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectAccessCredentialsParams) {
+	var request ListProjectAccessCredentialsRequestObject
+
+	request.ProjectID = projectID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListProjectAccessCredentials(ctx, request.(ListProjectAccessCredentialsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListProjectAccessCredentials")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListProjectAccessCredentialsResponseObject); ok {
+		if err := validResponse.VisitListProjectAccessCredentialsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateProjectAccessCredential operation middleware
+func (sh *strictHandler) CreateProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params CreateProjectAccessCredentialParams) {
+	var request CreateProjectAccessCredentialRequestObject
+
+	request.ProjectID = projectID
+	request.Params = params
+
+	var body CreateProjectAccessCredentialJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateProjectAccessCredential(ctx, request.(CreateProjectAccessCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateProjectAccessCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateProjectAccessCredentialResponseObject); ok {
+		if err := validResponse.VisitCreateProjectAccessCredentialResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteProjectAccessCredential operation middleware
+func (sh *strictHandler) DeleteProjectAccessCredential(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, credentialID openapi_types.UUID, params DeleteProjectAccessCredentialParams) {
+	var request DeleteProjectAccessCredentialRequestObject
+
+	request.ProjectID = projectID
+	request.CredentialID = credentialID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteProjectAccessCredential(ctx, request.(DeleteProjectAccessCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteProjectAccessCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteProjectAccessCredentialResponseObject); ok {
+		if err := validResponse.VisitDeleteProjectAccessCredentialResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListProjectMembers operation middleware
 func (sh *strictHandler) ListProjectMembers(w http.ResponseWriter, r *http.Request, projectID openapi_types.UUID, params ListProjectMembersParams) {
 	var request ListProjectMembersRequestObject
@@ -93226,6 +101368,126 @@ func (sh *strictHandler) UpdateProjectMember(w http.ResponseWriter, r *http.Requ
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(UpdateProjectMemberResponseObject); ok {
 		if err := validResponse.VisitUpdateProjectMemberResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// ListServiceAccounts operation middleware
+func (sh *strictHandler) ListServiceAccounts(w http.ResponseWriter, r *http.Request, params ListServiceAccountsParams) {
+	var request ListServiceAccountsRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListServiceAccounts(ctx, request.(ListServiceAccountsRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListServiceAccounts")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListServiceAccountsResponseObject); ok {
+		if err := validResponse.VisitListServiceAccountsResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateServiceAccount operation middleware
+func (sh *strictHandler) CreateServiceAccount(w http.ResponseWriter, r *http.Request, params CreateServiceAccountParams) {
+	var request CreateServiceAccountRequestObject
+
+	request.Params = params
+
+	var body CreateServiceAccountJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateServiceAccount(ctx, request.(CreateServiceAccountRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateServiceAccount")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateServiceAccountResponseObject); ok {
+		if err := validResponse.VisitCreateServiceAccountResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// DeleteServiceAccount operation middleware
+func (sh *strictHandler) DeleteServiceAccount(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params DeleteServiceAccountParams) {
+	var request DeleteServiceAccountRequestObject
+
+	request.ServiceAccountID = serviceAccountID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteServiceAccount(ctx, request.(DeleteServiceAccountRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteServiceAccount")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteServiceAccountResponseObject); ok {
+		if err := validResponse.VisitDeleteServiceAccountResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// CreateServiceAccountCredential operation middleware
+func (sh *strictHandler) CreateServiceAccountCredential(w http.ResponseWriter, r *http.Request, serviceAccountID openapi_types.UUID, params CreateServiceAccountCredentialParams) {
+	var request CreateServiceAccountCredentialRequestObject
+
+	request.ServiceAccountID = serviceAccountID
+	request.Params = params
+
+	var body CreateServiceAccountCredentialJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CreateServiceAccountCredential(ctx, request.(CreateServiceAccountCredentialRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CreateServiceAccountCredential")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CreateServiceAccountCredentialResponseObject); ok {
+		if err := validResponse.VisitCreateServiceAccountCredentialResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -93567,557 +101829,607 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37chu3sjf6KiidXRXq20Pq4svKsuqrXYpjJ17xRZ8kr+Tby9kkONMkEQ2BCYARzeXK85z3OE92Cg1g",
-	"bpzhDClKdhz+Y4vkDC6NRqO70f3rTwehmCeCA9fq4NmngxnQCCT+eQlaLs8nGqT5FIEKJUs0E/zg2cEV",
-	"hIJHimhBFpRpMoaJkECkeYXx6eAgOFDhDObUvDpnnM3T+cGz4+BALxM4eHbAuIYpyIM//ggOfrmE31NQ",
-	"+lW02s9zISXE1HwiLCJiQvTMdIMvkJ75ENI4BvmNIr/0XUP9V1FAhCSCA5mbniIyXuKLCuQtyMPK8OjH",
-	"18Cnenbw7OT022yISkvGpwd/mCEmVNI5aEeY82jO+HsF8lV0Qc1r1VGb3wiLTDfMfE7MU8EBp3PTcKpA",
-	"Dll0EByYeTAJ0cEzLVMojmki5Jxq83CKTxbG+Ojp6hCDg/M0YvpKSF2zVkJqImQEckCep1IJqQiVQMYi",
-	"5ZFZQaSMeShVEJHFDLj5akkWIIEwpVLIp/J7CnKZz8W8ViLmf0iYHDw7+H+OcrY6sr+qo2yM78xgcNjf",
-	"sThmfPpe0Sm0jd6svqRmNVPzOIkZB7WTgVVHkY/P0mt1VO8S+nsKJKFTxi13hvgkmUgxJ6P8+wGHj3po",
-	"fxw1Ddb+3MSUT05OA7OHMiatW/+XUsxXh+kmRhKQTEQkFguQdt2bhmLGf1DLiRHV0NdsDmV2fPq4bjiv",
-	"IpgnQgMPlz/BcnVgb+gNKEJJKIFqIIpOIF5a8UHHMTwjlEhIgGqyYHpmOZTOgdzAklAekbGIzONJTJfK",
-	"/qqFhIj0FOVMs39DdEgkqERwBdlUrWzL51oYZN+Mcp1QaKP/hWEd9m8w79bRNaFTGCrzQLGXCCY0jfXB",
-	"syfHSFQrJk+Pj4NcaJ7UCs2LmGqzNJcihnohdD0DkriniBQxNIgj89NaWbRu5xSHgeO6Fq1cmCZJGxdq",
-	"sQMe/OVCit8grD1X3E8kFFzDR21ECyWJ/bKvQpFAREQC0u5hcp4dOYYdRaoJ04QpIsG8YISm4dIR47c0",
-	"ZtHQPTxq5Lxf+m4A/Vff7/YcWHuY4knZV2mSxAwiEpYO14BAOBMQEYbiv3ScZnuJ2JkMyHV2muIRq/Cw",
-	"xaODjhVwvWbqebObHsN+FHgKf0ejH6iGBUXxggvJ8fygZnohTuvoN2Vm/qkjN7+QUshL14ntskzBc07S",
-	"RGkJdE4iSIBHRniQCWWxET4j/+MQTEsjVDQKGlVp7g1jcY8fFRYSB/Idjdw3DzfdNzQ2DAhRxv7CLLdS",
-	"Zjf7rdNbYfszQmMlzCm4nAPXQ8WmnOpUwtA9OQrIyAhsIxONMBpqSW9BKhqPAkJJBNywJxcRmD05BqKp",
-	"nILeJTmfCz6JWfiAxPQ95idamEoJXBOlzRnYG/2vIY0l0Gg5hI9MaTUK3E+he1UFhJqt6o4tnS2L0iyO",
-	"iUw5Z3y6SzK9FHLMogj4A+6xVM+EZP+2csnxgmEylU4mLGSGoxKQyIaCGyKNqFHIh16Kmm/EgoNUM5aU",
-	"vlUakmFa/o4myZALPQSumY7dd6memT6U4DQeRkwZnST/BbgGmUimoNxS6a3sl10uxyvTM6cxEvHhluQ9",
-	"h4+JPeiczEf5hqtiB3QPAu+t0C+NjvBw07xG01KJVIZAIgGKcKEJ7kUj+Jj9fMsUG8fgDSdrfuLuNWw0",
-	"MUPeKR0u6DIWNLoW4rWRgg9NDitgUN9misRmCJLoGeUFg/obRUKa1JwEARlFoCmL1UACVYKPsKWhFmKI",
-	"Te2YUOa4ucyUqYci1KuCaCJjGlMeQlViua93yhlXIG9ZCO85vaUsNjLqAaV0Uf9hiqT5IEhvpOzIhoVv",
-	"V2aO7qV+5l9aN/GCJ8qouHcg2bUQbyhfum/Vw9Hr0pzjMZszFCW/p0JTAh9DgAhPN0k1DPHnof8Wj5Q4",
-	"FnY8w1Bwqy+ES/ugP7wYV9qw1hAbLb3udazKL1/ESrzn1B30D7lVjXJhTnrbeq64a3EDfOhUW0M6+0VB",
-	"X7VfwMfEH/f2C7QVs+d2ubvf80SKEJR62I39TzORCnVus+/cOX+WyfURMXad9cFMGMTR4YCcG+2fclLx",
-	"rxAJ1sFo9F9KIjaZAOq/5kjYGeH+8DalddWGoUi5voIwlUwvs4kbGkYRM1Oi8YU0pr5mxq6c0FhBcJAU",
-	"vvp0MJ/QDd8AjipjjVdGpt5O5oSGmt0CmdBQC2kVDXVGjLnUt0Y4JxwgQkeZiNCB46zisRAxUG42oX0b",
-	"e2Ua5qqNA968PH+Jr5iX5/TjK/vSSe6cp1LS5QHa26G4Bbkcmt7VUMKcMmNhtDn1gwO0WywhzDP/OuCC",
-	"w0FwYI4M00BwYOd+8GudEyP3h/wro6RvM5/wmvHlrYrxbxBqHBJYg2HDlXTjXPVLsymHyKyTb5j0JEwk",
-	"qFkfRQOZ0DmLGSjP8LFZa/wJxUTLrUiRBiu0KszKmjQbTkpRzdSE1THozzPQM1TxjPENCvD+xM7Iv6aI",
-	"6bafJoSLRT1XLhiPxGKo7D1Rh1ug4nzz4a00VEcDf6Gyjb+s2G1+MWM2fIFjcjLXdX8eRc6b9wbmY5AF",
-	"N80GS4Ju2DZvq+3GOlvvY944iPo5uiuv1llV1UTTOKEqd0Wjsa6IAiAM3YRlOtgbgWhI9Zae3+AgYiqJ",
-	"6XJoPY4Vz+JxzQvb0BCZZFiQ86t7wE95aMjaXUCXfepFGf2oRkQ7tvFy1pDbSFdD5BrhaqVo2joGs9RX",
-	"9sk/ggMNnHLdjdV4GjtTxPqyVwbgGqsO3I44OJjjHjJDb20pTaK7soohVw2b1F8oFPcMTj17u8Jzgb9U",
-	"ccQuUrBMgBUmKbNVUNwOpQmv3aSvmdJbqjoZh3Zi1VwslPgUL7CqnJrfibZugPzJFbJjB6XGaimR2U0b",
-	"yqsfLt4rIiZ4m3H103siOP6JruheJEJ1lJtkajA32u4Lo4FY3dcYwjRe0KURb1yfEc/CphF76W6+qd6T",
-	"VBWOUKYQDUPhzpA4fjc5ePavFq1OcFge/PFrsHKcU02YVu7OfEYVMQ0TJciESn/Xgz9+o4i3MOvnemaD",
-	"L/AKvjcW4gaiQ0LnRsEmSZxaI8A5oUlCpUZ/mX1+CXpA3prJp1yzmDCNYxkDeDXYUKK85f/wWuIGO7xV",
-	"aBRM6qkUaeKk2qrrK3+Q4INmyAuqSExTHs7wnswuMJkISSgxlmMM7mczmbsKylBwDmHGxJ3YIGf85/nb",
-	"f/xaQ9kdnLPAo6yBFSWSEwwLCukciIQYqIIo8CalkMQMPgZtQ0t2srLTJB2iteeEubs+f7r+Lt2+NxcR",
-	"xB1uIYODmUhlvBxKZ9/cbXf+iI3hFiFUO97xm9KeE4VdeVaQHuYBI6BmNCJckESyEMyLVqVaWe3tNJzO",
-	"CpSRj8Pt+hBqyOZ0CjvSLvDiZ7i1ZozC2JwiW74tYWqddVEHlSI4UDdpp8fUbHgDyyGLykfzxhprrkme",
-	"rh7Q3TTDfz76WcibWNAo1w/tm0Pr4q8yzPHp4+5a4XZUv7MiWKfcOU2uqLkVeKPKaXYti8KkKJDKjJHv",
-	"l4KGWKZhec3Lu6R0MpQFUlDWHupPu2alsnjeFsT7eg3refmY6q5r/SgWRAsigYazgjcsH/KqbjRzOlFh",
-	"NU+fPKnbxS6WMDsGnj558uhJ20mQOgN3I2aZWUonNuAQm1hPsBe33ovbnVbvOBDLIURLyhWrpw96xtwm",
-	"qp5k7ZoRvmy/bjAoLeca7lwqDfNaA7PActvt5kJY0rZT2YVy41dpVTOM2QTCZRgDwYdIb2T7GwVk5FQd",
-	"82cixS1TZhZKU6nx1mAwGFjnX0vvEynmw1wgd9MyVkXzisKBGrjgzl0vlfZTwBkwYV2TO1If7nQeiOG2",
-	"51GdMC8zZZm+xc78umeDL22LIN9gK2xaYroOAuDhbPSK4PlSLfUfzPm0qXsxN1CLVntmomkxtd5sZu14",
-	"ewo3WPKr0rTINKpeFlh3lQrIeOkj/u+unRVEQrYoq5aNeWr9ebYDMbjdzo+NEpGNuBJUaClmfQNthmH9",
-	"ZGuvnOqMlePjv4qJ8LXoz/X6cmUnlhhsQx9pWd58j7fYm0odvuocwjs+ppUXCDY3qdKb9RKqgEQQxlRC",
-	"RCYx1YF1no3cm6NOkmgvZapSZgNR4Si9xRHaTsG9GNqLoapV7fmtg0D6DGqhVby+VLXwMxDkS6NFGjF9",
-	"bgyP63rb3EVb5ma5M9PrrHNsrJsHYjUOZtWYq3WRlx0JrRmh+dSyd7tLxQ63KG3ehF2FA4CmEdVrIsXs",
-	"CCu6BJK1rxII2YSFxLdyRjjcgiQKQglaFYJscsYQId4M3Onk3egQaSW2BIXpjB1W/dI+as4MTO5ZXRz0",
-	"7LU7Cuzbntt2eUC19F132hSXpMrMFVdC44lEvWe3OLUimTI61zghMi5slCQP7H3I5c0XKFUvM371IlWl",
-	"YQhKYZghi1O5RormmeLFTN4iCwzNXj8I1ma0GzOBmuZIzJQmPQUQkceDk8O7Jev7+dSMpvgVxW8sx5U/",
-	"uIctp7mf3Af3k2NIWvyAP9VTTM+uxQ3wLbmO4rIMMQ6xJsMYqARJ/vHzdcW5+u3J39uS54MDG9Sthqym",
-	"5ddsAkaUZkuF43DxkBj8iXGJbQGdhnYYGzrcpDP3zh16a6CXhS8IXMxCP1WVvipUbEcgCA5sOHz19sAu",
-	"TC1H+MuWtjC0mmjYAiuUOi4tZZUItUuw5sLGZa27CPLObFtJ+wAFmB82djnwTBFKEroEeSSpNt/E5gOh",
-	"Y3ELRNIFAR71w1RpMQfpYgBc8A7lGGFkFQP3C5u7jMOmCyEcfSdlrDxhr5C5gQ99SzvSyiRETA8lUzdD",
-	"tMCKTOND4qzEQfrVcpCn0jCRLDRjTGLKdzRAJ8+HPvZidQ+9unpHHp+e/C0PmjJWYkD0TAJYkIOQKiAx",
-	"aA1SVbbUo9KGemSOK/OYafh//nXe/+9fPz364z8OOgS3lgf1vf0VkzK8FPGs51ZwQM5tiBr8ntLYHCkj",
-	"8/SoMkAM9GjZ84zfChbCUELIEkxz22mk6N2nqIDrwCKH3NI4BUIVGRUpOLJ+Ojx0nVNOOXqQcWoTrBl+",
-	"V3rrjIyFnuHBbLo43IJ2CZWYF3gv28tvm92uR34hlwXt2sQE5EofsRoBeu9rd6ymH4cOxIGNWcz0sm3f",
-	"YxjC0O/0+kbv4nNazEQMisaweyFSObZqVrpsBJRkdea4qgQWN7NN7aqv36M1Ym4dRdZI3NqlrRPzGRe1",
-	"H7lVb4cd94bM4ZuMfkuV9unBm2dn2CjX1tQqG+bXcPP95LhdKtyBlyvsVuKseebOxHGto32BUNsp6ptR",
-	"yuVFd34+hmhqOFxSrpylst3G3x2l64cU1K+An++aJfjOPrKlxjnymeZGVbyBRGN48piGNwsqI7xdpdrt",
-	"UK9R2lwvNqdySZy8KQSd+hbVyD8bUi44C2lMEpD9TP8xBuyqCrrpCvve6vCLarv1LwzI89gIOEXmqbKx",
-	"5yqd+4kwhxXXKUXSj6V81TNn3CdLVn0XVVnv5lyYzboFT6Mp6Od4fdBVPFXTrDgsyBjbGXj9xSxuRdkx",
-	"CovgXhmyYRCh4FrSUNsIf6pJDFRpfAwRruysAge7pmeBdTpY1QopPQarS9bGo2XJk84/UjoqC8lSG8qN",
-	"thyvNpOfR+puoe8TIUNAeKO5u0LrYFvZlX6Rv/zGvLsm0rpNiUREteIhORdcz2Jz9v6eUqlB4t+U85TG",
-	"2QFee1KWPcFVM9ZyAcoSm/Ju3veIaWcZH9iklupjVhJ2yIlYVTmzRjai8JV5zVuwGH13p9U2Jp2aiTga",
-	"GqMuiwt0HP3t8UrSDZWc9ERis7wxouzQ7ZoEeGRDXjFpninimjQGvvcx2ZSa3of0+PgR/O/DUiDMSQdw",
-	"wFIubU7BjF+y3dYqlL6HEEMYS0p/HIuFURSp5OY/kcbRcByL8GadBlZuz8jRDRULK926HyP4+DARMQuX",
-	"W+oIUWH2nXkvI9k2mai7liuOuYapgmhIPcJHRgfG9dPHB3UOxNKLFt23+5tMREPg0faXUrYJ3LhfyM2W",
-	"aw2iIW7hzmxoeFgg8be1IPy2WzA9Y3zotkFRKIVSKIW2t2N6j/RSnwC8C5GawAZzqRWfG8ABrGzloCLV",
-	"irdnFXt5ZUMVdnUhyLfEcSUe9pNdXcpVpvALcFA35/o9VbtFO4vl7YzZuwUObcfRlSWtNrLBjLeySu8s",
-	"yTe79Ww+8yqYK6u3oBVCFZjV9txKqeopUAJh0WyyHAqOSiEe2UMbK23YPLVM3HqGbxM9suHhvYMUEMxu",
-	"GCoA/hkCE+kOui7KhT/Z0YtTzwMz1yMFbXSUdMsJWWXXApZFJphvLDB5G+5wTZRHuY1up0d2MpTWtZAA",
-	"WGbYChOVaNouAgpTLmx/Y5Cgn/mGiwV6rZzXWMS30GHjXwilUwlbAyjd2ejfBTYMJFSif3Nbm2Dt/Zsl",
-	"VOZEMw/t8L5tQ69Fq4zctbWxrbTUoPQwS7jrluxWcyTV4hxsvk7tl4ZbLJ2Q0231rXvz8dz5PvDLdc6s",
-	"P3PuJdDcrXBVxFTMk5Lh0nDFV3HS1BsTNYZNdhubE7WyuzbLlakT/g8SNFh76myqOXdUl3NurLtqdGvX",
-	"fja+R1Ju571/PqN8ClhMiTon/lnmScWMIXIDkBA9AyatTBqQ86KjHp9yUWHF7k7u8zCOgcph4UgqT8rI",
-	"DCJhLm4dOijwiBga1eMF7v35u5b19yVZN3FEN2295+7u7gq0Znyqtrzr9M0Q5drxHnR34UBes1sgL38h",
-	"oeC3IBUWOrGZpwlIV9rClQbLqr0QPaOaSNCp5KoWovCLjQ2bfBwqThM1E5srUi9/ufKv1upRKk0SIc1p",
-	"kV+olgT6F0GBzhe29xVqURNQU0u58mKtOaUK67LZ5ng1n6cawede/kLglkXAQxiQH5nSQuItug1cIMC1",
-	"ZB6eDmNLJeAhE9Wgc9LEHMZ3TTkxo6lDWmkTj+5NBLvZNmHEI3eVqfXiIw01iSBkcxo7QC5FKLHv+Wwc",
-	"SiaxoLoGwaM88iK7Hvf//ut/9j58GNi/Dv+rlnFt1YkvT6S4uP4vbFzVO84K8VaH7Za9wHw13BSU2HvN",
-	"nnxlY+q2Sh4vN3GVzjHqxmaAY0XDEemV0sMRRC9VYE8pHIrdq2EsFNThVuzATZIF+tmwvilTWtKmBMD2",
-	"YOp0pxCOE8ZpzP690QxbG93OOLcJN7scB/LAppaS46bXjNfYSTWJVnf1RnwJLmYb6boL9tzIqew3bu5Q",
-	"ph+Hv6WSqYjVpch2WnTThmo95uvyR6/px+xwJ158EWoMR9wkWV7IiiwzfWqhadz9Hte8YWTLvIPL3pHr",
-	"mn68zl7BNKFNerwVLNrl9lrrt1nrxc+hojQaXjn1ajigSqpmdl0naStsUfHdWDnRfkihTNgwhNS0jT6q",
-	"UQXRmPQ8+cgMJJwRnzzxTR4paPMYxZxpYz3VgZl8Bqd/YXo1aGS7uvazgcBGn17uyMWarcTmB4H3sGZV",
-	"GG01g11lmOCaYF7aEAe5q8QVY6fDMJwZBe5uiKL04zCkGqZCLreVyV6y3kEmO4+EoVGjGIaPME/0nWe7",
-	"i1MIdeFxUod2Rj9au4hxMqaKKZIIxrWqRieW3ELHjd0W3PEo5lKkyO54qU7U57upvGRFV3uRayokaZT0",
-	"1cHXrWoTb1cYrRVGsGGjF1yGha2ZpeAggqfP7LB9HgQHE7ApRSgg1vm4s94eCDWg1kj6wgAEavXBwjJE",
-	"kk4Mqa2JcIBWELZqlQ0qNaNxvBy6L4yqcxAcLCTTMBSTSYfl8HTZbCX21uGf2DrcG257w21vuP2JDbc1",
-	"J8lrNB8uwVZC37KK2HaJpxXytqeJVse6lU4g3es7yOZ0ulV056ZWKFE/xOYe1xDtQrJwU1u8fC9hy3w4",
-	"pOOUM016/q++xYY59FDH3vVd4x4u+PJ3cUVgeseE8LZrlYCodNyfMy5kHwefSBfdjHiqC4jW37M8+lvb",
-	"Pcunk+Dk2z+yyxb7seHGxdquZhytF1HFbmj/36Zp9/9g+Kz/66fj4GmXa4pCj8FB4WqiQMAW7jH/xZQ/",
-	"vMa3rf4zzLLk6iJOtoyScFf5G5sTBQr+0zbRwVm+BlO0ML3CoLqK+8JoNkv9rVSanUzAFu2YSDHffoFL",
-	"S5X96brc2dIhl2+1cFBj/nVPyPahdbb7bqvy0NZucYNX+fKusW41rP/gMmRHnLpbFqp6EG5z6hQTLh6d",
-	"HmyUdeubWZl1Nv4txIRbuS9AWnyubdy+fy8NSd+bg7bTxcfdsEtYHN+NjtiCFts7Yu6+K+8zZmxLrcEh",
-	"Fu3mRsG3tsNLinu45+ns1+mQqLxzLLxSkwUBuamzxLezncPECcLcaYIAqFrYS4m1dyxZxxgn1AUmeMew",
-	"yIj0WJNwVl+8TFrRDtFwvLxLgYCyYdZJpOErv6eUa6aXw7nZ5qpj8qF5tfOzaAlJCIWMtp0cNpGvaAdx",
-	"hcfClX2jzQDsVP25PImiR6qY8lG7nJUJBGXjMD9Z8jOiYXFKy+xXoXChVeH9VQHRsL9rtmv5sCix9apQ",
-	"XJW8JcneVf0pnucPq45XNIkv8vLpakYjsbjEddhC3/kCFBjKI2ZeGNpby01jQ4qvbyJiI4g13bQ3+MgU",
-	"9rLVWL/ag/m5XwSSVI7oHR3G+3Psvs6x1SOsnscbN2plJzXsyPs+7HZ4xnUUtttZ3zlxtmDpO1z97iVP",
-	"g+TJqzYoXFzHtG3pHQ2bONtHu6rQdrKZdyRTP1eGE9SzXmdm30rrchohRrTUxJO5bHt89Rmx9CcOEx9R",
-	"8iO5JDLl9fmiW4XJr6hLbW7Wcpzj/cwEL6O3mcG1fXEFjhYpk7UbVNahdkodGeE6G+pWQm8rtenBNbUK",
-	"Oe92IK4hbCnAogzSNAwFn7BpKj1CDI+oLIcVrsQTrosXcwpDbbkajJoYGnW9a7UaD7Zvi1JUq9YUas+s",
-	"Nl34xpaNCYXK6sng37ShfkyN6lOBpAx98AVNkqFMOVogdU09p5rGYnr10/tN3cO3lMU0x63vJHry3s6L",
-	"r7fWkYyYuhlO2biEZlFbf3NjkMlpktaUzTx52lbo07w3FxHEG1RRa9Pt5zAXctltohveOuSUr7l4qCP5",
-	"Jop0cHAbJmnbmOvcRhW0j5yoxYVxzZfoU+CJigadXSmVOLRO9jRw42YxKZhVH9KEhkwvjVSgWHXbBZ6I",
-	"CdbBtZUzVU36h+04bkKh8D831Y/+USzInPJloQavy/tnCscxYZpwsSA9oOGMCDsqLiI4PCPHJOUxFnCa",
-	"ZdXAzRHtO22vrDSRAMNpktboAS8lAPnh4n0GQ3D10/tvFMHVteMwZ3NADINGKfaH41J5vaepC/prq+60",
-	"Ue1W97jSLvN5fTn9S3y6yB5X+OJqaFSxNGqpjyKVVle08E0Ljz6Yy69wJHxZfr6qDNtso15nPGgDxx48",
-	"NGwmUhkvh7ID493BT9bdOl17vHSOY6uE4aEalAfj/XDx3sfiBYbic/qbkPh7Nfn98XGbf6Y+SKxM187e",
-	"jlr+Qid8pRbwtjUIphTLmaXciN0JGeF2H1XltKFR4bhwQtjWIig8OphHhwPyxlVTR2wKOoeIjBAVPTQf",
-	"LD56331hP41Ij5P/TU4GA+z9cEB+ZnomUk1GSs2GN7A0BvGIGN15SW5g6WVvSOMY5DfK15Ayx0KqajEw",
-	"up9LZ+YDDj6JaQgREZJwYW8pN6iw3lRTvA1zTg3Z3KgJO6kQXqkgyKF8yrnz/gwzPzVEAf6GoJb58epX",
-	"O3/Tou1MjMZgl8TWyh5s7IJxBcorxovhsyggMJgOyGh2cnzc//Z4Ou6rj/PBycfRFr3kPLQjH8+j026h",
-	"a8W65F128rabON+/bqPeww7aMnjwM/Mz7u1mTt6zbB3LNrPq9xlM4nbO9Dsixqk4nVaV50frQr37v346",
-	"CZ6edojzrlh42FMzHd68PL+EUJjddNecj0oVEiNZZzRJgENEerFQRoO5ZSEEZDAYHJ4RCRTxzxxCVZBF",
-	"39uq41WY0+Md5pHYub8V0ZaBjDSKJChVdwwr7WpDSvLqgrgH/UY19hbpmePm6upHAjzCJOZqAcfTJ49a",
-	"GaiG754+6pA50Mv56Th4evKH/74hTSGRYgxDszw1KdnPL4j5heBD0Rn54fzt9eX/Hb599/2L4cXlu+9e",
-	"DC/eXV6T3umpqz9jUSXL6seTJ4+etGkgVtrdIVGie5aE2zV+gZuZ593VK3MabMk/hcpUpeqi1jGKYJxa",
-	"ph3RKte0MbOK6xaQwREzf4/TmtzER6cbUv7RSb2BZs9TNMs+bVrxeYvsjs1Sa9bwTClQuzNhzvv/7fvI",
-	"/nTd1BOonjVLCxMUYr1zajZz7YXNtr+EScqjBy5GWT0flr7KeMojsqCKzKmRjlg1kPFiaXoxxfpvghfe",
-	"qArNjdMM19yRlGh1LZL3yQOQauPhuXq1lyKG7xiPto4L2DrGcyWcw7azZsg2MHFLjauKnV/lJ+Bl60/I",
-	"KeUulfkbRZy0IHk76HtVik25NRM21Um/PN0PR9SB/ls5NT0adZvb0T1WU3SnAmZdHZ71/W651RI2XGti",
-	"VY9F89RGSJqdNYryRcidHd+IC4mXHUML3z5jXNeFGbawXYO/ficTbjuMYzquubfbUGA7X79tq5mLrn56",
-	"/5mUsvzGNAckevztk7+1Xm1uptCxaAt17l5uXdtUtGg9vz1usVD+V26cfPgw+NeJYUbz8b8+1qMvly9z",
-	"ixbG024WRtlFcR8bZc0VMDrZf0/B/e6SmB4gT7xwmZzz7enjYOO75btfJq/Z1Vc//gRbuii2zRZOxzEL",
-	"6wo1PX307ePNZJfPAM6bbJ7qNQJ6n0dzxre4cbNw4N8o5/y2Hwk1rdVgyd/Ni5VQpRZCllXH7MuKT+Np",
-	"ubnT2kBGkO1226NWu+20KyKC664wk7Zl2dZf5BZz7TXwyur/ETSg/fvwqfdX3+8IafsL1WVdD4GjYPvq",
-	"bKXZYuOYHNW2Rrab98qd225xcpOi7f3c7Vx8f1PN2pcP6DbahooBnqh23rWTWR1h2wIYynwWh/quRZGr",
-	"qiBFDN2obMzwL0SGlUdft2TfQwx3NQfFTb2uf5f6rtWQ8ptyNmP9VIp7b5PLRl7yEPTRuIpIKJTuh8A1",
-	"SEJ5OBNyQPI+CNWZ840wReaUR1QLucSi826o6l5A8TcOtLwf1JyYTSBchjF0M2xz0r32L2Z27fY5JQ3H",
-	"zqpCcb+l1mpu2iq4PFVqbVYCrZF4xeBjX3YtYoqO44ZKmsWWHiiqrXzUfUFRbS+kFPJ5rZPoypasmdNw",
-	"xjj0JdAIvwDzCrqMXLC5AoRcI38bnB4OyHMMo6QSiLINUCyKTjwqUzEsXYsb4MM5U8qm+tjPjN/S2GL3",
-	"4mf4mDAbf28/W89P/hRN9WyYgFRm4YbZ0rsfUHolkikYZvSpvlP4gXGVTiYsZMC1eQAHZ8GkrIZQeFYs",
-	"OEg1Y0nxS6UhGaalr3CgtoQyEs/mX5svhy4j3bSexYsMudDDiUgRNbHydcbhhe9pbNZmOZQQA3WULPwc",
-	"Cu4V5mHM5himXJrlmMbUAh6rm3SY8jwm1H5THI69bxguGI/EIq9uX8A2Z1NOdSqLC8RFBKVW8AsxmcSM",
-	"g/9olS//yc8Jcz4w21CBLLWBX6w8prSQxoK2HF56wf+UUD0bakktnGDhh8bGfk+FpsXJ0iQpL1KS+Ni+",
-	"le/NZ+Ca6Th7lXGlDcVXns1+QAFZZPHijyvDQVhsXNrit8wwvuFuz3NporQEOs++UCBvWQilJa8TmCgk",
-	"tiwMZ8xwKzGA30IsEgzusRFL9nvpGq4L72sv/5cLsNpi5ZUsxfx3wqI81hv3IOmZD7/0ncrefxXZAo+H",
-	"Kx7Gb2vT2DVl6zKy6rImX0qAvjmJiXt9QJ5TaUuA+aKSI7dKowDv/UZaUsRtGNmPKsFI05ELKvDreEZG",
-	"9rLRPYZlKfEhiQgtS0KTJF7WJmfOQSFi+Qr5jEHTV3QCAZmlc8rzM8G9MiBvbdUyuiC+phMRkkRU0zFV",
-	"QDR8rMaynB4//rajt9sPbGWh6062lzGA/uFi48wiKzhtofdVjS9MIzpsvvBeZQvJbkGuyctdDdQGGuvZ",
-	"si6nQcwtuA7WkSWKzhOz0DyNYzKGibAr63xdLrS1Ie23MCPGI/hYdXg+ast7cP7L8dKlYa5k6Le9riUL",
-	"VXeYK7+ab9yLtSBXczYdArenf+3qdU+ZSkI2HKdq2C11CjX1jQvYO/3eLoAfXIW0pZGUZ7jCXBXuDAq8",
-	"nLNVTvt1m+ZNYX02gLQLQ3u2qCFu0NBtow2Zo9BMyu/SENbt/8jqX20vhuEWIlWIF7QdoydiAdJiJiyo",
-	"1ts0Yff5ncxlDXOsqWrUsrBDUW7NPOx5h3qztU18ZJFfwwyuvCzOfnn1vVUAFJFgq3ISxXhohdgPF+8J",
-	"au4Q2Xs+fgtcC7ksxSZ0IWC1QGFOzfqJ1q17lYI16xrUc38jN9eQqMCwa/emkRNb5X+Xzrb23Lr2p7rL",
-	"04wJWjiPl3IS2x4unJUbsIAXtJ7qRTGJ8y42XR5T47q8darqJqsxNfbSHRA7fOpjJw9Epg615t7OhNI1",
-	"fjUMxG0HZDQcPAMq9Riori1H/tpotdkjVmWhY8lCouiC9GJ2CySRoICHcBgQiF3BTWOtM2XEhOmkrwA4",
-	"MfKvJBHuUtGjIYx49Tk0V7fz1dl8047+QsNUV+6NzFHYrdIGvprX15CUq/rA5d9TFhoVXYcJ6V2/viL/",
-	"SZZ0nn48DMjEK5x2eb5RpLQ2FT3+200rR3gyZiDeWYGICpWCylYpsGgdwxWn6zZJ47a9hhiMPrTc0gs4",
-	"BQ7yrs5sTDzebCO/dQbvvXgSi0AoFWMevyfjJZ7PLpvaGHyGSxYzEQOZmOEF5hH7s4+43khIFY+48iyf",
-	"PG1JeCmtiKdtAYKlxR/6I4r9nd4Crd7j1HX8ynlrzKZVn5MbRarH4uMwAYyirUnPwt8JGH3MFvBfgiYY",
-	"zKFmldjRjjqyuynaQje2d3vbvJkqkJu/V3t57N2T6qAwlxVCBuXlqeOBf/z809UlTCSobTnwBpaFyLa1",
-	"BOjKrEGh0aZBw6b3jRcY+0MUm3LGp+QGlor0Ll8+J397cvI38o+ffyJXUFew1DxYkpTdfW3n5B9X796S",
-	"n2FMfoJl3tthvQ9sjYpUoRGOqY4yr8WUbRnBu+sbfOnS2hrigc+J4FZAEP+kveBh3KZLYxK5FjrBBkZn",
-	"BAE9FkLeKCJWdYGTk/KQjuuSP077f/v105M/+v9V/lxf+953vTr2S1/sVnjb0exFMqOKUE7sfQm5fnd9",
-	"QSY01EKSHmqUj49PzIwK902jIPPCWtcpGc0nNLvHGRktydLAv1D1DJcX4mlNUZynDXV7vsxYr9diKlK9",
-	"bSokyrEhknjjlKaV7MViY3VDffPy/CUu7zZxzhsema2GxA4CHFT1ajs/RtwVYN1Fja7UHzXcWvNg9RSz",
-	"ZVhrLuUbKH0JNGIc1LZ6yniZxRK1CPLa12cijtzh3QLO0yFgqZg5ZN5Z2Az74XxCN3QrYG9BNrpyU7+u",
-	"PWMeraruO9HlHNMMM/Hvrro60C5xdMGVGhZIXonHR0i+UHtBi3oQMY+bcz1rRKUJSLw/N1I0+1okqh1i",
-	"yZCxy3LcZe0qVkP95AtDKfcVZBy9juSNm+kuGeefraCYWqmyW5BQSSLFrb2aht+sv/PXTuFEmQugTQhh",
-	"muDGMW42j9AoM3PTgFFvHEcQrIXnsIHcLWah9F1dKuMQX6lRpmwnjBfbzJA5XCQG6U2EJPARvdEkNCLp",
-	"sNZ0WuXycvRzsedXV+/I49OTv+W9GJUpIHomAUiaJCBDqoDEYLSIKgbSluHStamajjaFwdat4jZO003B",
-	"Bnoh5YKzkMZEJYDIlYcW6QYz9RUJBecQaqJFHfLAajrbXb22uyjfxaWI493qLPU4epmbR2EYAVqBKncM",
-	"chHBNwr9sfkNjbvO6ez0MVzww8X752hhbuSdbuIAzJY265TdLNUt7T1VmkaHJPJW99ttQ4IL88olqDRu",
-	"KOGEDSsAvstl7+rzLmNf7Aixor2q9Odxl9t3huGM8ulud9m9xOBWYDpKi5VRv8arnvvbV+Zb4baSx73q",
-	"jC9KIydHSrtgszBfsxIvsMUts4ta5HNL6oSdDEYy1lmuK86WWqTF5vuzTYzelaGsWYU2Sm5lptlrn6Hh",
-	"q1Vpa4byDBFvinA+7iKv93/ev3oemJP4+vWVvSG4fn5BjM7sbpdWBHJdaRg3gJAOE5ivDuHixRvfuev3",
-	"+XlB9s9TpYmW5t8ezBO9JIsZQ5xX/zjD09/Be684c2yq7C5v//DVjK1W4ySRhGOgEiTBx0hvNOV6OBgM",
-	"RodnRM3EAqFrl2QGEgbkSgsJhGlLWHNOk+Onx8eDGgdh56u4fIhV+gclhljPcRYrxE10kwiimu23gg5n",
-	"HZWWQEaLHk0p13LZN2O3S2+bGa2SrJ0ywYENN1d3vdHbRc5Pvi41wqAwzqbFyNSqDY3Kldz4EjDmnUJB",
-	"GmIxmu8XzDweLE/jXu9Vt8vQqOqGmxm971IdijlYaHAjg725g2ezNYQwuELELFz64u81Jm+T3WXkVsHc",
-	"MlYCngrY8oIqEjFqtAPSwzhVjFL2SFwkYhHeIEpQIr5dibTupFLZYPZaSCVmR2B7oOHMtPPMU4AJPpQw",
-	"SRVC5LA5iFQHJOXZk4Ef1nBCWWwRY9277puqAX3aKUBGYyZGnbX13JuiRr6h/yCUwgIYq8CSLhtd6z1r",
-	"e3yjhaq7i5zLRtPhKjF/tqiqFsjhl7I4sKYNUVbz6/CP9AykvbvCVMU5XZIk1YTDAq+tPH4W92lMBFGP",
-	"MVxgMI/wXDG/YygJbjaC2Uzlqho5eryNSY8Ed4G5lHHrC8M/GxLRClZHEy+wW6aXhDobOw+BGi+rStcZ",
-	"GTkP3IikXLO48ABGhDveLSVg5T47i4hv/nBpOU0DxmP9FddSqMRuox1By7jaPYZbSY+68x3FCLN7GKOP",
-	"mCJu11qt5/HxyWE9CM1dFbVupnHV/eXzsyoqVSMYVUbSLc+3+1RHYbGqkm6jU3XRNltocytu4OEpJLHf",
-	"mkSil6ajwmFmqDSj5jCzXIpzqmPLRlL4ruro4OA1t8jpxphlxqd9tVQa5gRhEfFePMsPRNE4Boc27bZV",
-	"jQKQ7dqapJjPkNDdAsm5qwTwIihnDaYvpo/ZAkc24QlzRa2DtEe5o7eECUgslC0kocSYzubpCVqjdL6i",
-	"9zypjeHYEuRz9z6odYif3d1VlYTxDkielXTyTNRu4l5yW+nBDAq/db8sm+Ki1NcmshQ+IvyOqlO53yX0",
-	"9xSvuJTISpSZN0hCpz5RzeldVp2hU6hj/fZalVjClP27Rou4MBvO/GSL0ls9jqliX1ZFPi0lsbSjehWn",
-	"XhxBPX2XnUA47gQmG9JEY126TV/4wkJdjC2FaTW14V1GEfGppN8o4h620WnZ+euSz0mtWdZpHttWt7ED",
-	"a9+xOL4L/3jh1aFPnK/LV65M3k/TMhphEelhbQJKXAevuEYo16jWv9pKBJvcvwFHdbtccYMrpCNYRJ4t",
-	"qzTfxxVKPqLCotYvUuHepFCB0m3FAg0rjF3efpsdWo6AD3ZoefH1pR1a5U1UI/rt9sgzzyeE+k1TroYp",
-	"WVJv4ZYwwe9Zfn+u0B0h2ZTxjkxgKfHOvvJHjvOxrUHlAdCraOWb5Q6xIuSIRcjwe9HNLuurNZaobqIr",
-	"vGVj13p6JkU6nVmV4vzi1SGxSFeW33rW0YKZaYwb3vO/YLaEqyRDSUTVbCyojIrw7RmGEYL7FcRQK5tu",
-	"C2GdKykdhYHMdkVnxqkL5bV4J777NUvS5BvzGx0vsgfkpZALKqO+4PHyGXGrTWwxMiDOxZV9VmloIVLy",
-	"J6jUjMbxcuiFd/aT/+LMqRakRxF+QdpmlCJKszgmTrarQxsmQ3kI5mngUS6BrC/L1nXxZ0Fx4d3A8xhC",
-	"c9T4wSLBqsNcPW7wD9/9Os5xQP5bMU4YI2yQrUzTqrTYp10dG9TH8c5Vzs2iFJU3V+ZgLMVCgRyQK+dn",
-	"Cre1ETZj7ypCu/s+qEx3Dbv+DOOZEDfn4c2mcI9pErOw1pN9LdNMzzVWTEmgGA1wQRVxwEVEaSENr3Kh",
-	"Z4a6+FuSxAwiQqeUNZQ9x7a66J++006X9xJCYLf1SBwrMsE9GhRIURhXLc1diO5zmhRK52Z+bffrIJOm",
-	"/guRYHpHVP0Oy6+vPJjysRA3Ky9wEcHKl1ifw35bu/GKgeY1Qy3ESBcjkEWiih8Rn7SteVcBY9OrQu5S",
-	"Z8Yi5RHRAsvO+Z6JFHENRNNUUn5HJcY3MV7WM6A9ehcz4QbGtHMlGFkytlNVZM6mGMBtfW8Yhj4wQzYH",
-	"tEIR2qGqRbuFtEVGwdYlRdbmBbUkzNhgdN91UEz5KdA7KK7ful1W4Kptkz7MkDYwQQodYyXUloSJmvmr",
-	"1hnZhjfMXXFU2GomfmOW5nJyfFxnWoVesLEtyFaQiuW+nq52tDlP1zNbacBBTqjaVchBnjcqienSawdk",
-	"ZDodEabK9S5xxzNOmL4f2Nn1ZXfeCt5HyVTCzc1Bcrepq1PosvvdSP5OV3DY+8HH7Tzi7dFvzZudu+nE",
-	"6g4I2knvbgRcC42bDbHKQKuru7p2QQX73W220k1Im4FrZ/Rw7qMcmr0s5VqEtm18zQxsCeqHz5CyhZBr",
-	"t/yrDEXSPqRmLDkj8HtKY1+ixv7wjbLKFduqutZdcMS3YvvPobTkZC5NuEGN8adOJ963nPPQO8Dx6xfm",
-	"Ri0sdA0QgD9BaXbWFlwUCHicFaDwG+MgOLhlsGgwTLJk4eczCG+uVtIGEWIiEgve4W21cbEb3bpWteND",
-	"5D6lpxK2fL/qTfCNBXZMdQuzeVZ1FQjBvZ/lGgqupYiNCcfhGRE3qC7JFGzwDnoVLBBvaIZufhU3NXpT",
-	"RvnuZFCbIYy4Luqpgqn/LgzoT4BEcPXT+y0rvRfh1oma0QRID6MSQ6ppLKaDeXQ4INeIcEGngImlBJ1C",
-	"LISIJCDJDxfv+zZg1EcImh9dKjY/q0b+gAapSFaeyqW/fobYn51Vi2tVAXdS+23VSZHjYcFHGuoYYzYx",
-	"mtTlIBKmSe/tP9+8PnTXAB8O3v7z1fevzsmPJ8fH5NvjH74jP3735tGHg05w091wae+5CtwmFd12E3i0",
-	"tgLcfZVyq0Qq3b2yW07cLaOYrn56/2C6jJFnX5YGY8vfbey30TU3ST/B0gYLMU7MEzlAOqHxVEimZ3OE",
-	"EnJw2psF2O8iOIbxKZav4Lou4Ar41dWP5OrH89MnT0nhWSdjRvaXZ4PBYFQnVgoZ/u7Jg535Bm5gOfR4",
-	"NKtEz6jrR6rUrA/R6ZMnJ38fDbqkWHUV+OXKhTX3GxaK7MbCQXiS0lTPhGT/hmiI4GR29lUa2tqH3WMe",
-	"C2MpL22BXIFl1VbLxu6ChxMDdtN9YZKATXmafJYaa8VyWfuSkYVBrxKmduU0bF1JvgQGd3f4tSoaVtb6",
-	"unFvV1oRQwaaUi6+s1kW//j52ma2mENoROfSVfDAikXm1BiRMKZsXoVv+fbk76etHEfnsrTjs0vIBS5d",
-	"LVpYccfXaHXZuLaHM3GJrHVxN6/ZBDC63tm0loQuOYhx4rLj2lGkfFmmdZ1d2cZIlEq8Pp+x0C6D7U5R",
-	"zdSEgSKmsX6atPdqAQarsGx2pdshkUr8UmqsRDS7rMWVqJ1uHTtfv7u+yDO2t2drxPyplYJ1xkt2+BeJ",
-	"cvXj+Ukt90Vs6nQ39+jTX+tIzZRKrXO4tX+hE6RVKtkqE7gfnx0dGUlwNBgMyPvLV3jZbL4HrllItfmU",
-	"JIr0/s8lxiIfBi4vCsM06iAx0fSoQWiTTESFyT06rp1dU7DNd1TBo1OLZvr46eNvA8IFSczi8emhhb20",
-	"r7aOr6IP/uu8/9+n/b/9+p/tEtONrUzXbEGCMn8UVz9b24wOTTz6T5BssvzzHRfFsW+JweFBLdfGlGbo",
-	"l1WsV7UGQaEE9apWGMSBvErALFpFqGUnjLxHrFWqEcC3b+OK6pwEJ6uV2D3q679aEF+LN0dtl/3lCQee",
-	"aLULktUK3shB5yqH94rKzeE9XTHX1bj+7Chv21qBnc20rhfV3VIO7DLnzvz7xF1yF7MrC1ePZtjq27FD",
-	"fzC7zpfF/qLsukIV6ZorKmN3FGI99AyYbN6h1bhqd2dVp2mUuGbjsrKFcugPfkNdNWYrIK2WNZW/kfaG",
-	"m70C4oIDhopO2a1NWr6nasrbB3ncRwHyDhu8YOBWfMBZbEdxZK0um5xDHnh7+xr9X9QWl3PGaXwFSm2B",
-	"IZGXt92Oo8ogT6teQWdg5mATvVIt4kOPgckUsXVZddcyRHU5MVrTcNYMY5KboP5ZwL1MOcFatcZYVZaO",
-	"9RHe7sfGGG/tFsO3UuhRJMAV6XFYIJ6b+cHIi2wgEdHicJuQFpWOEym0CEXcACukF4IUn8KQ5MkEZGDF",
-	"vtFTZQSyUfusNf4KewBVofxDdTs0+GmuGJ/G0E8VBGRMFTx9nMq4Bp3tnRkqYZpQG6RYmIqHLBtYnAhM",
-	"Ngnxb5t30skDvoCxEuENaKxoXMs9EpBmiUuT/RnGV/iGc7ofLdSRX/qjT6U99UeHW8gVS8i6KQrMFlQ2",
-	"aoHZS1twZTIV9uggQJ6j6N0SRDtjQRfL+O1x1QR4xZlmNM53yoJFemb4MBRxOueqlFtug91a7lfFotzp",
-	"6ePWTmfApjPMlDFvb9zlOjFw6RbG6ghMYS0M3N9eJvioEh9r22PaiMcQM5JTnaTayktzTjo4xY3B71ZW",
-	"+T0qy+dGdzOHWNf1nTNe/PZkNSZEQYYTXyXEXNzmhUS+UaXiIZRHFbvZyEaIMp9gUefUMoVfa+VxJyPG",
-	"TLgQT9RAm++zgNFdEeeONyMxm0C4DLui9ubjf+1fdOC9zXN+KyLY1WwLyHYbobU2YieX36q5aum5P/q/",
-	"fjoOnp784b8//K9aw/teoJdbB1kaY9NtUMPyONCTna3QmvCjO/JqCd9no7iw9uD3ZpCcZuLbSkhI/+xP",
-	"vJI7Dh6dbLYIpRjULSPnNo0brksM+bVthNuNbcsFb3Azrd0AJ8HT081of4nbbmf8n7Ch3ci1buzd7Obg",
-	"wFW5xayhbqL7n4/sRM8Lb2bA6yFNaIhNhSKB4aw2guWcEwvNbIdBwhiotOqyeaFToml5H5bbx2jXOb0B",
-	"26alIv7pXjkjuAjFjicxndabUTEd12DcHrdHkDawydVP7x9IRt5bfGXLdrvnAMSd8P2aoMXgIOXs9xTc",
-	"764Qw9ogxK5DGgyfrR3VdrGLDYzmnGI74rVtRe8WnvvaKW3uYb2/tBk0SnbtbGw+N31vBec0ZoT7lIw6",
-	"v3TBjNjYp23e/Znp2Xc0pjzcNCPBvE2SOFXWO483VVzDR41m1Ni2SXoRhDGVEBnJq8kYQpq6kt925opQ",
-	"aSS0UMasJC/Q9powiCNjcFILG6uAu7xwDKMXHOxrOeo0HSuHA1SJDM3n1gm3556d36056OsyHttRMTyQ",
-	"wL2kFz+q8aKVa6kpkcpwhX+Vd6DXJA3XjH37VPL2bOiNMu3aye1a23q9Pq8MKlx0lBLyChmtpRmurFHD",
-	"8jfxYZBtxjrpZ9RNGmFt8Deg6aZOPhrOSow3w0j8OUMc8vEyocrVwonrocF2UJFxfdVBO8KmmU+3uCVp",
-	"NRw+kxGwMTJh1+EzNXQziBuU4TarvVHHX7+UDuOvSnHfXiVhuzTMWqLXk24db6zSv3jaF3pLYsotTP2c",
-	"Gt2R44ZrUQR8L3e4uLSBEbqFI9uROje6/8x2Tvnm50mN5J87mdLWXFEErbBBzRyD7EoUe6hfw6sZxPG5",
-	"1sC3RtQfaqpuOlR2dU8vhLyJBY06vIEO7iHNwP5bKutzCTQacqHZhNm7H7VhOdaVIVbGEJSn3NDnGko/",
-	"t3ropnQurs96NqmsZy5ZY8DksU04GNt6s1KZpk57Keiy3SoPOq22rt7gVvvBFgLadE4igqFI9Iq537GN",
-	"d4le2eJrdLvu1HF9ZIAWdWSqc1PsSCLpPFhxk+H6kK660aaqHa3YNWODRmrqNR2sMnNlDQNvlboZ5KQv",
-	"pj56Zg0KG6tdSLqtu+0hlG/8DiTwYmL1tLffrxnmG7cNKma6ixcqgHyi9rwC++a/EIlqOI+r3L9h9pOL",
-	"VoxpBhVX8cyOlYhTDWQizWR5RKRI9Uq1j+PHzdnJG0gAZkV7kwdzS6UMbRWvgFVnXOx0zTp2RarahcNp",
-	"x8GybTGra2bdMUz6ASfdOJk1s9jCU7gxnsADY+SsjUusJ8XPTot6LpR23LxWXli9u5pmEt4Aj/piwSEi",
-	"Y4Z1tG0wRMoXdOnBYpjgA/IcAVMVkcAjFwHFI1uO05ZiM/LAiBb77oC80sr685zLTmgXTeUgYRVAZNFM",
-	"aKgDokTBOUiYIhMJ0EeQSh8XFkk60We+0QWLYzIGkjka7cRvIV4WLnrqaPYT48XknAM38oPg4Lc0WWqL",
-	"fRPHc9NKXvPLV9o1v96kY5AcNB6SNEkapLnvcNVRK63XHjJoesWE6yfz4bIotklfIkksBLCYJzFoBxGs",
-	"NJXavuI+DDOwYAkxUOV/NH+XwYTdd/6FltGn8zmVmxbmd29ZuHav8+/ez0vDUKYQDUOh9E4UZOqLCPrt",
-	"WQvei4ljxZghbgmDaLqETQidQkQY14LMmNJCLusvH21vqHNhebea7tgcXOk3m7pY263ZWcpsFCxUlWle",
-	"RKVyQkNQXeNYWw11Z6LtsNjIplG/7Q0mydCG74awwya39vaalxvO9g4uMltxuyDf1ytgDefCbnArZiKV",
-	"8XIonR/qznutLmTRTwALoZhDgxKzaId1oavtsTz5/qpLDJa3IPsRSHYLEUkVxipYeK0+wmthzc4zB3au",
-	"ag67+k19w3jUfaXwNNpET6w6blYPdQTON51SzYw8pTGjCCBWoshdCyy2Mm9TwcVu3mGEpRveAbIwb6Br",
-	"EbW7ATK2XQvV5AjcyWeqbtK62Pj29zpd2a9oL7VKazUSvCp7M9sE90Qhea5081S5bir7Wc006ytvVnlk",
-	"ZckLsrcgwyuZe/mJVhZwQVm3WJXFte7LoupQlUA1x/2qcm/TwlPJ9PLKLIW7zkZwgfPUpgTYTy89f/7j",
-	"5+uDlezWIqSCS2sBYhrw9SMFVwPikshQn7GogdmvA6fzzlFAWHCDbLQzrRG8m3FtaB0jkl/D8ARWkFsZ",
-	"4fUMyC2NU0SBePX2+sXl2/PXw3/8/NPV8PLFy8sXVz8Or9/99OLtmU2/uHh3dU2OfH9HNNWzo98WN+rI",
-	"gfd1Gq7hne/WkbJhrK4Innm974fgU2kmmLGDcAsQudLD+OCEWow+qme2hHZWVDQWUzKlGhZ0edhp3BKw",
-	"gMIlxHTZMPIf35w/X+WCynnm2vkGoa/6qTLfxHTpptIzbfQd7lSKZh5FCCV/RGZ8NKdKgzS/HbrlGf3w",
-	"4poc0YQd3Z7kq5TloWA31WyUUae5+zZKLLbKSipL4MkXZmQ3eiWpZBTYhCNjMqpyCs1G6TxkDIpFkD/n",
-	"uhncnoxKVFmTkIMkYGYOM6C2PJk9Pg6uIOxn4+pfuEHl5KEJc9BNWZbNd5sKiesq9oqYkFzSEMEJLdBm",
-	"RnmkZvQGSM9Pq3Q1cxigHeft+3MHtmVRKe30iJCBQ2OjviYMCSlH54DpAp9SwbrsKjvAmvU4c2V4EOf2",
-	"99QIM3voDQjClxYLbBeG7XciYVpBbAgwEQ4tLk2mkkbQgU3/QFk4EbUlv9HD0bdlpC5fXF1nXg+fffMD",
-	"zgxxPsNYpFEZ5HXwgX/gfWc5O8cB1vcNqZRLMvql72IA+6+iEenN6UdycvotCWdUqsMzJ9al86wTCGfC",
-	"Bs5+4ISEQpqtiUvEjMG60pwXXGbAkD9zbT72X30/Ohzkg8NS72jWczJ6YT54h/7Ioh9RorDgOhmZw32E",
-	"r75yDqL37199f/u3M9S5labzxH59+fI5efTo0d/PyNwYEgRzM/GCkcwZF9LBm5qW3q0ElpHeqM5l8czG",
-	"B48OScpjw/2RCNM5cG1FQuZ5GnxAhB6mjTZ14FaptDbk/OJVobDts4OTwfHguI+eKtRBE+A0YQfPDh4N",
-	"jgePMINWz/BIPxosII77N1wsOJ5kg99cFbWpxYTJTuJX0cEz86U5G23JKGpBXhttr/yRo1/car6K0Abz",
-	"fIBDOD0+zq5PnGM4sZV6mOBHfjhWI2zTF83gQNudsCpl/vHzT+QK0H/j9rhpr8hqTe27x0vzMH08Pv17",
-	"0yvZHI+uhXhDuYeYQdCIJ3bO69975Q4w5GH71qP2t4xByUJ4z/PAjKI6d/DsX78GB8p70w4uLEahYlNu",
-	"9IQbWBrFWNOpWdcDFOO/mvf9qeoQd47y9jJWKRP8zctzW0UtyPUSm+mmgmqeWwwTHRCrA/ukQCN/eWTk",
-	"dJaonEhQdn/Yg8KFRMTLGvws8tZWQxNcU8aV2fSIJTTAm68KT5/bSV35OX2p7F0ZZ3ZR2cDviVA6tWX0",
-	"d8XvxyftHPie5xCXB/hSB7Z9KeSYRRGg+f8n2lbZRrouJrC6XUL8LkFWNjvCLUlhi71XZl3W7rGj+YQe",
-	"+S3Tl37Czz4h+HtdnmkoZIQ8nyaJkLpPlWLKbBwzhmzz+WO8h/XF7LEzmk/oIIM9ck8MrAo7CggODJ3K",
-	"uCNtcx4c3vxloaoPB+QV3p9YZYgmiRRGd6epFnOqmSHUckAs4Aqi4FJN5kJpRADArHLX9ZlRv+ZMIxIB",
-	"VpojlKsFuIwafBRRRszJfnp8vLq/7djfvDy/dLPyyQp33uX46TsRLXe2wZ83jfWPsuMjCxC5J0HTNIKV",
-	"FKviUmXFAhE5Qp0R5tK2dSo5RASB6PnUlkvbkUA6tQLpASdtN9dOJ/G4i9j6jkbZqB5OEJ90eOOCLmNB",
-	"o2shXlM5BSvAT7sML5HC2H1Wmv45xf65uvFSlmjhZasRjFvIeC100izWf3Ax3Uawc1gUIRgtSuPT00ff",
-	"BuTqx/OTgDwlFgAxII+OiSsea3eiIkwHVl4yrYhDViTvL18FHqHP3znYDWxrfxIFNMZdHDl1LPe/YOtM",
-	"ZQVx7U3hLUg2YRAZOe8qRxi5X4T98y+ghoi1tMkl/mpjALxK6BASSmgIpPf4+BEZeTRSLxtHh6sngNU/",
-	"Dbl2rNntTvY0oKXWCd0aou0VvAfY6d/BlHG76TLKb7nHj3BrLJu3+rm3bRwmpvXQ+IV3ex43B8oDpklP",
-	"Nu6bAEMB+LIsBE6O0f3aBa4T33NSYEbVDKIzAlTGDGTVklNaJBhogR6vc7KQAu8zIzDy4fHpKRnd0phF",
-	"1veIrhoLQm1VA+ULDJ+hgBKprhMSTi49Pj4mI8axPa+pjgbk56xLZdVVosWCGn24ALxiFNcxDW/EZEJ6",
-	"j0//XiM17BrtRmrsXlNcha59YBWxBn+2zgw124Upx5B7nWmvMx08O3jJOFOzzURpNGf8KL+2UI1+J5+T",
-	"aYs7K3sF0hvhp6KWQN7JCK9fxkvCojNiA8xpTCYsxtpV46VH/rTij+pUrUqJmCmNGFLnhbHdRV4ErU8/",
-	"T6XC5Wh98oJO4Yr9G/DZKlRzvLQS3k7yG1Uo36WyCyG8wcjvg1yMOV5z52JiUyyu2rEUes9iLXOi1w0m",
-	"u8bvJrBqYgnu1VeXzaeU2Fav0dEpHvKVFfj6ReVfRuQZHiixOA2lUH7zlVzuVWGyXg5W73KPJkKG0Hex",
-	"tc0aZmcxec6XhAven1gUT9w6ZCpQ15MUQQO1ICMf4Dt6Rn64eG+vr6Igi+d28cOBq3+V1QmcxHQ6hQhD",
-	"PzAqIYyBcmPdOUWQhIJPmJxDIXKBKfvYobEWbbfPyOPjv5NRgRbOGTXMopBHZ8RGGhMhSRbFvPoiF9ol",
-	"b4wG5Nx5RnuFJwZIYtcw1Bmc+IAbWr6Udz0WKlIjJ6It/Isi0kFcOgm5CpFZ1A7vIMIfRnA23Wvk0woI",
-	"F4sC8/01pObx4/Y33gr9UqTcddFBYD4XfBIzm6XwF1JFi9KyXMN0U5lsJEWjVnppd54iI5+HN8AXBkZI",
-	"jUhPyOIvpkEje62mZ2MJxmY1Pcy6ElITBI/GvAQ9gyVZgDSiUaXGPKckxHcz0FQX+mCkKkj7PlM15nO9",
-	"gmuG+uIW7En1Beq2Lc/i+K+E1DVy9MVHGmqCi0FsZGSTvpmFWOZybKNY8AbFF5Cu1seTqeP3rYDXtS1B",
-	"WQyJjnLakOzSvnPPJ0LGfhuo0riglrZ7Xfor1KUL67siqVEU18hop40e0ei3VCEwsNpMQx4QvMLHDD9C",
-	"5+hdDCVETFvv4oLGMegAL2imFJ8SHEgEWAGWadKzF+JjiMWC/BukeGZksEonExYy4HroMteN9L8Qysa6",
-	"YNMxRFOQ9gpcaatH59PwEQdN19/f2ZmfZ2/csxx/FcE8ERp4uPzJJd7chxd0ZVobOUNP7nMczULKruuf",
-	"UiiddvJs+oVA2n+pKu7eS9siZp+jXDPGMoovQr071Aq5gtB13L9O4k4+9hWniZoJJ3LTzhL31Xye2nhd",
-	"uGUR8BCeWR2YzsEXKmOgAoIpzJgvgDfNiU4lpte4sCF78WVfdTfabkSkd3p8fJip0kRSjU4G+D2lcYAO",
-	"AlSbF0zBgPw3SBHk8h0T0Glsxg0RcffzEmruuVZls8RYEke+l79cufF8ifdNq4N84PumhgFUnSI2Akm6",
-	"IB1f7pYpXJkvNPCo09T+WnFHe/n/2eW/ZThCOXn5SyYqN5P6Vmfta0m5stazOvpU+IQOa2k0YkXjTTVx",
-	"o0Z57HVMfcAQAS0ZKBIzfpOrzkKyKXqvexjNkIAkhUGgF9lW4kJpUa+POwAId/iRhUjjiExFQZOvE+9m",
-	"XF73fo3EuM473q0/2DZfnFizX7i8BLt0DH9ploGlyqVjsc9rHVTH0mwh2Gf2NsL+jPjizwhkVEK9e0KX",
-	"xNsGR0UiWcj4FFOENwvuGJD3iZH0J8fHmA6HkRtG0AW2ynQW6ery4xqCONwYL+w4LnAYX2oe0OpY2xyj",
-	"mA5k5rT3hX59vlC3d+wC1267YCPNymahWN3KtGm3kNs+5GRAzn2NG/uz6R+Uy/H1ToI8fNM8IiY22HzB",
-	"WzyUBZ7+qlyUhXmV60l+Hl2kSOYacWGHuLc193rEg/kaqTZqRFGU3UGBOPpk/kPz0p/6m5qXiAzjRJ7G",
-	"Ml8wmUCoCdXuL3YLQwQj6XlpyMXiMHAIeXO6RJiumPlS8iShSj9DR1REsNJTniEpAVFoou7S8Z8u23+n",
-	"RuRFgfzN5qOj7ddsN64Sei+191J7L7XLuY9RVBHZXmJuJrrVjEZi0TdCz+KFbyKnL6FvL11OBgNjAlrB",
-	"Kl0KvJiQkS00NDKCexRSHrGIaltkb4ia64j0CiAu6B40f9l0KQQwlKCsDryYUU0WVJGxEDcQDcjPkuk8",
-	"a2lVetupXeYS/Au+27nyY2V8+pmSimpHst6qjeSyL1NOYoZ4vRgjp2ms9lJwLwUfRAp+7xjQii8jZSjJ",
-	"xIy1jbuJQ+6Lt+wwr8mCRzWkLL11BTa+tIDO+3SdmTl3jyLEJdm7zL4+lxl3rF+KG7T7YVNvGWYk2Er/",
-	"iIEgxRgi0rt+fkFCwbkxGbUgo7zW/ijI3Genp4cO6u8Dp3xpM14yyAXraOMMItsq0Ua6atKLhUjGNLwJ",
-	"SMpVAiHCLARknsaahVTpAC9A+7EIaRwQRPP7wOegaUQ1DRCbkC+JSgBlUUAQR34mDF0opoMrEd+aoWhB",
-	"BIcz84BItQWafPvu+xfDi8t3370Ynr9+/e7nF98Pn7/6/vJq9IHjHakCfdiYnu2uWCPQlMVqIIEqwUd2",
-	"ekM7vaGdsoX/4sITES801Qc+pxEMyLmN1F8YOZdqgkW6whlGCRXWwsX5ZDcAloo2zpn0sBS4cDCGxlQf",
-	"A0mTD3wJ+tCQ3lj93FLEEMg2+5+JC53HtCGEAfaZRhb2ZlQncq0R/9ZiCX8FTs3n2Xw+k0GMpGw2gQMf",
-	"+APlNWecjGJqEZTH8FdJF9qrfPflrrRAy8hMCiWMFz6Is3rYdMDUq35Hnxy++B/26IlBQ3creC5u3ZUN",
-	"DiqTeQiVqIzQvwWuhbRgPRpimIOWSytmgUc4/g9cp5xDXAmJyWUd48MUgVRnLIZSQqsvrG0ewxPFPmKh",
-	"OgQ35pnp6gNXmsUxcYVsUGL3jK0uOIaaSsq4eckSsE6WWsLsQpaWCfsWU0ubfJ459Ps9JlE+Xl3u73G2",
-	"0Z8Q4mefpbg7ExOZwMmbZq11k5AJjpC/hGEC9GO3u7nQw4lZj1olZgr6q9x1x/eulVw7ufhX2MV/mU35",
-	"A+jWHZlQHc66p5Y5fMxMixDSqa/e6HDGpUVx71FvHTq70JhHj4+PEbhecGKNDjRlPEKnnlFdhdoii7IP",
-	"u2bnp0lEv54jd/fm0PuMPp/Jb/6ggmfvDN9bRo2WEcqWFrnYZv4cWXtg05vAtwJhUUsoOxIj2EKIjED0",
-	"5skZkSlHuHus8ag0XQ5KBknfFvMgdhwQnX3g9k908FsjBV93BosvuePdQiter56v2znEAFlmI+/tU8bI",
-	"uYQE3PXBXWW1HeheUbuTvCRohCrkJ790tprB3hD7Kxtiz62j4o7iDWXG3aVbkNXzKokzI/PmiLYvJpOz",
-	"EmrWyEuukYNodnLkA5cpdoTQ0HoG3D0KWHxHWxRY9O57QWRe2LHkwh73gmsvuPaC6x6CFLByxt3kFmQA",
-	"5X3rVd4mptaW7mHKgUwbyRKYj6gLuZLWaoZw+mwOH3hv9MP52+vL/zvEe8cXby/fvX795sXba1uXcXh9",
-	"/bpwn3ryhMwZTzWowwBhqJXrACFc0wSz6kB59OoPPOXo5bbT8TjbaDH5Um9984lOgWtXx2hEtKSRRd02",
-	"w80ErCvRt+72L4d4x0KCX52g2+0FX5VaDXLP1Y30/BQvyQwkHO6dbV+R/HqlVGrMygyyPpdFdv23Fmro",
-	"UttYkJWDO7wI+Ca/ADQCJ/fdnbk8dXsJ7QMTPvCCUVoI9sjceRhD0VMAJBchhw5x5AaVqUJ0RJ3kwRHs",
-	"VapWSXNh6JRh2dVnTxbiCPbutL+2NEJ2cdpUYc9zsdhaDKEQO5JwK25gG7XKDcWehUqLRPkyHMTbb1ik",
-	"Rytir/gR4IhHEJ3ZMqyowsxT5dUch5rkKqYae6IqcgdkZMcbjUxjWM00B1HC9mYUQ7hidgsfuHvpyfGj",
-	"/Ck3lhDhNFwMFo7KhmdlyqLr6IxI0HLpo+ToBGpDBOzThvZfp5q1W+GHNLpEkrWAUmDOw16t+qrwG8QN",
-	"FPWXuylTKd/OdZ+5L2ym5YobH0VRD5MtvU8+yN3w/b7LuQwpDyG2UVA2kqjfJ0J+4M6ZtWOHlZ/tXsHa",
-	"+6z2PqudC6f3bntt6rYSqs/mdLrjXBqz99Zm07xTr2yvf62EmndXOO3uOTXvrohdnn1ezdeXV5MtbnW3",
-	"OjbZNL2mviRNMTWj8c69NtPkAxdqiCN06RoD8obeuKqJ+L1VHpw/2aoj5ptJTKcEFRBXif6WiVT5B5u9",
-	"vk4qfE1pH24pP1Pmh+t9j3+wj126p6wOnkmxNUKsWes4+mTlyxZ5HLXSbiVUu6uky6K5m7ModiSdKlVN",
-	"HPWaDRhPoH02xd6HsbPkiE7bNrijQXA/m3EKJRPi69yOxw+hAlzPIGOD/S7/2rItOm7xDbIuGuyLneRL",
-	"fG27+b7yJraxJ/7cwmSfQbG3QtoyKLazQhKLrK42KkSJ5SbPCIeFkXmYXLam0PmF7+LPUuXc0+SBSyyu",
-	"G0mxwDnsqL65W5cHKW7u+uru9PUz3/t8v0L48cL+KmKAV+VWJjjWyK2jT+4vVxpmkvJoTZhxozRzsEy2",
-	"QiNGtYwLMLzYwzfKVw+zkBhUk7lwlRV99bCsBcZTlaM/0qzMlBkfRKRX64IOVoGO7BtD+BgCRGro+zk8",
-	"I9SPyyqdDBXMfCDOzd1bhU5y9DIGpm3drNPhGaINu7BD8y1ZMB6JBelhnUiIrDPbtX/ocDpGbnz2WTdM",
-	"TAJ5fPz3wxJRmbJ14XxLGK5TLBDnyY112oplaXrrKuzkVTQxcEjwKUgyEzHik9jYx4zqeiZFOs1gfmzx",
-	"t94oTZSWQOeu7FrebvaMRHATdZap9Bhh5EqG6RnwwyYc5qxyiRnCAzv1V9GaHcM0AzVne+lPYAw8XyXw",
-	"Z7piqIxhXUiU5cR9nZ69UXFv5/RpJ374gWpY0OUuQ8Pw1OglVGoiJoeIauoOIydXNjrg3fnclyLeRWTG",
-	"C1Q0fKvEtJpjXoU0oWMWM808JPAMSKpAqryMPtMYWR+R/+//PR08Qq+PeaJQuGTMeGQOB3v6ZBrG0Dw2",
-	"GpCfs3KhIoa+fxgj+815kuaUtcWauVqANL88OX5ERsrSf1h4bJQN6G+DR0SmMZDHh/WGmCfTpYjhO9vz",
-	"l1utqG6wbajOjpwqIFMp0sSG4BhC7w2IryuSvrSB81V3q12VMJcoPFrFy9En898fR7697uGoi5kgM3oL",
-	"RGlIDNulCemNLt5dXZOsw1TPjszP/TQZHaK88Jqu/dJp2me2aLAiU9DksdnzFSlGhLTfm/eGaVL4xUKf",
-	"Wt3UuZ8HxO0dQi2xvEzLrBErp6ycUeT0+DgHwcRYF/Ouo8iAYI18Y7nkcg23l3lgdNiku7tIXVjYISDo",
-	"qguQMUP5RhEOHzWhoeHLLDGPTXmfIbyfhIkENWtWr1dFxT0r2cUeL4zyfM/q7eoEP5Pfu47UDcK4zGUQ",
-	"R9mxd1bPXV9mmeWOM/4Ob2n37v46zXzvvW85zwxfEWp3jBa2+l1+wO3oODv6ZNrfNMCo5mjrdER1PZ6M",
-	"pIipMtIfC+PnBwsm3lu/HAkpd2leLqXr2Sbhmw69udhgD08if0dLJRAFktHYbIuAKEH0ArNkra9PY7c+",
-	"r0RM8Ne8OUViMCQS3OLmea0eXXKRsLe+Vt5Zj9zj7iN3bRVBNhtPYUubkfO44QxxYOuP2jNCefnsZUql",
-	"RndGiHlyA5AgbIEFf2FmJgm6T3sOY+H8+fMXV1c5tEJQQFQwOpkLd605vy0Xfgnn94qbDO0JNPsM4Rpc",
-	"ZW5HPXhE2n1k1f2Fr5f/apl71AuD7c4ZCdPNayPW+mPMJgsdzBTek2BqIAmplEtnTTBJRrbD0QfeG/3P",
-	"v2j/38f9v//q/u//+uk4eProj/8ohviHa2H1GmLtbCcrAf7Efr/jAP9LbPRriu+3M/pMvvd/PnIE3cf3",
-	"753g91S1QfotWxKSVzfpOhl59MmJFSOSUPG+a5ihjyU2DW4dTbyrYMXdiLGqboPyNnQAxDVaV4GkazWv",
-	"gqb19HFwMGfcfzx54GDFLYTj8YMIRzQU8Ne9Lrm/VXxYsOfNBKoy3z9gmUMcx18rKfvqp/fdY/Oufnq/",
-	"j8v7CuPyzLqSnvPGIfgTtx8OG3ZqsAsjkEWYl22Nqh8u3hM1owm4Wsop16Q3mp0cH/e/PZ6O++rjfHDy",
-	"cfTsA4/FAmRIFZAYtNkpAYnYFEtq4cg5SDJbJjOsZUVJJDxQse/GNm4eHn0cnWXRfE8ff+DhjEoamkYP",
-	"MxAs+ziGoX10sFe/pzQmo2mSDvHHkQ8ycGajfcjYlLl5ynxg3gfe1Q+oblJvmTbalFc36ddkUF799P4z",
-	"WZNXP73fG5J7vee+DEnDXhsoPUef1E26m6Tw1fJ8qzUnVs1GI3tsBb9DV54vxrOhUsaP6TMSAZ4VZp5M",
-	"E8aVBhqZoeAJ8syi/Y0OiRaINkg4LD7wmKY8nIFqTjjfgWQrU+zqp/eERQGBwXRAqgdLg9WpcBCdrM2T",
-	"0287mZv7xPO9z757Gb9mubHz/HSz5VvL+vkRfP1b8/i+VQujAl/99H6fe/7VVfpbt2nv6gq+dkbMXEQQ",
-	"F2wlrF9lA7DR0GGR/RGDKNCw4VMgvdAj12A4hxnp7rLYv1axcF8O4k2NnT+lRNp7hffWUatXeAPrKCtH",
-	"fjSJwSpAnfQgIwxnIjZcakRkngUqEjR7otGAXIB0ddoFB3R6BtZpfPiM2BTr4AMv484GxBZ8uQWpmOCB",
-	"jWubAZV6DFRnKSU/XLxXWZA1kySm2shbMxMWqgG5FprGioyXH3gu3cUt2KIxi5mIgeCEn7nEWfMUw/Rw",
-	"+EhDHS+JGbOYeBMNooCkfAY01rNlQCYSgPTcR6wmQbmrtR6UChryrHBEMS2l516YTOwbCWDEVlCHsVxA",
-	"UbatnZGRNtND7Hc7fZXOGxTMl2aS136R/2LO+PLk1/nk8cm8Nv/eKf9VCcbK6q7AeiQNopHTdYAeXXXM",
-	"2vuxa9f4X2tD2ll3vyBzS7Dfjl/fHZnONkBpL75XZpE3uxHLb4VUnGJtYPwRAzQLSMVNqU/XHjPjq7n2",
-	"sTP6TDc/5SE073J3FRTkycP5quV1BSMwVjiCLRglyn+dSPEbhHp/j7S3lO50j+RxUzwLIgSX/xb5sUlA",
-	"NakLR58yGKs/CqrDimK+G6lTcTjYcTeikhQBtv4UeKOOSE3lJzM0sb175a/uI64HvipoE95PXOdp/br2",
-	"4n35V7fQKh5KEthljPYSYe9wfdA6Sch2rdJnRVVAQJxdIfFgxrO7pfJeWOdndbp1iF4AY1QzTi2YxOj3",
-	"EZkbkQgK4YUU9BlXwBXDmEWVjq1M8Q1nppQrux0xlcTU1mYiPQvwgynOXBDozymLfW1OdFd6WWcTmEfW",
-	"+TsinEopFmSSSj2z+aENgcSWkn8C2NOrdYQrE61K9MMmNNLfDxov3I7bLtzq0VDten12UFY7jCIia6p2",
-	"BMlqGOZB8Fgz9uzu1MJp711aX59LK3VSaoNDoAwosZsIJDwQPEYCNl8IQ2oMQjLjvGcJm/XzKioA/tz3",
-	"xlyHrbPXFPe2o03k72A5brktnbbzzBz/ZgjRyKPgFiFFPFSXhdm9FTeg3M20Q+5yuCK+pHiviDaS4yI7",
-	"2BGZciJS7SHSGjBGjGrmB2eji0ckBp2PC0dlDmhXBljEEVGgFMYrK02XHkrmcEC+x9kZzWcpUqkgnnhd",
-	"sR2aphFmYBV0eWQjsIaOmEPT0ShYRac5xBrpCvRwPqHPiDFPDd3nogLlcv3u+oJMaKiFdLQPBZI9RBQF",
-	"hKdOEomvUU5EAjx/xo3zjDBNOECkMiC6XgO8HIaJLZiCoA7K57CIS4PyyU3TzBA/Ay99nE/oEGdZd81o",
-	"jeLPK9zvyxeR9faZ3BGdThdCJ9pFnNgF3h83e8fEw8S7W7FhJLCVGO6UCywUpAKNtx1vXp53UVezJJU+",
-	"QsI2ey7OsycteKzK/BL2us4cJaNf+hf2U//V96OAiDjKap+Qng0PC4qhXXOYj0GqbwiL1ICc82XWGqJz",
-	"zfEUolGD9yAb0Q926PcrBH9xU/tzRmdUiNXdoqXVdd9bt19hwEa+j79Rq0teFCTVTdcczjGyCb+lRDgx",
-	"wdhLjFbn+KfNAw5IEtMQIkJDKZRyOFfukQJUrg/ptILDSDwuODigrBmEN9gFJYrxaWzU05SHM1SZUQgF",
-	"JQheISMjNieiGDmKM36GX5hR9mryfQ7PXDmTOEY9E2VV75bBAuQzi/hYqsWRgJwzq1mPsCaJBCXiW5Td",
-	"V1c/khtYkt7j01MyQhUZSeXKbLiuxmk0BU0iCJlpJguVdVU+zAQXdIkz8VT/6KfwjbIRtfXVVIhVvsnI",
-	"dpEXJzkjj49PSX1RETeqnGMyJMhwSWI2Z9pmWhj1t44Leo9P/05G+TfDwvtDfN90EdKEhkzbaZWWvcQ6",
-	"bmJmiYqw7y5XY5IqGlfTMhqChSq8/UWdJw8aY1QhxGcKNqqM4nu0FtdEG52VmWTk6APRKLA7wChH8nZf",
-	"WGSv4n/pZ7I9tqg9jMpamArMB3vyoTRbfziv0/WPPhVEMH611ll9XhiOy4nLdH/nkS601+aX/pyydr1l",
-	"0xzXUUOuP0u0VWdhajQpSwYP6uKMtL2DY+9Pp3zFOMjjKx2f7FoeHUmIgSpohtN9gx5c71E3D6Nq7fQA",
-	"LYwqYL5lfDoKiBZTMMIrqDEvSM9NolCM0L0ZuD8hCsiEshgiI4MNKRGDApOKY5hoQtEHvTRfHLp6Rlz4",
-	"wYSUk7m4BYfPXpiv63CYD5UwayxhGT33pfXx+HFArGClISN4ncd/QP6JRolqs0qKvunqGgxcf3VuaPfT",
-	"Xpj/2YR5wX3t1nAv3ve4KxtipSPfVBwyE6+1bnEMdHE+b+92tuO0d6KE8TBOI4ju4HTe+5u7iahtXM17",
-	"J/NfyMlcrzGu8yw/R09vkIUXoiMXjzhXk4XyZVaCeCGZ1sBzl67FibQnovLBC61+XpQLzp/MeEkE3Y/r",
-	"N8hcs1wMlZoNb2DpSgfZD6sjrbqJmwpoN/l8g2IrRk2KzFRdmIbvo+xy7rV7iUH2PaVW/cQbuoIbfb3X",
-	"Rs+uavN4p4C1eQQnFC8VAu8FVKgOoV/QcAJWGMVHqSq6Dtt9xXs38Wcra1FYhGa3cGVBz8q+4Jwz9l7h",
-	"vVf4z+AVRvZFPbsCBVQ6OusV7JKHZa2vt+To2bHH9wvxD3TxDPwZfQJNjoB8Wntbf+/KLbly7yhGjuAW",
-	"1qHp2GQ21MyYxmiPoonuIsKsUhqQPF43FFJCXNys6+zxF3YMf1XZ8md2EeDSdfcTOB+OZbq9LPtryzKb",
-	"CUhmzFhwS6uq7FCydbx8osWLp4LmVL58Ir1IhKp48RWzCYTLMIbBPHL2MqIqIlLiN4rQ8IaLRQzRFBAn",
-	"x983oaXaG/mroFFAxizGDA2lRYLJBtULrOLVUZfrp7O6a65nu7luar9I2uuIn1lHDAgXiyLz7gXt/oJo",
-	"qwuiHctjpanUrfKYO8duQFgUQ4BiMbHCzDUxdOJtRVrjryiu0TEIPFIVwWz9uOYxoqm6OUNXooRESE1s",
-	"FhrT2JjPvBMya9h123YWDMh5NubCCCWodA4qk/aLGXAsJZI5sjGdD0u0m0E5h7ULjc7ioJ/txF182BSH",
-	"vM4pPCCX3hcXkESKW+zbBVh40vsQi6AQYLH2+CqcQmf5kdflmLtjjMTADbo+OgJ/2h9qX96hlu3xvdd3",
-	"fxo+0GloD4ydnobayCdO477P3F5zLjLusr9tsjmWrxAJcEVGP7y4JkcLlTVX7ccfVv53c0A9I49OiaQ8",
-	"EnMyXmpQARlTBU8fpzIOCB4hmLjx9JgoCIU5RM1pYb4SHMjPML4S4Q1oTK4PyNiwkDkz8xvXoHTJ6o+a",
-	"4mbOLu4im6JP7aXe1Y/n/dMnT21WkJ0tU0TNxIJjgn1AZiBd0lDhbMVShGM8xBCcvVc6vo0aMTpsj7k7",
-	"I/Y2WBFztq4/Uv5/9r62uW0c+fOroFz1r5H2ZNmeeOdm4toXmjzsZJPYOcu53NVqT4RJSMKZArgAaEWb",
-	"m+9+hW4AfBAp24ljOzbnzTgUCYIAutHoh9/vqJZQeWM/O/kEbIhu9gGEqZhhxagxFGCgKuP6kyZ2JBIG",
-	"P4aq/4AZVOpQa2h6k4DRdSF0boC2if0YSGEUEJyVoVfEyH47ai+uszE2+rS3zduP3taGF+Ok9xTCrU91",
-	"GxyoXdGDigwjS8XKrimk1+sOqN2WfKMt2W6JoVZ01y4iv8HhervW7pybxV4q51y0b70fPU6cXbIZ1Xol",
-	"lT38pLkGuo8MqPqjoDARYGJBHYIJE0qmKUuG5JOSYk5ixRImDKephqzzw/0D28wFE1N3douOSGQ7Zjcb",
-	"LQVNpwU+zZ77idkxzRTXrARhgs09awi1wBd+ix7+Trrsne3YfQGF5GZxZsd9W9hizOcC8qiehnrqsjia",
-	"lQ6Lc8XNeuf5P/9VVkEfnIB6jKiyysnNolnXyLzi/9qQVPv7wxRVmd8MY7iB8/UUUalIj6ZaBv/XipZL",
-	"dhxu1Q8ocJ34XHmMtpMLDtgSdNrVYuNub5cbd8OZa+7BSc9pqX8Peb8bEcFWpIxgh0BrcLkyaRjulGlS",
-	"g8GzZ/WM/ZhQ35383mj7O5UGQbZvKM12t8yzdosbj7SaUOIt4AobSCmr37mMyqwgNR74Vku6d7j/rI87",
-	"UFbbxu0alrPZkcNo9VEHrDyAJ3/rV819z2UEXEeb9rf74Aeol8bQs/tKAL+eRqovAl8MiRVicNpaMcVI",
-	"7IFEwiGMI3rngzDgO26hB228V0seW/QWQoi2K64RWeRL6nCeQf2ESHYFzhSj0pRgqYwBRFNY1nNmtNts",
-	"K3twTJVaAx4TXaqI/HOyk62Syc5gsiNNNtn5F4L3g6ozfMmiIXktlQeXHZ+9+jD9+GH66c3xy5NPpOeZ",
-	"uv5Kllzkhum+qycuNYABBny5pobrGWeaBK2m8XfBWOKBVY9CUTI1PqYtiFQJF1Stq5+TC8NTexP7nHHF",
-	"9JCMyEpJjCKD7paKgJ9dzGFwBoiY0jCWA/SxN0K69qpubuet8V6Wgfu3YllK15CFFS1nFHzg3mkT9Y+I",
-	"YhlWoqzQfwPYZqmMLwKkrIcgg2nHkihFDcMCqHJ9Vr0/9nXnNL6Qs1k0IKfMqPXuyI5if0iO5aZhhRjC",
-	"DfuLYdnHh7m/QM/ui/zbvXzb5uLnsLw+O19Pd1i1G4SSl9a6RSHEMKjX4D23bvpbdw2X57NHY4DRa82w",
-	"LyjTQmqQe+QISt3A1p1xliboMxZ5mg5J5O6dunshgMg1/OpULIRc8Vei5MoVzzYW+PyOjY1cV79Zl3wn",
-	"ma52c5ts20GtjWZXl/6oBPT36ux6bIkQJ9/gfnIPNAupy3FrFdITUWTKZUyRUArdi9xlHQ1ITIUUPKZp",
-	"/4j4654OnmSK264HuqGiCVNoAG+e+R/7Q/IC/7QmGIg/u2TALL9sMgYKWf7dfdEDl2XXzStl2Q1yJ8SP",
-	"S4jdtH6r9EJ26y5WFe19gf9DklWpBqP94Ha2kBoghAEnYkkFnTPoDbTzk3bJtkPi6lUwTXgm1Yoql73U",
-	"AwKK3Um+v/+MlSs/knAR0SNY0j8q/Q4KTFQfgLd66gmPFIk5E7UHQ5sea+xw/7cmbg4supoWRXyY9JSm",
-	"coVcKCPh3lryriGhB8DpuEymTW1T6rcXZxgqKAq7Xd5ObNh1szWdx8/8j5IA2zBqLQoQvqxLk+nSZG6k",
-	"X0eFgBLqiwaYk85vU61O99yCWj3JfKBpQw1qcs5iuSy055H7q6b/GnXmkLyjhinCLmmaO8+VNjxNEeGc",
-	"aD5fGC7mDpKh1lgv0oyJKUKg98l5bpzppRgoe26+Xm+6V3U6s9OZnc58gNn+Vji/SV9ehafgWq5BlFmd",
-	"UcdXYDReFDi9KTX2N6ehwNezQpRawfpD4sjNPVAo6CC0pHd1LDOWuBfrI5+kXruOULhcA2m3DA3VcBt7",
-	"VKwBcNFVkclKDFb71HZ3+xTc7WAmQ3igwJHzL+2VxyHXBimLg1O2/G6XxL8FqW1IRr47Cwk+M0OWUhty",
-	"sL+/71/ZDEhR0Sz6dnXxCX4/Cx/tU/bdh7UR7BaDePtEv/WuwFpoZfq1P06h4cHXaOqxff7MPn6H28MH",
-	"qU2urvYu+NWPhSpckQwf7NwNj8vdgGrXTe5NnA5tcJZnZcXnkhCuULlErgTAOFuLF5/rwcIrN9X3bVVk",
-	"FFam0xcksoLpmNudT3HqLilWMCVZ45cdQdSZMA4FSr1zaRaoaY3dPc4ZYf/Oadofkg9McZlospTCLNL1",
-	"gPw7p8owla6xv0LkNIUXfDx7YUeOiYQqkuFjSFyqjJ5SE3lfZlDhWETnB91Fv/FJq7TjXBu5dBccb2e5",
-	"OfhQJhL8F+b3hH+6GHZx+5BEdAluf/zfdMmFVOCMPRgOD/b/z8Ffh+QNRoMJF1kOQevNeiki6NIeNmyf",
-	"IQhzRKifKtjOfOrqgurKFrPFH+OKsTFCrBiUckWtFVUVhfad66nuCIOy8kn3WsPUtFu07RKCrdzk/qSf",
-	"1gbRZSPd9k6Eiz6cMW54utjzuA9baoYZ1bliGszwTGqWTFERRggzgacIyM2BrJpwIrEqzYoT0+XAVMla",
-	"p1AgumnhV437PuECjixVRY9+7BqnGxlnDBGd7WDSUBPMBR5/gtD5qJjVwfhZNAUebFd5G0JqNElC87j9",
-	"UOM/sWd7xQ1bQkli0wDte5TojRfjDumuu1Fwn8wS8jdMfib/jfgmB46mATJ+7P5Sx+FwOaihCQwW/M3u",
-	"JOS//F7pXxeZhWLanmqmQLW45fnSrRlTMbOf9V/+8IT041NsNiI99pkCGr9hc6bcHHAA9NOSwI/p2vWI",
-	"a+L73h82fI79xpXM02R6nsr4IkJeQ/h7ioAmbiPXuR2rJKrY3tGKKuGeEdLw2XpqF0J01Pjp8C77AJaD",
-	"y0umaJoWmCgu7qqNkmJuj8120n9yZLWmfFSG0zfVFyGZq77ojzYXfPnwjsYKRRKCKsL45q5u+5fc4q5+",
-	"F3v0Szem95TL1dKX7Yc6vw6OgiJY0QAp32V5ddvwzvOdl2q9q3KxAadk9QANWhzUenLTPfqLU44Oqzlh",
-	"KTNsc6Me20OaVRyaUH+CRIUWdh8XCplL7whsUiq29Vs9KjTGElqjCOFjv28YoaGq8CV8etL5+Z82mCgu",
-	"g+0WtZUIEy9uIoTgxMHqf+++mRWhAYwIYtxxSKI4ZVRNg1NCMUwVgaCnSEhiTf6ekIa43AunZyqejwER",
-	"1ghxTHc1Pwd4tzeDB5sxxya3Q4VzBCBdKi3g4xDnlMbHa62NtQVWDYGbgw9EZkywhFwwljlvFaaebOqr",
-	"PEvoI9VX39kU+wgj9xAMsSvcJTjFyVN1mdxUUXe22hUKHhf+jV0m/ui+q5mBbI/W0OzLWu7tgOg8y6Sy",
-	"izguJeE6NDMXi339v4gWNNMLachMySX8Vk/jbYjVHkuS8ktmn4+luGTKn1kzpqza2Z7d65KC12P/UQ88",
-	"zbfe36sOb2Hg/Kx1kbjH5f+sz+83ZgDnms7bs/ffccE0mlL2gSnIKRfkn/aPAcDZEaRYwAyICqKhlgoK",
-	"jZNQ9b3GkmMsyDvCUk4NGLdYTOirP9EpCc+jHVVF592ahPARPuj7RnteK7m8zn1n8jp3lTs+lsr8iNSX",
-	"7htOreECH3J9ZgsFxg6sQ5La9dZprMeVFlaf36/UWDE1NJXzPal3+ZLO2RbmXIzMnIwJ3jhAskxrUq+B",
-	"4nE4EY0q5AW+4kS/wRd8Xy3y0GT4ZAyffX3JDQP8I0rs0+KhDVNlN2cHkG8325LQucXfLHT6Ir9S3sZv",
-	"P1ZFjSf1NMxM8XodYC4SR8oe9IG9i4s5yVIqIJY6ESGuZK+5cFz5vGAvHxG2zMzaHxbwcXij9jy4P2mn",
-	"iHLBTT9gotjzxMQPIE+5KUKocuaIDuZcCo3Y/LlVaOHIMlOMBYJCKayKGxArU0kO0wEcCvoKlTO24/u0",
-	"1I3/8rcfr69x7BLrlM1DVzaoX5Dv+e1H7aP9VvQhF64kZzfRP3tf9EW+lb4zFxcCwJIV4YIGrRQAxatU",
-	"100iOWclibxdxyp0xGrE4XxIFgf7+7u/7s/Pd/Xn5fDgc4uzVUMn2t2sJbfqwc+/DnaWXIR/321xSSHN",
-	"bZ6J8duPtyq6X2Wmd1GgbfSYNcm9SjgTllFlljUazM097mXpvqe1xxVffv09rjSq3Un48W2OaLWGKb76",
-	"MOyYGvS1k+mlSNdApZXm8xBhBD+cy7ByKVyYZ92WPV0s3ceROv2i9lX3lDddGtZ2+v4uObpLjv6m5Oik",
-	"LLwNiqR5E9/7UvyjxpS/YSXfnnqoxxJ9u+0pCJVe/ijV19sF/6yyK3SR/s4Yv1qIW5OymsyBlwDh7Auy",
-	"vNssKUlbizWA2SiPV9xv39L4WBuxe0o5ulrh+ESjTvHcNuZDZ6lcNyfpBpbKgtHULLYZJX/gHQ81pQe7",
-	"d1UGz+jDG0KFXjF1q+f/O1wkW+DD3/FLJpgOx177sW45l+bfzWNl9rl7xx6EU/YQa3oLG4I9T0MUKppT",
-	"YdR61z6HTNb4bHREhCTnjCqmkBtaCrZr+JK5G2BXcijSrqxNJmtXHTURBSXZkJwykyuBYaZUivluyi9Z",
-	"guzZ2ELP0/ila2DiPEIST8IN2f9lf7+PBW8zeq54TF6MiJETYVSuCxJQ9xtNEuXgPRJ4d9XvDef8zf7b",
-	"zf1gImqUaQNChUMTRyi8Eq2auxwNyStozSHueYxvzwxOuXDkQ0AqMRGZYpdc5mUeFMBtB8aJXAiWNvnd",
-	"sdljmbCHWNJl+4WjcE9eg3IH2rXHK0+a15HIPHYaBpxqQkEMS5rTv9wuGL1VgX6x/0NCZSuo9mcldcZi",
-	"s5XUEVSqVUcg/6mckzk1bEXXA7Ja8HhBMsU087TL9iZHvQtveU4oJu+icpAzEoV+RBPhtj3iSIifEytX",
-	"UcFf45rjoHcNVDMHAgRkSJOKKODXSXbpiq63q7+jjd741EP4OE+R0FrGQXrQ9yXXS3sQ6zcptmJY7ZR8",
-	"O9PWxgnqTVJ2IVstDZ3veWbnMFcFSfI5s3uU9mzEDUcuNyfXjT3+cnifoccwsG/CWF/Fqmvn1s78/Qck",
-	"u2hJq8L7AsvwdzDQgCXg+T//9WdFCxYT7jThBpfW1+tDVCPbUDqdXAWFVwZtKIwfxWLGL5knqLFWVt0W",
-	"7BescFKwidBGZpqspLoAo8sA+XOwA9GIIlI4vhgmEgY4QM1azCyoKGtZwvVEXKXXHPDC1eoNR6lTbd9b",
-	"tV11aLRL6/ZZWDqNdtcazZEDFiv7K/SZNnQLjuYprnpHrZBSM5NqSWKa+czHyF8cygyKYJOosaDKd2UM",
-	"r3uoPpdKL7dJ0QuZl8Px0m4tKeSQ/pBWwo/nEhxbOWEJ+cf45Jhot6gCS1Cy5OIka1vynsN+T7GUrve+",
-	"0EBdX4tjNp9nqJ/vXZhvqEfiMSUrQOIOBPmf2PlYxhfMkJTaTdftwasFT1nYdP2ziKFaOrW4fbuXyFiH",
-	"Dg+XSd+BVoBWAAI4ohdSGedDgi/ynHJIy4hVUuSCrUnCFNwF2ciRo657PxqfvTqdvn31v6NBAcPHte/b",
-	"IHQL/ypGKxgZmmmEgEEbYy4l1txb8yXXrsTff6rMmPN9haHSRjG69JVg6HazbefZXNEE09BpaUB7Oj/P",
-	"lDQylqn32A19a7swBsPLg6jvpuQc6fGWdkOYM41Mfx60iNHlT5qcrw3TBAAbV3Sth+RYGviEOOU+t6oO",
-	"Lp7S9Zl75+1aMqNihFvDXJU1+z2j2geog2rZqStu4gULxXvF1FxjWn7IsNGjxPH++VqD93d02dyqZeOU",
-	"waldE822zVlNOaBmO2dmxZho1sD6eqbPkm2LCr1/uFxOHzVTn7hZeM6ptqJuxBpBPxgTVMRrGC/2GbWq",
-	"I3nq7JS7sFOKCSktTjuRtUUJboVW0+MPmSYOIb4wuO0jaHGTXjDNdW4XNOZy2MmWme4fETA2NJkzQw73",
-	"n03EFrCZlsojlKOnlY9tv/n6mdhYuNXlYD+6HGzhlr6X3oYtxdq0NOPDNV2m2zaXk4yJ0Yc3L2Wcf3N2",
-	"1M1Wvu9Zo9vq8OC3w2f7h5vGYOP+4j6CJO4rHl/ewdkCQHKFUTQ24TuvSDnI6Lpe3HJVot0REWwVWEia",
-	"gSo++Gaflu51n3199euHv9PAj7MKpqjpLgQiZID5S40CuWdktptnekt0piEFFrPjNaH+hcHbkSl5yROs",
-	"PXc/yXPH2EPGRvGM7WqzThlx/XoD8tBHwGWHfj1w4Z4iE6jULDodiGaxAvxrCJVDSpGSK80gbwecIrEU",
-	"M66wstz3JcS/fYPofqm0SbgmPqwUM9KjgpQKa3bfsrVD2XHg3dwQxRIaG+YdUCtr00I7sWIJNx5M3IP3",
-	"lD/HO6LY+ULKC9uyVC7k7zsd08zkCiJTguAQEZkbzROGRBLuPwL8ElCQr4lDdXTQAK5UKpXYYiIR+hwI",
-	"jrIW2gmHcA4dJTPK01whGGOe4bEz3OcXEzQJwz4H/6O9WeMinubFKo7aCqXckjiT2cfsMZVKlb/rntKe",
-	"ql3YHgELwhJwSJNNwTkK8sWdWEUoRVOUoqirvHp6+cx36zMr4h3A6kO93sUtrbRk3Xr2S/f6m6PTynrv",
-	"i3/2z/aN8tinwGKI4aiS52oXGhPGCm+R+BW5DXHM54JaFR8RFAHSi8zfgEchzgX/bDcmKRKNzAqDywP3",
-	"24J9Jn+8H73YHf8x+vmvv1hLb7KDPxm8d4j/UnQFPcGL7h4WDYhmwFhAosuDCGmatNsTGPBkrMvq3G2P",
-	"/ncAAgbfiJjb7Qbyx2A/g28ZEEoMXzJt6DIjS6lcAsWz/X2iMUNDVS4T7ZODZzk2AHsYjKC8dMg2fp+M",
-	"aQbbi5uqaXhtSEkjvcP9/X4j14eHDFYMU4cT3OkzpooNzzOWIs4GsJEknnB7F88nlCQ56mO7uaYcuUxc",
-	"4t3P+/tOLYabIkjCczGqIv+5bA3YicI3U2QjAUBk6mMwPTcjBhJj1hnrN8VeIEvGrexPOF63G4P5UBOo",
-	"ljBMSd7aIzDX2LQ++HYaSATPNq0pWAZOkELP8J9F3+qSt9OStPLrwW8/37Dc6S97f9l5/uVuK5Sqsz2K",
-	"L7by0cLOfskUn9lFbVeaE4OeFWNagGnj5f49b+VdQvONEppPUQGUDmdBqXntWaeTbdkGnd98j9Pl3nJG",
-	"d+2i4ILpbb74FVlaJbUonPKo4vglT9mcJUWiDGLdB+/8tPDODwgXcZondmPJtW0GNCn8OQSCG3cbYOL7",
-	"52Wm+ySl8QWhwlNK4cZJZjQ2UuH9C9/F969HRLFYgtp24oybgsyYGJJjpP/bzOEhvQjeP/XyHWEMYcU1",
-	"oCrTJWw20N/GfJ/3r0enYSgfakCt3MltJ4ZwE1Ka6y50dheuH1y8fuTlLIjBLsiHF7+evQfMlX49BejU",
-	"il9N4H2x4DYIolBR+FAXruvgVd7Rs4IgS5dpKCBtyHFyyVm3mu/UkVkCrgyr7AboPZ8WTJCoUuUOHG1y",
-	"yY3xVHhSzang/4Gl9ZNuKeCnGh1z9oxT+qWUEl6G/jls9Whhnx+VMws/6Z78WLU+bElCRcfVUU20wTW6",
-	"Ergxd/X5XX3+3SEJZUEXbC/O96oPnE6O6nErfduHCqk3+hcCmi/+5nwpnj8KzGmo11tJdWHnRg9aYUvw",
-	"tbekyZp7zpMheUGV4kyXiStDZpY7RYR+tTsc3Hj9OFBGpbHdps46hrlb1VpPj5Juq/YZtCbldGL/HY8o",
-	"VxxLOmHvsMuuFNwW4LKqTYBBDMjgaIMle+KC/r2wy77mtHRnesajlnX6pjsS3Qtk2TcdifbQSXctb+V7",
-	"d+vT024/YHZrecqun+PqVkOnxJ620QSuZC+ByyD2N3Ait5tO4FnJNVPE4WakUsx9mad7Z8CdJ73I3lpi",
-	"SSlFCY8QLo5rw8XcRxvaHDA0SSoy0Wmx+/OBj2pzcV/pnJX10KQXk6TzFnUG3R0p3VGShKDptxlze1/w",
-	"j5v5vCtK+pQt5aWH506pdje1qldl72edhq31+r3blBLgDXSTC6x/cLUNFCpM3/f1xR02wfHYeeyUXuci",
-	"vyGrLqybK/TXVzjayEu2lOYGiqjiiOsU0YNVRN/ZV/gVhuX+3RmWZb8hDnGncDsr824yKRZUzAtF/ZOG",
-	"FOIr7U2tF7sXbL3dTzge//HW3vO0Csnxq6/vY7PD2NWQP84a8pB6OR7/QbL8POUxzHdJvsZ6AUKyhT5x",
-	"wQBMj2uSUaVddYkrLWYJ6W2WGWNVNILjQUmyABCNai/6Rw6lLxT1abpkZMbFnKlMcWFCzYoU1c+hMeSl",
-	"X8HRiJLwmPI08YvuyT/lhrPNMXVUWhJ2gZTmsaNs7MyDb3BCiZr6atReDcbB3pcLtt50OjVlQt6Oqqhh",
-	"Ro7/QL3ZBmmJvbtzn0qXdtgF1UpZhDeVLqjYuwHmE+ltgdIv1dg1gkFhcwgf+LTM+OLLr2/KuyAl1lR2",
-	"Jv2jNOmxdvZKWnSPuHkTTnSMbTubewqRbA2QC7/1C5gje4/dvwDogDpKhSbru1jAj8kCL77qnqzw0rB2",
-	"DOmduf2d6prQDy+uqWTq1sHeF9Ak27gFRviKxtrLjRyb3uH+Yb+x6v72lMwG9YFqN9zd1/0olQnbVYbP",
-	"f+rOA11lAg1SeWPBv3y2p9jcWvWtMv/KoXLYu9Dpx40mrj/IrqMNNeyIRI4obIo3T2OZsMhDK/kySNdQ",
-	"T+RpCvbJRAgpWL8N0ft/Pjt1HXyoKAe+h9eBOXCDfe9YBk/LAldhBXlRsHNGk/cyYamXiMC7Y4dq7/+u",
-	"Lux7ZorpRTvQ3CthX1nHFGXikmhmIOEgenN89ur0ePRu+o9Pb8fT01evT1+N/5ienbx9dQyyoZk5ClBl",
-	"h/uHxeG6TqFjFtQUfGj1zCnoqX3Hg5UT27lT7Od2FBu45ZbN4a/ap2686/yQ9G1+4QMnXzPLyWupYmtg",
-	"umXmtxrN54KL+e4FW9t1XMa1yQPu+JIZxWO9ncwEb/m+K9ewz2YvSykXrQjzv/z3g/1ff/3lOhDzH5Rc",
-	"MrNgud1oPxvCPmdSc2BDQiPy8eHNlz55GWasEWsefBH/aTUpAJHRassPUpu5YuP/8Q6CT8ejs7HThQPy",
-	"1/1ndV1oL5XhGjdQsQpiMAY4yfbveMHiiwEENEE528+0KpqlMmONx5OHjwh2bTiw9XPCwH5LWMZEAgjU",
-	"brP5QddnUHx3N5DH0gDC1/o5oYakDPIHBcOVZddiIle3x1G6FU/Q9fb5Fslpk8mV3hPS8JkbqHaD/2ML",
-	"nR3YH1muF0xXDxqVZgnVyHYIWtGT2T2fiOjLZCdeUCFYOtl5TiZwHn+OqLg88Xi45P+RyY5U8+YfzpWk",
-	"SUy1mewMyASUNLaFdyOkJlx1T9m7EmqovevLcDj8017Q9oxCTfnJ09cvyLNnz37zz/0ZDSfiDDkzBXJv",
-	"g7GWn9uROi8o5cIgwBHMfd+g+lMZ5or08FjWnwh3cwDsDx/nmxmSk/KTgRiQnsu8VI9OeiWuQ3sUyzU2",
-	"Pmd6EG46z5M5M4g3qft2PccLtFtdvj9ZLSSJqSCaMTfXrhiZvPSQulyTc6bNRLDZTCqExrWKNWNKcw0g",
-	"T/ZpYIOsrIrhMhlOxATMCwe+zKV4jkSKsT1kODbI3j8+nfWBQOo8MMpGA8I4eJu4INHIGWmuBSSeJQ5r",
-	"2bbhIJUnQqoBckg6PgI9sIuzSgTYRNGIbx5uNknkbMYUS4iwa9vIifCPVD/28iDCDFnN1CVThMULyVxc",
-	"rfUJT6AAUMPon7KH4hH5d26HHi0R/HWWa5aQHvW874JQ8vH0HWEi0STP7IVUzrXjQIhOFJ9zEZESxfRE",
-	"OGf7TwDCRRbS6jRFgBSbOMrN45OzN6/fvBidvTk5Hk9H796dfHr1cnpy+ubvb47HQ/IaiQjskpgheDSb",
-	"CMeFCeCdoLHD1uy3XAchGimZGxbBEoqsWSGTCOY3YYbytJniy0njcUWP3eYmvYVG0o7+B7dUNIKZlRcP",
-	"1+1T+0Siej/k6WfFzjWogm0M1pUFhxDoJZrXjKldq/4HVg/uVrQ9EBnW9brub/dErAoq3Wuz/o5KHfIy",
-	"2NOMJeRw+Kxf4VYBJabrC1hvUKGCGgPx9D+A76FBLfYKrnqruX0kEZsZI+tu1Hcy064Syy8uuP9dPKNV",
-	"Cx7u75PIQc1PnVaLBkGPDJH2P8LWplxMoSWEo9cZE6aqJQd4MrE2wqCkMbmu6UjPS3z26vT9m+PRu7p+",
-	"hPjHs6aeYYeIhPdBwMTO8aoG4+8+XpPD/QMSYefdbxHULOfiQsiVGDgKHAYo/lYR87lwT5ce9Vj8rtw5",
-	"44i1z8r3uMsRwPKrdWCaKfR7WFpc23aqCh5ZjIP+dvzFTXp+SEYz42gEfIuO/XimALPZcR97ctUa7zGa",
-	"THYPrtwOZqcnOQ+WJ4kc7/MUbHi7NNhnDkvEpb1C1zIp5hGaC8UyHZBIMc3/4/uf8cpNTqAa2K83di6Z",
-	"MdHRMF+bhvnp7Jpd+eA9czz7JbfF/Vk6A3uNxIU9HYsSzXzZ+xkuwpZef+P5pqUB2gZ1QQNTslNpyCLN",
-	"jWbpjPSshJdI4rkiLqhHMsVm/DMooVylO8939sDQdb2rv+Edv2SCaT0oUMwHuOF5RknQfc7jNyyUivMu",
-	"NKTQ8rnYzbMB+Id3uRi47ch7j2HnRddxqGNxbcKgNHOLOORgf1rellFVahBjnpstvgxI0pr0Yruzx8yu",
-	"St0fFFjkQGpQBTApNR1qnLb1d7OKo9SCz9S0DbhLv/M0BdVaXAqUEKVrL6ihqazchnyvpQvlVdh4+e9K",
-	"5lnlt7GRikL6THF7Vr1llGUjZfiMxtUeVezYcu8dGv4pSxnV1R468RxhXUj1MRzcEfgGXiiWMGE4TZsG",
-	"278B0+K4NrjtFqmVOJEhv9J/iL27WB7lqwjIX7/a3JfyHe8p1WNuWPMv7/iMxes4ZRu/bk6dvTq+yDcv",
-	"nozfLK1Zs9m7+jzBxdoS2FylNE+4IUZRntbHZmR/2miyshqr7Z14i8eRJS1hMThWG2o2Bv+k2uMqF37D",
-	"D6Ms+6Dk5/XOn//68/8HAAD//w==",
+	"7L37chu30i/6KiidXRVqL5K6+JLEql1fKYqdaPmmrctK9rfsTYIzIIloCEwAjGgul5/nvMd5slNoAHPF",
+	"cGYoSlYc/WOL5AwujUaju9H96887AV/EnBGm5M6LzztzgkMi4M9zosTqeKqI0J9CIgNBY0U523mxc0EC",
+	"zkKJFEdLTBWakCkXBAn9CmWz4U5/RwZzssD61QVldJEsdl7s93fUKiY7L3YoU2RGxM6XL/2d38/JnwmR",
+	"6jSs9nPChSAR1p8QDRGfIjXX3cALqKc/BDiKiPhOot8HtqHBadhHXCDOCFronkI0WcGLkogbInZLw8Of",
+	"3hA2U/OdFweHP6RDlEpQNtv5oocYY4EXRFnCHIcLyq4kEafhGdavlUetf0M01N1Q/TnWT/V3GF7ohhNJ",
+	"xIiGO/0dPQ8qSLjzQomE5Mc05WKBlX44gSdzY3zyvDrE/s5xElJ1wYXyrBUXCnEREjFEJ4mQXEiEBUET",
+	"nrBQryBQRj+USBKi5Zww/dUKLYkgiEqZkGwqfyZErLK56NcKxPwfgkx3Xuz8P3sZW+2ZX+VeOsb3ejAw",
+	"7J9oFFE2u5J4RppGr1dfYL2aiX4cRZQRuZWBlUeRjc/Qqzqq9zH+MyEoxjPKDHcG8CSaCr5A4+z7ISOf",
+	"1Mj8OK4brPm5jimfHRz29R5KmdS3/q8EX1SHaSeGYiIoD1HEl0SYda8bih7/jpcTQ6zIQNEFKbLj86e+",
+	"4ZyGZBFzRViwek1W1YG9xddEIowCQbAiSOIpiVZGfOBJRF4gjASJCVZoSdXccCheEHRNVgizEE14qB+P",
+	"I7yS5lfFBQlRT2JGFf0PCXeRIDLmTJJ0qka2ZXPNDXKgR7lOKDTR/0yzDv0P0e/66BrjGRlJ/UC+l5BM",
+	"cRKpnRfP9oGoRkwe7u/3M6F54BWaZxFWemnOeUT8QuhyTlBsn0KCR6RGHOmf1sqidTsnPwwY1yVv5MIk",
+	"jpu4UPEt8ODvZ4L/QQLvuWJ/QgFninxSWrRgFJsvBzLgMQkRj4kwexgdp0eOZkeeKEQVohIJol/QQlNz",
+	"6ZiyGxzRcGQfHtdy3u8DO4DB6c/bPQfWHqZwUg5kEscRJSEKCodrH5FgzkmIKIj/wnGa7iVkZjJEl+lp",
+	"CkeshMMWjg48kYSpNVPPmu16DLtRwCn8Ew5/wYosMYgXWEgG5wfW0wtgWnt/SD3zzy25+aUQXJzbTkyX",
+	"RQoeM5TEUgmCFygkMWGhFh5oimmkhc/Y/TgiuqUxKBo5jaow95qx2Mf3cgsJA/kJh/ab+5vuWxxpBiRh",
+	"yv5cL7eUeje7rdOrsP0RwpHk+hRcLQhTI0lnDKtEkJF9ctxHYy2wtUzUwmikBL4hQuJo3EcYhYRp9mQ8",
+	"JHpPTghSWMyI2iY5TzibRjS4R2K6HrMTLUiEIEwhqfQZ2Bv/zxGOBMHhakQ+UankuG9/Cuyrso+w3qr2",
+	"2FLpskhFowiJhDHKZtsk0ysuJjQMCbvHPZaoORf0P0YuWV7QTCaT6ZQGVHNUTASwIWeaSGOsFfKRk6L6",
+	"G75kRMg5jQvfSkXiUVL8DsfxiHE1IkxRFdnvEjXXfUjOcDQKqdQ6SfYLYYqIWFBJii0V3kp/2eZynOqe",
+	"GY6AiPe3JFeMfIrNQWdlPsg3WBUzoDsQeO+4eqV1hPub5iWYlpInIiAo5EQixhWCvagFHzWfb6ikk4g4",
+	"w8mYn7B7NRtN9ZC3SoczvIo4Di85f6Ol4H2TwwgY0LepRJEegkBqjlnOoP5OogDHnpOgj8YhUZhGcigI",
+	"lpyNoaWR4nwETW2ZUPq4OU+Vqfsi1GlONKEJjjALSFli2a+3yhkXRNzQgFwxfINppGXUPUrpvP5DJUqy",
+	"QaDeWJqRjXLfVmYO7qVB6l9aN/GcJ0qruLcg2SXnbzFb2W/l/dHrXJ/jEV1QECV/JlxhRD4FhIRwugms",
+	"yAh+Hrlv4UiJIm7GMwo4M/pCsDIPusOLMqk0a42g0cLrTscq/fIgVuKKYXvQ3+dW1cqFPulN65nirvg1",
+	"YSOr2mrSmS9y+qr5gnyK3XFvvgBbMX1um7v7isWCB0TK+93Y/9ITKVHnJv3OnvNHqVwfI23XGR/MlJIo",
+	"3B2iY639Y4ZK/hUkiHEwav0Xo5BOpwT0X30kbI1wX5xNaVy1gabgiSChXnUcAfHCkOq54OhMaBtfUW1Q",
+	"TnEkSVXKBRFI9SBtAfXsVzRE/0BzLOegFQVC2yfWLNYfQF0gWleKsQAHAwWjOM71+XnHtDWiYckC9ng0",
+	"+jvGWRaOsNrQKZI1MVm18C6wJLKninFLVFozu0F2GFBjk4YS3dwe/Z1rysJG73OJFV7rd770dyIs1Ugz",
+	"pp1GkQPeYKkQbHXrCTfsS1XfKYALyhIFzrWtEMC4SUrukP0GBySw1R8kcJzk8QRah5fxW6Wu/56mnPtx",
+	"tzCJDXlCkBt+3YlJm5vkRgCWtC4lwa2JKEPZ7D0zIixZ7Lz49w5Yibp7spiAR+qGkqX+Qw/gY4txOK0G",
+	"BwFPWD2t7XPIPmeHVHp7K8SWCqtEduX8C/PWl/6OIgynE+nsa8zclv/egTdgG+Zbtezcz8k5LxkL/Nt3",
+	"Lmk7u4KcKe3XgkQrSMgCJ35Mh88nuhs9d688ePE5ZZfSMLMx5lrLVqLc2hsqVXrMNh06xTOBKrIo/tFl",
+	"cfVgFvjTqXkXrhLsYLEQeAWyIr2danTvZ09WFhw6KDTWhsoXKcem2zJQ9IakqxxmK1dHaL0cFyRIBFWr",
+	"DWm8mOKObxAGTiDPjheJ83wzZCaDpjhQXBjXgTxCks7YwLjVGWKEhHD1xUM4NewMJ5xHBDM9RfN2exZ4",
+	"++r4FbxSXPsDz9ILEvAbIlYj3bscCbLAlGnKNlzTm81I8uvGONOrpo1A3UDfLeTHJlHhKOnazCa8Znw+",
+	"3pLEuAA7rqQdZ/Wmmc4YCfU6uYZRT5CpIHI+MBrAFC9oRIl0Kmyk1xp+AmneEOeQp0GFVrlZGSdlx0lJ",
+	"rKicUh+D/jYnag5OG60GEEkgIsLMyL0mke52kMSI8aWfK5eUhXw5kibyo0VcR36+2fAqDflo4EIkbnsq",
+	"ZaEWesPnOCYjs1dohaG9n3sLukLu4qXDkji1Za2ANd2Y69O7mDcMwj9HG8TS2STSjSMss8tlUKwkkoT4",
+	"bZzbmy0hlXGEV6M65XhLZsRiikc5OV/dA27KI03W9gK6eEuel9FPPCLaso2Ts5rcWrqC9vpxYyVQL/Vm",
+	"il+jFmobKw+8pG+30bCTOLwtq2hyedjEHyJQ0WDTt0s8V9VJ80pungAVJimyVUlHzU147Sa9P3UyFQsP",
+	"TI9MPaEd5dUvZ1cS8SnEJ1y8vkKcwZ9wudwLeSD3MierHC7C3SF6qTUQ483SxjKOlnilxRtTR8ixsG7E",
+	"hNHpb8qRD2WFIxAJCUcBt2dIFL2f7rz4d4NWxxlZ7Xz52K8c51ib8dJGwc2xRLphJDmaYuGiN+DH7yRy",
+	"PmP/XI9MOCUE1fUmXCvduwgvwGqNo8S49ey1svFjMa7s8yuihuidnnzCFI0QVTCWCSFODdaUKG75L05L",
+	"3KZ7IOcknwmexLV2efYgggf1kJdYoggnLJhD5ItZYDTlAmEkKZtFxP68DXM94IyRIGXiVmyQMf5J9vaX",
+	"jx7KbuGcJSys8YP9phkcAn0DvCBIkIhgScK+cxJzgfTgI6JMsOhWVnYWJyNjfBthbgPinq+PjjPvLXhI",
+	"ohZxRf2dOU9EtBoJa9/cbnf+Co3BFkFYWd5xm9KcE7ldeZSTHvoBLaDmOESMo1jQAHxbRqWqrPZmGk5r",
+	"BUrLx9FmfXA5ogs8I1vSLiCUY7SxZlx2jXZ9W5CZuX4LSRsfvbxOWj0m56NrshrRsHg0d9ZYM03ysHpA",
+	"t9MM//XkNy6uI47DTD80b47MpX2ZYfYPn7bXCjej+q0VQZ9yZzW5vOZWcDsWOc2sZV6Y5AVSkTGy/ZLT",
+	"EIs0LK55cZcUToaiQOoXtQf/aVevVObP25x4X69hnRSPqfa61q98iRRHguBgnvOGZUOu6kZzqxPlVvPw",
+	"2TPfLrbZAekx8PzZsyfPmk6CxBq4nZhlbigdmxQCaGI9wV7euHvZ9rR6zwgyHIKUwExSP33AM1a9H4ST",
+	"rFkzgpfN1zUGpeFczZ0rqcjCa2DmWG6z3ZwLNN50KttQbtwqVTXDiE5JsAoiguAh1Bub/sZ9NLaqjv4z",
+	"FvyGSj0LqbBQEAcwHA6N86+h96ngi1EmkNtpGVXRXFE4QAPnzF7AC6ncFGAGlBvX5JbUh1udB3y06Xnk",
+	"E+ZFpizSN9+ZW/d08IVt0c82WIVNC0zXQgDcn41eEjwP1VL/RZ9PXd2LmYGat9pTE03xmfFmU2PHm1O4",
+	"xpKvStM800i/LDDuKtlHk5XL4bu9dpYTCemiVC0b/dT682wLYnCznR9pJSIdcSlNwFDM+AaaDEP/ZL1X",
+	"Tj5jZX//72IifCv6s19fLu3EAoN19JEW5c3PEJfWVeqwqnPIxvlIJxBMtnGpN+MllH0UkiDCgoRoGmHV",
+	"N86zsX1z3EoSPUqZspTpICospTc4Qpsp+CiGHsVQ2ap2/NZCIH0FtdAoXg9VLfwKBHlotEhCqo614XHp",
+	"t81t7Flmllsz3RsQpRtr54GoxsFUjTmvi7zoSGjEeMimlr7bXiq2uEVp8iZsKxyAKBxitSZSzIywpEsA",
+	"WQcyJgGd0gC5Vo5sOLgJD5e5IJuMMXgANwO3Onk7HSItwnklABS0WPVz86g+MyBdt7o44NlrdhSYtx23",
+	"bfOAaujbd9rkl6TMzCVXQu2JhJ1nNz+1PJlSOnucECkX1kqSe/Y+ZPLmAUrV85Rf0zjeBEJQIcyQRolY",
+	"I0Uz7Jc8NkeeBUZ6r+/012LUaDMB6+ZQRKVCPUlIiJ4OD3ZvB7/j5uMZTf4rDN8Yjit+sA8bTrM/2Q/2",
+	"J8uQOP8BfvJTTM0v+TVhG3IdhmUZQRyiBzOEYEEE+udvlyXn6g8HPx42ZkO4gHHqafkNnRItStOlgnG4",
+	"HA+GbFxiU0Cnph3Eho66dGbfuUVvNfQygER9G7MwSGSprxIVmzGF+jsmwa18e2AWxssR7rKlKQzNEw2b",
+	"Y4VCx4WlLBPBuwRrLmwsDo2NIG/NtqVETiIJZHxPLKoNlQijGK+I2BNY6W8i/QHhCb8hSOAlIiwcBIlU",
+	"fEGEjQGwwTuYhVmemP2FLiyGQN2FkMmaaKOMFSfsFDI78FIay621MkFCqkaCyusRWGB5pnEhcUbiAP28",
+	"HOSoNIoFDfQY4wizLQ3QyvORi73wZBRdvEdPDw++z4KmtJXYR2ouCDGwRQGWBEVEKSJkaUs9KWyoJ/q4",
+	"0o/phv/vv48H//3x85Mv/2OnRXBrcVA/m18hzdJJEcd6dgWH6NiEqJE/ExzpI2Wsnx6XBtgmjYyyG04D",
+	"MhIkoDGk7Gw1UvT2U5SEqb7BArvBUUIQlmicp+DY+Ong0LVOOWnpgSaJgUyh8F3hrSM04WoOB7PuYncD",
+	"2sVYQKb/nWwvt222ux6yPhvHoZ6AsgPee++OVfjTyMIy0QmNqFo17XsIQxi5ne5v9DY+p+WcR0TiiGxf",
+	"iJSOLc9KF42AgqxOHVelwOJ6tvGu+vo96hFz6yiyRuJ6l9Yn5lMuaj5yy94OM+6OzOGaDP9IpHKAH92z",
+	"M0yUa2NqlQnzq7n5frbfLBW2l2JZ4KxF6s6Eca2jfY5Qmynq3ShlkU5aPx+RcKY5XGAmraWy2cbfHqX9",
+	"Q+r7V8DNd80S/GQe2VDjHDvsGK0qXpNYQXjyBAfXSyxCuF3Fyu5Qp1GaXC+6wGKFrLzJBZ26FuXYPRtg",
+	"xhkNcIRiIgap/qMN2KoK2nWFXW8+REJvt+6FITqBvGGJFok0secyWbiJUIv+2ipF0o2leNWzoMwlS5Z9",
+	"F2VZb+ecm826BU/CGVEncH3QVjyV06wYWaIJtDN0+ote3JKyoxUWzpwyZMIgAs6UwIEyEf5YoYhgqeAx",
+	"wKw0s+pbIFU17xung1GtgNITYnRJbzxamjxp/SOFozKXLNVRbjTleDWZ/CyUtwt9n3IREAAsXNgrtBa2",
+	"lVnpl9nLb/W7t8BxAIzU/CG54EzNI332/plgoYiAvzFjCY7SA9x7Uq7DhHAoWSBLDIiNft8BJxylfGCS",
+	"WsqPGUnYIieiqnKmjXSi8IV+zVmwEH13q9XWJp2c8ygcaaMujQu0HP3DfiXpBguGejw2Wd4QUbZrd01M",
+	"WGhCXgEGh0pkm9QGvvMxmZSa3odkf/8J+V+7hUCYgxZwv4Vc2oyCKb+ku61RKP1MAghhLCj9UcSXWlHE",
+	"gun/eBKFo0nEg+t1GlixPS1HOyoWRrq1P0bg8VHMIxqsNtQRwtzsW/NeSrJNMlG3LVcsc1kEDIfZldKB",
+	"MvX86Y7PgVh40eD1t3+T8nBEWLj5pZRpAjbuA7nZsq2RcARbuDUbah7mQPxNLQi37ZZUzSkb2W2QF0qB",
+	"4FKC7W2Z3mG3+ROAtyFSY9JhLl7x2QEOoLKV+yWplr89K9nLlQ2V29W5IN8CxxV42E22upRVpnALsOOb",
+	"s39Pebdoa7G8mTF7u8ChzTi6tKTlRjrMeCOr9NaSvNutZ/2ZV8Jcqd6ClgiVY1bTcyOlyqdAAYRF0elq",
+	"xBkohXBkj0ystGbzxDBx4xm+SfRIx8N7CykgkN0wkoSwrxCYiLfQdV4u/MWOXph6Fpi5Himo01HSLiek",
+	"yq45LItUMF+bUiNNlQQ8UR7FNtqdHunJUFjXXAJgkWFLTFSgabMIyE05t/21QQJ+5mvGl+C1sl5jHt2Q",
+	"Fhv/jEuVCLIxgNKtjf5tYMOQGAvwb25qE6y9fzOESp1o+qEt3rd19Fo0I3Ju2drYVFoqItUoTbhrl+zm",
+	"OZK8OAfd16n50nCDpeNitqm+dWc+nlvfBz5c58z6M+dOAs3tCpdFTMk8KRguNVd8JSeN35jwGDbpbWxG",
+	"1NLu6pYr4xP+9xI06D11umrOLdXljBt9V43rQDwLzVwBKTfz3p/MMZsRKI+IrRP/KPWkQsYQuiYkRmpO",
+	"qDAyaYiO8456eMpGheW7O7jLwzgiWIxyR1JxUlpmIEEW/MbifRMWIk0jP17goz9/27L+riRrF0d03dY7",
+	"sXd3F0QpymZyw7tO1wySth3nQbcXDugNvSHo1e8o4OyGCAmly0zmaUyELVZli32m9duQmmOFBFGJYNIL",
+	"UfhgY8Omn0aS4VjOeXdF6tXvF+5Vrx4lkzjmQp8W2YVqQaA/CAq0vrC9q1ALT0CNl3LFxVpzSuXWpdvm",
+	"OF0sEgXgc69+R+SGhoQFZIh+pVJxAbfoJnABEaYEdfB0EFsqCBwyoQedE8f6ML5tyokejQ9ppRm2Ht4E",
+	"sJtNE0YccleRWi8/4UChkAR0gSMLyCURRuY9l42D0TTiWHkQPIojz7Pr/uDHj//offgwNH/t/peXcU0d",
+	"qYcnUmxc/wMbV/mOs0S86rDtsueYz8NN/QJ7r9mTpyambqPk8WITF8kCom5MBjjUKB6jXiE9HED0EknM",
+	"KQVDMXs1iLgkPtyKbVT+cIF+JqxvRqUSuC4BsDmYOtkqhOOUMhzR/2y3bMRmxrlJuNnmOIAHulpKlpve",
+	"UOaxkzyJVrf1RjwEF7OJdN0Ge3ZyKruNmzmU8afRH4mgMqS+FNlWi67bkI3HvC9/9BJ/Sg935MQXwtpw",
+	"hE2S5oVUZJnuU3Flqhy1u8fVb2jZsmjhsrfkusSfLtNXIE2oS483nIbb3F5r/TZrvfgZVJQCwyujnocD",
+	"yqSqZ9d1krbEFiXfjZETzYcUyISOIaS6bfBRjUuIxqjnyIfmRJAj5JInvssiBU0eI19Qpa0nH5jJV3D6",
+	"56bnQSPb1rWfCQTW+vRqSy7WdCW6HwTOw5rWVTbVDLaVYQJrAnlpIxjkthJXtJ1ORsFcK3C3QxTFn0YB",
+	"VmTGxWpTmewk6y1ksvVIaBrVimHyiSxidevZbuMUAl14EvvQzvAnYxdRhiZYUoliTpmS5ejEgltov7bb",
+	"nDsexFwCFNkeL/lEfbabikuWd7XnuaZEklpJXx68b1XreLvEaI0wgjUbPecyzG3NNAUHEDxdZofpc6e/",
+	"MyUmpQgExDofd9rbPaEGeI2kBwYg4NUHc8sQCjzVpDYmwg5YQdCqUTawUBRH0Wpkv9Cqzk5/ZymoIiM+",
+	"nbZYDkeXbivxaB3+ha3DR8Pt0XB7NNz+wobbmpPkDZgP56Al4GjDKmKbJZ6WyNucJloe60Y6gbCvbyGb",
+	"0+pW4a2bqlDCP8T6HtcQ7UzQoKstXryXMGU+LNJxwqhCPffXwGDD7DqoY+f69riHc778bVwR6N4hIbzp",
+	"WqWPZDIZLCjjYgCDj4WNbgY81SUJ19+zPPm+6Z7l80H/4Icv6WWL+Vhz42JsVz2OxouofDd48B/dtP1/",
+	"OHox+Ph5v/+8zTVFrsf+Tu5qIkfABu7R/0WY3b/Gt6n+M0qz5HwRJxtGSdir/M7mRI6C/zJNtHCWr8EU",
+	"zU0vN6i24j43mm6pv6VKs9MpMUU7poIvNl/gwlKlf9out7Z0wOUbLRzxmH/tE7JdaJ3pvt2q3Le1m9/g",
+	"Zb68baybh/XvXYZsiVO3y0JlD8JNRp18wsWTw51OWbeumcqs0/FvICbsyj0AafG1tnHz/j3XJL3SB22r",
+	"i4/bYZfQKLodHaEFxTd3xNx+V95lzNiGWoNFLNrOjYJrbYuXFHdwz9Par9MiUXnrWHiFJnMCsquzxLWz",
+	"mcPECsLMaQIAqIqbS4m1dyxpxxAn1AYmeMuwyID06Ek48xcvE0a0k3A0Wd2mQEDRMGsl0uCVPxPMFFWr",
+	"0UJvc9ky+VC/2vpZsIQECbgIN50cNJGtaAtxBcfChXmjyQBsVf25OIm8Ryqf8uFdztIE+kXjMDtZsjOi",
+	"ZnEKy+xWIXehVeL9qoCo2d+e7Vo8LApsXRWKVclbkOxt1Z/8eX6/6nhJk3iQl08Xcxzy5Tmswwb6zgNQ",
+	"YDALqX5hZG4tu8aG5F/vImJDEinctTfyiUroZaOxfrMH84lbBBSXjugtHcaP59hdnWPVI8zP47UbtbST",
+	"anbkXR92WzzjWgrbzazvjDgbsPQtrn4fJU+N5MmqNkhYXMu0TekdNZs43UfbqtB20M07kqqfleH0/azX",
+	"mtk30rqsRggRLZ54MpttD6++QIb+yGLiA0p+KFZIJMyfL7pRmHxFXWpysxbjHO9mJnAZvckMLs2LFTha",
+	"oEzabr+0Dt4ptWSEy3SoGwm9jdSme9fUSuS83YG4hrCFAIsiSNMo4GxKZ4lwCDEsxKIYVliJJ1wXL2YV",
+	"Bm+5GoiaGGl1vW21Gge2b4pSlKvW5GrPVJvOfWPKxgRcpvVk4G9cUz/Go/qUICkDF3yB43gkEgYWiK+p",
+	"E6xwxGcXr6+6uodvMI1whlvfSvRkvR3nX2+sIxlSeT2a0UkBzcJbf7MzyOQsTjxlMw+eNxX61O8teEii",
+	"DlXUmnT7BVlwsWo30Y63DhnlPRcPPpJ3UaT7OzdBnDSN2ec2KqF9ZETNL4xtvkCfHE+UNOj0SqnAoT7Z",
+	"U8ON3WJSIKs+wDEOqFppqYCh6rYNPOFTqINrKmdKT/qH6TiqQ6FwP9fVj/6VL9ECs1WuBq/N+6cSxjGl",
+	"CjG+RD2CgzniZlSMh2T3CO2jhEVQwGmeVgPXR7TrtLmy0lQQMprFiUcPeCUIQb+cXaUwBBevr76TCFbX",
+	"jEOfzX2kGTRMoD8Yl8zqPc1s0F9TdadOtVvt41LZzOf15fTP4ek8e1zAi9XQqHxp1EIfeSpVVzT3TQOP",
+	"3pvLL3ckPCw/X1mGdduolykPmsCxew8Nm/NERKuRaMF4t/CTtbdO1x4vrePYSmF4oAZlwXi/nF25WLy+",
+	"pvgC/8EF/F5Ofn+63+Sf8QeJFena2tvh5S+omHAiSEiYojiStkbfJjBG569O0PPvn/6IJIFoSPR0+HR4",
+	"OEQvb4hYGYgiLWuDOQmuPbgrfbSc02COMJNLIiRKmyNCcCGPEFdzIlCMBV4QRWxdRDpjXJAQ9Sq9Pxke",
+	"+nLjYcI+7AgfI9mnTRHWclTtwaFPtxKYeauR+pUkgANr0fCXDmu3lfqKlRqKnaomXpg6hUhr4VG1bqJ9",
+	"dej1qaYk8RrZYxzT8bANeFG3eoSb1hg0o/VuLbjfOoaGskXaMGzHdukD2vrNlgBFQdoJkorHEi25uAbw",
+	"EledgZoHp4lKBBmid1pcQVkCAzZWKNDQ5RZno2BAX4TeGjoWy5VvWiZlhqHiYsK0ZjhFY9BIxmVVUtMl",
+	"p9FaPdGUS8k9OlyEu0P01hR3N/A5eEFCNIbCDYH+YEo4DOwX5tMY9Rj6X+hgOITed4foN6rmPFFoLOV8",
+	"dE1WIxrKMSIgN6/JyqmHAY4iIr6TrsydlqaJ9ML0tFedj/QHGHwc4YCEiAvEuAmkSG1D6wJdc3j6WKBF",
+	"vSsuR3ShLZlNw/4LinCpyCkjRUXcmiRHkJyuSNg3u4EKqTILwK129qYBBJtqo8YsiSnnP+zsJZbXiUdU",
+	"aj4L+4gMZ0M0nh/s7w9+2J9NBvLTYnjwabxBLxkPbckN/eSwXXStnl9/px6juLyTN93E2f61G/UOdtCG",
+	"8c1fmZ9hb9dz8iPL+li2nlV/TpFcNzu2bwlqKaNkVrbvn6zLRhl8/HzQf37YIhWl5ISCnurp8PbV8TkJ",
+	"uN5Nt01LK+suWKE5jmPCtA4fcamNrBsakD4aDoe7R0gQDKaCBdHrpwlCRicvIzHvbzHVzcz9HQ83jLXG",
+	"YSiIlL5jWCpbvlag0zNkH3QblfGQoJ4+bi4ufkWEhYCzUK4xe/jsSSMDefju+ZMWyU29jJ/2+88Pvrjv",
+	"azKpYsEnZKSXx4MacXKG9C8IHgqP0C/H7y7P/8/o3fufX47Ozt//9HJ09v78EvUOD3fLumimfjx79uRZ",
+	"kwZipN0tcrnaJ3LZXeMWuJ553l+c6tNgQ/7JFc8rFEA2dzeAF6xE0hJQd00bc6O4boBqHlL99yTxpE8/",
+	"OexI+ScHfh+SOU/Bc/S5a1H6DRLQumX/reGZQi5Ja8IcD/7b9ZH+abvxE8jPmoWF6efSUTJq1nPtmQEE",
+	"OSfThIX3XC+3fD6srGNcDwUtsUQLrKUjFDa15ixOQqpQxGdQopKz3Btlodk5E3rNNW6BVpc8vorvgVSd",
+	"h2dLap/ziPxEWbhx6NLGYeiViDPTzpohm9jpR8dJvVgTPGr2p+NgTpmjpl7/OlkBrTWux4YacLncimcJ",
+	"CtY4FzPMLPrFdxJZ6Y2yduC6Tko6Y8Zs62ojPDxdvMHzldJ/I7+uK2DQdFNlH/PUaSvVPygPz1wXbij6",
+	"Yjpaa/KW1RT9VCfw5dYaXvHu/NZ3pQAlDPfjI1PxY06Z8kWmN7BdzRXvVibcpBxFeOIJ9eh4gNrrYdNW",
+	"PRddvL76SkpyFmSTYdg9/eHZ943RMN0UbBpuoF7fSaBOk8ocrue3pw0W4//MjMUPH4b/PtDMqD/+1yc/",
+	"YH8x/idv8T1vZ/EVXUZ3sVHWRA3BveyfCbG/27zXe4AWycUfZXx7+LTfORzp9vFHa3b1xa+vyYYuo00B",
+	"JpJJRANfbb/nT354usGVVKHJNVMl4oYG5Nj4lTdVlupgap/t729PlXHJiVrvax8iU5xgQa3shlXRoO5c",
+	"QjGN43BB2QbRLqYUx3fS3uqYjwjr1jx1XG7nno2xlEsuijZR+mW/El2Qb+7Qm0RARLND4kmjQ+KwLRqR",
+	"7S43k6Zl2dQRahdzbQhWZfW/9Gsq7bjQ5auLn7dU5eKBGgW2h76lYPPqbBb6oRuHxOSmNTLdXEmrANnF",
+	"yWyzpvez+5T8+11NFFe6p91oa6r1OKKaeXsnUx1h0wJoynyVm6JtiyJb0aiNn8Gynj0IHoAMK46+fsnC",
+	"soep8z00I8u872hJ1RxCn83VFOpNI6z6SHITQMC4jYGz1zwmzg3qkUHUSESvSXqvhSaJQoXos90hOkaC",
+	"QLlSd5sN8zD9AhA/XhB0GpJFzJWWloPXZJWG0xUaQx92/i1IiANFwo8fdtqHyfmTuMtRcqXr4jlfMuNC",
+	"oxIJK6QQZ9HqCEnFBUEmYnuILggL9QfF0dn7i0u0h2O6d3OwhxM134MgrIoV9cPdwOK4JiarbaRLFt2Q",
+	"XxGR+Joa/N91O7q8L17rd1xV80SmdC0lBWCtb0F4n4E9dvuh70zgBWWJKf+4FQLcUvv1uSO1Bml/11xI",
+	"JZrwhAHITE9Tzv2428Lx2KbUAb/eLjq0k9elCl1KIv2L3oLZ7D0zSrOpQNsA228Ch+MNJUv9hx7Axza4",
+	"zMZWGNkom1pa2+fSaBwzpNLbWyF2O6ToMufnsKK3ViwQ3oBt2C8UDrTHWCZ4vWQsQ8voBc+BHOfkTGm/",
+	"FiRaqZRMjhPLwtx3fP5MInJbtzS/9vscO+EurSc0vy5Syz+VvOra5fBnhZuKATh5QxRwqQYBYYoIhFkw",
+	"52KIsj4QVumlrBYuC8xCrLhYoSkXbifKO6nn1jlH8G4AXyM6JcEqiEg7B3tGujfuxdS/vjkcQo3VVrXH",
+	"77ZKuCcCqwQpW6ZWt+rdtcTL5826iuEhlVp+ht6E2XxL95SQVbQUH1BC1kshuDjxXlZdmGqrC3PxOhAE",
+	"h/AF5K/A1ZXNk3YZKt8PD3eH6AQyALEgSJoGcCC4lMgBCudPZpOHsKBSGpQK85myGxyZsjPw2ZwC2Wdz",
+	"A5U9pbXpUUyE1As3Spfe/gDSKxZUklFKn/I7uR8ok8l0SgM4NWIiYHAGB9kY2Lln+ZIRIec0zn8pFYlH",
+	"SeErGCiswQiIZ6DD9JcjC6amW0/jiEeMq9FUa2rVr1MOz32PI702q5EgEcGWkrmfA86cv2kU0QVk2BZm",
+	"OcERNrV65HUySliWzmi+yQ/HxKGMlpSFfDkinwJCQhLu5Mpy0RnDKhH5BWI8JIVW4As+nUaUEffR+C7c",
+	"JzcngCsAoBxJRKEN+KLymLa/8IyMDIcXXnA/xVjNR0pgg4Sf+6G2sT8TrnB+sjiOi4sUxy4trfK9/qzV",
+	"LxWlr1ImlaZ45dn0BxCQeRbP/1gZDlR0gqXNf0s142vudjyXxFIJghfpF04hyy+5T2CCkNiwprnWi43E",
+	"IOyGRDyGoG8TyW6+dxa0L+2juXJ9JsDgelkIEuFctYQSwE72O6JhlqYMexD19IffB9bjNTgNEZSN3m1l",
+	"o4dQPFd2A/x5JQgZ6JMY2deH6AQLU71aIb2bFRrbVRr3IR5srAQGyMGx+ShjSJIc2/gdt45HaGyC0Oxj",
+	"4KqBhwSAi64QjuNo5cUVWhAJxbYq5LuSRAwknpI+micLzLIzwb4yRO9MwW28RK4cMeIChVjhCZYEKfKp",
+	"HON8uP/0h5a37m5glYX2nWyvIkLUL2edQTGM4CShX+MLkhCP6gMhq2wh6A0RayClqjnGBEdqvvKl4/OF",
+	"wYXFSrOrxItYL7Q2FtGETLlZWXtVZFOeaizJ3IwoC8mn8sXrk6aUfXuPOllZBKEKuFzT60rQQLZHaHar",
+	"+da+6MVnXtDZiDBz+ntXrz3aRxzQ0SSRLT2GoKk3N1v29iYWRVQvgBtcibSFkRRnWGGuEnf2c7ycsVVG",
+	"+3Wb5m1ufTpEJwaBOVvkCDZoYLdRR+bINZOw2zQEHoNP1P9qcx1HuxDgctiU0WO+JMLA/S2xUps0Yfb5",
+	"rcxlRRaQlq7VsqCAHODtMVHUVezSKnBAyhE75ZqY1SY+0dCtYVppqyjOfj/92abCI0FiLpS2JCgLjBD7",
+	"5ewKgeZOQhNvxG4IU1ysCt6zNgQs19bPqOmfqG/dyxT0rGvfz/213OwhUY5h1+5NLSc2gi4rnG3NsDDN",
+	"T7WXpykTNHAeK8DpND2cOys7sIATtI7qeTEJ8843XRxT7bq8s6pql9WYaXvpFmCTDrWnlQciVYcaYaPm",
+	"XCqPXw0StJprCWgOnhMs1IRgVX+zkj5iVBY8ETRAEi9RL6I3BMWCSMICsttHJJJGJGhrnUotJnQnA0kI",
+	"Q1r+3eUNjNeRZszVzXx1Biqppb9QM9WFfSN1FLZz/cOrmbtfYCb9CW1/JjTQKroKYtS7fHOB/oFWeJF8",
+	"2u2jqVM4zfJ8J1FhbUp6/A9dix46MqZ3Banbv0Slfmmr5FjUx3D56dpNUrttL0lEtD602tALOCOMiNs6",
+	"swEzq9tGfmcN3jvxJOYxPEvGPHyPJis4ny0QmDb4NJcs5zwiaKqH19ePmJ9dJl4nIZU/4oqzzMHa+MPx",
+	"CiviaJtDD23wh/4KYn+rt0DVexxfx6fWW6M3rfya3MgTNeGfRjGB7CpP2j78jojWxyRiXKEVUQiCSuW8",
+	"lMPSUke2N0Ub6MbmxnGTNxNJRPf3vLFXzj0pd3JzqRCyX1weHw/887fXF+dkKojclAOvySoXYb+WAG2Z",
+	"tZ9rtG7QpOt94xnEICNJZ4yyGbomK2kgr75/dvA9+udvr9EFUR64K/1gQVK297Udo39evH+HfiMT9Jqs",
+	"st52/T6wNSpSiUYwJh9l3vAZ3TCTaNsBcMLCHdTkJR0jzoyAQO5Jc8FDmYHRAXAhxVUMDYyPEGBRLrm4",
+	"lohXdYGDg+KQ9n1JwYeD7z9+fvZl8F/Fz96A1rTr6tjP7VLAOOAg0nsRzbFEmCFzX4Iu31+eoSkOFBeo",
+	"Bxrl0/0DPaPcfdO4n3phjesUjRdTnN7jjLWWZGjgXih7hosL8dxTz/V5TcnZhxkq/YbPeKI2hcgAOeZF",
+	"YGtOda+gWuQb8w317avjV7C8m+RbdTwyGw2JLQQ4yPLVdnaM2CtA30VNGR5Oc2szOJzFgfNcytdQ+pzg",
+	"kDIiN9VTJqs0FLdBkHtfn/MotId3A65si3jffEa5fmdpkJdGiynu6FawwUtudMWmPq49Y55UVfet6HKW",
+	"aUap+LdXXS1oF1u6wEqNciQv5QUCmnygnKAFPQjpx/W5njYik5gIuD/XUjT9mseyGR1Yk7HNctxm7UpW",
+	"g3/yuaEU++qnHL2O5LWb6TZIRF+tFnbmhvBIqDgW/MZcTZM/jL/zY6twotQF0CSEqmgAHqXGhq4gCvGP",
+	"avVdFjiK08DYnkFggliOVmGjPsFr4Cw6x9wZvAutXC10A3pglkMRlJW3MLv2VjVXRd4HuTGCVzx0MJ1Q",
+	"lm8zjbm3kSGoN+UCkU/gHUeBFpG7XlOuuuuKyUyFSN2L9+jp4cH3WS9ahesjNReEoCSOiQiwJCgiWqsp",
+	"wwlvmP3khRSxtMkN1sdVmzhxu4Ji9QLMOKMBjpCMCRSB2DUJFYAoJVHAGdN8qbgPIaua5n9bL/I2KmEz",
+	"waNouzqUH5I+dTtJCGsAq1RmjkrGQ/KdBP9wdmNkr5daO6E0F/xydnUCFm8nb3kdB0B6jF6n9KbLt7R3",
+	"lCIBDlLgrfa37ZoEZ/qVcyKTqKYaMjQsCWHbXPa2PvgiRtuWkNWaw+6/jvvevDMK5pjNtrvL7iQmuAQn",
+	"V1islPoeL3/m/6/Mt8RthRuA8uVAXhpZOVLYBd3CjvVKvIQWN0wWbpDPDek9ZjIQWemzpCvOH2/Rgvr7",
+	"vC5GeGUoa1ahiZIbmY3mGmqk+aoqbfVQXgAyYx520l4s9v731elJX5/El28uzI3F5cmZyegyt10Vgeyr",
+	"smoHEOBRTBbVIZy9fOs6t/2eHOdkP4BvKaH/7ZFFrFZoOadQMsU9TuH0t5WyKs4lAyGyzdtIeDVlq2rc",
+	"JpBwAhDzNhWuN54xNRoOh+PdIyQhEZKzaIXmRJAhunDJj0BYfU6j/ef7+0OPw7L11WA2xDL9+wWGWM9x",
+	"BtPOTrRLRJNn+1VQjI3j1BBIa9HjGWZKrAZ67GbpTTPjKsmaKbNJsuX2eKR2XTzCIDfOusVI1aqORm4F",
+	"M6gA4H6r0JSa2JD6+w49j3vLG7nTe97NMkbKumE3o/d9ogK+IKbKlpbBztyBs9kYQhDswSMaGGD/pQ/P",
+	"vNbu0nIrZ25pKwFOBWh5iSUKKdbaAepB3OzSgSaCoh7SEG40BZE8uqlEfrdSqUxwvRf6k5oRmB5wMNft",
+	"vHAUoJyNBJkmEqAD6YLwRPVRwtIn+25YoymmkalsYN+135QN6MNWATuQWz/yWVsnzhTV8g38B4HgphaQ",
+	"7BvSpaNrvPdtjrc0kMq3kXPpaFpcbWbP5lXVHDncUuYHVrchimq+DxfSFPuJcEAgdXKBVyhOFGAuLLm4",
+	"djivzKVVIajOAeELw0UI54r+HUJbYLMhyK4qFqjMCrGZGPmQMxsojCkzvjn4syYxLmd11PECvaFqhbC1",
+	"sbOQLFv9KKd0HaGx9QiOc3VzzAMQoW55t5AQlvkQTXE5/YdNE6obMBzrp0wJLmOzjbYEuWcr9GhuRT1s",
+	"z3cQI9TsYYiGAggI2LVG63m6f7DrB+e7raLWzjSuFP6x+WIllaoWtSol6Ybn212qo2RZVUk30anaaJsN",
+	"tLnh1+T+KWQz2z25Ibqj3GGmqTTH+jAzXJpijTQIxYwUrisfHd4fJ2r+0p1ztymp9mx4aILA+1C3xKzi",
+	"ZLUOLaWkoLtROAlSTax03xgkAAjotdUXSDjK1TfLnjRFsCDyN1FzLuh/SPr6x7ojf7QG7s5fAa1gXMM8",
+	"vMQ2mPsbJPSbSnRsNpArqcgCAVY6BEWkyaFwDk2ILUFjZZhH20pFpCcj6itk8zfg9G8r+z+P1O8p9AG5",
+	"g6Yws8l2g0Rh443uYWbpLciUCMICuAjAaM4lKLtTMP3xoqJk+uvwbYj8v32H37oyAO19gyW0gBbw/iUs",
+	"gfRc6+LLs1vp3qw3t3UflgF3Vuiry8FFPgF0ofTZN+9j/GcC94mSp6XV9RsoxjOXpWiVXKM74hnxsX6j",
+	"xaJfHEn6H4/KdqY3nP7JnCZGaaYy35exRw4LGUzN0LL5qedH4KfvqhUCy60qTAQ4VlBPv+sLDyzOSRuu",
+	"kFPlje2zAFaQR/ydRPZhE5qYKjsWeQB5beA7xB5zA2vesTC+M/d47tWRQ01Yg97lJu+maRgN0RD1oGAZ",
+	"RraDU6agnkDodWa3wO+aJizswFHtbrLs4LYCPXVH91V52Kp0Uf2LlLukshs2txVzNCwxdnH7dTu0LAHv",
+	"7dBy4uuhHVrFTeQR/WZ7ZLADU4Tdpik4SZSgsd+dUCgUdMfy+2vFbXFBZ5S1ZAJDiffmlS8ZyMum1qur",
+	"ilSGAu+WOEbzeDMGHsXtRTu7tK/GQDLfRCu8ZQIXe2oueDKbG5Xi+Ox0FxmYM8NvPePVgrREF2BmfoFU",
+	"GVteEqMQy/mEYxHmazqVY85SMdTIppvWUcmUlJbCQKS7ojXj+OK4DdiN637NktQ5It1Gh6iBIXrFxRKL",
+	"cMBZtHphIWRDZCoUE2T9ielnmQQGHyd7AgtFcRStRk54pz+5L46saoF6GLA3hGlGSiQVjSJkZbvcNTFJ",
+	"mAVEP01YmEkgi5kLcXzuLMgvvB14FkCqjxo3WCBYeZjV4wb+cN2v4xxb3WsjxmkAxy0pLeZpBwI8NTcW",
+	"UyoWelHyyputSDURfCmJGKIL69QLNrURurF3uUyQ/b4NfKRt4zcymXN+fRxcd4XKTuKIBt5rg0uRpHqu",
+	"tmIKAkVrgEsskUWtMsjD4RFiXM01deG3OI4oCRGeYcr8Xmloq43+6TptFSkhSEDojR+GpSIT7KP9HCly",
+	"4/LS3MZnn+DY1ikqBCLbX4epNHVf8Bhye8Lyd0tBodPigwmbcH5deYHxkFS+hKJ95lvvxstnGXiGmguQ",
+	"z4ef81jmPwK2e1Pztixe13tZZvOmUoRgzkgaqA9h01W3IDhPb6fEuCYmKz8DmqN3Oed2YFRZV4KWJRMz",
+	"VYkWdAbR+8b3BjkIQ4j05kIfyGGr0mqt4Yi7pJNsXGdwbVJYQ7aUyURwXffz+V45evfz67dul+W4atOM",
+	"n261WfId/yJ4Ejdky3jmLxtnZBrumLhkqbDRTNzGLNeX8ZlWgRNsdAOy5aRisa/n1Y6687Sf2QoD7meE",
+	"8q5CViCjU30Cm7ExRGPd6RhRWSyC73I7qLobzOH1tR/fcTYAyVQATc4Qkjcp7pjrsv3dSPZOW2TguwFH",
+	"bj3izaGP9Zutu2nF6sU6UO0IuBYXOR1imYGqq1tdu36pbo7dbIWbkCYD18zo/txHWVmbopRrENqm8TUz",
+	"eGvSsO49Pc6kf3m3/GkKIWoeknMaHyHyZ4KjtEgE/PCdNMoV3ajE621A5Ddi+6+htGRkLtUE8Kox7tRp",
+	"xfuGc+57B1h+fWBu1PUJk5XsyLyLAjIk0+Jd7fIi00zxkzkJri8qOaOALxLyJWvxtuxccVE1rpV3fADb",
+	"KNVMkA3fL3sTXGN9MybfwnRPqS+jYNj308ROzpTgkTbhGHmB+DWoSyIxhYqMV8GgMAd66PpXfu3Rm1LK",
+	"tyeD7AYvY7vwUwVwH2zM1V8AhuLi9VVntdbE3uSx9pGc45igHoSABljhiM+Gi3B3iC4B3gTPCGTxInAK",
+	"0YCEKCYC/XJ2NTDRuS4cU/9o8/DZUTnyhygiJEprpNpc468Q+7O1ksWNKuBWChBXnRQZGBr5hAMVQYAs",
+	"hO7ahE9EFeq9+9fbN7v2GuDDzrt/nf58eox+PdjfRz/s//IT+vWnt09M6bJGMM12oMR3XIq4S1nh7QQe",
+	"rS1DfFf1hEuRSrcvL5wRd8MopovXV/emy2h59rA0GFODubPfRnlukl6TlQkWogzpJzJ0fISjGRdUzReA",
+	"I2Wx1LtlM2wjOIayGdQuYcoXcEXYxcWv6OLX48Nnz1HuWStjxuaXF8PhcOwTKzk4Bfvkzvbq8pHVyIER",
+	"VYmeUteNVMr5gISHz54d/Dgetslnayvwi+WzPfcbBofu2mBvOJLmon4Bmc7MvkxDU4C7fcxjbizFpc2R",
+	"q29YtdGyMbvg/sSA2XQPTBIUKnjfv2NguyU1uxZL3zDF4q9RYn3rBQo9lQnzBC/PsL66YDMj3t+mLPL/",
+	"Q96cJbdDlziVO/d9eaCkKgZ8pUald8p0xpL4q9TLztdufCz/nxt0lTDelVMEAmI2WbkCMuntsUDL0Ixp",
+	"6+vGvVmZfAhhqsu3+8mk2P3zt8usHvcYL4QtJwXl8/Q5OUZBhOmijN31w8GPh40chxeiIOzSoIglLJ0X",
+	"ujIv5DxWZjquzbGsLIqBLw7wDZ0SyPZxJc9NFJitEs2QTY1uhjR0NQLXdXZhGkNhIiCcZ04DswymO4kV",
+	"lVNKJNKNDZK4uVeDdlvGCDUr3YzPV+CXQmMFopllza+Ed7o+dr58f3mWwXVsztYA+OaVgj5nSmqM5Ily",
+	"8evxgZf7QjqztqR99PlHH6mhZLho1T9XMdAqEbTKBPbHF3t7WhLsDYdDdHV+CsEv+nvCFA2w0p/iWKLe",
+	"/z6H3Ijdvk2KhbAxHz4zuEI8cKGC8jA3uSf73tnVBf/9hCV5cmigtZ8+f/pDHzGOYr14bLZrMJjNq43j",
+	"K9mn/z4e/Pfh4PuP/2iWmHZsRbqmC9Iv8kd+9dO1TelQx6P/IoJOV3+94yI/9g0BmBzC8lqFKoViLgOP",
+	"yzXwOQXccVlhEIs4LghAKEiEDTtBJhAAf2MFaPIDE+foc1oeHFR0DQdB/u8G+PG8sdIUfFSccN8Rzbsg",
+	"YJV0vjAwxgzq5ZWb3TsKeYEog9EDg/jctvW7cUntdilQZpmzy8W7BN2zgSKVhfND6zb6ms3Q782ktRvi",
+	"YZmyZlB1V+ba7sjFnqk5oaJ+h9ZgC/s0jQLXdK5xbt6+kl8jYqZszJYQww1rShch4ww3cyXNOCMQuj6j",
+	"Nwbv4Y5K+28edGZ9SW18CznWuU1sTDn6pXQnlcaa5UfW6LXKOOSetzcw5UPb4mJBGY4uiJQbAAhltdY3",
+	"46giwl/1lsIamBnSUK9QGH/XASBTiUyRcNW2Jp4vR08pHMzrMawyE9Q9S2AvY4agcLo2VqWhoz/jxP5Y",
+	"m3Oi7GK4VnI98pgwiXqMLAHMU/+g5UU6kBApvrtJiJ1MJrHgigc8qsGUU0uO8k9BisR0SkTfiH2tp4qQ",
+	"iFrt02v85fYAqELZh4pD3O+nuaBsFpFBIkkfTbAkz58mIvJAc77XQ0VUIWyCpnNTcXiVQwOxA8lvAfxt",
+	"8uBa3cgtyUTy4JooKK/v5R5BgGaxTdv/jUwu4A17Cbi3lHtu6fc+F/bUlxZRERVLyLgpcszWL23UHLMX",
+	"tmBlMiX2aCFATkD0bljRIWVBG1v9w37ZBDhlVFEcZTtlSUM113wY8ChZMFnAujDBtw3xHnxZ7PTwaWOn",
+	"c0Jnc8jc02937nKdGDi3C2N0BCqhMBPsbycTXJSbi/3vUaXFYwAICYmKE2XkpT4nLZZu51ukyipfgbJ8",
+	"rHU3fYi1Xd8FZflvD6oxapKkRUvKhFjwm6yq1XeyUMkKs7BkN2vZSMLUJ5jXOZVIyEevPG5lxOgJ5+Ib",
+	"a2jzcxrAvi3i3PJmJKJTEqyCtpDt2fjfuBctcnv9nN/xkGxrtjlY005Q3bXA+cW3PFctPfvH4OPn/f7z",
+	"gy/u+93/8hred4K73zjIwhjrboNqlseCMG1thdaEQ96SVwt4Y53iVJuTcepBu+qJb8ryAf3TP+FKbr//",
+	"5KDbIhRi4jeM5O2ax+BLVPvYNMLNxrbhgte4mdZugIP+88NutD+Hbbc1/o/pyGxkrxt7O7u5v2NLrkMW",
+	"YzvR/a8nZqLHuTfTqhsBjnEATQU8JqO5N6LumCGDy2+GgYKIYGHUZf1Cq8T34j4stg/R9wt8TUybhorw",
+	"p33lCMEi5DueRnjmN6MiPPEAnO83R7TXsMnF66t7kpF3Fu/dsN3uOCB6K3y/Joi6v5Mw+mdC7O+2Cs/a",
+	"oOi2QxqOXqwd1Wax1DWMZp1iW+K1TUXvBp5775S6e1jvLpQJjJJtOxvrz03XW845DQgVLkXM55fOmRGd",
+	"fdr63d+omv+EI8yCrhlS+m0UR4k03nm4qWKKfFJgRk1Mm6gXkiDCgoRa8io0IQFOpDHAzMwlwkJLaC61",
+	"WYlegu01pSQKtcGJDWa4JMziVEBaD2fEvJaVHMATaXHJSpHq2dxa4YjdsfO7MWx1XQZ2M0qPAza5E7iD",
+	"Jx4vWrGwp+SJCCr8K50D3QNi4Bn75tAWzegMnaIfm8ltW9t4vb6uDMpddBQCMnMZ9oUZVtaoZvnr+LCf",
+	"bkaf9NPqJg7f8pBEb4nCXZ18OJgXGG8OmUELCkUoJqsYS1sILfJDFW6hPPD6ErhmhHUzn21wS9JoOHwl",
+	"I6AzUmrb4VM5sjOIapThJqu9Vsdfv5QWc7RMcddeCUCiMEwv0f2kW8cbVfrnT/tcb3GEmalRssBad2Sw",
+	"4RoUAdfLLS4uTWCEauDIZuTgTvef6c4p3vw880j+hZUpTc3lRVCFDTxz7KdXotCDfw0v5iSKjpUibONy",
+	"KiOF5XWLMuP26SUX1xHHYYs3wME9wmmll/VPQ/2kcMS4olNq7n5kx9rglSGWxtAvTrmmzzWUPjF6aFc6",
+	"59dnPZuU1jOTrBGBZNYuHAxtva2UJfNpLzldtl3ZWavV+orNbrQfTBW4rnPiIRnxWFXM/ZZtvI9VZYuv",
+	"0e3aU8f2kQLs+Mjkc1NsSSKpLFixy3BdSJdvtIlsRk+3zZigEU+xvp0qM5fWsO+sUjuDjPT5VGzHrP3c",
+	"xmoWknbrbnoIZRu/BQmcmKie9ub7NcN8a7dByUy38UI50GHQniswlO4LHsua87jM/R2zn2y0YoRT6MqS",
+	"Z3YieZQogqZCT5aFSPBEVUo97T+tR0voIAGoEe11HswNlTKwVZwCVp5xvtM169gWOW8bDqctB8s2xayu",
+	"mXXLMOl7nHTtZNbMYgNPYWd8k3vG7Fobl+gnxW9Wizrh0mWFrpUXRu8up5kE14SFA75kJEQTGkWUzUww",
+	"RMKWeOXAqyhnQ3QCAM4SCcJCGwHFQlOL2dTh1PJAixbz7hCdKmn8edZlx5WNprIQ1ZKQ0KAr4UD1keQ5",
+	"5yCiEk0FIQMAzXVxYaHAU3XkGl3SKEITglJHo5n4DYlWuYseH81eU5ZPztmxI9/p7/yRxCtlsLiiaKFb",
+	"yQo+ujLr+tfrZEIEIwoOSRzHNdLcdVh11NqqaiQtlSEpt/2kPlwaRibpi8exgSTnizgiykKWS4WFMq/Y",
+	"D6MUvFyQiGDpftR/F8HN7XfuhYbRJ4sFFquObmL7likf4XT+7ft5cRCIhISjgEu1FQUZuwqybnt6wcQh",
+	"cSwfM8QMYQDdG9EpwjMSIsoUR3MqFRcr/+Wj6Q10Lqjt6emOLoit+2lSF73d6p0l9UaBKoWp5oVkIqY4",
+	"ILJtHGujoW5NtC0WP+oa9dvcYByPTPhuQLbY5MbeXv1yzdnewkUm1SguyPf1CljNubAdHJ05T0S0Ggnr",
+	"h7r1XvOFLLoJQGEmfWhgpBdt1xe62hzLk+0vX2KwuCFiEBJBb0iIEgmxCgbubwBwf1Cw+cgWX5Cew86/",
+	"qa8pC9uvFJxGXfTEsuOmeqhDIQ/dKVZUy1McUQyAhgWK3La6biPz1lXbbecdBpjM0S0gVLMG2hZ1vB1I",
+	"RtO1kCdH4FY+U3md+GLjm99rdWVf0V68Sms5Erwse1PbBPZELnmucPNUum4q+ln1NP1ll8s8UlnynOzN",
+	"yfBS5l52ohUFXL+oW1Rlsdd9mVcdyhLIc9xXlXuTFp4IqlYXeinsdTaACxwnJiXAfHrl+POfv13uVLJb",
+	"85AKNq2FIN2Aq2fLmRwim0QG+oxBMU1/HVqddwECwoAbpKOdKwXFBChTmtYRIIvWDI9DRcvKCC/nBN3g",
+	"KAEUiNN3ly/P3x2/Gf3zt9cXo/OXr85fXvw6unz/+uW7I5N+YSoZu/5MLeM/ltdyz4KJthqu5p2f1pGy",
+	"Zqy2KKd+feCG4FJpppCxA3ALJLR15+HBKTaYoVjNJRhLaUXpiM/QDCuyxKvdVuMWBAq6nJMIr2pG/uvb",
+	"45MqF5TOM9vOdwDFN0ik/ibCKzuVnm5jYHHwEjDzMEC6uSMy5aMFlooI/duuXZ7xLy+zQtPpKqV5KNBN",
+	"ORtl3Gruro0Ci1VZSaYJPNnCjM1GLyWVjPsm4UibjLKYQtMpnQdNiKQhyZ6z3QxvDsYFqqxJyAESUD2H",
+	"OcGmXKI5PnYuSDBIxzU4s4PKyINjaqHk0iybn7oKicsy9gqfokzSIM4QztFmjlko5/iaoJ6bVuFqZrcP",
+	"dpyz748t+J9ByTXTQ1z0LTokdjWqUIAZOAd0F/CU7K/LrjID9KzHkS0LBrjbfyZamJlDb4gATpmkcL6F",
+	"YbudiKiSJNIEmHKLXpnEM4FD0oJNv4AsnPIqb55YD8fAlLU7f3lxmXo9XPbNLzAzwB0OIp6ERdDp4Qf2",
+	"gQ2s5WwdB1BvPMBCrND494GNARychmPUW+BP6ODwBxTMsZC7R1asC+tZRySYcxM4+4EhFHChtyYsEdUG",
+	"a6U5J7j0gEn2zKX+ODj9ebw7zAYHxdfBrGdoDHXtnUN/bNCPMJIKLPyxPtzH8OqpdRBdXZ3+fPP9Eejc",
+	"UuFFbL4+f3WCnjx58uMRWmhDAkFuJlwwogVlXFi4Zd3S+0pgGeqNfS6LFyY+eLyLEhZp7g95kCwIU0Yk",
+	"pJ6n4QdA6KFKa1M7dpUKa4OOz05zhbZf7BwM94f7A/BUgQ4aE4ZjuvNi58lwf/gEMmjVHI70veGSRNHg",
+	"mvElg5Ns+Iet6jgzmDDpSXwa7rzQX+qz0ZSwwwZ0utb2yh7Z+92u5mkINpjjAxjC4f5+en1iHcOxqRxG",
+	"OdtzwzEaYZO+qAdHlNkJVSnzz99eowsC/hu7x3V7eVara98+XpiH7uPp4Y91r6Rz3Lvk/C1mDmIGQCOe",
+	"mTmvf+/UHmDAw+atJ81vWay+K5YFZuTVuZ0X//7Y35HOm7ZzZjBTJZ0xrSdck5VWjBWe6XXdATH+Ub/v",
+	"TlWLuLOXtZeySpHgb18dm6qO/UwvMZlusl/Oc4vIVPWR0YFdUqCWvyzUcjpNVI4FkWZ/mIPChkREKw9+",
+	"FnpnqjNypjBlUm96wBIaws1XiactsOGFm9NDZe/SONOLyhp+j7lUiSDb5Pf9g2YOvGIZ5O4OvNSCbV9x",
+	"MaFhSMD8/wttq3QjXeYTWO0uQW6XACvrHWGXJLfFrqRel7V7bG8xxXtuywyEm/CLz1CMwpdnGnARAs8n",
+	"ccyFGmApqdQbR48h3XzuGO9BvUNz7IwXUzxMYY/sE0Ojwo77CAYGTmXYkaY5V6xC/2Wg83eH6BTuT4wy",
+	"hONYcK2740TxBVZUE2o1RAZwBVC5sUILLhUgAEBWue36SKtfC6oAiQAqXyLM5JLYjBp4FFBG9Ml+uL9f",
+	"3d9m7G9fHZ/bWblkhVvvcvj0Ew9XW9vgJ3Vj/VJ0fKQBInckaOpGUEmxyi9VWrwUkCPkEaI2bVslgpEQ",
+	"QWEMNjPlG7ckkA6NQLrHSZvNtdVJPG0jtn7CYTqq+xPEBy3eOMOriOPwkvM3WMyIEeCHbYYXC67tPiNN",
+	"/5pi/1heOymLFHeyVQvGDWS84iquF+u/2JhuLdgZWeYhGA1K4/PDJz/00cWvxwd99BwZAMQ+erKPbDFr",
+	"sxMloqpv5CVVEllkRXR1ftp3CH3uzsFsYFOLGEmCI9jFoVXHMv8LtE5lWqDb3BTeEEGnlIRazttKNlru",
+	"52H/3AugIUJtf3QOv5oYAKcSWoSEAhoC6j3df4LGDo3UycbxbvUEMPqnJteWNbvtyZ4atFSf0PUQ7VHB",
+	"u4ed/hOZUWY2XUr5Dff4HmyNVf1WP3a2jcXENB4at/B2z8PmAHlAFeqJ2n3Th1AAtioKgYN9cL+2geuE",
+	"96wUmGM5J+ERIlhElIiyJScVjyHQAjxex2gpONxnhkTLh6eHh2h8gyMaGt8juGoMCLVRDaQreH4EAoon",
+	"yickrFx6ur+PxpRBe05THQ/Rb2mX0qirSPEl1vpwDnhFK64THFzz6RT1nh7+6JEaZo22IzW2rylWoWvv",
+	"WUX04M/6zFC9Xai0DPmoMz3qTDsvdl5RRuW8mygNF5TtmWuCQSBISJii2GBred1PLjXT1JyXQ/SOLLWN",
+	"Ag7wIytCbXwX2KgRGMhVMaC/B5Aoc5l5kuv7NmKhX8VOjlYoNzMj9KlNcFbpFQ3cKWQ3NPlaKNnG7YqO",
+	"1Xow15SFdUNxt+ttXVkFapoAlBYjcXGY5hK/bizpFf9mo8miDRoX9SQREjZH45NneEYu6H/InfsIC1Mp",
+	"pNX59Uk8AxUjR+W/h6D+2whczQPujjW/l3AguHQSpuD39wu8ViJ573P2YUTDL0Y2R0SRRinddxd0EEyR",
+	"WXpVKw9xNSdiSSXZHaJLQOEh0ykJFMLK6KxTMBiX5qpAHhWumGXqqoJKAlq5xSsEiqS1XQ3ys5xrsx7Q",
+	"JFeo98vxu8vz/zN6e3zy6+m7lyYuZHR5+aaPDp6hBWWJVsUnK4f/s6tt2Rt+DSo5EvpPEubIr9Wiw/2n",
+	"xqlZPXfMC96F2O7Bc5IbUSbbLVamFaeFFd0pq5m3OHmqkvCpz58NtPt7CCVDgPVvvOPqFU9MxObfR4oZ",
+	"NtCWbFWWbSa70iiY1nqkiajpjeFT3umE3osQonkmK0TDI2TyFXGEpjSC0syTlQOSN9a0017qtM3c2G65",
+	"3e9AgfGraTl19TuZq04tv4Lymuv9blRGT2jqnap16XzaK3SlFXhU6L4xhS7H4g2aXE6YrJeD5dDAvSkX",
+	"ARnYVK16h2VrMXnMVohxNpgaUHjYOmjGwXUoMGBQK47GLl9s/AL9cnZloqHCfpoeaNPR+ra8c1oGfxrh",
+	"2YyERvnjoQFfZFqFtH5FFHA2pWJBcoGwVJrHQGEz3b5AT/d/ROMcLazCOEqT2sZHyCSuIS5QmhRXfZFx",
+	"ZXOBx0N0bC/ae7knhkBi2zDx3V/AA3Zo2VJuVwvM2q3XAquI63emBd6F4KwLk8mm1UeML3PM96hxejXO",
+	"/RYC84SzaURN0uvfyLOZl5ZwEZPfrp1kspYUtVrpudl5Eo0drMMQXhhqITVGPS7yv+gGtew1mp5xek70",
+	"arqqPVKbuVCLBNJc1Zys0JIIYs3jI4RRAO+mGPzWUGdghpv3qfTcxvgVXD3UlzfEnFQPULdteBbGf8GF",
+	"8sjRl59woBAsBjKJNnX6Zpqxk8mxTqmFNYovAbres/fY17Yg0kCStZTTmmTn5p07PhFS9uugSsOCGto+",
+	"6tLfoC6dW9+KpAZR7JHRVhvdw+EfiYQ6E7KbhjxEEBEKgBEIL+CyOhAkpMpcVi9xFBHVh3ifGYanOCMo",
+	"JBP9BFWoZ+6uJiTiS/QfIvgLLYNlMp3SgBKmRhYISUv/My5N6DQ0HZFwRoRxPkpl9OhsGi6AtS6a8icz",
+	"8+P0jTuW46chWcRcERasXts87ru4VK9Mq9Pd+sFdjqNeSJl1/UsKpcNWF+VuIYD2D1XFfbz0bxCzJyDX",
+	"tLEM4gth5w41Qi4ndC33r5O4008DyXAs59yK3KS1xD1dLBKT/kVuaEhYQF4YHRgviKt7S4nsI0DEgfRT",
+	"CFyMVSIgW9tGoZs4KvOqDZC0I0K9w/393VSVRgIrcDKQPxMc9cFBkN5eDdF/E8H7mXwHPCMc6XGTENlw",
+	"T0E8YVO+K6OAi9CS79XvF3Y8DzF8qTrIew5fqhlA2SlibgmFjfk2Vg/o1XplHmgce6up/b3C2B/l/wO4",
+	"vdMMhzBDr35PRWU3qW901oESmEljPcu9z7lP4LAWWiOWOOqqiWs1ypXygUxaiDhVghKJIsquM9WZCzoD",
+	"73UPAg1iIlBuEOBFNoVdQVr49XGLJ2YPP7TkSRSiGc9p8t6IACKk073fADEus4636w82zecnVu8XLi7B",
+	"Nh3DD80yMFQ5tyz2da2D8ljqLQTzzKON8HhGPPwID82oCDv3hCqItw5HRSxoQNkMEGe6BXcM0VWsJf3B",
+	"/j6gK0DkhhZ0fURwMM8SpyzcQk0Qhx3jmRnHGQzjoaaVV8fa5BiF7HI9p0df6LfnC7V7xyywd9v1O2lW",
+	"JqnZ6Fa6TbOF7PZBB0N07EImzc+6fyItZIxzEmTZQPoRPjW5i0vW4KHM8fQ35aLMzatYnvzr6CJ5MnvE",
+	"hRnio635qEfcm68RK61G5EXZLRSIvc/6PzAv3anf1bwEoEEr8lQpXt38RW/ICLDtek4aMr7c7VvA5QVe",
+	"AeprRIkD34ixVC/AERUiKByaAW4IAqCGYXvp+C8LHrVVI/IsR/5689HS9lu2G6uEfpTaj1L7UWoXoTTC",
+	"sCSyncTsJrrlHId8OdBCz5Sf6SKnz8nAXLocDIfaBDSCVVhEJT5FY1O3cqwF9zjALKQhVqZm8wg01zHq",
+	"5TABwT2o/zLZ94CHLYg0OvByjhVaYokmHBJc0G+CqiwJviq9zdTOMwn+gO92LtxYKZt9pRx170jWW7Wh",
+	"WA1EwlBEofwDxMipv01G5KMU/OpS8GfLgEZ8aSmDUSpmjG3cThwyVwtwi3lNBou0JmXpna3X9tACOu/S",
+	"dabn3D6KEJbk0WX27bnMmGX9Qtyg2Q9dvWWQkRCGgkgJkFqCT0iIepcnZyjgjGmTUXE0hu9HMRdq3E/d",
+	"Z4eHuxY5+gPDbGUyXlIEL+NoY5SEplWktHRVqBdxHk9wcN1HCZMxCQC1q48WSaRogKXqwwXoIOIBjvoI",
+	"wKE/sAVROMQK9wHqmq2QjAnIoj6CskRzrumCAV1I8uhGD0VxxBk50g/wRBnc8nfvf345Ojt//9PL0fGb",
+	"N+9/e/nz6OT05/OL8QcGd6SSqN1atB97xRoShWkkh4JgydnYTG9kpjcyUzZosow7IsKFpvzAFjgkQ3Rs",
+	"IvWXWs4lCkHN12AOUUK5tbBxPukNgKGiiXNGPW2Sw6SdqT4hKIk/sBVRu5r02upnhiKaQKbZf8Q2dB7S",
+	"hqCqhMs0MiiKY5/INUb8O1Oa4htwap6k8/lKBjGQst4E7rvAH1Jcc8rQOMKmIMeE/F3ShR5VvrtyV5q6",
+	"HcBMEiSMEz6AWrRbd8D4Vb+9z7ZcTRcEjtQKXvAbe2UDg0plnsHP0EL/hjDFhcF+VCQiC6LEyohZwkIY",
+	"/wemEsZIVAqJyWQdZaMEcPnnNCKFhFYooWF7hxPFPGKQ3zjT5pnu6gOTikYRsnURQWL3tK3OGYSaCkyZ",
+	"fskQ0CdLDWG2IUuLhH0HqaV1Ps+sktD9Qmn8DLMN/4KIkY9ZitszMYEJrLyp11q7hEwwqCCBKCRAP7W7",
+	"m3E1mur18CoxM6K+yV23f+dayaWVi3+HXfy32ZS/ENW4I2Osgnn71DILt55qEVxY9dUZHda4NEWBethZ",
+	"h9Yu1ObR0/19qIPEGTJGB5gyDvBdzbEqI7eiZdGH7dn5SRzib+fI3b45dJXS5yv5ze9V8Dw6wx8to1rL",
+	"CGRLg1xsMn/2jD3Q9SbwHQf8wALKjoAItoCEWiA68+QIiYRB9SQoGS4VXg0LBsnA1IZDZhwkPPrAzJ8G",
+	"GjC05d1Tg8VVcHRuoYrXq+fKwI8gQJaayHvzlDZyzklM7PXBbWW1GeijonYreYnACJXAT27pTHGsR0Ps",
+	"72yInRhHxS3FG8iM20u3floetiDOtMxbQPEmPp0eFVCzxk5yjS1qqpUjH5hIoCOoNKLmhNlHCdRytACt",
+	"4N13gki/sGXJBT0+Cq5HwfUouO4gSAEKsd1ObpG03s3AeJU3iak1lSCptDVLtGTp648GzHkKV5EGxlnR",
+	"BfnAemML4wz3ji/fnb9/8+bty3eXGZxz7j41w3Xe7UNVE2k7AAjXJIasOiJdMZQPLGHg5bYg07ZsC1hM",
+	"rnLwQH/CM8KULYs5Rkrg0BRx0cNNBayt+Lzu9i+rGAR1qb85QbfdC74ytWrkni1D7vgpWqE5EWT30dn2",
+	"DcmvUykTbVamFZAyWWTWf2OhBi61zoKsGNzhRMB32QWgFjiZ7+7I5qmbS2gXmPCB5YzSXLBH6s6DGIqe",
+	"JARlImTXIo5cgzKVi47wSR4YwaNK1ShpzjSdUiw7f/ZkLo7g0Z3295ZGwC5Wm8rtecaXG4shEGJ7pobE",
+	"JmqVHYo5C6XisXRV3dICG1DzUUlkrvgB4IiFJDwyVf1BhVkk0qk5FjXJ1vfQ9kRZ5A7R2BbJGOvGoDh+",
+	"BqIE7c0xhHBF9IZ8YPalZ/tPsqfsWAKA07AxWDAqE56VKou2oyMkiBIrFyWHp8QbImCe1rT/NtWs7Qo/",
+	"oJGp1dAASrH1oh6PguxBVOhQJQGysRRL2Gau+9R9YTItK258EEU9SLZ0Pvl+5oYfDGzOZYBZQCITBWUi",
+	"iQYDxMUHZp1ZW3ZYudk+KliPPqtHn9XWhdOV3V5d3VZcDugCz7acS6P33tpsmvfy1PT690qoeX8B026f",
+	"U/P+Apnlecyr+fbyatLFLe9WyyZd02v8JWnyqRm1d+7eTJMPjMsRjNCmawzRW3xti3DD90Z5sP5ko47o",
+	"b6YRniFQQExSAbmhPJHuwXqvr5UK31Lah13Kr5T5YXt/xD94jF26o6wOlkqxNUKsXuvY+2zkywZ5HF5p",
+	"VwnVbivp0mju+iyKLUmnUlUTS716A8YR6DGb4tGHsbXkiFbbtn9Lg+BuNuOMFEyIb3M77t+HCnA5Jykb",
+	"PO7yby3bouUW75B1UWNfbCVf4lvbzXeVN7GJPfHXFiaPGRSPVkhTBsVmVkhskNVlp0KUUG7yCDGy1DIP",
+	"ksvWFDo/c138VaqcO5rcc4nFdSPJFzgnW6pvbtflXoqb277aO33dzB99vt8g/Hhuf+UxwMtyKxUca+TW",
+	"3mf7ly0NM01YuCbMuFaaWVgmU6ERolomORhe6OE76aqHGUgMrNCC28qKrnpY2gJliczQH3FaZkqPj4So",
+	"53VB96tAR+aNEfkUEBLKketn9whhNy6jdFJQMLOBWDd3rwqdZOmlDUzTul6n3SNAG7Zhh/pbtKQs5EvU",
+	"gzqRJDTObNv+rsXpGNvxmWftMCEJ5On+j7sFolJp6sK5liBcJ18gzpEb6rTly9L01lXYyapoQuAQZzMi",
+	"0JxHgE9iYh9Tqqu54Mkshfkxxd964ySWShC8sGXXsnbTZwSAm8ijVKWHCCNbMkzNCdutw2FOK5foIdyz",
+	"U7+K1mwZph6oOd1LfwFj4KRK4K90xVAaw7qQKMOJj3V6Ho2KOzunD1vxwy9YkSVebTM0DE6NXoyFQny6",
+	"C6im9jCycqXTAW/P54Hg0TYiM16CouFaRbrVDPMqwDGe0Igq6iCB5wQlkgiZldGnCiLrQ/T//b+Hwyfg",
+	"9dFP5AqXTCgL9eFgTp9Uwxjpx8ZD9FtaLpRHZOAehsh+fZ4kGWVNsWYml0ToX57tP0Fjaeg/yj02Tgf0",
+	"/fAJEklE0NNdvyHmyHTOI/KT6fnhVivyDbYJ1dmSU/bRTPAkNiE4mtCPBsS3FUlf2MDZqtvVLkuYcxAe",
+	"jeJl77P+78uea699OOpyztEc3xAkFYk12yUx6o3P3l9corTDRM339M+DJB7vgrxwmq750mraR6ZosEQz",
+	"otBTvedLUgxxYb7X742SOPeLgT41uql1Pw+R3TsIG2I5mZZaI0ZOGTkj0eH+fgaCCbEu+l1LkSGCGvna",
+	"csnkGmwv/cB4t053t5G6ZGmGAKCrNkBGD+U7iRj5pBAONF+miXl0xgYU4P0EmQoi5/XqdVVU3LGSne/x",
+	"TCvPd6zeVif4lfzePlLXCOMil5EoTI+9Iz93Pcwyyy1n/BPc0j66+32a+aP3vuE803yFsNkxipvqd9kB",
+	"t6XjbO+zbr9rgJHnaGt1RLU9nrSkiLDU0h8K42cHCyTeG78cCjCzaV42petFl/BNi96cb7AHJ5G7o8WC",
+	"IEkExZHeFn0kOVJLyJI1vj4F3bq8Ej6FX7PmJIqIJhFnBjfPafXgkgu5ufU18s545J62H7ltKw+yWXsK",
+	"G9qMrccNZggDW3/UHiHMimcvlTLRujNAzKNrQmKALTDgL1TPJAb3ac9iLByfnLy8uMigFfo5RAWtk9lw",
+	"V8/5bbjwIZzfFTcZ2BNg9mnC1bjK7I6694i0u8iq+xtfL//dMvewEwabnTOCzLrXRvT6Y/QmCyzMFNyT",
+	"QGogCrAQK2tNUIHGpsPxB9Yb/99/48F/9gc/frT/Dz5+3u8/f/Llf+RD/IO1sHo1sXamk0qAPzLfbznA",
+	"/xwa/Zbi+82MvpLv/V9PLEEf4/sfneB3VLVBuC1bEJIX18k6Gbn32YoVLZJA8b5tmKGLJdYNbhxNvK1g",
+	"xe2IsbJuA/I2sADEHq0rR9K1mldO03r+tL+zoMx9PLjnYMUNhOP+vQhHMBTg10dd8vFW8X7BnrsJVKm/",
+	"v8cyhzCOv1dS9sXrq/axeRevrx7j8r7BuDy9rqhnvXEA/sTMh92andrfhhFIQ8jLNkbVL2dXSM5xTGwt",
+	"5YQp1BvPD/b3Bz/szyYD+WkxPPg0fvGBRXxJRIAlQRFReqf0UUhnUFILRs6IQPNVPIdaVhiF3AEVu25M",
+	"4/rh8afxURrN9/zpBxbMscCBbnQ3BcEyj0MY2icLe/VngiM0nsXJCH4cuyADazaah7RNmZmn1AXmfWBt",
+	"/YDyOnGWaa1NeXGdfEsG5cXrq69kTV68vno0JB/1nrsyJDV7dVB69j7L62Q7SeHV8nzVmhNVs1HLHlPB",
+	"b9eW54vgbCiV8aPqCIUEzgo9T6oQZVIRHOqhwAnywqD9jXeR4oA2iBhZfmARTlgwJ7I+4XwLkq1IsYvX",
+	"V4iGfUSGsyEqHyw1VqeEQbSyNg8Of2hlbj4mnj/67NuX8auXG1vPT9dbvrGsnxvBt7819+9atdAq8MXr",
+	"q8fc82+u0t+6TXtbV/ClNWIWPCRRzlaC+lUmABsMHRqaHyGIAgwbNiOoFzjkGgjn0CPdXhb7tyoW7spB",
+	"3NXY+UtKpEev8KN11OgV7mAdpeXI96YRMQpQKz1IC8M5jzSXahGZZYHyGMyecDxEZ0TYOu2cEXB69o3T",
+	"ePcFMinW/Q+siDvbR6bgyw0RknLWN3Ftc4KFmhCs0pSSX86uZBpkTQWKsNLyVs+EBnKILrnCkUST1QeW",
+	"SXd+Q0zRmOWcRwTBhF/YxFn9FIX0cPIJBypaIT1mPnUmGgn7KGFzgiM1X/XRVBCCevYjVJPAzNZa7xcK",
+	"GrK0cEQ+LaVnX5hOzRsxgYitvg9jOYeibFo7QmOlpwfY72b6MlnUKJiv9CQv3SL/zZzxxcmv88nDk1lt",
+	"/ken/DclGEurW4H1iGtEI8PrAD3a6pje+7FL2/jfa0OaWbe/ILNL8Lgdv707MpVugMJevJJ6kbvdiGW3",
+	"QjJKoDYw/AgBmjmk4rrUp0uHmfHNXPuYGX2lm5/iEOp3ub0K6mfJw9mqZXUFQ6KtcABb0EqU+zoW/A8S",
+	"qMd7pEdL6Vb3SA43xbEgQHC5b4Ef6wRUnbqw9zmFsfqSUx0qivl2pE7J4WDGXYtKkgfY+kvgjVoi1ZWf",
+	"TNHEHt0rf3cfsR/4KqdNOD+xz9P6be3Fu/KvbqBV3JckMMsYPkqER4frvdZJArZrlD4VVQEAcbaFxAMZ",
+	"z/aWynlhrZ/V6tYBeAG0UU0ZNmAS4z/HaKFFIpEALyTJgDJJmKQQsyiTiZEpruHUlLJlt0Mq4wib2kyo",
+	"ZwB+IMWZcUQGC0wjV5sT3JVO1pkE5rFx/o4Rw0LwJZomQs1NfmhNILGh5F8A9vRiHeGKRCsTfbcOjfTP",
+	"ndoLt/2mCzc/GqpZr68OymqGkUdkTeSWIFk1w9wLHmvKnu2dWjDtR5fWt+fSSqyU6nAIFAElthOBBAeC",
+	"w0iA5nNhSLVBSHqcdyxh035Owxzgz11vzHXYOo+a4qPtaBL5W1iOG25Lq+280Me/HkI4dii4eUgRB9Vl",
+	"YHZv+DWR9mbaIndZXBFXUryXRxvJcJEt7IhIGOKJchBpNRgjWjVzgzPRxWMUEZWNC0alD2hbBphHIZJE",
+	"SohXlgqvHJTM7hD9DLPTms+KJ0KSaOp0xWZomlqYgSro8thEYI0sMUe6o3G/ik6zCzXSJVGjxRS/QNo8",
+	"1XRf8BKUy+X7yzM0xYHiwtI+4ED2AFAUAJ46jgW8hhniMWHZM3acR4gqxAgJZQpE16uBl4MwsSWVpO+D",
+	"8tnN49KAfLLT1DOEz4QVPi6meASz9F0zGqP46wr3u/JFpL19JXdEq9MF4amyESdmgR+Pm0fHxP3Euxux",
+	"oSWwkRj2lOsbKEhJFNx2vH113EZdTZNUBgAJW++5OE6fNOCxMvVLmOs6fZSMfx+cmU+D05/HfcSjMK19",
+	"gnomPKyfD+1akMWECPkdoqEcomO2SlsDdK4FnEI4rPEepCP6xQz9boXg73Zqf83ojBKx2lu0uLzuj9bt",
+	"Nxiwke3j72R1yfOCpLzp6sM5xibht5AIx6cQewnR6gz+NHnAfRRHOCAhwoHgUlqcK/tIDirXhXQawaEl",
+	"HuOMWKCsOQmuoQuMJGWzSKunCQvmoDKDEOoXIHi5CLXYnPJ85CjM+AV8oUfZ8+T77B7ZciZRBHomyKre",
+	"DSVLIl4YxMdCLY6YiAU1mvUYapIIInl0A7L74uJXdE1WqPf08BCNQUUGUtkyG7arSRLOiEIhCahuJg2V",
+	"tVU+9ASXeAUzcVT/5KbwnTQRtf5qKsgo32hsusiKkxyhp/v/P3vv/tw2juyL/ysoV52KdL6SbCfeOTtW",
+	"7Q+aPCbZSex8LefknlrvFWESknBNAVwAtKLNnf/9FroBvkTKcvyMzfllYooEQaD7041+viT1TUXcrHKK",
+	"ySpBhisS8wU3mGlh1d86KugcvPyVBPmVSeH5CTxvXxHShIbc4GeVtr1EOu7D7BYVy767XI1pqmlcTcto",
+	"CBaq0Pajkif3GmNUWYgHCjaqzOINnBY3RBsNy0QSuPVhUdBDDrDKkbpsG4u0Kv5jl8kotigKo7IWpnv2",
+	"D5R8gGabhfMmXX/3ewGC4dJGY/WoMB2XE5fp/s4iXRjvKrv0Q2Lt5pNNc1xHzXL9LNFWW4Op1aRwGXxR",
+	"F3dIaw0crT2dirXDQR5f6ejktvFoV7GYUc2ay+l+Aguut6jbm0G1dnqAkVYVsFe5mAU9YuSMWfDq1Rwv",
+	"SMd9RKEZoXuy5/7Joh6ZUh6zyGKwXUqoQQFJxTGbGkLBBr2yF7qun5GQfjIhFWQhL5mrz174XvfCST5V",
+	"wvGwBG303EW08fh5sFiztYEs8DqL/4D8NxxK9FWnkqJturoHA/e+OjO0+6kF858NzAvma7eHLby3dVeu",
+	"WSsd6KZikJl6rfUHxMA2xucfNzvjPNEnSrgI4zRi0Q2Mzq29eTuI+hFTc2tkfkZG5nqNcZNl+TVYentZ",
+	"eCEYckHEuZ4sVKyyFsRLxY1hIjfpYp1IlIjaBy9caecFXHD2ZC5KEHQ3pt9eZpoVcqL1fHLBVq51EP6x",
+	"PtOqmbipgXaTzbdXHMWqSZH9VBem4d9RNjl3rrYSM9X3K7VuJ76mKbjR1ntq9eyqNg8+BejNIwWh4FTo",
+	"eSugBnUI7IKWEqDDKNxKddF0eLWtuDUTP1hbi8ImNJuFKxs6LNuCc8porcKtVfhnsAoD+YKeXSkFVBKd",
+	"9Qp2ycKy0dZbMvTcssX3kdgHtrEM/Iw2gSZDQP5Z7Vm/NeWWTLk3hJFddsk2VdPBZDbQzLiBaI/iEd1F",
+	"hKFS2iN5vG4olWJxkVk3ncff4hyeK7b8zCYC2Lrt7QTOhoNE12LZ88YyzAQkc25PcCtUVW4R2bZ0PtGi",
+	"46mgOZWdT6QTyVAXHV8xn7JwFcZssIjceRmqKkKlxBea0PBCyGXMohmDOjne3wQn1U7gXUFBj5zzGDI0",
+	"tJEJJBtUHVhF19E27qdhnZvr8HbcTVc7klod8YF1xB4Rclkk3hZoWwfRDzmIbhmPtaHKXInHwhl2e4RH",
+	"MesBLCYIZm6IiYO3NbSGXwGuwTDIRKQrwIx2XHsbMVRfDMGUqFgilSGYhcYNDOYz76TKBnavvUoWDMgo",
+	"m3NhhorpdMF0hvbLORPQSiQzZEM6H7Rot5NyBmsXGp3FQR/eirm42xSHvMkoPCAn3hbXI4mSl/BuF2Dh",
+	"l96HWPQKARYbxVdBCg1zkbeNmLthjMTATbo+OgJ+aoXa4xNqGY+3Vt9WGt6TNESBcavS0Fh8EjTu+8zt",
+	"DXKRC5f9jcnm0L5CJkxoEvz+9pTsLnU2XPU9Xlj5362AOiSvXhJFRSQX5HxlmO6Rc6rZLwepinsERAgk",
+	"bvyyRzQLpRWiVlrYS1Iw8pWdj2V4wQwk1/fIuSUhKzNzj2uv5GT1oqbIzJnjLsIUfYpOvfH7Uf/lX37B",
+	"rCD8Wq6JnsulgAT7Hpkz5ZKGCrIVWhGegxCD4uydkvi2akTQvTrmbkjQG6yJla2bRcqwElB5bTs7+Qrd",
+	"EN3uQxGmfIcVo8ZQKANVWtcXmtiViBj8mGX9ZzWDChNqdE2vN2B0U8gm10PdxH4MhDAKcM7KbFbEyG5z",
+	"1V6kszEO+rzF5u17byvLi37SB3LhVre6qRyopeheiYexS8XS0hS212sPqK1IvpZItiIxyxXtWyLyAg7p",
+	"bSvpnJr5bixnXDSL3i++Tpwl2YRqvZTKHn7iVEO7jwRa9QcZYGKBiTl1FUyYUDKOWTQgX5UUMxIqFjFh",
+	"OI01RJ0f7O3bYS6YmLizWzAkgZ2YFTZaChpP8vo0u+4nZtc0UVyzQgkTHO5VjasFvvAmOHxHWPbRTuyh",
+	"CoWkZn5q132T22LMZwLiqJ4HPLVRHPWgw8JUcbPaOfzHP4sQ9NkxqK8RVYSc1MzrsUamJfvXGqfa3x8n",
+	"q8r0ejWGa3q+nmBVKtKhsZaZ/WtJiyk7rm5Vy3Bt2JQnGDDZFoqtXc1o7vZmTnM3nLrhHh2/nRTm95gl",
+	"5IgItiTFmndYmg0ulzYNHaQyjiqF8+zpPmE/Z3Hwln+vJTBPpMGy3NfkZitf06RZR8dDsCaUeJ251D+k",
+	"kAfgjEzFPiKVzvGNunfnYO9VF2VWUhH8lobldDp0VV29nwJzFeDJX7vlA4LvfgTdkdY1dvfBjxCXxjCz",
+	"hwoZ3w6RqkTg0ycxpwzOZ0umGAl96ZHs2Max3uejUPnbbkSPWt0vJ0k24BYWHW0GrhGZpwvqKkMD/GS+",
+	"71IBVPRjU4LJNQZqoAJZz5jRTtiWZHBIlVpBBSe6UAH5x9lOsozOdnpnO9IkZzv/xHL/AHWGL1gwIO+k",
+	"8uVox6dvP0++fJ58/XD05vgr6fjeXn8hCy5Sw3TXZSAXBkCXBL5cU8P1lDNNMlTT+LtgLPKlWIdZGjM1",
+	"3gsuiFQRF1Styp+TCsNjexP7lnDF9ICMyFJJ9DsDdktFwDIvZrA4PayxUrOWPbTK1xaB7ZQN486+4+0y",
+	"Pfe3YklMVxC3FSymFKzm3swTdIdEsQRzV5Zo8YFqaLEML7IitL5oGWw7JlEpahimTBUzuqrzsa87p+GF",
+	"nE6DHjlhRq36I7uK3QE5kuuKFVYdrpEvhiVfHqd8gZk9VLtw9/JNwsXvYZE+28Nqe1i1AkLJS6vdIhOi",
+	"49QjeMfRTfdqqYFKcaPMOHn3mvzyXwe/2heAa+tgcACIonF+fRpC1T40WHsHLFJrwfqMHtRzCbXJSVBk",
+	"mm/95XLZn0q16KcqZsIiWBQ49XimqDATs0rY38IYnKKFQQOXdAs/EPs19ocQlHN83D2TdZxxf2sWKmYC",
+	"n5wL05JOJL4/Pf1MfqOah6Sz9vEvB68G+90eEdKQc2nmzjEs9BLVOUr0XCrTj/kli8g5o8qeAoqypeOk",
+	"3qfR6/cfjt7mVdh7ZD+TeOR85VtcdokOZcLA370EoTdnhYUFD+xSHxb93+g9VzJmWQUEt1nEbVbP12SH",
+	"huwFrzlUNYCEscatHDo9t49tOmHbfQ38ggDG2vaEm55TiIlgl0wVpLUjUVhC7/cty5RDQvUFRqkNyBcR",
+	"8wtfQgId39nrei63W/i90AS8z1AWdG0T/zJ4SWC6neD72Q7ceLZzSAaDQY+4vycFJnC//Rm4fbfrBjcR",
+	"Ji5ZLBN2WFey/mBvr9sjQSp0miRSGRZNcmLOf/cPwi5nl4FY/U9ItPDbvkuACb5+/dofFQj+EEk26AJv",
+	"Wh3PdQHBh3uEOv0ASR8IgAqn4LiAOTSW5js9IO8w7BGfQQ+S1Rz6oDmwyB59PPfxyKkW1VnDfAu6A1nO",
+	"ecxAQ4GGAdACiCIPAm1LYRQNTdYdweXpG6hPYw9Y9riLQe1GShJb5D8kB/uvhhYMOYsj7PAPJWy809xp",
+	"aMbeItXikBy8fNlFfRb20+3kuu4COs0ImOAerXe1mHiNnGtY+9c5Uj6kYa9pMs1qD2BqCTRreHi/arR/",
+	"TcM567+25CPjurowS7rSJBCyD3FAEM6Xf8FajtTOZ0Vn+FvjQKF95ZUD3YKCdisbcWwBwykh64teE8zb",
+	"CF4Q5FQBrjqYvestutnK7t/3yjpIPFwD5zI0bwblu13RqlypKdWNupFiNF787WxnRoVRq7Odu92rhzgM",
+	"PAhlWIm2oGLlE6q86MUzPNe5uLUnf6NWzqxRFLAuhvKOKaXwxvXRxi6MEy0pBSWdR1AcByYOel3dW7gw",
+	"bAY9VW5GNo/HmAdkQF4O9tw69IuBOYCsGw9qLoVj16nvjcnTeTfsLOvDPTKEKibglAAVCZU5kcbxgATu",
+	"3om7F45LVh1P47iwg/6gp+TS1UWqrd3wGw42clO9sbp0R1pJeZpXaSOV1WxLjj0pS8pv5d31h+YsBHqt",
+	"ra97oJ5JXfpSI5MeizwJCg5QvspVJ3CXddAjIRVS8JDG3SHx14Er8aDP7dSzTrL5ECZHAG9H9z92B+Q1",
+	"/tOevoH98USeLhZ1Vtucl39zX/TIedlN80pedovcMvHTYmK3rTflXkhc7GPBiN3v8H/Inymk1zdbS0/n",
+	"UkN3GNByFlTQGVouYJwX2uVRDogrRYAZoFOpllS5xJQO9Bbsn6V7e69YMak/yi5iYUAWdYeF3wHARPkB",
+	"eKvvKuibAKB1qfJgNqYvI32w92td20WspzHJ67NgPkscyyW2uRwJ99ZCGAT2agS7jUtSWUebwrw9O8NS",
+	"Qb2Pm2Z1lDcJB3bTbMzU8Dv/s+Q21qxaAwDCl7UZEG0GxLXwdZQzKKE+H5w57rwZtDrsuQVYPU58ROAa",
+	"DGpyzkK5yNFz6P5Vwb9azByQj9QerdkljVPn4dCGxzE2ryKaz+aGi5mrtlcZrBNoxsQEu1t1yXnqnSGK",
+	"Adhz8+O46V7VYmaLmS1mPsJEbsucN8LLq0rluZEr1actZlRL5zEazvMWLDE19jeHUGDrWWIDEsG6A3KK",
+	"h0jfAwIwyDl+nUPaTW/oXcWV69jlhGuDvms/UKUkf4eKFXidXYEQWQqW1T5r2d0+gbgoUJMhjisvEe5f",
+	"2imuQ6oNmdPLgjOp+G6Xn72hCPeAjPx05hJsZoYspDZkf29vz7+yvtZgCVn07WLxMX4/yz7aZ2O7D8vA",
+	"+V8pU6scnfNF3LlZ8cCa6VSnArTQNBH4EVxJpYlsjdRj+/ypffwexcNnqU2qrrYueOrHGgRckQQfbM0N",
+	"T8vcgLDrNvc6RoemTgWnReBz0eJXQC6RSwEdeqzGi891gPCKQ3X9WCUeBcp0eEECy5guRMrZFCfukou8",
+	"gCa4VvllQwgPJoxDCE7nXJo5Iq2x0uOcEfavlMbdAfnMFJeRJgspzDxe9ci/UqoMU/EK5ytESmN4wZfT",
+	"13blmIioIgk+NgRbgzJ6Qk3gbZkZhGN9FL/oLkwZn7SgHabayIW7AGHAujQcfCgTEf6FETXZny7YOL99",
+	"QAK6ALM//m+y4EIqMMbuDwb7e/97/y8D8gE9eYSLJIXo4vVSGETQhT1s2DmDE2ZIqN8qEGc+K3FOdUnE",
+	"bLDHuDpbGMqrGFTpCBqLZZQA7Y5LZdxTe4HSJz1oeYo6adEkJQRbus19oZ+XgGjTRm5bEiHRZ2eMa54u",
+	"dn1Jvw3loBjVqWIa1PBEahZNEAgD9OHjKQKSKCD9ITuRWEiz7MR00TFV0NYp1P5Z1/DLyn2XcAFHljLQ",
+	"ox270q6bjBOGzXrsYtKs3BMXePzJmM57xYYY65pITWMC8awYW5q51GgUZcOj+KHGf2LHzoobtoBqM3UL",
+	"tJfFGFdfjBLSXXer4D6ZReRvmKVK/j/ih+y5DnyQmmHlS7XEoksWzIZAZ8HfrCQh/+FlpX9dYOaKaXuq",
+	"mUAX/Q3PF25NmAohqPM//OHJTpuLCQ4bkA77RqHRGgRwuD3gUKtdSwI/xis3I66Jn3t3UPM59huXMo2j",
+	"yXksw4sAW9bDvydYq9IJcp3atYqCku4dLKkS7hkhDZ+uJpYQgmHtp8O77AMY0C0vmaJxnJe7dH5XbZQU",
+	"M3tstpv+QmNLOFM8KsPpm+qLLOumSvTDdYIvHt5RWaEYiV1uHrUu1e38oluU6vcho9+4NX2gaNSGuWw+",
+	"1Hk6GGZAsKRZt7A2HacVwzuHO2/Uqq9SsVYpF+LxMxQHWI+uK6O/O3B0bXgiFrO60MyxPaRh3gf1J0iX",
+	"eOOlj3OFzKQ3BNaBih39Vo8Ktb6ERi9C9rF360aoKRjzBj49au38z7tPBJLBZo3acoQJ59dhQjDilPLk",
+	"wFnoeyiCRxD9jgMShDGjapIZJRTDUBFMVolIZFX+DiS0YOyFw5mS5aNHhFVCXBPzip0DrNvrzoN1n2Od",
+	"2aHUThKqdZZGwMfBzymN99daHWtDxWzsyZPZQGTCBIvIBWOJs1Zh6Mk6XqVJRJ8oXt2xKvYFVu4xKGJX",
+	"mEtwi6PnajK5LlC3utoVAI+Ef22TiT+69zUzEO3R6Jp9U4m97ZEskcpfgyBcV6ja+WLf/S+iBU30XBoy",
+	"VXIBv1XDeGt8tUeSxPyS2edDKS6Z8mfWhCkLO5uje11Q8GrsP+qRh/lW53vV4S1bOL9rrSfuadk/q/t7",
+	"wwjgVNNZc/T+Ry58dQH7wAT4lAvyD/uPHlQqJ9g9DyMgSsXqtVRQESrKynOtsDYUVk4ZYs0dDYl/WPXF",
+	"l+lBoyQ8j3pUOVdzYxDCF/igu/X2vFNysc19p3Kbu4oTH0tldn7CloXuG06s4gIfsn3TQgXKDtAhiS29",
+	"tYj1tMLCqvv7g4gVUkNjOduVus8XdMaa9ZERemaOxwRv7BGpIqasSr2C7v2DM1ELIa/xFcf6A77gblHk",
+	"sfHw8Rg+e3vOzRb4Z+TY59MdnWuTb5UVzq73mRW2BaZzxF/PdPoivZLfxn98KbMaj6phmIni1TzAVERM",
+	"lfHA3sXFjCQxFeBLPROZX8lec+644nnBXh4StkjMyh8W8HF4I1qSxn98eaEdEKWCm25WvNKeJ878AvKY",
+	"m9yFKqeuh92MS6Gx7VpqAS07skwVY1nveSksxPWI5akohe2A9nj6CsgZ2/V9XnDjv/yPL9sjjiWxFmwe",
+	"O9ggvgDt2w3z3n4oySUiUuSz6+DP7nd9kf7ZjEJ5GSipCBc0Q6WsV5S+SItNompYcsYKHHm7hlWYiEXE",
+	"wWxA5vt7e/2/7s3O+/rbYrD/rcHYqmESzWbWgll1/+VfezsLLrK/7ze5JOfmJsvE+I8vt8q6P6Smt16g",
+	"Bsb9nRlCK5x7FXNGLKHKLOyrCly5LuPeFO57XjIu//LtZVxhVduT8NMTjqi1Zlt89WHYNeHTWwfTSxGv",
+	"oEtynM4yDyPY4VyElQvhwjjrpujpnHSfRuj068pXPVDcdGFZa1AAJxm1wdFtcPSNgqOjIvPWAEm9EN/9",
+	"nv/ho69qhToEE94WPFR9iX7c5hCE0ix/luzrzYx/WpIKrae/VcavZuLGoKw6deAN9NrxCVnebBYVuK1B",
+	"G8BolKfL7revaXyprNgDhRxdDTg+0KgFntuu+dBqKtvGJF1DU5kzGpv5JqXkPd7xWEN6cHpXRfCMPn/w",
+	"df1vkx3vkUg2lIb9yC+ZYDo79tqPdeRc2H+3j6Xd5+4du+BO2cWmQBva1tnzNHihAiza3LfP0ZmVNPhs",
+	"MCRCuq4Vh74/RN/wBXM3gFRy7X4KrTMwO+pMFFsHnDCTKoFupliKmWuJYV/pi7r7Du3xisyZYkMChYcJ",
+	"N2TvF+iCAL4keq54SF6PiJFnwqhUmyxszv1Go0i58h4RvLts94Zz/vr8rXDfPxOVbti9UlcEUeqY7S4H",
+	"A/IWRnMV93wzJvw2yIh0dbuh+9+ZSBS75DItNqyEBlvQGjAVgsV1dncc9khG7DGmdNl54So8kNWgOIFm",
+	"9Hjr+6G33T6fer883GpCgQ0LyOlfbglGbwTQ7/Z/UJAOGNX+rKROWGg29usHSLVwBPwfyxmZUcOWdNUj",
+	"yzkP5yRRTINh09/0QhOLTb7HDQbvIjjIKQmyeQRnwrezCdB3d0gsXwV5o1E3HAfcNZDNnHWqw9YBUhEF",
+	"jVCjPl3S1Wb4G67Nxocewsf5XnaNaRykA3NfcL2wB7FuHbDly2q35OZNVdZOUB+iognZojRMvgNVSs5Z",
+	"vldg+YUPPWdWRmkI36w/crk92db3+MvBQ7oes4X9kK21XZoG9SqjCLvzD++QbL0ljYD3HcjwN1DQoEvA",
+	"4T/++WcJBfMNd0i41vT4x/EQYWRTlU7HVxngFYs25MqPYiHjl8x3ErVaVlUX7Obtu6VgZ0IbmWiylOoC",
+	"lC5DpHChE8DDoEQRKVxjTyYiBnWA6lHMzKkooizh+kxchWuu8MLV8Iar1ELbXUPbVYdGS1q33y6zRbT7",
+	"RjTXxT2n7B/AM23ohjqaJ0j1rrWC72UY0sRHPgb+4kAmkAQbBbUJVX4qY3jdY7W5lGa5iYtey7TojsfO",
+	"QRBD+lNqCT+fSXBs+YRF5O/j4yOiHVFlXYKiBRfHSRPJGyu97D8Ui+lq9zuNY4nkUvFj1p9nqN/vPuw3",
+	"5CPxkJIlVOL2g5Ov7HwswwtmSEyt0HUyGFs8eqHrn8UaqoVTi5PbnUiGOpvwYBF1XdEKbJ+61lYVvsg3",
+	"/8b++ZglRS7YikRMwV0QjRxk3VbHp29PJn+8/Z+gl5fh49rPrZdNC/+Vr1amZGimsQQM6hgzKTHn3qov",
+	"qXYp/v5TZcKc7StbKm0UowufCYZmNzt2mswUjTAMnRYWtKPT80RJI0MZe4vdwI/WhzUYXO4HXbcl59jH",
+	"fGEFwoxpbMnuixYxunihyfkKWstKMydLutIDciQNfAL2pNJ1xcVjujp177xdTWaUr3Cjm6tEs3fp1d5H",
+	"DKpEpy65CecsS97Lt2aLbfkp3UZPso73y60W73c02dyqZuPA4MTSRL1uc1oBB0S2c2aWjIl6BNbbqT4L",
+	"tskr9Onx9nL6opn6ys3c95xqSurGWiNoB2OCinAF68W+Iaq6Jk+tnnIfekq+IQXitBtZIUowKzSqHu9l",
+	"HLkK8bnCbR9BjZt0MtVcp5agMZbDbrZMdHeIPcE1mTFDDvZenYkNxWYaMo+Qj55XPLb95u0jsTFxq43B",
+	"fnIx2MKRvufeGpFidVqa8MGKLuJNwuU4YWL0+cMbGaY3jo66HuX7mdWarQ72fz14tXewrgzWyhf3ESRy",
+	"X/H04g5OoZuwb7Yf5bu1KeQgoatqcstVgXZDItgy60JSX6jisx/2eWGv++zt4dcvf4vATzMLJs/pzhki",
+	"iwDzl2oZctfIpJ8meoN3piYEFqPjNaH+hZm1I1HykkeYe+5+kueuYw8ZG8UT1tdmFTPi5vUB+KGLBZdd",
+	"9euec/fkkUCFYV1DcN/0Hl3lEFKk5FIziNsBo0goxZQrzCz3c8n8335ANL+UxiRcE+9WChnpUEEKiTX9",
+	"P9jKVdlxxbu5IYpFNDTMG6CWVqeFcULFIm58MXFfvKf4Od4Qxc7nUl7YkaVyLn8/6ZAmJlXgmRIEl4jI",
+	"1GgeMWwk4f4j0F8CEvI1cVUdXWkAlyoVSxwxklj6HBocJQ1tJ1yFc5gotJVPFRZjTBM8dmb3eWKCIWHZ",
+	"Z2B/tDdrJOJJmlNx0JQo5UjiVCZfkqeUKlX8rgcKeypPYbMHLGOWrA5ptM44w4y/uGOrALloglwUtJlX",
+	"zy+e+X5tZrm/A7r6UI+7KNIKJOvo2ZPu9sLRobLe/e6f/bNZUB75EFh0MQxLca6W0JgwlnnzwK/ACcQx",
+	"nwlqIT4gyAKkE5i/QR+FMBX8mxVMUkQaOyv0Lvfdb3P2jbz/NHrdH78fvfzLL1bTO9vBnwzeO8C/FF3C",
+	"TPCiu4cFPaIZdCwgweV+gG2atJMJDPpkrIpw7sSj/x0KAYNtRMysuIH4MZBn8C09QonhC6YNXSRkIZUL",
+	"oHi1t0c0Rmio0mWifXDwNMUBQIbBCspLV9nGy8mQJiBe3FZNstdmIWmkc7C3163t9eFLBiuGocMRSvqE",
+	"qVzg+Y6lWGcDupFEvuF2H88nlEQp4rEVrjHHXiYu8O7l3p6DxeymAILwnI8qj38uagN2o/DNFLuRQEFk",
+	"6n0wHbcjBgJjVgnr1vleIErGUfZXXK/b9cF8rjBUgxumwG/NHpgthNZnP05NE8HTdW0KyMAxUjYz/DOf",
+	"W5XzdhqCVv66/+vLa6Y7/efuf+4cfr/fDKXybo/Ci439aEGyXzLFp5aoLaU5NuhYNqZ5MW283H1gUd4G",
+	"NF8roPkEAaBwOMtAzaNntZ1sgxh0dvNdThe7iyntW6LggulNtvglWViQmudGeYQ4fsljNmNRHiiDte4z",
+	"6/wkt873CBdhnEZWsKTaDgNICv8cQIMbdxvUxPfPy0R3SUzDC0KFbymFgpNMaWikwvvnfoqf3o2IYqEE",
+	"2HbsjEJBJkwMyBG2/1uP4SGdAN4/8fwdoA9hyTVUVaYLEDYw39p4n0/vRifZUj5Wh1pxkptODNlN2NJc",
+	"t66z+zD9IPH6lZfTjA36wB+e/Tr2HlBXutUQoBPLfhWG98mCm0oQZRmFj5Vw3QSvso6e5g2ydLENBYQN",
+	"uZ5cctpS870aMguFKzMqu0b1nq9zJkhQynKHHm1ywY3xrfCkmlHB/w2k9UI3JPBTjYY5e8Yp/FIICS+W",
+	"/jlotGjhnJ+UMQs/6YHsWJU5bAhCRcPVsMLaYBpdChTMbX5+m59/f5WEkgwLNifne+gDo5Nr9bixfdvn",
+	"UlNvtC9k1XzxN2dL8f2jQJ2GfL2lVBd2b3SvsWwJvvaWkKx+5jwakNdUKc50sXFlFpnlThHZvJoNDm69",
+	"fp5SRoW13QRnbYe5W0Wt59eSbiP69BqDclq2v8MjyhXHkpbZ29plVzJuQ+Gysk6ATgyI4GgqS/bMGf2u",
+	"apf9yGnp3nDGVy1r8aY9Ej1IybIbHYl2aWgXop9Xj2r2S3ggchhIxuDKRms/NtCNuTZ1/Q4LJs8RvO91",
+	"4XXPDyx/vmDZ6q5tHzVbIKw2cPZpBs46JnmBUS9aF/d8HZXWAaDZFF1FnJEPMs3fUOzxyHXZOBMoGbOA",
+	"dJyj0/sjFLnkbMnU0KEWqHfdAYHKFhCKOgNYszAiysO6mBWxWs6ZYlnfpxVgoGJTbC8J797QbRv6kVfC",
+	"ZP2b/AZgkPBmi3h1KVsofSR2/erGPKidP1ojk6ss/XUh3G0kaqum3oblfl1GbCcifkCR3f2e/7Gt+d9L",
+	"mlN6wTRh0ylcdCWvplLllY300H8K/pnFe2E7YaINXRGIoiSpMDy2nMUV1tLAIqerK9wELbyvzzpfjebK",
+	"FaVdv1tr5kFdQSMo/djaAZ633RHJ4B5wD7XarcKNPrlbWzXxJ0hPLW7Z9sdtRw0t+jxv9IGzuefARcb2",
+	"14gCa/Z9wPE11UwRV/gylmLm6zTltgAX2tUJ7K2FNqeFMN8h1nvn2nAx88fzpggKGkUlnmhR7OEOu6PK",
+	"XjxUPmaJHupwMYpaTaz1yNwT6I6iKIt6/kFvjIPq3e/4j+sFrZVA+oQt5KXvrxVT7W5qhFdl72ctwlZm",
+	"/ckJpQga/7vNhbb9cLWpqnO2fQ9w/LT72IJeG+N23fOqpZsr8OsHImXIG7aQ5hpAVIqkaYHo0QLRHQf7",
+	"/IBiuXd/imUx8AeXuAXcVsu8H4fKnIpZDtQvNOQAX6lvuhJCfRpihuk1ishZDIfAeeIGIX4QDP2RZmPg",
+	"j/uikX/x8yozV/767Q151aVug2eeeNW56oYXOLrKQc1WuzrmHVWHdtm5NJxzwbLuZV7fwQkNSeAVGygx",
+	"EJAZdA3ihlAAnC2jaggXhNFw7hAiD6QpvmxAPhgyp5Dvn1Ctl1JhRY2QCjeapobr6Ypow5J+mkAjAM1n",
+	"AsrdZEWKMDqo6AMmM4VWyM/H41PiwdDSKfZVCrokhdo7tBhThO0LSo9U8XP3uy/K5q7A+b3w5sYCbeXd",
+	"fEpZreUveyCjYGV5m2Nd2oiWVgG7UURLBVY3AvYGTawWSTZZ/epA/sT1vGVQiKUAZQ5oqyLAh7R0hMxD",
+	"WiC3G6NXphJKhS26dxflcrs4WGkfUpV4TbEi60t/7xY7p1wPsWFfQXRhTGkbTdL6c/MM1LvEnN1KEsj2",
+	"KqbvN+6rl/IoAP2tUs20Prq0NvK5WFCNWnV1TvV8QI5hFjQmAfYD1xNqtlS07iqO7pFAzSNTBdsI6NbC",
+	"1yqYN1Qw15Nd5PQGMkDP+xdstTlScDx+/4e955kZ6eCrtzfO2WVsDXJP0yCXVU8bj9+TJD2PeQj7XWQz",
+	"PQcm2WCHmzPoh8k1SajSrkCs6w7AItJZ7xSAjQ2wvyV0FRDQB6c8C3scg4Ezk5emC0amXMyYShS3ipk7",
+	"oElR/pyC8a/W7+p0JuCEJ2WUgi96KGMULmdTaNqwQBKWQAr72NqnWvXhBmFoogJftehVoxzsfr9gq3UD",
+	"VK395lagonKYGr9H3Gw6ROHsHspG0x4BWjOM1cyvy11QdPsaHnfSaU4fL5bJrvW343DYAfR5qfH5l2+v",
+	"yrs0BSyL3qr0T1Klx/L3zhOSKcS48zVNc6/jXMfsFqdzTyCXRUPXlF+7eacye4+VX9CrhF4w0aR95wT8",
+	"lDTw/KseSAsvLGvrDm7V7Tuy1mEkrtgSZKrawe53QBKnedfqCSN8RW359LUsu87B3kG3tnHG7YFMeXpf",
+	"MBK5QXF3X/ezFBfdDBk+A7I9D7TFRWnGlddm/MtXu4rNrFbfyPNvXWMdexca/bjRxM2Hx9ysiDbUsCEJ",
+	"sE+pmeDNk1BGLPDd0XwlczdQR6RxDPrJmRBSsG5TU/7/fnXiJvhYG5X4GW7TqcQt9oO3I3leGrjKKMiz",
+	"gt0zGn2SEctKXHA3AQzN/D/LC/ueqWJ63hyJ8FbYV1bbAjNxSTQzkHIUfDg6fXtyNPo4+fvXP8aTk7fv",
+	"Tt6O309Oj/94ewS8oZkZZt0GD/YO8sO16zCIvSiBi6jBGKi63EmYqX3Ho+UTO7kTnOfmRlRwyy2rwz8k",
+	"p64tdX7CnnPfdzzhQ/HBUWp1nX/8889SL7p3UoVWwXRkloX08ZngYta/YCtLx8XWVHYY5KsFM4qHzT7f",
+	"GTOf3C13S7mGfTO7SUx5hWYLOt4v/7W/99e//nKwrumtkelnJRfMzFlqBe03iDSUmtsfCSqRt0m+90hY",
+	"GzoSFj55ke2Y3/H3jMbZnoMt4t+NKgU0VbVo+VlqM1Ns/P9/BOfT0eh07LCwR/6y96qKhfZSsePqWmM7",
+	"IujCJ3pOKY/tv8M5Cy964NAEcLafaSGaxTJhtceTx9/Ub+uOfqtDF48bsYSJCJrIO2Hzk9JnBnz3t5BH",
+	"0kCTvtUhoYbEDDKIBUPKsrQYyaW4teXc2BLUzfZwA+c08eRS7wpp+NQtVLPC/yWZKRoxTYwklHxl52MZ",
+	"XjCD+keS6jnT5YNGaVhCNfn7+PgIUXFh1ccZ04dnIvh+thPOqRAsPts5JGdwHj/ExtY88i2tyf8lZztS",
+	"zep/OFeSRiHV5mynR84ApHEsvBu74sJV95S9K6KG2ru+DwaDP+0Fbc8o1BSfPHn3mrx69epX/9yfweBM",
+	"WMgJpRAsBFi3ylp6blfqnEW+2lC2CHAEc9/XK/9U7FRHOngs654JdzPsH/QY9x/nhxmQ4+KTfi0JPZdp",
+	"oaUE6dA4lrj8cBRLNQ4+Y7qX3XSeRjNmsGWs7lp6Dueot7qKH2Q5l5DupBlze+36CZA3vis21+ScaXMm",
+	"2HQqFXa3tsCaMKUhu2oIT0cyrBDbYBENzsQZqBeufzqX4hC+uxjdTzp//3ratfpFgIqvfSDoEcbB2sQF",
+	"CUZOSXMj/Ib6sWuXbsdwXdHPhFQ9zKM6V3Jpz749S5z2lTlR6/Q8UdLIUMYkmFFh1GqAbx6sD0nkdMoU",
+	"i4iwtG3kmfCPlD/2cj/AHHnN1CVThIVzyZxfrfGJHlnOeTjHbuFon7KH4hH5V2qXHjUR/BWLPHeoz5kQ",
+	"hJIvJx8JE5EmaWIvxHKmuyg1g2PFZ1wEvliWXYEz4YztL6CPHplLi2mKLKgJ5+T30dHpyf9Mjo5PP7z7",
+	"8Hp0+uH4aDwZffx4/PXtm8nxyYffPxyNB+Qd5XGqmCWJKfZ/Z2ciRfCAzAFA7Ew0e5Grs8rYqWEuSNuq",
+	"FTIKYH8jZiiPdVBnEHDceFTCsdsU0vt4UKiEBCy5Ced29T87UtEuRrdAPFw3b+0z8er9lKefJTvXAAW/",
+	"ZXizfv4pERyRlqdzCOkkTPUt/PcsDvZLaG+pew3XdXezJWKpdw1TCy5ovPs9x/YrLPP5hDwPdjRjETkY",
+	"vHJA4IJ5AcR0lYBz8vXvBhgD9vQ/gO2hBhYB6xCLLHJ7TyIOM2YQNhB0h+QKSCy+eEBGObrZ5xpR8GBv",
+	"jwRcQBjbxKFa0MtwZKAY1VIEONqEiwmM1MX0joQJU0bJHp5MrI7QKyAm1xWMDBxInr49+fThaPSxio/g",
+	"/3hVNzOcEJHwPnCY2D1eWrgnIwJRFlDN0KXDHeztkwAn734LoGphKi6EXAo7XhLTFYvs3CwQ85lwTxce",
+	"ddMIXMHDxIoXUGIL97jLwYCgzXeKAF/A94y0uLbjlAF+OZea5fhNQqrUqhbnB2Q0NUyVRjzngtp3Kmi7",
+	"js96giDnK2PljDRzsqQrrO4D+mXpdlA77bFAyTjXPEmgkQInoMNb0mDfOJCIC3uFqSVSzAJUF3Iy7ZFA",
+	"Mc3/7eef8NJNjqE6oO9k1LuIarxeMmHCc8TtOr1GufLX6PoqgchdOsA2yM9cZ86Rak31KkFA69p6PgXE",
+	"Xm61P79Tw5Z0dasKgCe5DebPwhnYIxIX9nQsSM5ZRetndhFEevWN5+uaBqANYsG608hDWhJTwQg3msVT",
+	"0rEcngElpDw7px5JFJvybwBCqYp3Dnd2QdF1s6u+4SO/ZIJpDYIJzQs9FHiRDFNol26xz1n8BjmoOOtC",
+	"TQgtn4l+mvTAPtznoufEkbceg+RF03GWx+LGhEVZH/E0b/7tT8ubIqoKA6LPc33EN1kzeE06oZXsIbNU",
+	"qbvZkRnFTKWEcWHorMrRpvmuZ3EURvCRmnYAd+k3HscArfmlz3QF8yxee00NjWXptiMZsdI9RSqsvfy7",
+	"kmlS+m1spKIQPpPfnpRvGSXJSBk+pWF5RiU9tjj7mBorVE5YzKguz7CaLFZ8rKkefU01PfcGDIvj2qDY",
+	"zUMrcSOz+Er/IfbunDyKV09kzNav1s+leMcnSvWYG1b/y0c+ZeEqjNnar+tbZ6+OL9L1i8fjDwur1qzP",
+	"rrpPcLFCAutUStOIG2IU5XF1bUb2p7UhS9RYHu/YazwaoIQsgBhcHjU1a4t/XJ6xlwprq+F/GCXJZyW/",
+	"rXb+/Oef/y8AAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -45,11 +45,15 @@ var publicOperations = map[string]bool{
 	"receivePaymentWebhook": true,
 	// The one-time enrollment token in the body is the credential.
 	"enrollNode": true,
+	// The client-credentials grant: the client id and secret are the credential.
+	"issueAccessToken": true,
 }
 
 // nonEnvelopeErrors are error statuses whose body is deliberately not the ErrorResponse.
 var nonEnvelopeErrors = map[string]bool{
 	"getReadiness 503": true, // the ReadinessResponse naming the failing check
+	// RFC 6749 section 5.2 errors of the client-credentials grant.
+	"issueAccessToken 400": true, "issueAccessToken 401": true, "issueAccessToken 429": true,
 }
 
 // seedTags is the tag list of seed section 1.

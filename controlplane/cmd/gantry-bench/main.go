@@ -117,6 +117,9 @@ func run(dur time.Duration, rounds, conc int) error {
 	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
 		return err
 	}
+	if err := runTokenGrant(ctx, fx, dur, rounds, conc); err != nil {
+		return err
+	}
 	if benchOnly == "http" {
 		return nil
 	}
@@ -171,6 +174,8 @@ type fixture struct {
 	app       *app.App
 	pool      *pgxpool.Pool
 	projectID uuid.UUID
+	tenantID  uuid.UUID
+	adminID   uuid.UUID
 	token     string
 	closers   []func()
 	servers   []*http.Server
@@ -258,7 +263,7 @@ func setup(ctx context.Context) (*fixture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("provision: %w", err)
 	}
-	fx.projectID = prov.Project.ID
+	fx.projectID, fx.tenantID, fx.adminID = prov.Project.ID, prov.Tenant.ID, prov.Admin.ID
 	toks, err := a.Auth.IssueFor(ctx, prov.Admin.ID)
 	if err != nil {
 		return nil, err

@@ -77,7 +77,8 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 	defer a.Close()
 
 	seeded, err := devenv.Seed(ctx, a.Pool, devenv.SeedInput{
-		AdminPassword: env.Secrets.AdminPassword, DemoPassword: env.Secrets.DemoPassword, Clock: a.Clock, IDs: a.IDs,
+		AdminPassword: env.Secrets.AdminPassword, DemoPassword: env.Secrets.DemoPassword,
+		DemoClientSecret: env.Secrets.DemoClientSecret, Clock: a.Clock, IDs: a.IDs,
 	})
 	if err != nil {
 		return interrupted(ctx, err)
@@ -115,6 +116,9 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 		{Key: "GANTRY_DEMO_USER", Value: devenv.DemoUsername},
 		{Key: "GANTRY_DEMO_PASSWORD", Value: env.Secrets.DemoPassword},
 		{Key: "GANTRY_DEMO_PROJECT_ID", Value: seeded.ProjectID.String()},
+		// The demo service account (member of the demo project): POST /api/v1/auth/token.
+		{Key: "GANTRY_DEMO_CLIENT_ID", Value: seeded.DemoClientID},
+		{Key: "GANTRY_DEMO_CLIENT_SECRET", Value: env.Secrets.DemoClientSecret},
 		{Key: "DATABASE_URL", Value: env.DatabaseURL},
 		{Key: "GANTRY_MIGRATE_DATABASE_URL", Value: env.MigrateDatabaseURL},
 		{Key: "NATS_URL", Value: env.NATSURL},

@@ -32,6 +32,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
+	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
@@ -257,6 +258,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		TerminalAPI:    a.Terminal.Handlers(),
 		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
+		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
+		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -273,7 +276,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
 	})
 	ok = true
 	return a, nil

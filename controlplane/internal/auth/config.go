@@ -40,6 +40,9 @@ type Config struct {
 	// StepUpWindow is how long after its TOTP code a step-up token satisfies
 	// RequireStepUp (stepup.go).
 	StepUpWindow time.Duration `env:"GANTRY_STEP_UP_WINDOW" envDefault:"5m"`
+	// MachineTokenTTL is the lifetime of access tokens from the client-credentials grant
+	// (machine.go): short, because a revoked credential's issued tokens live until then.
+	MachineTokenTTL time.Duration `env:"GANTRY_MACHINE_TOKEN_TTL" envDefault:"15m"`
 }
 
 // Leeway is the clock skew tolerated on exp and nbf of an access token.
@@ -59,6 +62,7 @@ func DefaultConfig() Config {
 		LoginBackoffMax:    15 * time.Minute,
 		LoginFailureMemory: time.Hour,
 		StepUpWindow:       5 * time.Minute,
+		MachineTokenTTL:    15 * time.Minute,
 	}
 }
 
@@ -102,6 +106,8 @@ func (c *Config) Validate(dev bool) error {
 		return errors.New("auth config: GANTRY_LOGIN_FAILURE_MEMORY must be at least GANTRY_LOGIN_BACKOFF_MAX (else a lock would be forgotten before it ends)")
 	case c.StepUpWindow != 0 && (c.StepUpWindow < 30*time.Second || c.StepUpWindow > c.AccessTokenTTL):
 		return errors.New("auth config: GANTRY_STEP_UP_WINDOW must be between 30s and GANTRY_ACCESS_TOKEN_TTL")
+	case c.MachineTokenTTL != 0 && (c.MachineTokenTTL < time.Minute || c.MachineTokenTTL > time.Hour):
+		return errors.New("auth config: GANTRY_MACHINE_TOKEN_TTL must be between 1m and 1h")
 	}
 	return nil
 }
@@ -169,4 +175,12 @@ func (c Config) stepUpWindow() time.Duration {
 		return 5 * time.Minute
 	}
 	return c.StepUpWindow
+}
+
+// machineTokenTTL is MachineTokenTTL, 15 minutes when unset.
+func (c Config) machineTokenTTL() time.Duration {
+	if c.MachineTokenTTL <= 0 {
+		return 15 * time.Minute
+	}
+	return c.MachineTokenTTL
 }

@@ -289,5 +289,8 @@ func humanUser(ctx context.Context) (*principal.Principal, error) {
 	if !ok || p.UserID == uuid.Nil {
 		return nil, apierr.New(apierr.TokenMissing, "authentication required")
 	}
+	if p.Machine != nil { // seed §5 rule 7: a machine identity never holds a second factor
+		return nil, apierr.Forbidden("a service account or access credential cannot use MFA or step-up").With("reason", "machine_identity")
+	}
 	return p, nil
 }

@@ -19,6 +19,10 @@ const (
 	// enrollmentTokenPrefix mirrors nodes.enrollmentPrefix (one-time node enrollment
 	// tokens, controlplane/internal/nodes/tokens.go).
 	enrollmentTokenPrefix = "gne_"
+	// ClientSecretPrefix starts every machine client secret (controlplane/internal/machineid):
+	// sent as a bearer instead of exchanged at POST /api/v1/auth/token, it is
+	// token_scope_invalid.
+	ClientSecretPrefix = "gcs_"
 )
 
 // opaqueTokenKind names the kind of Gantry opaque token tok is shaped like ("refresh",
@@ -33,6 +37,8 @@ func opaqueTokenKind(tok string) string {
 		}
 	case strings.HasPrefix(tok, enrollmentTokenPrefix) && isSecret(tok[len(enrollmentTokenPrefix):]):
 		return "enrollment"
+	case strings.HasPrefix(tok, ClientSecretPrefix) && isSecret(tok[len(ClientSecretPrefix):]):
+		return "client secret"
 	case isSecret(tok):
 		// Terminal tokens (controlplane/internal/terminal/token.go) carry no prefix: they
 		// double as a WebSocket subprotocol, so they are the bare 43-character secret.

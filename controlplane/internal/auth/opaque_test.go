@@ -35,6 +35,7 @@ func TestOpaqueTokensAreOutOfScope(t *testing.T) {
 		{"node token", node, apierr.TokenScopeInvalid},
 		{"enrollment token", "gne_" + secret(), apierr.TokenScopeInvalid},
 		{"terminal token", secret(), apierr.TokenScopeInvalid},
+		{"client secret", ClientSecretPrefix + secret(), apierr.TokenScopeInvalid},
 		{"refresh prefix, short secret", RefreshTokenPrefix + secret()[:40], apierr.TokenInvalid},
 		{"node prefix, malformed", nodetoken.Prefix + strings.Repeat("z", 76), apierr.TokenInvalid},
 		{"43 characters outside base64url", strings.Repeat("!", 43), apierr.TokenInvalid},

@@ -132,7 +132,7 @@ func RequireStepUp(ctx context.Context) error {
 // markStepUp sets p.StepUp for this request: an otp amr whose auth_time is within the
 // window (and not in the future beyond the leeway).
 func (a *Authenticator) markStepUp(p *principal.Principal, now time.Time) {
-	p.StepUp = p.UserID != [16]byte{} && slices.Contains(p.AMR, "otp") && !p.AuthTime.IsZero() &&
+	p.StepUp = p.UserID != [16]byte{} && p.Machine == nil && slices.Contains(p.AMR, "otp") && !p.AuthTime.IsZero() &&
 		now.Before(p.AuthTime.Add(a.cfg.stepUpWindow())) && !now.Add(Leeway).Before(p.AuthTime)
 }
 

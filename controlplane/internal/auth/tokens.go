@@ -84,6 +84,9 @@ type accessClaims struct {
 	// Set only on step-up tokens, after a TOTP code was verified (stepup.go).
 	AMR      []string `json:"amr,omitempty"`
 	AuthTime *int64   `json:"auth_time,omitempty"`
+
+	// Set only on machine tokens from the client-credentials grant (machine.go).
+	Machine *machineClaims `json:"mach,omitempty"`
 }
 
 // audience is the aud claim: one string when issued; a string or an array when read.

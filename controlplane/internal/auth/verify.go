@@ -226,6 +226,14 @@ func (a *Authenticator) checkClaims(c *accessClaims) (*principal.Principal, erro
 	}
 	p := ident.Principal()
 	p.AMR, p.AuthTime = amr, authTime
+	if c.Machine != nil {
+		if p.Machine, err = c.Machine.machine(); err != nil {
+			return nil, errTokenInvalid(err)
+		}
+		if len(amr) > 0 || ident.TenantRole != "" || len(p.Capabilities) > 0 || ident.TenantID == uuid.Nil {
+			return nil, errTokenInvalid(errors.New("machine token with a human's claims"))
+		}
+	}
 	return p, nil
 }
 

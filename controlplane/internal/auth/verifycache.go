@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -58,5 +59,10 @@ func clonePrincipal(p *principal.Principal) *principal.Principal {
 	cp.PlatformRole = slices.Clone(p.PlatformRole)
 	cp.Capabilities = slices.Clone(p.Capabilities)
 	cp.AMR = slices.Clone(p.AMR)
+	if p.Machine != nil { // read-only after verification; copied so no caller can widen the cached one
+		m := *p.Machine
+		m.Projects = maps.Clone(p.Machine.Projects)
+		cp.Machine = &m
+	}
 	return &cp
 }

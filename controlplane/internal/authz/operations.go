@@ -58,6 +58,19 @@ var Operations = map[string]Requirement{
 	"getAdminUser":    PlatformAdmin(),
 	"updateAdminUser": PlatformAdmin(), // reset_mfa also needs step-up: checked by the service
 
+	// Machine identities (machineid): service accounts are the tenant's, project access
+	// credentials the project's; the grant authenticates the client itself.
+	"issueAccessToken":               Public("the client id and secret in the form body or HTTP Basic, checked by the grant"),
+	"listServiceAccounts":            TenantAdmin(),
+	"createServiceAccount":           TenantAdmin(), // the projects named in the body must be the tenant's: checked by the handler
+	"deleteServiceAccount":           TenantAdmin(),
+	"createServiceAccountCredential": TenantAdmin(),
+	"listProjectAccessCredentials":   ProjectRole(admin),
+	"createProjectAccessCredential":  ProjectRole(admin),
+	"deleteProjectAccessCredential":  ProjectRole(admin),
+	"listAdminAccessCredentials":     PlatformAdmin(),
+	"revokeAdminAccessCredential":    PlatformAdmin().WithStepUp(),
+
 	// Tenancy.
 	"listDepartments":     TenantMember(),
 	"createDepartment":    TenantAdmin(),
@@ -78,9 +91,9 @@ var Operations = map[string]Requirement{
 	"updateTenant":        PlatformAdmin(),
 
 	// SSH keys (the caller's own).
-	"listSSHKeys":  Authenticated(),
-	"createSSHKey": Authenticated(),
-	"deleteSSHKey": Authenticated(),
+	"listSSHKeys":  Authenticated().ForMachines(),
+	"createSSHKey": Authenticated().ForMachines(),
+	"deleteSSHKey": Authenticated().ForMachines(),
 
 	// Audit.
 	"listAuditEvents": AdminCapability(principal.CapAuditRead),
@@ -145,10 +158,10 @@ var Operations = map[string]Requirement{
 	"deleteOsImage":       PlatformAdmin(),
 	"createRegion":        PlatformAdmin(),
 	"updateRegion":        PlatformAdmin(),
-	"listCatalogSkus":     Authenticated(),
-	"getCatalogSku":       Authenticated(),
-	"listCatalogOsImages": Authenticated(),
-	"listV3Regions":       Authenticated(),
+	"listCatalogSkus":     Authenticated().ForMachines(),
+	"getCatalogSku":       Authenticated().ForMachines(),
+	"listCatalogOsImages": Authenticated().ForMachines(),
+	"listV3Regions":       Authenticated().ForMachines(),
 
 	// Allocations.
 	"listAllocations":        ProjectRole(viewer),

@@ -65,6 +65,17 @@ type Requirement struct {
 	// principal.StepUp, set per request by the authenticator), else step_up_required.
 	// Checked after the rest, so an under-privileged caller is told that first.
 	StepUp bool
+	// Machines admits machine identities (service accounts, project access credentials;
+	// principal.Machine) to a KindAuthenticated operation. Machines are refused every
+	// other operation but the KindProjectRole ones, where their role is the one their
+	// token grants in that project: they hold no tenant role and no platform capability.
+	Machines bool
+}
+
+// ForMachines is r open to machine identities too (catalog reads, their own SSH keys).
+func (r Requirement) ForMachines() Requirement {
+	r.Machines = true
+	return r
 }
 
 // WithStepUp is r for a sensitive operation: the caller must also have stepped up
@@ -135,6 +146,12 @@ func (r Requirement) check(ctx context.Context) error {
 	p, ok := principal.From(ctx)
 	if !ok {
 		return apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	if p.Machine != nil && r.Kind != KindProjectRole && !r.Machines {
+		if r.Kind == KindCapability && r.Code == apierr.AdminRequired {
+			return apierr.New(apierr.AdminRequired, "this operation needs a platform admin").With("reason", "machine_identity")
+		}
+		return apierr.Forbidden("a service account or access credential cannot call this operation").With("reason", "machine_identity")
 	}
 	switch r.Kind {
 	case KindAuthenticated:

@@ -2,6 +2,7 @@ package devenv_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"os"
 	"path/filepath"
@@ -167,10 +168,49 @@ func TestSeedRefusesTenantUserNamedAdmin(t *testing.T) {
 	}
 }
 
+// TestSeedDemoServiceAccount: with a client secret the seed adds the demo service account
+// (member of the default project) and its credential, stored as the secret's SHA-256;
+// again changes nothing; a revoked credential or a new secret is reset.
+func TestSeedDemoServiceAccount(t *testing.T) {
+	pool := testenv.NewDatabase(t, template)
+	ctx := context.Background()
+	secret := auth.ClientSecretPrefix + strings.Repeat("A", 43)
+	in := devenv.SeedInput{AdminPassword: adminPW, DemoPassword: demoPW, DemoClientSecret: secret}
+	first, err := devenv.Seed(ctx, pool, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.DemoClientID != devenv.DemoClientID {
+		t.Fatalf("client id %q", first.DemoClientID)
+	}
+	sum := sha256.Sum256([]byte(secret))
+	active := `SELECT count(*) FROM access_credentials c JOIN service_accounts sa ON sa.id = c.service_account_id
+		JOIN service_account_project_roles r ON r.service_account_id = sa.id AND r.project_id = $3 AND r.role = 'member'
+		WHERE c.client_id = $1 AND c.secret_hash = $2 AND c.revoked_at IS NULL AND sa.name = 'demo-ci' AND sa.tenant_id = $4`
+	if n := count(t, pool, active, devenv.DemoClientID, sum[:], first.ProjectID, first.TenantID); n != 1 {
+		t.Fatal("demo credential not seeded")
+	}
+	again, err := devenv.Seed(ctx, pool, in)
+	if err != nil || len(again.Changes) != 0 {
+		t.Fatalf("second seed changed %q, %v", again.Changes, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE access_credentials SET revoked_at = now() WHERE client_id = $1`, devenv.DemoClientID); err != nil {
+		t.Fatal(err)
+	}
+	in.DemoClientSecret = auth.ClientSecretPrefix + strings.Repeat("B", 43)
+	if _, err := devenv.Seed(ctx, pool, in); err != nil {
+		t.Fatal(err)
+	}
+	sum = sha256.Sum256([]byte(in.DemoClientSecret))
+	if n := count(t, pool, active, devenv.DemoClientID, sum[:], first.ProjectID, first.TenantID); n != 1 {
+		t.Fatal("demo credential not reset to the new secret")
+	}
+}
+
 func TestLoadSecretsPersists(t *testing.T) {
 	dir := t.TempDir()
 	s1, gen, err := devenv.LoadSecrets(dir)
-	if err != nil || len(gen) != 3 {
+	if err != nil || len(gen) != 4 {
 		t.Fatalf("first load: generated %v, %v", gen, err)
 	}
 	path := filepath.Join(dir, devenv.SecretsFile)
@@ -203,10 +243,11 @@ func TestLoadSecretsPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	s3, gen, err := devenv.LoadSecrets(dir)
-	if err != nil || len(gen) != 1 || gen[0] != devenv.VarDemoPassword {
+	if err != nil || len(gen) != 2 || gen[0] != devenv.VarDemoPassword || gen[1] != devenv.VarDemoClientSecret {
 		t.Fatalf("third load: generated %v, %v", gen, err)
 	}
-	if s3.MasterKey != s1.MasterKey || s3.AdminPassword != s1.AdminPassword || s3.DemoPassword == s1.DemoPassword {
+	if s3.MasterKey != s1.MasterKey || s3.AdminPassword != s1.AdminPassword || s3.DemoPassword == s1.DemoPassword ||
+		!strings.HasPrefix(s3.DemoClientSecret, auth.ClientSecretPrefix) || s3.DemoClientSecret == s1.DemoClientSecret {
 		t.Fatalf("third load: %+v", s3)
 	}
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {

@@ -20,6 +20,9 @@ const (
 	VarMasterKey     = "GANTRY_MASTER_KEY"
 	VarAdminPassword = "GANTRY_ADMIN_PASSWORD"
 	VarDemoPassword  = "GANTRY_DEMO_PASSWORD"
+	// VarDemoClientSecret is the secret of the demo service account's credential
+	// (client id DemoClientID): the seed stores its hash.
+	VarDemoClientSecret = "GANTRY_DEMO_CLIENT_SECRET"
 )
 
 // Secrets are the development secrets, kept in <dir>/secrets.env.
@@ -27,6 +30,8 @@ type Secrets struct {
 	MasterKey     string // base64 of 32 random bytes
 	AdminPassword string
 	DemoPassword  string
+	// DemoClientSecret is the demo service account's client secret (gcs_…).
+	DemoClientSecret string
 }
 
 // LoadSecrets reads <dir>/secrets.env, generates whatever is missing or unusable, and
@@ -38,7 +43,8 @@ func LoadSecrets(dir string) (s Secrets, generated []string, err error) {
 	if err != nil {
 		return Secrets{}, nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	s = Secrets{MasterKey: vars[VarMasterKey], AdminPassword: vars[VarAdminPassword], DemoPassword: vars[VarDemoPassword]}
+	s = Secrets{MasterKey: vars[VarMasterKey], AdminPassword: vars[VarAdminPassword], DemoPassword: vars[VarDemoPassword],
+		DemoClientSecret: vars[VarDemoClientSecret]}
 	if _, err := auth.ParseMasterKey(s.MasterKey); err != nil {
 		if s.MasterKey, err = newMasterKey(); err != nil {
 			return Secrets{}, nil, err
@@ -57,6 +63,12 @@ func LoadSecrets(dir string) (s Secrets, generated []string, err error) {
 		}
 		generated = append(generated, pw.name)
 	}
+	if !validClientSecret(s.DemoClientSecret) {
+		if s.DemoClientSecret, err = newClientSecret(); err != nil {
+			return Secrets{}, nil, err
+		}
+		generated = append(generated, VarDemoClientSecret)
+	}
 	fi, statErr := os.Stat(path)
 	if len(generated) == 0 && statErr == nil && fi.Mode().Perm() == 0o600 {
 		return s, nil, nil
@@ -65,6 +77,7 @@ func LoadSecrets(dir string) (s Secrets, generated []string, err error) {
 		{VarMasterKey, s.MasterKey},
 		{VarAdminPassword, s.AdminPassword},
 		{VarDemoPassword, s.DemoPassword},
+		{VarDemoClientSecret, s.DemoClientSecret},
 	})
 	if err != nil {
 		return Secrets{}, nil, fmt.Errorf("write %s: %w", path, err)
@@ -99,4 +112,22 @@ func NewPassword() (string, error) {
 		b.WriteByte(passwordAlphabet[n.Int64()])
 	}
 	return b.String(), nil
+}
+
+// newClientSecret is a client secret of the shape machineid issues.
+func newClientSecret() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return auth.ClientSecretPrefix + base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+func validClientSecret(s string) bool {
+	rest, ok := strings.CutPrefix(s, auth.ClientSecretPrefix)
+	if !ok {
+		return false
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(rest)
+	return err == nil && len(b) == 32
 }

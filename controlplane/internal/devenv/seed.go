@@ -36,8 +36,11 @@ const seedLockID int64 = 0x6761_6e74_7279_0d01
 type SeedInput struct {
 	AdminPassword string
 	DemoPassword  string
-	Clock         clock.Clock
-	IDs           ids.Source
+	// DemoClientSecret, when set, seeds the demo service account with a credential of
+	// that secret (seed_machine.go).
+	DemoClientSecret string
+	Clock            clock.Clock
+	IDs              ids.Source
 }
 
 // Seeded identifies the seeded rows.
@@ -47,6 +50,8 @@ type Seeded struct {
 	DemoUserID   uuid.UUID
 	DepartmentID uuid.UUID
 	ProjectID    uuid.UUID
+	// DemoClientID is the demo service account's client id ("" when not seeded).
+	DemoClientID string
 	// Changes lists what this call created, repaired or reset; empty when everything
 	// was already in place.
 	Changes []string
@@ -77,7 +82,13 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, in SeedInput) (Seeded, error)
 		if err := s.admin(ctx, tx); err != nil {
 			return err
 		}
-		return s.demo(ctx, tx)
+		if err := s.demo(ctx, tx); err != nil {
+			return err
+		}
+		if in.DemoClientSecret == "" {
+			return nil
+		}
+		return s.demoServiceAccount(ctx, tx)
 	})
 	if err != nil {
 		return Seeded{}, fmt.Errorf("seed: %w", err)

@@ -76,7 +76,32 @@ type Principal struct {
 	// (POST /api/v1/auth/step-up); nothing else sets them.
 	AMR      []string
 	AuthTime time.Time
+	// Machine is set when the caller is a machine identity (a service account or a
+	// project access credential, signed in with the client-credentials grant); nil for
+	// a person. UserID is then the identity's own users row (it owns what it creates),
+	// and its only rights are its project roles: it holds no tenant role, no platform
+	// capability and can never step up (seed §5 rule 7).
+	Machine *Machine
 }
+
+// Machine kinds.
+const (
+	MachineServiceAccount    = "service_account"
+	MachineProjectCredential = "project"
+)
+
+// Machine is what a machine identity's access token says about it.
+type Machine struct {
+	Kind             string
+	ServiceAccountID uuid.UUID // uuid.Nil for a project access credential
+	CredentialID     uuid.UUID
+	// Projects maps each project the identity may act in to its role there; the role is
+	// never owner.
+	Projects map[uuid.UUID]string
+}
+
+// IsMachine reports whether the caller is a machine identity.
+func (p *Principal) IsMachine() bool { return p.Machine != nil }
 
 // Can reports whether the principal holds capability c.
 func (p *Principal) Can(c string) bool { return slices.Contains(p.Capabilities, c) }

@@ -8,6 +8,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
+	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
@@ -35,6 +36,9 @@ type API struct {
 	*TerminalAPI // browser terminal (docs/terminal.md)
 	// NotificationsAPI is GET /ws/notifications (its upgrade runs in its StrictMiddleware).
 	*NotificationsAPI
+	// MachineIdentitiesAPI: service accounts, access credentials and the
+	// client-credentials grant (its raw request comes through its StrictMiddleware).
+	*MachineIdentitiesAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -52,7 +56,8 @@ type (
 	AllocationsAPI = allocations.Handlers
 	TerminalAPI    = terminal.Handlers
 	// NotificationsAPI: see notifications.Handlers.StrictMiddleware.
-	NotificationsAPI = notifications.Handlers
+	NotificationsAPI     = notifications.Handlers
+	MachineIdentitiesAPI = machineid.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

@@ -36,7 +36,12 @@ func (s *Service) Access(ctx context.Context, p *principal.Principal, projectID 
 		return projectctx.Project{}, deny
 	}
 	role := row.MemberRole
-	if p.IsTenantAdmin(row.TenantID) {
+	if p.Machine != nil {
+		// A machine identity's role is the one its token grants in this project, nothing
+		// else (it is nobody's member and no tenant admin); a project outside its token is
+		// refused like any project without access.
+		role = p.Machine.Projects[row.ID]
+	} else if p.IsTenantAdmin(row.TenantID) {
 		role = projectctx.Stronger(role, projectctx.RoleAdmin)
 	}
 	if role == "" {
