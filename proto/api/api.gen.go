@@ -740,6 +740,24 @@ func (e ErrorCode) Valid() bool {
 	}
 }
 
+// Defines values for IdentityProviderRequestRoleMapping.
+const (
+	IdentityProviderRequestRoleMappingAdmin  IdentityProviderRequestRoleMapping = "admin"
+	IdentityProviderRequestRoleMappingMember IdentityProviderRequestRoleMapping = "member"
+)
+
+// Valid indicates whether the value is a known member of the IdentityProviderRequestRoleMapping enum.
+func (e IdentityProviderRequestRoleMapping) Valid() bool {
+	switch e {
+	case IdentityProviderRequestRoleMappingAdmin:
+		return true
+	case IdentityProviderRequestRoleMappingMember:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for MFAFactorState.
 const (
 	MFAFactorStateActive  MFAFactorState = "active"
@@ -2410,6 +2428,55 @@ type HealthResponse struct {
 	Ok bool `json:"ok"`
 }
 
+// IdentityProvider defines model for IdentityProvider.
+type IdentityProvider struct {
+	AllowedDomains  []string  `json:"allowed_domains"`
+	ClientID        string    `json:"client_id"`
+	ClientSecretSet bool      `json:"client_secret_set"`
+	CreatedAt       time.Time `json:"created_at"`
+	Issuer          string    `json:"issuer"`
+	PasswordSignIn  bool      `json:"password_sign_in"`
+
+	// Provider The tenant slug used in the sign-in paths.
+	Provider    string            `json:"provider"`
+	RedirectURL string            `json:"redirect_url"`
+	RoleClaim   string            `json:"role_claim"`
+	RoleMapping map[string]string `json:"role_mapping"`
+
+	// StartURL Where users start enterprise sign-in (path).
+	StartURL  string             `json:"start_url"`
+	TenantID  openapi_types.UUID `json:"tenant_id"`
+	UpdatedAt time.Time          `json:"updated_at"`
+}
+
+// IdentityProviderRequest defines model for IdentityProviderRequest.
+type IdentityProviderRequest struct {
+	// AllowedDomains Email domains allowed to sign in (exact match, case-insensitive).
+	AllowedDomains []string `json:"allowed_domains"`
+	ClientID       string   `json:"client_id"`
+
+	// ClientSecret Sealed with the master key at rest; never returned.
+	ClientSecret *string `json:"client_secret,omitempty"`
+
+	// Issuer The OpenID issuer URL; checked by discovery when saved.
+	Issuer string `json:"issuer"`
+
+	// PasswordSignIn Whether the tenant's password users may still sign in with a password (default false: `auth_personal_disabled`).
+	PasswordSignIn *bool `json:"password_sign_in,omitempty"`
+
+	// RedirectURL This server's callback URL as registered at the provider (`https://<api>/api/v1/auth/oidc/<tenant slug>/callback`).
+	RedirectURL string `json:"redirect_url"`
+
+	// RoleClaim The ID-token claim (a string or an array of strings) read by role_mapping; default `groups`.
+	RoleClaim *string `json:"role_claim,omitempty"`
+
+	// RoleMapping A value of role_claim → tenant role. A user matching none is `member`; any `admin` match wins.
+	RoleMapping map[string]IdentityProviderRequestRoleMapping `json:"role_mapping,omitempty"`
+}
+
+// IdentityProviderRequestRoleMapping defines model for IdentityProviderRequest.RoleMapping.
+type IdentityProviderRequestRoleMapping string
+
 // InternalStatsResponse defines model for InternalStatsResponse.
 type InternalStatsResponse struct {
 	GeneratedAt time.Time `json:"generated_at"`
@@ -3281,6 +3348,12 @@ type From = time.Time
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
 
+// IdentityProviderTenantPath defines model for IdentityProviderTenantPath.
+type IdentityProviderTenantPath = openapi_types.UUID
+
+// OIDCProviderPath defines model for OIDCProviderPath.
+type OIDCProviderPath = string
+
 // PageSize defines model for PageSize.
 type PageSize = int
 
@@ -3704,6 +3777,24 @@ type UpdateTenantParams struct {
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
 
+// DeleteTenantIdentityProviderParams defines parameters for DeleteTenantIdentityProvider.
+type DeleteTenantIdentityProviderParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// GetTenantIdentityProviderParams defines parameters for GetTenantIdentityProvider.
+type GetTenantIdentityProviderParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// PutTenantIdentityProviderParams defines parameters for PutTenantIdentityProvider.
+type PutTenantIdentityProviderParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
 // ListAdminUsersParams defines parameters for ListAdminUsers.
 type ListAdminUsersParams struct {
 	// Cursor Opaque pagination cursor from `pagination.next_cursor`.
@@ -3860,6 +3951,23 @@ type LoginParams struct {
 
 // LogoutParams defines parameters for Logout.
 type LogoutParams struct {
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+}
+
+// FinishOIDCSignInParams defines parameters for FinishOIDCSignIn.
+type FinishOIDCSignInParams struct {
+	State *string `form:"state,omitempty" json:"state,omitempty"`
+	Code  *string `form:"code,omitempty" json:"code,omitempty"`
+	Error *string `form:"error,omitempty" json:"error,omitempty"`
+
+	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
+	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
+	GantryOidc *string     `form:"gantry_oidc,omitempty" json:"gantry_oidc,omitempty"`
+}
+
+// StartOIDCSignInParams defines parameters for StartOIDCSignIn.
+type StartOIDCSignInParams struct {
 	// XRequestID Caller-supplied correlation id, echoed in the X-Request-Id response header. The server mints one when absent.
 	XRequestID *XRequestID `json:"X-Request-Id,omitempty"`
 }
@@ -4328,6 +4436,9 @@ type CreateTenantJSONRequestBody = CreateTenantRequest
 
 // UpdateTenantJSONRequestBody defines body for UpdateTenant for application/json ContentType.
 type UpdateTenantJSONRequestBody = UpdateTenantRequest
+
+// PutTenantIdentityProviderJSONRequestBody defines body for PutTenantIdentityProvider for application/json ContentType.
+type PutTenantIdentityProviderJSONRequestBody = IdentityProviderRequest
 
 // UpdateAdminUserJSONRequestBody defines body for UpdateAdminUser for application/json ContentType.
 type UpdateAdminUserJSONRequestBody = UpdateAdminUserRequest
@@ -5066,6 +5177,38 @@ type ClientInterface interface {
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// DeleteTenantIdentityProvider Remove a tenant's OIDC federation
+	//
+	// Platform admins only. Enterprise sign-in of the tenant stops at once (started flows fail at the callback); federated users stay, without a password. Audited (`tenant.identity_provider.delete`).
+	//
+	// Corresponds with DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider (the `DeleteTenantIdentityProvider` operationId).
+	DeleteTenantIdentityProvider(ctx context.Context, tenantID IdentityProviderTenantPath, params *DeleteTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetTenantIdentityProvider A tenant's OIDC federation settings
+	//
+	// Platform admins only. The client secret is never returned (`client_secret_set` says one is stored).
+	//
+	// Corresponds with GET /api/v1/admin/tenants/{tenant_id}/identity-provider (the `GetTenantIdentityProvider` operationId).
+	GetTenantIdentityProvider(ctx context.Context, tenantID IdentityProviderTenantPath, params *GetTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutTenantIdentityProviderWithBody Configure a tenant's OIDC federation
+	//
+	// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+	PutTenantIdentityProviderWithBody(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutTenantIdentityProvider Configure a tenant's OIDC federation
+	//
+	// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+	PutTenantIdentityProvider(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, body PutTenantIdentityProviderJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ListAdminUsers List users
 	//
 	// Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
@@ -5239,6 +5382,20 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /api/v1/auth/logout (the `Logout` operationId).
 	Logout(ctx context.Context, params *LogoutParams, body LogoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// FinishOIDCSignIn Finish enterprise sign-in (OIDC)
+	//
+	// The provider redirects here. The state must be one this server issued to the browser presenting the `gantry_oidc` cookie, not used before and not expired; the code is exchanged with the PKCE verifier; the ID token is verified (issuer, audience, expiry, signature with RS256 or ES256 only, nonce) and its email must be verified and in an allowed domain. The user is provisioned just in time into the tenant with the role the role mapping gives (updated at later sign-ins), and signed in like a password sign-in. Every refusal is 401 `token_invalid` with `details.reason` (`state_invalid`, `nonce_invalid`, `id_token_invalid`, `code_exchange_failed`, `email_not_verified`, `email_domain_not_allowed`, `provider_error`) and persists nothing; 403 `auth_personal_required` when the email belongs to a personal (password) account.
+	//
+	// Corresponds with GET /api/v1/auth/oidc/{provider}/callback (the `FinishOIDCSignIn` operationId).
+	FinishOIDCSignIn(ctx context.Context, provider OIDCProviderPath, params *FinishOIDCSignInParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// StartOIDCSignIn Start enterprise sign-in (OIDC)
+	//
+	// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+	//
+	// Corresponds with GET /api/v1/auth/oidc/{provider}/start (the `StartOIDCSignIn` operationId).
+	StartOIDCSignIn(ctx context.Context, provider OIDCProviderPath, params *StartOIDCSignInParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// RefreshTokenWithBody Rotate a refresh token
 	//
@@ -7083,6 +7240,78 @@ func (c *Client) UpdateTenant(ctx context.Context, tenantID openapi_types.UUID, 
 	return c.Client.Do(req)
 }
 
+// DeleteTenantIdentityProvider Remove a tenant's OIDC federation
+//
+// Platform admins only. Enterprise sign-in of the tenant stops at once (started flows fail at the callback); federated users stay, without a password. Audited (`tenant.identity_provider.delete`).
+//
+// Corresponds with DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider (the `DeleteTenantIdentityProvider` operationId).
+func (c *Client) DeleteTenantIdentityProvider(ctx context.Context, tenantID IdentityProviderTenantPath, params *DeleteTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewDeleteTenantIdentityProviderRequest(c.Server, tenantID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetTenantIdentityProvider A tenant's OIDC federation settings
+//
+// Platform admins only. The client secret is never returned (`client_secret_set` says one is stored).
+//
+// Corresponds with GET /api/v1/admin/tenants/{tenant_id}/identity-provider (the `GetTenantIdentityProvider` operationId).
+func (c *Client) GetTenantIdentityProvider(ctx context.Context, tenantID IdentityProviderTenantPath, params *GetTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetTenantIdentityProviderRequest(c.Server, tenantID, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutTenantIdentityProviderWithBody Configure a tenant's OIDC federation
+//
+// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+func (c *Client) PutTenantIdentityProviderWithBody(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutTenantIdentityProviderRequestWithBody(c.Server, tenantID, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutTenantIdentityProvider Configure a tenant's OIDC federation
+//
+// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+func (c *Client) PutTenantIdentityProvider(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, body PutTenantIdentityProviderJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutTenantIdentityProviderRequest(c.Server, tenantID, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ListAdminUsers List users
 //
 // Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
@@ -7467,6 +7696,40 @@ func (c *Client) LogoutWithBody(ctx context.Context, params *LogoutParams, conte
 // Corresponds with POST /api/v1/auth/logout (the `Logout` operationId).
 func (c *Client) Logout(ctx context.Context, params *LogoutParams, body LogoutJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewLogoutRequest(c.Server, params, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// FinishOIDCSignIn Finish enterprise sign-in (OIDC)
+//
+// The provider redirects here. The state must be one this server issued to the browser presenting the `gantry_oidc` cookie, not used before and not expired; the code is exchanged with the PKCE verifier; the ID token is verified (issuer, audience, expiry, signature with RS256 or ES256 only, nonce) and its email must be verified and in an allowed domain. The user is provisioned just in time into the tenant with the role the role mapping gives (updated at later sign-ins), and signed in like a password sign-in. Every refusal is 401 `token_invalid` with `details.reason` (`state_invalid`, `nonce_invalid`, `id_token_invalid`, `code_exchange_failed`, `email_not_verified`, `email_domain_not_allowed`, `provider_error`) and persists nothing; 403 `auth_personal_required` when the email belongs to a personal (password) account.
+//
+// Corresponds with GET /api/v1/auth/oidc/{provider}/callback (the `FinishOIDCSignIn` operationId).
+func (c *Client) FinishOIDCSignIn(ctx context.Context, provider OIDCProviderPath, params *FinishOIDCSignInParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewFinishOIDCSignInRequest(c.Server, provider, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// StartOIDCSignIn Start enterprise sign-in (OIDC)
+//
+// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+//
+// Corresponds with GET /api/v1/auth/oidc/{provider}/start (the `StartOIDCSignIn` operationId).
+func (c *Client) StartOIDCSignIn(ctx context.Context, provider OIDCProviderPath, params *StartOIDCSignInParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewStartOIDCSignInRequest(c.Server, provider, params)
 	if err != nil {
 		return nil, err
 	}
@@ -11721,6 +11984,166 @@ func NewUpdateTenantRequestWithBody(server string, tenantID openapi_types.UUID, 
 	return req, nil
 }
 
+// NewDeleteTenantIdentityProviderRequest constructs an http.Request for the DeleteTenantIdentityProvider method
+func NewDeleteTenantIdentityProviderRequest(server string, tenantID IdentityProviderTenantPath, params *DeleteTenantIdentityProviderParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "tenant_id", tenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/tenants/%s/identity-provider", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewGetTenantIdentityProviderRequest constructs an http.Request for the GetTenantIdentityProvider method
+func NewGetTenantIdentityProviderRequest(server string, tenantID IdentityProviderTenantPath, params *GetTenantIdentityProviderParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "tenant_id", tenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/tenants/%s/identity-provider", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewPutTenantIdentityProviderRequest calls the generic PutTenantIdentityProvider builder with application/json body
+func NewPutTenantIdentityProviderRequest(server string, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, body PutTenantIdentityProviderJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutTenantIdentityProviderRequestWithBody(server, tenantID, params, "application/json", bodyReader)
+}
+
+// NewPutTenantIdentityProviderRequestWithBody constructs an http.Request for the PutTenantIdentityProvider method, with any body, and a specified content type
+func NewPutTenantIdentityProviderRequestWithBody(server string, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "tenant_id", tenantID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/admin/tenants/%s/identity-provider", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewListAdminUsersRequest constructs an http.Request for the ListAdminUsers method
 func NewListAdminUsersRequest(server string, params *ListAdminUsersParams) (*http.Request, error) {
 	var err error
@@ -12828,6 +13251,172 @@ func NewLogoutRequestWithBody(server string, params *LogoutParams, contentType s
 	}
 
 	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
+// NewFinishOIDCSignInRequest constructs an http.Request for the FinishOIDCSignIn method
+func NewFinishOIDCSignInRequest(server string, provider OIDCProviderPath, params *FinishOIDCSignInParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "provider", provider, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/auth/oidc/%s/callback", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.State != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", *params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Code != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "code", *params.Code, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Error != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "error", *params.Error, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.XRequestID != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "X-Request-Id", *params.XRequestID, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("X-Request-Id", headerParam0)
+		}
+
+	}
+
+	if params != nil {
+
+		if params.GantryOidc != nil {
+			var cookieParam0 string
+
+			cookieParam0, err = runtime.StyleParamWithOptions("simple", true, "gantry_oidc", *params.GantryOidc, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationCookie, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			cookie0 := &http.Cookie{
+				Name:  "gantry_oidc",
+				Value: cookieParam0,
+			}
+			req.AddCookie(cookie0)
+		}
+	}
+	return req, nil
+}
+
+// NewStartOIDCSignInRequest constructs an http.Request for the StartOIDCSignIn method
+func NewStartOIDCSignInRequest(server string, provider OIDCProviderPath, params *StartOIDCSignInParams) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "provider", provider, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/api/v1/auth/oidc/%s/start", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
 
 	if params != nil {
 
@@ -16739,6 +17328,42 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with PATCH /api/v1/admin/tenants/{tenant_id} (the `UpdateTenant` operationId).
 	UpdateTenantWithResponse(ctx context.Context, tenantID openapi_types.UUID, params *UpdateTenantParams, body UpdateTenantJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateTenantHTTPResponse, error)
 
+	// DeleteTenantIdentityProviderWithResponse Remove a tenant's OIDC federation
+	//
+	// Platform admins only. Enterprise sign-in of the tenant stops at once (started flows fail at the callback); federated users stay, without a password. Audited (`tenant.identity_provider.delete`).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider (the `DeleteTenantIdentityProvider` operationId).
+	DeleteTenantIdentityProviderWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *DeleteTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*DeleteTenantIdentityProviderHTTPResponse, error)
+
+	// GetTenantIdentityProviderWithResponse A tenant's OIDC federation settings
+	//
+	// Platform admins only. The client secret is never returned (`client_secret_set` says one is stored).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/admin/tenants/{tenant_id}/identity-provider (the `GetTenantIdentityProvider` operationId).
+	GetTenantIdentityProviderWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *GetTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*GetTenantIdentityProviderHTTPResponse, error)
+
+	// PutTenantIdentityProviderWithBodyWithResponse Configure a tenant's OIDC federation
+	//
+	// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+	PutTenantIdentityProviderWithBodyWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutTenantIdentityProviderHTTPResponse, error)
+
+	// PutTenantIdentityProviderWithResponse Configure a tenant's OIDC federation
+	//
+	// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+	PutTenantIdentityProviderWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, body PutTenantIdentityProviderJSONRequestBody, reqEditors ...RequestEditorFn) (*PutTenantIdentityProviderHTTPResponse, error)
+
 	// ListAdminUsersWithResponse List users
 	//
 	// Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
@@ -16932,6 +17557,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /api/v1/auth/logout (the `Logout` operationId).
 	LogoutWithResponse(ctx context.Context, params *LogoutParams, body LogoutJSONRequestBody, reqEditors ...RequestEditorFn) (*LogoutHTTPResponse, error)
+
+	// FinishOIDCSignInWithResponse Finish enterprise sign-in (OIDC)
+	//
+	// The provider redirects here. The state must be one this server issued to the browser presenting the `gantry_oidc` cookie, not used before and not expired; the code is exchanged with the PKCE verifier; the ID token is verified (issuer, audience, expiry, signature with RS256 or ES256 only, nonce) and its email must be verified and in an allowed domain. The user is provisioned just in time into the tenant with the role the role mapping gives (updated at later sign-ins), and signed in like a password sign-in. Every refusal is 401 `token_invalid` with `details.reason` (`state_invalid`, `nonce_invalid`, `id_token_invalid`, `code_exchange_failed`, `email_not_verified`, `email_domain_not_allowed`, `provider_error`) and persists nothing; 403 `auth_personal_required` when the email belongs to a personal (password) account.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/auth/oidc/{provider}/callback (the `FinishOIDCSignIn` operationId).
+	FinishOIDCSignInWithResponse(ctx context.Context, provider OIDCProviderPath, params *FinishOIDCSignInParams, reqEditors ...RequestEditorFn) (*FinishOIDCSignInHTTPResponse, error)
+
+	// StartOIDCSignInWithResponse Start enterprise sign-in (OIDC)
+	//
+	// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /api/v1/auth/oidc/{provider}/start (the `StartOIDCSignIn` operationId).
+	StartOIDCSignInWithResponse(ctx context.Context, provider OIDCProviderPath, params *StartOIDCSignInParams, reqEditors ...RequestEditorFn) (*StartOIDCSignInHTTPResponse, error)
 
 	// RefreshTokenWithBodyWithResponse Rotate a refresh token
 	//
@@ -25491,6 +26134,471 @@ func (r UpdateTenantHTTPResponse) ContentType() string {
 	return ""
 }
 
+// DeleteTenantIdentityProviderHTTPResponse204Headers the declared response headers of an HTTP 204 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse204Headers struct {
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse400Headers the declared response headers of an HTTP 400 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse401Headers the declared response headers of an HTTP 401 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse403Headers the declared response headers of an HTTP 403 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse404Headers the declared response headers of an HTTP 404 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse500Headers the declared response headers of an HTTP 500 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// DeleteTenantIdentityProviderHTTPResponse503Headers the declared response headers of an HTTP 503 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type DeleteTenantIdentityProviderHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers204 the parsed response headers for an HTTP 204 response
+	Headers204 *DeleteTenantIdentityProviderHTTPResponse204Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *DeleteTenantIdentityProviderHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *DeleteTenantIdentityProviderHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *DeleteTenantIdentityProviderHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *DeleteTenantIdentityProviderHTTPResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *DeleteTenantIdentityProviderHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *DeleteTenantIdentityProviderHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *DeleteTenantIdentityProviderHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r DeleteTenantIdentityProviderHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r DeleteTenantIdentityProviderHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r DeleteTenantIdentityProviderHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r DeleteTenantIdentityProviderHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// GetTenantIdentityProviderHTTPResponse200Headers the declared response headers of an HTTP 200 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse400Headers the declared response headers of an HTTP 400 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse401Headers the declared response headers of an HTTP 401 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse403Headers the declared response headers of an HTTP 403 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse404Headers the declared response headers of an HTTP 404 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse500Headers the declared response headers of an HTTP 500 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// GetTenantIdentityProviderHTTPResponse503Headers the declared response headers of an HTTP 503 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type GetTenantIdentityProviderHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *IdentityProvider
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetTenantIdentityProviderHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *GetTenantIdentityProviderHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetTenantIdentityProviderHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *GetTenantIdentityProviderHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetTenantIdentityProviderHTTPResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetTenantIdentityProviderHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetTenantIdentityProviderHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetTenantIdentityProviderHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON200() *IdentityProvider {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetTenantIdentityProviderHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetTenantIdentityProviderHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetTenantIdentityProviderHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetTenantIdentityProviderHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutTenantIdentityProviderHTTPResponse200Headers the declared response headers of an HTTP 200 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse400Headers the declared response headers of an HTTP 400 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse401Headers the declared response headers of an HTTP 401 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse403Headers the declared response headers of an HTTP 403 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse404Headers the declared response headers of an HTTP 404 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse413Headers the declared response headers of an HTTP 413 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse413Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse422Headers the declared response headers of an HTTP 422 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse429Headers the declared response headers of an HTTP 429 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse500Headers the declared response headers of an HTTP 500 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// PutTenantIdentityProviderHTTPResponse503Headers the declared response headers of an HTTP 503 response for PutTenantIdentityProvider
+type PutTenantIdentityProviderHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type PutTenantIdentityProviderHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *IdentityProvider
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON413 the response for an HTTP 413 `application/json` response
+	JSON413 *PayloadTooLarge
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *PutTenantIdentityProviderHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *PutTenantIdentityProviderHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PutTenantIdentityProviderHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *PutTenantIdentityProviderHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *PutTenantIdentityProviderHTTPResponse404Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *PutTenantIdentityProviderHTTPResponse413Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *PutTenantIdentityProviderHTTPResponse422Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutTenantIdentityProviderHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *PutTenantIdentityProviderHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutTenantIdentityProviderHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON200() *IdentityProvider {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON413 returns the response for an HTTP 413 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON413() *PayloadTooLarge {
+	return r.JSON413
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r PutTenantIdentityProviderHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PutTenantIdentityProviderHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutTenantIdentityProviderHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutTenantIdentityProviderHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutTenantIdentityProviderHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ListAdminUsersHTTPResponse200Headers the declared response headers of an HTTP 200 response for ListAdminUsers
 type ListAdminUsersHTTPResponse200Headers struct {
 	XRequestID *string
@@ -28196,6 +29304,297 @@ func (r LogoutHTTPResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r LogoutHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// FinishOIDCSignInHTTPResponse200Headers the declared response headers of an HTTP 200 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse200Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse400Headers the declared response headers of an HTTP 400 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse401Headers the declared response headers of an HTTP 401 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse401Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse403Headers the declared response headers of an HTTP 403 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse404Headers the declared response headers of an HTTP 404 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse409Headers the declared response headers of an HTTP 409 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse409Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse429Headers the declared response headers of an HTTP 429 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse500Headers the declared response headers of an HTTP 500 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// FinishOIDCSignInHTTPResponse503Headers the declared response headers of an HTTP 503 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type FinishOIDCSignInHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AuthTokenResponse
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON401 the response for an HTTP 401 `application/json` response
+	JSON401 *Unauthorized
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON409 the response for an HTTP 409 `application/json` response
+	JSON409 *Conflict
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *FinishOIDCSignInHTTPResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *FinishOIDCSignInHTTPResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *FinishOIDCSignInHTTPResponse401Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *FinishOIDCSignInHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *FinishOIDCSignInHTTPResponse404Headers
+	// Headers409 the parsed response headers for an HTTP 409 response
+	Headers409 *FinishOIDCSignInHTTPResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *FinishOIDCSignInHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *FinishOIDCSignInHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *FinishOIDCSignInHTTPResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON200() *AuthTokenResponse {
+	return r.JSON200
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON401 returns the response for an HTTP 401 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON401() *Unauthorized {
+	return r.JSON401
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON409 returns the response for an HTTP 409 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON409() *Conflict {
+	return r.JSON409
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r FinishOIDCSignInHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r FinishOIDCSignInHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r FinishOIDCSignInHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r FinishOIDCSignInHTTPResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// StartOIDCSignInHTTPResponse302Headers the declared response headers of an HTTP 302 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse302Headers struct {
+	Location   string
+	SetCookie  string
+	XRequestID *string
+}
+
+// StartOIDCSignInHTTPResponse400Headers the declared response headers of an HTTP 400 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse400Headers struct {
+	XRequestID *string
+}
+
+// StartOIDCSignInHTTPResponse403Headers the declared response headers of an HTTP 403 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse403Headers struct {
+	XRequestID *string
+}
+
+// StartOIDCSignInHTTPResponse404Headers the declared response headers of an HTTP 404 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse404Headers struct {
+	XRequestID *string
+}
+
+// StartOIDCSignInHTTPResponse429Headers the declared response headers of an HTTP 429 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse429Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+// StartOIDCSignInHTTPResponse500Headers the declared response headers of an HTTP 500 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse500Headers struct {
+	XRequestID *string
+}
+
+// StartOIDCSignInHTTPResponse503Headers the declared response headers of an HTTP 503 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse503Headers struct {
+	RetryAfter *int
+	XRequestID *string
+}
+
+type StartOIDCSignInHTTPResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON400 the response for an HTTP 400 `application/json` response
+	JSON400 *BadRequest
+	// JSON403 the response for an HTTP 403 `application/json` response
+	JSON403 *Forbidden
+	// JSON404 the response for an HTTP 404 `application/json` response
+	JSON404 *NotFound
+	// JSON429 the response for an HTTP 429 `application/json` response
+	JSON429 *TooManyRequests
+	// JSON500 the response for an HTTP 500 `application/json` response
+	JSON500 *InternalError
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *ServiceUnavailable
+	// Headers302 the parsed response headers for an HTTP 302 response
+	Headers302 *StartOIDCSignInHTTPResponse302Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *StartOIDCSignInHTTPResponse400Headers
+	// Headers403 the parsed response headers for an HTTP 403 response
+	Headers403 *StartOIDCSignInHTTPResponse403Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *StartOIDCSignInHTTPResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *StartOIDCSignInHTTPResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *StartOIDCSignInHTTPResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *StartOIDCSignInHTTPResponse503Headers
+}
+
+// GetJSON400 returns the response for an HTTP 400 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON400() *BadRequest {
+	return r.JSON400
+}
+
+// GetJSON403 returns the response for an HTTP 403 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON403() *Forbidden {
+	return r.JSON403
+}
+
+// GetJSON404 returns the response for an HTTP 404 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON404() *NotFound {
+	return r.JSON404
+}
+
+// GetJSON429 returns the response for an HTTP 429 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON429() *TooManyRequests {
+	return r.JSON429
+}
+
+// GetJSON500 returns the response for an HTTP 500 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON500() *InternalError {
+	return r.JSON500
+}
+
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON503() *ServiceUnavailable {
+	return r.JSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r StartOIDCSignInHTTPResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r StartOIDCSignInHTTPResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r StartOIDCSignInHTTPResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r StartOIDCSignInHTTPResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -37504,6 +38903,66 @@ func (c *ClientWithResponses) UpdateTenantWithResponse(ctx context.Context, tena
 	return ParseUpdateTenantHTTPResponse(rsp)
 }
 
+// DeleteTenantIdentityProviderWithResponse Remove a tenant's OIDC federation
+//
+// Platform admins only. Enterprise sign-in of the tenant stops at once (started flows fail at the callback); federated users stay, without a password. Audited (`tenant.identity_provider.delete`).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider (the `DeleteTenantIdentityProvider` operationId).
+func (c *ClientWithResponses) DeleteTenantIdentityProviderWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *DeleteTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*DeleteTenantIdentityProviderHTTPResponse, error) {
+	rsp, err := c.DeleteTenantIdentityProvider(ctx, tenantID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseDeleteTenantIdentityProviderHTTPResponse(rsp)
+}
+
+// GetTenantIdentityProviderWithResponse A tenant's OIDC federation settings
+//
+// Platform admins only. The client secret is never returned (`client_secret_set` says one is stored).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/admin/tenants/{tenant_id}/identity-provider (the `GetTenantIdentityProvider` operationId).
+func (c *ClientWithResponses) GetTenantIdentityProviderWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *GetTenantIdentityProviderParams, reqEditors ...RequestEditorFn) (*GetTenantIdentityProviderHTTPResponse, error) {
+	rsp, err := c.GetTenantIdentityProvider(ctx, tenantID, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetTenantIdentityProviderHTTPResponse(rsp)
+}
+
+// PutTenantIdentityProviderWithBodyWithResponse Configure a tenant's OIDC federation
+//
+// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+func (c *ClientWithResponses) PutTenantIdentityProviderWithBodyWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutTenantIdentityProviderHTTPResponse, error) {
+	rsp, err := c.PutTenantIdentityProviderWithBody(ctx, tenantID, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutTenantIdentityProviderHTTPResponse(rsp)
+}
+
+// PutTenantIdentityProviderWithResponse Configure a tenant's OIDC federation
+//
+// Platform admins only. Creates or replaces the settings. The issuer is checked by OpenID discovery (`{issuer}/.well-known/openid-configuration`, 10 s): an issuer that does not answer, or answers with another issuer, is 422 `validation_failed` and nothing is stored. The client secret is sealed with the master key; it is write-only and required on every PUT. Audited (`tenant.identity_provider.update`, without the secret). Only organization tenants can federate (422 otherwise).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /api/v1/admin/tenants/{tenant_id}/identity-provider (the `PutTenantIdentityProvider` operationId).
+func (c *ClientWithResponses) PutTenantIdentityProviderWithResponse(ctx context.Context, tenantID IdentityProviderTenantPath, params *PutTenantIdentityProviderParams, body PutTenantIdentityProviderJSONRequestBody, reqEditors ...RequestEditorFn) (*PutTenantIdentityProviderHTTPResponse, error) {
+	rsp, err := c.PutTenantIdentityProvider(ctx, tenantID, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutTenantIdentityProviderHTTPResponse(rsp)
+}
+
 // ListAdminUsersWithResponse List users
 //
 // Platform admins only (`admin_required`). Every user of the platform, by id, with cursor pagination. `q` matches a case-insensitive substring of the username or the display name (users have no e-mail address); `tenant_id` and `status` narrow further.
@@ -37828,6 +39287,36 @@ func (c *ClientWithResponses) LogoutWithResponse(ctx context.Context, params *Lo
 		return nil, err
 	}
 	return ParseLogoutHTTPResponse(rsp)
+}
+
+// FinishOIDCSignInWithResponse Finish enterprise sign-in (OIDC)
+//
+// The provider redirects here. The state must be one this server issued to the browser presenting the `gantry_oidc` cookie, not used before and not expired; the code is exchanged with the PKCE verifier; the ID token is verified (issuer, audience, expiry, signature with RS256 or ES256 only, nonce) and its email must be verified and in an allowed domain. The user is provisioned just in time into the tenant with the role the role mapping gives (updated at later sign-ins), and signed in like a password sign-in. Every refusal is 401 `token_invalid` with `details.reason` (`state_invalid`, `nonce_invalid`, `id_token_invalid`, `code_exchange_failed`, `email_not_verified`, `email_domain_not_allowed`, `provider_error`) and persists nothing; 403 `auth_personal_required` when the email belongs to a personal (password) account.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/auth/oidc/{provider}/callback (the `FinishOIDCSignIn` operationId).
+func (c *ClientWithResponses) FinishOIDCSignInWithResponse(ctx context.Context, provider OIDCProviderPath, params *FinishOIDCSignInParams, reqEditors ...RequestEditorFn) (*FinishOIDCSignInHTTPResponse, error) {
+	rsp, err := c.FinishOIDCSignIn(ctx, provider, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseFinishOIDCSignInHTTPResponse(rsp)
+}
+
+// StartOIDCSignInWithResponse Start enterprise sign-in (OIDC)
+//
+// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /api/v1/auth/oidc/{provider}/start (the `StartOIDCSignIn` operationId).
+func (c *ClientWithResponses) StartOIDCSignInWithResponse(ctx context.Context, provider OIDCProviderPath, params *StartOIDCSignInParams, reqEditors ...RequestEditorFn) (*StartOIDCSignInHTTPResponse, error) {
+	rsp, err := c.StartOIDCSignIn(ctx, provider, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseStartOIDCSignInHTTPResponse(rsp)
 }
 
 // RefreshTokenWithBodyWithResponse Rotate a refresh token
@@ -48157,6 +49646,552 @@ func ParseUpdateTenantHTTPResponse(rsp *http.Response) (*UpdateTenantHTTPRespons
 	return response, nil
 }
 
+// ParseDeleteTenantIdentityProviderHTTPResponse parses an HTTP response from a DeleteTenantIdentityProviderWithResponse call
+func ParseDeleteTenantIdentityProviderHTTPResponse(rsp *http.Response) (*DeleteTenantIdentityProviderHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &DeleteTenantIdentityProviderHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 204:
+		var headers DeleteTenantIdentityProviderHTTPResponse204Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers204 = &headers
+	case rsp.StatusCode == 400:
+		var headers DeleteTenantIdentityProviderHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers DeleteTenantIdentityProviderHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers DeleteTenantIdentityProviderHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers DeleteTenantIdentityProviderHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers DeleteTenantIdentityProviderHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers DeleteTenantIdentityProviderHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers DeleteTenantIdentityProviderHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetTenantIdentityProviderHTTPResponse parses an HTTP response from a GetTenantIdentityProviderWithResponse call
+func ParseGetTenantIdentityProviderHTTPResponse(rsp *http.Response) (*GetTenantIdentityProviderHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetTenantIdentityProviderHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest IdentityProvider
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetTenantIdentityProviderHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers GetTenantIdentityProviderHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetTenantIdentityProviderHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers GetTenantIdentityProviderHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetTenantIdentityProviderHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetTenantIdentityProviderHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetTenantIdentityProviderHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetTenantIdentityProviderHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutTenantIdentityProviderHTTPResponse parses an HTTP response from a PutTenantIdentityProviderWithResponse call
+func ParsePutTenantIdentityProviderHTTPResponse(rsp *http.Response) (*PutTenantIdentityProviderHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutTenantIdentityProviderHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest IdentityProvider
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest PayloadTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers PutTenantIdentityProviderHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers PutTenantIdentityProviderHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers PutTenantIdentityProviderHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers PutTenantIdentityProviderHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers PutTenantIdentityProviderHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 413:
+		var headers PutTenantIdentityProviderHTTPResponse413Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 422:
+		var headers PutTenantIdentityProviderHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
+	case rsp.StatusCode == 429:
+		var headers PutTenantIdentityProviderHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers PutTenantIdentityProviderHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutTenantIdentityProviderHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseListAdminUsersHTTPResponse parses an HTTP response from a ListAdminUsersWithResponse call
 func ParseListAdminUsersHTTPResponse(rsp *http.Response) (*ListAdminUsersHTTPResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -51310,6 +53345,360 @@ func ParseLogoutHTTPResponse(rsp *http.Response) (*LogoutHTTPResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers LogoutHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseFinishOIDCSignInHTTPResponse parses an HTTP response from a FinishOIDCSignInWithResponse call
+func ParseFinishOIDCSignInHTTPResponse(rsp *http.Response) (*FinishOIDCSignInHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &FinishOIDCSignInHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AuthTokenResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Conflict
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers FinishOIDCSignInHTTPResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers FinishOIDCSignInHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers FinishOIDCSignInHTTPResponse401Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 403:
+		var headers FinishOIDCSignInHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers FinishOIDCSignInHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 409:
+		var headers FinishOIDCSignInHTTPResponse409Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers FinishOIDCSignInHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers FinishOIDCSignInHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers FinishOIDCSignInHTTPResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseStartOIDCSignInHTTPResponse parses an HTTP response from a StartOIDCSignInWithResponse call
+func ParseStartOIDCSignInHTTPResponse(rsp *http.Response) (*StartOIDCSignInHTTPResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &StartOIDCSignInHTTPResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case rsp.StatusCode == 302:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest BadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 302:
+		var headers StartOIDCSignInHTTPResponse302Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.Location = value
+		}
+		if values := rsp.Header.Values("Set-Cookie"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Set-Cookie", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.SetCookie = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers302 = &headers
+	case rsp.StatusCode == 400:
+		var headers StartOIDCSignInHTTPResponse400Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 403:
+		var headers StartOIDCSignInHTTPResponse403Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers403 = &headers
+	case rsp.StatusCode == 404:
+		var headers StartOIDCSignInHTTPResponse404Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers StartOIDCSignInHTTPResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers StartOIDCSignInHTTPResponse500Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers StartOIDCSignInHTTPResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -61064,6 +63453,15 @@ type ServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(w http.ResponseWriter, r *http.Request, tenantID openapi_types.UUID, params UpdateTenantParams)
+	// DeleteTenantIdentityProvider Remove a tenant's OIDC federation
+	// (DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider)
+	DeleteTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params DeleteTenantIdentityProviderParams)
+	// GetTenantIdentityProvider A tenant's OIDC federation settings
+	// (GET /api/v1/admin/tenants/{tenant_id}/identity-provider)
+	GetTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params GetTenantIdentityProviderParams)
+	// PutTenantIdentityProvider Configure a tenant's OIDC federation
+	// (PUT /api/v1/admin/tenants/{tenant_id}/identity-provider)
+	PutTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params PutTenantIdentityProviderParams)
 	// ListAdminUsers List users
 	// (GET /api/v1/admin/users)
 	ListAdminUsers(w http.ResponseWriter, r *http.Request, params ListAdminUsersParams)
@@ -61112,6 +63510,12 @@ type ServerInterface interface {
 	// Logout Revoke a refresh token
 	// (POST /api/v1/auth/logout)
 	Logout(w http.ResponseWriter, r *http.Request, params LogoutParams)
+	// FinishOIDCSignIn Finish enterprise sign-in (OIDC)
+	// (GET /api/v1/auth/oidc/{provider}/callback)
+	FinishOIDCSignIn(w http.ResponseWriter, r *http.Request, provider OIDCProviderPath, params FinishOIDCSignInParams)
+	// StartOIDCSignIn Start enterprise sign-in (OIDC)
+	// (GET /api/v1/auth/oidc/{provider}/start)
+	StartOIDCSignIn(w http.ResponseWriter, r *http.Request, provider OIDCProviderPath, params StartOIDCSignInParams)
 	// RefreshToken Rotate a refresh token
 	// (POST /api/v1/auth/refresh)
 	RefreshToken(w http.ResponseWriter, r *http.Request, params RefreshTokenParams)
@@ -61571,6 +63975,24 @@ func (_ Unimplemented) UpdateTenant(w http.ResponseWriter, r *http.Request, tena
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// DeleteTenantIdentityProvider Remove a tenant's OIDC federation
+// (DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider)
+func (_ Unimplemented) DeleteTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params DeleteTenantIdentityProviderParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetTenantIdentityProvider A tenant's OIDC federation settings
+// (GET /api/v1/admin/tenants/{tenant_id}/identity-provider)
+func (_ Unimplemented) GetTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params GetTenantIdentityProviderParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// PutTenantIdentityProvider Configure a tenant's OIDC federation
+// (PUT /api/v1/admin/tenants/{tenant_id}/identity-provider)
+func (_ Unimplemented) PutTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params PutTenantIdentityProviderParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // ListAdminUsers List users
 // (GET /api/v1/admin/users)
 func (_ Unimplemented) ListAdminUsers(w http.ResponseWriter, r *http.Request, params ListAdminUsersParams) {
@@ -61664,6 +64086,18 @@ func (_ Unimplemented) Login(w http.ResponseWriter, r *http.Request, params Logi
 // Logout Revoke a refresh token
 // (POST /api/v1/auth/logout)
 func (_ Unimplemented) Logout(w http.ResponseWriter, r *http.Request, params LogoutParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// FinishOIDCSignIn Finish enterprise sign-in (OIDC)
+// (GET /api/v1/auth/oidc/{provider}/callback)
+func (_ Unimplemented) FinishOIDCSignIn(w http.ResponseWriter, r *http.Request, provider OIDCProviderPath, params FinishOIDCSignInParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// StartOIDCSignIn Start enterprise sign-in (OIDC)
+// (GET /api/v1/auth/oidc/{provider}/start)
+func (_ Unimplemented) StartOIDCSignIn(w http.ResponseWriter, r *http.Request, provider OIDCProviderPath, params StartOIDCSignInParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -64701,6 +67135,156 @@ func (siw *ServerInterfaceWrapper) UpdateTenant(w http.ResponseWriter, r *http.R
 	handler.ServeHTTP(w, r)
 }
 
+// DeleteTenantIdentityProvider operation middleware
+func (siw *ServerInterfaceWrapper) DeleteTenantIdentityProvider(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "tenant_id" -------------
+	var tenantID IdentityProviderTenantPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "tenant_id", chi.URLParam(r, "tenant_id"), &tenantID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params DeleteTenantIdentityProviderParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.DeleteTenantIdentityProvider(w, r, tenantID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetTenantIdentityProvider operation middleware
+func (siw *ServerInterfaceWrapper) GetTenantIdentityProvider(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "tenant_id" -------------
+	var tenantID IdentityProviderTenantPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "tenant_id", chi.URLParam(r, "tenant_id"), &tenantID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetTenantIdentityProviderParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetTenantIdentityProvider(w, r, tenantID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// PutTenantIdentityProvider operation middleware
+func (siw *ServerInterfaceWrapper) PutTenantIdentityProvider(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "tenant_id" -------------
+	var tenantID IdentityProviderTenantPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "tenant_id", chi.URLParam(r, "tenant_id"), &tenantID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "uuid", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant_id", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params PutTenantIdentityProviderParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.PutTenantIdentityProvider(w, r, tenantID, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // ListAdminUsers operation middleware
 func (siw *ServerInterfaceWrapper) ListAdminUsers(w http.ResponseWriter, r *http.Request) {
 
@@ -65863,6 +68447,160 @@ func (siw *ServerInterfaceWrapper) Logout(w http.ResponseWriter, r *http.Request
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.Logout(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// FinishOIDCSignIn operation middleware
+func (siw *ServerInterfaceWrapper) FinishOIDCSignIn(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "provider" -------------
+	var provider OIDCProviderPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "provider", chi.URLParam(r, "provider"), &provider, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "provider", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params FinishOIDCSignInParams
+
+	// ------------- Optional query parameter "state" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "state", r.URL.Query(), &params.State, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "state"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "state", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "code" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "code", r.URL.Query(), &params.Code, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "code"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "code", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "error" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "error", r.URL.Query(), &params.Error, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "error"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "error", Err: err})
+		}
+		return
+	}
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	{
+		var cookie *http.Cookie
+
+		if cookie, err = r.Cookie("gantry_oidc"); err == nil {
+			var value string
+			err = runtime.BindStyledParameterWithOptions("simple", "gantry_oidc", cookie.Value, &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationCookie, Explode: true, Required: false, Type: "string", Format: ""})
+			if err != nil {
+				siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "gantry_oidc", Err: err})
+				return
+			}
+			params.GantryOidc = &value
+
+		}
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.FinishOIDCSignIn(w, r, provider, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// StartOIDCSignIn operation middleware
+func (siw *ServerInterfaceWrapper) StartOIDCSignIn(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// ------------- Path parameter "provider" -------------
+	var provider OIDCProviderPath
+
+	err = runtime.BindStyledParameterWithOptions("simple", "provider", chi.URLParam(r, "provider"), &provider, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: r.URL.RawPath == ""})
+	if err != nil {
+		siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "provider", Err: err})
+		return
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params StartOIDCSignInParams
+
+	headers := r.Header
+
+	// ------------- Optional header parameter "X-Request-Id" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("X-Request-Id")]; found {
+		var XRequestID XRequestID
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "X-Request-Id", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", valueList[0], &XRequestID, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "X-Request-Id", Err: err})
+			return
+		}
+
+		params.XRequestID = &XRequestID
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.StartOIDCSignIn(w, r, provider, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -68927,6 +71665,21 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/api/v1/auth/step-up", wrapper.StepUp)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/auth/oidc/{provider}/start", wrapper.StartOIDCSignIn)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/auth/oidc/{provider}/callback", wrapper.FinishOIDCSignIn)
+	})
+	r.Group(func(r chi.Router) {
+		r.Delete(options.BaseURL+"/api/v1/admin/tenants/{tenant_id}/identity-provider", wrapper.DeleteTenantIdentityProvider)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/api/v1/admin/tenants/{tenant_id}/identity-provider", wrapper.GetTenantIdentityProvider)
+	})
+	r.Group(func(r chi.Router) {
+		r.Put(options.BaseURL+"/api/v1/admin/tenants/{tenant_id}/identity-provider", wrapper.PutTenantIdentityProvider)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/.well-known/jwks.json", wrapper.GetJWKS)
@@ -77959,6 +80712,507 @@ func (response UpdateTenant503JSONResponse) VisitUpdateTenantResponse(w http.Res
 	return err
 }
 
+type DeleteTenantIdentityProviderRequestObject struct {
+	TenantID IdentityProviderTenantPath `json:"tenant_id"`
+	Params   DeleteTenantIdentityProviderParams
+}
+
+type DeleteTenantIdentityProviderResponseObject interface {
+	VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error
+}
+
+type DeleteTenantIdentityProvider204ResponseHeaders struct {
+	XRequestID *string
+}
+
+type DeleteTenantIdentityProvider204Response struct {
+	Headers DeleteTenantIdentityProvider204ResponseHeaders
+}
+
+func (response DeleteTenantIdentityProvider204Response) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+type DeleteTenantIdentityProvider400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response DeleteTenantIdentityProvider400JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTenantIdentityProvider401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response DeleteTenantIdentityProvider401JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTenantIdentityProvider403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response DeleteTenantIdentityProvider403JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTenantIdentityProvider404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response DeleteTenantIdentityProvider404JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTenantIdentityProvider429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response DeleteTenantIdentityProvider429JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTenantIdentityProvider500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response DeleteTenantIdentityProvider500JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type DeleteTenantIdentityProvider503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response DeleteTenantIdentityProvider503JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProviderRequestObject struct {
+	TenantID IdentityProviderTenantPath `json:"tenant_id"`
+	Params   GetTenantIdentityProviderParams
+}
+
+type GetTenantIdentityProviderResponseObject interface {
+	VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error
+}
+
+type GetTenantIdentityProvider200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type GetTenantIdentityProvider200JSONResponse struct {
+	Body    IdentityProvider
+	Headers GetTenantIdentityProvider200ResponseHeaders
+}
+
+func (response GetTenantIdentityProvider200JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response GetTenantIdentityProvider400JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response GetTenantIdentityProvider401JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response GetTenantIdentityProvider403JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response GetTenantIdentityProvider404JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response GetTenantIdentityProvider429JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response GetTenantIdentityProvider500JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response GetTenantIdentityProvider503JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProviderRequestObject struct {
+	TenantID IdentityProviderTenantPath `json:"tenant_id"`
+	Params   PutTenantIdentityProviderParams
+	Body     *PutTenantIdentityProviderJSONRequestBody
+}
+
+type PutTenantIdentityProviderResponseObject interface {
+	VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error
+}
+
+type PutTenantIdentityProvider200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type PutTenantIdentityProvider200JSONResponse struct {
+	Body    IdentityProvider
+	Headers PutTenantIdentityProvider200ResponseHeaders
+}
+
+func (response PutTenantIdentityProvider200JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response PutTenantIdentityProvider400JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response PutTenantIdentityProvider401JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response PutTenantIdentityProvider403JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response PutTenantIdentityProvider404JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider413JSONResponse struct{ PayloadTooLargeJSONResponse }
+
+func (response PutTenantIdentityProvider413JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response PutTenantIdentityProvider422JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response PutTenantIdentityProvider429JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response PutTenantIdentityProvider500JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type PutTenantIdentityProvider503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response PutTenantIdentityProvider503JSONResponse) VisitPutTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type ListAdminUsersRequestObject struct {
 	Params ListAdminUsersParams
 }
@@ -80886,6 +84140,318 @@ func (response Logout500JSONResponse) VisitLogoutResponse(w http.ResponseWriter)
 type Logout503JSONResponse struct{ ServiceUnavailableJSONResponse }
 
 func (response Logout503JSONResponse) VisitLogoutResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignInRequestObject struct {
+	Provider OIDCProviderPath `json:"provider"`
+	Params   FinishOIDCSignInParams
+}
+
+type FinishOIDCSignInResponseObject interface {
+	VisitFinishOIDCSignInResponse(w http.ResponseWriter) error
+}
+
+type FinishOIDCSignIn200ResponseHeaders struct {
+	XRequestID *string
+}
+
+type FinishOIDCSignIn200JSONResponse struct {
+	Body    AuthTokenResponse
+	Headers FinishOIDCSignIn200ResponseHeaders
+}
+
+func (response FinishOIDCSignIn200JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response FinishOIDCSignIn400JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn401JSONResponse struct{ UnauthorizedJSONResponse }
+
+func (response FinishOIDCSignIn401JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response FinishOIDCSignIn403JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response FinishOIDCSignIn404JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn409JSONResponse struct{ ConflictJSONResponse }
+
+func (response FinishOIDCSignIn409JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response FinishOIDCSignIn429JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response FinishOIDCSignIn500JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishOIDCSignIn503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response FinishOIDCSignIn503JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignInRequestObject struct {
+	Provider OIDCProviderPath `json:"provider"`
+	Params   StartOIDCSignInParams
+}
+
+type StartOIDCSignInResponseObject interface {
+	VisitStartOIDCSignInResponse(w http.ResponseWriter) error
+}
+
+type StartOIDCSignIn302ResponseHeaders struct {
+	Location   string
+	SetCookie  string
+	XRequestID *string
+}
+
+type StartOIDCSignIn302Response struct {
+	Headers StartOIDCSignIn302ResponseHeaders
+}
+
+func (response StartOIDCSignIn302Response) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+	w.Header().Set("Location", fmt.Sprint(response.Headers.Location))
+	w.Header().Set("Set-Cookie", fmt.Sprint(response.Headers.SetCookie))
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(302)
+	return nil
+}
+
+type StartOIDCSignIn400JSONResponse struct{ BadRequestJSONResponse }
+
+func (response StartOIDCSignIn400JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignIn403JSONResponse struct{ ForbiddenJSONResponse }
+
+func (response StartOIDCSignIn403JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignIn404JSONResponse struct{ NotFoundJSONResponse }
+
+func (response StartOIDCSignIn404JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignIn429JSONResponse struct{ TooManyRequestsJSONResponse }
+
+func (response StartOIDCSignIn429JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.RetryAfter != nil {
+		w.Header().Set("Retry-After", fmt.Sprint(*response.Headers.RetryAfter))
+	}
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignIn500JSONResponse struct{ InternalErrorJSONResponse }
+
+func (response StartOIDCSignIn500JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignIn503JSONResponse struct{ ServiceUnavailableJSONResponse }
+
+func (response StartOIDCSignIn503JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -89860,6 +93426,15 @@ type StrictServerInterface interface {
 	// UpdateTenant Update a tenant
 	// (PATCH /api/v1/admin/tenants/{tenant_id})
 	UpdateTenant(ctx context.Context, request UpdateTenantRequestObject) (UpdateTenantResponseObject, error)
+	// DeleteTenantIdentityProvider Remove a tenant's OIDC federation
+	// (DELETE /api/v1/admin/tenants/{tenant_id}/identity-provider)
+	DeleteTenantIdentityProvider(ctx context.Context, request DeleteTenantIdentityProviderRequestObject) (DeleteTenantIdentityProviderResponseObject, error)
+	// GetTenantIdentityProvider A tenant's OIDC federation settings
+	// (GET /api/v1/admin/tenants/{tenant_id}/identity-provider)
+	GetTenantIdentityProvider(ctx context.Context, request GetTenantIdentityProviderRequestObject) (GetTenantIdentityProviderResponseObject, error)
+	// PutTenantIdentityProvider Configure a tenant's OIDC federation
+	// (PUT /api/v1/admin/tenants/{tenant_id}/identity-provider)
+	PutTenantIdentityProvider(ctx context.Context, request PutTenantIdentityProviderRequestObject) (PutTenantIdentityProviderResponseObject, error)
 	// ListAdminUsers List users
 	// (GET /api/v1/admin/users)
 	ListAdminUsers(ctx context.Context, request ListAdminUsersRequestObject) (ListAdminUsersResponseObject, error)
@@ -89908,6 +93483,12 @@ type StrictServerInterface interface {
 	// Logout Revoke a refresh token
 	// (POST /api/v1/auth/logout)
 	Logout(ctx context.Context, request LogoutRequestObject) (LogoutResponseObject, error)
+	// FinishOIDCSignIn Finish enterprise sign-in (OIDC)
+	// (GET /api/v1/auth/oidc/{provider}/callback)
+	FinishOIDCSignIn(ctx context.Context, request FinishOIDCSignInRequestObject) (FinishOIDCSignInResponseObject, error)
+	// StartOIDCSignIn Start enterprise sign-in (OIDC)
+	// (GET /api/v1/auth/oidc/{provider}/start)
+	StartOIDCSignIn(ctx context.Context, request StartOIDCSignInRequestObject) (StartOIDCSignInResponseObject, error)
 	// RefreshToken Rotate a refresh token
 	// (POST /api/v1/auth/refresh)
 	RefreshToken(ctx context.Context, request RefreshTokenRequestObject) (RefreshTokenResponseObject, error)
@@ -91527,6 +95108,94 @@ func (sh *strictHandler) UpdateTenant(w http.ResponseWriter, r *http.Request, te
 	}
 }
 
+// DeleteTenantIdentityProvider operation middleware
+func (sh *strictHandler) DeleteTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params DeleteTenantIdentityProviderParams) {
+	var request DeleteTenantIdentityProviderRequestObject
+
+	request.TenantID = tenantID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.DeleteTenantIdentityProvider(ctx, request.(DeleteTenantIdentityProviderRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "DeleteTenantIdentityProvider")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(DeleteTenantIdentityProviderResponseObject); ok {
+		if err := validResponse.VisitDeleteTenantIdentityProviderResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetTenantIdentityProvider operation middleware
+func (sh *strictHandler) GetTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params GetTenantIdentityProviderParams) {
+	var request GetTenantIdentityProviderRequestObject
+
+	request.TenantID = tenantID
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetTenantIdentityProvider(ctx, request.(GetTenantIdentityProviderRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetTenantIdentityProvider")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetTenantIdentityProviderResponseObject); ok {
+		if err := validResponse.VisitGetTenantIdentityProviderResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// PutTenantIdentityProvider operation middleware
+func (sh *strictHandler) PutTenantIdentityProvider(w http.ResponseWriter, r *http.Request, tenantID IdentityProviderTenantPath, params PutTenantIdentityProviderParams) {
+	var request PutTenantIdentityProviderRequestObject
+
+	request.TenantID = tenantID
+	request.Params = params
+
+	var body PutTenantIdentityProviderJSONRequestBody
+	if err := runtime.BindJSONBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.PutTenantIdentityProvider(ctx, request.(PutTenantIdentityProviderRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "PutTenantIdentityProvider")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(PutTenantIdentityProviderResponseObject); ok {
+		if err := validResponse.VisitPutTenantIdentityProviderResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // ListAdminUsers operation middleware
 func (sh *strictHandler) ListAdminUsers(w http.ResponseWriter, r *http.Request, params ListAdminUsersParams) {
 	var request ListAdminUsersRequestObject
@@ -91987,6 +95656,60 @@ func (sh *strictHandler) Logout(w http.ResponseWriter, r *http.Request, params L
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(LogoutResponseObject); ok {
 		if err := validResponse.VisitLogoutResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// FinishOIDCSignIn operation middleware
+func (sh *strictHandler) FinishOIDCSignIn(w http.ResponseWriter, r *http.Request, provider OIDCProviderPath, params FinishOIDCSignInParams) {
+	var request FinishOIDCSignInRequestObject
+
+	request.Provider = provider
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.FinishOIDCSignIn(ctx, request.(FinishOIDCSignInRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "FinishOIDCSignIn")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(FinishOIDCSignInResponseObject); ok {
+		if err := validResponse.VisitFinishOIDCSignInResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// StartOIDCSignIn operation middleware
+func (sh *strictHandler) StartOIDCSignIn(w http.ResponseWriter, r *http.Request, provider OIDCProviderPath, params StartOIDCSignInParams) {
+	var request StartOIDCSignInRequestObject
+
+	request.Provider = provider
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.StartOIDCSignIn(ctx, request.(StartOIDCSignInRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "StartOIDCSignIn")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(StartOIDCSignInResponseObject); ok {
+		if err := validResponse.VisitStartOIDCSignInResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {
@@ -93567,557 +97290,588 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7L37chu3sjf6KiidXRXq20Pq4svKsuqrXYpjJ17xRZ8kr+Tby9kkONMkEQ2BCYARzeXK85z3OE92Cg1g",
-	"bpzhDClKdhz+Y4vkDC6NRqO70f3rTwehmCeCA9fq4NmngxnQCCT+eQlaLs8nGqT5FIEKJUs0E/zg2cEV",
-	"hIJHimhBFpRpMoaJkECkeYXx6eAgOFDhDObUvDpnnM3T+cGz4+BALxM4eHbAuIYpyIM//ggOfrmE31NQ",
-	"+lW02s9zISXE1HwiLCJiQvTMdIMvkJ75ENI4BvmNIr/0XUP9V1FAhCSCA5mbniIyXuKLCuQtyMPK8OjH",
-	"18Cnenbw7OT022yISkvGpwd/mCEmVNI5aEeY82jO+HsF8lV0Qc1r1VGb3wiLTDfMfE7MU8EBp3PTcKpA",
-	"Dll0EByYeTAJ0cEzLVMojmki5Jxq83CKTxbG+Ojp6hCDg/M0YvpKSF2zVkJqImQEckCep1IJqQiVQMYi",
-	"5ZFZQaSMeShVEJHFDLj5akkWIIEwpVLIp/J7CnKZz8W8ViLmf0iYHDw7+H+OcrY6sr+qo2yM78xgcNjf",
-	"sThmfPpe0Sm0jd6svqRmNVPzOIkZB7WTgVVHkY/P0mt1VO8S+nsKJKFTxi13hvgkmUgxJ6P8+wGHj3po",
-	"fxw1Ddb+3MSUT05OA7OHMiatW/+XUsxXh+kmRhKQTEQkFguQdt2bhmLGf1DLiRHV0NdsDmV2fPq4bjiv",
-	"IpgnQgMPlz/BcnVgb+gNKEJJKIFqIIpOIF5a8UHHMTwjlEhIgGqyYHpmOZTOgdzAklAekbGIzONJTJfK",
-	"/qqFhIj0FOVMs39DdEgkqERwBdlUrWzL51oYZN+Mcp1QaKP/hWEd9m8w79bRNaFTGCrzQLGXCCY0jfXB",
-	"syfHSFQrJk+Pj4NcaJ7UCs2LmGqzNJcihnohdD0DkriniBQxNIgj89NaWbRu5xSHgeO6Fq1cmCZJGxdq",
-	"sQMe/OVCit8grD1X3E8kFFzDR21ECyWJ/bKvQpFAREQC0u5hcp4dOYYdRaoJ04QpIsG8YISm4dIR47c0",
-	"ZtHQPTxq5Lxf+m4A/Vff7/YcWHuY4knZV2mSxAwiEpYO14BAOBMQEYbiv3ScZnuJ2JkMyHV2muIRq/Cw",
-	"xaODjhVwvWbqebObHsN+FHgKf0ejH6iGBUXxggvJ8fygZnohTuvoN2Vm/qkjN7+QUshL14ntskzBc07S",
-	"RGkJdE4iSIBHRniQCWWxET4j/+MQTEsjVDQKGlVp7g1jcY8fFRYSB/Idjdw3DzfdNzQ2DAhRxv7CLLdS",
-	"Zjf7rdNbYfszQmMlzCm4nAPXQ8WmnOpUwtA9OQrIyAhsIxONMBpqSW9BKhqPAkJJBNywJxcRmD05BqKp",
-	"nILeJTmfCz6JWfiAxPQ95idamEoJXBOlzRnYG/2vIY0l0Gg5hI9MaTUK3E+he1UFhJqt6o4tnS2L0iyO",
-	"iUw5Z3y6SzK9FHLMogj4A+6xVM+EZP+2csnxgmEylU4mLGSGoxKQyIaCGyKNqFHIh16Kmm/EgoNUM5aU",
-	"vlUakmFa/o4myZALPQSumY7dd6memT6U4DQeRkwZnST/BbgGmUimoNxS6a3sl10uxyvTM6cxEvHhluQ9",
-	"h4+JPeiczEf5hqtiB3QPAu+t0C+NjvBw07xG01KJVIZAIgGKcKEJ7kUj+Jj9fMsUG8fgDSdrfuLuNWw0",
-	"MUPeKR0u6DIWNLoW4rWRgg9NDitgUN9misRmCJLoGeUFg/obRUKa1JwEARlFoCmL1UACVYKPsKWhFmKI",
-	"Te2YUOa4ucyUqYci1KuCaCJjGlMeQlViua93yhlXIG9ZCO85vaUsNjLqAaV0Uf9hiqT5IEhvpOzIhoVv",
-	"V2aO7qV+5l9aN/GCJ8qouHcg2bUQbyhfum/Vw9Hr0pzjMZszFCW/p0JTAh9DgAhPN0k1DPHnof8Wj5Q4",
-	"FnY8w1Bwqy+ES/ugP7wYV9qw1hAbLb3udazKL1/ESrzn1B30D7lVjXJhTnrbeq64a3EDfOhUW0M6+0VB",
-	"X7VfwMfEH/f2C7QVs+d2ubvf80SKEJR62I39TzORCnVus+/cOX+WyfURMXad9cFMGMTR4YCcG+2fclLx",
-	"rxAJ1sFo9F9KIjaZAOq/5kjYGeH+8DalddWGoUi5voIwlUwvs4kbGkYRM1Oi8YU0pr5mxq6c0FhBcJAU",
-	"vvp0MJ/QDd8AjipjjVdGpt5O5oSGmt0CmdBQC2kVDXVGjLnUt0Y4JxwgQkeZiNCB46zisRAxUG42oX0b",
-	"e2Ua5qqNA968PH+Jr5iX5/TjK/vSSe6cp1LS5QHa26G4Bbkcmt7VUMKcMmNhtDn1gwO0WywhzDP/OuCC",
-	"w0FwYI4M00BwYOd+8GudEyP3h/wro6RvM5/wmvHlrYrxbxBqHBJYg2HDlXTjXPVLsymHyKyTb5j0JEwk",
-	"qFkfRQOZ0DmLGSjP8LFZa/wJxUTLrUiRBiu0KszKmjQbTkpRzdSE1THozzPQM1TxjPENCvD+xM7Iv6aI",
-	"6bafJoSLRT1XLhiPxGKo7D1Rh1ug4nzz4a00VEcDf6Gyjb+s2G1+MWM2fIFjcjLXdX8eRc6b9wbmY5AF",
-	"N80GS4Ju2DZvq+3GOlvvY944iPo5uiuv1llV1UTTOKEqd0Wjsa6IAiAM3YRlOtgbgWhIdaPntzKb4CBi",
-	"KonpcmhdjBVX4nHNC9sQDbliWBDsq0zv5zg0dOwukctO9KJQflQjkx2feMFq6GvEqaFqjTS1YjNtHYNZ",
-	"2yv75B/BgQZOue7GWzyNne1hndcrA3CNVQduRxwczHHTmKG3tpQm0ca8YehTwxf1VwbFXYFzzd6uMFng",
-	"r00cdYskK894hSvKfBQUGb40w7Xb8DVTektlJmPJTryZb/wSY+IVVZU181vPVo7Pn1whO3ZQaqyWEpll",
-	"tKFE+uHivSJigvcVVz+9J4Ljn+hs7kUiVEe50aUGc6PPvjA6htVujalL4wVdGgHG9RnxPGsasdfq5pvq",
-	"TUhVpQhlCtEwFO6UiON3k4Nn/2rR2wSH5cEfvwYrBzbVhGnlbsVnVBHTMFGCTKj0tzn44zeKeBuyfq5n",
-	"NrwCL9l7YyFuIDokdG5UaJLEqVXznZuZJFRq9IjZ55egB+StmXzKNYsJ0ziWMYBXdA0lynv8D68HrtvS",
-	"lV3bKiUKRvNUijRxYmzVuZU/SPBBM+QFVSSmKQ9neBNmF5hMhCSUGNswBvezmcxdJWMoOIcwY+JObJAz",
-	"/vP87T9+raFsh5N0vUAMDoBHWQMraiInGPgT0jkQCTFQBVHgjUYhiRl8DNoGj+xkZadJOkR7zglzd0H+",
-	"dP1tuX1vLiKIO9wzBgczkcp4OZTOgrnb7vwRG8MtQqh2vOM3pT0nCrvyrCA9zANGQM1oRLggiWQhmBet",
-	"0rSy2tupNJ01JiMfh9v1IdSQzekUdqRO4NXOcGvdF4WxOUW2fFvC1Lrjog4qRXCgbtJOj6nZ8AaWQxaV",
-	"j+aNVdRcdTxdPaC7qYL/fPSzkDexoFGuENo3h9aJX2WY49PH3dXA7ajeQfPbXLlzmlxRcyvwRpXT7FoW",
-	"hUlRIJUZI98vBQ2xTMPympd3SelkKAukoKw91J92zUpl8bwtiPf1Gtbz8jHVXdf6USyIFkQCDWcFf1c+",
-	"5FXdaOZ0osJqnj55UreLXbRgdgw8ffLk0ZO2kyB1JuxGzDKzlE5sSCE2sZ5gL269n7Y7rd5xIJZDiJaU",
-	"K1ZPH/R9uU1UPcnaNSN82X7dYEFazjXcuVQa5rUWZYHlttvNhcCjbaeyC+XGr9KqZhizCYTLMAaCD5He",
-	"yPY3CsjIqTrmz0SKW6bMLJSmUuO9wGAwsO69lt4nUsyHuUDupmWsiuYVhQM1cMGdQ14q7aeAM2DCOh93",
-	"pD7c6TwQw23PozphXmbKMn2Lnfl1zwZf2hZBvsFW2LTEdB0EwMPZ6BXB86Va6j+Y82lTB2JuoBat9sxE",
-	"02Jq/dXM2vH2FG6w5FelaZFpVL0ssP4pFZDx0sf03107K4iEbFFWLRvz1PrzbAdicLudHxslIhtxJWzQ",
-	"Usz6BtoMw/rJ1l4q1Rkrx8d/FRPha9Gf6/Xlyk4sMdiGPtKyvPke76k3lTp81TmEt3hMKy8QbPZRpTfr",
-	"JVQBiSCMqYSITGKqA+s8G7k3R50k0V7KVKXMBqLCUXqLI7SdgnsxtBdDVava81sHgfQZ1EKreH2pauFn",
-	"IMiXRos0YvrcGB7X9ba5i6fMzXJnptdZ59hYNw/EaqTLqjFX6yIvOxJacz7zqWXvdpeKHW5R2rwJu7r/",
-	"B00jqtfEgtkRVnQJJGtfJRCyCQuJb+WMcLgFSRSEErQqhNHkjCFCvBm408m70SHSSmwJChMWO6z6pX3U",
-	"nBmYvrO6OOjZa3cU2Lc9t+3ygGrpu+60KS5JlZkrroTGE4l6z25xakUyZXSucUJkXNgoSR7Y+5DLmy9Q",
-	"ql5m/OpFqkrDEJTCQEIWp3KNFM1zwYu5ukUWGJq9fhCszVk3ZgI1zZGYKU16CiAijwcnh3dLx/fzqRlN",
-	"8SuK31iOK39wD1tOcz+5D+4nx5C0+AF/qqeYnl2LG+Bbch3FZRlipGFNDjFQCZL84+frinP125O/t6XH",
-	"Bwc2bFsNWU3Lr9kEjCjNlgrH4SIeMbwTIw/bQjYN7TD6c7hJZ+6dO/TWQC8LUBC4mIV+qip9VajYjjEQ",
-	"HNiA9+rtgV2YWo7wly1tcWc18a4FVih1XFrKKhFql2DNhY3LS3cx4p3ZtpLYAQowA2zsstyZIpQkdAny",
-	"SFJtvonNB0LH4haIpAsCPOqHqdJiDtLFALjgHcoxwsgqBu4XNnc5hU0XQjj6TspYecJeIXMDH/qWdqSV",
-	"SYiYHkqmboZogRWZxofEWYmD9KvlIE+lYSJZaMaYxJTvaIBOng997MXqHnp19Y48Pj35Wx40ZazEgOiZ",
-	"BLAwBiFVQGLQGqSqbKlHpQ31yBxX5jHT8P/867z/379+evTHf3SJZi0P6nv7K6ZdeCniWc+t4ICc2xA1",
-	"+D2lsTlSRubpUWWAGOjRsucZvxUshKGEkCWYyLbT0NC7T1EB14HFBrmlcQqEKjIqUnBk/XR46DqnnHL0",
-	"IOPUplAz/K701hkZCz3Dg9l0cbgF7RIqMfPvXraX3za7XY/8Qi6L0rWpB8iVPmI1AvTe1+5YTT8OHUwD",
-	"G7OY6WXbvscwhKHf6fWN3sXntJiJGBSNYfdCpHJs1ax02QgoyerMcVUJLG5mm9pVX79Ha8TcOoqskbi1",
-	"S1sn5jMuaj9yq94OO+4NmcM3Gf2WKu0TgDfPv7BRrq3JUzbMr+Hm+8lxu1S4Ay9X2K3EWfPMnYnjWkf7",
-	"AqG2U9Q3o5TLfO78fAzR1HC4pFw5S2W7jb87StcPKahfAT/fNUvwnX1kS41z5HPJjap4A4nG8OQxDW8W",
-	"VEZ4u0q126Feo7TZXGxO5ZI4eVMIOvUtqpF/NqRccBbSmCQg+5n+YwzYVRV00xX2vdUhFNV2618YkOex",
-	"EXCKzFNlY89VOvcTYQ4NrlMSpB9L+apnzrhPh6z6Lqqy3s25MJt1C55GU9DP8fqgq3iqJlJxWJAxtjPw",
-	"+otZ3IqyYxQWwb0yZMMgQsG1pKG2Ef5Ukxio0vgYYljZWQUOWE3PAut0sKoVUnoMVpesjUfL0iOdf6R0",
-	"VBayozaUG21JXW0mP4/U3ULfJ0KGgABGc3eF1sG2siv9In/5jXl3TaR1mxKJmGnFQ3IuuJ7F5uz9PaVS",
-	"g8S/KecpjbMDvPakLHuCq2as5QKUJTap3bzvMdHOMj6wSS3Vx6wk7JATsapyZo1sROEr85q3YDH67k6r",
-	"bUw6NRNxNDRGXRYX6Dj62+OVpBsqOemJxOZxY0TZods1CfDIhrxiWjxTxDVpDHzvY7IpNb0P6fHxI/jf",
-	"h6VAmJMO8H+lbNmcghm/ZLutVSh9DyGGMJaU/jgWC6MoUsnNfyKNo+E4FuHNOg2s3J6RoxsqFla6dT9G",
-	"8PFhImIWLrfUEaLC7DvzXkaybVJPdy1XHHMNUwXRkHoMj4wOjOunjw/qHIilFy1+b/c3mYiGwKPtL6Vs",
-	"E7hxv5CbLdcaREPcwp3Z0PCwQOJva0H4bbdgesb40G2DolAKpVAKbW/H9B7LpT7jdxciNYEN5lIrPjdI",
-	"+F/ZykFFqhVvzyr28sqGKuzqQpBvieNKPOwnu7qUq0zhF+Cgbs71e6p2i3YWy9sZs3cLHNqOoytLWm1k",
-	"gxlvZZXeWZJvduvZfOZVUFVWb0ErhCowq+25lVLVU6AEs6LZZDkUHJVCPLKHNlbasHlqmbj1DN8memTD",
-	"w3sHKSCY3TBUAPwzBCbSHXRdlAt/sqMXp54HZq7HAtroKOmWE7LKrgXwikww31jo8TZk4Zooj3Ib3U6P",
-	"7GQorWshAbDMsBUmKtG0XQQUplzY/sYgQT/zDRcL9Fo5r7GIb6HDxr8QSqcStoZIurPRv4NI4wgSKtG/",
-	"ua1NsPb+zRIqc6KZh3Z437ah16JVRu7a2thWWmpQepgl3HVLdqs5kmpxDjZfp/ZLwy2WTsjptvrWvfl4",
-	"7nwf+OU6Z9afOfcSaO5WuCpiKuZJyXBpuOKrOGnqjYkawya7jc2JWtldm+XK1An/BwkarD11NtWcO6rL",
-	"OTfWXTW6tWs/G98jKbfz3j+fUT4FLJdEnRP/LPOkYsYQuQFIiJ4Bk1YmDch50VGPT7mosGJ3J/d5GMdA",
-	"5bBwJJUnZWQGkTAXtw7/E3hEDI3qEQH3/vxdy/r7kqybOKKbtt5zd3d3BVozPlVb3nX6Zohy7XgPurtw",
-	"IK/ZLZCXv5BQ8FuQCkuZ2MzTBKQrXuGKf2X1XIieUU0k6FRyVQtC+MXGhk0+DhWniZqJzRWpl79c+Vdr",
-	"9SiVJomQ5rTIL1RLAv2LoEDnC9v7CrWoCaippVx5sdacUoV12WxzvJrPU43gcy9/IXDLIuAhDMiPTGkh",
-	"8RbdBi4Q4FoyD0+HsaUS8JCJavA3aWIO47umnJjR1CGttIlH9yaC3WybMOKRu8rUevGRhppEELI5jR0g",
-	"lyKU2Pd8Ng4lk1hQXYPgUR55kV2P+3//9T97Hz4M7F+H/1XLuLauxJcnUlxc/xc2ruodZ4V4q8N2y15g",
-	"vhpuCkrsvWZPvrIxdVslj5ebuErnGHVjM8CxZuGI9Erp4QiilyqwpxQOxe7VMBYK6nArduAmyQL9bFjf",
-	"lCktaVMCYHswdbpTCMcJ4zRm/95ohq2Nbmec24SbXY4DeWBTS8lx02vGa+ykmkSru3ojvgQXs4103QV7",
-	"buRU9hs3dyjTj8PfUslUxOpSZDstumlDtR7zdfmj1/RjdrgTL74INYYjbpIsL2RFlpk+tdA07n6Pa94w",
-	"smXewWXvyHVNP15nr2Ca0CY93goW7XJ7rfXbrPXi51BRGg2vnHo1HFAlVTO7rpO0Fbao+G6snGg/pFAm",
-	"bBhCatpGH9WogmhMep58ZAYSzohPnvgmjxS0eYxizrSxnurATD6D078wvRo0sl1d+9lAYKNPL3fkYs1W",
-	"YvODwHtYszqLtl7BrjJMcE0wL22Ig9xV4oqx02EYzowCdzdEUfpxGFINUyGX28pkL1nvIJOdR8LQqFEM",
-	"w0eYJ/rOs93FKYS68DipQzujH61dxDgZU8UUSQTjWlWjE0tuoePGbgvueBRzKVJkd7xUJ+rz3VResqKr",
-	"vcg1FZI0Svrq4OtWtYm3K4zWCiPYsNELLsPC1sxScBDB02d22D4PgoMJ2JQiFBDrfNxZbw+EGlBrJH1h",
-	"AAK1+mBhGSJJJ4bU1kQ4QCsIW7XKBpWa0TheDt0XRtU5CA4WkmkYismkw3J4umy2Envr8E9sHe4Nt73h",
-	"tjfc/sSG25qT5DWaD5dga51vWSdsu8TTCnnb00SrY91KJ5Du9R1kczrdKrpzUyuUqB9ic49riHYhWbip",
-	"LV6+l7BlPhzSccqZJj3/V99iwxx6qGPv+q5xDxd8+bu4IjC9Y0J427VKQFQ67s8ZF7KPg0+ki25GPNUF",
-	"ROvvWR79re2e5dNJcPLtH9lli/3YcONibVczjtaLqGI3tP9v07T7fzB81v/103HwtMs1RaHH4KBwNVEg",
-	"YAv3mP9iyh9e49tW/xlmWXJ1ESdbRkm4q/yNzYkCBf9pm+jgLF+DKVqYXmFQXcV9YTSbpf5WaslOJmCL",
-	"dkykmG+/wKWlyv50Xe5s6ZDLt1o4qDH/uidk+9A62323VXloa7e4wat8eddYtxrWf3AZsiNO3S0LVT0I",
-	"tzl1igkXj04PNsq69c2szDob/xZiwq3cFyAtPtc2bt+/l4ak781B2+ni427YJSyO70ZHbEGL7R0xd9+V",
-	"9xkztqXW4BCLdnOj4Fvb4SXFPdzzdPbrdEhU3jkWXqnJgoDc1Fni29nOYeIEYe40QQBULeylxNo7lqxj",
-	"jBPqAhO8Y1hkRHqsSTirL14mrWiHaDhe3qVAQNkw6yTS8JXfU8o108vh3Gxz1TH50Lza+Vm0hCSEQkbb",
-	"Tg6byFe0g7jCY+HKvtFmAHaq/lyeRNEjVUz5qF3OygSCsnGYnyz5GdGwOKVl9qtQuNCq8P6qgGjY3zXb",
-	"tXxYlNh6VSiuSt6SZO+q/hTP84dVxyuaxBd5+XQ1o5FYXOI6bKHvfAEKDOURMy8M7a3lprEhxdc3EbER",
-	"xJpu2ht8ZAp72WqsX+3B/NwvAkkqR/SODuP9OXZf59jqEVbP440btbKTGnbkfR92OzzjOgrb7azvnDhb",
-	"sPQdrn73kqdB8uRVGxQurmPatvSOhk2c7aNdVWg72cw7kqmfK8MJ6lmvM7NvpXU5jRAjWmriyVy2Pb76",
-	"jFj6E4eJjyj5kVwSmfL6fNGtwuRX1KU2N2s5zvF+ZoKX0dvM4Nq+uAJHi5TJ2g0q61A7pY6McJ0NdSuh",
-	"t5Xa9OCaWoWcdzsQ1xC2FGBRBmkahoJP2DSVHiGGR1SWwwpX4gnXxYs5haG2XA1GTQyNut61Wo0H27dF",
-	"KapVawq1Z1abLnxjy8aEQmX1ZPBv2lA/pkb1qUBShj74gibJUKYcLZC6pp5TTWMxvfrp/abu4VvKYprj",
-	"1ncSPXlv58XXW+tIRkzdDKdsXEKzqK2/uTHI5DRJa8pmnjxtK/Rp3puLCOINqqi16fZzmAu57DbRDW8d",
-	"csrXXDzUkXwTRTo4uA2TtG3MdW6jCtpHTtTiwrjmS/Qp8ERFg86ulEocWid7Grhxs5gUzKoPaUJDppdG",
-	"KlCsuu0CT8QE6+DaypmqJv3Ddhw3oVD4n5vqR/8oFmRO+bJQg9fl/TOF45gwTbhYkB7QcEaEHRUXERye",
-	"kWOS8hgLOM2yauDmiPadtldWmkiA4TRJa/SAlxKA/HDxPoMhuPrp/TeK4OracZizOSCGQaMU+8Nxqbze",
-	"09QF/bVVd9qodqt7XGmX+by+nP4lPl1kjyt8cTU0qlgatdRHkUqrK1r4poVHH8zlVzgSviw/X1WGbbZR",
-	"rzMetIFjDx4aNhOpjJdD2YHx7uAn626drj1eOsexVcLwUA3Kg/F+uHjvY/ECQ/E5/U1I/L2a/P74uM0/",
-	"Ux8kVqZrZ29HLX+hE75SC3jbGgRTiuXMUm7E7oSMcLuPqnLa0KhwXDghbGsRFB4dzKPDAXnjqqkjNgWd",
-	"Q0RGiIoemg8WH73vvrCfRqTHyf8mJ4MB9n44ID8zPROpJiOlZsMbWBqDeESM7rwkN7D0sjekcQzyG+Vr",
-	"SJljIVW1GBjdz6Uz8wEHn8Q0hIgISbiwt5QbVFhvqinehjmnhmxu1ISdVAivVBDkUD7l3Hl/hpmfGqIA",
-	"f0NQy/x49audv2nRdiZGY7BLYmtlDzZ2wbgC5RXjxfBZFBAYTAdkNDs5Pu5/ezwd99XH+eDk42iLXnIe",
-	"2pGP59Fpt9C1Yl3yLjt5202c71+3Ue9hB20ZPPiZ+Rn3djMn71m2jmWbWfX7DCZxO2f6HRHjVJxOq8rz",
-	"o3Wh3v1fP50ET087xHlXLDzsqZkOb16eX0IozG66a85HpQqJkawzmiTAISK9WCijwdyyEAIyGAwOz4gE",
-	"ivhnDqEqyKLvbdXxKszp8Q7zSOzc34poy0BGGkUSlKo7hpV2tSEleXVB3IN+oxp7i/TMcXN19SMBHmES",
-	"c7WA4+mTR60MVMN3Tx91yBzo5fx0HDw9+cN/35CmkEgxhqFZnpqU7OcXxPxC8KHojPxw/vb68v8O3777",
-	"/sXw4vLddy+GF+8ur0nv9NTVn7GokmX148mTR0/aNBAr7e6QKNE9S8LtGr/Azczz7uqVOQ225J9CZapS",
-	"dVHrGEUwTi3TjmiVa9qYWcV1C8jgiJm/x2lNbuKj0w0p/+ik3kCz5ymaZZ82rfi8RXbHZqk1a3imFKjd",
-	"mTDn/f/2fWR/um7qCVTPmqWFCQqx3jk1m7n2wmbbX8Ik5dEDF6Osng9LX2U85RFZUEXm1EhHrBrIeLE0",
-	"vZhi/TfBC29UhebGaYZr7khKtLoWyfvkAUi18fBcvdpLEcN3jEdbxwVsHeO5Es5h21kzZBuYuKXGVcXO",
-	"r/IT8LL1J+SUcpfK/I0iTlqQvB30vSrFptyaCZvqpF+e7ocj6kD/rZyaHo26ze3oHqspulMBs64Oz/p+",
-	"t9xqCRuuNbGqx6J5aiMkzc4aRfki5M6Ob8SFxMuOoYVvnzGu68IMW9iuwV+/kwm3HcYxHdfc220osJ2v",
-	"37bVzEVXP73/TEpZfmOaAxI9/vbJ31qvNjdT6Fi0hTp3L7eubSpatJ7fHrdYKP8rN04+fBj868Qwo/n4",
-	"Xx/r0ZfLl7lFC+NpNwuj7KK4j42y5goYney/p+B+d0lMD5AnXrhMzvn29HGw8d3y3S+T1+zqqx9/gi1d",
-	"FNtmC6fjmIV1hZqePvr28Wayy2cA5002T/UaAb3PoznjW9y4WTjwb5RzftuPhJrWarDk7+bFSqhSCyHL",
-	"qmP2ZcWn8bTc3GltICPIdrvtUavddtoVEcF1V5hJ27Js6y9yi7n2Gnhl9f8IGtD+ffjU+6vvd4S0/YXq",
-	"sq6HwFGwfXW20myxcUyOalsj28175c5ttzi5SdH2fu52Lr6/qWbtywd0G21DxQBPVDvv2smsjrBtAQxl",
-	"PotDfdeiyFVVkCKGblQ2ZvgXIsPKo69bsu8hhruag+KmXte/S33Xakj5TTmbsX4qxb23yWUjL3kI+mhc",
-	"RSQUSvdD4BokoTycCTkgeR+E6sz5Rpgic8ojqoVcYtF5N1R1L6D4Gwda3g9qTswmEC7DGLoZtjnpXvsX",
-	"M7t2+5yShmNnVaG431JrNTdtFVyeKrU2K4HWSLxi8LEvuxYxRcdxQyXNYksPFNVWPuq+oKi2F1IK+bzW",
-	"SXRlS9bMaThjHPoSaIRfgHkFXUYu2FwBQq6Rvw1ODwfkOYZRUglE2QYoFkUnHpWpGJauxQ3w4ZwpZVN9",
-	"7GfGb2lssXvxM3xMmI2/t5+t5yd/iqZ6NkxAKrNww2zp3Q8ovRLJFAwz+lTfKfzAuEonExYy4No8gIOz",
-	"YFJWQyg8KxYcpJqxpPil0pAM09JXOFBbQhmJZ/OvzZdDl5FuWs/iRYZc6OFEpIiaWPk64/DC9zQ2a7Mc",
-	"SoiBOkoWfg4F9wrzMGZzDFMuzXJMY2oBj9VNOkx5HhNqvykOx943DBeMR2KRV7cvYJuzKac6lcUF4iKC",
-	"Uiv4hZhMYsbBf7TKl//k54Q5H5htqECW2sAvVh5TWkhjQVsOL73gf0qong21pBZOsPBDY2O/p0LT4mRp",
-	"kpQXKUl8bN/K9+YzcM10nL3KuNKG4ivPZj+ggCyyePHHleEgLDYubfFbZhjfcLfnuTRRWgKdZ18okLcs",
-	"hNKS1wlMFBJbFoYzZriVGMBvIRYJBvfYiCX7vXQN14X3tZf/ywVYbbHySpZi/jthUR7rjXuQ9MyHX/pO",
-	"Ze+/imyBx8MVD+O3tWnsmrJ1GVl1WZMvJUDfnMTEvT4gz6m0JcB8UcmRW6VRgPd+Iy0p4jaM7EeVYKTp",
-	"yAUV+HU8IyN72egew7KU+JBEhJYloUkSL2uTM+egELF8hXzGoOkrOoGAzNI55fmZ4F4ZkLe2ahldEF/T",
-	"iQhJIqrpmCogGj5WY1lOjx9/29Hb7Qe2stB1J9vLGED/cLFxZpEVnLbQ+6rGF6YRHTZfeK+yhWS3INfk",
-	"5a4GagON9WxZl9Mg5hZcB+vIEkXniVlonsYxGcNE2JV1vi4X2tqQ9luYEeMRfKw6PB+15T04/+V46dIw",
-	"VzL0217XkoWqO8yVX8037sVakKs5mw6B29O/dvW6p0wlIRuOUzXsljqFmvrGBeydfm8XwA+uQtrSSMoz",
-	"XGGuCncGBV7O2Sqn/bpN86awPhtA2oWhPVvUEDdo6LbRhsxRaCbld2kI6/Z/ZPWvthfDcAuRKsQL2o7R",
-	"E7EAaTETFlTrbZqw+/xO5rKGOdZUNWpZ2KEot2Ye9rxDvdnaJj6yyK9hBldeFme/vPreKgCKSLBVOYli",
-	"PLRC7IeL9wQ1d4jsPR+/Ba6FXJZiE7oQsFqgMKdm/UTr1r1KwZp1Deq5v5Gba0hUYNi1e9PIia3yv0tn",
-	"W3tuXftT3eVpxgQtnMdLOYltDxfOyg1YwAtaT/WimMR5F5suj6lxXd46VXWT1Zgae+kOiB0+9bGTByJT",
-	"h1pzb2dC6Rq/GgbitgMyGg6eAZV6DFTXliN/bbTa7BGrstCxZCFRdEF6MbsFkkhQwEM4DAjEruCmsdaZ",
-	"MmLCdNJXAJwY+VeSCHep6NEQRrz6HJqr2/nqbL5pR3+hYaor90bmKOxWaQNfzetrSMpVfeDy7ykLjYqu",
-	"w4T0rl9fkf8kSzpPPx4GZOIVTrs83yhSWpuKHv/tppUjPBkzEO+sQESFSkFlqxRYtI7hitN1m6Rx215D",
-	"DEYfWm7pBZwCB3lXZzYmHm+2kd86g/dePIlFIJSKMY/fk/ESz2eXTW0MPsMli5mIgUzM8ALziP3ZR1xv",
-	"JKSKR1x5lk+etiS8lFbE07YAwdLiD/0Rxf5Ob4FW73HqOn7lvDVm06rPyY0i1WPxcZgARtHWpGfh7wSM",
-	"PmYL+C9BEwzmULNK7GhHHdndFG2hG9u7vW3eTBXIzd+rvTz27kl1UJjLCiGD8vLU8cA/fv7p6hImEtS2",
-	"HHgDy0Jk21oCdGXWoNBo06Bh0/vGC4z9IYpNOeNTcgNLRXqXL5+Tvz05+Rv5x88/kSuoK1hqHixJyu6+",
-	"tnPyj6t3b8nPMCY/wTLv7bDeB7ZGRarQCMdUR5nXYsq2jODd9Q2+dGltDfHA50RwKyCIf9Je8DBu06Ux",
-	"iVwLnWADozOCgB4LIW8UEau6wMlJeUjHdckfp/2//frpyR/9/yp/rq9977teHfulL3YrvO1o9iKZUUUo",
-	"J/a+hFy/u74gExpqIUkPNcrHxydmRoX7plGQeWGt65SM5hOa3eOMjJZkaeBfqHqGywvxtKYoztOGuj1f",
-	"ZqzXazEVqd42FRLl2BBJvHFK00r2YrGxuqG+eXn+Epd3mzjnDY/MVkNiBwEOqnq1nR8j7gqw7qJGV+qP",
-	"Gm6tebB6itkyrDWX8g2UvgQaMQ5qWz1lvMxiiVoEee3rMxFH7vBuAefpELBUzBwy7yxshv1wPqEbuhWw",
-	"tyAbXbmpX9eeMY9WVfed6HKOaYaZ+HdXXR1olzi64EoNCySvxOMjJF+ovaBFPYiYx825njWi0gQk3p8b",
-	"KZp9LRLVDrFkyNhlOe6ydhWroX7yhaGU+woyjl5H8sbNdJeM889WUEytVNktSKgkkeLWXk3Db9bf+Wun",
-	"cKLMBdAmhDBNcOMYN5tHaJSZuWnAqDeOIwjWwnPYQO4Ws1D6ri6VcYiv1ChTthPGi21myBwuEoP0JkIS",
-	"+IjeaBIakXRYazqtcnk5+rnY86urd+Tx6cnf8l6MyhQQPZMAJE0SkCFVQGIwWkQVA2nLcOnaVE1Hm8Jg",
-	"61ZxG6fppmADvZBywVlIY6ISQOTKQ4t0g5n6ioSCcwg10aIOeWA1ne2uXttdlO/iUsTxbnWWehy9zM2j",
-	"MIwArUCVOwa5iOAbhf7Y/IbGXed0dvoYLvjh4v1ztDA38k43cQBmS5t1ym6W6pb2nipNo0MSeav77bYh",
-	"wYV55RJUGjeUcMKGFQDf5bJ39XmXsS92hFjRXlX687jL7TvDcEb5dLe77F5icCswHaXFyqhf41XP/e0r",
-	"861wW8njXnXGF6WRkyOlXbBZmK9ZiRfY4pbZRS3yuSV1wk4GIxnrLNcVZ0st0mLz/dkmRu/KUNasQhsl",
-	"tzLT7LXP0PDVqrQ1Q3mGiDdFOB93kdf7P+9fPQ/MSXz9+sreEFw/vyBGZ3a3SysCua40jBtASIcJzFeH",
-	"cPHije/c9fv8vCD756nSREvzbw/miV6SxYwhzqt/nOHp7+C9V5w5NlV2l7d/+GrGVqtxkkjCMVAJkuBj",
-	"pDeacj0cDAajwzOiZmKB0LVLMgMJA3KlhQTCtCWsOafJ8dPj40GNg7DzVVw+xCr9gxJDrOc4ixXiJrpJ",
-	"BFHN9ltBh7OOSksgo0WPppRrueybsdult82MVknWTpngwIabq7ve6O0i5ydflxphUBhn02JkatWGRuVK",
-	"bnwJGPNOoSANsRjN9wtmHg+Wp3Gv96rbZWhUdcPNjN53qQ7FHCw0uJHB3tzBs9kaQhhcIWIWLn3x9xqT",
-	"t8nuMnKrYG4ZKwFPBWx5QRWJGDXaAelhnCpGKXskLhKxCG8QJSgR365EWndSqWwwey2kErMjsD3QcGba",
-	"eeYpwAQfSpikCiFy2BxEqgOS8uzJwA9rOKEstoix7l33TdWAPu0UIKMxE6PO2nruTVEj39B/EEphAYxV",
-	"YEmXja71nrU9vtFC1d1FzmWj6XCVmD9bVFUL5PBLWRxY04Yoq/l1+Ed6BtLeXWGq4pwuSZJqwmGB11Ye",
-	"P4v7NCaCqMcYLjCYR3iumN8xlAQ3G8FspnJVjRw93sakR4K7wFzKuPWF4Z8NiWgFq6OJF9gt00tCnY2d",
-	"h0CNl1Wl64yMnAduRFKuWVx4ACPCHe+WErByn51FxDd/uLScpgHjsf6KaylUYrfRjqBlXO0ew62kR935",
-	"jmKE2T2M0UdMEbdrrdbz+PjksB6E5q6KWjfTuOr+8vlZFZWqEYwqI+mW59t9qqOwWFVJt9GpumibLbS5",
-	"FTfw8BSS2G9NItFL01HhMDNUmlFzmFkuxTnVsWUjKXxXdXRw8Jpb5HRjzDLj075aKg1zgrCIeC+e5Qei",
-	"aByDQ5t226pGAch2bU1SzGdI6G6B5NxVAngRlLMG0xfTx2yBI5vwhLmi1kHao9zRW8IEJBbKFpJQYkxn",
-	"8/QErVE6X9F7ntTGcGwJ8rl7H9Q6xM/u7qpKwngHJM9KOnkmajdxL7mt9GAGhd+6X5ZNcVHqaxNZCh8R",
-	"fkfVqdzvEvp7ildcSmQlyswbJKFTn6jm9C6rztAp1LF+e61KLGHK/l2jRVyYDWd+skXprR7HVLEvqyKf",
-	"lpJY2lG9ilMvjqCevstOIBx3ApMNaaKxLt2mL3xhoS7GlsK0mtrwLqOI+FTSbxRxD9votOz8dcnnpNYs",
-	"6zSPbavb2IG171gc34V/vPDq0CfO1+UrVybvp2kZjbCI9LA2ASWug1dcI5RrVOtfbSWCTe7fgKO6Xa64",
-	"wRXSESwiz5ZVmu/jCiUfUWFR6xepcG9SqEDptmKBhhXGLm+/zQ4tR8AHO7S8+PrSDq3yJqoR/XZ75Jnn",
-	"E0L9pilXw5QsqbdwS5jg9yy/P1fojpBsynhHJrCUeGdf+SPH+djWoPIA6FW08s1yh1gRcsQiZPi96GaX",
-	"9dUaS1Q30RXesrFrPT2TIp3OrEpxfvHqkFikK8tvPetowcw0xg3v+V8wW8JVkqEkomo2FlRGRfj2DMMI",
-	"wf0KYqiVTbeFsM6VlI7CQGa7ojPj1IXyWrwT3/2aJWnyjfmNjhfZA/JSyAWVUV/wePmMuNUmthgZEOfi",
-	"yj6rNLQQKfkTVGpG43g59MI7+8l/ceZUC9KjCL8gbTNKEaVZHBMn29WhDZOhPATzNPAol0DWl2Xruviz",
-	"oLjwbuB5DKE5avxgkWDVYa4eN/iH734d5zgg/60YJ4wRNshWpmlVWuzTro4N6uN45yrnZlGKypsrczCW",
-	"YqFADsiV8zOF29oIm7F3FaHdfR9UpruGXX+G8UyIm/PwZlO4xzSJWVjryb6WaabnGiumJFCMBrigijjg",
-	"IqK0kIZXudAzQ138LUliBhGhU8oayp5jW130T99pp8t7CSGw23okjhWZ4B4NCqQojKuW5i5E9zlNCqVz",
-	"M7+2+3WQSVP/hUgwvSOqfofl11ceTPlYiJuVF7iIYOVLrM9hv63deMVA85qhFmKkixHIIlHFj4hP2ta8",
-	"q4Cx6VUhd6kzY5HyiGiBZed8z0SKuAaiaSopb1FiVkMN3TvjZT3H2bN2MRNuJEw734ERHmM7N0XmbIoR",
-	"29bZhnHnAzNGcyIrlJkdyli0m0RbpBBsXUNkbSJQS4aMjT73XQfFHJ8CvYPigq3bVgU22jbLwwxpA5uj",
-	"0DGWPm3JkKiZv2qdkW14w2QVR4WtZuJ3YmkuJ8fHdbZU6CUZ24JsBTFY7uvpakeb83Q9s5UGHOSEql2F",
-	"HNV5oxqYLp92QEam0xFhqlzgEnc844Tp+8GZXV9n563gfZRMJaDcHBV3m0I6hS67X4bk73RFg70fQNzO",
-	"I94e7ta82bmbTqzukJ+d9O5GwLVYuNkQqwy0urqraxdUwN7dZitdfbRZtHZGD+cvyrHYy1KuRWjbxtfM",
-	"wNacfviUKFv5uHbLv8pgI+1DasaSMwK/pzT2NWnsD98oq02xrcpp3QU4fCu2/xxKS07m0oQb1Bh/6nTi",
-	"fcs5D70DHL9+YX7TwkLXZP77E5RmZ23BJ4EIx1nFCb8xDoKDWwaLBkskyw5+PoPw5molTxAxJSKx4B3e",
-	"VhtXt9Gta1U7PoTqU3oqYcv3q+4D31hgx1S3MJunUVeRD9z7WXKh4FqK2NhsHJ4RcYPqkkzBRuugG8Ei",
-	"74Zm6OZXcVOjN2WU704GtRmkiOuiniqY6+/ifv4E0ANXP73fsrR7EV+dqBlNgPQwDDGkmsZiOphHhwNy",
-	"jZAWdAqYSUrQC8RCiEgCkvxw8b5vI0R9SKD50eVe87NqqA9okIpk9ahcvutnCPbZWXm4VhVwJ8XeVp0U",
-	"OQAWfKShjjFIE8NHXdIhYZr03v7zzetD5/f/cPD2n6++f3VOfjw5PibfHv/wHfnxuzePPhx0wpfuBkR7",
-	"z2XfNinhtptIo7Ul3+6rdlslNOnupdxy4m4ZtnT10/sH02WMPPuyNBhb725jv42uuTr6CZY2OohxYp7I",
-	"EdEJjadCMj2bI3aQw8/eLKJ+F9EwjE+xXgXXdRFWwK+ufiRXP56fPnlKCs86GTOyvzwbDAajOrFSSOl3",
-	"Tx7szDdwA8uhB6BZJXpGXT9SpWZ9iE6fPDn5+2jQJaeqq8AvlyqsudCw2GM3Fv/Bk5SmeiYk+zdEQ0Qj",
-	"s7Ov0tAWO+we5FgYS3lpC+QKLKu2WjZ2FzycGLCb7guTBGzK0+SzFFUr1sfa14gsDHqVMLUrp2Hr0vEl",
-	"9Le7461V4a+y1teNe7taihgj0JRj8Z1Nq/jHz9c2lcUcQiM6l65kB5YoMqfGiIQxZfMqXsu3J38/beU4",
-	"OpelHZ/dOi5w6WrhwYo7vkary8a1PX6Jy1ytC7R5zSaA4fTOprUkdNlAjBOXDtcOG+XrMK3r7Mo2RqJU",
-	"4n35jIV2GWx3imqmJgwUMY3106S9V4soWMVhsyvdjoFU4pdSYyWi2WUtrkTtdOvY+frd9UWeor09WyPI",
-	"T60UrDNessO/SJSrH89ParkvYlOnu7lHn/5aR2qmVGqdw639C50grVLJVpnA/fjs6MhIgqPBYEDeX77C",
-	"y2bzPXDNQqrNpyRRpPd/LjH4+DBwiVAYl1GHgYmmRw0km2QiKkzu0XHt7Jqia76jCh6dWvjSx08ffxsQ",
-	"LkhiFo9PDy3OpX21dXwVffBf5/3/Pu3/7df/bJeYbmxlumYLEpT5o7j62dpmdGji0X+CZJPln++4KI59",
-	"S9ANj2K5Nog0g7usgruqNZAJJWxXtcIgDtVVAqbNKkItO2GoPYKrUo2IvX0bSFTnJDhZLb3uYV7/1QLx",
-	"Wrw5arvsL0848ESrXZCsOPBGDjpXKrxXVG4O7+mKua6o9WeHddvWCuxspnW9qO6WY2CXOXfm3yfQkruY",
-	"XVm4evjCVt+OHfqD2XW+DvYXZdcVykbXXFEZu6MQ66FnwGTzDq0GUrs7qzpNo8Q1G9eRLdQ/f/Ab6qox",
-	"W0Fltayp/I20N9zsFRAXHDA2dMpubZbyPZVP3j7I4z4qjnfY4AUDt+IDzmI7iiNrddnkHPLA29sX5f+i",
-	"tricM07jK1BqC9CIvJ7tdhxVRnVa9Qo6AzNHl+iVig8fetBLpogtxKq71h2qS4LRmoazZtyS3AT1zwLu",
-	"ZcoJFqc1xqqydKwP6XY/NgZ1a7cYvpVCjyIBrkiPwwIB3MwPRl5kA4mIFofbhLSodJxIoUUo4gYcIb0Q",
-	"pPgUxiBPJiADK/aNniojkI3aZ63xV9gDqArlH6rbocFPc8X4NIZ+qiAgY6rg6eNUxjVwbO/MUAnThNog",
-	"xcJUPEbZwAJDYHZJiH/bRJNOHvAFjJUIb0BjCeNa7pGANEtcXuzPML7CN5zT/WihjvzSH30q7ak/OtxC",
-	"rlhC1k1RYLagslELzF7agiuTqbBHBwHyHEXvlqjZGQu6WMZvj6smwCvONKNxvlMWLNIzw4ehiNM5V6Vk",
-	"chvs1nK/KhblTk8ft3Y6AzadYWqMeXvjLteJgUu3MFZHYAqLX+D+9jLBR5X4WNse00Y8hpiCnOok1VZe",
-	"mnPS4SdujHa3ssrvUVk+N7qbOcS6ru+c8eK3J6sxIQoyYPgqIebiNq8c8o0qVQuhPKrYzUY2QpT5BIs6",
-	"p5Yp/ForjzsZMWbChXiiBtp8nwWM7oo4d7wZidkEwmXYFaY3H/9r/6JD622e81sRwa5mW4Cy2wietREs",
-	"ufxWzVVLz/3R//XTcfD05A///eF/1Rre94K13DrI0hibboMalsehnOxshdaEH92RV0uAPhvFhbUHvzej",
-	"4jQT35Y+Qvpnf+KV3HHw6GSzRSjFoG4ZObdp3HBdYsivbSPcbmxbLniDm2ntBjgJnp5uRvtL3HY74/+E",
-	"De1GrnVj72Y3BweurC1mDXUT3f98ZCd6XngzQ1oPaUJDbCoUCQxntREs55xYLGY7DBLGQKVVl80LnTJL",
-	"y/uw3D5Gu87pDdg2LRXxT/fKGcFFKHY8iem03oyK6bgG1Pa4PYK0gU2ufnr/QDLy3uIrW7bbPQcg7oTv",
-	"1wQtBgcpZ7+n4H53lRfWBiF2HdJg+GztqLaLXWxgNOcU2xGvbSt6t/Dc105pcw/r/aXNoFGya2dj87np",
-	"eys4pzEF3Kdk1PmlC2bExj5t8+7PTM++ozHl4aYZCeZtksSpst55vKniGj5qNKPGtk3SiyCMqYTISF5N",
-	"xhDS1NX4tjNXhEojoYUyZiV5gbbXhEEcGYOTWpxYBdzlhWMYveBgX8thpulYOeCfSmRoPrdOQD337Pxu",
-	"zUFfl/HYDoPhkQPuJb34UY0XrVw8TYlUhiv8q7wDvSZpuGbs26eSt2dDb5Rp105u19rW6/V5ZVDhoqOU",
-	"kFfIaC3NcGWNGpa/iQ+DbDPWST+jbtIIi4G/AU03dfLRcFZivBlG4s8ZAo+PlwlVrvhNXI8FtoMSjOvL",
-	"DNoRNs18usUtSavh8JmMgI2hCLsOn6mhm0HcoAy3We2NOv76pXSgflWK+/YqCdulYdYSvZ5063hjlf7F",
-	"077QWxJTbnHp59Tojhw3XIsi4Hu5w8WlDYzQLRzZDs250f1ntnPKNz9PaiT/3MmUtuaKImiFDWrmGGRX",
-	"othD/RpezSCOz7UGvjWE/lBTddOhlKt7eiHkTSxo1OENdHAPaYbu31JKn0ug0ZALzSbM3v2oDeuvrgyx",
-	"MoagPOWGPtdQ+rnVQzelc3F91rNJZT1zyRoDJo9twsHY1puVUjR12ktBl+1WatBptXUFBrfaD7byz6Zz",
-	"EhEMRaJXzP2ObbxL9MoWX6PbdaeO6yMDtKgjU52bYkcSSefBipsM14d01Y02Ve3wxK4ZGzRSU6DpYJWZ",
-	"K2sYeKvUzSAnfTH10TNrUNhY7ULSbd1tD6F843cggRcTq6e9/X7NMN+4bVAx0128UAHVE7XnFZw3/4VI",
-	"VMN5XOX+DbOfXLRiTDNsuIpndqxEnGogE2kmyyMiRapXynscP27OTt5AAjAr2ps8mFsqZWireAWsOuNi",
-	"p2vWsStS1S4cTjsOlm2LWV0z645h0g846cbJrJnFFp7CjfEEHhgjZ21cYj0pfnZa1HOhtOPmtfLC6t3V",
-	"NJPwBnjUFwsOERkzLJxtgyFSvqBLDxbDBB+Q54iQqogEHrkIKB7Z+pu29pqRB0a02HcH5JVW1p/nXHZC",
-	"u2gqhwGrACKLZkJDHRAlCs5BwhSZSIA+olL6uLBI0ok+840uWByTMZDM0WgnfgvxsnDRU0eznxgvJucc",
-	"uJEfBAe/pclSW+ybOJ6bVvIiX760rvn1Jh2D5KDxkKRJ0iDNfYerjlppvfaQYdErJlw/mQ+XRbFN+hJJ",
-	"YjF/xTyJQTtMYKWp1PYV92GYoQNLiIEq/6P5u4we7L7zL7SMPp3Pqdy0Er97y+Kze51/935eGoYyhWgY",
-	"CqV3oiBTXzXQb89atF5MHCvGDHFLGITPJWxC6BQiwrgWZMaUFnJZf/loe0OdC+u51XTH5uBqvdnUxdpu",
-	"zc5SZqNgZapM8yIqlRMaguoax9pqqDsTbYfVRTaN+m1vMEmGNnw3hB02ubW317zccLZ3cJHZEtsF+b5e",
-	"AWs4F3aDWzETqYyXQ+n8UHfea3Uhi34CWPnEHBqUmEU7rAtdbY/lyfdXXWKwvAXZj0CyW4hIqjBWwcJr",
-	"9RFeC4t0njl0c1Vz2NVv6hvGo+4rhafRJnpi1XGzeqgjUr7plGpm5CmNGUUAsRJF7lpRsZV5myosdvMO",
-	"Iyzd8A6QhXkDXaum3Q2Qse1aqCZH4E4+U3WT1sXGt7/X6cp+RXupVVqrkeBV2ZvZJrgnCslzpZunynVT",
-	"2c9qpllfarPKIytLXpC9BRleydzLT7SygAvKusWqLK51XxZVh6oEqjnuV5V7mxaeSqaXV2Yp3HU2gguc",
-	"pzYlwH566fnzHz9fH6xktxYhFVxaCxDTgC8YKbgaEJdEhvqMRQ3Mfh04nXeOAsKCG2SjnWmN4N2Ma0Pr",
-	"GJH8GoYnsGTcygivZ0BuaZwiCsSrt9cvLt+evx7+4+efroaXL15evrj6cXj97qcXb89s+sXFu6trcuT7",
-	"O6Kpnh39trhRRw68r9NwDe98t46UDWN1Ve/M630/BJ9KM8GMHYRbgMjVGsYHJ9Ri9FE9szWzsyqisZiS",
-	"KdWwoMvDTuOWgBUTLiGmy4aR//jm/PkqF1TOM9fONwh91U+V+SamSzeVnmmj73CnUjTzKEIo+SMy46M5",
-	"VRqk+e3QLc/ohxfX5Igm7Oj2JF+lLA8Fu6lmo4w6zd23UWKxVVZSWQJPvjAju9ErSSWjwCYcGZNRlVNo",
-	"NkrnIWNQLIL8OdfN4PZkVKLKmoQcJAEzc5gBtfXI7PFxcAVhPxtX/8INKicPTZiDbsqybL7bVEhcV7FX",
-	"xITkkoYITmiBNjPKIzWjN0B6flqlq5nDAO04b9+fO7Ati0ppp0eEDBwaG/VFYEhIOToHTBf4lArWZVfZ",
-	"Adasx5mru4M4t7+nRpjZQ29AEL60WFG7MGy/EwnTCmJDgIlwaHFpMpU0gg5s+gfKwomorfGNHo6+rRt1",
-	"+eLqOvN6+OybH3BmiPMZxiKNyiCvgw/8A+87y9k5DrCgb0ilXJLRL30XA9h/FY1Ib04/kpPTb0k4o1Id",
-	"njmxLp1nnUA4EzZw9gMnJBTSbE1cImYM1pXmvOAyA4b8mWvzsf/q+9HhIB8c1nZHs56T0QvzwTv0Rxb9",
-	"iBKFFdbJyBzuI3z1lXMQvX//6vvbv52hzq00nSf268uXz8mjR4/+fkbmxpAgmJuJF4xkzriQDt7UtPRu",
-	"JbCM9EZ1LotnNj54dEhSHhvuj0SYzoFrKxIyz9PgAyL0MG20qQO3SqW1IecXrwqVbJ8dnAyOB8d99FSh",
-	"DpoApwk7eHbwaHA8eIQZtHqGR/rRYAFx3L/hYsHxJBv85sqmTS0mTHYSv4oOnpkvzdloa0RRC/LaaHvl",
-	"jxz94lbzVYQ2mOcDHMLp8XF2feIcw4ktzcMEP/LDsRphm75oBgfa7oRVKfOPn38iV4D+G7fHTXtFVmtq",
-	"3z1emofp4/Hp35teyeZ4dC3EG8o9xAyCRjyxc17/3it3gCEP27cetb9lDEoWwnueB2YU1bmDZ//6NThQ",
-	"3pt2cGExChWbcqMn3MDSKMaaTs26HqAY/9W8709Vh7hzlLeXsUqZ4G9entuyaUGul9hMNxVU89ximOiA",
-	"WB3YJwUa+csjI6ezROVEgrL7wx4ULiQiXtbgZ5G3tvyZ4JoyrsymRyyhAd58VXj63E7qys/pS2Xvyjiz",
-	"i8oGfk+E0qmtm78rfj8+aefA9zyHuDzAlzqw7UshxyyKAM3/P9G2yjbSdTGB1e0S4ncJsrLZEW5JClvs",
-	"vTLrsnaPHc0n9Mhvmb70E372CcHf6/JMQyEj5Pk0SYTUfaoUU2bjmDFkm88f4z0sKGaPndF8QgcZ7JF7",
-	"YmBV2FFAcGDoVMYdaZvz4PDmLwtVfTggr/D+xCpDNEmkMLo7TbWYU80MoZYDYgFXEAWXajIXSiMCAGaV",
-	"u67PjPo1ZxqRCLC0HKFcLcBl1OCjiDJiTvbT4+PV/W3H/ubl+aWblU9WuPMux0/fiWi5sw3+vGmsf5Qd",
-	"H1mAyD0JmqYRrKRYFZcqqw6IyBHqjDCXtq1TySEiCETPp7Zc2o4E0qkVSA84abu5djqJx13E1nc0ykb1",
-	"cIL4pMMbF3QZCxpdC/GayilYAX7aZXiJFMbus9L0zyn2z9WNl7JECy9bjWDcQsZroZNmsf6Di+k2gp3D",
-	"ogjBaFEan54++jYgVz+enwTkKbEAiAF5dExctVi7ExVhOrDykmlFHLIieX/5KvAIff7OwW5gW+yTKKAx",
-	"7uLIqWO5/wVbZyqrgGtvCm9BsgmDyMh5VznCyP0i7J9/ATVELJ5NLvFXGwPgVUKHkFBCQyC9x8ePyMij",
-	"kXrZODpcPQGs/mnItWPNbneypwEttU7o1hBtr+A9wE7/DqaM202XUX7LPX6EW2PZvNXPvW3jMDGth8Yv",
-	"vNvzuDlQHjBNerJx3wQYCsCXZSFwcozu1y5wnfiekwIzqmYQnRGgMmYgq5ac0iLBQAv0eJ2ThRR4nxmB",
-	"kQ+PT0/J6JbGLLK+R3TVWBBqqxooX1H4DAWUSHWdkHBy6fHxMRkxju15TXU0ID9nXSqrrhItFtTowwXg",
-	"FaO4jml4IyYT0nt8+vcaqWHXaDdSY/ea4ip07QOriDX4s3VmqNkuTDmG3OtMe53p4NnBS8aZmm0mSqM5",
-	"40f5tYVq9Dv5nExb3FnZK5DeCD8VtQTyTkZ4/TJeEhadERtgTmMyYTHWrhovPfKnFX9Up2pVSsRMacSQ",
-	"Oi+M7S7yImh9+nkqFS5H65MXdApX7N+Az1ahmuOllfB2kt+oQvkulV0I4Q1Gfh/kYszxmjsXE5ticdWO",
-	"pdB7FmuZE71uMNk1fjeBVRNLcK++umw+pcS2eo2OTvGQr6zA1y8q/zIiz/BAicVpKIXym6/kcq8Kk/Vy",
-	"sHqXezQRMoS+i61t1jA7i8lzviRc8P7Eonji1iFTgbqepAgaqAUZ+QDf0TPyw8V7e30VBVk8t4sfDlz9",
-	"q6xO4CSm0ylEGPqBUQlhDJQb684pgiQUfMLkHAqRC0zZxw6NtWi7fUYeH/+djAq0cM6oYRaFPDojNtKY",
-	"CEmyKObVF7nQLnljNCDnzjPaKzwxQBK7hqHO4MQH3NDypbzrsVCRGjkRbeFfFJEO4tJJyFWIzKJ2eAcR",
-	"/jCCs+leI59WQLhYFJjvryE1jx+3v/FW6Jci5a6LDgLzueCTmNkshb+QKlqUluUappvKZCMpGrXSS7vz",
-	"FBn5PLwBvjAwQmpEekIWfzENGtlrNT0bSzA2q+lh1pWQmiB4NOYl6BksyQKkEY0qNeY5JSG+m4GmutAH",
-	"I1VB2veZqjGf6xVcM9QXt2BPqi9Qt215Fsd/JaSukaMvPtJQE1wMYiMjm/TNLMQyl2MbxYI3KL6AdLU+",
-	"nkwdv28FvK5tCcpiSHSU04Zkl/adez4RMvbbQJXGBbW03evSX6EuXVjfFUmNorhGRjtt9IhGv6UKgYHV",
-	"ZhrygOAVPmb4ETpH72IoIWLaehcXNI5BB3hBM6X4lOBAIsAKsEyTnr0QH0MsFuTfIMUzI4NVOpmwkAHX",
-	"Q5e5bqT/hVA21gWbjiGagrRX4EpbPTqfho84aLr+/s7O/Dx7457l+KsI5onQwMPlTy7x5j68oCvT2sgZ",
-	"enKf42gWUnZd/5RC6bSTZ9MvBNL+S1Vx917aFjH7HOWaMZZRfBHq3aFWyBWEruP+dRJ38rGvOE3UTDiR",
-	"m3aWuK/m89TG68Iti4CH8MzqwHQOvlAZAxUQTGHGfAG8aU50KjG9xoUN2Ysv+6q70XYjIr3T4+PDTJUm",
-	"kmp0MsDvKY0DdBCg2rxgCgbkv0GKIJfvmIBOYzNuiIi7n5dQc8+1KpslxpI48r385cqN50u8b1od5APf",
-	"NzUMoOoUsRFI0gXp+HK3TOHKfKGBR52m9teKO9rL/88u/y3DEcrJy18yUbmZ1Lc6a19LypW1ntXRp8In",
-	"dFhLoxErGm+qiRs1ymOvY+oDhghoyUCRmPGbXHUWkk3Re93DaIYEJCkMAr3IthIXSot6fdwBQLjDjyxE",
-	"GkdkKgqafJ14N+PyuvdrJMZ13vFu/cG2+eLEmv3C5SXYpWP4S7MMLFUuHYt9XuugOpZmC8E+s7cR9mfE",
-	"F39GIKMS6t0TuiTeNjgqEslCxqeYIrxZcMeAvE+MpD85PsZ0OIzcMIIusFWms0hXlx/XEMThxnhhx3GB",
-	"w/hS84BWx9rmGMV0IDOnvS/06/OFur1jF7h22wUbaVY2C8XqVqZNu4Xc9iEnA3Lua9zYn03/oFyOr3cS",
-	"5OGb5hExscHmC97ioSzw9FfloizMq1xP8vPoIkUy14gLO8S9rbnXIx7M10i1USOKouwOCsTRJ/Mfmpf+",
-	"1N/UvERkGCfyNJb5gskEQk2odn+xWxgiGEnPS0MuFoeBQ8ib0yXCdMXMl5InCVX6GTqiIoKVnvIMSQmI",
-	"QhN1l47/dNn+OzUiLwrkbzYfHW2/ZrtxldB7qb2X2nupXc59jKKKyPYSczPRrWY0Eou+EXoWL3wTOX0J",
-	"fXvpcjIYGBPQClbpUuDFhIxsoaGREdyjkPKIRVTbIntD1FxHpFcAcUH3oPnLpkshgKEEZXXgxYxqsqCK",
-	"jIW4gWhAfpZM51lLq9LbTu0yl+Bf8N3OlR8r49PPlFRUO5L1Vm0kl32ZchIzxOvFGDlNY7WXgnsp+CBS",
-	"8HvHgFZ8GSlDSSZmrG3cTRxyX7xlh3lNFjyqIWXprSuw8aUFdN6n68zMuXsUIS7J3mX29bnMuGP9Utyg",
-	"3Q+besswI8FW+kcMBCnGEJHe9fMLEgrOjcmoBRnltfZHQeY+Oz09dFB/HzjlS5vxkkEuWEcbZxDZVok2",
-	"0lWTXixEMqbhTUBSrhIIEWYhIPM01iykSgd4AdqPRUjjgCCa3wc+B00jqmmA2IR8SVQCKIsCgjjyM2Ho",
-	"QjEdXIn41gxFCyI4nJkHRKot0OTbd9+/GF5cvvvuxfD89et3P7/4fvj81feXV6MPHO9IFejDxvRsd8Ua",
-	"gaYsVgMJVAk+stMb2ukN7ZQt/BcXnoh4oak+8DmNYEDObaT+wsi5VBMs0hXOMEqosBYuzie7AbBUtHHO",
-	"pIelwIWDMTSm+hhImnzgS9CHhvTG6ueWIoZAttn/TFzoPKYNIQywzzSysDejOpFrjfi3Fkv4K3BqPs/m",
-	"85kMYiRlswkc+MAfKK8542QUU4ugPIa/SrrQXuW7L3elBVpGZlIoYbzwQZzVw6YDpl71O/rk8MX/sEdP",
-	"DBq6W8FzceuubHBQmcxDqERlhP4tcC2kBevREMMctFxaMQs8wvF/4DrlHOJKSEwu6xgfpgikOmMxlBJa",
-	"fWFt8xieKPYRC9UhuDHPTFcfuNIsjokrZIMSu2dsdcEx1FRSxs1LloB1stQSZheytEzYt5ha2uTzzKHf",
-	"7zGJ8vHqcn+Ps43+hBA/+yzF3ZmYyARO3jRrrZuETHCE/CUME6Afu93NhR5OzHrUKjFT0F/lrju+d63k",
-	"2snFv8Iu/stsyh9At+7IhOpw1j21zOFjZlqEkE599UaHMy4tinuPeuvQ2YXGPHp8fIzA9YITa3SgKeMR",
-	"OvWM6irUFlmUfdg1Oz9NIvr1HLm7N4feZ/T5TH7zBxU8e2f43jJqtIxQtrTIxTbz58jaA5veBL4VCIta",
-	"QtmRGMEWQmQEojdPzohMOcLdY41HpelyUDJI+raYB7HjgOjsA7d/ooPfGin4ujNYfMkd7xZa8Xr1fN3O",
-	"IQbIMht5b58yRs4lJOCuD+4qq+1A94raneQlQSNUIT/5pbPVDPaG2F/ZEHtuHRV3FG8oM+4u3YKsnldJ",
-	"nBmZN0e0fTGZnJVQs0Zeco0cRLOTIx+4TLEjhIbWM+DuUcDiO9qiwKJ33wsi88KOJRf2uBdce8G1F1z3",
-	"EKSAlTPuJrcgAyjvW6/yNjG1tnQPUw5k2kiWwHxEXciVtFYzhNNnc/jAe6Mfzt9eX/7fId47vnh7+e71",
-	"6zcv3l7buozD6+vXhfvUkydkzniqQR0GCEOtXAcI4ZommFUHyqNXf+ApRy+3nY7H2UaLyZd665tPdApc",
-	"uzpGI6IljSzqthluJmBdib51t385xDsWEvzqBN1uL/iq1GqQe65upOeneElmIOFw72z7iuTXK6VSY1Zm",
-	"kPW5LLLrv7VQQ5faxoKsHNzhRcA3+QWgETi57+7M5anbS2gfmPCBF4zSQrBH5s7DGIqeAiC5CDl0iCM3",
-	"qEwVoiPqJA+OYK9StUqaC0OnDMuuPnuyEEewd6f9taURsovTpgp7novF1mIIhdiRhFtxA9uoVW4o9ixU",
-	"WiTKl+Eg3n7DIj1aEXvFjwBHPILozJZhRRVmniqv5jjUJFcx1dgTVZE7ICM73mhkGsNqpjmIErY3oxjC",
-	"FbNb+MDdS0+OH+VPubGECKfhYrBwVDY8K1MWXUdnRIKWSx8lRydQGyJgnza0/zrVrN0KP6TRJZKsBZQC",
-	"cx72atVXhd8gbqCov9xNmUr5dq77zH1hMy1X3PgoinqYbOl98kHuhu/3Xc5lSHkIsY2CspFE/T4R8gN3",
-	"zqwdO6z8bPcK1t5ntfdZ7Vw4vXfba1O3lVB9NqfTHefSmL23NpvmnXple/1rJdS8u8Jpd8+peXdF7PLs",
-	"82q+vryabHGru9WxyabpNfUlaYqpGY137rWZJh+4UEMcoUvXGJA39MZVTcTvrfLg/MlWHTHfTGI6JaiA",
-	"uEr0t0ykyj/Y7PV1UuFrSvtwS/mZMj9c73v8g33s0j1ldfBMiq0RYs1ax9EnK1+2yOOolXYrodpdJV0W",
-	"zd2cRbEj6VSpauKo12zAeALtsyn2PoydJUd02rbBHQ2C+9mMUyiZEF/ndjx+CBXgegYZG+x3+deWbdFx",
-	"i2+QddFgX+wkX+Jr2833lTexjT3x5xYm+wyKvRXSlkGxnRWSWGR1tVEhSiw3eUY4LIzMw+SyNYXOL3wX",
-	"f5Yq554mD1xicd1IigXOYUf1zd26PEhxc9dXd6evn/ne5/sVwo8X9lcRA7wqtzLBsUZuHX1yf7nSMJOU",
-	"R2vCjBulmYNlshUaMaplXIDhxR6+Ub56mIXEoJrMhaus6KuHZS0wnqoc/ZFmZabM+CAivVoXdLAKdGTf",
-	"GMLHECBSQ9/P4RmhflxW6WSoYOYDcW7u3ip0kqOXMTBt62adDs8QbdiFHZpvyYLxSCxID+tEQmSd2a79",
-	"Q4fTMXLjs8+6YWISyOPjvx+WiMqUrQvnW8JwnWKBOE9urNNWLEvTW1dhJ6+iiYFDgk9BkpmIEZ/Exj5m",
-	"VNczKdJpBvNji7/1RmmitAQ6d2XX8nazZySCm6izTKXHCCNXMkzPgB824TBnlUvMEB7Yqb+K1uwYphmo",
-	"OdtLfwJj4PkqgT/TFUNlDOtCoiwn7uv07I2KezunTzvxww9Uw4IudxkahqdGL6FSEzE5RFRTdxg5ubLR",
-	"Ae/O574U8S4iM16gouFbJabVHPMqpAkds5hp5iGBZ0BSBVLlZfSZxsj6iPx//+/p4BF6fcwThcIlY8Yj",
-	"czjY0yfTMIbmsdGA/JyVCxUx9P3DGNlvzpM0p6wt1szVAqT55cnxIzJSlv7DwmOjbEB/GzwiMo2BPD6s",
-	"N8Q8mS5FDN/Znr/cakV1g21DdXbkVAGZSpEmNgTHEHpvQHxdkfSlDZyvulvtqoS5ROHRKl6OPpn//jjy",
-	"7XUPR13MBJnRWyBKQ2LYLk1Ib3Tx7uqaZB2menZkfu6nyegQ5YXXdO2XTtM+s0WDFZmCJo/Nnq9IMSKk",
-	"/d68N0yTwi8W+tTqps79PCBu7xBqieVlWmaNWDll5Ywip8fHOQgmxrqYdx1FBgRr5BvLJZdruL3MA6PD",
-	"Jt3dRerCwg4BQVddgIwZyjeKcPioCQ0NX2aJeWzK+wzh/SRMJKhZs3q9KiruWcku9nhhlOd7Vm9XJ/iZ",
-	"/N51pG4QxmUugzjKjr2zeu76Msssd5zxd3hLu3f312nme+99y3lm+IpQu2O0sNXv8gNuR8fZ0SfT/qYB",
-	"RjVHW6cjquvxZCRFTJWR/lgYPz9YMPHe+uVISLlL83IpXc82Cd906M3FBnt4Evk7WiqBKJCMxmZbBEQJ",
-	"oheYJWt9fRq79XklYoK/5s0pEoMhkeAWN89r9eiSi4S99bXyznrkHncfuWurCLLZeApb2oycxw1niANb",
-	"f9SeEcrLZy9TKjW6M0LMkxuABGELLPgLMzNJ0H3acxgL58+fv7i6yqEVggKigtHJXLhrzfltufBLOL9X",
-	"3GRoT6DZZwjX4CpzO+rBI9LuI6vuL3y9/FfL3KNeGGx3zkiYbl4bsdYfYzZZ6GCm8J4EUwNJSKVcOmuC",
-	"STKyHY4+8N7of/5F+/8+7v/9V/d//9dPx8HTR3/8RzHEP1wLq9cQa2c7WQnwJ/b7HQf4X2KjX1N8v53R",
-	"Z/K9//ORI+g+vn/vBL+nqg3Sb9mSkLy6SdfJyKNPTqwYkYSK913DDH0ssWlw62jiXQUr7kaMVXUblLeh",
-	"AyCu0boKJF2reRU0raePg4M54/7jyQMHK24hHI8fRDiioYC/7nXJ/a3iw4I9byZQlfn+Acsc4jj+WknZ",
-	"Vz+97x6bd/XT+31c3lcYl2fWlfScNw7Bn7j9cNiwU4NdGIEswrxsa1T9cPGeqBlNwNVSTrkmvdHs5Pi4",
-	"/+3xdNxXH+eDk4+jZx94LBYgQ6qAxKDNTglIxKZYUgtHzkGS2TKZYS0rSiLhgYp9N7Zx8/Do4+gsi+Z7",
-	"+vgDD2dU0tA0epiBYNnHMQzto4O9+j2lMRlNk3SIP458kIEzG+1DxqbMzVPmA/M+8K5+QHWTesu00aa8",
-	"ukm/JoPy6qf3n8mavPrp/d6Q3Os992VIGvbaQOk5+qRu0t0kha+W51utObFqNhrZYyv4HbryfDGeDZUy",
-	"fkyfkQjwrDDzZJowrjTQyAwFT5BnFu1vdEi0QLRBwmHxgcc05eEMVHPC+Q4kW5liVz+9JywKCAymA1I9",
-	"WBqsToWD6GRtnpx+28nc3Cee73323cv4NcuNneenmy3fWtbPj+Dr35rH961aGBX46qf3+9zzr67S37pN",
-	"e1dX8LUzYuYigrhgK2H9KhuAjYYOi+yPGESBhg2fAumFHrkGwznMSHeXxf61ioX7chBvauz8KSXS3iu8",
-	"t45avcIbWEdZOfKjSQxWAeqkBxlhOBOx4VIjIvMsUJGg2RONBuQCpKvTLjig0zOwTuPDZ8SmWAcfeBl3",
-	"NiC24MstSMUED2xc2wyo1GOgOksp+eHivcqCrJkkMdVG3pqZsFANyLXQNFZkvPzAc+kubsEWjVnMRAwE",
-	"J/zMJc6apximh8NHGup4ScyYxcSbaBAFJOUzoLGeLQMykQCk5z5iNQnKXa31oFTQkGeFI4ppKT33wmRi",
-	"30gAI7aCOozlAoqybe2MjLSZHmK/2+mrdN6gYL40k7z2i/wXc8aXJ7/OJ49P5rX59075r0owVlZ3BdYj",
-	"aRCNnK4D9OiqY9bej127xv9aG9LOuvsFmVuC/Xb8+u7IdLYBSnvxvTKLvNmNWH4rpOIUawPjjxigWUAq",
-	"bkp9uvaYGV/NtY+d0We6+SkPoXmXu6ugIE8ezlctrysYgbHCEWzBKFH+60SK3yDU+3ukvaV0p3skj5vi",
-	"WRAhuPy3yI9NAqpJXTj6lMFY/VFQHVYU891InYrDwY67EZWkCLD1p8AbdURqKj+ZoYnt3St/dR9xPfBV",
-	"QZvwfuI6T+vXtRfvy7+6hVbxUJLALmO0lwh7h+uD1klCtmuVPiuqAgLi7AqJBzOe3S2V98I6P6vTrUP0",
-	"AhijmnFqwSRGv4/I3IhEUAgvpKDPuAKuGMYsqnRsZYpvODOlXNntiKkkprY2E+lZgB9MceaCQH9OWexr",
-	"c6K70ss6m8A8ss7fEeFUSrEgk1Tqmc0PbQgktpT8E8CeXq0jXJloVaIfNqGR/n7QeOF23HbhVo+Gatfr",
-	"s4Oy2mEUEVlTtSNIVsMwD4LHmrFnd6cWTnvv0vr6XFqpk1IbHAJlQIndRCDhgeAxErD5QhhSYxCSGec9",
-	"S9isn1dRAfDnvjfmOmydvaa4tx1tIn8Hy3HLbem0nWfm+DdDiEYeBbcIKeKhuizM7q24AeVuph1yl8MV",
-	"8SXFe0W0kRwX2cGOyJQTkWoPkdaAMWJUMz84G108IjHofFw4KnNAuzLAIo6IAqUwXllpuvRQMocD8j3O",
-	"zmg+S5FKBfHE64rt0DSNMAOroMsjG4E1dMQcmo5GwSo6zSHWSFegh/MJfUaMeWroPhcVKJfrd9cXZEJD",
-	"LaSjfSiQ7CGiKCA8dZJIfI1yIhLg+TNunGeEacIBIpUB0fUa4OUwTGzBFAR1UD6HRVwalE9ummaG+Bl4",
-	"6eN8Qoc4y7prRmsUf17hfl++iKy3z+SO6HS6EDrRLuLELvD+uNk7Jh4m3t2KDSOBrcRwp1xgoSAVaLzt",
-	"ePPyvIu6miWp9BESttlzcZ49acFjVeaXsNd15igZ/dK/sJ/6r74fBUTEUVb7hPRseFhQDO2aw3wMUn1D",
-	"WKQG5Jwvs9YQnWuOpxCNGrwH2Yh+sEO/XyH4i5vanzM6o0Ks7hYtra773rr9CgM28n38jVpd8qIgqW66",
-	"5nCOkU34LSXCiQnGXmK0Osc/bR5wQJKYhhARGkqhlMO5co8UoHJ9SKcVHEbiccHBAWXNILzBLihRjE9j",
-	"o56mPJyhyoxCKChB8AoZGbE5EcXIUZzxM/zCjLJXk+9zeObKmcQx6pkoq3q3DBYgn1nEx1ItjgTknFnN",
-	"eoQ1SSQoEd+i7L66+pHcwJL0Hp+ekhGqyEgqV2bDdTVOoyloEkHITDNZqKyr8mEmuKBLnImn+kc/hW+U",
-	"jaitr6ZCrPJNRraLvDjJGXl8fErqi4q4UeUckyFBhksSsznTNtPCqL91XNB7fPp3Msq/GRbeH+L7pouQ",
-	"JjRk2k6rtOwl1nETM0tUhH13uRqTVNG4mpbRECxU4e0v6jx50BijCiE+U7BRZRTfo7W4JtrorMwkI0cf",
-	"iEaB3QFGOZK3+8IiexX/Sz+T7bFF7WFU1sJUYD7Ykw+l2frDeZ2uf/SpIILxq7XO6vPCcFxOXKb7O490",
-	"ob02v/TnlLXrLZvmuI4acv1Zoq06C1OjSVkyeFAXZ6TtHRx7fzrlK8ZBHl/p+GTX8uhIQgxUQTOc7hv0",
-	"4HqPunkYVWunB2hhVAHzLePTUUC0mIIRXkGNeUF6bhKFYoTuzcD9CVFAJpTFEBkZbEiJGBSYVBzDRBOK",
-	"Puil+eLQ1TPiwg8mpJzMxS04fPbCfF2Hw3yohFljCcvouS+tj8ePA2IFKw0Zwes8/gPyTzRKVJtVUvRN",
-	"V9dg4Pqrc0O7n/bC/M8mzAvua7eGe/G+x13ZECsd+abikJl4rXWLY6CL83l7t7Mdp70TJYyHcRpBdAen",
-	"897f3E1EbeNq3juZ/0JO5nqNcZ1n+Tl6eoMsvBAduXjEuZoslC+zEsQLybQGnrt0LU6kPRGVD15o9fOi",
-	"XHD+ZMZLIuh+XL9B5prlYqjUbHgDS1c6yH5YHWnVTdxUQLvJ5xsUWzFqUmSm6sI0fB9ll3Ov3UsMsu8p",
-	"teon3tAV3OjrvTZ6dlWbxzsFrM0jOKF4qRB4L6BCdQj9goYTsMIoPkpV0XXY7iveu4k/W1mLwiI0u4Ur",
-	"C3pW9gXnnLH3Cu+9wn8GrzCyL+rZFSig0tFZr2CXPCxrfb0lR8+OPb5fiH+gi2fgz+gTaHIE5NPa2/p7",
-	"V27JlXtHMXIEt7AOTccms6FmxjRGexRNdBcRZpXSgOTxuqGQEuLiZl1nj7+wY/irypY/s4sAl667n8D5",
-	"cCzT7WXZX1uW2UxAMmPGgltaVWWHkq3j5RMtXjwVNKfy5RPpRSJUxYuvmE0gXIYxDOaRs5cRVRGREr9R",
-	"hIY3XCxiiKaAODn+vgkt1d7IXwWNAjJmMWZoKC0STDaoXmAVr466XD+d1V1zPdvNdVP7RdJeR/zMOmJA",
-	"uFgUmXcvaPcXRFtdEO1YHitNpW6Vx9w5dgPCohgCFIuJFWauiaETbyvSGn9FcY2OQeCRqghm68c1jxFN",
-	"1c0ZuhIlJEJqYrPQmMbGfOadkFnDrtu2s2BAzrMxF0YoQaVzUJm0X8yAYymRzJGN6XxYot0MyjmsXWh0",
-	"Fgf9bCfu4sOmOOR1TuEBufS+uIAkUtxi3y7AwpPeh1gEhQCLtcdX4RQ6y4+8LsfcHWMkBm7Q9dER+NP+",
-	"UPvyDrVsj++9vvvT8IFOQ3tg7PQ01EY+cRr3feb2mnORcZf9bZPNsXyFSIArMvrhxTU5WqisuWo//rDy",
-	"v5sD6hl5dEok5ZGYk/FSgwrImCp4+jiVcUDwCMHEjafHREEozCFqTgvzleBAfobxlQhvQGNyfUDGhoXM",
-	"mZnfuAalS1Z/1BQ3c3ZxF9kUfWov9a5+PO+fPnlqs4LsbJkiaiYWHBPsAzID6ZKGCmcrliIc4yGG4Oy9",
-	"0vFt1IjRYXvM3dn/z97XNreNI39+FZSr/jXSnizbE+/cTFz7QpOHnWwSO2c5l7ta7YkwCUk4UwAXAK1o",
-	"c/Pdr9ANgA8iZTtxbMfmvBmHIkEQQDca/fD7EYwGa2L31u1bylEtofLGfnbyCdgQ3ewDCFMxw4pRYyjA",
-	"QFXG9SdN7EgkDH4MVf8BM6jUodbQ9CYBo+tC6NwAbRP7MZDCKCA4K0OviJH9dtReXGdjbPRpb5u3H72t",
-	"DS/GSe8phFuf6jY4ULuiBxUZRpaKlV1TSK/XHVC7LflGW7LdEkOt6K5dRH6Dw/V2rd05N4u9VM65aN96",
-	"P3qcOLtkM6r1Sip7+ElzDXQfGVD1R0FhIsDEgjoEEyaUTFOWDMknJcWcxIolTBhOUw1Z54f7B7aZCyam",
-	"7uwWHZHIdsxuNloKmk4LfJo99xOzY5oprlkJwgSbe9YQaoEv/BY9/J102TvbsfsCCsnN4syO+7awxZjP",
-	"BeRRPQ311GVxNCsdFueKm/XO83/+q6yCPjgB9RhRZZWTm0WzrpF5xf+1Ian294cpqjK/GcZwA+frKaJS",
-	"kR5NtQz+rxUtl+w43KofUOA68bnyGG0nFxywJei0q8XG3d4uN+6GM9fcg5Oe01L/HvJ+NyKCrUgZwQ6B",
-	"1uByZdIw3CnTpAaDZ8/qGfsxob47+b3R9ncqDYJs31Ca7W6ZZ+0WNx5pNaHEW8AVNpBSVr9zGZVZQWo8",
-	"8K2WdO9w/1kfd6Csto3bNSxnsyOH0eqjDlh5AE/+1q+a+57LCLiONu1v98EPUC+NoWf3lQB+PY1UXwS+",
-	"GBIrxOC0tWKKkdgDiYRDGEf0zgdhwHfcQg/aeK+WPLboLYQQbVdcI7LIl9ThPIP6CZHsCpwpRqUpwVIZ",
-	"A4imsKznzGi32Vb24JgqtQY8JrpUEfnnZCdbJZOdwWRHmmyy8y8E7wdVZ/iSRUPyWioPLjs+e/Vh+vHD",
-	"9NOb45cnn0jPM3X9lSy5yA3TfVdPXGoAAwz4ck0N1zPONAlaTePvgrHEA6sehaJkanxMWxCpEi6oWlc/",
-	"JxeGp/Ym9jnjiukhGZGVkhhFBt0tFQE/u5jD4AwQMaVhLAfoY2+EdO1V3dzOW+O9LAP3b8WylK4hCyta",
-	"zij4wL3TJuofEcUyrERZof8GsM1SGV8ESFkPQQbTjiVRihqGBVDl+qx6f+zrzml8IWezaEBOmVHr3ZEd",
-	"xf6QHMtNwwoxhBv2F8Oyjw9zf4Ge3Rf5t3v5ts3Fz2F5fXa+nu6wajcIJS+tdYtCiGFQr8F7bt30t+4a",
-	"Ls9nj8YAo9eaYV9QpoXUIPfIEZS6ga074yxN0Gcs8jQdksjdO3X3QgCRa/jVqVgIueKvRMmVK55tLPD5",
-	"HRsbua5+sy75TjJd7eY22baDWhvNri79UQno79XZ9dgSIU6+wf3kHmgWUpfj1iqkJ6LIlMuYIqEUuhe5",
-	"yzoakJgKKXhM0/4R8dc9HTzJFLddD3RDRROm0ADePPM/9ofkBf5pTTAQf3bJgFl+2WQMFLL8u/uiBy7L",
-	"rptXyrIb5E6IH5cQu2n9VumF7NZdrCra+wL/hySrUg1G+8HtbCE1QAgDTsSSCjpn0Bto5yftkm2HxNWr",
-	"YJrwTKoVVS57qQcEFLuTfH//GStXfiThIqJHsKR/VPodFJioPgBv9dQTHikScyZqD4Y2PdbY4f5vTdwc",
-	"WHQ1LYr4MOkpTeUKuVBGwr215F1DQg+A03GZTJvaptRvL84wVFAUdru8ndiw62ZrOo+f+R8lAbZh1FoU",
-	"IHxZlybTpcncSL+OCgEl1BcNMCed36Zane65BbV6kvlA04Ya1OScxXJZaM8j91dN/zXqzCF5Rw1ThF3S",
-	"NHeeK214miLCOdF8vjBczB0kQ62xXqQZE1OEQO+T89w400sxUPbcfL3edK/qdGanMzud+QCz/a1wfpO+",
-	"vApPwbVcgyizOqOOr8BovChwelNq7G9OQ4GvZ4UotYL1h8SRm3ugUNBBaEnv6lhmLHEv1kc+Sb12HaFw",
-	"uQbSbhkaquE29qhYA+CiqyKTlRis9qnt7vYpuNvBTIbwQIEj51/aK49Drg1SFgenbPndLol/C1LbkIx8",
-	"dxYSfGaGLKU25GB/f9+/shmQoqJZ9O3q4hP8fhY+2qfsuw9rI9gtBvH2iX7rXYG10Mr0a3+cQsODr9HU",
-	"Y/v8mX38DreHD1KbXF3tXfCrHwtVuCIZPti5Gx6XuwHVrpvcmzgd2uAsz8qKzyUhXKFyiVwJgHG2Fi8+",
-	"14OFV26q79uqyCisTKcvSGQF0zG3O5/i1F1SrGBKssYvO4KoM2EcCpR659IsUNMau3ucM8L+ndO0PyQf",
-	"mOIy0WQphVmk6wH5d06VYSpdY3+FyGkKL/h49sKOHBMJVSTDx5C4VBk9pSbyvsygwrGIzg+6i37jk1Zp",
-	"x7k2cukuON7OcnPwoUwk+C/M7wn/dDHs4vYhiegS3P74v+mSC6nAGXswHB7s/5+Dvw7JG4wGEy6yHILW",
-	"m/VSRNClPWzYPkMQ5ohQP1WwnfnU1QXVlS1miz/GFWNjhFgxKOWKWiuqKgrtO9dT3REGZeWT7rWGqWm3",
-	"aNslBFu5yf1JP60NostGuu2dCBd9OGPc8HSx53EfttQMM6pzxTSY4ZnULJmiIowQZgJPEZCbA1k14URi",
-	"VZoVJ6bLgamStU6hQHTTwq8a933CBRxZqooe/dg1TjcyzhgiOtvBpKEmmAs8/gSh81Exq4Pxs2gKPNiu",
-	"8jaE1GiShOZx+6HGf2LP9oobtoSSxKYB2vco0Rsvxh3SXXej4D6ZJeRvmPxM/hvxTQ4cTQNk/Nj9pY7D",
-	"4XJQQxMYLPib3UnIf/m90r8uMgvFtD3VTIFqccvzpVszpmJmP+u//OEJ6cen2GxEeuwzBTR+w+ZMuTng",
-	"AOinJYEf07XrEdfE970/bPgc+40rmafJ9DyV8UWEvIbw9xQBTdxGrnM7VklUsb2jFVXCPSOk4bP11C6E",
-	"6Kjx0+Fd9gEsB5eXTNE0LTBRXNxVGyXF3B6b7aT/5MhqTfmoDKdvqi9CMld90R9tLvjy4R2NFYokBFWE",
-	"8c1d3fYvucVd/S726JduTO8pl6ulL9sPdX4dHAVFsKIBUr7L8uq24Z3nOy/VelflYgNOyeoBGrQ4qPXk",
-	"pnv0F6ccHVZzwlJm2OZGPbaHNKs4NKH+BIkKLew+LhQyl94R2KRUbOu3elRojCW0RhHCx37fMEJDVeFL",
-	"+PSk8/M/bTBRXAbbLWorESZe3EQIwYmD1f/efTMrQgMYEcS445BEccqomganhGKYKgJBT5GQxJr8PSEN",
-	"cbkXTs9UPB8DIqwR4pjuan4O8G5vBg82Y45NbocK5whAulRawMchzimNj9daG2sLrBoCNwcfiMyYYAm5",
-	"YCxz3ipMPdnUV3mW0Eeqr76zKfYRRu4hGGJXuEtwipOn6jK5qaLubLUrFDwu/Bu7TPzRfVczA9keraHZ",
-	"l7Xc2wHReZZJZRdxXErCdWhmLhb7+n8RLWimF9KQmZJL+K2extsQqz2WJOWXzD4fS3HJlD+zZkxZtbM9",
-	"u9clBa/H/qMeeJpvvb9XHd7CwPlZ6yJxj8v/WZ/fb8wAzjWdt2fvv+OCaTSl7ANTkFMuyD/tHwOAsyNI",
-	"sYAZEBVEQy0VFBonoep7jSXHWJB3hKWcGjBusZjQV3+iUxKeRzuqis67NQnhI3zQ9432vFZyeZ37zuR1",
-	"7ip3fCyV+RGpL903nFrDBT7k+swWCowdWIckteut01iPKy2sPr9fqbFiamgq53tS7/IlnbMtzLkYmTkZ",
-	"E7xxgGSZ1qReA8XjcCIaVcgLfMWJfoMv+L5a5KHJ8MkYPvv6khsG+EeU2KfFQxumym7ODiDfbrYloXOL",
-	"v1no9EV+pbyN336sihpP6mmYmeL1OsBcJI6UPegDexcXc5KlVEAsdSJCXMlec+G48nnBXj4ibJmZtT8s",
-	"4OPwRu15cH/SThHlgpt+wESx54mJH0CeclOEUOXMER3MuRQasflzq9DCkWWmGAsEhVJYFTcgVqaSHKYD",
-	"OBT0FSpnbMf3aakb/+VvP15f49gl1imbh65sUL8g3/Pbj9pH+63oQy5cSc5uon/2vuiLfCt9Zy4uBIAl",
-	"K8IFDVopAIpXqa6bRHLOShJ5u45V6IjViMP5kCwO9vd3f92fn+/qz8vhwecWZ6uGTrS7WUtu1YOffx3s",
-	"LLkI/77b4pJCmts8E+O3H29VdL/KTO+iQNvoMWuSe5VwJiyjyixrNJibe9zL0n1Pa48rvvz6e1xpVLuT",
-	"8OPbHNFqDVN89WHYMTXoayfTS5GugUorzechwgh+OJdh5VK4MM+6LXu6WLqPI3X6Re2r7ilvujSs7fT9",
-	"XXJ0lxz9TcnRSVl4GxRJ8ya+96X4R40pf8NKvj31UI8l+nbbUxAqvfxRqq+3C/5ZZVfoIv2dMX61ELcm",
-	"ZTWZAy8BwtkXZHm3WVKSthZrALNRHq+4376l8bE2YveUcnS1wvGJRp3iuW3Mh85SuW5O0g0slQWjqVls",
-	"M0r+wDseakoPdu+qDJ7RhzeECr1i6lbP/3e4SLbAh7/jl0wwHY699mPdci7Nv5vHyuxz9449CKfsIdb0",
-	"FjYEe56GKFQ0p8Ko9a59Dpms8dnoiAhJzhlVTCE3tBRs1/AlczfAruRQpF1Zm0zWrjpqIgpKsiE5ZSZX",
-	"AsNMqRTz3ZRfsgTZs7GFnqfxS9fAxHmEJJ6EG7L/y/5+HwveZvRc8Zi8GBEjJ8KoXBckoO43miTKwXsk",
-	"8O6q3xvO+Zv9t5v7wUTUKNMGhAqHJo5QeCVaNXc5GpJX0JpD3PMY354ZnHLhyIeAVGIiMsUuuczLPCiA",
-	"2w6ME7kQLG3yu2OzxzJhD7Gky/YLR+GevAblDrRrj1eeNK8jkXnsNAw41YSCGJY0p3+5XTB6qwL9Yv+H",
-	"hMpWUO3PSuqMxWYrqSOoVKuOQP5TOSdzatiKrgdkteDxgmSKaeZpl+1NjnoX3vKcUEzeReUgZyQK/Ygm",
-	"wm17xJEQPydWrqKCv8Y1x0HvGqhmDgQIyJAmFVHAr5Ps0hVdb1d/Rxu98amH8HGeIqG1jIP0oO9Lrpf2",
-	"INZvUmzFsNop+XamrY0T1Juk7EK2Who63/PMzmGuCpLkc2b3KO3ZiBuOXG5Orht7/OXwPkOPYWDfhLG+",
-	"ilXXzq2d+fsPSHbRklaF9wWW4e9goAFLwPN//uvPihYsJtxpwg0ura/Xh6hGtqF0OrkKCq8M2lAYP4rF",
-	"jF8yT1Bjray6LdgvWOGkYBOhjcw0WUl1AUaXAfLnYAeiEUWkcHwxTCQMcICatZhZUFHWsoTribhKrzng",
-	"havVG45Sp9q+t2q76tBol9bts7B0Gu2uNZojByxW9lfoM23oFhzNU1z1jlohpWYm1ZLENPOZj5G/OJQZ",
-	"FMEmUWNBle/KGF73UH0ulV5uk6IXMi+H46XdWlLIIf0hrYQfzyU4tnLCEvKP8ckx0W5RBZagZMnFSda2",
-	"5D2H/Z5iKV3vfaGBur4Wx2w+z1A/37sw31CPxGNKVoDEHQjyP7HzsYwvmCEptZuu24NXC56ysOn6ZxFD",
-	"tXRqcft2L5GxDh0eLpO+A60ArQAEcEQvpDLOhwRf5DnlkJYRq6TIBVuThCm4C7KRI0dd9340Pnt1On37",
-	"6n9HgwKGj2vft0HoFv5VjFYwMjTTCAGDNsZcSqy5t+ZLrl2Jv/9UmTHn+wpDpY1idOkrwdDtZtvOs7mi",
-	"Caah09KA9nR+nilpZCxT77Eb+tZ2YQyGlwdR303JOdLjLe2GMGcamf48aBGjy580OV8bpgkANq7oWg/J",
-	"sTTwCXHKfW5VHVw8pesz987btWRGxQi3hrkqa/Z7RrUPUAfVslNX3MQLFor3iqm5xrT8kGGjR4nj/fO1",
-	"Bu/v6LK5VcvGKYNTuyaabZuzmnJAzXbOzIox0ayB9fVMnyXbFhV6/3C5nD5qpj5xs/CcU21F3Yg1gn4w",
-	"JqiI1zBe7DNqVUfy1Nkpd2GnFBNSWpx2ImuLEtwKrabHHzJNHEJ8YXDbR9DiJr1gmuvcLmjM5bCTLTPd",
-	"PyJgbGgyZ4Yc7j+biC1gMy2VRyhHTysf237z9TOxsXCry8F+dDnYwi19L70NW4q1aWnGh2u6TLdtLicZ",
-	"E6MPb17KOP/m7KibrXzfs0a31eHBb4fP9g83jcHG/cV9BEncVzy+vIOzBYDkCqNobMJ3XpFykNF1vbjl",
-	"qkS7IyLYKrCQNANVfPDNPi3d6z77+urXD3+ngR9nFUxR010IRMgA85caBXLPyGw3z/SW6ExDCixmx2tC",
-	"/QuDtyNT8pInWHvufpLnjrGHjI3iGdvVZp0y4vr1BuShj4DLDv164MI9RSZQqVl0OhDNYgX41xAqh5Qi",
-	"JVeaQd4OOEViKWZcYWW570uIf/sG0f1SaZNwTXxYKWakRwUpFdbsvmVrh7LjwLu5IYolNDbMO6BW1qaF",
-	"dmLFEm48mLgH7yl/jndEsfOFlBe2ZalcyN93OqaZyRVEpgTBISIyN5onDIkk3H8E+CWgIF8Th+rooAFc",
-	"qVQqscVEIvQ5EBxlLbQTDuEcOkpmlKe5QjDGPMNjZ7jPLyZoEoZ9Dv5He7PGRTzNi1UctRVKuSVxJrOP",
-	"2WMqlSp/1z2lPVW7sD0CFoQl4JAmm4JzFOSLO7GKUIqmKEVRV3n19PKZ79ZnVsQ7gNWHer2LW1ppybr1",
-	"7Jfu9TdHp5X13hf/7J/tG+WxT4HFEMNRJc/VLjQmjBXeIvErchvimM8FtSo+IigCpBeZvwGPQpwL/tlu",
-	"TFIkGpkVBpcH7rcF+0z+eD96sTv+Y/TzX3+xlt5kB38yeO8Q/6XoCnqCF909LBoQzYCxgESXBxHSNGm3",
-	"JzDgyViX1bnbHv3vAAQMvhExt9sN5I/BfgbfMiCUGL5k2tBlRpZSuQSKZ/v7RGOGhqpcJtonB89ybAD2",
-	"MBhBeemQbfw+GdMMthc3VdPw2pCSRnqH+/v9Rq4PDxmsGKYOJ7jTZ0wVG55nLEWcDWAjSTzh9i6eTyhJ",
-	"ctTHdnNNOXKZuMS7n/f3nVoMN0WQhOdiVEX+c9kasBOFb6bIRgKAyNTHYHpuRgwkxqwz1m+KvUCWjFvZ",
-	"n3C8bjcG86EmUC1hmJK8tUdgrrFpffDtNJAInm1aU7AMnCCFnuE/i77VJW+nJWnl14Pffr5hudNf9v6y",
-	"8/zL3VYoVWd7FF9s5aOFnf2SKT6zi9quNCcGPSvGtADTxsv9e97Ku4TmGyU0n6ICKB3OglLz2rNOJ9uy",
-	"DTq/+R6ny73ljO7aRcEF09t88SuytEpqUTjlUcXxS56yOUuKRBnEug/e+WnhnR8QLuI0T+zGkmvbDGhS",
-	"+HMIBDfuNsDE98/LTPdJSuMLQoWnlMKNk8xobKTC+xe+i+9fj4hisQS17cQZNwWZMTEkx0j/t5nDQ3oR",
-	"vH/q5TvCGMKKa0BVpkvYbKC/jfk+71+PTsNQPtSAWrmT204M4SakNNdd6OwuXD+4eP3Iy1kQg12QDy9+",
-	"PXsPmCv9egrQqRW/msD7YsFtEEShovChLlzXwau8o2cFQZYu01BA2pDj5JKzbjXfqSOzBFwZVtkN0Hs+",
-	"LZggUaXKHTja5JIb46nwpJpTwf8DS+sn3VLATzU65uwZp/RLKSW8DP1z2OrRwj4/KmcWftI9+bFqfdiS",
-	"hIqOq6OaaINrdCVwY+7q87v6/LtDEsqCLthenO9VHzidHNXjVvq2DxVSb/QvBDRf/M35Ujx/FJjTUK+3",
-	"kurCzo0etMKW4GtvSZM195wnQ/KCKsWZLhNXhswsd4oI/Wp3OLjx+nGgjEpju02ddQxzt6q1nh4l3Vbt",
-	"M2hNyunE/jseUa44lnTC3mGXXSm4LcBlVZsAgxiQwdEGS/bEBf17YZd9zWnpzvSMRy3r9E13JLoXyLJv",
-	"OhLtoZPuWt7K9+7Wp6fdfsDs1vKUXT/H1a2GTok9baMJXMleApdB7G/gRG43ncCzkmumiMPNSKWY+zJP",
-	"986AO096kb21xJJSihIeIVwc14aLuY82tDlgaJJUZKLTYvfnAx/V5uK+0jkr66FJLyZJ5y3qDLo7Urqj",
-	"JAlB028z5va+4B8383lXlPQpW8pLD8+dUu1ualWvyt7POg1b6/V7tyklwBvoJhdY/+BqGyhUmL7v64s7",
-	"bILjsfPYKb3ORX5DVl1YN1for69wtJGXbCnNDRRRxRHXKaIHq4i+s6/wKwzL/bszLMt+QxziTuF2Vubd",
-	"ZFIsqJgXivonDSnEV9qbWi92L9h6u59wPP7jrb3naRWS41df38dmh7GrIX+cNeQh9XI8/oNk+XnKY5jv",
-	"knyN9QKEZAt94oIBmB7XJKNKu+oSV1rMEtLbLDPGqmgEx4OSZAEgGtVe9I8cSl8o6tN0yciMizlTmeLC",
-	"hJoVKaqfQ2PIS7+CoxEl4THlaeIX3ZN/yg1nm2PqqLQk7AIpzWNH2diZB9/ghBI19dWovRqMg70vF2y9",
-	"6XRqyoS8HVVRw4wc/4F6sw3SEnt35z6VLu2wC6qVsghvKl1QsXcDzCfS2wKlX6qxawSDwuYQPvBpmfHF",
-	"l1/flHdBSqyp7Ez6R2nSY+3slbToHnHzJpzoGNt2NvcUItkaIBd+6xcwR/Yeu38B0AF1lApN1nexgB+T",
-	"BV581T1Z4aVh7RjSO3P7O9U1oR9eXFPJ1K2DvS+gSbZxC4zwFY21lxs5Nr3D/cN+Y9X97SmZDeoD1W64",
-	"u6/7USoTtqsMn//UnQe6ygQapPLGgn/5bE+xubXqW2X+lUPlsHeh048bTVx/kF1HG2rYEYkcUdgUb57G",
-	"MmGRh1byZZCuoZ7I0xTsk4kQUrB+G6L3/3x26jr4UFEOfA+vA3PgBvvesQyelgWuwgryomDnjCbvZcJS",
-	"LxGBd8cO1d7/XV3Y98wU04t2oLlXwr6yjinKxCXRzEDCQfTm+OzV6fHo3fQfn96Op6evXp++Gv8xPTt5",
-	"++oYZEMzcxSgyg73D4vDdZ1CxyyoKfjQ6plT0FP7jgcrJ7Zzp9jP7Sg2cMstm8NftU/deNf5Ienb/MIH",
-	"Tr5mlpPXUsXWwHTLzG81ms8FF/PdC7a267iMa5MH3PElM4rHejuZCd7yfVeuYZ/NXpZSLloR5n/57wf7",
-	"v/76y3Ug5j8ouWRmwXK70X42hH3OpObAhoRG5OPDmy998jLMWCPWPPgi/tNqUgAio9WWH6Q2c8XG/+Md",
-	"BJ+OR2djpwsH5K/7z+q60F4qwzVuoGIVxGAMcJLt3/GCxRcDCGiCcrafaVU0S2XGGo8nDx8R7NpwYOvn",
-	"hIH9lrCMiQQQqN1m84Ouz6D47m4gj6UBhK/1c0INSRnkDwqGK8uuxUSubo+jdCueoOvt8y2S0yaTK70n",
-	"pOEzN1DtBv/HFjo7sD+yXC+Yrh40Ks0SqpHtELSiJ7N7PhHRl8lOvKBCsHSy85xM4Dz+HFFxeeLxcMn/",
-	"I5MdqebNP5wrSZOYajPZGZAJKGlsC+9GSE246p6ydyXUUHvXl+Fw+Ke9oO0ZhZryk6evX5Bnz5795p/7",
-	"MxpOxBlyZgrk3gZjLT+3I3VeUMqFQYAjmPu+QfWnMswV6eGxrD8R7uYA2B8+zjczJCflJwMxID2Xeake",
-	"nfRKXIf2KJZrbHzO9CDcdJ4nc2YQb1L37XqOF2i3unx/slpIElNBNGNurl0xMnnpIXW5JudMm4lgs5lU",
-	"CI1rFWvGlOYaQJ7s08AGWVkVw2UynIgJmBcOfJlL8RyJFGN7yHBskL1/fDrrA4HUeWCUjQaEcfA2cUGi",
-	"kTPSXAtIPEsc1rJtw0EqT4RUA+SQdHwEemAXZ5UIsImiEd883GySyNmMKZYQYde2kRPhH6l+7OVBhBmy",
-	"mqlLpgiLF5K5uFrrE55AAaCG0T9lD8Uj8u/cDj1aIvjrLNcsIT3qed8FoeTj6TvCRKJJntkLqZxrx4EQ",
-	"nSg+5yIiJYrpiXDO9p8AhIsspNVpigApNnGUm8cnZ29ev3kxOntzcjyejt69O/n06uX05PTN398cj4fk",
-	"NRIR2CUxQ/BoNhGOCxPAO0Fjh63Zb7kOQjRSMjcsgiUUWbNCJhHMb8IM5WkzxZeTxuOKHrvNTXoLjaQd",
-	"/Q9uqWgEMysvHq7bp/aJRPV+yNPPip1rUAXbGKwrCw4h0Es0rxlTu1b9D6we3K1oeyAyrOt13d/uiVgV",
-	"VLrXZv0dlTrkZbCnGUvI4fBZv8KtAkpM1xew3qBCBTUG4ul/AN9Dg1rsFVz1VnP7SCI2M0bW3ajvZKZd",
-	"JZZfXHD/u3hGqxY83N8nkYOanzqtFg2CHhki7X+ErU25mEJLCEevMyZMVUsO8GRibYRBSWNyXdORnpf4",
-	"7NXp+zfHo3d1/Qjxj2dNPcMOEQnvg4CJneNVDcbffbwmh/sHJMLOu98iqFnOxYWQKzFwFDgMUPytIuZz",
-	"4Z4uPeqx+F25c8YRa5+V73GXI4DlV+vANFPo97C0uLbtVBU8shgH/e34i5v0/JCMZsbRCPgWHfvxTAFm",
-	"s+M+9uSqNd5jNJnsHly5HcxOT3IeLE8SOd7nKdjwdmmwzxyWiEt7ha5lUswjNBeKZTogkWKa/8f3P+OV",
-	"m5xANbBfb+xcMmOio2G+Ng3z09k1u/LBe+Z49ktui/uzdAb2GokLezoWJZr5svczXIQtvf7G801LA7QN",
-	"6oIGpmSn0pBFmhvN0hnpWQkvkcRzRVxQj2SKzfhnUEK5Snee7+yBoet6V3/DO37JBNN6UKCYD3DD84yS",
-	"oPucx29YKBXnXWhIoeVzsZtnA/AP73IxcNuR9x7Dzouu41DH4tqEQWnmFnHIwf60vC2jqtQgxjw3W3wZ",
-	"kKQ16cV2Z4+ZXZW6PyiwyIHUoApgUmo61Dht6+9mFUepBZ+paRtwl37naQqqtbgUKCFK115QQ1NZuQ35",
-	"XksXyquw8fLflcyzym9jIxWF9Jni9qx6yyjLRsrwGY2rParYseXeOzT8U5Yyqqs9dOI5wrqQ6mM4uCPw",
-	"DbxQLGHCcJo2DbZ/A6bFcW1w2y1SK3EiQ36l/xB7d7E8ylcRkL9+tbkv5TveU6rH3LDmX97xGYvXcco2",
-	"ft2cOnt1fJFvXjwZv1las2azd/V5gou1JbC5SmmecEOMojytj83I/rTRZGU1Vts78RaPI0tawmJwrDbU",
-	"bAz+SbXHVS78hh9GWfZByc/rnT//9ef/DwAA//8=",
+	"7P3pciO3si+KvwpC/x1h6uwiNfSwvFpxYofcg63Vk46GZZ+92oeEqkASS0WgDKDEpjv89f8A9yXue9xH",
+	"uU9yAwmgRhSriqLUcltfukWyCkMikchMZP7yy07IFwlnhCm58+LLzpzgiAj484wosTqeKiL0p4jIUNBE",
+	"Uc52Xuyck5CzSCLF0RJTha7IlAuChH6FstloJ9iR4ZwssH51QRldpIudF/vBjlolZOfFDmWKzIjY+eOP",
+	"YOeXM/JbSqQ6ier9vORCkBjrT4hGiE+Rmutu4AU00B9CHMdEfCfRL0Pb0PAkChAXiDOCFrqnCF2t4EVJ",
+	"xA0Ru5Xh4c/vCJup+c6Lg8PvsyFKJSib7fyhh5hggRdEWcIcRwvKLiURJ9Ep1q9VR61/QzTS3VD9OdFP",
+	"BTsML3TDqSRiTKOdYEfPgwoS7bxQIiXFMU25WGClH07hycIYnzyvDzHYOU4jqs65UJ614kIhLiIiRuhl",
+	"KiQXEmFB0BVPWaRXECijH0olidByTpj+aoWWRBBEpUxJPpXfUiJW+Vz0ayVi/ocg050XO/+/vZyt9syv",
+	"ci8b40c9GBj2DzSOKZtdSjwjbaPXqy+wXs1UP45iyojcysCqo8jHZ+hVH9XHBP+WEpTgGWWGO0N4Ek0F",
+	"X6BJ/v2Ikc9qbH6cNA3W/NzElM8ODgO9hzIm9a3/G8EX9WHaiaGECMojFPMlEWbdm4aix7/j5cQIKzJU",
+	"dEHK7Pj8qW84JxFZJFwRFq7eklV9YO/xNZEIo1AQrAiSeErilREf+ComLxBGgiQEK7Skam44FC8IuiYr",
+	"hFmErnikH09ivJLmV8UFidBAYkYV/Z1Eu0gQmXAmSTZVI9vyuRYGOdSjXCcU2uh/EhGmqFqdCn5DIyIu",
+	"CMNM+cWD+a1ZQCj4fesi4uPJq5dueA0D04SM05mTs2YgaDnnkiBqZ4gS2waSdMYM9VMQeKxhPu6FtdMp",
+	"stQTLXGVIkK39X/+hYe/7w///qv9f/jrl4Pg+eEf/7Hjm+Sp3sL0d6Kb9PF3gmdkLPUDxc4jMsVprHZe",
+	"PNsHQprj6nB/P8gPrwPv4XUaY6VX4ozHpJmoiX0KCR6TBirpn9ZSaJ0EKw4DxnXBW6VBmiRt0kDxLciC",
+	"X04F/zcJvee7/QmFnCnyWWnGw5rB9JdDGfKERIgnRBhZio6zo1+LBZ4qRBWiEgmiX9CHl5YWE8pucEyj",
+	"sX140igBfhnaAQxPXm13s61VakBjGco0SWJKIhSWlJwAkXDOSYQoHMMltSaTacjMZIQuMq0GVB0JSg8c",
+	"4fhKEqbWTD1vtq865EYB2tAPOPoRK7LEIOZhIRmc41hPL4Rp7f1b6pl/6cjNr4Xg4sx2YrosU/CYoTSR",
+	"ShC8QBFJCIu0EEdTTGN9CEzcj2OiW5qAwlfQbEtzbxiLfXyvsJAwkB9wZL+5v+m+x7FmQBJl7M/1ckup",
+	"d7PbOoMa2x8hHEuutZHVgjA11vIaq1SQsX1yEqCJPji1TNTCaKwEviFC4ngSIIwiwjR7Mh4RvSevCFJY",
+	"zIjaJjlfcjaNaXiPxHQ95ppFmApBmEJSaV1kMPkfYxwLgqPVmHymUslJYH8K7asyQFhvVas+qGxZpKJx",
+	"jETKGGWzbZLpDRdXNIoIu8c9lqo5F/R3I5csL2gmk+l0SkOqOSohAtiQM02kCdaG0dhJUf0NXzIi5Jwm",
+	"pW+lIsk4LX+Hk2TMuBqDkhHb71I1131IznA8jqjUumH+C2GKiERQScotld7KftnmcpzonhmOgYj3tySX",
+	"jHxOzEFnZT7IN1gVM6A7EHgfuHqjdYT7m+YFmPiSpyIkKOJEIsYVgr2oBR81n2+opFcxcQascQPA7tVs",
+	"NNVD3iodTvEq5ji64PydloL3TQ4jYMDuoRLFeggCqTlmBcfGdxKFOPGcBAGaRERhGsuRIFhyNoGWxorz",
+	"MTS1ZULp4+YsU6bui1AnBdGErnCMWUiqEst+vVXOOCfihobkkuEbTGMto+5RShf1HypRmg8CDSbSjGxc",
+	"+LY2c3DzDTM/37qJFzyCWsW9BckuOH+P2cp+K++PXmf6HI/pgoIo+S3lCiPyOSQkgtNNYEXG8PPYfQtH",
+	"ShxzM55xyJnRF8KVedAdXpRJpVlrDI2WXnc6VuWXB7ESlwzbg/4+t6pWLvRJb1rPFXfFrwkbW9VWk858",
+	"UdBXzRfkc+KOe/MF2IrZc9vc3ZcsETwkUt7vxv6nnkiFOjfZd/acP8rk+gRpu854Y6aUxNHuCB1r7R8z",
+	"VPFzIUGMo1frvxhFdDoloP/qI2FrhPvD2ZTGZR6GPGXqnISpoGqVTVzTMIqonhKOT4U29RXVduUUx5IE",
+	"O0nhqy87iynu+QZhoDJ6vDIidXYyQzhU9IagKQ4VF0bRkEfg3hoaI5whRkgEDksegQPHWsVXnMcEM70J",
+	"zdvQK1VkIds44P2b4zfwin55gT+fmJcO8ksSLARe7YC9HfIbIlZj3bscC7LAVFsYbZcrwQ7YLYYQ+pl/",
+	"7TDOyE6wo48M3UCwY+a+86vPiZH7Q/6VUdK1mU94zfjyVvnVv0moYEjEGAw9V9KOs34/QGeMRHqdXMNo",
+	"IMhUEDkfgmhAU7ygMSXSMXys1xp+AjHRcjtVpEGNVoVZGZOm56QkVlROqY9Bf54TNQcVTxvfRBK4xzIz",
+	"cq9JpLsdpglifOnnyiVlEV+Opbmv63AbV5xvPrxaQz4auIutTfxlxW7zCzK94Qsck5PZ1/1xFFlv3nuy",
+	"uCKi4KbpsSTghm3ztppujLP1LuYNg/DP0V49ts6qqiaCix7L3BUNxrpEkhBEwU1YpoO5mYnGWDV6fiuz",
+	"CXYiKpMYr8bGxVhxJe57XtiEaMAV44JgrzO9m+NY07G7RC470YtC+YlHJls+cYJV01eLU01VjzQ1YjNt",
+	"HYNe23Pz5B9B4SaonUwsja3tYZzXtQHYxqoDNyMOdhawafTQW1tKk6g3b2j6ePjCf2VQ3BUw1+ztCpMF",
+	"7trEUjcoXZ4VZ1zjijIfBUWGL81w7TZ8R6XaUJnJWLITb+Ybv8SYcEVVZc389rmV4/Mna2SHDkqNeSmR",
+	"WUY9JdKPp5cS8SncV5y/vUScwZ/gbB5EPJR7udElRwutz77WOobRbrWpi+MlXmkBxtQRcjyrGzHhDfqb",
+	"6k1IVaUIRUqiccjtKRHHH6c7L/7VordxRlY7f/wa1A5srBBV0kYnzLFEumEkOZpi4W5z4MfvJHI2pH+u",
+	"RybMBYIdBlecX5NoF+GFVqFREqdGzbduZpRgocAjZp5fETVCH/TkU6ZojKiCsVwR4hRdTYnyHv/D6YHr",
+	"tnRl17ZKiYLRPBM8TawYqzu38gcRPKiHvMQSxThl4RxuwswCoykXCCNtG8bE/qwnc1vJGHLGSJgxcSc2",
+	"yBn/Zf72H796KNvhJF0vEIMdwqKsgZqayBAEYIV4QZAgMcGSRIEzGrlAevAxUSaIZysrO0vSMdhzVpjb",
+	"C/Ln62/LzXsLHpG4wz1jsDPnqYhXY2EtmNvtzp+gMdgiCCvLO25TmnOisCuPCtJDP6AF1BxHiHGUCBoS",
+	"/aJRmmqrvZlK01lj0vJxvFkfXI7pAs/IltQJuNoZb6z7gjDWp8iGbwsyM+64qINKEezI67TTY3I+viar",
+	"MY3KR3NvFTVXHQ/rB3Q3VfCfT37m4jrmOMoVQvPm2Djxqwyzf/i0uxq4GdU7aH79lTuryRU1twJvVDnN",
+	"rGVRmBQFUpkx8v1S0BDLNCyveXmXlE6GskAKytqD/7RrViqL521BvK/XsF6Wj6nuutZPfIkUR4LgcF7w",
+	"d+VDrutGc6sTFVbz8Nkz3y62UZvZMfD82bMnz9pOgtSasL2YZW4onZjQTmhiPcFe3zg/bXdafWQEGQ5B",
+	"SmAmqZ8+4Puym6h6krVrRvCy+brBgjScq7lzJRVZeC3KAstttpsLgUebTmUbyo1bpbpmGNMpCVdhTBA8",
+	"hAYT098kQBOr6ug/IcBQ6llIhYWCe4HRaGTcey29TwVfjHOB3E3LqIvmmsIBGjhn1iEvpHJTgBlQbpyP",
+	"W1IfbnUe8PGm55FPmJeZskzfYmdu3bPBl7ZFkG+wGpuWmK6DALg/G70ieB6qpf6jPp/6OhBzA7VotWcm",
+	"muIz46+mxo43p3CDJV+XpkWmkX5ZYPxTMkBXKxc6fXvtrCASskWpWzb6qfXn2RbE4GY7P9ZKRDbiStig",
+	"oZjxDbQZhv7Jei+VfMbK/v5fxUT4VvRnv75c2YklBuvpIy3Lm1dwT91X6rC6cwhu8aiSTiCYLLBKb8ZL",
+	"KAMUkTDGgkRoGmMVGOfZxL456SSJHqVMVcr0EBWW0hscoe0UfBRDj2KoalU7fusgkL6CWmgUr4eqFn4F",
+	"gjw0WqQRVcfa8Ljw2+Y2njI3y62Z7rPOobFuHoh6pEvdmPO6yMuOhNbc23xq2bvdpWKHW5Q2b8K27v+J",
+	"whFWa2LBzAgrugSQdSgTEtIpDZFr5QgxckMEkiQURMlCGE3OGDyEm4Fbnby9DpFWYgsiIWGxw6qfmUf1",
+	"mQHpO/XFAc9eu6PAvO24bZsHVEvfvtOmuCRVZq64EhpPJOw8u8WpFcmU0dnjhMi4sFGS3LP3IZc3D1Cq",
+	"nmX86kSqTMOQSAmBhDROxRopmufkF3N1iyww1nt9J1iLHaDNBKybQzGVCg0kIRF6OjrYvR0sgpuPZzTF",
+	"rzB8Yziu/ME+bDjN/mQ/2J8sQ+LiB/jJTzE1v+DXhG3IdRiWZQyRhp4cYoIFEegfP19UnKvfH/y9DaYg",
+	"2DFh23JMPS2/o1OiRWm2VDAOG/EI4Z0QedgWsqlpB9Gf4z6d2Xdu0VsDvQxQRGBjFoaprPRVoWI71kOw",
+	"YwLeq7cHZmG8HOEuW9rizjzxrgVWKHVcWsoqEbxLsObCxual2xjxzmxbSewgkkAG2JXNcqcSYZTgFRF7",
+	"Aiv9Taw/IHzFbwgSeIkIi4ZhKhVfEOGwDkzwDmYQYWQUA/sLXdicwqYLIRh9J2WsPGGnkNmBj11LW9LK",
+	"BImoGgsqr8dggRWZxoXEGYkD9PNykKPSOBE01GNMYsy2NEArz8cu9qK+h07OP6Knhwd/y4OmtJUYIDUX",
+	"hBgYgxBLgmKiFBGysqWelDZUBVriePjfv3554sOSqEezlgf1yvwKaRdOijjWsys4QscmRI38luJYHykT",
+	"/fSkMkAI9GjZ85TdcBqSsSAhTSCRbauhobefoiRMBQaj5QbHKUFYokmRghPjp4ND1zrlpKUHukpNCjWF",
+	"70pvHaErruZwMOsudjegXYIFZP7dyfZy22a765FfyGVRuib1ALjSRaxGBLz33h2r8OexhWmgVzSmatW2",
+	"7yEMYex2ur/R2/iclnMeE4ljsn0hUjm2PCtdNgJKsjpzXFUCi5vZxrvq6/eoR8yto8gaietdWp+Yz7io",
+	"/citejvMuHsyh2sy+ncqlUsA7p9/YaJcW5OnTJhfw833s/12qXALXq6wW4mzFpk7E8a1jvYFQm2mqPej",
+	"lM187vx8TKKZ5nCBmbSWymYbf3uU9g8p8K+Am++aJfjBPLKhxjlxueRaVbwmiYLw5CscXi+xiOB2FSu7",
+	"Q51GabK56AKLFbLyphB06lqUE/dsiBlnNMQxSogYZvqPNmDrKmjfFXa9+RCKvN26F0boZawFnESLVJrY",
+	"c5ku3ESoReXrlATpxlK+6llQ5tIhq76Lqqy3cy7MZt2Cp9GMqJdwfdBVPFUTqRhZoitoZ+T0F724FWVH",
+	"KyycOWXIhEGEnCmBQ2Ui/LFCMcFSwWOAYWVmFViAOzUPjNPBqFZA6StidElvPFqWHmn9I6WjspAd1VNu",
+	"tCV1tZn8LJK3C32fchESADBa2Cu0DraVWenX+cvv9btrIq3blEjATCsekgvO1DzWZ+9vKRaKCPgbM5bi",
+	"ODvAvSdl2RNcNWMNF4AsMUnt+n2HiXaU8YFJaqk+ZiRhh5yIusqZNdKLwuf6NWfBQvTdrVZbm3RyzuNo",
+	"rI26LC7QcvT3+7WkGywYGvDE5HFDRNmu3TUJYZEJeYW0eCqRbVIb+M7HZFJqBp/S/f0n5H/ulgJhDjrA",
+	"/5WyZXMKZvyS7bZWofSKhBDCWFL645gvtaKIBdP/8TSOxlcxD6/XaWDl9rQc7alYGOnW/RiBx8cJj2m4",
+	"2lBHiAqz78x7Gck2ST3dtlyxzDVOJYnG2GF4ZHSgTD1/uuNzIJZeNDjK3d+kPBoTFm1+KWWagI37QG62",
+	"bGskGsMW7syGmoc5EH9TC8JtuyVVc8rGdhsUhVIouJRge1umd1gu/ozfbYjUhPSYi1d89kj4r23loCLV",
+	"irdnFXu5tqEKu7oQ5FviuBIPu8nWl7LOFG4Bdnxz9u8p7xbtLJY3M2ZvFzi0GUdXlrTaSI8Zb2SV3lqS",
+	"97v1bD7zKqgq9VvQCqEKzGp6bqVU9RQowawoOl2NOQOlEI7ssYmV1myeGiZuPcM3iR7peXhvIQUEshvG",
+	"khD2FQIT8Ra6LsqFP9nRC1PPAzPXYwH1Okq65YTU2bUAXpEJ5msDAd+GLOyJ8ii30e30yE6G0roWEgDL",
+	"DFthohJN20VAYcqF7a8NEvAzXzO+BK+V9Rrz+IZ02PinXKpUkI0hkm5t9G8h0jgiCRbg39zUJlh7/2YI",
+	"lTnR9ENbvG/r6bVolZHbtjY2lZaKSDXOEu66Jbt5jiQvzkH/dWq/NNxg6biYbapv3ZmP59b3gQ/XObP+",
+	"zLmTQHO7wlURUzFPSoZLwxVfxUnjNyY8hk12G5sTtbK7+uXK+IT/vQQNek+dvppzR3U550bfVaNdu/az",
+	"8RJIuZn3/uUcsxmBslXYOvGPMk8qZAyha0ISpOaECiOTRui46KiHp2xUWLG7g7s8jGOCxbhwJJUnpWUG",
+	"EmTBbyz+J2ER0jTyIwI++vO3LevvSrL2cUQ3bb2X9u7unChF2UxueNfpmkHStlMuETRC7+gNQW9+QSFn",
+	"N0RIKGViMk8TImzxCluELavngtQcKySISgWTXhDCBxsbNv08lgwncs77K1Jvfjl3r3r1KJkmCRf6tMgv",
+	"VEsC/UFQoPOF7V2FWngCaryUKy/WmlOqsC79NsfJYpEqAJ978wsiNzQiLCQj9BOVigu4RTeBC4gwJaiD",
+	"p4PYUkHgkIk8+Js40YfxbVNOTOGterpGm3i0bwLYzaYJIw65q0yt159xqFBEQrrAsQXkkggj857LxsFo",
+	"GnOsPAge5ZEX2XV/+Pdf/3Pw6dPI/LX7X17GNXUlHp5IsXH9D2xc1TvOCvHqw7bLHhSrvtW4KSix95o9",
+	"eWJi6jZKHi83cZ4uIOrGZIBD7cgJGpTSwwFEL5XEnFIwFLNXw5hL4sOt2IKbJAv0M2F9MyqVwE0JgO3B",
+	"1OlWIRynlOGY/t5rhq2Nbmacm4SbbY4DeKCvpWS56R1lHjvJk2h1W2/EQ3Axm0jXbbBnL6ey27i5Qxl/",
+	"Hv87FVRG1Jci22nRdRuy9Zj35Y9e4M/Z4Y6c+EJYG46wSbK8kJos030qrnDc/R5Xv6Fly6KDy96S6wJ/",
+	"vshegTShPj3ecBptc3ut9dus9eLnUFEKDK+ceh4OqJKqmV3XSdoKW1R8N0ZOtB9SIBN6hpDqtsFHNakg",
+	"GqOBIx+aE0GOkEue+C6PFDR5jHxBlbaefGAmX8HpX5ieB41sW9d+JhBY69OrLblYs5XofxA4D2tWZ9HU",
+	"K9hWhgmsCeSljWGQ20pc0XY6GYdzrcDdDlEUfx6HWJEZF6tNZbKTrLeQydYjoWnUKIbJZ7JI1K1nu41T",
+	"CHThq8SHdoY/G7uIMnSFJZUo4ZQpWY1OLLmF9hu7LbjjQcylQJHt8ZJP1Oe7qbxkRVd7kWsqJGmU9NXB",
+	"+1a1ibcrjNYKI9iw0Qsuw8LWzFJwAMHTZXaYPneCnSkxKUUgINb5uLPe7gk1wGskPTAAAa8+WFiGSOCp",
+	"JrUxEXbACoJWjbKBhaI4jldj+4VWdXaCnaWgioz5dNphORxd+q3Eo3X4J7YOHw23R8Pt0XD7Extua06S",
+	"d2A+nBFT63zDOmGbJZ5WyNueJlod60Y6gbCvbyGb0+pW0a2bqlHCP8TmHtcQ7VTQsK8tXr6XMGU+LNJx",
+	"yqhCA/fX0GDD7DqoY+f69riHC778bVwR6N4hIbztWiVAMr0aLijjYgiDT4SNbgY81SWJ1t+zPPlb2z3L",
+	"l4Pg4Ps/sssW87HhxsXYrnocrRdRxW7w8HfdtP1/NH4x/PXLfvC8yzVFocdgp3A1USBgC/fo/2LM7l/j",
+	"21T/GWdZcr6Ikw2jJOxVfm9zokDBf5omOjjL12CKFqZXGFRXcV8YTb/U30ot2emUmKIdU8EXmy9waamy",
+	"P22XW1s64PKNFo54zL/uCdkutM50321V7tvaLW7wKl/eNtbNw/r3LkO2xKnbZaGqB+Emp04x4eLJ4U6v",
+	"rFvXTG3W2fg3EBN25R6AtPha27h9/55pkl7qg7bTxcftsEtoHN+OjtCC4ps7Ym6/K+8yZmxDrcEiFm3n",
+	"RsG1tsVLiju45+ns1+mQqLx1LLxSkwUB2ddZ4trZzGFiBWHuNAEAVMXNpcTaO5asY4gT6gITvGVYZEB6",
+	"9CSc+YuXCSPaSTS+Wt2mQEDZMOsk0uCV31LMFFWr8UJvc9kx+VC/2vlZsIQECbmINp0cNJGvaAdxBcfC",
+	"uXmjzQDsVP25PImiR6qY8uFdzsoEgrJxmJ8s+RnRsDilZXarULjQqvB+XUA07G/Pdi0fFiW2rgvFuuQt",
+	"Sfau6k/xPL9fdbyiSTzIy6fzOY748gzWYQN95wEoMJhFVL8wNreWfWNDiq/3EbERiRXu2xv5TCX0stFY",
+	"v9mD+aVbBJRUjugtHcaP59hdnWP1I8zP440btbKTGnbkXR92WzzjOgrbzazvnDgbsPQtrn4fJU+D5Mmr",
+	"NkhYXMu0bekdDZs420fbqtB20M87kqmfteEEftbrzOwbaV1WI4SIFk88mc22h1dfIEN/ZDHxASU/Eisk",
+	"UubPF90oTL6mLrW5WctxjnczE7iM3mQGF+bFGhwtUCZrN6isg3dKHRnhIhvqRkJvI7Xp3jW1CjlvdyCu",
+	"IWwpwKIM0jQOOZvSWSocQgyLsCiHFdbiCdfFi1mFwVuuBqImxlpd71qtxoHtm6IU1ao1hdoz9aYL35iy",
+	"MSGXWT0Z+Bs31I/xqD4VSMrQBV/gJBmLlIEF4mvqJVY45rPzt5d93cM3mMY4x63vJHry3o6Lr7fWkYyo",
+	"vB7P6FUJzcJbf7M3yOQsST1lMw+etxX61O8teETiHlXU2nT7BVlwseo20Z63DjnlPRcPPpL3UaSDnZsw",
+	"SdvG7HMbVdA+cqIWF8Y2X6JPgScqGnR2pVTiUJ/saeDGfjEpkFUf4gSHVK20VMBQddsGnvAp1ME1lTOl",
+	"J/3DdBw3oVC4n5vqR//El2iB2apQg9fm/VMJ45hShRhfogHB4RxxMyrGI7J7hPZRymIo4DTPqoHrI9p1",
+	"2l5ZaSoIGc+S1KMHvBGEoB9PLzMYgvO3l99JBKtrxqHP5gBpBo1S6A/GJfN6TzMb9NdW3alX7Vb7uFQ2",
+	"83l9Of0zeLrIHufwYj00qlgatdRHkUr1FS1808Kj9+byKxwJD8vPV5Vh/TbqRcaDJnDs3kPD5jwV8Wos",
+	"OjDeLfxk3a3TtcdL5zi2ShgeqEF5MN6Pp5cuFi/QFF/gf3MBv1eT35/ut/ln/EFiZbp29nZ4+Quc8JVa",
+	"wJvWIJhhKGeWMi12p2gC231SldOaRoXjwgphU4ug8OhoEe2O0HtbTR2wKfCCRGgCqOih/mDw0Yf2C/Np",
+	"ggYM/U90MBpB77sj9DNVc54qNJFyPr4mK20QT5DWnVfomqyc7A1xHBPxnXQ1pPSxkEovBkb3c+lIf4DB",
+	"JzEOSYS4QIybW8oeFdabaoq3Yc7JMV1oNWErFcIrFQQZKZ9y9rw/gsxPRaIAfgNQy/x4daudv2nQdqZa",
+	"YzBLYmplj3q7YGyB8orxovksChAZzUZoMj/Y3x9+vz+7GsrPi9HB58kGveQ8tCUfz5PDbqFrxbrkXXby",
+	"pps43792o97BDtowePAr8zPs7WZOfmRZH8s2s+qrDCZxM2f6LRHjZJzOqsrzk3Wh3sNfvxwEzw87xHlX",
+	"LDzoqZkO798cn5GQ691025yPShUSLVnnOEkIIxEaxFxqDeaGhiRAo9Fo9wgJggH/zCJUBVn0vak6XoU5",
+	"3d9iHomZ+wcebRjIiKNIECl9x7BUtjakQCenyD7oNqq2t9BAHzfn5z8hwiJIYq4WcDx89qSVgTx89/xJ",
+	"h8yBQc5P+8Hzgz/c9w1pCongV2Ssl8eTkv3yFOlfEDwUHaEfjz9cnP3v8YePr16PT88+/vB6fPrx7AIN",
+	"Dg9t/RmDKllWP549e/KsTQMx0u4WiRLdsyTsrnEL3Mw8H89P9GmwIf8UKlOVqosaxyiAcSqRdkSrXNPG",
+	"3CiuG0AGR1T/fZV6chOfHPak/JMDv4FmzlMwy770rfi8QXZHv9SaNTxTCtTuTJjj4X+7PrI/bTd+AvlZ",
+	"s7QwQSHWO6dmM9eemmz7MzJNWXTPxSir58PKVRlPWYSWWKIF1tIRqgZSVixNz2dQ/42zwhtVodk7zXDN",
+	"HUmJVhc8uUzugVS9h2fr1Z7xmPxAWbRxXMDGMZ61cA7Tzpohm8DEDTWuKnZ+lZ8IK1t/XMwws6nM30lk",
+	"pQXK2wHfq5R0xoyZ0FcnfXi6H4yoA/03cmo6NOo2t6N9zFN0pwJmXR2e8f1uuNUSOl5rYlWPRf1ULyTN",
+	"zhpF+SLk1o5vwIWEy46xgW+fU6Z8YYYtbNfgr9/KhNsO4xhfee7tegps6+s3bTVz0fnby6+klOU3pjkg",
+	"0dPvn/2t9Wqzn0JHow3UuTu5dW1T0aL1/Pa0xUL5H7lx8unT6F8Hmhn1x//67EdfLl/mFi2M590sjLKL",
+	"4i42yporYHCy/5YS+7tNYrqHPPHCZXLOt4dPg953y7e/TF6zq89/eks2dFFsmi2cXsU09BVqev7k+6f9",
+	"ZJfLAM6bbJ7qBQB6H0cLyja4cTNw4N9J6/w2HxHWrXmw5G/nxUqwlEsuyqpj9mXFp/G83NyhN5CRiHa7",
+	"7Umr3XbYFRHBdleYSduybOovsou59hq4tvp/BA1o/y586vL81ZaQth+oLmt7CCwF21dnI80WGofkqLY1",
+	"Mt1cSntu28XJTYq293O3c/H9vpq1Kx/QbbQNFQMcUc28vZOpj7BtATRlvopDfduiyFZVEDwm3aiszfAH",
+	"IsPKo/ct2SsSk9uag/zar+vfpr5rNaT8upzN6J9Kce/1uWxkJQ/BEIyrCIVcqmFImCICYRbOuRihvA+E",
+	"VeZ8Q1SiBWYRVlysoOi8Haq8E1D83oGWd4OaE9MpCVdhTLoZtjnp3rkXM7t285yShmOnrlDcbak1z01b",
+	"BZenSq1+JdAaiVcMPnZl1yIq8VXcUEmz2NI9RbWVj7oHFNX2WgguXnqdROemZM0Ch3PKyFAQHMEXRL8C",
+	"LiMbbC4JQK6hv40Od0foJYRRYkGQNA1gKIqOHCpTMSxd8WvCxgsqpUn1MZ8pu8Gxwe6Fz+RzQk38vfls",
+	"PD/5UzhV83FChNQLN86W3v4A0isRVJJxRp/qO4UfKJPpdEpDSpjSD8DgDJiU0RAKz/IlI0LOaVL8UiqS",
+	"jNPSVzBQU0IZiGfyr/WXY5uRrlvP4kXGjKvxlKeAmlj5OuPwwvc41muzGgsSE2wpWfg55MwpzOOYLiBM",
+	"uTTLKxxjA3gsr9NxyvKYUPNNcTjmvmG8pCziy7y6fQHbnM4YVqkoLhDjESm1Al/w6TSmjLiPRvlyn9yc",
+	"IOcDsg0lEaU24IvaY1JxoS1ow+GlF9xPCVbzsRLYwAkWfmhs7LeUK1ycLE6S8iIliYvtq32vPxOmqIqz",
+	"VymTSlO89mz2AwjIIosXf6wNB2CxYWmL31LN+Jq7Hc+liVSC4EX2hSTihoaktOQ+gQlCYsPCcNoMNxKD",
+	"sBsS8wSCe0zEkvle2IZ94X3t5f9yAeYtVl7JUsx/RzTKY71hD6KB/vDL0Krsw5PIFHjcrXkYv/emsStM",
+	"12Vk+bIm3whChvokRvb1EXqJhSkB5opKTuwqTQK495sogQG3YWI+ygQiTSc2qMCt4xGamMtG+xiUpYSH",
+	"BCC0rBBOknjlTc5cEAmI5TXyaYNmKPGUBGieLjDLzwT7ygh9MFXL8BK5mk6ICxRhha+wJEiRz9VYlsP9",
+	"p9939Ha7gdUW2neyvYkJUT+e9s4sMoLTFHqva3xhGuFx84V3nS0EvSFiTV5uPVCb4FjNV76cBr4w4DpQ",
+	"RxZJvEj0QrM0jtEVmXKzstbXZUNbG9J+CzOiLCKfqw7PJ215D9Z/ebWyaZi1DP2215WgoewOc+VW8719",
+	"0QtytaCzMWHm9PeuXveUqSSk46tUjrulToGm3ruAvdXvzQK4wVVIWxpJeYY15qpwZ1Dg5Zytctqv2zTv",
+	"C+vTA9IuDM3ZIsewQUO7jXoyR6GZlN2mIajb/5n6X20vhmEXIpWAF7QZoyd8SYTBTFhipTZpwuzzW5nL",
+	"iiygpqpWy8IORbkVdbDnHerNepv4TCO3hhlceVmc/XLyyigAEgliqnIiSVlohNiPp5cINHcSmXs+dkOY",
+	"4mJVik3oQsBqgcKcmv6J+ta9SkHPugZ+7m/kZg+JCgy7dm9qObFR/nfpbGvPrWt/qrs8zZighfNYKSex",
+	"7eHCWdmDBZygdVQvikmYd7Hp8pga1+WDVVX7rMZM20u3QOxwqY+dPBCZOtSaezvnUnn8ahCI2w7IqDl4",
+	"TrBQVwQrbznyd1qrzR4xKgu+EjREEi/RIKY3BCWCSMJCshsgEtuCm9pap1KLCd3JUBLCkJZ/JYlwm4oe",
+	"DWHE9efAXN3MV2fyTTv6CzVTnds3Mkdht0ob8GpeX0NgJv2By7+lNNQqugoTNLh4d47+E63wIv28G6Cp",
+	"UzjN8nwnUWltKnr8930rRzgyZiDeWYGICpWCylYpsKiP4YrTtZukcdtekJhofWi1oRdwRhgRt3VmQ+Jx",
+	"v438wRq8d+JJLAKhVIx5+B5dreB8ttnU2uDTXLKc85igqR5eoB8xP7uI615CqnjElWf57HlLwktpRRxt",
+	"CxAsLf7Qn0Dsb/UWqH6P4+v4JAIn0eq0UJK759G+JNE44gtMK7E79cO4wiZhTPNI0nqsnPnVJKKMJWm4",
+	"C+lwq+OvyiS8vboLPHAojk3AgPd+LaNWU/gHknE6MxC1NpJaNzmkDCVYzeVox5ugFlGtqI1TEXuHJ3hM",
+	"xmGM6aL55wVOEv25cSWblybnC4PTYodRi/IVgL0rJILHUO7rzuY40JPc9U5ybdn9Ta6PutfmL9T+tjxQ",
+	"5EIfz1XWJKhxfGlNKivgYaciZftdRFV36oZRMPUNW8lzX2AaI/uzq8qCFIeV1Zw8IJAJv8AqnAcoxJIM",
+	"KZOESarojfFa+sL3uiRU5QL32XrYs4rsWBdYELRIFs8FFMExidCSqjls2wWWigjIc8UKCSKVK1IjiEqF",
+	"DVzvkzpji/x9ZPEqR0rPZFJdoHxMCDt5hcwj6PLs3REK5yS8JpC7F1FpkgeNL1bim/4japB8tY2v5vbU",
+	"zULc3GtWICzwCklF4zjjF6Ajzp8buCQAi5Y28d+jTXb9Mb5VEVmlFpVIEnEDacghjuMrHF5rkiFsMnql",
+	"Me6tBZB5iweTuVKJfLG3Z8AEcEINnMAeTujezcGeHuUep1FoHygIefug622yuwH1y4K9zgInr4ZwC4ng",
+	"GTTAyLyrdWjMEOwLxKf2W7mbZXYWBdJRloAxmQmeJnLiu2PoMtIOZ0x2OQ5RY+DeuCLCe9FTzUCH+w89",
+	"m5wq6P/9//9f7mDV347QMXCckUOaEIwzgqhEE9PR5AjStSfQ/cQ8hpaUOQiO4mCLuH9O4FbvtVuPi/aj",
+	"wivV7W2ZNprk17QGeKqu+OdxQiCLyZMeD78jcqM1Z8S4QiuiEATTynkld6ejj9JG6mzgmzSMsMmbIKV6",
+	"v+dVKdz1sNwpzKVGyKC8PD4e+MfPb8/PyFQQuakFcE1WhcyCtQToaiwEhUabBk36xnudQuw1HA16y16T",
+	"lUSDszcv0d+eHfwN/ePnt+ic+ArG6wdLtkX3u85j9I/zjx/Qz+QKvSWrvLdd/x3kGhdVhUYwJh9l3vEZ",
+	"3TCDatsRlMLCCjTkYx0jzoyAQO5JE2CjjZQYG4SjieIqgQYmRwgA1ZZcXEvE676Yg4PykPZ9ybeHw7/9",
+	"+uXZH8P/Kn/2RkRnXdfHfmaXAsYBZzkcB3Ms4TyEeBV08fHiFE1xqLhAA/DoPd0/0DMqxPtMguwW3Fxd",
+	"o8liirM4mok+YQ0N3AvV8728EM89RQmfN9RNfJix9u/4jKdqUygKkGNjIHHvlPIaekSxMd9Q3785fgPL",
+	"u0meWc8js9WRu4UAU1kNLcyPERuC5dOfVKX+u+ZWz4PVU8yUwfcERTZQ+ozgiDIiN9VTrlZZLHeLIPe+",
+	"PudxZA/vFnDEDgHjxcxt/c7SIByNF1Pc81oHeguy0ZWb+nXtGfOkbtduRZezTDPOxL8NNepAu8TSBVZq",
+	"XCB5JR8SIJFD5QStMf704/pczxqRaUIEaOBaimZf80S2Q1xqMnZZjtusXcVr6598YSjlvoKMo9eRvHEz",
+	"3Qbx56sVdM2vgTwSKtHmtAkNJP82982/dgrnzq5g2oQQwDT0zjEwOA5amVnoBrR6YzkCQS1ii81oo8gK",
+	"pYd9UBJjeMWjTJlOKCu2mSGj2UhYNJhygchniAZAoRZJu17Tqc7l5eyzYs8n5x/R08ODv+W9aJUpQGou",
+	"CEFpkhARYklQTLQWUcWg3DBdzQuVYWlTGKxvFTe5tO4L9jQIMeOMhjhGMiGAHL5rkAYBKUmikDNGQoUU",
+	"9yE/1eEEbntrvo3yqUzwON6uzuLHMc6u2SSEcYIVKPOLWcYj8p2E+/A8QsaG03S+dNNc8OPp5UuwMHtF",
+	"BzRxAKDV6HXKInt8S9teL3IjwQgXwsBb3aMLNQlO9StnRKZxQwlNaFgSwra57F1jDsrYY1tCDGsd3VcK",
+	"VzDvjMM5ZrPt7rI7yYGqwKSVFiujvieqIY93qM23wm2liIdqMERRGlk5UtoF/W639Eq8hhY3vNdqkc8t",
+	"Tm0zGcgk8VmuXW6V1sUv9TF6a0NZswptlNzITDNhN2PNV3Vpq4fyAhAHi3CKNpBq8L8uT14G+iS+eHdu",
+	"IjQuXp6aGyAT3VMTyL7SfHYAIR4nxHMdcvr6vevc9vvyuCD7F6lUSAn974AsErVCyzkFnH33OIXT35ZX",
+	"qTlzDFTJNqOv4NWMrep3O0DCK4IFEchc8gwmM6bGo9FosnuE5JwvoXTACs2JICN0rrggiCpDWH1Oo/3n",
+	"+/sjj4OwcyhUPsQq/YMSQ6znOIPVZifaJ4Lbs/1q6LzGUWkIpLXoyQwzJVZDPXaz9KaZSZ1k7ZQJdky6",
+	"n7xtRNU2cq7zdfEIg8I4mxYjU6t6GpU1bKISMPmtQnEbYmGb7xf0PO4tT/ZO49o2y5Ct6ob9jN6PqQr5",
+	"gpjSLFoGO3MHzmZjCMH9N49puHJhHh6Tt8nugjvp3NzSVgKcCtDyEksUUay1AzSAPCGITHBIqCiiEdwg",
+	"CiJ5fFPLdOukUplkQi+kJTUjMD3gcK7beeEoQDkbCzJNJUAU0gXhqQpQyrInAzes8RTT2CD223ftN1UD",
+	"+rBTgLKCTFiftfXSmaJavoH/IBTcFJCQgSFdNrrWe9b2/BIDFXwbOZeNpsNVYv5sUVUtkMMtZXFgTRui",
+	"rOY3BqjA3RVARSzwCiWpQows4drK4Zcyl0aOoOoEhGuOFhGcKxDeIjAENOnH9eDLVc3y6j0mJzDizCZG",
+	"YcqMLwz+bAACKFgdTbxAb6haIWxt7DwE/WpVVbqO0MR64CYoZYrGhQcgI8/ybikBPvfZmYpE+g+bFt00",
+	"YDjWT5gSXCZmG20J2s/WTtTcigbYnu8gRqjZwxD9TSWyu9ZoPU/3DxoChG6rqHUzjavuL5cfX1GpGsFA",
+	"M5JueL7dpTpKlnWVdBOdqou22UKbG35N7p9CAvr1JHK/0R0VDjNNpTnWh5nhUpiTjy0bSeG68tHBwptv",
+	"gKkDOWOUzYZyJRVZIIClhnvxDJ8BROMVsdU+7LbyKADZrt0o9HrrgDotkOjbAuApgqJ7aipA+r4pMGlC",
+	"CAGrwzhIB5hZegsyJYKwEHzTGGnTWT89BWsUL4g3TnBbIOvb90GtQ1zv7q6qAPZ0QFKvwPlkoraPe8lu",
+	"pXszKNzWfVg2xWmprz6ylHwG+EPpU7k/Jvi3FK64JM9KxOo3UIJnDijA6l1GncEz4mP99lrhUEKe/u7R",
+	"Ik71htM/mYwLo8dRWezLqMiHpSTidlTV4tSLI/DTd9UJBO1WYP4hThTUBe77wgMLddG2FKQ1e8O7LgrB",
+	"2d9JZB820WnZ+WvBf5DXLOs0j02rC+bpP+t3LIwvy60qvDp2wEU+vJjK5N00DaMhGqEB1IbCyHZwwhRA",
+	"6Ude/2orEQy4Ug+O6na5YgdXSAddl/jTRvM7uUJpyA3yLVLh3qRQAdxuxQINK4xd3n79Di1LwHs7tJz4",
+	"emiHVnkTeUS/2R458s8U8k3g23I1ckETv4Vbqslyx/L7a4XucEFnlHVkAkOJj+aVP3KctU0NKleAplot",
+	"pl/uNi1CvhmEMrcX7eyyvlpjiXwTrfGWiV0bqLng6WxuVIrj05NdZJBGbe6QcbQAMgBlmvfcL5AtYSv5",
+	"YRRhOb/iWETF8jnVNJlMDLWy6aYlRHIlpaMwENmu6Mw4vlBegzfnul+zJE2+MbfR4SJ7hN5wscQiGnIW",
+	"r14gu9rIFIMlyLq4ss8yDQ1EXf4EForiOF6NnfDOfnJfHFnVAg0wwF8J04yUNsfNyna5a8JkMAuJfpqw",
+	"KJdAxpdlEgbdWVBceDvwPIZQHzVusECw6jDrxw384bpfxzm2kNJGjNOSNllRWszTto4g6ONw5yoWelGK",
+	"yptNjr4SfCmJGKFz62cKN7UR+rF3tUKO/b6a3LWGXX8mV3POr4/D675w22kS09Dryb4QaabnaiumJFC0",
+	"BrjEElngSCQVF5pXGVeQCQe/JUlMSYTwDFPmd5RCW130T9dpp8t7QUJCb/xIaDWZYB8NCqQojMtLcxui",
+	"+xIntkRPKRbV/jrKpKn7gieQ3hFVv4NE3NqDKbvi/Lr2AuMRqX0J9dHMt96NVww09wy1ECNdjEDmiSx+",
+	"BHz4tuZtBbK+V4XMps5c8ZRBpjdnJIvVNsmWNbfgTGDWF3XBvXO18nOcOWuXc25HQpX1HWjhcWXmJtGC",
+	"ziBi2zjbIO58pMeoT2QJMrNDGbF2k2iDFIKNa7itTQRqyZAx0eeu66CY41Ogd1BcsHXbqsBGm2Z56CH1",
+	"sDkKHUPp+ZYMCc/8ZeuMTMM9k1UsFTaaiduJpbkc7O/7bKnQSTK6AdkKYrDc1/N6R/152s9spQEHOaG8",
+	"q5BX1ehVg9zm047QRHc6QVSWC4zDjqcMUXU3OP/r6xx+4GwIkqlUqCCvSrBJIcNCl90vQ/J3uqLx301B",
+	"gs4j3rzcgH6zczedWN1W3rDSuxsB19YiyIZYZaD66tbXLqgU27GbrXT10WbRmhndn78or4VTlnItQts0",
+	"vmYG7w1UxL2nRBnkCO+WP8lgu81Dck6TI0R+S3HsagKaH76TRpuiG5UzvU3hlo3Y/msoLTmZSxNuUGPc",
+	"qdOJ9w3n3PcOsPz6wPymhYX2ZP67ExRnZ23BJwEVJrKKXxl2S7BzQ8mywRLJsoNfzkl4fV7LEwRMiYgv",
+	"WYe3Ze/qgqp1rbzjA6hkqWaCbPh+1X3gGgvMmHwL0z+Nuop8YN/Pkgs5U4LH2mZj5AXi16AuiZSYaB1w",
+	"I5jKB4AapX/l1x69KaN8dzLIfpAitgs/VSDX38b9/AmgB87fXvZWa02wTbG+DZJznBA0gDDEECsc89lo",
+	"Ee2O0AVAWuAZgUxSBF4gGpIIJUSgH08vhyZC1IUE6h9t7jU7qob6EEWERFk9UJvv+hWCfbZWnrdVBdxK",
+	"sd26kyIHIAUYvBiCNCF81CYdIqrQ4MM/37/btX7/Tzsf/nny6uQY/XSwv4++3//xB/TTD++ffNrpVN+j",
+	"WyGAOy6726eE7nYijdaW3L2r2rmV0KTbl9LNibth2NL528t702W0PHtYGoypN9zbb6M8V0dvycpEB1GG",
+	"9BN5RRqE4xkXVM0XgB1k65f0i6jfRjQMZTPAUGXKF2FF2Pn5T+j8p+PDZ89R4VkrYybmlxej0cgL6VdI",
+	"6bdP7mzNN3BNVmMHQFMnekZdN1Ip50MSHT57dvD3yahLTlVXgV8uFe250DDYY9cG/8GRFKdqzgX9nURj",
+	"QCMzs6/S0BSb7h7kWBhLeWkL5AoMq7ZaNmYX3J8YMJvugUkCOmNp8lWK2hbrkz7W6C4Muk4Y78opAjfO",
+	"m6xcCf3t9nhrVfirrPV1496sljXECDTlWPxg0ir+8fNFjjE8wQthS6YBHK4+NSYG67WK1/L9wd/b4WTx",
+	"QpR2fHbruISl88KDFXe8R6vLxrU5fonNXPUF2ryjUwLh9NamNSS02UCUIZsO1w4b5epgruvs3DSGohQg",
+	"dJdzGpplMN1JrKicUiKRbmyYJu29GkTBKg6bWel2DKQSv5QaKxHNLGtxJbzT9bHzxceL0zxFe3O2BpAf",
+	"rxT0GS/Z4V8kyvlPxwd+FGA6s7qbffT5rz5S50DZrf1zlQCtUkHrTGB/fLG3pyXB3mg0QpdnJ3DZrL8n",
+	"TNEQK/0pSSQa/K8zCD7eDWwiFMRl+DAwwfTwQLIJyqPC5J7se2fXFF3zA5bkyaGBL336/On3AWIcJXrx",
+	"2GzX4FyaV1vHV9EH/3U8/O/D4d9+/c92iZnhHBfpWkDSL/FHcfWztc3o0MSj/ySCTld/vuOiOPYNQTcc",
+	"iuXaINIM7rIK7irXQCaUsF1ljUEsqqsgkDYrETbsBKH2AK6KlSvr0ATuf3BQ0zUczOu/WiBeizdHbZf9",
+	"5QkHjmjeBYHI7t4OOoswPigqN7t3dMUMt3rjBwbrtqkV2NlM63pR3S3HwCxz7sy/S6AlezFbWzg/fGGr",
+	"b8cM/d7sOrshHpZdZwbVdEWl7Y5CrIeaEyqad2iPegMlruldx9+8fSm/xg111ZitoLIa1pTuRtoZbuYK",
+	"CAokLLFEM3pjspRbN+vmoRqbvWnzcbrcYxdY5zZ30dXb5ooPOIvtKI6s1WWTc8g9b29gyoe2xcWCMhyf",
+	"Eyk3AI3ILrE25KgyqpOnVpcxMHN0iYGxvsx70a4DvaQSmUL4qmvdR18SjFI4nLcU1oEBuWcJ7GXMEPkM",
+	"iMszJA0d/SHd9sfGoG5lF8O1UuiRJ4RJNGBkCQBu+gctL7KBREjx3U1CWmR6lQiueMjjBhwhteSo+BTE",
+	"IE+nRARG7Gs9VURENGqfXuOvsAeKtaQO69uhwU9zTtksJsNUkgBdYUmeP01F7IFj+6iHiqhC2AQpFqbi",
+	"MMpGBhjCVg7Sf5tEk04e8CW5kjy8JmqcYDVvqsemaZbYvNifydU5vGGd7ntLueeWfu9LaU/90eEWsmYJ",
+	"GTdFgdmCykYtMHtpC9YmU2GPDgLkJYjeDVGzMxa0sYzf71dNgBNGFcVxvlOWNFJzzYchj9NFVj4oq0i9",
+	"33q/ypflTg+ftnY6J3Q2h9QY/XbvLteJgTO7MEZHoBKKX8D+djLBRZW4WNsBVVo8hpCCnKokVUZe6nPS",
+	"4if2RrurrfIlKMvHWnfTh1jX9V1QVirkVI8JkSQDhq8SYsFv8soh38lStRDMoordrGUjiTKfYFHnVCIl",
+	"v3rlcScjRk+4EE/UQJtXWcDotohzy5uRmE5JuAq7wvTm43/nXrRovc1z/sAjsq3ZFqDsepYlbECEKr/l",
+	"uWoZ2D+Gv37ZD54f/OG+3/0vr+F9J1jLrYMsjbHpNqhheSzKydZWaE340S15tQTo07M0X1vwezMqTjPx",
+	"TekjoH/2J1zJ7QdPDvotQikGdcPIub5xw77EkF/bRrjZ2DZc8AY309oNcBA8P+xH+zPYdlvj/4SOzUb2",
+	"urG3s5uDHXyDaWyzhrqJ7n8+MRM9LryZIa2HOMEhNBXyhIzn3giWY4YMFrOtWhnGBAujLusXOmWWlvdh",
+	"uX2Idl3ga2LaNFSEP+0rR6bcaLHjaYxnfjMqxlceUNv99gjSBjY5f3t5TzLyzuIr2yr33m0A4lb4fk3Q",
+	"YrCTMvpbSuzvtvLC2iDErkMajV+sHdVmsYsNjGadYlvitU1F7waee++U+ntY7y5tBoySbTsbm89N11vB",
+	"OQ0p4C4lw+eXLpgRvX3a+t2fqZr/gGPMwr4ZCfptlMSpNN55uKliinxWYEZdmTbRICJhjAWJtORV6IqE",
+	"OJXGADMzlwgLLaG51GYleg2215SSONIGJzY4sZIwmxcOYfScEfNaDjONr6QF/qlEhuZz6wTUc8fO79Yc",
+	"9HUZj+0wGA454E7Si594vGjl4mmSpyKs8a90DnRP0rBn7JunkrdnQ/fKtGsnt21t4/X6ujKocNFRSsgr",
+	"ZLSWZlhbo4blb+LDINuMPumn1U0cvecRid8Thfs6+XA4LzHeHCLxFxSAx69WCZa2+E3sxwLbQgnG9WUG",
+	"zQibZj7b4Jak1XD4SkZAbyjCrsOncmxnEDcow21We6OOv34pLahfleKuvUrCdmmYXqL7SbeON+r0L572",
+	"hd6SGDODS7/AWndksOFaFAHXyy0uLk1ghGrhyHZozl73n9nOKd/8PPNI/oWVKW3NFUVQjQ08cwyyK1Ho",
+	"wb+G53MSx8dKEbYxhP5YYXndoZSrfXrJxXXMcdThDXBwj3GG7t9SSp8JgqMx44pOqbn7kT3rr9aGWBlD",
+	"UJ5yQ59rKP3S6KF96Vxcn/VsUlnPXLLGBJLH+nAwtPW+VorGp70UdNlupQatVusrMLjRfjCVf/rOiUdk",
+	"zBNVM/c7tvExUbUtvka3604d20cGaOEjk89NsSWJpPJgxT7DdSFdvtGmsh2e2DZjgkY8BZp26sxcWcPA",
+	"WaV2Bjnpi6mPjlmDwsZqF5J26256COUbvwMJnJion/bm+zXDfG+3QcVMt/FCBVRP0J5rOG/uC57IhvO4",
+	"yv09s59stGKMM2y4imf2SvI4VQRNhZ4si5DgqaqV99h/2pyd3EMCUCPamzyYGyplYKs4Baw642Kna9ax",
+	"K1LVNhxOWw6WbYtZXTPrjmHS9zjpxsmsmcUGnsLeeAL3jJGzNi7RT4qfrRb1kktluXmtvDB6dzXNJLwm",
+	"LBryJSMRuqJQONsEQ6RsiVcOLIZyNkIvASFVIkFYZCOgWGTqb5raa1oeaNFi3h2hEyWNP8+67Liy0VQW",
+	"A1YSEhk0ExyqAElecA4iKtFUEDIEVEoXFxYJPFVHrtEljWN0RVDmaDQTvyHxqnDR46PZW8qKyTk7duQ7",
+	"wc6/02SlDPZNHC90K3mRL1daV/96nV4RwYiCQxInSYM0dx3WHbXCeO1JhkUvKbf9ZD5cGsUm6YsnicH8",
+	"5YskJspiAkuFhTKv2A/jDB1YkJhg6X7Uf5fRg+137oWW0aeLBRZ9K/Hbtww+u9P5t+/nxWEoUhKNQy7V",
+	"VhRk7KoGuu3pReuFxLFizBAzhAH4XESnCM9IhChTHM2pVFys/JePpjfQuaCem6c7uiC21ptJXfR2q3eW",
+	"1BsFKlNlmheSqZjikMiucaythro10bZYXaRv1G97g0kyNuG7Idlikxt7e/XLDWd7BxeZKbFdkO/rFbCG",
+	"c2E7uBVznop4NRbWD3XrveYLWXQTgMon+tDASC/ari90tT2WJ99fvsRgcUPEMCKC3pAIpRJiFQy81hDg",
+	"taBI55FFN5eew86/qa8pi7qvFJxGffTEquOmfqgDUr7uFCuq5SmOKQYAsRJFbltRsZV5myosdvMOAyzd",
+	"+BaQhXkDXaum3Q6Qse1ayJMjcCufqbxOfbHx7e91urKvaS9epbUaCV6VvZltAnuikDxXunmqXDeV/ax6",
+	"mv5Sm1UeqS15QfYWZHglcy8/0coCLijrFnVZ7HVfFlWHqgTyHPd15d6khaeCqtW5Xgp7nQ3gAsepSQkw",
+	"n944/vzHzxc7tezWIqSCTWshSDfgCkZyJkfIJpGBPmNQA7NfR1bnXYCAMOAG2WjnSgF4N2VK0zoGJL+G",
+	"4XEoGVcb4cWcoBscp4ACcfLh4vXZh+N343/8/PZ8fPb6zdnr85/GFx/fvv5wZNIvTj+eX6A9198eTtV8",
+	"79/La7lnwfs6DVfzzg/rSNkwVlv1Tr8+dENwqTRTyNgBuAUS2VrD8OAUG4w+rOamZnZWRTTmMzTDiizx",
+	"arfTuAWBiglnJMarhpH/9P74ZZ0LKueZbec7gL4aplJ/E+OVncpAtzG0uFMpmHkYIJTcEZnx0QJLRYT+",
+	"bdcuz+TH1xdoDyd07+YgX6UsDwW6qWajTDrN3bVRYrE6K8ksgSdfmInZ6JWkkklgEo60ySjLKTS90nnQ",
+	"FZE0IvlztpvRzcGkRJU1CTlAAqrnMCfY1CMzx8fOOQmH2biGp3ZQOXlwQi10U5Zl80NfIXFRxV7hU5RL",
+	"GsQZwgXazDGL5BxfEzRw0ypdzewGYMc5+/7Ygm0ZVEozPcRFYNHYsCsCg0LMwDmgu4CnZLAuu8oM0LMe",
+	"R7buDuDc/pZqYWYOvREC+NJiRe3CsN1ORFRJEmsCTLlFi0uTmcAR6cCmf4AsnHJvjW/wcAxN3aiz1+cX",
+	"mdfDZd/8CDMDnM8w5mlUBnkdfWKf2NBaztZxAAV9QyzECk1+GdoYwOFJNEGDBf6MDg6/R+EcC7l7ZMW6",
+	"sJ51RMI5N4GznxhCIRd6a8ISUW2w1ppzgksPmOTPXOiPw5NXk91RPjio7Q5mPUOT1/qDc+hPDPoRRhIq",
+	"rKOJPtwn8OqJdRBdXp68uvnbEejcUuFFYr4+e/MSPXny5O9HaKENCQS5mXDBiBaUcWHhTXVLH2uBZWgw",
+	"8bksXpj44MkuSlmsuT/iYbogTBmRkHmeRp8AoYcqrU3t2FUqrQ06Pj0pVLJ9sXMw2h/tD8FTBTpoQhhO",
+	"6M6LnSej/dETyKBVczjS90ZLEsfDa8aXDE6y0b9t2bSZwYTJTuKTaOeF/lKfjaZGFDYgr422V/7I3i92",
+	"NU8isMEcH8AQDvf3s+sT6xhOTGkeytmeG47RCNv0RT04osxOqEuZf/z8Fp0T8N/YPa7bK7JaU/v28dI8",
+	"dB9PD//e9Eo2x70Lzt9j5iBmADTimZnz+vdO7AEGPGzeetL+ljYoaUguWR6YUVTndl7869dgRzpv2s6p",
+	"wSiUdMa0nnBNVloxVnim13UHxPiv+n13qlrEnb28vYxVygR//+bYlE0Lcr3EZLrJoJrnFpOpCpDRgV1S",
+	"oJa/LNJyOktUTgSRZn+Yg8KGRMQrD34W+mDKn3GmMGVSb3rAEhrBzVeFp4/NpM7dnB4qe1fGmV1UNvB7",
+	"wqVKTd38bfH7/kE7B16yHOJyB17qwLZvuLiiUUTA/P8TbatsI10UE1jtLkFulwAr6x1hl6SwxS6lXpe1",
+	"e2xvMcV7bssMhZvwiy8A/u7LMw25iIDn0yThQg2xlFTqjaPHkG0+d4wPoKCYOXYmiykeZbBH9omRUWEn",
+	"AYKBgVMZdqRpzoHD678MVPXuCJ3A/YlRhnCSCK51d5wqvsCKakKtRsgArgAKLlZowaUCBADIKrddH2n1",
+	"a0EVIBFAaTmEmVwSm1EDjwLKiD7ZD/f36/vbjP39m+MzOyuXrHDrXQ6ffuDRamsb/GXTWP8oOz6yAJE7",
+	"EjRNI6ilWBWXKqsOCMgR8ghRm7atUsFIhACIns1MubQtCaRDI5DucdJmc211Ek+7iK0fcJSN6v4E8UGH",
+	"N07xKuY4uuD8HRYzYgT4YZfhJYJru89I0z+n2D+W107KIsWdbNWCcQMZr7hKmsX6jzamWwt2RpZFCEaD",
+	"0vj88Mn3ATr/6fggQM+RAUAM0JN9ZKvFmp0oEVWBkZdUSWSRFdHl2UngEPrcnYPZwKbYJ5IEx7CLI6uO",
+	"5f4XaJ3KrAKuuSm8IYJOKYm0nLeVI7TcL8L+uRdAQ4Ti2egMfjUxAE4ltAgJJTQENHi6/wRNHBqpk42T",
+	"3foJYPRPTa4ta3bbkz0NaKk+oesh2qOCdw87/Qcyo8xsuozyG+7xPdgaq+atfuxsG4uJaTw0buHtnofN",
+	"AfKAKjQQjfsmgFAAtioLgYN9cL92geuE96wUmGM5J9ERIljElIiqJScVTyDQAjxex2gpONxnRkTLh6eH",
+	"h2hyg2MaGd8juGoMCLVRDaSrKHwEAoqnyickrFx6ur+PJpRBe05TnYzQz1mX0qirSPEl1vpwAXhFK65X",
+	"OLzm0ykaPD38u0dqmDXajtTYvqZYh669ZxXRgz/rM0P1dqHSMuSjzvSoM+282HlDGZXzfqI0WlC2l19b",
+	"yEa/k8vJNMWdpbkCGUzgU1FLQB9FBNcvVytEoyNkAsxxjKY0htpVVyuH/GnEH1aprEuJmEoFGFLHhbHd",
+	"Rl4ErU+/TIWE5Wh98hTPyDn9ncCzVajmeGUkvJnkd7JQvktmF0Jwg5HfB9kYc7jmzsVEXywu71gKvWex",
+	"ljnRfYPJrvG7CSxPLMGd+uqy+ZQS2/waHZ7BIV9ZgW9fVP5lRJ7mgRKL41Bw6TZfyeVeFSbr5WD1Lndv",
+	"ykVIhja2tlnD7Cwmj9kKMc6GU4PiCVsHzTjoegIDaKDiaOICfCcv0I+nl+b6KgqyeG4bPxzY+ldZncBp",
+	"jGczEkHoB0QlhDHBTFt3VhFEIWdTKhakELlApXlsV1uLptsX6On+39GkQAvrjBpnUciTI2QijREXKIti",
+	"rr/IuLLJG5MROrae0UHhiRGQ2DZMfAYnPGCHli/lbY+FitTIiWgK/4KItBCXVkLWITKL2uEtRPj9CM6m",
+	"e418WgFifFlgvr+G1Nx/2v7GB67e8JTZLjoIzJecTWNqshT+QqpoUVqWa5j2lclaUjRqpWdm50k0cXl4",
+	"I3hhpIXUBA24KP6iG9Sy12h6JpbgSq+mg1mXXCgE4NGQl6DmZIWWRGjRKFNtnmMUwrsZaKoNfdBSlQjz",
+	"PpUe89mv4Oqhvr4h5qR6gLpty7Mw/nMulEeOvv6MQ4VgMZCJjGzSN7MQy1yO9YoFb1B8CdDV+Hgydfyu",
+	"FXBf24JIgyHRUU5rkp2Zd+74RMjYr4cqDQtqaPuoS3+DunRhfWuSGkSxR0ZbbXQPR/9OJQADy34a8gjB",
+	"FT5k+CG8AO9iKEhElfEuLnEcExXABc0Mw1OcERQRqABLFRqYC/ErEvMl+p0I/kLLYJlOpzSkhKmxzVzX",
+	"0v+USxPrAk3HJJoRYa7ApTJ6dD4NF3HQdP39g5n5cfbGHcvxk4gsEq4IC1dvbeLNXXhBa9Pq5Qw9uMtx",
+	"NAsps65/SqF02Mmz6RYCaP9QVdxHL22LmH0Jck0byyC+EHbuUCPkCkLXcv86iTv9PJQMJ3LOrchNO0vc",
+	"k8UiNfG65IZGhIXkhdGB8YK4QmWUyABBCjPkC8BNc6JSAek1NmzIXHyZV+2Nth0RGhzu7+9mqjQSWIGT",
+	"gfyW4jgABwGozUsqyQj9NxE8yOU7JKDjWI+bRMjezwviueeqy2YBsSSWfG9+ObfjeYj3TfVB3vN9U8MA",
+	"qk4RE4EkbJCOK3dLJazMAw086jS1v1bc0aP8/+ry3zAcwgy9+SUTlf2kvtFZh0pgJo31LPe+FD6Bw1po",
+	"jVjiuK8mrtUoh70OqQ8QIqAEJRLFlF3nqjMXdAbe6wFEMyREoMIgwItsKnGBtPDr4xYAwh5+aMnTOEIz",
+	"XtDkfeJdj8vp3u+AGBd5x9v1B5vmixNr9guXl2CbjuGHZhkYqpxZFvu61kF1LM0Wgnnm0UZ4PCMe/BkB",
+	"jIqwc0+oknjrcVQkgoaUzSBFuF9wxwhdJlrSH+zvQzocRG5oQReYKtNZpKvNj2sI4rBjPDXjOIVhPNQ8",
+	"oPpY2xyjkA6k5/ToC/32fKF275gF9m67oJdmZbJQjG6l2zRbyG4fdDBCx67GjflZ90+kzfF1ToI8fFM/",
+	"wqcm2HzJWjyUBZ7+plyUhXmV60l+HV2kSGaPuDBDfLQ1H/WIe/M1YqXViKIou4UCsfdF/wfmpTv1+5qX",
+	"gAxjRZ6CMl9kOiWhQljZv+gNGQMYycBJQ8aXu4FFyFvgFcB0xdSVkkcJluoFOKIiBJWe8gxJQQCFJuou",
+	"Hf9ps/23akSeFsjfbD5a2n7LdmOd0I9S+1FqP0rtcu5jFFVEtpOY/US3nOOIL4da6Bm88D5y+owMzaXL",
+	"wWikTUAjWIVNgedTNDGFhiZacE9CzCIaYWWK7I1Bc52gQQHEBdyD+i+TLgUAhoJIowMv51ihJZboivNr",
+	"Eo3Qz4KqPGupLr3N1M5yCf6A73bO3Vgpm32lpCLvSNZbtZFYDUXKUEwBrxdi5BSO5aMUfJSC9yIFX1kG",
+	"NOJLSxmMMjFjbONu4pC54i1bzGsy4FENKUsfbIGNhxbQeZeuMz3n7lGEsCSPLrNvz2XGLOuX4gbNfujr",
+	"LYOMBFPpHzAQBL8iERpcvDxFIWdMm4yKo0lea38SZO6zw8NdC/X3iWG2MhkvGeSCcbQxSiLTKlJauio0",
+	"iDlPrnB4HaCUyYSEALMQoEUaKxpiqQK4AB3GPMRxgADN7xNbEIUjrHAA2IRshWRCQBYFCHDk51zTBUM6",
+	"uOTxjR6K4ogzcqQf4KkyQJMfPr56PT49+/jD6/Hxu3cff379avzy5NXZ+eQTgztSSdRuY3q2vWKNiMI0",
+	"liNBsORsYqY3NtMbmykb+C/GHRHhQlN+YgsckRE6NpH6Sy3nUoWgSFc4hyihwlrYOJ/sBsBQ0cQ5owGU",
+	"AucWxlCb6lcEpckntiJqV5NeW/3MUEQTyDT7n4kNnYe0IYABdplGBvZm4hO5xoj/YLCEvwGn5stsPl/J",
+	"IAZSNpvAgQv8IeU1pwxNYmwQlK/IXyVd6FHluyt3pQFaBmaSIGGc8AGc1d2mA8av+u19sfjif5ijJyaK",
+	"dLeCF/zGXtnAoDKZB1CJUgv9G8IUFwasR5GYLIgSKyNmCYtg/J+YShkjcSUkJpd1lI1TAFKd05iUElpd",
+	"YW39GJwo5hED1cGZNs90V5+YVDSOkS1kAxJ7oG11ziDUVGDK9EuGgD5ZagizDVlaJuwHSC1t8nnm0O93",
+	"mET5tL7cr2C20Z8Q4ucxS3F7JiYwgZU3zVprn5AJBpC/iEIC9FO7uxlX46leD68SMyPqm9x1+3eulVxY",
+	"ufhX2MV/mU35I1GtOzLBKpx3Ty2z+JiZFsGFVV+d0WGNS4PiPsDOOrR2oTaPnu7vA3A9Z8gYHWDKOIRO",
+	"NceqCrWFlmUftmfnp0mEv50jd/vm0GVGn6/kN79XwfPoDH+0jBotI5AtLXKxzfzZM/ZA35vADxxgUUso",
+	"OwIi2EISaYHozJMjJFIGcPdQ41EqvBqVDJKhKeaBzDhIdPSJmT/BwW+MFHjdGiyu5I5zC9W8XgNXt3MM",
+	"AbLURN6bp7SRc0YSYq8PbiurzUAfFbVbyUsERqgEfnJLZ6oZPBpif2VD7KVxVNxSvIHMuL10C7J6XiVx",
+	"pmXeAtD2+XR6VELNmjjJNbEQzVaOfGIihY4AGlrNCbOPEii+owwKLHj3nSDSL2xZckGPj4LrUXA9Cq47",
+	"CFKAyhm3k1skAygfGq/yJjG1pnQPlRZkWkuWQH8EXciWtJZzgNOnC/KJDSY/Hn+4OPvfY7h3fP3h7OO7",
+	"d+9ff7gwdRnHFxfvCvepB8/QgrJUEbkbAAy1tB0AhGuaQFYdkQ69+hNLGXi5zXQczjZYTK7U21B/wjPC",
+	"lK1jNEFK4MigbuvhZgLWluhbd/uXQ7xDIcFvTtBt94KvSq0GuWfrRjp+ildoTgTZfXS2fUPy60TKVJuV",
+	"GWR9LovM+m8s1MCl1luQlYM7nAj4Lr8A1AIn990d2Tx1cwntAhM+sYJRWgj2yNx5EEMxkISgXITsWsSR",
+	"a1CmCtERPskDI3hUqVolzammU4Zl58+eLMQRPLrT/trSCNjFalOFPc/4cmMxBEJsT5Abfk02UavsUMxZ",
+	"KBVPpCvDgZz9BkV6lETmih8AjlhEoiNThhVUmEUqnZpjUZNsxVRtT1RF7ghNzHijiW4MqpnmIErQ3hxD",
+	"CFdMb8gnZl96tv8kf8qOJQQ4DRuDBaMy4VmZsmg7OkKCKLFyUXJ4SrwhAuZpTftvU83arvADGp0ByVpA",
+	"KSDn4VGt+qbwG/g1Keovt1OmUraZ6z5zX5hMy5obH0TRAJItnU8+yN3ww6HNuQwxC0lsoqBMJNFwiLj4",
+	"xKwza8sOKzfbRwXr0Wf16LPaunC6tNurr9uKyyFd4NmWc2n03lubTfNRnphe/1oJNR/PYdrdc2o+niOz",
+	"PI95Nd9eXk22uNXdatmkb3qNvyRNMTWj8c7dm2nyiXE5hhHadI0Reo+vbdVE+N4oD9afbNQR/c00xjME",
+	"CoitRH9DeSrdg81eXysVvqW0D7uUXynzw/b+iH/wGLt0R1kdLJNia4RYs9ax98XIlw3yOLzSrhaq3VXS",
+	"ZdHczVkUW5JOlaomlnrNBowj0GM2xaMPY2vJEZ22bXBLg+BuNuOMlEyIb3M77t+HCnAxJxkbPO7yby3b",
+	"ouMW75F10WBfbCVf4lvbzXeVN7GJPfHnFiaPGRSPVkhbBsVmVkhikNVlr0KUUG7yCDGy1DIPksvWFDo/",
+	"dV38WaqcO5rcc4nFdSMpFjgnW6pvbtflXoqb2766O33dzB99vt8g/HhhfxUxwKtyKxMca+TW3hf7ly0N",
+	"M01ZtCbMuFGaWVgmU6ERolquCjC80MN30lUPM5AYWKEFt5UVXfWwrAXKUpmjP+KszJQeH4nQwOuCDupA",
+	"R+aNMfkcEhLJsetn9whhNy6jdFJQMPOBWDf3oA6dZOmlDUzTul6n3SNAG7Zhh/pbtKQs4ks0gDqRJDLO",
+	"bNv+rsXpmNjxmWftMCEJ5On+33dLRKXS1IVzLUG4TrFAnCM31GkrlqUZrKuwk1fRhMAhzmZEoDmPAZ/E",
+	"xD5mVFdzwdNZBvNjir8NJmkilSB4Ycuu5e1mzwgAN5FHmUoPEUa2ZJiaE7bbhMOcVS7RQ7hnp34drdky",
+	"TDNQc7aX/gTGwMs6gb/SFUNlDOtCogwnPtbpeTQq7uycPuzEDz9iRZZ4tc3QMDg1BgkWCvHpLqCa2sPI",
+	"ypVeB7w9n4eCx9uIzHgNioZrFelWc8yrECf4isZUUQcJPCcolUTIvIw+VRBZH6H/5/8+HD0Br49+olC4",
+	"5IqySB8O5vTJNIyxfmwyQj9n5UJ5TIbuYYjs1+dJmlPWFGtmckmE/uXZ/hM0kYb+48Jjk2xAfxs9QSKN",
+	"CXq66zfEHJnOeEx+MD0/3GpFvsG2oTpbcsoAzQRPExOCown9aEB8W5H0pQ2cr7pd7aqEOQPh0Spe9r7o",
+	"//7Yc+11D0ddzjma4xuCpCKJZrs0QYPJ6cfzC5R1mKr5nv55mCaTXZAXTtM1X1pN+8gUDZZoRhR6qvd8",
+	"RYohLsz3+r1xmhR+MdCnRje17ucRsnsHYUMsJ9Mya8TIKSNnJDrc389BMCHWRb9rKTJCUCNfWy65XIPt",
+	"pR+Y7Dbp7jZSlyzNEAB01QbI6KF8JxEjnxXCoebLLDGPztiQAryfIFNB5LxZva6LijtWsos9nmrl+Y7V",
+	"2/oEv5Lf20fqBmFc5jISR9mxd+TnrodZZrnjjH+AW9pHd79PM3/03recZ5qvEDY7RnFT/S4/4LZ0nO19",
+	"0e33DTDyHG2djqiux5OWFDGWWvpDYfz8YIHEe+OXQyFmNs3LpnS96BO+adGbiw0O4CRyd7RYECSJoDjW",
+	"2yJAkiO1hCxZ4+tT0K3LK+FT+DVvTqKYaBJxZnDznFYPLrmIm1tfI++MR+5p95Hbtoogm42nsKHNxHrc",
+	"YIYwsPVH7RHCrHz2UilTrTsDxDy6JiQB2AID/kL1TBJwnw4sxsLxy5evz89zaIWggKigdTIb7uo5vw0X",
+	"PoTzu+YmA3sCzD5NuAZXmd1R9x6RdhdZdX/h6+W/WuYedsJgs3NGkFn/2ohef4zeZKGFmYJ7EkgNRCEW",
+	"YmWtCSrQxHQ4+cQGk//zLzz8fX/491/t/8Nfv+wHz5/88R/FEP9wLaxeQ6yd6aQW4I/M91sO8D+DRr+l",
+	"+H4zo6/ke//nE0vQx/j+Ryf4HVVtEG7LloTk+XW6TkbufbFiRYskULxvG2boYol1gxtHE28rWHE7Yqyq",
+	"24C8DS0AsUfrKpB0reZV0LSePw12FpS5jwf3HKy4gXDcvxfhCIYC/PqoSz7eKt4v2HM/gSr19/dY5hDG",
+	"8ddKyj5/e9k9Nu/87eVjXN43GJen1xUNrDcOwJ+Y+bDbsFODbRiBNIK8bGNU/Xh6ieQcJ8TWUk6ZQoPJ",
+	"/GB/f/j9/uxqKD8vRgefJy8+sZgviQixJCgmSu+UAEV0BiW1YOSMCDRfJXOoZYVRxB1QsevGNK4fnnye",
+	"HGXRfM+ffmLhHAsc6kZ3MxAs8ziEoX22sFe/pThGk1mSjuHHiQsysGajeUjblLl5Sl1g3ifW1Q8or1Nn",
+	"mTbalOfX6bdkUJ6/vfxK1uT528tHQ/JR77krQ1KzVw+lZ++LvE63kxReL89XrzlRNxu17DEV/HZteb4Y",
+	"zoZKGT+qjlBE4KzQ86QKUSYVwZEeCpwgLwza32QXKQ5og4iR5ScW45SFcyKbE863INnKFDt/e4loFCAy",
+	"mo1Q9WBpsDolDKKTtXlw+H0nc/Mx8fzRZ9+9jF+z3Nh6frre8q1l/dwIvv2tuX/XqoVWgc/fXj7mnn9z",
+	"lf7WbdrbuoIvrBGz4BGJC7YS1K8yAdhg6NDI/AhBFGDYsBlBg9Ah10A4hx7p9rLYv1WxcFcO4r7Gzp9S",
+	"Ij16hR+to1avcA/rKCtHvjeNiVGAOulBWhjOeay5VIvIPAuUJ2D2RJMROiXC1mnnjIDTMzBO490XyKRY",
+	"B59YGXc2QKbgyw0RknIWmLi2OcFCXRGsspSSH08vZRZkTQWKsdLyVs+EhnKELrjCsURXq08sl+78hpii",
+	"Mcs5jwmCCb+wibP6KQrp4eQzDlW8QnrMfOpMNBIFKGVzgmM1XwVoKghBA/sRqklgZmutB6WChiwrHFFM",
+	"SxnYF6ZT80ZCIGIr8GEsF1CUTWtHaKL09AD73UxfposGBfONnuSFW+S/mDO+PPl1Pnl4Mq/N/+iU/6YE",
+	"Y2V1a7AeSYNoZHgdoEdXHdN7P3ZhG/9rbUgz6+4XZHYJHrfjt3dHprINUNqLl1Ivcr8bsfxWSMYp1AaG",
+	"HyFAs4BU3JT6dOEwM76Zax8zo69081MeQvMut1dBQZ48nK9aXlcwItoKB7AFrUS5rxPB/01C9XiP9Ggp",
+	"3eoeyeGmOBYECC73LfBjk4BqUhf2vmQwVn8UVIeaYr4dqVNxOJhxN6KSFAG2/hR4o5ZITeUnMzSxR/fK",
+	"X91H7Ae+KmgTzk/s87R+W3vxrvyrG2gV9yUJzDJGjxLh0eF6r3WSgO1apU8XVWGPRoQpqlZDh5XWN1pl",
+	"hF7rWSaCSoIy5IdpER7OVKd0VSkHUmEBKHIxX0o0xTTWvxkUvji+wuH17hGakkgLTBJZGB+p8CooYPUk",
+	"WMolF1ExpdZuQzelsZvSyMxn0pjFanb5iX3v1FHizk2zUndmEAVIivZM0gW/ecwkbVJE/owpnnpBs339",
+	"nUQfT169dFvBE3Cf6xmdPYU2cTOm2rSVJBSm7jQjNwCTqFLBYC+ZJ8bmibEkaoIkXkm4nsjqWXs2VGZi",
+	"POjdtD0FoTbNBlVBEqUom8nH3fqt7Nbjxm2aLfYauyDtvF+N00AaNKUkxqENtc84ykThS5katLlwTsJr",
+	"kyfzMSHs5BWKqAw5XDcOJl/Mg3/sjZYkjocQPLbHE8JoNAw5m9JZaiYxCdDBPpK7L6BQmmm9jIphgKcC",
+	"cHxaDCpTPNpGpZiXAnCDHh6iCYSrQttjfehXcUUyqdIgoiTBsQuA1fNfYKmIQNdkdWTBbCHCZQj3IQY2",
+	"1lgJiDN723p6edFJXzB6/STXNwy99Uh2RwiQvbmYYUZ/N+ttFSsUYpYpLmigJw2UWFJJPKIySR+oqNy+",
+	"JVft8itZc12E9bnhwUcx/QgHtYmH14rQTbS4mr0Gls+2kFMBocraZS5qxsbF2LuQEG5tUYJnlGED/jf5",
+	"bYIWWAHmH0YhlmRImSRMUsgxk+mV8QG5hrOrL24iXiIqkxibWrpoYCw5gKRiHJHhAky/KBJESggvcWap",
+	"ORgmJlhnghgWgi/RNBVamq6pVGEo+ScoU3G+jnBlolWJvttUPeK3ncYAyf22AEl/9QqzXl+9iIYZRrGC",
+	"Riq3VEJDM8y91M/I2LN7EAJM+zEE4dsLQUitlOpxCJQBALeTMQIHgsO0g+YLaSONSSN6nHcsYbN+TqK7",
+	"t9/zSa3BQn3UBh/v+gzwWoebvg23pdV2XujjXw8hmriqJUUISOdgN/btDb8m0tq2FmnZ4kBmzvYiOmRe",
+	"x8bCRIqUIW3eWkjrBkxIrZq5wZls0AmKicrHBaPSBzSeYcrQgMcRkkRKyC+VCq8c9OfuCL2C2WnNZ8VT",
+	"IUk8dbpiO5RoIyxcvUjOxGTMjC0xx7qjSVBHE9WEF0QSNV5M8QukDVBN9wWvQG9efLw4RVMcKnB2RFA8",
+	"BsgeAuodlBNKEgGvYYZ4Qlj+jB0nuCkYIZHMgMMHDXDgmdsg8EGv7hadGCCf7DT1DOEzYaWPiykewyx9",
+	"VyDG2fF1hftd3R1nvX0lh0On0wXhqbIZAmaBH4+bx4vk+8lPNmJDS2AjMewpFxhnsyQKotPevznuoq5m",
+	"oAJDKOHR7Lk4zp40xT5k5pcw4ZX6KJn8Mjw1n4YnryYB4nGU1apEA5POExRTcRZkcUWE/A7RSI7QMVtl",
+	"rQGa8gJOIRw1eA+yEf1ohn63QvAXO7U/ZzR9hVjdLVpcXfdH6/YbDLDP9/F3sr7kRUFS3XTN4fcTA9BU",
+	"Ai7hU7iMhuxiBn8a3KYAwSVZhHAouJQWl9g+Uiht4lLwjODQEo9xRuzl05yE19AFRpKyWazV05SFc1CZ",
+	"QQgFpZIpXERabE55MdMPZvwCvtCjHHjwGXaPssAX0DNBVg1uKFkS8cIg9JdqJyZELKjRrCdQQ1IQyeMb",
+	"kN3n5z+ha7IyF0/F2zZTFtF2dZVGM6JQREKqm8lSG21Vxv+PvS9vblvH9vwqKFe9ivSGlp3EN9M3qv5D",
+	"neXGncUZy3mZqXaPCJOQhGcKYAOgFXXmfvcpnANwEynZieOV95/rUCQIYjnn4Cy/n/3AJV3Bl/hR/+Y/",
+	"4YnGCshm9kuCxjcJ8RUFmeSQHOw/I80kkK5XxYrJkfujFUn4ghusjLfmb9Mq6B08+52ExZVJ6fkJPG9f",
+	"EdGURtzgZ1WmvbJ03IfZKSrTdLna+mmmaVIvo28p7qit7TulT260JqQ2ELdUHFLrxWs4LW6oDhlWF0no",
+	"xofFYYA7wBpH6qIjguxM/Luuk1FtUVRGVStMB/YfqPlAmm1Wzpts/b3vJREMlzY6q0el7rhskdz2dx7p",
+	"Unvb/NK3KWs3n2za8/Abhuu+VMdcWphaSwqHwYNwukNa5+Do/OlUrB0Oino4t06uWx7tKZYwqlk7/clH",
+	"8OB6j7q9GUxrZwcYaU0Be5WLWRgQI2fMCq+g4XhBeu4jSuTx7snA/cnigGAmnJXBdigBMxBAoBI2NYSC",
+	"D3plL/Qd/6yQvjMRFWQhL5jj0yp9r3vhpOgq4VOfuZtfRB+P7wdLNFtryApe5/EfkP+CQ4nediop+6br",
+	"czBw72tyQ7ufOmF+34R5yX3t5rAT7x1O5hULH2Dd1BwyU2+1/oAauIzz+cfdzthPjIkSLqIki1n8E07n",
+	"zt98ORH1I67mzsn8iJzMzRbjJs/yK/D0Bnl6IThyQcU5Dk0qVnl9wlJxY5goXLqI648aUfvkha1+XpAL",
+	"zp/snMhebPwa12+Qu2aFnGg9n5yzlaN6xX+s97TuJm52+QatPt+g3Io1k2L7qS5Nw7+j6nLubfcSM7Xr",
+	"R2rdT3xFV3Crr/fE2tl1a94V3nBDpCAUggqB9wJqMIfAL2hXAlSxwK1Ul12H233FnZv41mgIS5PQ7hau",
+	"Teiw6gsuVkbnFe68wvfBKwzLF+zsGnRrRXU2G9gVD8tGX2/F0XPNHt874h+4jGfgPvoE2hwBxWd1Z/3O",
+	"lVtx5f6kGNljF2wT+ikWs4Flxg1ke5SP6C4jDI3SgBT5upFUiiXlzbrpPP4G+/BYZct9dhHA1F3eT+B8",
+	"OLjoOln2uGUZVgKSObcnuBWaKtco2S4ZfKLlwFPJcqoGn0gvlpEuB74SPmXRKkrYYBG78zKg4AOy/RNN",
+	"aHQu5DJh8YwBrqmPN8FJtRf6UFAYkDOeQIUG4Db1B2RUD2CVQ0eXCT8Nm8JcL68n3LQ9kNTZiLdsIwZE",
+	"yGV58XaCtgsQ/VCA6JrlMSDRbZXHwjl2A8LjhAUgFlMUZq4Jh2ezLq3hVxDX4BhkItY1wYx+XHsbMVSf",
+	"D8GVqFgqlSFYhcYNNOYr76TKG85hdDbrggEZ5X0u9VAxnS2YzqX9cs6EA9LxFMIzykVAtIROOYe1S43O",
+	"86BfXou7uN+Wh7zJKTwgx94XFxAA77HvdgkWfuh9ikVQSrDYqL5KWmhYqLzLqLmfzJEYuE43Z0fAT51S",
+	"u3tKLd/jnde304Y3pA1RYVyrNjRWPgma7PrK7Q16kQtX/Y3F5gALJ1MmNAn/eHNC9pY6b67+Hq+s/O9W",
+	"Qb0kz58RRUUsF+RsZZgOyBnV7MVBppKAgAqBwo0X+0SzSFolarWFvSQFI1/Z2VhG58xAcX1AzuwSsjqz",
+	"iLgGlSCrVzXlzZwH7mIs0acY1Bu/G+0+++0FVgXh13JN9FwuBRTYB2TOlCsaKulWoI4/AyUGZFq9ivq2",
+	"ZkTY355zNyQYDdbE6tbNKmVYS6i8sp+dfAX2ejf7AMJUzLBi1BgKMFCVcX2iiR2JmMGPedV/jhlU6lBr",
+	"aHqdMN91Ie9cgLaJ/RhIYRQQnJV5r4iR/XaWFVxnY2z0cavN64/e1oYX46S3FMKtT3UbfYNd0UFlDyOr",
+	"4NKuKaRD7w6onUq+kkq2KjGvFd21i8grOFxvl9LOmZnvJXLGRbvq/eJx4uyS9RjoAUmTTAM9YzqJZMzC",
+	"XGAiwMScOgQTJpRMEhYPyFclxYxEigEkJk00ZJ0f7D+1zZwzMXFnt3BIQtsxq2y0FDSZFPg0e+4nlgPA",
+	"lyBMsLnnDaEW+MKfkcO/SJZ9sB27LaCQzMxP7LhvCluM+UxAHtXjEE9dFkez0GFRprhZ7bz8xz/LIuiz",
+	"26AeI6oscjIzb5Y1Mqv4v9Z2qv39bm5VmV2NE6aRQAFQqUiPJlrm/q8lLZfsONyqe7jhuu2z9RhtJxcc",
+	"sCXotO3bRvI42vvuwcL/3POsJa05Cyd49oTbiWIxVywyunRyBA7q/NAIpxuAOmXqwuOo5wfaMyWXGk51",
+	"TDPERbCXwxkVRq0mtnMhiaQ85ywAmPZMs1IyM4CJEfYttXvFJSXLGI5V7BvCT5Uw1j+/f/WGXDDFp5wp",
+	"vPvwdXEOdr/EpOex3mkWcwY2NbxiFYA0oiZTDFs9Hj/77YU9Bb/BP+DELqwZ3s8LixgAA/vhyF8CPwt/",
+	"zl2ymMRyQbnAMfRwlrkfmMXkv20TXBDDF4xw4UawTL4HVUsyYcUfC5qmdlBn/IJp0vMUT9QA2bfy0lX3",
+	"nc/A62SScFhM3ijzN3r8ZY8fAafwNSsLe7N2FO4B8B7LbwtICGNVvsDjSbWtgIR2Sid+Pn2YICAhjCwc",
+	"rP2oFldxMNH/gONrf/Pr1oOIoOHJlIbEd1c3PkTnRNVOLEzB3BjFiT1jiRQz8CRQ4m8nPT9wfUIjAPpY",
+	"Nx2nXHA9Pzp8/cqaQoe/+jRvX+Sh4hGsLvjeijrM2uCXf3v6rDHFpqkhO29t7Rzs//7i0g3BbLW19Oy3",
+	"DQ2h6ChaKsmVdoDpv9ywn76zlm/jMH/fLeS3ID4IW+cr69mt3r+66s8DyI16/zhX9b3n+8/6XoM7Vpbc",
+	"IvC0KyzO8aO8ippL28kkg+qjXBaHBfAd8esG476gyqeJXAaountWyfYDxG9lDlYfNEhYsjycAoZfKxof",
+	"wVulw7lCa6Tn8LAyzYAhZsFFZpjuV93uTeYI0cyA0TOskL05SNQzaeYDdFAXXulCdbgRmVOrdIinbMkH",
+	"cYsGsuNa0jUFlH1Vv8B03qJ6qcvM5xiea15Vfqj9EDzR1cVAmIhTydd4KT/4gNHL7xvcy2vqYWfMzO4r",
+	"VA7r+Gzl6Q7IO2PSI7DsxnTBxtywv36g38rLJSApNXOytrkGG33e6526cWHeUWFtFbNjCE7+hJR157F2",
+	"x4S74cSd1+6ce+K41L+77FAcEcGWpAwRjkjWcLlyKkaRLZO4hjNuT6kpu5/ct52D5Erb+lgaZJ29orvE",
+	"7v4sbQ9peH67Nf1cGDmubNrF5Ms0+QNyDCD5zmfRGqroHew/76M1kdb8pHYNy+l06EgwfFoXlnbDk7/3",
+	"q/EUCMBwTQw9Z6LBisAPvoNyaQw9u60K28tJpPoi8E4hhOAAL8+SKUYij9RoSs4ffVfOfFc3E7oa1xuM",
+	"jlQxZVrkFnI0tAuuEZlnC+qIdBzzpU+dLfNFYNovJYhFYNDfapf1jBntlG1FB0dUqRUA3tKFCsk/TnfS",
+	"ZXy6E5zuSJOe7vwTj3Eg6gxf2KPcW6k8e8f45M3nyZfPk6+Hn14ffSW9mE1plhjyW3FSQ8CmUgOYwYUv",
+	"19RwPeVMk1yqafzdntM8c8UwR32ixicNCyJVzAVVq+rnZMLwxN6EXmc9ICOyVBLTdEF2S0UgkUnMYHAC",
+	"hKRsGEskE23mzOhVnacuHF5yisK/gUJ1hb7NxZSCu9NHxcP+kCiWYqn/EgPkAB6dyOg85+zwZ3SYdsSc",
+	"UNQwRJgoA2DU+2NfZw+8cjoNA3LMjFrtjuwo9gfkk1w3rNDv33RKZemXu6lfoGe3ZPH6l29SLn4Oy+uz",
+	"C6Z30UCrIBRyr+MmxDxTL8F7bt1sPru6Qoo9F77YGA50xo2vvXCPDAFLBGzdKWdJjEk5IkuSAQndvRN3",
+	"L2Rocg2/OhEL/kD8lSi5dOhEjQgKf8PGRq6rPy1LftGernZz0962g1obzQ7460Ft0L9VZ9eD9+WJyLil",
+	"SjvUPdC8SV0RUesmPRJFKVLKFMmxpnqhu6zDgERUSMEjmvSHxF+HXYmOWW67nvO5Fk2UHNrePPM/9gfk",
+	"Ff5pTTDY/uyCKWLHockYKPby39wX3fG97Lq5dS+7Qe428cPaxG5af3b3QvngLsI27H2H/0MVS6nIvf3g",
+	"dgJhteVcAhDfggo6wwQQaOeJdtWMA+IAAbAOcyrVkipXHtIDhr/d02x//zkrl9bH+UWE52Nxf1j6HQSY",
+	"qD4Ab/Xcfj6lArNLag/mbXow54P935vIDxHVYlKgpFSyOvoDMhLurSXvGjImAl6pKxVZlzalfvvtDEMF",
+	"qBs/Gy6rThI27LrZWi/hZ/6+VBg2jFqLAIQv61IXujqEK8nXUbFBCfVV2cztzp8TrU72XINYPUp9oGlN",
+	"DGpyxiK5KKTn0P1Vk3+NMnNAPkCKHrugSeY8V9rwJEEKKaL5bG64mDnMu1pjvVAzJibIMdUnZ5lxppdi",
+	"IOy5+XG56V7VycxOZnYy8w6WU9vN+VPychtgnWu5hgFtZUYdwI7RaF4QoSTU2N+chAJfzxJpQATrD8gJ",
+	"HiI9EwPIILSkd3UkUxa7F+uhrwKuXUeuEa4NJpj7hmrA+D0qVpAd7WA6ZCUGq33tsLt9Au52MJMhPFAA",
+	"dfuX9srjkGlD5vSCFU7Z8rtdlfQGKOwBGeXZYRJ8ZoYspDbk6f7+vn9lM+JfRbLo65XFR/j9LP9oXxPt",
+	"PiwXzrXM3WIQd34Owq+hO/WuwFpo6wj8OIGGgx+R1GP7/Il9/AbVw2epTaa2exf86kckAK5Iig927oaH",
+	"5W5Asesm9ypOhza+gJOy4HNJCFtELpFLATw51uLF53qw8MpN9X1blT0KK9PJCxLajelyeJ1PceIuKVZQ",
+	"0Vrjlw0h6kwYBwSI3pk0c5S0xmqPM0bYvzKa9AfkM1NcxpospDDzZBWQf2VUGaaSFfZXiIwm8IIvJ6/s",
+	"yDERU0VSfGwIvgZl9ISa0PsycxGOKCV+0F30G5+0QjvKtJELd8FlAZebgw9lIsZ/YX5P/k8Xwy5uH5CQ",
+	"LsDtj/+bLLiQCpyxTweDp/v/9+lvA3KI0WDCRZpB0HodkIIIuvBFVRCEGRLqpwrUma8NnFNdUTEb/DEO",
+	"7QojxIoBVkbYCllREWi/OAf5hkD+K590qyARTdqiTUsItnST+0Q/LgXRZSNdtybCRZ+fMa54utjzwHob",
+	"QJkY1ZliWCaSSs3iCQrCEHH88BQBuTmQVZOfSKxIs9uJ6XJgqmStU0DgWbfwq8Z9n3ABR5aqoEc/do00",
+	"m4xThpQ5djBpDrrEBR5/8k3no2JWBuNn0QRrQBHaKA+p0TjOm0f1Q43/xJ7tFTdsAZgvTQO072l41l6M",
+	"GtJdd6PgPpnF5K+Y/Ez+B/FNBo4HDzJ+rH6pAx26HNS8CQwW/NVqEvIfXlf614Vmrpi2p5oJcNlveL50",
+	"a8pUxOxn/Yc/PNluczHBZkPSY98o0J0ZNmPKzQEHxHQtCfyYrFyPsC4Y+t4fNHyO/calzJJ4cpbI6BxL",
+	"bUL4e4KIkU6R68yOVRxWbO9wSZVwzwhp+HQ1sQshHDZ+OrzLPoC1S/KCKZokBeiki7tqo6SY2WOznfQn",
+	"GonZTPmoDKdvqs9rBVfFoh+uL/jy4R2NFYoVw1UKp3WtbvsXX6NWvwkd/dqN6S3lcrX0ZfOhzq+DYS4I",
+	"ljTn7OqyvDo1vPNy57Va7apMrOHVugJBJ8VBrMdX1dHfnXB0ZDgxS5hpqJUb20OaFRyaUH+CRIGWax8X",
+	"CplJ7whsEiq29Ws9KjTGElqjCPnH/towQgNsy2v49Ljz8z9utgZcBpstarsjTDS/yiYEJw6iXHj3zbQI",
+	"DWBEEOOOAxJGCaNqkjslFMNUEQh6ipjE1uTvCWlyxBKUMxXPR0CENUIclXjNzwHe7fXgwXrMscntUCF1",
+	"RFSZcgv4OMQ5pfHxWmtjbcCtRmac3AciUyZYTM4ZS523ClNP1uUV4qg8SHn1i02xLzByd8EQ2+Iu8VA5",
+	"j9RlclVB3dlqWwQ8Lvwru0z80X1XMwPZHq2h2de13NuA6CxNpbKLOCol4Tq4aBeLffu/iRY01XNpyFTJ",
+	"BfxWT+NtiNV+kiThF8w+H0lxwZQ/s6ZMWbGzObvXJQWvxv6j7niab72/2w5v+cD5WesicQ/L/1mf35/M",
+	"AM40nbVn73/ggmk0pewDE9inXJB/2D8CwAsnyGGHGRAV7BotlUPN81XfKyw5xoK8IZZyaiARwWJCX/2J",
+	"Tkl4Hu2oKv3JxiSEL/BBvzba81bJxWXuO5GXuavc8bFUZuceEge6bzi2hgt8yOWpAxUYO7AOSWLXWyex",
+	"HlZaWH1+f1BiRdTQRM72pN7lCzpj7fbICCMzR2OCNwZEqpgpa1KvgEN/cCoaRcgrfMWRPsQX/Fopctf2",
+	"8NEYPvvyOzcf4Pu4Yx8PRznXppgqq5wdA5lVtqVN5xZ/86bT59nW/TZ+/6W61XhcT8NMFa/XAWYiZqoq",
+	"D+xdXMxImlABsdRTkceV7DUXjiufF+zlIWGL1Kz8YQEfhzeiJ2n8/ssT7QRRJrgpgHLteeLUDyBPuClC",
+	"qHLqmORmXAqN5GeZFWj5kWWqGMsZ4KWwIi4gdk/FGUwHkNTpLSJnbMf3cYkb/+Xvv1xe4tgl1gmbuy5s",
+	"UL7A2rcT5qP93EFjlvfZVeTP3nd9nv3ZLoUEycS5ADYaRbiguVTKGZv0eVamamrYkjNW2pHX61iFjliJ",
+	"OJgNyPzp/v7uX/ZnZ7v622Lw9FuLs1VDJ9rdrHXw4AUX+b9vtrik2M1tnonx+y/XunV/yEzvokAtG/cP",
+	"Zgit7dxtmzNmKVVmARz/xa5c13GvS/c9Lh1XfPnldVxpVLuT8MNTjmi15lO8/TDsqPD0pZPppUhWwFWc",
+	"ZLM8wgh+OF7BgMY867bs6WLpPozU6Ve1r7qlvOnSsDZIAexk3CVHd8nRP5UcHZc3b4MgaVbie9+Lf/js",
+	"q0alDsmE1yUe6rFE3257CkKll/el+nrzxj+paIUu0t8Z49s3cWtSVpM58BognH1BlnebxaXd1mINYDbK",
+	"w93u129pfKmN2C2lHG0XOD7RqBM814350Fkql81JuoKlMmc0MfNNRsk7vOOupvRg97Zl8Iw+HxIq9JKp",
+	"az3/3+Ai2QAf/oFfMMF0fuy1H+uWc2n+3TxWZp+7d+xBOGUPsaY3sCHY8zREoRynzq59js6spsFnwyER",
+	"kpwxqph6ibQcgu0CxSHeAFrJoUi7sjYZr1x11KkoOJ8H5JiZTAkMMyVSzHYTfsFiiPy4FnqeJz1ZOe4m",
+	"baRihBuy/2J/v48Fb1N6pnhEXo2IkafCqEybPG3O/UbjWDl4jxjeXfV7wzl/vf9AlngqwjrDIRWewxIS",
+	"m0uMiu5yOCBvoDWHuOcxvvHboCLSsbsCqcSpSBW74DIr86AAbjswTmRCsKTJ747NfkLavjtX0mX7haNw",
+	"S16Dcgfapccbz0rekcg8dBoGnGpCYRuWJKd/uV0weqMA/W7/B4B0sFHtz0rqlEVmI2s+iFQrjmD/J3JG",
+	"ZtSwJV0FZDnn0dzz6er8pieaWNkEb3lJKCbvonCQUxLm/QhPhVN7JMTY3Uti91VY8Ne45jxr3ZDQggAB",
+	"KailIgr4deJduqSrzeJvuNYbn3ooHJUvUCS0lnGQHvR9wfXCHsT6TYKtGFY7JT/PtLV2gjqMyy5kK6Wh",
+	"8z1P+5vPFXh+4UML4th+y5HLzcllY48vDm4z9JgP7GE+1nZoWsyrfEXYmb/9gGQXLWkVeN9hGf4NDDRg",
+	"CXj5j3/+WZGCxYQ7SbjGpfXj8hDFyCaUTrevcoFXBm0ojB/FIgYU2EhQY62sui3YL1jhpGCnQhuZarKU",
+	"6hyMLkNyVlHYw2BEESkcXwwTMQMcoGYpZuZUlKUs4fpUbJNrDnhhu3jDUepE268WbdsOjXZpXT8LSyfR",
+	"blqiOXLAYmX/gDzThm7A0TzGVe+oFRJqplItSERTn/kY+osDmUIRbBw2FlT5rozhdXfV51Lp5aZd9Epm",
+	"5XC8tKolgRzSe2kl3D+X4NjuExaTv4+PPhHtFlXOEhQvuDhK25a8sdrL/qFYQld732mSOHbmWhyz+TxD",
+	"/XzvwnxDPRKPqOMN942Tr+xsLKNzZkhCrdJ1Ong55wnLla5/FjFUS6cWp7d7sYx03uHBIu470AqQCkAA",
+	"R/RcKuN8SPBFnlMOaRmxSoqcsxWJmYK7IBs5dNR1H0fjkzfHk/dv/k8YFDB8XPu+BXm38K9itHIjQzON",
+	"EDBoY8ykxJp7a75k2pX4+0+VKXO+r3yotFGMLnwlGLrdbNtZOlM0xjR0WhrQns7OUiWNjGTiPXYD39ou",
+	"jMHg4mnYd1NyhvR4C6sQZkwj058HLWJ08USTs5VhyIZOlnSlB+STNPAJUcJ9blUdXDyhqxP3zuu1ZEbF",
+	"CLeGuSpr9ldGtZ+iDKplpy65ieYsL94rpuYS03Ivw0YPEsf72aUG7w902VyrZeOEwbFdE822zUlNOKBk",
+	"O2NmyZholsD6cqbPgm2KCn28u1xOXzRTX7mZe86ptqJuxBpBPxgTVEQrGC/2DaWqI3nq7JSbsFOKCSkt",
+	"TjuRtUUJboVW0+OdTGKHEF8Y3PYRtLhJLzfNdWYXNOZy2MmWqe4PCRgbmsyYIQf7z0/FBrCZlsoj3EeP",
+	"Kx/bfvPlM7GxcKvLwX5wOdjCLX2/extUirVpacoHK7pINimXo5SJ0efD1zLKfjo76mor3/es0W118PT3",
+	"g+f7B+vGYKN+cR9BYvcVDy/v4GQOILnCKBqZ/Du3pBykdFUvbtmWaDckgi1zFpJmoIrPvtnHJXvdZ19e",
+	"/Prh7yTww6yCKWq6iw2RZ4D5S40bcs/IdDdL9YboTEMKLGbHa0L9C3NvR6rkBY+x9tz9JM8cYw8ZG8VT",
+	"tqvNKmHE9esQ9kMfAZcd+nXgwj1FJlCpWXQ6EM0iBfjXECqHlCIll5pB3g44RSIpplxhZbnvSx7/9g2i",
+	"+6XSJuGa+LBSxEiPClIqrNl9z1YOZceBd3NDFItpZJh3QC2tTQvtRIrF3HgwcQ/eU/4c74hiZ3Mpz23L",
+	"UrmQv+90RFOTKYhMCYJDRGRmNI8ZEkm4/wjwS0BBviYO1dFBA7hSqURii7FE6HMgOEpbaCccwjl0lEwp",
+	"TzKFYIxZisfO/D6/mKBJGPYZ+B/tzRoX8SQrVnHYVijllsSJTL+kD6lUqvxdt5T2VO3C5ghYvllyHNJ4",
+	"feMM8/3F3bYKcRdNcBeFXeXV48tnvlmfWRHvAFYf6uUuqrTSknXr2S/dyytHJ5X13nf/7J/tivKTT4HF",
+	"EMOwkudqFxoTxm7eIvErdApxzGeCWhEfEtwCpBeavwKPQpQJ/s0qJilijcwKwcVT99ucfSPvPo5e7Y7f",
+	"jZ799sJaeqc7+JPBewf4L0WX0BO86O5hYUA0A8YCEl48DZGmSTudwIAnY1UW5049+t8BCBh8I2Jm1Q3k",
+	"j4E+g28JCCWGL5g2dJGShVQugeL5/j7RmKGhKpeJ9snB0wwbAB0GIygvHLKN15MRTUG9uKma5K/NU9JI",
+	"72B/v9/I9eEhgxXD1OEYNX3KVKHwPGMp4mwAG0nsCbd38XxCSZyhPLbKNeHIZeIS757t7zuxmN8UQhKe",
+	"i1EV+c9la8BOFL6ZIhsJACJTH4PpuRkxkBizSlm/KfYCWTJuZX/F8breGMzn2oZqCcOU9lt7BOYSSuuz",
+	"b6eBRPBk3ZqCZeA2Ut4z/GfRt/rO22lJWvnL09+fXbHc6T/3/nPn5febrVCqzvYoOt/IRwua/YIpPrWL",
+	"2q40tw16dhvTAkwbL/dvWZV3Cc1XSmg+RgFQOpzlQs1LzzqdbIsadH7zPU4Xe4sp3bWLggumN/nil2Rh",
+	"hdS8cMqjiOMXPGEzFheJMoh1n3vnJ4V3PiBcREkWW8WSadsMSFL4cwAEN+42wMT3z8tU90lCo3NChaeU",
+	"QsVJpjQyUuH9c9/Fj29HRLFIgth22xmVgkyZGJBPSP+3nsNDeiG8f+L3d4gxhCXXgKpMF6BsoL+N+T4f",
+	"346O86G8qwG1cic3nRjym5DSXHehs5tw/eDi9SMvp/k22IX94bdfz94D5kq/ngJ0bLdfbcP7YsFNEER5",
+	"ReFdXbiug9u8oycFQZYu01BA2pDj5JLTbjXfqCOzBFyZr7IroPd8nTNBwkqVO3C0yQU3xlPhSTWjgv8b",
+	"ltYT3VLATzU65uwZp/RLKSW8DP1z0OrRwj4/KGcWftIt+bFqfdiQhIqOq2Fta4NrdClQMXf1+V19/s0h",
+	"CaW5LNhcnO9FHzidHNXjRvq2zxVSb/Qv5Gi++JvzpXj+KDCnoV5vKdW5nRsdtMKW4GuvSZI195zHA/KK",
+	"KsWZLhNX5plZ7hSR96vd4eDG6/5AGZXGdpM46xjmrlVqPT5Kuo3SJ2hNyum2/S88omw5lnSbvcMu27px",
+	"W4DLqjYBBjEgg6MNluyRb/RfhV32I6elG5MzHrWskzfdkehWIMt+6ki0h066S3krP7pbH590u4fZreUp",
+	"u3yOq1sNnRB73EYTuJL9Dlzk2/4KTuR20wk8K5lmijjcjESKmS/zdO/McedJL7S3llhSSlHCIcLFcW24",
+	"mPloQ5sDhsZxZU90Uuz2fOCj2lzcVjpnZT00ycU47rxFnUF3Q0J3FMd50PTnjLm97/jH1XzeFSF9zBby",
+	"wsNzJ1S7m1rFq7L3s07C1nr90SmlGHgD3eQC6x9cbQOFyqfv1/riDprgeOw8dkKvc5FfkVUX1s0W+fUD",
+	"jjbymi2kuYIgqjjiOkF0ZwXRL/YV/oBhuX9zhmXZb4hD3Anczsq8mUyKORWzQlA/0ZBCvNXe1Hq+e85W",
+	"m/2E4/G79/aex1VIjl99eR+bHcauhvxh1pDnqZfj8TuSZmcJj2C+S/trrOewSTbQJ84ZgOlxTVKqtKsu",
+	"caXFLCa99TJjrIpGcDwoSRYAolHtRX/oUPryoj5NF4xMuZgxlSouTF6zIkX1c2gEeelbOBpxJzykPE38",
+	"olvyT7nhbHNMDUtLwi6Q0jx2lI2defATTihRE1+N0qvBONj7fs5W606npkzI6xEVNczI8TuUm22Qlti7",
+	"G/epdGmHXVCtlEV41d0FFXtXwHwivQ1Q+qUau0YwKGwO4QMflxlffPnlTXkXpMSays6kf5AmPdbObqVF",
+	"94ibV+FEx9i2s7knEMnWALnwe7+AObL3WP0FQAfUUSo0Wd/FAn5IFnjxVbdkhZeGtWNI78ztX1TXhH54",
+	"cUkhU7cO9r6DJNnELTDCVzTWXq7l2PQO9g/6jVX31ydk1qgPVLvh7r7uvlQmbBYZPv+pOw90lQk035VX",
+	"3vgXz/cUm1mrvnXPv3GoHPYudPpxo4nrD7LraEMNG5LQEYVN8OZJJGMWemglXwbpGuqJLEnAPjkVQgrW",
+	"b0P0/q/nx66DdxXlwPfwMjAHbrBvHcvgcVngKl9BfivYOaPxRxmzxO+InHfHDtXefy/P7Xumiul5O9Dc",
+	"G2FfWccUZeKCaGYg4SA8/HTy5vjT6MPk71/fjyfHb94evxm/m5wcvX/zCfaGZmaYQ5Ud7B8Uh+s6hY6Z",
+	"U1PwodUzp6Cn9h13dp/Yzh1jPzej2MAt12wO/5CeurLWuZf0bX7hAydfM8vJW6kia2C6ZeZVjeYzwcVs",
+	"95yt7Dou49pkOe74ghnFI72ZzARv+bUr17BvZi9NKBetCPMv/ufT/b/85cVlIOY/K7lgZs4yq2i/GcK+",
+	"pVJzYENCI/Lh4c2XPnmRz1gj1jz4Iv7dalIAIqOVlp+lNjPFxv/rAwSfPo1Oxk4WBuS3/ed1WWgvleEa",
+	"11CxCmIwBjjJ9u9ozqLzAAKaIJztZ1oRzRKZssbjyd1HBLs0HNjqJWFgv8UsZSIGBGqnbO7p+swF380N",
+	"5CdpAOFr9ZJQQxIG+YOC4cqyazGWy+vjKN2IJ+h6+3LDzmnbk0u9J6ThUzdQ7Qb/lxY6O7A/0kzPma4e",
+	"NCrNEqqR7RCkoieze3kqwu+nO9GcCsGS052X5BTO4y8RFZfHHg+X/D9yuiPVrPmHMyVpHFFtTncCcgpC",
+	"GtvCuxFSE666p+xdMTXU3vV9MBj8aS9oe0ahpvzk8dtX5Pnz57/75/4MB6fiBDkzBXJvg7GWndmROiso",
+	"5fJBgCOY+76g+lMZ5or08FjWPxXu5hywP/8438yAHJWfzIkB6ZnMSvXopFfiOrRHsUxj4zOmg/ymsyye",
+	"MYN4k7pv13M0R7vV5fuT5VySiAqiGXNz7YqRyWsPqcs1OWPanAo2nUqF0LhWsKZMaa4B5Mk+DWyQlVUx",
+	"WMSDU3EK5oUDX+ZSvEQixcgeMhwbZO/vX0/6QCB1ljPKhgFhHLxNXJBw5Iw01wISzxKHtWzbcJDKp0Kq",
+	"ADkkHR+BDuzirBIBNlE04psH600SOZ0yxWIi7No28lT4R6ofe/E0xAxZzdQFU4RFc8lcXK31CU+gAFDD",
+	"6J+yh+IR+Vdmhx4tEfx1mmkWkx71vO+CUPLl+ANhItYkS+2FRM6040AIjxSfcRGSEsX0qXDO9icAwkXm",
+	"0so0RYAUmzjKzU9HJ4dvD1+NTg6PPo0now8fjr6+eT05Oj784/DTeEDeIhGBXRJTBI9mp8JxYQJ4J0js",
+	"XDV7lesgREMlM8NCWEKhNStkHML8xsxQnjRTfLnd+Kkix65TSW+gkbSj/9ktFY1gZuXFw3X71D6SqN69",
+	"PP0s2ZkGUbCJwbqy4BACvUTzmjK1a8V/YOXgbkXaA5FhXa7r/mZPxLKg0r006++o1CG/B3uasZgcDJ73",
+	"K9wqIMR0fQHrNSpUEGOwPf0P4HtoEIu9gqveSm4fScRmxsi6G/bdnmkXieUXF9z/Lp7RKgUP9vdJ6KDm",
+	"J06qhUEuRwZI+x9iaxMuJtASwtHrlAlTlZIBnkysjRCUJCbXNRnpeYlP3hx/PPw0+lCXjxD/eN7UM+wQ",
+	"kfA+CJjYOV7WYPzdx2tysP+UhNh591sINcuZOBdyKQJHgcMAxd8KYj4T7unSox6L35U7pxyx9ln5Hnc5",
+	"BFh+tcqZZgr5ni8trm07VQGPLMa5/Hb8xU1yfkBGU+NoBHyLjv14qgCz2XEfe3LVGu8xmkxWB1duB7PT",
+	"k5znlicJHe/zBGx4uzTYNw5LxKW9QtdSKWYhmgvFMg1IqJjm//b9T3nlJrehGtiv1zSXTJnoaJgvTcP8",
+	"eLRmVz54yxzPfsltcH+WzsBeInFhT8eiRDNf9n7mF0Gl1994tm5pgLRBWdDAlOxEGrJIc6NZMiU9u8NL",
+	"JPFcERfUI6liU/4NhFCmkp2XO3tg6Lre1d/wgV8wwbQOChTzABWeZ5QE2ec8foNCqDjvQkMKLZ+J3SwN",
+	"wD+8y0Xg1JH3HoPmRddxXsfi2oRBaeYWccjB/rS8KaOq1CDGPNdbfJ0jSWvSi6xmj5hdlbofFFjkQGpQ",
+	"BTApNZ3XOG3q73oVR6kFn6lpG3CX/saTBERrcSmnhChde0UNTWTlNuR7LV0or8LGy38omaWV38ZGKgrp",
+	"M8XtafWWUZqOlOFTGlV7VLFjy713aPjHLGFUV3votucI60Kqj+HgjsA38EqxmAnDadI02P4NmBbHtUG1",
+	"W6RW4kTm+ZX+Q+zdxfIoX0VA/vrV5r6U7/hIqR5zw5p/+cCnLFpFCVv7dX3q7NXxebZ+8Wh8uLBmzXrv",
+	"6vMEF2tLYH2V0izmhhhFeVIfm5H9aa3JymqstnfkLR5HlrSAxeBYbahZG/yjao+rXPgNP4zS9LOS31Y7",
+	"f/7zz/8fAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

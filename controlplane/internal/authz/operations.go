@@ -58,6 +58,13 @@ var Operations = map[string]Requirement{
 	"getAdminUser":    PlatformAdmin(),
 	"updateAdminUser": PlatformAdmin(), // reset_mfa also needs step-up: checked by the service
 
+	// Enterprise sign-in, OIDC federation (auth/oidc.go; issue 19 item 6).
+	"startOIDCSignIn":              Public("starts a sign-in at the tenant's identity provider"),
+	"finishOIDCSignIn":             Public("the provider's code, the single-use state and the flow cookie are the credential"),
+	"getTenantIdentityProvider":    PlatformAdmin(),
+	"putTenantIdentityProvider":    PlatformAdmin(),
+	"deleteTenantIdentityProvider": PlatformAdmin(),
+
 	// Tenancy.
 	"listDepartments":     TenantMember(),
 	"createDepartment":    TenantAdmin(),
