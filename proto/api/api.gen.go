@@ -740,18 +740,18 @@ func (e ErrorCode) Valid() bool {
 	}
 }
 
-// Defines values for IdentityProviderRequestRoleMapping.
+// Defines values for IdentityProviderRoleMappingRole.
 const (
-	IdentityProviderRequestRoleMappingAdmin  IdentityProviderRequestRoleMapping = "admin"
-	IdentityProviderRequestRoleMappingMember IdentityProviderRequestRoleMapping = "member"
+	IdentityProviderRoleMappingRoleAdmin  IdentityProviderRoleMappingRole = "admin"
+	IdentityProviderRoleMappingRoleMember IdentityProviderRoleMappingRole = "member"
 )
 
-// Valid indicates whether the value is a known member of the IdentityProviderRequestRoleMapping enum.
-func (e IdentityProviderRequestRoleMapping) Valid() bool {
+// Valid indicates whether the value is a known member of the IdentityProviderRoleMappingRole enum.
+func (e IdentityProviderRoleMappingRole) Valid() bool {
 	switch e {
-	case IdentityProviderRequestRoleMappingAdmin:
+	case IdentityProviderRoleMappingRoleAdmin:
 		return true
-	case IdentityProviderRequestRoleMappingMember:
+	case IdentityProviderRoleMappingRoleMember:
 		return true
 	default:
 		return false
@@ -2438,10 +2438,10 @@ type IdentityProvider struct {
 	PasswordSignIn  bool      `json:"password_sign_in"`
 
 	// Provider The tenant slug used in the sign-in paths.
-	Provider    string            `json:"provider"`
-	RedirectURL string            `json:"redirect_url"`
-	RoleClaim   string            `json:"role_claim"`
-	RoleMapping map[string]string `json:"role_mapping"`
+	Provider    string                        `json:"provider"`
+	RedirectURL string                        `json:"redirect_url"`
+	RoleClaim   string                        `json:"role_claim"`
+	RoleMapping []IdentityProviderRoleMapping `json:"role_mapping"`
 
 	// StartURL Where users start enterprise sign-in (path).
 	StartURL  string             `json:"start_url"`
@@ -2470,12 +2470,20 @@ type IdentityProviderRequest struct {
 	// RoleClaim The ID-token claim (a string or an array of strings) read by role_mapping; default `groups`.
 	RoleClaim *string `json:"role_claim,omitempty"`
 
-	// RoleMapping A value of role_claim → tenant role. A user matching none is `member`; any `admin` match wins.
-	RoleMapping map[string]IdentityProviderRequestRoleMapping `json:"role_mapping,omitempty"`
+	// RoleMapping Values of role_claim → tenant role. A user matching none is `member`; any `admin` match wins.
+	RoleMapping []IdentityProviderRoleMapping `json:"role_mapping,omitempty"`
 }
 
-// IdentityProviderRequestRoleMapping defines model for IdentityProviderRequest.RoleMapping.
-type IdentityProviderRequestRoleMapping string
+// IdentityProviderRoleMapping defines model for IdentityProviderRoleMapping.
+type IdentityProviderRoleMapping struct {
+	Role IdentityProviderRoleMappingRole `json:"role"`
+
+	// Value A value of the role claim (e.g. a group name).
+	Value string `json:"value"`
+}
+
+// IdentityProviderRoleMappingRole defines model for IdentityProviderRoleMapping.Role.
+type IdentityProviderRoleMappingRole string
 
 // InternalStatsResponse defines model for InternalStatsResponse.
 type InternalStatsResponse struct {
@@ -2508,7 +2516,9 @@ type LoginRequest struct {
 
 	// TotpCode Required once the user has an active TOTP factor (else 401 `token_invalid`, details.reason `mfa_required` or `totp_invalid`).
 	TotpCode *string `json:"totp_code,omitempty"`
-	Username string  `json:"username"`
+
+	// Username A username, or the email a federated user signs in with at their identity provider (such a user has no password; the answer is 403 `auth_enterprise_required`).
+	Username string `json:"username"`
 }
 
 // LogoutRequest defines model for LogoutRequest.
@@ -5392,7 +5402,7 @@ type ClientInterface interface {
 
 	// StartOIDCSignIn Start enterprise sign-in (OIDC)
 	//
-	// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+	// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 (`details.reason: not_found`) when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
 	//
 	// Corresponds with GET /api/v1/auth/oidc/{provider}/start (the `StartOIDCSignIn` operationId).
 	StartOIDCSignIn(ctx context.Context, provider OIDCProviderPath, params *StartOIDCSignInParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -7725,7 +7735,7 @@ func (c *Client) FinishOIDCSignIn(ctx context.Context, provider OIDCProviderPath
 
 // StartOIDCSignIn Start enterprise sign-in (OIDC)
 //
-// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 (`details.reason: not_found`) when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
 //
 // Corresponds with GET /api/v1/auth/oidc/{provider}/start (the `StartOIDCSignIn` operationId).
 func (c *Client) StartOIDCSignIn(ctx context.Context, provider OIDCProviderPath, params *StartOIDCSignInParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -17569,7 +17579,7 @@ type ClientWithResponsesInterface interface {
 
 	// StartOIDCSignInWithResponse Start enterprise sign-in (OIDC)
 	//
-	// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+	// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 (`details.reason: not_found`) when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -26159,6 +26169,11 @@ type DeleteTenantIdentityProviderHTTPResponse404Headers struct {
 	XRequestID *string
 }
 
+// DeleteTenantIdentityProviderHTTPResponse422Headers the declared response headers of an HTTP 422 response for DeleteTenantIdentityProvider
+type DeleteTenantIdentityProviderHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
 // DeleteTenantIdentityProviderHTTPResponse429Headers the declared response headers of an HTTP 429 response for DeleteTenantIdentityProvider
 type DeleteTenantIdentityProviderHTTPResponse429Headers struct {
 	RetryAfter *int
@@ -26187,6 +26202,8 @@ type DeleteTenantIdentityProviderHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -26203,6 +26220,8 @@ type DeleteTenantIdentityProviderHTTPResponse struct {
 	Headers403 *DeleteTenantIdentityProviderHTTPResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *DeleteTenantIdentityProviderHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *DeleteTenantIdentityProviderHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *DeleteTenantIdentityProviderHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -26229,6 +26248,11 @@ func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r DeleteTenantIdentityProviderHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -26300,6 +26324,11 @@ type GetTenantIdentityProviderHTTPResponse404Headers struct {
 	XRequestID *string
 }
 
+// GetTenantIdentityProviderHTTPResponse422Headers the declared response headers of an HTTP 422 response for GetTenantIdentityProvider
+type GetTenantIdentityProviderHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
 // GetTenantIdentityProviderHTTPResponse429Headers the declared response headers of an HTTP 429 response for GetTenantIdentityProvider
 type GetTenantIdentityProviderHTTPResponse429Headers struct {
 	RetryAfter *int
@@ -26330,6 +26359,8 @@ type GetTenantIdentityProviderHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -26346,6 +26377,8 @@ type GetTenantIdentityProviderHTTPResponse struct {
 	Headers403 *GetTenantIdentityProviderHTTPResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *GetTenantIdentityProviderHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *GetTenantIdentityProviderHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *GetTenantIdentityProviderHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -26377,6 +26410,11 @@ func (r GetTenantIdentityProviderHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r GetTenantIdentityProviderHTTPResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r GetTenantIdentityProviderHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -29340,6 +29378,11 @@ type FinishOIDCSignInHTTPResponse409Headers struct {
 	XRequestID *string
 }
 
+// FinishOIDCSignInHTTPResponse422Headers the declared response headers of an HTTP 422 response for FinishOIDCSignIn
+type FinishOIDCSignInHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
 // FinishOIDCSignInHTTPResponse429Headers the declared response headers of an HTTP 429 response for FinishOIDCSignIn
 type FinishOIDCSignInHTTPResponse429Headers struct {
 	RetryAfter *int
@@ -29372,6 +29415,8 @@ type FinishOIDCSignInHTTPResponse struct {
 	JSON404 *NotFound
 	// JSON409 the response for an HTTP 409 `application/json` response
 	JSON409 *Conflict
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -29390,6 +29435,8 @@ type FinishOIDCSignInHTTPResponse struct {
 	Headers404 *FinishOIDCSignInHTTPResponse404Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *FinishOIDCSignInHTTPResponse409Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *FinishOIDCSignInHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *FinishOIDCSignInHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -29426,6 +29473,11 @@ func (r FinishOIDCSignInHTTPResponse) GetJSON404() *NotFound {
 // GetJSON409 returns the response for an HTTP 409 `application/json` response
 func (r FinishOIDCSignInHTTPResponse) GetJSON409() *Conflict {
 	return r.JSON409
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r FinishOIDCSignInHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -29494,6 +29546,11 @@ type StartOIDCSignInHTTPResponse404Headers struct {
 	XRequestID *string
 }
 
+// StartOIDCSignInHTTPResponse422Headers the declared response headers of an HTTP 422 response for StartOIDCSignIn
+type StartOIDCSignInHTTPResponse422Headers struct {
+	XRequestID *string
+}
+
 // StartOIDCSignInHTTPResponse429Headers the declared response headers of an HTTP 429 response for StartOIDCSignIn
 type StartOIDCSignInHTTPResponse429Headers struct {
 	RetryAfter *int
@@ -29520,6 +29577,8 @@ type StartOIDCSignInHTTPResponse struct {
 	JSON403 *Forbidden
 	// JSON404 the response for an HTTP 404 `application/json` response
 	JSON404 *NotFound
+	// JSON422 the response for an HTTP 422 `application/json` response
+	JSON422 *Unprocessable
 	// JSON429 the response for an HTTP 429 `application/json` response
 	JSON429 *TooManyRequests
 	// JSON500 the response for an HTTP 500 `application/json` response
@@ -29534,6 +29593,8 @@ type StartOIDCSignInHTTPResponse struct {
 	Headers403 *StartOIDCSignInHTTPResponse403Headers
 	// Headers404 the parsed response headers for an HTTP 404 response
 	Headers404 *StartOIDCSignInHTTPResponse404Headers
+	// Headers422 the parsed response headers for an HTTP 422 response
+	Headers422 *StartOIDCSignInHTTPResponse422Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
 	Headers429 *StartOIDCSignInHTTPResponse429Headers
 	// Headers500 the parsed response headers for an HTTP 500 response
@@ -29555,6 +29616,11 @@ func (r StartOIDCSignInHTTPResponse) GetJSON403() *Forbidden {
 // GetJSON404 returns the response for an HTTP 404 `application/json` response
 func (r StartOIDCSignInHTTPResponse) GetJSON404() *NotFound {
 	return r.JSON404
+}
+
+// GetJSON422 returns the response for an HTTP 422 `application/json` response
+func (r StartOIDCSignInHTTPResponse) GetJSON422() *Unprocessable {
+	return r.JSON422
 }
 
 // GetJSON429 returns the response for an HTTP 429 `application/json` response
@@ -39306,7 +39372,7 @@ func (c *ClientWithResponses) FinishOIDCSignInWithResponse(ctx context.Context, 
 
 // StartOIDCSignInWithResponse Start enterprise sign-in (OIDC)
 //
-// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 `not_found` when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
+// Redirects (302) to the OpenID provider configured for the tenant whose slug is `provider`, with the authorization-code flow, PKCE (S256), `state` and `nonce`. The state, nonce and PKCE verifier stay on the server (single use, 10 minutes) bound to the `gantry_oidc` cookie set here; the callback needs both. 404 (`details.reason: not_found`) when the tenant has no identity provider; 403 `auth_personal_required` for a personal tenant.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -49691,6 +49757,13 @@ func ParseDeleteTenantIdentityProviderHTTPResponse(rsp *http.Response) (*DeleteT
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -49765,6 +49838,16 @@ func ParseDeleteTenantIdentityProviderHTTPResponse(rsp *http.Response) (*DeleteT
 			headers.XRequestID = &value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers DeleteTenantIdentityProviderHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers DeleteTenantIdentityProviderHTTPResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -49863,6 +49946,13 @@ func ParseGetTenantIdentityProviderHTTPResponse(rsp *http.Response) (*GetTenantI
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -49937,6 +50027,16 @@ func ParseGetTenantIdentityProviderHTTPResponse(rsp *http.Response) (*GetTenantI
 			headers.XRequestID = &value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers GetTenantIdentityProviderHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers GetTenantIdentityProviderHTTPResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -53421,6 +53521,13 @@ func ParseFinishOIDCSignInHTTPResponse(rsp *http.Response) (*FinishOIDCSignInHTT
 		}
 		response.JSON409 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -53505,6 +53612,16 @@ func ParseFinishOIDCSignInHTTPResponse(rsp *http.Response) (*FinishOIDCSignInHTT
 			headers.XRequestID = &value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 422:
+		var headers FinishOIDCSignInHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers FinishOIDCSignInHTTPResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -53592,6 +53709,13 @@ func ParseStartOIDCSignInHTTPResponse(rsp *http.Response) (*StartOIDCSignInHTTPR
 		}
 		response.JSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 422:
+		var dest Unprocessable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON422 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
 		var dest TooManyRequests
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -53670,6 +53794,16 @@ func ParseStartOIDCSignInHTTPResponse(rsp *http.Response) (*StartOIDCSignInHTTPR
 			headers.XRequestID = &value
 		}
 		response.Headers404 = &headers
+	case rsp.StatusCode == 422:
+		var headers StartOIDCSignInHTTPResponse422Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestID = &value
+		}
+		response.Headers422 = &headers
 	case rsp.StatusCode == 429:
 		var headers StartOIDCSignInHTTPResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
@@ -80805,6 +80939,23 @@ func (response DeleteTenantIdentityProvider404JSONResponse) VisitDeleteTenantIde
 	return err
 }
 
+type DeleteTenantIdentityProvider422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response DeleteTenantIdentityProvider422JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type DeleteTenantIdentityProvider429JSONResponse struct{ TooManyRequestsJSONResponse }
 
 func (response DeleteTenantIdentityProvider429JSONResponse) VisitDeleteTenantIdentityProviderResponse(w http.ResponseWriter) error {
@@ -80959,6 +81110,23 @@ func (response GetTenantIdentityProvider404JSONResponse) VisitGetTenantIdentityP
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetTenantIdentityProvider422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response GetTenantIdentityProvider422JSONResponse) VisitGetTenantIdentityProviderResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -84275,6 +84443,23 @@ func (response FinishOIDCSignIn409JSONResponse) VisitFinishOIDCSignInResponse(w 
 	return err
 }
 
+type FinishOIDCSignIn422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response FinishOIDCSignIn422JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type FinishOIDCSignIn429JSONResponse struct{ TooManyRequestsJSONResponse }
 
 func (response FinishOIDCSignIn429JSONResponse) VisitFinishOIDCSignInResponse(w http.ResponseWriter) error {
@@ -84408,6 +84593,23 @@ func (response StartOIDCSignIn404JSONResponse) VisitStartOIDCSignInResponse(w ht
 		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
 	}
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type StartOIDCSignIn422JSONResponse struct{ UnprocessableJSONResponse }
+
+func (response StartOIDCSignIn422JSONResponse) VisitStartOIDCSignInResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if response.Headers.XRequestID != nil {
+		w.Header().Set("X-Request-Id", fmt.Sprint(*response.Headers.XRequestID))
+	}
+	w.WriteHeader(422)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -97290,588 +97492,590 @@ func (sh *strictHandler) OpenTerminal(w http.ResponseWriter, r *http.Request, al
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7P3pciO3si+KvwpC/x1h6uwiNfSwvFpxYofcg63Vk46GZZ+92oeEqkASS0WgDKDEpjv89f8A9yXue9xH",
-	"uU9yAwmgRhSriqLUcltfukWyCkMikchMZP7yy07IFwlnhCm58+LLzpzgiAj484wosTqeKiL0p4jIUNBE",
-	"Uc52Xuyck5CzSCLF0RJTha7IlAuChH6FstloJ9iR4ZwssH51QRldpIudF/vBjlolZOfFDmWKzIjY+eOP",
-	"YOeXM/JbSqQ6ier9vORCkBjrT4hGiE+Rmutu4AU00B9CHMdEfCfRL0Pb0PAkChAXiDOCFrqnCF2t4EVJ",
-	"xA0Ru5Xh4c/vCJup+c6Lg8PvsyFKJSib7fyhh5hggRdEWcIcRwvKLiURJ9Ep1q9VR61/QzTS3VD9OdFP",
-	"BTsML3TDqSRiTKOdYEfPgwoS7bxQIiXFMU25WGClH07hycIYnzyvDzHYOU4jqs65UJ614kIhLiIiRuhl",
-	"KiQXEmFB0BVPWaRXECijH0olidByTpj+aoWWRBBEpUxJPpXfUiJW+Vz0ayVi/ocg050XO/+/vZyt9syv",
-	"ci8b40c9GBj2DzSOKZtdSjwjbaPXqy+wXs1UP45iyojcysCqo8jHZ+hVH9XHBP+WEpTgGWWGO0N4Ek0F",
-	"X6BJ/v2Ikc9qbH6cNA3W/NzElM8ODgO9hzIm9a3/G8EX9WHaiaGECMojFPMlEWbdm4aix7/j5cQIKzJU",
-	"dEHK7Pj8qW84JxFZJFwRFq7eklV9YO/xNZEIo1AQrAiSeErilREf+ComLxBGgiQEK7Skam44FC8IuiYr",
-	"hFmErnikH09ivJLmV8UFidBAYkYV/Z1Eu0gQmXAmSTZVI9vyuRYGOdSjXCcU2uh/EhGmqFqdCn5DIyIu",
-	"CMNM+cWD+a1ZQCj4fesi4uPJq5dueA0D04SM05mTs2YgaDnnkiBqZ4gS2waSdMYM9VMQeKxhPu6FtdMp",
-	"stQTLXGVIkK39X/+hYe/7w///qv9f/jrl4Pg+eEf/7Hjm+Sp3sL0d6Kb9PF3gmdkLPUDxc4jMsVprHZe",
-	"PNsHQprj6nB/P8gPrwPv4XUaY6VX4ozHpJmoiX0KCR6TBirpn9ZSaJ0EKw4DxnXBW6VBmiRt0kDxLciC",
-	"X04F/zcJvee7/QmFnCnyWWnGw5rB9JdDGfKERIgnRBhZio6zo1+LBZ4qRBWiEgmiX9CHl5YWE8pucEyj",
-	"sX140igBfhnaAQxPXm13s61VakBjGco0SWJKIhSWlJwAkXDOSYQoHMMltSaTacjMZIQuMq0GVB0JSg8c",
-	"4fhKEqbWTD1vtq865EYB2tAPOPoRK7LEIOZhIRmc41hPL4Rp7f1b6pl/6cjNr4Xg4sx2YrosU/CYoTSR",
-	"ShC8QBFJCIu0EEdTTGN9CEzcj2OiW5qAwlfQbEtzbxiLfXyvsJAwkB9wZL+5v+m+x7FmQBJl7M/1ckup",
-	"d7PbOoMa2x8hHEuutZHVgjA11vIaq1SQsX1yEqCJPji1TNTCaKwEviFC4ngSIIwiwjR7Mh4RvSevCFJY",
-	"zIjaJjlfcjaNaXiPxHQ95ppFmApBmEJSaV1kMPkfYxwLgqPVmHymUslJYH8K7asyQFhvVas+qGxZpKJx",
-	"jETKGGWzbZLpDRdXNIoIu8c9lqo5F/R3I5csL2gmk+l0SkOqOSohAtiQM02kCdaG0dhJUf0NXzIi5Jwm",
-	"pW+lIsk4LX+Hk2TMuBqDkhHb71I1131IznA8jqjUumH+C2GKiERQScotld7KftnmcpzonhmOgYj3tySX",
-	"jHxOzEFnZT7IN1gVM6A7EHgfuHqjdYT7m+YFmPiSpyIkKOJEIsYVgr2oBR81n2+opFcxcQascQPA7tVs",
-	"NNVD3iodTvEq5ji64PydloL3TQ4jYMDuoRLFeggCqTlmBcfGdxKFOPGcBAGaRERhGsuRIFhyNoGWxorz",
-	"MTS1ZULp4+YsU6bui1AnBdGErnCMWUiqEst+vVXOOCfihobkkuEbTGMto+5RShf1HypRmg8CDSbSjGxc",
-	"+LY2c3DzDTM/37qJFzyCWsW9BckuOH+P2cp+K++PXmf6HI/pgoIo+S3lCiPyOSQkgtNNYEXG8PPYfQtH",
-	"ShxzM55xyJnRF8KVedAdXpRJpVlrDI2WXnc6VuWXB7ESlwzbg/4+t6pWLvRJb1rPFXfFrwkbW9VWk858",
-	"UdBXzRfkc+KOe/MF2IrZc9vc3ZcsETwkUt7vxv6nnkiFOjfZd/acP8rk+gRpu854Y6aUxNHuCB1r7R8z",
-	"VPFzIUGMo1frvxhFdDoloP/qI2FrhPvD2ZTGZR6GPGXqnISpoGqVTVzTMIqonhKOT4U29RXVduUUx5IE",
-	"O0nhqy87iynu+QZhoDJ6vDIidXYyQzhU9IagKQ4VF0bRkEfg3hoaI5whRkgEDksegQPHWsVXnMcEM70J",
-	"zdvQK1VkIds44P2b4zfwin55gT+fmJcO8ksSLARe7YC9HfIbIlZj3bscC7LAVFsYbZcrwQ7YLYYQ+pl/",
-	"7TDOyE6wo48M3UCwY+a+86vPiZH7Q/6VUdK1mU94zfjyVvnVv0moYEjEGAw9V9KOs34/QGeMRHqdXMNo",
-	"IMhUEDkfgmhAU7ygMSXSMXys1xp+AjHRcjtVpEGNVoVZGZOm56QkVlROqY9Bf54TNQcVTxvfRBK4xzIz",
-	"cq9JpLsdpglifOnnyiVlEV+Opbmv63AbV5xvPrxaQz4auIutTfxlxW7zCzK94Qsck5PZ1/1xFFlv3nuy",
-	"uCKi4KbpsSTghm3ztppujLP1LuYNg/DP0V49ts6qqiaCix7L3BUNxrpEkhBEwU1YpoO5mYnGWDV6fiuz",
-	"CXYiKpMYr8bGxVhxJe57XtiEaMAV44JgrzO9m+NY07G7RC470YtC+YlHJls+cYJV01eLU01VjzQ1YjNt",
-	"HYNe23Pz5B9B4SaonUwsja3tYZzXtQHYxqoDNyMOdhawafTQW1tKk6g3b2j6ePjCf2VQ3BUw1+ztCpMF",
-	"7trEUjcoXZ4VZ1zjijIfBUWGL81w7TZ8R6XaUJnJWLITb+Ybv8SYcEVVZc389rmV4/Mna2SHDkqNeSmR",
-	"WUY9JdKPp5cS8SncV5y/vUScwZ/gbB5EPJR7udElRwutz77WOobRbrWpi+MlXmkBxtQRcjyrGzHhDfqb",
-	"6k1IVaUIRUqiccjtKRHHH6c7L/7VordxRlY7f/wa1A5srBBV0kYnzLFEumEkOZpi4W5z4MfvJHI2pH+u",
-	"RybMBYIdBlecX5NoF+GFVqFREqdGzbduZpRgocAjZp5fETVCH/TkU6ZojKiCsVwR4hRdTYnyHv/D6YHr",
-	"tnRl17ZKiYLRPBM8TawYqzu38gcRPKiHvMQSxThl4RxuwswCoykXCCNtG8bE/qwnc1vJGHLGSJgxcSc2",
-	"yBn/Zf72H796KNvhJF0vEIMdwqKsgZqayBAEYIV4QZAgMcGSRIEzGrlAevAxUSaIZysrO0vSMdhzVpjb",
-	"C/Ln62/LzXsLHpG4wz1jsDPnqYhXY2EtmNvtzp+gMdgiCCvLO25TmnOisCuPCtJDP6AF1BxHiHGUCBoS",
-	"/aJRmmqrvZlK01lj0vJxvFkfXI7pAs/IltQJuNoZb6z7gjDWp8iGbwsyM+64qINKEezI67TTY3I+viar",
-	"MY3KR3NvFTVXHQ/rB3Q3VfCfT37m4jrmOMoVQvPm2Djxqwyzf/i0uxq4GdU7aH79lTuryRU1twJvVDnN",
-	"rGVRmBQFUpkx8v1S0BDLNCyveXmXlE6GskAKytqD/7RrViqL521BvK/XsF6Wj6nuutZPfIkUR4LgcF7w",
-	"d+VDrutGc6sTFVbz8Nkz3y62UZvZMfD82bMnz9pOgtSasL2YZW4onZjQTmhiPcFe3zg/bXdafWQEGQ5B",
-	"SmAmqZ8+4Puym6h6krVrRvCy+brBgjScq7lzJRVZeC3KAstttpsLgUebTmUbyo1bpbpmGNMpCVdhTBA8",
-	"hAYT098kQBOr6ug/IcBQ6llIhYWCe4HRaGTcey29TwVfjHOB3E3LqIvmmsIBGjhn1iEvpHJTgBlQbpyP",
-	"W1IfbnUe8PGm55FPmJeZskzfYmdu3bPBl7ZFkG+wGpuWmK6DALg/G70ieB6qpf6jPp/6OhBzA7VotWcm",
-	"muIz46+mxo43p3CDJV+XpkWmkX5ZYPxTMkBXKxc6fXvtrCASskWpWzb6qfXn2RbE4GY7P9ZKRDbiStig",
-	"oZjxDbQZhv7Jei+VfMbK/v5fxUT4VvRnv75c2YklBuvpIy3Lm1dwT91X6rC6cwhu8aiSTiCYLLBKb8ZL",
-	"KAMUkTDGgkRoGmMVGOfZxL456SSJHqVMVcr0EBWW0hscoe0UfBRDj2KoalU7fusgkL6CWmgUr4eqFn4F",
-	"gjw0WqQRVcfa8Ljw2+Y2njI3y62Z7rPOobFuHoh6pEvdmPO6yMuOhNbc23xq2bvdpWKHW5Q2b8K27v+J",
-	"whFWa2LBzAgrugSQdSgTEtIpDZFr5QgxckMEkiQURMlCGE3OGDyEm4Fbnby9DpFWYgsiIWGxw6qfmUf1",
-	"mQHpO/XFAc9eu6PAvO24bZsHVEvfvtOmuCRVZq64EhpPJOw8u8WpFcmU0dnjhMi4sFGS3LP3IZc3D1Cq",
-	"nmX86kSqTMOQSAmBhDROxRopmufkF3N1iyww1nt9J1iLHaDNBKybQzGVCg0kIRF6OjrYvR0sgpuPZzTF",
-	"rzB8Yziu/ME+bDjN/mQ/2J8sQ+LiB/jJTzE1v+DXhG3IdRiWZQyRhp4cYoIFEegfP19UnKvfH/y9DaYg",
-	"2DFh23JMPS2/o1OiRWm2VDAOG/EI4Z0QedgWsqlpB9Gf4z6d2Xdu0VsDvQxQRGBjFoaprPRVoWI71kOw",
-	"YwLeq7cHZmG8HOEuW9rizjzxrgVWKHVcWsoqEbxLsObCxual2xjxzmxbSewgkkAG2JXNcqcSYZTgFRF7",
-	"Aiv9Taw/IHzFbwgSeIkIi4ZhKhVfEOGwDkzwDmYQYWQUA/sLXdicwqYLIRh9J2WsPGGnkNmBj11LW9LK",
-	"BImoGgsqr8dggRWZxoXEGYkD9PNykKPSOBE01GNMYsy2NEArz8cu9qK+h07OP6Knhwd/y4OmtJUYIDUX",
-	"hBgYgxBLgmKiFBGysqWelDZUBVriePjfv3554sOSqEezlgf1yvwKaRdOijjWsys4QscmRI38luJYHykT",
-	"/fSkMkAI9GjZ85TdcBqSsSAhTSCRbauhobefoiRMBQaj5QbHKUFYokmRghPjp4ND1zrlpKUHukpNCjWF",
-	"70pvHaErruZwMOsudjegXYIFZP7dyfZy22a765FfyGVRuib1ALjSRaxGBLz33h2r8OexhWmgVzSmatW2",
-	"7yEMYex2ur/R2/iclnMeE4ljsn0hUjm2PCtdNgJKsjpzXFUCi5vZxrvq6/eoR8yto8gaietdWp+Yz7io",
-	"/citejvMuHsyh2sy+ncqlUsA7p9/YaJcW5OnTJhfw833s/12qXALXq6wW4mzFpk7E8a1jvYFQm2mqPej",
-	"lM187vx8TKKZ5nCBmbSWymYbf3uU9g8p8K+Am++aJfjBPLKhxjlxueRaVbwmiYLw5CscXi+xiOB2FSu7",
-	"Q51GabK56AKLFbLyphB06lqUE/dsiBlnNMQxSogYZvqPNmDrKmjfFXa9+RCKvN26F0boZawFnESLVJrY",
-	"c5ku3ESoReXrlATpxlK+6llQ5tIhq76Lqqy3cy7MZt2Cp9GMqJdwfdBVPFUTqRhZoitoZ+T0F724FWVH",
-	"KyycOWXIhEGEnCmBQ2Ui/LFCMcFSwWOAYWVmFViAOzUPjNPBqFZA6StidElvPFqWHmn9I6WjspAd1VNu",
-	"tCV1tZn8LJK3C32fchESADBa2Cu0DraVWenX+cvv9btrIq3blEjATCsekgvO1DzWZ+9vKRaKCPgbM5bi",
-	"ODvAvSdl2RNcNWMNF4AsMUnt+n2HiXaU8YFJaqk+ZiRhh5yIusqZNdKLwuf6NWfBQvTdrVZbm3RyzuNo",
-	"rI26LC7QcvT3+7WkGywYGvDE5HFDRNmu3TUJYZEJeYW0eCqRbVIb+M7HZFJqBp/S/f0n5H/ulgJhDjrA",
-	"/5WyZXMKZvyS7bZWofSKhBDCWFL645gvtaKIBdP/8TSOxlcxD6/XaWDl9rQc7alYGOnW/RiBx8cJj2m4",
-	"2lBHiAqz78x7Gck2ST3dtlyxzDVOJYnG2GF4ZHSgTD1/uuNzIJZeNDjK3d+kPBoTFm1+KWWagI37QG62",
-	"bGskGsMW7syGmoc5EH9TC8JtuyVVc8rGdhsUhVIouJRge1umd1gu/ozfbYjUhPSYi1d89kj4r23loCLV",
-	"irdnFXu5tqEKu7oQ5FviuBIPu8nWl7LOFG4Bdnxz9u8p7xbtLJY3M2ZvFzi0GUdXlrTaSI8Zb2SV3lqS",
-	"97v1bD7zKqgq9VvQCqEKzGp6bqVU9RQowawoOl2NOQOlEI7ssYmV1myeGiZuPcM3iR7peXhvIQUEshvG",
-	"khD2FQIT8Ra6LsqFP9nRC1PPAzPXYwH1Okq65YTU2bUAXpEJ5msDAd+GLOyJ8ii30e30yE6G0roWEgDL",
-	"DFthohJN20VAYcqF7a8NEvAzXzO+BK+V9Rrz+IZ02PinXKpUkI0hkm5t9G8h0jgiCRbg39zUJlh7/2YI",
-	"lTnR9ENbvG/r6bVolZHbtjY2lZaKSDXOEu66Jbt5jiQvzkH/dWq/NNxg6biYbapv3ZmP59b3gQ/XObP+",
-	"zLmTQHO7wlURUzFPSoZLwxVfxUnjNyY8hk12G5sTtbK7+uXK+IT/vQQNek+dvppzR3U550bfVaNdu/az",
-	"8RJIuZn3/uUcsxmBslXYOvGPMk8qZAyha0ISpOaECiOTRui46KiHp2xUWLG7g7s8jGOCxbhwJJUnpWUG",
-	"EmTBbyz+J2ER0jTyIwI++vO3LevvSrL2cUQ3bb2X9u7unChF2UxueNfpmkHStlMuETRC7+gNQW9+QSFn",
-	"N0RIKGViMk8TImzxCluELavngtQcKySISgWTXhDCBxsbNv08lgwncs77K1Jvfjl3r3r1KJkmCRf6tMgv",
-	"VEsC/UFQoPOF7V2FWngCaryUKy/WmlOqsC79NsfJYpEqAJ978wsiNzQiLCQj9BOVigu4RTeBC4gwJaiD",
-	"p4PYUkHgkIk8+Js40YfxbVNOTOGterpGm3i0bwLYzaYJIw65q0yt159xqFBEQrrAsQXkkggj857LxsFo",
-	"GnOsPAge5ZEX2XV/+Pdf/3Pw6dPI/LX7X17GNXUlHp5IsXH9D2xc1TvOCvHqw7bLHhSrvtW4KSix95o9",
-	"eWJi6jZKHi83cZ4uIOrGZIBD7cgJGpTSwwFEL5XEnFIwFLNXw5hL4sOt2IKbJAv0M2F9MyqVwE0JgO3B",
-	"1OlWIRynlOGY/t5rhq2Nbmacm4SbbY4DeKCvpWS56R1lHjvJk2h1W2/EQ3Axm0jXbbBnL6ey27i5Qxl/",
-	"Hv87FVRG1Jci22nRdRuy9Zj35Y9e4M/Z4Y6c+EJYG46wSbK8kJos030qrnDc/R5Xv6Fly6KDy96S6wJ/",
-	"vshegTShPj3ecBptc3ut9dus9eLnUFEKDK+ceh4OqJKqmV3XSdoKW1R8N0ZOtB9SIBN6hpDqtsFHNakg",
-	"GqOBIx+aE0GOkEue+C6PFDR5jHxBlbaefGAmX8HpX5ieB41sW9d+JhBY69OrLblYs5XofxA4D2tWZ9HU",
-	"K9hWhgmsCeSljWGQ20pc0XY6GYdzrcDdDlEUfx6HWJEZF6tNZbKTrLeQydYjoWnUKIbJZ7JI1K1nu41T",
-	"CHThq8SHdoY/G7uIMnSFJZUo4ZQpWY1OLLmF9hu7LbjjQcylQJHt8ZJP1Oe7qbxkRVd7kWsqJGmU9NXB",
-	"+1a1ibcrjNYKI9iw0Qsuw8LWzFJwAMHTZXaYPneCnSkxKUUgINb5uLPe7gk1wGskPTAAAa8+WFiGSOCp",
-	"JrUxEXbACoJWjbKBhaI4jldj+4VWdXaCnaWgioz5dNphORxd+q3Eo3X4J7YOHw23R8Pt0XD7Extua06S",
-	"d2A+nBFT63zDOmGbJZ5WyNueJlod60Y6gbCvbyGb0+pW0a2bqlHCP8TmHtcQ7VTQsK8tXr6XMGU+LNJx",
-	"yqhCA/fX0GDD7DqoY+f69riHC778bVwR6N4hIbztWiVAMr0aLijjYgiDT4SNbgY81SWJ1t+zPPlb2z3L",
-	"l4Pg4Ps/sssW87HhxsXYrnocrRdRxW7w8HfdtP1/NH4x/PXLfvC8yzVFocdgp3A1USBgC/fo/2LM7l/j",
-	"21T/GWdZcr6Ikw2jJOxVfm9zokDBf5omOjjL12CKFqZXGFRXcV8YTb/U30ot2emUmKIdU8EXmy9waamy",
-	"P22XW1s64PKNFo54zL/uCdkutM50321V7tvaLW7wKl/eNtbNw/r3LkO2xKnbZaGqB+Emp04x4eLJ4U6v",
-	"rFvXTG3W2fg3EBN25R6AtPha27h9/55pkl7qg7bTxcftsEtoHN+OjtCC4ps7Ym6/K+8yZmxDrcEiFm3n",
-	"RsG1tsVLiju45+ns1+mQqLx1LLxSkwUB2ddZ4trZzGFiBWHuNAEAVMXNpcTaO5asY4gT6gITvGVYZEB6",
-	"9CSc+YuXCSPaSTS+Wt2mQEDZMOsk0uCV31LMFFWr8UJvc9kx+VC/2vlZsIQECbmINp0cNJGvaAdxBcfC",
-	"uXmjzQDsVP25PImiR6qY8uFdzsoEgrJxmJ8s+RnRsDilZXarULjQqvB+XUA07G/Pdi0fFiW2rgvFuuQt",
-	"Sfau6k/xPL9fdbyiSTzIy6fzOY748gzWYQN95wEoMJhFVL8wNreWfWNDiq/3EbERiRXu2xv5TCX0stFY",
-	"v9mD+aVbBJRUjugtHcaP59hdnWP1I8zP440btbKTGnbkXR92WzzjOgrbzazvnDgbsPQtrn4fJU+D5Mmr",
-	"NkhYXMu0bekdDZs420fbqtB20M87kqmfteEEftbrzOwbaV1WI4SIFk88mc22h1dfIEN/ZDHxASU/Eisk",
-	"UubPF90oTL6mLrW5WctxjnczE7iM3mQGF+bFGhwtUCZrN6isg3dKHRnhIhvqRkJvI7Xp3jW1CjlvdyCu",
-	"IWwpwKIM0jQOOZvSWSocQgyLsCiHFdbiCdfFi1mFwVuuBqImxlpd71qtxoHtm6IU1ao1hdoz9aYL35iy",
-	"MSGXWT0Z+Bs31I/xqD4VSMrQBV/gJBmLlIEF4mvqJVY45rPzt5d93cM3mMY4x63vJHry3o6Lr7fWkYyo",
-	"vB7P6FUJzcJbf7M3yOQsST1lMw+etxX61O8teETiHlXU2nT7BVlwseo20Z63DjnlPRcPPpL3UaSDnZsw",
-	"SdvG7HMbVdA+cqIWF8Y2X6JPgScqGnR2pVTiUJ/saeDGfjEpkFUf4gSHVK20VMBQddsGnvAp1ME1lTOl",
-	"J/3DdBw3oVC4n5vqR//El2iB2apQg9fm/VMJ45hShRhfogHB4RxxMyrGI7J7hPZRymIo4DTPqoHrI9p1",
-	"2l5ZaSoIGc+S1KMHvBGEoB9PLzMYgvO3l99JBKtrxqHP5gBpBo1S6A/GJfN6TzMb9NdW3alX7Vb7uFQ2",
-	"83l9Of0zeLrIHufwYj00qlgatdRHkUr1FS1808Kj9+byKxwJD8vPV5Vh/TbqRcaDJnDs3kPD5jwV8Wos",
-	"OjDeLfxk3a3TtcdL5zi2ShgeqEF5MN6Pp5cuFi/QFF/gf3MBv1eT35/ut/ln/EFiZbp29nZ4+Quc8JVa",
-	"wJvWIJhhKGeWMi12p2gC231SldOaRoXjwgphU4ug8OhoEe2O0HtbTR2wKfCCRGgCqOih/mDw0Yf2C/Np",
-	"ggYM/U90MBpB77sj9DNVc54qNJFyPr4mK20QT5DWnVfomqyc7A1xHBPxnXQ1pPSxkEovBkb3c+lIf4DB",
-	"JzEOSYS4QIybW8oeFdabaoq3Yc7JMV1oNWErFcIrFQQZKZ9y9rw/gsxPRaIAfgNQy/x4daudv2nQdqZa",
-	"YzBLYmplj3q7YGyB8orxovksChAZzUZoMj/Y3x9+vz+7GsrPi9HB58kGveQ8tCUfz5PDbqFrxbrkXXby",
-	"pps43792o97BDtowePAr8zPs7WZOfmRZH8s2s+qrDCZxM2f6LRHjZJzOqsrzk3Wh3sNfvxwEzw87xHlX",
-	"LDzoqZkO798cn5GQ691025yPShUSLVnnOEkIIxEaxFxqDeaGhiRAo9Fo9wgJggH/zCJUBVn0vak6XoU5",
-	"3d9iHomZ+wcebRjIiKNIECl9x7BUtjakQCenyD7oNqq2t9BAHzfn5z8hwiJIYq4WcDx89qSVgTx89/xJ",
-	"h8yBQc5P+8Hzgz/c9w1pCongV2Ssl8eTkv3yFOlfEDwUHaEfjz9cnP3v8YePr16PT88+/vB6fPrx7AIN",
-	"Dg9t/RmDKllWP549e/KsTQMx0u4WiRLdsyTsrnEL3Mw8H89P9GmwIf8UKlOVqosaxyiAcSqRdkSrXNPG",
-	"3CiuG0AGR1T/fZV6chOfHPak/JMDv4FmzlMwy770rfi8QXZHv9SaNTxTCtTuTJjj4X+7PrI/bTd+AvlZ",
-	"s7QwQSHWO6dmM9eemmz7MzJNWXTPxSir58PKVRlPWYSWWKIF1tIRqgZSVixNz2dQ/42zwhtVodk7zXDN",
-	"HUmJVhc8uUzugVS9h2fr1Z7xmPxAWbRxXMDGMZ61cA7Tzpohm8DEDTWuKnZ+lZ8IK1t/XMwws6nM30lk",
-	"pQXK2wHfq5R0xoyZ0FcnfXi6H4yoA/03cmo6NOo2t6N9zFN0pwJmXR2e8f1uuNUSOl5rYlWPRf1ULyTN",
-	"zhpF+SLk1o5vwIWEy46xgW+fU6Z8YYYtbNfgr9/KhNsO4xhfee7tegps6+s3bTVz0fnby6+klOU3pjkg",
-	"0dPvn/2t9Wqzn0JHow3UuTu5dW1T0aL1/Pa0xUL5H7lx8unT6F8Hmhn1x//67EdfLl/mFi2M590sjLKL",
-	"4i42yporYHCy/5YS+7tNYrqHPPHCZXLOt4dPg953y7e/TF6zq89/eks2dFFsmi2cXsU09BVqev7k+6f9",
-	"ZJfLAM6bbJ7qBQB6H0cLyja4cTNw4N9J6/w2HxHWrXmw5G/nxUqwlEsuyqpj9mXFp/G83NyhN5CRiHa7",
-	"7Umr3XbYFRHBdleYSduybOovsou59hq4tvp/BA1o/y586vL81ZaQth+oLmt7CCwF21dnI80WGofkqLY1",
-	"Mt1cSntu28XJTYq293O3c/H9vpq1Kx/QbbQNFQMcUc28vZOpj7BtATRlvopDfduiyFZVEDwm3aiszfAH",
-	"IsPKo/ct2SsSk9uag/zar+vfpr5rNaT8upzN6J9Kce/1uWxkJQ/BEIyrCIVcqmFImCICYRbOuRihvA+E",
-	"VeZ8Q1SiBWYRVlysoOi8Haq8E1D83oGWd4OaE9MpCVdhTLoZtjnp3rkXM7t285yShmOnrlDcbak1z01b",
-	"BZenSq1+JdAaiVcMPnZl1yIq8VXcUEmz2NI9RbWVj7oHFNX2WgguXnqdROemZM0Ch3PKyFAQHMEXRL8C",
-	"LiMbbC4JQK6hv40Od0foJYRRYkGQNA1gKIqOHCpTMSxd8WvCxgsqpUn1MZ8pu8Gxwe6Fz+RzQk38vfls",
-	"PD/5UzhV83FChNQLN86W3v4A0isRVJJxRp/qO4UfKJPpdEpDSpjSD8DgDJiU0RAKz/IlI0LOaVL8UiqS",
-	"jNPSVzBQU0IZiGfyr/WXY5uRrlvP4kXGjKvxlKeAmlj5OuPwwvc41muzGgsSE2wpWfg55MwpzOOYLiBM",
-	"uTTLKxxjA3gsr9NxyvKYUPNNcTjmvmG8pCziy7y6fQHbnM4YVqkoLhDjESm1Al/w6TSmjLiPRvlyn9yc",
-	"IOcDsg0lEaU24IvaY1JxoS1ow+GlF9xPCVbzsRLYwAkWfmhs7LeUK1ycLE6S8iIliYvtq32vPxOmqIqz",
-	"VymTSlO89mz2AwjIIosXf6wNB2CxYWmL31LN+Jq7Hc+liVSC4EX2hSTihoaktOQ+gQlCYsPCcNoMNxKD",
-	"sBsS8wSCe0zEkvle2IZ94X3t5f9yAeYtVl7JUsx/RzTKY71hD6KB/vDL0Krsw5PIFHjcrXkYv/emsStM",
-	"12Vk+bIm3whChvokRvb1EXqJhSkB5opKTuwqTQK495sogQG3YWI+ygQiTSc2qMCt4xGamMtG+xiUpYSH",
-	"BCC0rBBOknjlTc5cEAmI5TXyaYNmKPGUBGieLjDLzwT7ygh9MFXL8BK5mk6ICxRhha+wJEiRz9VYlsP9",
-	"p9939Ha7gdUW2neyvYkJUT+e9s4sMoLTFHqva3xhGuFx84V3nS0EvSFiTV5uPVCb4FjNV76cBr4w4DpQ",
-	"RxZJvEj0QrM0jtEVmXKzstbXZUNbG9J+CzOiLCKfqw7PJ215D9Z/ebWyaZi1DP2215WgoewOc+VW8719",
-	"0QtytaCzMWHm9PeuXveUqSSk46tUjrulToGm3ruAvdXvzQK4wVVIWxpJeYY15qpwZ1Dg5Zytctqv2zTv",
-	"C+vTA9IuDM3ZIsewQUO7jXoyR6GZlN2mIajb/5n6X20vhmEXIpWAF7QZoyd8SYTBTFhipTZpwuzzW5nL",
-	"iiygpqpWy8IORbkVdbDnHerNepv4TCO3hhlceVmc/XLyyigAEgliqnIiSVlohNiPp5cINHcSmXs+dkOY",
-	"4mJVik3oQsBqgcKcmv6J+ta9SkHPugZ+7m/kZg+JCgy7dm9qObFR/nfpbGvPrWt/qrs8zZighfNYKSex",
-	"7eHCWdmDBZygdVQvikmYd7Hp8pga1+WDVVX7rMZM20u3QOxwqY+dPBCZOtSaezvnUnn8ahCI2w7IqDl4",
-	"TrBQVwQrbznyd1qrzR4xKgu+EjREEi/RIKY3BCWCSMJCshsgEtuCm9pap1KLCd3JUBLCkJZ/JYlwm4oe",
-	"DWHE9efAXN3MV2fyTTv6CzVTnds3Mkdht0ob8GpeX0NgJv2By7+lNNQqugoTNLh4d47+E63wIv28G6Cp",
-	"UzjN8nwnUWltKnr8930rRzgyZiDeWYGICpWCylYpsKiP4YrTtZukcdtekJhofWi1oRdwRhgRt3VmQ+Jx",
-	"v438wRq8d+JJLAKhVIx5+B5dreB8ttnU2uDTXLKc85igqR5eoB8xP7uI615CqnjElWf57HlLwktpRRxt",
-	"CxAsLf7Qn0Dsb/UWqH6P4+v4JAIn0eq0UJK759G+JNE44gtMK7E79cO4wiZhTPNI0nqsnPnVJKKMJWm4",
-	"C+lwq+OvyiS8vboLPHAojk3AgPd+LaNWU/gHknE6MxC1NpJaNzmkDCVYzeVox5ugFlGtqI1TEXuHJ3hM",
-	"xmGM6aL55wVOEv25cSWblybnC4PTYodRi/IVgL0rJILHUO7rzuY40JPc9U5ybdn9Ta6PutfmL9T+tjxQ",
-	"5EIfz1XWJKhxfGlNKivgYaciZftdRFV36oZRMPUNW8lzX2AaI/uzq8qCFIeV1Zw8IJAJv8AqnAcoxJIM",
-	"KZOESarojfFa+sL3uiRU5QL32XrYs4rsWBdYELRIFs8FFMExidCSqjls2wWWigjIc8UKCSKVK1IjiEqF",
-	"DVzvkzpji/x9ZPEqR0rPZFJdoHxMCDt5hcwj6PLs3REK5yS8JpC7F1FpkgeNL1bim/4japB8tY2v5vbU",
-	"zULc3GtWICzwCklF4zjjF6Ajzp8buCQAi5Y28d+jTXb9Mb5VEVmlFpVIEnEDacghjuMrHF5rkiFsMnql",
-	"Me6tBZB5iweTuVKJfLG3Z8AEcEINnMAeTujezcGeHuUep1FoHygIefug622yuwH1y4K9zgInr4ZwC4ng",
-	"GTTAyLyrdWjMEOwLxKf2W7mbZXYWBdJRloAxmQmeJnLiu2PoMtIOZ0x2OQ5RY+DeuCLCe9FTzUCH+w89",
-	"m5wq6P/9//9f7mDV347QMXCckUOaEIwzgqhEE9PR5AjStSfQ/cQ8hpaUOQiO4mCLuH9O4FbvtVuPi/aj",
-	"wivV7W2ZNprk17QGeKqu+OdxQiCLyZMeD78jcqM1Z8S4QiuiEATTynkld6ejj9JG6mzgmzSMsMmbIKV6",
-	"v+dVKdz1sNwpzKVGyKC8PD4e+MfPb8/PyFQQuakFcE1WhcyCtQToaiwEhUabBk36xnudQuw1HA16y16T",
-	"lUSDszcv0d+eHfwN/ePnt+ic+ArG6wdLtkX3u85j9I/zjx/Qz+QKvSWrvLdd/x3kGhdVhUYwJh9l3vEZ",
-	"3TCDatsRlMLCCjTkYx0jzoyAQO5JE2CjjZQYG4SjieIqgQYmRwgA1ZZcXEvE676Yg4PykPZ9ybeHw7/9",
-	"+uXZH8P/Kn/2RkRnXdfHfmaXAsYBZzkcB3Ms4TyEeBV08fHiFE1xqLhAA/DoPd0/0DMqxPtMguwW3Fxd",
-	"o8liirM4mok+YQ0N3AvV8728EM89RQmfN9RNfJix9u/4jKdqUygKkGNjIHHvlPIaekSxMd9Q3785fgPL",
-	"u0meWc8js9WRu4UAU1kNLcyPERuC5dOfVKX+u+ZWz4PVU8yUwfcERTZQ+ozgiDIiN9VTrlZZLHeLIPe+",
-	"PudxZA/vFnDEDgHjxcxt/c7SIByNF1Pc81oHeguy0ZWb+nXtGfOkbtduRZezTDPOxL8NNepAu8TSBVZq",
-	"XCB5JR8SIJFD5QStMf704/pczxqRaUIEaOBaimZf80S2Q1xqMnZZjtusXcVr6598YSjlvoKMo9eRvHEz",
-	"3Qbx56sVdM2vgTwSKtHmtAkNJP82982/dgrnzq5g2oQQwDT0zjEwOA5amVnoBrR6YzkCQS1ii81oo8gK",
-	"pYd9UBJjeMWjTJlOKCu2mSGj2UhYNJhygchniAZAoRZJu17Tqc7l5eyzYs8n5x/R08ODv+W9aJUpQGou",
-	"CEFpkhARYklQTLQWUcWg3DBdzQuVYWlTGKxvFTe5tO4L9jQIMeOMhjhGMiGAHL5rkAYBKUmikDNGQoUU",
-	"9yE/1eEEbntrvo3yqUzwON6uzuLHMc6u2SSEcYIVKPOLWcYj8p2E+/A8QsaG03S+dNNc8OPp5UuwMHtF",
-	"BzRxAKDV6HXKInt8S9teL3IjwQgXwsBb3aMLNQlO9StnRKZxQwlNaFgSwra57F1jDsrYY1tCDGsd3VcK",
-	"VzDvjMM5ZrPt7rI7yYGqwKSVFiujvieqIY93qM23wm2liIdqMERRGlk5UtoF/W639Eq8hhY3vNdqkc8t",
-	"Tm0zGcgk8VmuXW6V1sUv9TF6a0NZswptlNzITDNhN2PNV3Vpq4fyAhAHi3CKNpBq8L8uT14G+iS+eHdu",
-	"IjQuXp6aGyAT3VMTyL7SfHYAIR4nxHMdcvr6vevc9vvyuCD7F6lUSAn974AsErVCyzkFnH33OIXT35ZX",
-	"qTlzDFTJNqOv4NWMrep3O0DCK4IFEchc8gwmM6bGo9FosnuE5JwvoXTACs2JICN0rrggiCpDWH1Oo/3n",
-	"+/sjj4OwcyhUPsQq/YMSQ6znOIPVZifaJ4Lbs/1q6LzGUWkIpLXoyQwzJVZDPXaz9KaZSZ1k7ZQJdky6",
-	"n7xtRNU2cq7zdfEIg8I4mxYjU6t6GpU1bKISMPmtQnEbYmGb7xf0PO4tT/ZO49o2y5Ct6ob9jN6PqQr5",
-	"gpjSLFoGO3MHzmZjCMH9N49puHJhHh6Tt8nugjvp3NzSVgKcCtDyEksUUay1AzSAPCGITHBIqCiiEdwg",
-	"CiJ5fFPLdOukUplkQi+kJTUjMD3gcK7beeEoQDkbCzJNJUAU0gXhqQpQyrInAzes8RTT2CD223ftN1UD",
-	"+rBTgLKCTFiftfXSmaJavoH/IBTcFJCQgSFdNrrWe9b2/BIDFXwbOZeNpsNVYv5sUVUtkMMtZXFgTRui",
-	"rOY3BqjA3RVARSzwCiWpQows4drK4Zcyl0aOoOoEhGuOFhGcKxDeIjAENOnH9eDLVc3y6j0mJzDizCZG",
-	"YcqMLwz+bAACKFgdTbxAb6haIWxt7DwE/WpVVbqO0MR64CYoZYrGhQcgI8/ybikBPvfZmYpE+g+bFt00",
-	"YDjWT5gSXCZmG20J2s/WTtTcigbYnu8gRqjZwxD9TSWyu9ZoPU/3DxoChG6rqHUzjavuL5cfX1GpGsFA",
-	"M5JueL7dpTpKlnWVdBOdqou22UKbG35N7p9CAvr1JHK/0R0VDjNNpTnWh5nhUpiTjy0bSeG68tHBwptv",
-	"gKkDOWOUzYZyJRVZIIClhnvxDJ8BROMVsdU+7LbyKADZrt0o9HrrgDotkOjbAuApgqJ7aipA+r4pMGlC",
-	"CAGrwzhIB5hZegsyJYKwEHzTGGnTWT89BWsUL4g3TnBbIOvb90GtQ1zv7q6qAPZ0QFKvwPlkoraPe8lu",
-	"pXszKNzWfVg2xWmprz6ylHwG+EPpU7k/Jvi3FK64JM9KxOo3UIJnDijA6l1GncEz4mP99lrhUEKe/u7R",
-	"Ik71htM/mYwLo8dRWezLqMiHpSTidlTV4tSLI/DTd9UJBO1WYP4hThTUBe77wgMLddG2FKQ1e8O7LgrB",
-	"2d9JZB820WnZ+WvBf5DXLOs0j02rC+bpP+t3LIwvy60qvDp2wEU+vJjK5N00DaMhGqEB1IbCyHZwwhRA",
-	"6Ude/2orEQy4Ug+O6na5YgdXSAddl/jTRvM7uUJpyA3yLVLh3qRQAdxuxQINK4xd3n79Di1LwHs7tJz4",
-	"emiHVnkTeUS/2R458s8U8k3g23I1ckETv4Vbqslyx/L7a4XucEFnlHVkAkOJj+aVP3KctU0NKleAplot",
-	"pl/uNi1CvhmEMrcX7eyyvlpjiXwTrfGWiV0bqLng6WxuVIrj05NdZJBGbe6QcbQAMgBlmvfcL5AtYSv5",
-	"YRRhOb/iWETF8jnVNJlMDLWy6aYlRHIlpaMwENmu6Mw4vlBegzfnul+zJE2+MbfR4SJ7hN5wscQiGnIW",
-	"r14gu9rIFIMlyLq4ss8yDQ1EXf4EForiOF6NnfDOfnJfHFnVAg0wwF8J04yUNsfNyna5a8JkMAuJfpqw",
-	"KJdAxpdlEgbdWVBceDvwPIZQHzVusECw6jDrxw384bpfxzm2kNJGjNOSNllRWszTto4g6ONw5yoWelGK",
-	"yptNjr4SfCmJGKFz62cKN7UR+rF3tUKO/b6a3LWGXX8mV3POr4/D675w22kS09Dryb4QaabnaiumJFC0",
-	"BrjEElngSCQVF5pXGVeQCQe/JUlMSYTwDFPmd5RCW130T9dpp8t7QUJCb/xIaDWZYB8NCqQojMtLcxui",
-	"+xIntkRPKRbV/jrKpKn7gieQ3hFVv4NE3NqDKbvi/Lr2AuMRqX0J9dHMt96NVww09wy1ECNdjEDmiSx+",
-	"BHz4tuZtBbK+V4XMps5c8ZRBpjdnJIvVNsmWNbfgTGDWF3XBvXO18nOcOWuXc25HQpX1HWjhcWXmJtGC",
-	"ziBi2zjbIO58pMeoT2QJMrNDGbF2k2iDFIKNa7itTQRqyZAx0eeu66CY41Ogd1BcsHXbqsBGm2Z56CH1",
-	"sDkKHUPp+ZYMCc/8ZeuMTMM9k1UsFTaaiduJpbkc7O/7bKnQSTK6AdkKYrDc1/N6R/152s9spQEHOaG8",
-	"q5BX1ehVg9zm047QRHc6QVSWC4zDjqcMUXU3OP/r6xx+4GwIkqlUqCCvSrBJIcNCl90vQ/J3uqLx301B",
-	"gs4j3rzcgH6zczedWN1W3rDSuxsB19YiyIZYZaD66tbXLqgU27GbrXT10WbRmhndn78or4VTlnItQts0",
-	"vmYG7w1UxL2nRBnkCO+WP8lgu81Dck6TI0R+S3HsagKaH76TRpuiG5UzvU3hlo3Y/msoLTmZSxNuUGPc",
-	"qdOJ9w3n3PcOsPz6wPymhYX2ZP67ExRnZ23BJwEVJrKKXxl2S7BzQ8mywRLJsoNfzkl4fV7LEwRMiYgv",
-	"WYe3Ze/qgqp1rbzjA6hkqWaCbPh+1X3gGgvMmHwL0z+Nuop8YN/Pkgs5U4LH2mZj5AXi16AuiZSYaB1w",
-	"I5jKB4AapX/l1x69KaN8dzLIfpAitgs/VSDX38b9/AmgB87fXvZWa02wTbG+DZJznBA0gDDEECsc89lo",
-	"Ee2O0AVAWuAZgUxSBF4gGpIIJUSgH08vhyZC1IUE6h9t7jU7qob6EEWERFk9UJvv+hWCfbZWnrdVBdxK",
-	"sd26kyIHIAUYvBiCNCF81CYdIqrQ4MM/37/btX7/Tzsf/nny6uQY/XSwv4++3//xB/TTD++ffNrpVN+j",
-	"WyGAOy6726eE7nYijdaW3L2r2rmV0KTbl9LNibth2NL528t702W0PHtYGoypN9zbb6M8V0dvycpEB1GG",
-	"9BN5RRqE4xkXVM0XgB1k65f0i6jfRjQMZTPAUGXKF2FF2Pn5T+j8p+PDZ89R4VkrYybmlxej0cgL6VdI",
-	"6bdP7mzNN3BNVmMHQFMnekZdN1Ip50MSHT57dvD3yahLTlVXgV8uFe250DDYY9cG/8GRFKdqzgX9nURj",
-	"QCMzs6/S0BSb7h7kWBhLeWkL5AoMq7ZaNmYX3J8YMJvugUkCOmNp8lWK2hbrkz7W6C4Muk4Y78opAjfO",
-	"m6xcCf3t9nhrVfirrPV1496sljXECDTlWPxg0ir+8fNFjjE8wQthS6YBHK4+NSYG67WK1/L9wd/b4WTx",
-	"QpR2fHbruISl88KDFXe8R6vLxrU5fonNXPUF2ryjUwLh9NamNSS02UCUIZsO1w4b5epgruvs3DSGohQg",
-	"dJdzGpplMN1JrKicUiKRbmyYJu29GkTBKg6bWel2DKQSv5QaKxHNLGtxJbzT9bHzxceL0zxFe3O2BpAf",
-	"rxT0GS/Z4V8kyvlPxwd+FGA6s7qbffT5rz5S50DZrf1zlQCtUkHrTGB/fLG3pyXB3mg0QpdnJ3DZrL8n",
-	"TNEQK/0pSSQa/K8zCD7eDWwiFMRl+DAwwfTwQLIJyqPC5J7se2fXFF3zA5bkyaGBL336/On3AWIcJXrx",
-	"2GzX4FyaV1vHV9EH/3U8/O/D4d9+/c92iZnhHBfpWkDSL/FHcfWztc3o0MSj/ySCTld/vuOiOPYNQTcc",
-	"iuXaINIM7rIK7irXQCaUsF1ljUEsqqsgkDYrETbsBKH2AK6KlSvr0ATuf3BQ0zUczOu/WiBeizdHbZf9",
-	"5QkHjmjeBYHI7t4OOoswPigqN7t3dMUMt3rjBwbrtqkV2NlM63pR3S3HwCxz7sy/S6AlezFbWzg/fGGr",
-	"b8cM/d7sOrshHpZdZwbVdEWl7Y5CrIeaEyqad2iPegMlruldx9+8fSm/xg111ZitoLIa1pTuRtoZbuYK",
-	"CAokLLFEM3pjspRbN+vmoRqbvWnzcbrcYxdY5zZ30dXb5ooPOIvtKI6s1WWTc8g9b29gyoe2xcWCMhyf",
-	"Eyk3AI3ILrE25KgyqpOnVpcxMHN0iYGxvsx70a4DvaQSmUL4qmvdR18SjFI4nLcU1oEBuWcJ7GXMEPkM",
-	"iMszJA0d/SHd9sfGoG5lF8O1UuiRJ4RJNGBkCQBu+gctL7KBREjx3U1CWmR6lQiueMjjBhwhteSo+BTE",
-	"IE+nRARG7Gs9VURENGqfXuOvsAeKtaQO69uhwU9zTtksJsNUkgBdYUmeP01F7IFj+6iHiqhC2AQpFqbi",
-	"MMpGBhjCVg7Sf5tEk04e8CW5kjy8JmqcYDVvqsemaZbYvNifydU5vGGd7ntLueeWfu9LaU/90eEWsmYJ",
-	"GTdFgdmCykYtMHtpC9YmU2GPDgLkJYjeDVGzMxa0sYzf71dNgBNGFcVxvlOWNFJzzYchj9NFVj4oq0i9",
-	"33q/ypflTg+ftnY6J3Q2h9QY/XbvLteJgTO7MEZHoBKKX8D+djLBRZW4WNsBVVo8hpCCnKokVUZe6nPS",
-	"4if2RrurrfIlKMvHWnfTh1jX9V1QVirkVI8JkSQDhq8SYsFv8soh38lStRDMoordrGUjiTKfYFHnVCIl",
-	"v3rlcScjRk+4EE/UQJtXWcDotohzy5uRmE5JuAq7wvTm43/nXrRovc1z/sAjsq3ZFqDsepYlbECEKr/l",
-	"uWoZ2D+Gv37ZD54f/OG+3/0vr+F9J1jLrYMsjbHpNqhheSzKydZWaE340S15tQTo07M0X1vwezMqTjPx",
-	"TekjoH/2J1zJ7QdPDvotQikGdcPIub5xw77EkF/bRrjZ2DZc8AY309oNcBA8P+xH+zPYdlvj/4SOzUb2",
-	"urG3s5uDHXyDaWyzhrqJ7n8+MRM9LryZIa2HOMEhNBXyhIzn3giWY4YMFrOtWhnGBAujLusXOmWWlvdh",
-	"uX2Idl3ga2LaNFSEP+0rR6bcaLHjaYxnfjMqxlceUNv99gjSBjY5f3t5TzLyzuIr2yr33m0A4lb4fk3Q",
-	"YrCTMvpbSuzvtvLC2iDErkMajV+sHdVmsYsNjGadYlvitU1F7waee++U+ntY7y5tBoySbTsbm89N11vB",
-	"OQ0p4C4lw+eXLpgRvX3a+t2fqZr/gGPMwr4ZCfptlMSpNN55uKliinxWYEZdmTbRICJhjAWJtORV6IqE",
-	"OJXGADMzlwgLLaG51GYleg2215SSONIGJzY4sZIwmxcOYfScEfNaDjONr6QF/qlEhuZz6wTUc8fO79Yc",
-	"9HUZj+0wGA454E7Si594vGjl4mmSpyKs8a90DnRP0rBn7JunkrdnQ/fKtGsnt21t4/X6ujKocNFRSsgr",
-	"ZLSWZlhbo4blb+LDINuMPumn1U0cvecRid8Thfs6+XA4LzHeHCLxFxSAx69WCZa2+E3sxwLbQgnG9WUG",
-	"zQibZj7b4Jak1XD4SkZAbyjCrsOncmxnEDcow21We6OOv34pLahfleKuvUrCdmmYXqL7SbeON+r0L572",
-	"hd6SGDODS7/AWndksOFaFAHXyy0uLk1ghGrhyHZozl73n9nOKd/8PPNI/oWVKW3NFUVQjQ08cwyyK1Ho",
-	"wb+G53MSx8dKEbYxhP5YYXndoZSrfXrJxXXMcdThDXBwj3GG7t9SSp8JgqMx44pOqbn7kT3rr9aGWBlD",
-	"UJ5yQ59rKP3S6KF96Vxcn/VsUlnPXLLGBJLH+nAwtPW+VorGp70UdNlupQatVusrMLjRfjCVf/rOiUdk",
-	"zBNVM/c7tvExUbUtvka3604d20cGaOEjk89NsSWJpPJgxT7DdSFdvtGmsh2e2DZjgkY8BZp26sxcWcPA",
-	"WaV2Bjnpi6mPjlmDwsZqF5J26256COUbvwMJnJion/bm+zXDfG+3QcVMt/FCBVRP0J5rOG/uC57IhvO4",
-	"yv09s59stGKMM2y4imf2SvI4VQRNhZ4si5DgqaqV99h/2pyd3EMCUCPamzyYGyplYKs4Baw642Kna9ax",
-	"K1LVNhxOWw6WbYtZXTPrjmHS9zjpxsmsmcUGnsLeeAL3jJGzNi7RT4qfrRb1kktluXmtvDB6dzXNJLwm",
-	"LBryJSMRuqJQONsEQ6RsiVcOLIZyNkIvASFVIkFYZCOgWGTqb5raa1oeaNFi3h2hEyWNP8+67Liy0VQW",
-	"A1YSEhk0ExyqAElecA4iKtFUEDIEVEoXFxYJPFVHrtEljWN0RVDmaDQTvyHxqnDR46PZW8qKyTk7duQ7",
-	"wc6/02SlDPZNHC90K3mRL1daV/96nV4RwYiCQxInSYM0dx3WHbXCeO1JhkUvKbf9ZD5cGsUm6YsnicH8",
-	"5YskJspiAkuFhTKv2A/jDB1YkJhg6X7Uf5fRg+137oWW0aeLBRZ9K/Hbtww+u9P5t+/nxWEoUhKNQy7V",
-	"VhRk7KoGuu3pReuFxLFizBAzhAH4XESnCM9IhChTHM2pVFys/JePpjfQuaCem6c7uiC21ptJXfR2q3eW",
-	"1BsFKlNlmheSqZjikMiucaythro10bZYXaRv1G97g0kyNuG7Idlikxt7e/XLDWd7BxeZKbFdkO/rFbCG",
-	"c2E7uBVznop4NRbWD3XrveYLWXQTgMon+tDASC/ari90tT2WJ99fvsRgcUPEMCKC3pAIpRJiFQy81hDg",
-	"taBI55FFN5eew86/qa8pi7qvFJxGffTEquOmfqgDUr7uFCuq5SmOKQYAsRJFbltRsZV5myosdvMOAyzd",
-	"+BaQhXkDXaum3Q6Qse1ayJMjcCufqbxOfbHx7e91urKvaS9epbUaCV6VvZltAnuikDxXunmqXDeV/ax6",
-	"mv5Sm1UeqS15QfYWZHglcy8/0coCLijrFnVZ7HVfFlWHqgTyHPd15d6khaeCqtW5Xgp7nQ3gAsepSQkw",
-	"n944/vzHzxc7tezWIqSCTWshSDfgCkZyJkfIJpGBPmNQA7NfR1bnXYCAMOAG2WjnSgF4N2VK0zoGJL+G",
-	"4XEoGVcb4cWcoBscp4ACcfLh4vXZh+N343/8/PZ8fPb6zdnr85/GFx/fvv5wZNIvTj+eX6A9198eTtV8",
-	"79/La7lnwfs6DVfzzg/rSNkwVlv1Tr8+dENwqTRTyNgBuAUS2VrD8OAUG4w+rOamZnZWRTTmMzTDiizx",
-	"arfTuAWBiglnJMarhpH/9P74ZZ0LKueZbec7gL4aplJ/E+OVncpAtzG0uFMpmHkYIJTcEZnx0QJLRYT+",
-	"bdcuz+TH1xdoDyd07+YgX6UsDwW6qWajTDrN3bVRYrE6K8ksgSdfmInZ6JWkkklgEo60ySjLKTS90nnQ",
-	"FZE0IvlztpvRzcGkRJU1CTlAAqrnMCfY1CMzx8fOOQmH2biGp3ZQOXlwQi10U5Zl80NfIXFRxV7hU5RL",
-	"GsQZwgXazDGL5BxfEzRw0ypdzewGYMc5+/7Ygm0ZVEozPcRFYNHYsCsCg0LMwDmgu4CnZLAuu8oM0LMe",
-	"R7buDuDc/pZqYWYOvREC+NJiRe3CsN1ORFRJEmsCTLlFi0uTmcAR6cCmf4AsnHJvjW/wcAxN3aiz1+cX",
-	"mdfDZd/8CDMDnM8w5mlUBnkdfWKf2NBaztZxAAV9QyzECk1+GdoYwOFJNEGDBf6MDg6/R+EcC7l7ZMW6",
-	"sJ51RMI5N4GznxhCIRd6a8ISUW2w1ppzgksPmOTPXOiPw5NXk91RPjio7Q5mPUOT1/qDc+hPDPoRRhIq",
-	"rKOJPtwn8OqJdRBdXp68uvnbEejcUuFFYr4+e/MSPXny5O9HaKENCQS5mXDBiBaUcWHhTXVLH2uBZWgw",
-	"8bksXpj44MkuSlmsuT/iYbogTBmRkHmeRp8AoYcqrU3t2FUqrQ06Pj0pVLJ9sXMw2h/tD8FTBTpoQhhO",
-	"6M6LnSej/dETyKBVczjS90ZLEsfDa8aXDE6y0b9t2bSZwYTJTuKTaOeF/lKfjaZGFDYgr422V/7I3i92",
-	"NU8isMEcH8AQDvf3s+sT6xhOTGkeytmeG47RCNv0RT04osxOqEuZf/z8Fp0T8N/YPa7bK7JaU/v28dI8",
-	"dB9PD//e9Eo2x70Lzt9j5iBmADTimZnz+vdO7AEGPGzeetL+ljYoaUguWR6YUVTndl7869dgRzpv2s6p",
-	"wSiUdMa0nnBNVloxVnim13UHxPiv+n13qlrEnb28vYxVygR//+bYlE0Lcr3EZLrJoJrnFpOpCpDRgV1S",
-	"oJa/LNJyOktUTgSRZn+Yg8KGRMQrD34W+mDKn3GmMGVSb3rAEhrBzVeFp4/NpM7dnB4qe1fGmV1UNvB7",
-	"wqVKTd38bfH7/kE7B16yHOJyB17qwLZvuLiiUUTA/P8TbatsI10UE1jtLkFulwAr6x1hl6SwxS6lXpe1",
-	"e2xvMcV7bssMhZvwiy8A/u7LMw25iIDn0yThQg2xlFTqjaPHkG0+d4wPoKCYOXYmiykeZbBH9omRUWEn",
-	"AYKBgVMZdqRpzoHD678MVPXuCJ3A/YlRhnCSCK51d5wqvsCKakKtRsgArgAKLlZowaUCBADIKrddH2n1",
-	"a0EVIBFAaTmEmVwSm1EDjwLKiD7ZD/f36/vbjP39m+MzOyuXrHDrXQ6ffuDRamsb/GXTWP8oOz6yAJE7",
-	"EjRNI6ilWBWXKqsOCMgR8ghRm7atUsFIhACIns1MubQtCaRDI5DucdJmc211Ek+7iK0fcJSN6v4E8UGH",
-	"N07xKuY4uuD8HRYzYgT4YZfhJYJru89I0z+n2D+W107KIsWdbNWCcQMZr7hKmsX6jzamWwt2RpZFCEaD",
-	"0vj88Mn3ATr/6fggQM+RAUAM0JN9ZKvFmp0oEVWBkZdUSWSRFdHl2UngEPrcnYPZwKbYJ5IEx7CLI6uO",
-	"5f4XaJ3KrAKuuSm8IYJOKYm0nLeVI7TcL8L+uRdAQ4Ti2egMfjUxAE4ltAgJJTQENHi6/wRNHBqpk42T",
-	"3foJYPRPTa4ta3bbkz0NaKk+oesh2qOCdw87/Qcyo8xsuozyG+7xPdgaq+atfuxsG4uJaTw0buHtnofN",
-	"AfKAKjQQjfsmgFAAtioLgYN9cL92geuE96wUmGM5J9ERIljElIiqJScVTyDQAjxex2gpONxnRkTLh6eH",
-	"h2hyg2MaGd8juGoMCLVRDaSrKHwEAoqnyickrFx6ur+PJpRBe05TnYzQz1mX0qirSPEl1vpwAXhFK65X",
-	"OLzm0ykaPD38u0dqmDXajtTYvqZYh669ZxXRgz/rM0P1dqHSMuSjzvSoM+282HlDGZXzfqI0WlC2l19b",
-	"yEa/k8vJNMWdpbkCGUzgU1FLQB9FBNcvVytEoyNkAsxxjKY0htpVVyuH/GnEH1aprEuJmEoFGFLHhbHd",
-	"Rl4ErU+/TIWE5Wh98hTPyDn9ncCzVajmeGUkvJnkd7JQvktmF0Jwg5HfB9kYc7jmzsVEXywu71gKvWex",
-	"ljnRfYPJrvG7CSxPLMGd+uqy+ZQS2/waHZ7BIV9ZgW9fVP5lRJ7mgRKL41Bw6TZfyeVeFSbr5WD1Lndv",
-	"ykVIhja2tlnD7Cwmj9kKMc6GU4PiCVsHzTjoegIDaKDiaOICfCcv0I+nl+b6KgqyeG4bPxzY+ldZncBp",
-	"jGczEkHoB0QlhDHBTFt3VhFEIWdTKhakELlApXlsV1uLptsX6On+39GkQAvrjBpnUciTI2QijREXKIti",
-	"rr/IuLLJG5MROrae0UHhiRGQ2DZMfAYnPGCHli/lbY+FitTIiWgK/4KItBCXVkLWITKL2uEtRPj9CM6m",
-	"e418WgFifFlgvr+G1Nx/2v7GB67e8JTZLjoIzJecTWNqshT+QqpoUVqWa5j2lclaUjRqpWdm50k0cXl4",
-	"I3hhpIXUBA24KP6iG9Sy12h6JpbgSq+mg1mXXCgE4NGQl6DmZIWWRGjRKFNtnmMUwrsZaKoNfdBSlQjz",
-	"PpUe89mv4Oqhvr4h5qR6gLpty7Mw/nMulEeOvv6MQ4VgMZCJjGzSN7MQy1yO9YoFb1B8CdDV+Hgydfyu",
-	"FXBf24JIgyHRUU5rkp2Zd+74RMjYr4cqDQtqaPuoS3+DunRhfWuSGkSxR0ZbbXQPR/9OJQADy34a8gjB",
-	"FT5k+CG8AO9iKEhElfEuLnEcExXABc0Mw1OcERQRqABLFRqYC/ErEvMl+p0I/kLLYJlOpzSkhKmxzVzX",
-	"0v+USxPrAk3HJJoRYa7ApTJ6dD4NF3HQdP39g5n5cfbGHcvxk4gsEq4IC1dvbeLNXXhBa9Pq5Qw9uMtx",
-	"NAsps65/SqF02Mmz6RYCaP9QVdxHL22LmH0Jck0byyC+EHbuUCPkCkLXcv86iTv9PJQMJ3LOrchNO0vc",
-	"k8UiNfG65IZGhIXkhdGB8YK4QmWUyABBCjPkC8BNc6JSAek1NmzIXHyZV+2Nth0RGhzu7+9mqjQSWIGT",
-	"gfyW4jgABwGozUsqyQj9NxE8yOU7JKDjWI+bRMjezwviueeqy2YBsSSWfG9+ObfjeYj3TfVB3vN9U8MA",
-	"qk4RE4EkbJCOK3dLJazMAw086jS1v1bc0aP8/+ry3zAcwgy9+SUTlf2kvtFZh0pgJo31LPe+FD6Bw1po",
-	"jVjiuK8mrtUoh70OqQ8QIqAEJRLFlF3nqjMXdAbe6wFEMyREoMIgwItsKnGBtPDr4xYAwh5+aMnTOEIz",
-	"XtDkfeJdj8vp3u+AGBd5x9v1B5vmixNr9guXl2CbjuGHZhkYqpxZFvu61kF1LM0Wgnnm0UZ4PCMe/BkB",
-	"jIqwc0+oknjrcVQkgoaUzSBFuF9wxwhdJlrSH+zvQzocRG5oQReYKtNZpKvNj2sI4rBjPDXjOIVhPNQ8",
-	"oPpY2xyjkA6k5/ToC/32fKF275gF9m67oJdmZbJQjG6l2zRbyG4fdDBCx67GjflZ90+kzfF1ToI8fFM/",
-	"wqcm2HzJWjyUBZ7+plyUhXmV60l+HV2kSGaPuDBDfLQ1H/WIe/M1YqXViKIou4UCsfdF/wfmpTv1+5qX",
-	"gAxjRZ6CMl9kOiWhQljZv+gNGQMYycBJQ8aXu4FFyFvgFcB0xdSVkkcJluoFOKIiBJWe8gxJQQCFJuou",
-	"Hf9ps/23akSeFsjfbD5a2n7LdmOd0I9S+1FqP0rtcu5jFFVEtpOY/US3nOOIL4da6Bm88D5y+owMzaXL",
-	"wWikTUAjWIVNgedTNDGFhiZacE9CzCIaYWWK7I1Bc52gQQHEBdyD+i+TLgUAhoJIowMv51ihJZboivNr",
-	"Eo3Qz4KqPGupLr3N1M5yCf6A73bO3Vgpm32lpCLvSNZbtZFYDUXKUEwBrxdi5BSO5aMUfJSC9yIFX1kG",
-	"NOJLSxmMMjFjbONu4pC54i1bzGsy4FENKUsfbIGNhxbQeZeuMz3n7lGEsCSPLrNvz2XGLOuX4gbNfujr",
-	"LYOMBFPpHzAQBL8iERpcvDxFIWdMm4yKo0lea38SZO6zw8NdC/X3iWG2MhkvGeSCcbQxSiLTKlJauio0",
-	"iDlPrnB4HaCUyYSEALMQoEUaKxpiqQK4AB3GPMRxgADN7xNbEIUjrHAA2IRshWRCQBYFCHDk51zTBUM6",
-	"uOTxjR6K4ogzcqQf4KkyQJMfPr56PT49+/jD6/Hxu3cff379avzy5NXZ+eQTgztSSdRuY3q2vWKNiMI0",
-	"liNBsORsYqY3NtMbmykb+C/GHRHhQlN+YgsckRE6NpH6Sy3nUoWgSFc4hyihwlrYOJ/sBsBQ0cQ5owGU",
-	"AucWxlCb6lcEpckntiJqV5NeW/3MUEQTyDT7n4kNnYe0IYABdplGBvZm4hO5xoj/YLCEvwGn5stsPl/J",
-	"IAZSNpvAgQv8IeU1pwxNYmwQlK/IXyVd6FHluyt3pQFaBmaSIGGc8AGc1d2mA8av+u19sfjif5ijJyaK",
-	"dLeCF/zGXtnAoDKZB1CJUgv9G8IUFwasR5GYLIgSKyNmCYtg/J+YShkjcSUkJpd1lI1TAFKd05iUElpd",
-	"YW39GJwo5hED1cGZNs90V5+YVDSOkS1kAxJ7oG11ziDUVGDK9EuGgD5ZagizDVlaJuwHSC1t8nnm0O93",
-	"mET5tL7cr2C20Z8Q4ucxS3F7JiYwgZU3zVprn5AJBpC/iEIC9FO7uxlX46leD68SMyPqm9x1+3eulVxY",
-	"ufhX2MV/mU35I1GtOzLBKpx3Ty2z+JiZFsGFVV+d0WGNS4PiPsDOOrR2oTaPnu7vA3A9Z8gYHWDKOIRO",
-	"NceqCrWFlmUftmfnp0mEv50jd/vm0GVGn6/kN79XwfPoDH+0jBotI5AtLXKxzfzZM/ZA35vADxxgUUso",
-	"OwIi2EISaYHozJMjJFIGcPdQ41EqvBqVDJKhKeaBzDhIdPSJmT/BwW+MFHjdGiyu5I5zC9W8XgNXt3MM",
-	"AbLURN6bp7SRc0YSYq8PbiurzUAfFbVbyUsERqgEfnJLZ6oZPBpif2VD7KVxVNxSvIHMuL10C7J6XiVx",
-	"pmXeAtD2+XR6VELNmjjJNbEQzVaOfGIihY4AGlrNCbOPEii+owwKLHj3nSDSL2xZckGPj4LrUXA9Cq47",
-	"CFKAyhm3k1skAygfGq/yJjG1pnQPlRZkWkuWQH8EXciWtJZzgNOnC/KJDSY/Hn+4OPvfY7h3fP3h7OO7",
-	"d+9ff7gwdRnHFxfvCvepB8/QgrJUEbkbAAy1tB0AhGuaQFYdkQ69+hNLGXi5zXQczjZYTK7U21B/wjPC",
-	"lK1jNEFK4MigbuvhZgLWluhbd/uXQ7xDIcFvTtBt94KvSq0GuWfrRjp+ildoTgTZfXS2fUPy60TKVJuV",
-	"GWR9LovM+m8s1MCl1luQlYM7nAj4Lr8A1AIn990d2Tx1cwntAhM+sYJRWgj2yNx5EEMxkISgXITsWsSR",
-	"a1CmCtERPskDI3hUqVolzammU4Zl58+eLMQRPLrT/trSCNjFalOFPc/4cmMxBEJsT5Abfk02UavsUMxZ",
-	"KBVPpCvDgZz9BkV6lETmih8AjlhEoiNThhVUmEUqnZpjUZNsxVRtT1RF7ghNzHijiW4MqpnmIErQ3hxD",
-	"CFdMb8gnZl96tv8kf8qOJQQ4DRuDBaMy4VmZsmg7OkKCKLFyUXJ4SrwhAuZpTftvU83arvADGp0ByVpA",
-	"KSDn4VGt+qbwG/g1Keovt1OmUraZ6z5zX5hMy5obH0TRAJItnU8+yN3ww6HNuQwxC0lsoqBMJNFwiLj4",
-	"xKwza8sOKzfbRwXr0Wf16LPaunC6tNurr9uKyyFd4NmWc2n03lubTfNRnphe/1oJNR/PYdrdc2o+niOz",
-	"PI95Nd9eXk22uNXdatmkb3qNvyRNMTWj8c7dm2nyiXE5hhHadI0Reo+vbdVE+N4oD9afbNQR/c00xjME",
-	"CoitRH9DeSrdg81eXysVvqW0D7uUXynzw/b+iH/wGLt0R1kdLJNia4RYs9ax98XIlw3yOLzSrhaq3VXS",
-	"ZdHczVkUW5JOlaomlnrNBowj0GM2xaMPY2vJEZ22bXBLg+BuNuOMlEyIb3M77t+HCnAxJxkbPO7yby3b",
-	"ouMW75F10WBfbCVf4lvbzXeVN7GJPfHnFiaPGRSPVkhbBsVmVkhikNVlr0KUUG7yCDGy1DIPksvWFDo/",
-	"dV38WaqcO5rcc4nFdSMpFjgnW6pvbtflXoqb2766O33dzB99vt8g/HhhfxUxwKtyKxMca+TW3hf7ly0N",
-	"M01ZtCbMuFGaWVgmU6ERolquCjC80MN30lUPM5AYWKEFt5UVXfWwrAXKUpmjP+KszJQeH4nQwOuCDupA",
-	"R+aNMfkcEhLJsetn9whhNy6jdFJQMPOBWDf3oA6dZOmlDUzTul6n3SNAG7Zhh/pbtKQs4ks0gDqRJDLO",
-	"bNv+rsXpmNjxmWftMCEJ5On+33dLRKXS1IVzLUG4TrFAnCM31GkrlqUZrKuwk1fRhMAhzmZEoDmPAZ/E",
-	"xD5mVFdzwdNZBvNjir8NJmkilSB4Ycuu5e1mzwgAN5FHmUoPEUa2ZJiaE7bbhMOcVS7RQ7hnp34drdky",
-	"TDNQc7aX/gTGwMs6gb/SFUNlDOtCogwnPtbpeTQq7uycPuzEDz9iRZZ4tc3QMDg1BgkWCvHpLqCa2sPI",
-	"ypVeB7w9n4eCx9uIzHgNioZrFelWc8yrECf4isZUUQcJPCcolUTIvIw+VRBZH6H/5/8+HD0Br49+olC4",
-	"5IqySB8O5vTJNIyxfmwyQj9n5UJ5TIbuYYjs1+dJmlPWFGtmckmE/uXZ/hM0kYb+48Jjk2xAfxs9QSKN",
-	"CXq66zfEHJnOeEx+MD0/3GpFvsG2oTpbcsoAzQRPExOCown9aEB8W5H0pQ2cr7pd7aqEOQPh0Spe9r7o",
-	"//7Yc+11D0ddzjma4xuCpCKJZrs0QYPJ6cfzC5R1mKr5nv55mCaTXZAXTtM1X1pN+8gUDZZoRhR6qvd8",
-	"RYohLsz3+r1xmhR+MdCnRje17ucRsnsHYUMsJ9Mya8TIKSNnJDrc389BMCHWRb9rKTJCUCNfWy65XIPt",
-	"pR+Y7Dbp7jZSlyzNEAB01QbI6KF8JxEjnxXCoebLLDGPztiQAryfIFNB5LxZva6LijtWsos9nmrl+Y7V",
-	"2/oEv5Lf20fqBmFc5jISR9mxd+TnrodZZrnjjH+AW9pHd79PM3/03recZ5qvEDY7RnFT/S4/4LZ0nO19",
-	"0e33DTDyHG2djqiux5OWFDGWWvpDYfz8YIHEe+OXQyFmNs3LpnS96BO+adGbiw0O4CRyd7RYECSJoDjW",
-	"2yJAkiO1hCxZ4+tT0K3LK+FT+DVvTqKYaBJxZnDznFYPLrmIm1tfI++MR+5p95Hbtoogm42nsKHNxHrc",
-	"YIYwsPVH7RHCrHz2UilTrTsDxDy6JiQB2AID/kL1TBJwnw4sxsLxy5evz89zaIWggKigdTIb7uo5vw0X",
-	"PoTzu+YmA3sCzD5NuAZXmd1R9x6RdhdZdX/h6+W/WuYedsJgs3NGkFn/2ohef4zeZKGFmYJ7EkgNRCEW",
-	"YmWtCSrQxHQ4+cQGk//zLzz8fX/491/t/8Nfv+wHz5/88R/FEP9wLaxeQ6yd6aQW4I/M91sO8D+DRr+l",
-	"+H4zo6/ke//nE0vQx/j+Ryf4HVVtEG7LloTk+XW6TkbufbFiRYskULxvG2boYol1gxtHE28rWHE7Yqyq",
-	"24C8DS0AsUfrKpB0reZV0LSePw12FpS5jwf3HKy4gXDcvxfhCIYC/PqoSz7eKt4v2HM/gSr19/dY5hDG",
-	"8ddKyj5/e9k9Nu/87eVjXN43GJen1xUNrDcOwJ+Y+bDbsFODbRiBNIK8bGNU/Xh6ieQcJ8TWUk6ZQoPJ",
-	"/GB/f/j9/uxqKD8vRgefJy8+sZgviQixJCgmSu+UAEV0BiW1YOSMCDRfJXOoZYVRxB1QsevGNK4fnnye",
-	"HGXRfM+ffmLhHAsc6kZ3MxAs8ziEoX22sFe/pThGk1mSjuHHiQsysGajeUjblLl5Sl1g3ifW1Q8or1Nn",
-	"mTbalOfX6bdkUJ6/vfxK1uT528tHQ/JR77krQ1KzVw+lZ++LvE63kxReL89XrzlRNxu17DEV/HZteb4Y",
-	"zoZKGT+qjlBE4KzQ86QKUSYVwZEeCpwgLwza32QXKQ5og4iR5ScW45SFcyKbE863INnKFDt/e4loFCAy",
-	"mo1Q9WBpsDolDKKTtXlw+H0nc/Mx8fzRZ9+9jF+z3Nh6frre8q1l/dwIvv2tuX/XqoVWgc/fXj7mnn9z",
-	"lf7WbdrbuoIvrBGz4BGJC7YS1K8yAdhg6NDI/AhBFGDYsBlBg9Ah10A4hx7p9rLYv1WxcFcO4r7Gzp9S",
-	"Ij16hR+to1avcA/rKCtHvjeNiVGAOulBWhjOeay5VIvIPAuUJ2D2RJMROiXC1mnnjIDTMzBO490XyKRY",
-	"B59YGXc2QKbgyw0RknIWmLi2OcFCXRGsspSSH08vZRZkTQWKsdLyVs+EhnKELrjCsURXq08sl+78hpii",
-	"Mcs5jwmCCb+wibP6KQrp4eQzDlW8QnrMfOpMNBIFKGVzgmM1XwVoKghBA/sRqklgZmutB6WChiwrHFFM",
-	"SxnYF6ZT80ZCIGIr8GEsF1CUTWtHaKL09AD73UxfposGBfONnuSFW+S/mDO+PPl1Pnl4Mq/N/+iU/6YE",
-	"Y2V1a7AeSYNoZHgdoEdXHdN7P3ZhG/9rbUgz6+4XZHYJHrfjt3dHprINUNqLl1Ivcr8bsfxWSMYp1AaG",
-	"HyFAs4BU3JT6dOEwM76Zax8zo69081MeQvMut1dBQZ48nK9aXlcwItoKB7AFrUS5rxPB/01C9XiP9Ggp",
-	"3eoeyeGmOBYECC73LfBjk4BqUhf2vmQwVn8UVIeaYr4dqVNxOJhxN6KSFAG2/hR4o5ZITeUnMzSxR/fK",
-	"X91H7Ae+KmgTzk/s87R+W3vxrvyrG2gV9yUJzDJGjxLh0eF6r3WSgO1apU8XVWGPRoQpqlZDh5XWN1pl",
-	"hF7rWSaCSoIy5IdpER7OVKd0VSkHUmEBKHIxX0o0xTTWvxkUvji+wuH17hGakkgLTBJZGB+p8CooYPUk",
-	"WMolF1ExpdZuQzelsZvSyMxn0pjFanb5iX3v1FHizk2zUndmEAVIivZM0gW/ecwkbVJE/owpnnpBs339",
-	"nUQfT169dFvBE3Cf6xmdPYU2cTOm2rSVJBSm7jQjNwCTqFLBYC+ZJ8bmibEkaoIkXkm4nsjqWXs2VGZi",
-	"POjdtD0FoTbNBlVBEqUom8nH3fqt7Nbjxm2aLfYauyDtvF+N00AaNKUkxqENtc84ykThS5katLlwTsJr",
-	"kyfzMSHs5BWKqAw5XDcOJl/Mg3/sjZYkjocQPLbHE8JoNAw5m9JZaiYxCdDBPpK7L6BQmmm9jIphgKcC",
-	"cHxaDCpTPNpGpZiXAnCDHh6iCYSrQttjfehXcUUyqdIgoiTBsQuA1fNfYKmIQNdkdWTBbCHCZQj3IQY2",
-	"1lgJiDN723p6edFJXzB6/STXNwy99Uh2RwiQvbmYYUZ/N+ttFSsUYpYpLmigJw2UWFJJPKIySR+oqNy+",
-	"JVft8itZc12E9bnhwUcx/QgHtYmH14rQTbS4mr0Gls+2kFMBocraZS5qxsbF2LuQEG5tUYJnlGED/jf5",
-	"bYIWWAHmH0YhlmRImSRMUsgxk+mV8QG5hrOrL24iXiIqkxibWrpoYCw5gKRiHJHhAky/KBJESggvcWap",
-	"ORgmJlhnghgWgi/RNBVamq6pVGEo+ScoU3G+jnBlolWJvttUPeK3ncYAyf22AEl/9QqzXl+9iIYZRrGC",
-	"Riq3VEJDM8y91M/I2LN7EAJM+zEE4dsLQUitlOpxCJQBALeTMQIHgsO0g+YLaSONSSN6nHcsYbN+TqK7",
-	"t9/zSa3BQn3UBh/v+gzwWoebvg23pdV2XujjXw8hmriqJUUISOdgN/btDb8m0tq2FmnZ4kBmzvYiOmRe",
-	"x8bCRIqUIW3eWkjrBkxIrZq5wZls0AmKicrHBaPSBzSeYcrQgMcRkkRKyC+VCq8c9OfuCL2C2WnNZ8VT",
-	"IUk8dbpiO5RoIyxcvUjOxGTMjC0xx7qjSVBHE9WEF0QSNV5M8QukDVBN9wWvQG9efLw4RVMcKnB2RFA8",
-	"BsgeAuodlBNKEgGvYYZ4Qlj+jB0nuCkYIZHMgMMHDXDgmdsg8EGv7hadGCCf7DT1DOEzYaWPiykewyx9",
-	"VyDG2fF1hftd3R1nvX0lh0On0wXhqbIZAmaBH4+bx4vk+8lPNmJDS2AjMewpFxhnsyQKotPevznuoq5m",
-	"oAJDKOHR7Lk4zp40xT5k5pcw4ZX6KJn8Mjw1n4YnryYB4nGU1apEA5POExRTcRZkcUWE/A7RSI7QMVtl",
-	"rQGa8gJOIRw1eA+yEf1ohn63QvAXO7U/ZzR9hVjdLVpcXfdH6/YbDLDP9/F3sr7kRUFS3XTN4fcTA9BU",
-	"Ai7hU7iMhuxiBn8a3KYAwSVZhHAouJQWl9g+Uiht4lLwjODQEo9xRuzl05yE19AFRpKyWazV05SFc1CZ",
-	"QQgFpZIpXERabE55MdMPZvwCvtCjHHjwGXaPssAX0DNBVg1uKFkS8cIg9JdqJyZELKjRrCdQQ1IQyeMb",
-	"kN3n5z+ha7IyF0/F2zZTFtF2dZVGM6JQREKqm8lSG21Vxv+PvS9vblvH9vwqKFe9ivSGlp3EN9M3qv5D",
-	"neXGncUZy3mZqXaPCJOQhGcKYAOgFXXmfvcpnANwEynZieOV95/rUCQIYjnn4Cy/n/3AJV3Bl/hR/+Y/",
-	"4YnGCshm9kuCxjcJ8RUFmeSQHOw/I80kkK5XxYrJkfujFUn4ghusjLfmb9Mq6B08+52ExZVJ6fkJPG9f",
-	"EdGURtzgZ1WmvbJ03IfZKSrTdLna+mmmaVIvo28p7qit7TulT260JqQ2ELdUHFLrxWs4LW6oDhlWF0no",
-	"xofFYYA7wBpH6qIjguxM/Luuk1FtUVRGVStMB/YfqPlAmm1Wzpts/b3vJREMlzY6q0el7rhskdz2dx7p",
-	"Unvb/NK3KWs3n2za8/Abhuu+VMdcWphaSwqHwYNwukNa5+Do/OlUrB0Oino4t06uWx7tKZYwqlk7/clH",
-	"8OB6j7q9GUxrZwcYaU0Be5WLWRgQI2fMCq+g4XhBeu4jSuTx7snA/cnigGAmnJXBdigBMxBAoBI2NYSC",
-	"D3plL/Qd/6yQvjMRFWQhL5jj0yp9r3vhpOgq4VOfuZtfRB+P7wdLNFtryApe5/EfkP+CQ4nediop+6br",
-	"czBw72tyQ7ufOmF+34R5yX3t5rAT7x1O5hULH2Dd1BwyU2+1/oAauIzz+cfdzthPjIkSLqIki1n8E07n",
-	"zt98ORH1I67mzsn8iJzMzRbjJs/yK/D0Bnl6IThyQcU5Dk0qVnl9wlJxY5goXLqI648aUfvkha1+XpAL",
-	"zp/snMhebPwa12+Qu2aFnGg9n5yzlaN6xX+s97TuJm52+QatPt+g3Io1k2L7qS5Nw7+j6nLubfcSM7Xr",
-	"R2rdT3xFV3Crr/fE2tl1a94V3nBDpCAUggqB9wJqMIfAL2hXAlSxwK1Ul12H233FnZv41mgIS5PQ7hau",
-	"Teiw6gsuVkbnFe68wvfBKwzLF+zsGnRrRXU2G9gVD8tGX2/F0XPNHt874h+4jGfgPvoE2hwBxWd1Z/3O",
-	"lVtx5f6kGNljF2wT+ikWs4Flxg1ke5SP6C4jDI3SgBT5upFUiiXlzbrpPP4G+/BYZct9dhHA1F3eT+B8",
-	"OLjoOln2uGUZVgKSObcnuBWaKtco2S4ZfKLlwFPJcqoGn0gvlpEuB74SPmXRKkrYYBG78zKg4AOy/RNN",
-	"aHQu5DJh8YwBrqmPN8FJtRf6UFAYkDOeQIUG4Db1B2RUD2CVQ0eXCT8Nm8JcL68n3LQ9kNTZiLdsIwZE",
-	"yGV58XaCtgsQ/VCA6JrlMSDRbZXHwjl2A8LjhAUgFlMUZq4Jh2ezLq3hVxDX4BhkItY1wYx+XHsbMVSf",
-	"D8GVqFgqlSFYhcYNNOYr76TKG85hdDbrggEZ5X0u9VAxnS2YzqX9cs6EA9LxFMIzykVAtIROOYe1S43O",
-	"86BfXou7uN+Wh7zJKTwgx94XFxAA77HvdgkWfuh9ikVQSrDYqL5KWmhYqLzLqLmfzJEYuE43Z0fAT51S",
-	"u3tKLd/jnde304Y3pA1RYVyrNjRWPgma7PrK7Q16kQtX/Y3F5gALJ1MmNAn/eHNC9pY6b67+Hq+s/O9W",
-	"Qb0kz58RRUUsF+RsZZgOyBnV7MVBppKAgAqBwo0X+0SzSFolarWFvSQFI1/Z2VhG58xAcX1AzuwSsjqz",
-	"iLgGlSCrVzXlzZwH7mIs0acY1Bu/G+0+++0FVgXh13JN9FwuBRTYB2TOlCsaKulWoI4/AyUGZFq9ivq2",
-	"ZkTY355zNyQYDdbE6tbNKmVYS6i8sp+dfAX2ejf7AMJUzLBi1BgKMFCVcX2iiR2JmMGPedV/jhlU6lBr",
-	"aHqdMN91Ie9cgLaJ/RhIYRQQnJV5r4iR/XaWFVxnY2z0cavN64/e1oYX46S3FMKtT3UbfYNd0UFlDyOr",
-	"4NKuKaRD7w6onUq+kkq2KjGvFd21i8grOFxvl9LOmZnvJXLGRbvq/eJx4uyS9RjoAUmTTAM9YzqJZMzC",
-	"XGAiwMScOgQTJpRMEhYPyFclxYxEigEkJk00ZJ0f7D+1zZwzMXFnt3BIQtsxq2y0FDSZFPg0e+4nlgPA",
-	"lyBMsLnnDaEW+MKfkcO/SJZ9sB27LaCQzMxP7LhvCluM+UxAHtXjEE9dFkez0GFRprhZ7bz8xz/LIuiz",
-	"26AeI6oscjIzb5Y1Mqv4v9Z2qv39bm5VmV2NE6aRQAFQqUiPJlrm/q8lLZfsONyqe7jhuu2z9RhtJxcc",
-	"sCXotO3bRvI42vvuwcL/3POsJa05Cyd49oTbiWIxVywyunRyBA7q/NAIpxuAOmXqwuOo5wfaMyWXGk51",
-	"TDPERbCXwxkVRq0mtnMhiaQ85ywAmPZMs1IyM4CJEfYttXvFJSXLGI5V7BvCT5Uw1j+/f/WGXDDFp5wp",
-	"vPvwdXEOdr/EpOex3mkWcwY2NbxiFYA0oiZTDFs9Hj/77YU9Bb/BP+DELqwZ3s8LixgAA/vhyF8CPwt/",
-	"zl2ymMRyQbnAMfRwlrkfmMXkv20TXBDDF4xw4UawTL4HVUsyYcUfC5qmdlBn/IJp0vMUT9QA2bfy0lX3",
-	"nc/A62SScFhM3ijzN3r8ZY8fAafwNSsLe7N2FO4B8B7LbwtICGNVvsDjSbWtgIR2Sid+Pn2YICAhjCwc",
-	"rP2oFldxMNH/gONrf/Pr1oOIoOHJlIbEd1c3PkTnRNVOLEzB3BjFiT1jiRQz8CRQ4m8nPT9wfUIjAPpY",
-	"Nx2nXHA9Pzp8/cqaQoe/+jRvX+Sh4hGsLvjeijrM2uCXf3v6rDHFpqkhO29t7Rzs//7i0g3BbLW19Oy3",
-	"DQ2h6ChaKsmVdoDpv9ywn76zlm/jMH/fLeS3ID4IW+cr69mt3r+66s8DyI16/zhX9b3n+8/6XoM7Vpbc",
-	"IvC0KyzO8aO8ippL28kkg+qjXBaHBfAd8esG476gyqeJXAaountWyfYDxG9lDlYfNEhYsjycAoZfKxof",
-	"wVulw7lCa6Tn8LAyzYAhZsFFZpjuV93uTeYI0cyA0TOskL05SNQzaeYDdFAXXulCdbgRmVOrdIinbMkH",
-	"cYsGsuNa0jUFlH1Vv8B03qJ6qcvM5xiea15Vfqj9EDzR1cVAmIhTydd4KT/4gNHL7xvcy2vqYWfMzO4r",
-	"VA7r+Gzl6Q7IO2PSI7DsxnTBxtywv36g38rLJSApNXOytrkGG33e6526cWHeUWFtFbNjCE7+hJR157F2",
-	"x4S74cSd1+6ce+K41L+77FAcEcGWpAwRjkjWcLlyKkaRLZO4hjNuT6kpu5/ct52D5Erb+lgaZJ29orvE",
-	"7v4sbQ9peH67Nf1cGDmubNrF5Ms0+QNyDCD5zmfRGqroHew/76M1kdb8pHYNy+l06EgwfFoXlnbDk7/3",
-	"q/EUCMBwTQw9Z6LBisAPvoNyaQw9u60K28tJpPoi8E4hhOAAL8+SKUYij9RoSs4ffVfOfFc3E7oa1xuM",
-	"jlQxZVrkFnI0tAuuEZlnC+qIdBzzpU+dLfNFYNovJYhFYNDfapf1jBntlG1FB0dUqRUA3tKFCsk/TnfS",
-	"ZXy6E5zuSJOe7vwTj3Eg6gxf2KPcW6k8e8f45M3nyZfPk6+Hn14ffSW9mE1plhjyW3FSQ8CmUgOYwYUv",
-	"19RwPeVMk1yqafzdntM8c8UwR32ixicNCyJVzAVVq+rnZMLwxN6EXmc9ICOyVBLTdEF2S0UgkUnMYHAC",
-	"hKRsGEskE23mzOhVnacuHF5yisK/gUJ1hb7NxZSCu9NHxcP+kCiWYqn/EgPkAB6dyOg85+zwZ3SYdsSc",
-	"UNQwRJgoA2DU+2NfZw+8cjoNA3LMjFrtjuwo9gfkk1w3rNDv33RKZemXu6lfoGe3ZPH6l29SLn4Oy+uz",
-	"C6Z30UCrIBRyr+MmxDxTL8F7bt1sPru6Qoo9F77YGA50xo2vvXCPDAFLBGzdKWdJjEk5IkuSAQndvRN3",
-	"L2Rocg2/OhEL/kD8lSi5dOhEjQgKf8PGRq6rPy1LftGernZz0962g1obzQ7460Ft0L9VZ9eD9+WJyLil",
-	"SjvUPdC8SV0RUesmPRJFKVLKFMmxpnqhu6zDgERUSMEjmvSHxF+HXYmOWW67nvO5Fk2UHNrePPM/9gfk",
-	"Ff5pTTDY/uyCKWLHockYKPby39wX3fG97Lq5dS+7Qe428cPaxG5af3b3QvngLsI27H2H/0MVS6nIvf3g",
-	"dgJhteVcAhDfggo6wwQQaOeJdtWMA+IAAbAOcyrVkipXHtIDhr/d02x//zkrl9bH+UWE52Nxf1j6HQSY",
-	"qD4Ab/Xcfj6lArNLag/mbXow54P935vIDxHVYlKgpFSyOvoDMhLurSXvGjImAl6pKxVZlzalfvvtDEMF",
-	"qBs/Gy6rThI27LrZWi/hZ/6+VBg2jFqLAIQv61IXujqEK8nXUbFBCfVV2cztzp8TrU72XINYPUp9oGlN",
-	"DGpyxiK5KKTn0P1Vk3+NMnNAPkCKHrugSeY8V9rwJEEKKaL5bG64mDnMu1pjvVAzJibIMdUnZ5lxppdi",
-	"IOy5+XG56V7VycxOZnYy8w6WU9vN+VPychtgnWu5hgFtZUYdwI7RaF4QoSTU2N+chAJfzxJpQATrD8gJ",
-	"HiI9EwPIILSkd3UkUxa7F+uhrwKuXUeuEa4NJpj7hmrA+D0qVpAd7WA6ZCUGq33tsLt9Au52MJMhPFAA",
-	"dfuX9srjkGlD5vSCFU7Z8rtdlfQGKOwBGeXZYRJ8ZoYspDbk6f7+vn9lM+JfRbLo65XFR/j9LP9oXxPt",
-	"PiwXzrXM3WIQd34Owq+hO/WuwFpo6wj8OIGGgx+R1GP7/Il9/AbVw2epTaa2exf86kckAK5Iig927oaH",
-	"5W5Asesm9ypOhza+gJOy4HNJCFtELpFLATw51uLF53qw8MpN9X1blT0KK9PJCxLajelyeJ1PceIuKVZQ",
-	"0Vrjlw0h6kwYBwSI3pk0c5S0xmqPM0bYvzKa9AfkM1NcxpospDDzZBWQf2VUGaaSFfZXiIwm8IIvJ6/s",
-	"yDERU0VSfGwIvgZl9ISa0PsycxGOKCV+0F30G5+0QjvKtJELd8FlAZebgw9lIsZ/YX5P/k8Xwy5uH5CQ",
-	"LsDtj/+bLLiQCpyxTweDp/v/9+lvA3KI0WDCRZpB0HodkIIIuvBFVRCEGRLqpwrUma8NnFNdUTEb/DEO",
-	"7QojxIoBVkbYCllREWi/OAf5hkD+K590qyARTdqiTUsItnST+0Q/LgXRZSNdtybCRZ+fMa54utjzwHob",
-	"QJkY1ZliWCaSSs3iCQrCEHH88BQBuTmQVZOfSKxIs9uJ6XJgqmStU0DgWbfwq8Z9n3ABR5aqoEc/do00",
-	"m4xThpQ5djBpDrrEBR5/8k3no2JWBuNn0QRrQBHaKA+p0TjOm0f1Q43/xJ7tFTdsAZgvTQO072l41l6M",
-	"GtJdd6PgPpnF5K+Y/Ez+B/FNBo4HDzJ+rH6pAx26HNS8CQwW/NVqEvIfXlf614Vmrpi2p5oJcNlveL50",
-	"a8pUxOxn/Yc/PNluczHBZkPSY98o0J0ZNmPKzQEHxHQtCfyYrFyPsC4Y+t4fNHyO/calzJJ4cpbI6BxL",
-	"bUL4e4KIkU6R68yOVRxWbO9wSZVwzwhp+HQ1sQshHDZ+OrzLPoC1S/KCKZokBeiki7tqo6SY2WOznfQn",
-	"GonZTPmoDKdvqs9rBVfFoh+uL/jy4R2NFYoVw1UKp3WtbvsXX6NWvwkd/dqN6S3lcrX0ZfOhzq+DYS4I",
-	"ljTn7OqyvDo1vPNy57Va7apMrOHVugJBJ8VBrMdX1dHfnXB0ZDgxS5hpqJUb20OaFRyaUH+CRIGWax8X",
-	"CplJ7whsEiq29Ws9KjTGElqjCPnH/towQgNsy2v49Ljz8z9utgZcBpstarsjTDS/yiYEJw6iXHj3zbQI",
-	"DWBEEOOOAxJGCaNqkjslFMNUEQh6ipjE1uTvCWlyxBKUMxXPR0CENUIclXjNzwHe7fXgwXrMscntUCF1",
-	"RFSZcgv4OMQ5pfHxWmtjbcCtRmac3AciUyZYTM4ZS523ClNP1uUV4qg8SHn1i02xLzByd8EQ2+Iu8VA5",
-	"j9RlclVB3dlqWwQ8Lvwru0z80X1XMwPZHq2h2de13NuA6CxNpbKLOCol4Tq4aBeLffu/iRY01XNpyFTJ",
-	"BfxWT+NtiNV+kiThF8w+H0lxwZQ/s6ZMWbGzObvXJQWvxv6j7niab72/2w5v+cD5WesicQ/L/1mf35/M",
-	"AM40nbVn73/ggmk0pewDE9inXJB/2D8CwAsnyGGHGRAV7BotlUPN81XfKyw5xoK8IZZyaiARwWJCX/2J",
-	"Tkl4Hu2oKv3JxiSEL/BBvzba81bJxWXuO5GXuavc8bFUZuceEge6bzi2hgt8yOWpAxUYO7AOSWLXWyex",
-	"HlZaWH1+f1BiRdTQRM72pN7lCzpj7fbICCMzR2OCNwZEqpgpa1KvgEN/cCoaRcgrfMWRPsQX/Fopctf2",
-	"8NEYPvvyOzcf4Pu4Yx8PRznXppgqq5wdA5lVtqVN5xZ/86bT59nW/TZ+/6W61XhcT8NMFa/XAWYiZqoq",
-	"D+xdXMxImlABsdRTkceV7DUXjiufF+zlIWGL1Kz8YQEfhzeiJ2n8/ssT7QRRJrgpgHLteeLUDyBPuClC",
-	"qHLqmORmXAqN5GeZFWj5kWWqGMsZ4KWwIi4gdk/FGUwHkNTpLSJnbMf3cYkb/+Xvv1xe4tgl1gmbuy5s",
-	"UL7A2rcT5qP93EFjlvfZVeTP3nd9nv3ZLoUEycS5ADYaRbiguVTKGZv0eVamamrYkjNW2pHX61iFjliJ",
-	"OJgNyPzp/v7uX/ZnZ7v622Lw9FuLs1VDJ9rdrHXw4AUX+b9vtrik2M1tnonx+y/XunV/yEzvokAtG/cP",
-	"Zgit7dxtmzNmKVVmARz/xa5c13GvS/c9Lh1XfPnldVxpVLuT8MNTjmi15lO8/TDsqPD0pZPppUhWwFWc",
-	"ZLM8wgh+OF7BgMY867bs6WLpPozU6Ve1r7qlvOnSsDZIAexk3CVHd8nRP5UcHZc3b4MgaVbie9+Lf/js",
-	"q0alDsmE1yUe6rFE3257CkKll/el+nrzxj+paIUu0t8Z49s3cWtSVpM58BognH1BlnebxaXd1mINYDbK",
-	"w93u129pfKmN2C2lHG0XOD7RqBM814350Fkql81JuoKlMmc0MfNNRsk7vOOupvRg97Zl8Iw+HxIq9JKp",
-	"az3/3+Ai2QAf/oFfMMF0fuy1H+uWc2n+3TxWZp+7d+xBOGUPsaY3sCHY8zREoRynzq59js6spsFnwyER",
-	"kpwxqph6ibQcgu0CxSHeAFrJoUi7sjYZr1x11KkoOJ8H5JiZTAkMMyVSzHYTfsFiiPy4FnqeJz1ZOe4m",
-	"baRihBuy/2J/v48Fb1N6pnhEXo2IkafCqEybPG3O/UbjWDl4jxjeXfV7wzl/vf9AlngqwjrDIRWewxIS",
-	"m0uMiu5yOCBvoDWHuOcxvvHboCLSsbsCqcSpSBW74DIr86AAbjswTmRCsKTJ747NfkLavjtX0mX7haNw",
-	"S16Dcgfapccbz0rekcg8dBoGnGpCYRuWJKd/uV0weqMA/W7/B4B0sFHtz0rqlEVmI2s+iFQrjmD/J3JG",
-	"ZtSwJV0FZDnn0dzz6er8pieaWNkEb3lJKCbvonCQUxLm/QhPhVN7JMTY3Uti91VY8Ne45jxr3ZDQggAB",
-	"KailIgr4deJduqSrzeJvuNYbn3ooHJUvUCS0lnGQHvR9wfXCHsT6TYKtGFY7JT/PtLV2gjqMyy5kK6Wh",
-	"8z1P+5vPFXh+4UML4th+y5HLzcllY48vDm4z9JgP7GE+1nZoWsyrfEXYmb/9gGQXLWkVeN9hGf4NDDRg",
-	"CXj5j3/+WZGCxYQ7SbjGpfXj8hDFyCaUTrevcoFXBm0ojB/FIgYU2EhQY62sui3YL1jhpGCnQhuZarKU",
-	"6hyMLkNyVlHYw2BEESkcXwwTMQMcoGYpZuZUlKUs4fpUbJNrDnhhu3jDUepE268WbdsOjXZpXT8LSyfR",
-	"blqiOXLAYmX/gDzThm7A0TzGVe+oFRJqplItSERTn/kY+osDmUIRbBw2FlT5rozhdXfV51Lp5aZd9Epm",
-	"5XC8tKolgRzSe2kl3D+X4NjuExaTv4+PPhHtFlXOEhQvuDhK25a8sdrL/qFYQld732mSOHbmWhyz+TxD",
-	"/XzvwnxDPRKPqOMN942Tr+xsLKNzZkhCrdJ1Ong55wnLla5/FjFUS6cWp7d7sYx03uHBIu470AqQCkAA",
-	"R/RcKuN8SPBFnlMOaRmxSoqcsxWJmYK7IBs5dNR1H0fjkzfHk/dv/k8YFDB8XPu+BXm38K9itHIjQzON",
-	"EDBoY8ykxJp7a75k2pX4+0+VKXO+r3yotFGMLnwlGLrdbNtZOlM0xjR0WhrQns7OUiWNjGTiPXYD39ou",
-	"jMHg4mnYd1NyhvR4C6sQZkwj058HLWJ08USTs5VhyIZOlnSlB+STNPAJUcJ9blUdXDyhqxP3zuu1ZEbF",
-	"CLeGuSpr9ldGtZ+iDKplpy65ieYsL94rpuYS03Ivw0YPEsf72aUG7w902VyrZeOEwbFdE822zUlNOKBk",
-	"O2NmyZholsD6cqbPgm2KCn28u1xOXzRTX7mZe86ptqJuxBpBPxgTVEQrGC/2DaWqI3nq7JSbsFOKCSkt",
-	"TjuRtUUJboVW0+OdTGKHEF8Y3PYRtLhJLzfNdWYXNOZy2MmWqe4PCRgbmsyYIQf7z0/FBrCZlsoj3EeP",
-	"Kx/bfvPlM7GxcKvLwX5wOdjCLX2/extUirVpacoHK7pINimXo5SJ0efD1zLKfjo76mor3/es0W118PT3",
-	"g+f7B+vGYKN+cR9BYvcVDy/v4GQOILnCKBqZ/Du3pBykdFUvbtmWaDckgi1zFpJmoIrPvtnHJXvdZ19e",
-	"/Prh7yTww6yCKWq6iw2RZ4D5S40bcs/IdDdL9YboTEMKLGbHa0L9C3NvR6rkBY+x9tz9JM8cYw8ZG8VT",
-	"tqvNKmHE9esQ9kMfAZcd+nXgwj1FJlCpWXQ6EM0iBfjXECqHlCIll5pB3g44RSIpplxhZbnvSx7/9g2i",
-	"+6XSJuGa+LBSxEiPClIqrNl9z1YOZceBd3NDFItpZJh3QC2tTQvtRIrF3HgwcQ/eU/4c74hiZ3Mpz23L",
-	"UrmQv+90RFOTKYhMCYJDRGRmNI8ZEkm4/wjwS0BBviYO1dFBA7hSqURii7FE6HMgOEpbaCccwjl0lEwp",
-	"TzKFYIxZisfO/D6/mKBJGPYZ+B/tzRoX8SQrVnHYVijllsSJTL+kD6lUqvxdt5T2VO3C5ghYvllyHNJ4",
-	"feMM8/3F3bYKcRdNcBeFXeXV48tnvlmfWRHvAFYf6uUuqrTSknXr2S/dyytHJ5X13nf/7J/tivKTT4HF",
-	"EMOwkudqFxoTxm7eIvErdApxzGeCWhEfEtwCpBeavwKPQpQJ/s0qJilijcwKwcVT99ucfSPvPo5e7Y7f",
-	"jZ799sJaeqc7+JPBewf4L0WX0BO86O5hYUA0A8YCEl48DZGmSTudwIAnY1UW5049+t8BCBh8I2Jm1Q3k",
-	"j4E+g28JCCWGL5g2dJGShVQugeL5/j7RmKGhKpeJ9snB0wwbAB0GIygvHLKN15MRTUG9uKma5K/NU9JI",
-	"72B/v9/I9eEhgxXD1OEYNX3KVKHwPGMp4mwAG0nsCbd38XxCSZyhPLbKNeHIZeIS757t7zuxmN8UQhKe",
-	"i1EV+c9la8BOFL6ZIhsJACJTH4PpuRkxkBizSlm/KfYCWTJuZX/F8breGMzn2oZqCcOU9lt7BOYSSuuz",
-	"b6eBRPBk3ZqCZeA2Ut4z/GfRt/rO22lJWvnL09+fXbHc6T/3/nPn5febrVCqzvYoOt/IRwua/YIpPrWL",
-	"2q40tw16dhvTAkwbL/dvWZV3Cc1XSmg+RgFQOpzlQs1LzzqdbIsadH7zPU4Xe4sp3bWLggumN/nil2Rh",
-	"hdS8cMqjiOMXPGEzFheJMoh1n3vnJ4V3PiBcREkWW8WSadsMSFL4cwAEN+42wMT3z8tU90lCo3NChaeU",
-	"QsVJpjQyUuH9c9/Fj29HRLFIgth22xmVgkyZGJBPSP+3nsNDeiG8f+L3d4gxhCXXgKpMF6BsoL+N+T4f",
-	"346O86G8qwG1cic3nRjym5DSXHehs5tw/eDi9SMvp/k22IX94bdfz94D5kq/ngJ0bLdfbcP7YsFNEER5",
-	"ReFdXbiug9u8oycFQZYu01BA2pDj5JLTbjXfqCOzBFyZr7IroPd8nTNBwkqVO3C0yQU3xlPhSTWjgv8b",
-	"ltYT3VLATzU65uwZp/RLKSW8DP1z0OrRwj4/KGcWftIt+bFqfdiQhIqOq2Fta4NrdClQMXf1+V19/s0h",
-	"CaW5LNhcnO9FHzidHNXjRvq2zxVSb/Qv5Gi++JvzpXj+KDCnoV5vKdW5nRsdtMKW4GuvSZI195zHA/KK",
-	"KsWZLhNX5plZ7hSR96vd4eDG6/5AGZXGdpM46xjmrlVqPT5Kuo3SJ2hNyum2/S88omw5lnSbvcMu27px",
-	"W4DLqjYBBjEgg6MNluyRb/RfhV32I6elG5MzHrWskzfdkehWIMt+6ki0h066S3krP7pbH590u4fZreUp",
-	"u3yOq1sNnRB73EYTuJL9Dlzk2/4KTuR20wk8K5lmijjcjESKmS/zdO/McedJL7S3llhSSlHCIcLFcW24",
-	"mPloQ5sDhsZxZU90Uuz2fOCj2lzcVjpnZT00ycU47rxFnUF3Q0J3FMd50PTnjLm97/jH1XzeFSF9zBby",
-	"wsNzJ1S7m1rFq7L3s07C1nr90SmlGHgD3eQC6x9cbQOFyqfv1/riDprgeOw8dkKvc5FfkVUX1s0W+fUD",
-	"jjbymi2kuYIgqjjiOkF0ZwXRL/YV/oBhuX9zhmXZb4hD3Anczsq8mUyKORWzQlA/0ZBCvNXe1Hq+e85W",
-	"m/2E4/G79/aex1VIjl99eR+bHcauhvxh1pDnqZfj8TuSZmcJj2C+S/trrOewSTbQJ84ZgOlxTVKqtKsu",
-	"caXFLCa99TJjrIpGcDwoSRYAolHtRX/oUPryoj5NF4xMuZgxlSouTF6zIkX1c2gEeelbOBpxJzykPE38",
-	"olvyT7nhbHNMDUtLwi6Q0jx2lI2defATTihRE1+N0qvBONj7fs5W606npkzI6xEVNczI8TuUm22Qlti7",
-	"G/epdGmHXVCtlEV41d0FFXtXwHwivQ1Q+qUau0YwKGwO4QMflxlffPnlTXkXpMSays6kf5AmPdbObqVF",
-	"94ibV+FEx9i2s7knEMnWALnwe7+AObL3WP0FQAfUUSo0Wd/FAn5IFnjxVbdkhZeGtWNI78ztX1TXhH54",
-	"cUkhU7cO9r6DJNnELTDCVzTWXq7l2PQO9g/6jVX31ydk1qgPVLvh7r7uvlQmbBYZPv+pOw90lQk035VX",
-	"3vgXz/cUm1mrvnXPv3GoHPYudPpxo4nrD7LraEMNG5LQEYVN8OZJJGMWemglXwbpGuqJLEnAPjkVQgrW",
-	"b0P0/q/nx66DdxXlwPfwMjAHbrBvHcvgcVngKl9BfivYOaPxRxmzxO+InHfHDtXefy/P7Xumiul5O9Dc",
-	"G2FfWccUZeKCaGYg4SA8/HTy5vjT6MPk71/fjyfHb94evxm/m5wcvX/zCfaGZmaYQ5Ud7B8Uh+s6hY6Z",
-	"U1PwodUzp6Cn9h13dp/Yzh1jPzej2MAt12wO/5CeurLWuZf0bX7hAydfM8vJW6kia2C6ZeZVjeYzwcVs",
-	"95yt7Dou49pkOe74ghnFI72ZzARv+bUr17BvZi9NKBetCPMv/ufT/b/85cVlIOY/K7lgZs4yq2i/GcK+",
-	"pVJzYENCI/Lh4c2XPnmRz1gj1jz4Iv7dalIAIqOVlp+lNjPFxv/rAwSfPo1Oxk4WBuS3/ed1WWgvleEa",
-	"11CxCmIwBjjJ9u9ozqLzAAKaIJztZ1oRzRKZssbjyd1HBLs0HNjqJWFgv8UsZSIGBGqnbO7p+swF380N",
-	"5CdpAOFr9ZJQQxIG+YOC4cqyazGWy+vjKN2IJ+h6+3LDzmnbk0u9J6ThUzdQ7Qb/lxY6O7A/0kzPma4e",
-	"NCrNEqqR7RCkoieze3kqwu+nO9GcCsGS052X5BTO4y8RFZfHHg+X/D9yuiPVrPmHMyVpHFFtTncCcgpC",
-	"GtvCuxFSE666p+xdMTXU3vV9MBj8aS9oe0ahpvzk8dtX5Pnz57/75/4MB6fiBDkzBXJvg7GWndmROiso",
-	"5fJBgCOY+76g+lMZ5or08FjWPxXu5hywP/8438yAHJWfzIkB6ZnMSvXopFfiOrRHsUxj4zOmg/ymsyye",
-	"MYN4k7pv13M0R7vV5fuT5VySiAqiGXNz7YqRyWsPqcs1OWPanAo2nUqF0LhWsKZMaa4B5Mk+DWyQlVUx",
-	"WMSDU3EK5oUDX+ZSvEQixcgeMhwbZO/vX0/6QCB1ljPKhgFhHLxNXJBw5Iw01wISzxKHtWzbcJDKp0Kq",
-	"ADkkHR+BDuzirBIBNlE04psH600SOZ0yxWIi7No28lT4R6ofe/E0xAxZzdQFU4RFc8lcXK31CU+gAFDD",
-	"6J+yh+IR+Vdmhx4tEfx1mmkWkx71vO+CUPLl+ANhItYkS+2FRM6040AIjxSfcRGSEsX0qXDO9icAwkXm",
-	"0so0RYAUmzjKzU9HJ4dvD1+NTg6PPo0now8fjr6+eT05Oj784/DTeEDeIhGBXRJTBI9mp8JxYQJ4J0js",
-	"XDV7lesgREMlM8NCWEKhNStkHML8xsxQnjRTfLnd+Kkix65TSW+gkbSj/9ktFY1gZuXFw3X71D6SqN69",
-	"PP0s2ZkGUbCJwbqy4BACvUTzmjK1a8V/YOXgbkXaA5FhXa7r/mZPxLKg0r006++o1CG/B3uasZgcDJ73",
-	"K9wqIMR0fQHrNSpUEGOwPf0P4HtoEIu9gqveSm4fScRmxsi6G/bdnmkXieUXF9z/Lp7RKgUP9vdJ6KDm",
-	"J06qhUEuRwZI+x9iaxMuJtASwtHrlAlTlZIBnkysjRCUJCbXNRnpeYlP3hx/PPw0+lCXjxD/eN7UM+wQ",
-	"kfA+CJjYOV7WYPzdx2tysP+UhNh591sINcuZOBdyKQJHgcMAxd8KYj4T7unSox6L35U7pxyx9ln5Hnc5",
-	"BFh+tcqZZgr5ni8trm07VQGPLMa5/Hb8xU1yfkBGU+NoBHyLjv14qgCz2XEfe3LVGu8xmkxWB1duB7PT",
-	"k5znlicJHe/zBGx4uzTYNw5LxKW9QtdSKWYhmgvFMg1IqJjm//b9T3nlJrehGtiv1zSXTJnoaJgvTcP8",
-	"eLRmVz54yxzPfsltcH+WzsBeInFhT8eiRDNf9n7mF0Gl1994tm5pgLRBWdDAlOxEGrJIc6NZMiU9u8NL",
-	"JPFcERfUI6liU/4NhFCmkp2XO3tg6Lre1d/wgV8wwbQOChTzABWeZ5QE2ec8foNCqDjvQkMKLZ+J3SwN",
-	"wD+8y0Xg1JH3HoPmRddxXsfi2oRBaeYWccjB/rS8KaOq1CDGPNdbfJ0jSWvSi6xmj5hdlbofFFjkQGpQ",
-	"BTApNZ3XOG3q73oVR6kFn6lpG3CX/saTBERrcSmnhChde0UNTWTlNuR7LV0or8LGy38omaWV38ZGKgrp",
-	"M8XtafWWUZqOlOFTGlV7VLFjy713aPjHLGFUV3votucI60Kqj+HgjsA38EqxmAnDadI02P4NmBbHtUG1",
-	"W6RW4kTm+ZX+Q+zdxfIoX0VA/vrV5r6U7/hIqR5zw5p/+cCnLFpFCVv7dX3q7NXxebZ+8Wh8uLBmzXrv",
-	"6vMEF2tLYH2V0izmhhhFeVIfm5H9aa3JymqstnfkLR5HlrSAxeBYbahZG/yjao+rXPgNP4zS9LOS31Y7",
-	"f/7zz/8fAAD//w==",
+	"7L35ciO30i/4KgjNjTB1vyK19HJ8WnHjG7kXW6c3XS3Hvt9pXxKqAkkcFYEygBKb7vC/8wDzEvMe8yjz",
+	"JBNIALWiWFUUpZbb+qdbJKuwJBKJzETmL7/shHyRcEaYkjsvvuzMCY6IgD/PiBKr46kiQn+KiAwFTRTl",
+	"bOfFzjkJOYskUhwtMVXoiky5IEjoVyibjXaCHRnOyQLrVxeU0UW62HmxH+yoVUJ2XuxQpsiMiJ0//gh2",
+	"fjkjv6VEqpOo3s9LLgSJsf6EaIT4FKm57gZeQAP9IcRxTMR3Ev0ytA0NT6IAcYE4I2ihe4rQ1QpelETc",
+	"ELFbGR7+/I6wmZrvvDg4/D4bolSCstnOH3qICRZ4QZQlzHG0oOxSEnESnWL9WnXU+jdEI90N1Z8T/VSw",
+	"w/BCN5xKIsY02gl29DyoINHOCyVSUhzTlIsFVvrhFJ4sjPHJ8/oQg53jNKLqnAvlWSsuFOIiImKEXqZC",
+	"ciERFgRd8ZRFegWBMvqhVJIILeeE6a9WaEkEQVTKlORT+S0lYpXPRb9WIuZ/E2S682Ln/9jL2WrP/Cr3",
+	"sjF+1IOBYf9A45iy2aXEM9I2er36AuvVTPXjKKaMyK0MrDqKfHyGXvVRfUzwbylBCZ5RZrgzhCfRVPAF",
+	"muTfjxj5rMbmx0nTYM3PTUz57OAw0HsoY1Lf+r8RfFEfpp0YSoigPEIxXxJh1r1pKHr8O15OjLAiQ0UX",
+	"pMyOz5/6hnMSkUXCFWHh6i1Z1Qf2Hl8TiTAKBcGKIImnJF4Z8YGvYvICYSRIQrBCS6rmhkPxgqBrskKY",
+	"ReiKR/rxJMYraX5VXJAIDSRmVNHfSbSLBJEJZ5JkUzWyLZ9rYZBDPcp1QqGN/icRYYqq1angNzQi4oIw",
+	"zJRfPJjfmgWEgt+3LiI+nrx66YbXMDBNyDidOTlrBoKWcy4JonaGKLFtIElnzFA/BYHHGubjXlg7nSJL",
+	"PdESVykidFv/+194+Pv+8O+/2v+Hv345CJ4f/vHfdnyTPNVbmP5OdJM+/k7wjIylfqDYeUSmOI3Vzotn",
+	"+0BIc1wd7u8H+eF14D28TmOs9Eqc8Zg0EzWxTyHBY9JAJf3TWgqtk2DFYcC4LnirNEiTpE0aKL4FWfDL",
+	"qeD/JqH3fLc/oZAzRT4rzXhYM5j+cihDnpAI8YQII0vRcXb0a7HAU4WoQlQiQfQL+vDS0mJC2Q2OaTS2",
+	"D08aJcAvQzuA4cmr7W62tUoNaCxDmSZJTEmEwpKSEyASzjmJEIVjuKTWZDINmZmM0EWm1YCqI0HpgSMc",
+	"X0nC1Jqp5832VYfcKEAb+gFHP2JFlhjEPCwkg3Mc6+mFMK29f0s98y8dufm1EFyc2U5Ml2UKHjOUJlIJ",
+	"ghcoIglhkRbiaIpprA+BiftxTHRLE1D4Cpptae4NY7GP7xUWEgbyA47sN/c33fc41gxIooz9uV5uKfVu",
+	"dltnUGP7I4RjybU2sloQpsZaXmOVCjK2T04CNNEHp5aJWhiNlcA3REgcTwKEUUSYZk/GI6L35BVBCosZ",
+	"Udsk50vOpjEN75GYrsdcswhTIQhTSCqtiwwm/32MY0FwtBqTz1QqOQnsT6F9VQYI661q1QeVLYtUNI6R",
+	"SBmjbLZNMr3h4opGEWH3uMdSNeeC/m7kkuUFzWQynU5pSDVHJUQAG3KmiTTB2jAaOymqv+FLRoSc06T0",
+	"rVQkGafl73CSjBlXY1AyYvtdqua6D8kZjscRlVo3zH8hTBGRCCpJuaXSW9kv21yOE90zwzEQ8f6W5JKR",
+	"z4k56KzMB/kGq2IGdAcC7wNXb7SOcH/TvAATX/JUhARFnEjEuEKwF7Xgo+bzDZX0KibOgDVuANi9mo2m",
+	"eshbpcMpXsUcRxecv9NS8L7JYQQM2D1UolgPQSA1x6zg2PhOohAnnpMgQJOIKExjORIES84m0NJYcT6G",
+	"prZMKH3cnGXK1H0R6qQgmtAVjjELSVVi2a+3yhnnRNzQkFwyfINprGXUPUrpov5DJUrzQaDBRJqRjQvf",
+	"1mYObr5h5udbN/GCR1CruLcg2QXn7zFb2W/l/dHrTJ/jMV1QECW/pVxhRD6HhERwugmsyBh+Hrtv4UiJ",
+	"Y27GMw45M/pCuDIPusOLMqk0a42h0dLrTseq/PIgVuKSYXvQ3+dW1cqFPulN67nirvg1YWOr2mrSmS8K",
+	"+qr5gnxO3HFvvgBbMXtum7v7kiWCh0TK+93Y/9QTqVDnJvvOnvNHmVyfIG3XGW/MlJI42h2hY639Y4Yq",
+	"fi4kiHH0av0Xo4hOpwT0X30kbI1wfzib0rjMw5CnTJ2TMBVUrbKJaxpGEdVTwvGp0Ka+otqunOJYkmAn",
+	"KXz1ZWcxxT3fIAxURo9XRqTOTmYIh4reEDTFoeLCKBryCNxbQ2OEM8QIicBhySNw4Fir+IrzmGCmN6F5",
+	"G3qliixkGwe8f3P8Bl7RLy/w5xPz0kF+SYKFwKsdsLdDfkPEaqx7l2NBFphqC6PtciXYAbvFEEI/868d",
+	"xhnZCXb0kaEbCHbM3Hd+9Tkxcn/IvzJKujbzCa8ZX94qv/o3CRUMiRiDoedK2nHW7wfojJFIr5NrGA0E",
+	"mQoi50MQDWiKFzSmRDqGj/Vaw08gJlpup4o0qNGqMCtj0vSclMSKyin1MejPc6LmoOJp45tIAvdYZkbu",
+	"NYl0t8M0QYwv/Vy5pCziy7E093UdbuOK882HV2vIRwN3sbWJv6zYbX5Bpjd8gWNyMvu6P44i6817TxZX",
+	"RBTcND2WBNywbd5W041xtt7FvGEQ/jnaq8fWWVXVRHDRY5m7osFYl0gSgii4Cct0MDcz0RirRs9vZTbB",
+	"TkRlEuPV2LgYK67Efc8LmxANuGJcEOx1pndzHGs6dpfIZSd6USg/8chkyydOsGr6anGqqeqRpkZspq1j",
+	"0Gt7bp78IyjcBLWTiaWxtT2M87o2ANtYdeBmxMHOAjaNHnprS2kS9eYNTR8PX/ivDIq7AuaavV1hssBd",
+	"m1jqBqXLs+KMa1xR5qOgyPClGa7dhu+oVBsqMxlLduLNfOOXGBOuqKqsmd8+t3J8/mSN7NBBqTEvJTLL",
+	"qKdE+vH0UiI+hfuK87eXiDP4E5zNg4iHci83uuRoofXZ11rHMNqtNnVxvMQrLcCYOkKOZ3UjJrxBf1O9",
+	"CamqFKFISTQOuT0l4vjjdOfFv1r0Ns7IauePX4PagY0Vokra6IQ5lkg3jCRHUyzcbQ78+J1Ezob0z/XI",
+	"hLlAsMPgivNrEu0ivNAqNEri1Kj51s2MEiwUeMTM8yuiRuiDnnzKFI0RVTCWK0KcoqspUd7jfzg9cN2W",
+	"ruzaVilRMJpngqeJFWN151b+IIIH9ZCXWKIYpyycw02YWWA05QJhpG3DmNif9WRuKxlDzhgJMybuxAY5",
+	"47/M3/7jVw9lO5yk6wVisENYlDVQUxMZggCsEC8IEiQmWJIocEYjF0gPPibKBPFsZWVnSToGe84Kc3tB",
+	"/nz9bbl5b8EjEne4Zwx25jwV8WosrAVzu935EzQGWwRhZXnHbUpzThR25VFBeugHtICa4wgxjhJBQ6Jf",
+	"NEpTbbU3U2k6a0xaPo4364PLMV3gGdmSOgFXO+ONdV8QxvoU2fBtQWbGHRd1UCmCHXmddnpMzsfXZDWm",
+	"Uflo7q2i5qrjYf2A7qYK/vPJz1xcxxxHuUJo3hwbJ36VYfYPn3ZXAzejegfNr79yZzW5ouZW4I0qp5m1",
+	"LAqTokAqM0a+XwoaYpmG5TUv75LSyVAWSEFZe/Cfds1KZfG8LYj39RrWy/Ix1V3X+okvkeJIEBzOC/6u",
+	"fMh13WhudaLCah4+e+bbxTZqMzsGnj979uRZ20mQWhO2F7PMDaUTE9oJTawn2Osb56ftTquPjCDDIUgJ",
+	"zCT10wd8X3YTVU+yds0IXjZfN1iQhnM1d66kIguvRVlguc12cyHwaNOpbEO5catU1wxjOiXhKowJgofQ",
+	"YGL6mwRoYlUd/ScEGEo9C6mwUHAvMBqNjHuvpfep4ItxLpC7aRl10VxTOEAD58w65IVUbgowA8qN83FL",
+	"6sOtzgM+3vQ88gnzMlOW6VvszK17NvjStgjyDVZj0xLTdRAA92ejVwTPQ7XUf9TnU18HYm6gFq32zERT",
+	"fGb81dTY8eYUbrDk69K0yDTSLwuMf0oG6GrlQqdvr50VREK2KHXLRj+1/jzbghjcbOfHWonIRlwJGzQU",
+	"M76BNsPQP1nvpZLPWNnf/6uYCN+K/uzXlys7scRgPX2kZXnzCu6p+0odVncOwS0eVdIJBJMFVunNeAll",
+	"gCISxliQCE1jrALjPJvYNyedJNGjlKlKmR6iwlJ6gyO0nYKPYuhRDFWtasdvHQTSV1ALjeL1UNXCr0CQ",
+	"h0aLNKLqWBseF37b3MZT5ma5NdN91jk01s0DUY90qRtzXhd52ZHQmnubTy17t7tU7HCL0uZN2Nb9P1E4",
+	"wmpNLJgZYUWXALIOZUJCOqUhcq0cIUZuiECShIIoWQijyRmDh3AzcKuTt9ch0kpsQSQkLHZY9TPzqD4z",
+	"IH2nvjjg2Wt3FJi3Hbdt84Bq6dt32hSXpMrMFVdC44mEnWe3OLUimTI6e5wQGRc2SpJ79j7k8uYBStWz",
+	"jF+dSJVpGBIpIZCQxqlYI0XznPxirm6RBcZ6r+8Ea7EDtJmAdXMoplKhgSQkQk9HB7u3g0Vw8/GMpvgV",
+	"hm8Mx5U/2IcNp9mf7Af7k2VIXPwAP/kppuYX/JqwDbkOw7KMIdLQk0NMsCAC/ePni4pz9fuDv7fBFAQ7",
+	"Jmxbjqmn5Xd0SrQozZYKxmEjHiG8EyIP20I2Ne0g+nPcpzP7zi16a6CXAYoIbMzCMJWVvipUbMd6CHZM",
+	"wHv19sAsjJcj3GVLW9yZJ961wAqljktLWSWCdwnWXNjYvHQbI96ZbSuJHUQSyAC7slnuVCKMErwiYk9g",
+	"pb+J9QeEr/gNQQIvEWHRMEyl4gsiHNaBCd7BDCKMjGJgf6ELm1PYdCEEo++kjJUn7BQyO/Cxa2lLWpkg",
+	"EVVjQeX1GCywItO4kDgjcYB+Xg5yVBongoZ6jEmM2ZYGaOX52MVe1PfQyflH9PTw4G950JS2EgOk5oIQ",
+	"A2MQYklQTJQiQla21JPShqpASxwP/+vXL098WBL1aNbyoF6ZXyHtwkkRx3p2BUfo2ISokd9SHOsjZaKf",
+	"nlQGCIEeLXueshtOQzIWJKQJJLJtNTT09lOUhKnAYLTc4DglCEs0KVJwYvx0cOhap5y09EBXqUmhpvBd",
+	"6a0jdMXVHA5m3cXuBrRLsIDMvzvZXm7bbHc98gu5LErXpB4AV7qI1YiA9967YxX+PLYwDfSKxlSt2vY9",
+	"hCGM3U73N3obn9NyzmMicUy2L0Qqx5ZnpctGQElWZ46rSmBxM9t4V339HvWIuXUUWSNxvUvrE/MZF7Uf",
+	"uVVvhxl3T+ZwTUb/TqVyCcD98y9MlGtr8pQJ82u4+X623y4VbsHLFXYrcdYic2fCuNbRvkCozRT1fpSy",
+	"mc+dn49JNNMcLjCT1lLZbONvj9L+IQX+FXDzXbMEP5hHNtQ4Jy6XXKuK1yRREJ58hcPrJRYR3K5iZXeo",
+	"0yhNNhddYLFCVt4Ugk5di3Ling0x44yGOEYJEcNM/9EGbF0F7bvCrjcfQpG3W/fCCL2MtYCTaJFKE3su",
+	"04WbCLWofJ2SIN1Yylc9C8pcOmTVd1GV9XbOhdmsW/A0mhH1Eq4PuoqnaiIVI0t0Be2MnP6iF7ei7GiF",
+	"hTOnDJkwiJAzJXCoTIQ/VigmWCp4DDCszKwCC3Cn5oFxOhjVCih9RYwu6Y1Hy9IjrX+kdFQWsqN6yo22",
+	"pK42k59F8nah71MuQgIARgt7hdbBtjIr/Tp/+b1+d02kdZsSCZhpxUNywZmax/rs/S3FQhEBf2PGUhxn",
+	"B7j3pCx7gqtmrOECkCUmqV2/7zDRjjI+MEkt1ceMJOyQE1FXObNGelH4XL/mLFiIvrvVamuTTs55HI21",
+	"UZfFBVqO/n6/lnSDBUMDnpg8bogo27W7JiEsMiGvkBZPJbJNagPf+ZhMSs3gU7q//4T8j91SIMxBB/i/",
+	"UrZsTsGMX7Ld1iqUXpEQQhhLSn8c86VWFLFg+j+extH4Kubh9ToNrNyelqM9FQsj3bofI/D4OOExDVcb",
+	"6ghRYfadeS8j2Sapp9uWK5a5xqkk0Rg7DI+MDpSp5093fA7E0osGR7n7m5RHY8KizS+lTBOwcR/IzZZt",
+	"jURj2MKd2VDzMAfib2pBuG23pGpO2dhug6JQCgWXEmxvy/QOy8Wf8bsNkZqQHnPxis8eCf+1rRxUpFrx",
+	"9qxiL9c2VGFXF4J8SxxX4mE32fpS1pnCLcCOb87+PeXdop3F8mbG7O0Chzbj6MqSVhvpMeONrNJbS/J+",
+	"t57NZ14FVaV+C1ohVIFZTc+tlKqeAiWYFUWnqzFnoBTCkT02sdKazVPDxK1n+CbRIz0P7y2kgEB2w1gS",
+	"wr5CYCLeQtdFufAnO3ph6nlg5nosoF5HSbeckDq7FsArMsF8bSDg25CFPVEe5Ta6nR7ZyVBa10ICYJlh",
+	"K0xUomm7CChMubD9tUECfuZrxpfgtbJeYx7fkA4b/5RLlQqyMUTSrY3+LUQaRyTBAvybm9oEa+/fDKEy",
+	"J5p+aIv3bT29Fq0yctvWxqbSUhGpxlnCXbdkN8+R5MU56L9O7ZeGGywdF7NN9a078/Hc+j7w4Tpn1p85",
+	"dxJoble4KmIq5knJcGm44qs4afzGhMewyW5jc6JWdle/XBmf8L+XoEHvqdNXc+6oLufc6LtqtGvXfjZe",
+	"Aik3896/nGM2I1C2Clsn/lHmSYWMIXRNSILUnFBhZNIIHRcd9fCUjQordndwl4dxTLAYF46k8qS0zECC",
+	"LPiNxf8kLEKaRn5EwEd//rZl/V1J1j6O6Kat99Le3Z0TpSibyQ3vOl0zSNp2yiWCRugdvSHozS8o5OyG",
+	"CAmlTEzmaUKELV5hi7Bl9VyQmmOFBFGpYNILQvhgY8Omn8eS4UTOeX9F6s0v5+5Vrx4l0yThQp8W+YVq",
+	"SaA/CAp0vrC9q1ALT0CNl3LlxVpzShXWpd/mOFksUgXgc29+QeSGRoSFZIR+olJxAbfoJnABEaYEdfB0",
+	"EFsqCBwykQd/Eyf6ML5tyokpvFVP12gTj/ZNALvZNGHEIXeVqfX6Mw4VikhIFzi2gFwSYWTec9k4GE1j",
+	"jpUHwaM88iK77g///ut/DD59Gpm/dv/Ty7imrsTDEyk2rv+Bjat6x1khXn3YdtmDYtW3GjcFJfZesydP",
+	"TEzdRsnj5SbO0wVE3ZgMcKgdOUGDUno4gOilkphTCoZi9moYc0l8uBVbcJNkgX4mrG9GpRK4KQGwPZg6",
+	"3SqE45QyHNPfe82wtdHNjHOTcLPNcQAP9LWULDe9o8xjJ3kSrW7rjXgILmYT6boN9uzlVHYbN3co48/j",
+	"f6eCyoj6UmQ7LbpuQ7Ye87780Qv8OTvckRNfCGvDETZJlhdSk2W6T8UVjrvf4+o3tGxZdHDZW3Jd4M8X",
+	"2SuQJtSnxxtOo21ur7V+m7Ve/BwqSoHhlVPPwwFVUjWz6zpJW2GLiu/GyIn2QwpkQs8QUt02+KgmFURj",
+	"NHDkQ3MiyBFyyRPf5ZGCJo+RL6jS1pMPzOQrOP0L0/OgkW3r2s8EAmt9erUlF2u2Ev0PAudhzeosmnoF",
+	"28owgTWBvLQxDHJbiSvaTifjcK4VuNshiuLP4xArMuNitalMdpL1FjLZeiQ0jRrFMPlMFom69Wy3cQqB",
+	"LnyV+NDO8GdjF1GGrrCkEiWcMiWr0Yklt9B+Y7cFdzyIuRQosj1e8on6fDeVl6zoai9yTYUkjZK+Onjf",
+	"qjbxdoXRWmEEGzZ6wWVY2JpZCg4geLrMDtPnTrAzJSalCATEOh931ts9oQZ4jaQHBiDg1QcLyxAJPNWk",
+	"NibCDlhB0KpRNrBQFMfxamy/0KrOTrCzFFSRMZ9OOyyHo0u/lXi0Dv/E1uGj4fZouD0abn9iw23NSfIO",
+	"zIczYmqdb1gnbLPE0wp529NEq2PdSCcQ9vUtZHNa3Sq6dVM1SviH2NzjGqKdChr2tcXL9xKmzIdFOk4Z",
+	"VWjg/hoabJhdB3XsXN8e93DBl7+NKwLdOySEt12rBEimV8MFZVwMYfCJsNHNgKe6JNH6e5Ynf2u7Z/ly",
+	"EBx8/0d22WI+Nty4GNtVj6P1IqrYDR7+rpu2/4/GL4a/ftkPnne5pij0GOwUriYKBGzhHv1fjNn9a3yb",
+	"6j/jLEvOF3GyYZSEvcrvbU4UKPhP00QHZ/kaTNHC9AqD6iruC6Ppl/pbqSU7nRJTtGMq+GLzBS4tVfan",
+	"7XJrSwdcvtHCEY/51z0h24XWme67rcp9W7vFDV7ly9vGunlY/95lyJY4dbssVPUg3OTUKSZcPDnc6ZV1",
+	"65qpzTob/wZiwq7cA5AWX2sbt+/fM03SS33Qdrr4uB12CY3j29ERWlB8c0fM7XflXcaMbag1WMSi7dwo",
+	"uNa2eElxB/c8nf06HRKVt46FV2qyICD7OktcO5s5TKwgzJ0mAICquLmUWHvHknUMcUJdYIK3DIsMSI+e",
+	"hDN/8TJhRDuJxler2xQIKBtmnUQavPJbipmiajVe6G0uOyYf6lc7PwuWkCAhF9Gmk4Mm8hXtIK7gWDg3",
+	"b7QZgJ2qP5cnUfRIFVM+vMtZmUBQNg7zkyU/IxoWp7TMbhUKF1oV3q8LiIb97dmu5cOixNZ1oViXvCXJ",
+	"3lX9KZ7n96uOVzSJB3n5dD7HEV+ewTpsoO88AAUGs4jqF8bm1rJvbEjx9T4iNiKxwn17I5+phF42Gus3",
+	"ezC/dIuAksoRvaXD+PEcu6tzrH6E+Xm8caNWdlLDjrzrw26LZ1xHYbuZ9Z0TZwOWvsXV76PkaZA8edUG",
+	"CYtrmbYtvaNhE2f7aFsV2g76eUcy9bM2nMDPep2ZfSOty2qEENHiiSez2fbw6gtk6I8sJj6g5EdihUTK",
+	"/PmiG4XJ19SlNjdrOc7xbmYCl9GbzODCvFiDowXKZO0GlXXwTqkjI1xkQ91I6G2kNt27plYh5+0OxDWE",
+	"LQVYlEGaxiFnUzpLhUOIYREW5bDCWjzhungxqzB4y9VA1MRYq+tdq9U4sH1TlKJataZQe6bedOEbUzYm",
+	"5DKrJwN/44b6MR7VpwJJGbrgC5wkY5EysEB8Tb3ECsd8dv72sq97+AbTGOe49Z1ET97bcfH11jqSEZXX",
+	"4xm9KqFZeOtv9gaZnCWpp2zmwfO2Qp/6vQWPSNyjilqbbr8gCy5W3Sba89Yhp7zn4sFH8j6KdLBzEyZp",
+	"25h9bqMK2kdO1OLC2OZL9CnwREWDzq6UShzqkz0N3NgvJgWy6kOc4JCqlZYKGKpu28ATPoU6uKZypvSk",
+	"f5iO4yYUCvdzU/3on/gSLTBbFWrw2rx/KmEcU6oQ40s0IDicI25GxXhEdo/QPkpZDAWc5lk1cH1Eu07b",
+	"KytNBSHjWZJ69IA3ghD04+llBkNw/vbyO4lgdc049NkcIM2gUQr9wbhkXu9pZoP+2qo79ardah+XymY+",
+	"ry+nfwZPF9njHF6sh0YVS6OW+ihSqb6ihW9aePTeXH6FI+Fh+fmqMqzfRr3IeNAEjt17aNicpyJejUUH",
+	"xruFn6y7dbr2eOkcx1YJwwM1KA/G+/H00sXiBZriC/xvLuD3avL70/02/4w/SKxM187eDi9/gRO+Ugt4",
+	"0xoEMwzlzFKmxe4UTWC7T6pyWtOocFxYIWxqERQeHS2i3RF6b6upAzYFXpAITQAVPdQfDD760H5hPk3Q",
+	"gKH/gQ5GI+h9d4R+pmrOU4UmUs7H12SlDeIJ0rrzCl2TlZO9IY5jIr6TroaUPhZS6cXA6H4uHekPMPgk",
+	"xiGJEBeIcXNL2aPCelNN8TbMOTmmC60mbKVCeKWCICPlU86e90eQ+alIFMBvAGqZH69utfM3DdrOVGsM",
+	"ZklMrexRbxeMLVBeMV40n0UBIqPZCE3mB/v7w+/3Z1dD+XkxOvg82aCXnIe25ON5ctgtdK1Yl7zLTt50",
+	"E+f7127UO9hBGwYPfmV+hr3dzMmPLOtj2WZWfZXBJG7mTL8lYpyM01lVeX6yLtR7+OuXg+D5YYc474qF",
+	"Bz010+H9m+MzEnK9m26b81GpQqIl6xwnCWEkQoOYS63B3NCQBGg0Gu0eIUEw4J9ZhKogi743VcerMKf7",
+	"W8wjMXP/wKMNAxlxFAkipe8YlsrWhhTo5BTZB91G1fYWGujj5vz8J0RYBEnM1QKOh8+etDKQh++eP+mQ",
+	"OTDI+Wk/eH7wh/u+IU0hEfyKjPXyeFKyX54i/QuCh6Ij9OPxh4uz/zX+8PHV6/Hp2ccfXo9PP55doMHh",
+	"oa0/Y1Aly+rHs2dPnrVpIEba3SJRonuWhN01boGbmefj+Yk+DTbkn0JlqlJ1UeMYBTBOJdKOaJVr2pgb",
+	"xXUDyOCI6r+vUk9u4pPDnpR/cuA30Mx5CmbZl74VnzfI7uiXWrOGZ0qB2p0Jczz8L9dH9qftxk8gP2uW",
+	"FiYoxHrn1Gzm2lOTbX9GpimL7rkYZfV8WLkq4ymL0BJLtMBaOkLVQMqKpen5DOq/cVZ4oyo0e6cZrrkj",
+	"KdHqgieXyT2QqvfwbL3aMx6THyiLNo4L2DjGsxbOYdpZM2QTmLihxlXFzq/yE2Fl64+LGWY2lfk7iay0",
+	"QHk74HuVks6YMRP66qQPT/eDEXWg/0ZOTYdG3eZ2tI95iu5UwKyrwzO+3w23WkLHa02s6rGon+qFpNlZ",
+	"oyhfhNza8Q24kHDZMTbw7XPKlC/MsIXtGvz1W5lw22Ec4yvPvV1PgW19/aatZi46f3v5lZSy/MY0ByR6",
+	"+v2zv7VebfZT6Gi0gTp3J7eubSpatJ7fnrZYKP89N04+fRr960Azo/74n5/96Mvly9yihfG8m4VRdlHc",
+	"xUZZcwUMTvbfUmJ/t0lM95AnXrhMzvn28GnQ+2759pfJa3b1+U9vyYYuik2zhdOrmIa+Qk3Pn3z/tJ/s",
+	"chnAeZPNU70AQO/jaEHZBjduBg78O2md3+Yjwro1D5b87bxYCZZyyUVZdcy+rPg0npebO/QGMhLRbrc9",
+	"abXbDrsiItjuCjNpW5ZN/UV2MddeA9dW/4+gAe3fhU9dnr/aEtL2A9VlbQ+BpWD76myk2ULjkBzVtkam",
+	"m0tpz227OLlJ0fZ+7nYuvt9Xs3blA7qNtqFigCOqmbd3MvURti2ApsxXcahvWxTZqgqCx6QblbUZ/kBk",
+	"WHn0viV7RWJyW3OQX/t1/dvUd62GlF+Xsxn9UynuvT6XjazkIRiCcRWhkEs1DAlTRCDMwjkXI5T3gbDK",
+	"nG+ISrTALMKKixUUnbdDlXcCit870PJuUHNiOiXhKoxJN8M2J90792Jm126eU9Jw7NQVirsttea5aavg",
+	"8lSp1a8EWiPxisHHruxaRCW+ihsqaRZbuqeotvJR94Ci2l4LwcVLr5Po3JSsWeBwThkZCoIj+ILoV8Bl",
+	"ZIPNJQHINfS30eHuCL2EMEosCJKmAQxF0ZFDZSqGpSt+Tdh4QaU0qT7mM2U3ODbYvfCZfE6oib83n43n",
+	"J38Kp2o+ToiQeuHG2dLbH0B6JYJKMs7oU32n8ANlMp1OaUgJU/oBGJwBkzIaQuFZvmREyDlNil9KRZJx",
+	"WvoKBmpKKAPxTP61/nJsM9J161m8yJhxNZ7yFFATK19nHF74Hsd6bVZjQWKCLSULP4ecOYV5HNMFhCmX",
+	"ZnmFY2wAj+V1Ok5ZHhNqvikOx9w3jJeURXyZV7cvYJvTGcMqFcUFYjwipVbgCz6dxpQR99EoX+6TmxPk",
+	"fEC2oSSi1AZ8UXtMKi60BW04vPSC+ynBaj5WAhs4wcIPjY39lnKFi5PFSVJepCRxsX217/VnwhRVcfYq",
+	"ZVJpiteezX4AAVlk8eKPteEALDYsbfFbqhlfc7fjuTSRShC8yL6QRNzQkJSW3CcwQUhsWBhOm+FGYhB2",
+	"Q2KeQHCPiVgy3wvbsC+8r738Xy7AvMXKK1mK+e+IRnmsN+xBNNAffhlalX14EpkCj7s1D+P33jR2hem6",
+	"jCxf1uQbQchQn8TIvj5CL7EwJcBcUcmJXaVJAPd+EyUw4DZMzEeZQKTpxAYVuHU8QhNz2Wgfg7KU8JAA",
+	"hJYVwkkSr7zJmQsiAbG8Rj5t0AwlnpIAzdMFZvmZYF8ZoQ+mahleIlfTCXGBIqzwFZYEKfK5GstyuP/0",
+	"+47ebjew2kL7TrY3MSHqx9PemUVGcJpC73WNL0wjPG6+8K6zhaA3RKzJy60HahMcq/nKl9PAFwZcB+rI",
+	"IokXiV5olsYxuiJTblbW+rpsaGtD2m9hRpRF5HPV4fmkLe/B+i+vVjYNs5ah3/a6EjSU3WGu3Gq+ty96",
+	"Qa4WdDYmzJz+3tXrnjKVhHR8lcpxt9Qp0NR7F7C3+r1ZADe4CmlLIynPsMZcFe4MCrycs1VO+3Wb5n1h",
+	"fXpA2oWhOVvkGDZoaLdRT+YoNJOy2zQEdfs/U/+r7cUw7EKkEvCCNmP0hC+JMJgJS6zUJk2YfX4rc1mR",
+	"BdRU1WpZ2KEot6IO9rxDvVlvE59p5NYwgysvi7NfTl4ZBUAiQUxVTiQpC40Q+/H0EoHmTiJzz8duCFNc",
+	"rEqxCV0IWC1QmFPTP1Hfulcp6FnXwM/9jdzsIVGBYdfuTS0nNsr/Lp1t7bl17U91l6cZE7RwHivlJLY9",
+	"XDgre7CAE7SO6kUxCfMuNl0eU+O6fLCqap/VmGl76RaIHS71sZMHIlOHWnNv51wqj18NAnHbARk1B88J",
+	"FuqKYOUtR/5Oa7XZI0ZlwVeChkjiJRrE9IagRBBJWEh2A0RiW3BTW+tUajGhOxlKQhjS8q8kEW5T0aMh",
+	"jLj+HJirm/nqTL5pR3+hZqpz+0bmKOxWaQNezetrCMykP3D5t5SGWkVXYYIGF+/O0X+gFV6kn3cDNHUK",
+	"p1me7yQqrU1Fj/++b+UIR8YMxDsrEFGhUlDZKgUW9TFccbp2kzRu2wsSE60PrTb0As4II+K2zmxIPO63",
+	"kT9Yg/dOPIlFIJSKMQ/fo6sVnM82m1obfJpLlnMeEzTVwwv0I+ZnF3HdS0gVj7jyLJ89b0l4Ka2Io20B",
+	"gqXFH/oTiP2t3gLV73F8HZ9E4CRanRZKcvc82pckGkd8gWlz7A4I8TWBOM88TBTGNI8zrV4d1iPrzNMm",
+	"bWUsScPNyTYKIUiZ1kqXP/NeYLrbQPBOjk30gfeyLiN9UywJknE6M3i3NixbNzmkDCVYzatpxd7jQ5CI",
+	"aiVwnIq40+gFj8k4jDFddFK14PEFThL9uatUqbLfGY/Je9tGOzSTAZOx86mFIgsACBYSwWMod8hntBto",
+	"4nXzs+UV/jdB+NvyFVg+mFI5c8uZxa3j2xgVVghqm7i09JWF9TB1cR363a3VVn+zwJ66DKqk7i8wjZH9",
+	"2RWaQYoDH+j9NCCQ3L/AKpwHKMSSDCmThEmq6I1xxDZKtZaYiLKMW4Pk1iLw2gKLi6vsuVMjOCYRWlI1",
+	"B+GxwFIRAam7WCFBpHJ1dwRRqbCx+H2ygWzdwo8sXuXg75mkrIu1jwlhJ6+QeQRdnr07QuGchNcE0hEj",
+	"Kk0+pHEvS3zTf0QN8rcmJtTcKhJZ1J57zYqPBV4hqWgcZ/wCdMT5cwOX12AB4Cb+q8HJrj9suSqZq9Si",
+	"EkkibiCzOsRxfIXDa00yhE2SsjT+CmvUZA7wwWSuVCJf7O0ZfAScUIOQsIcTundzsKdHucdpFNoHCkeN",
+	"fdD1NtndgPrl86POAievhnCxiuAZNMDIvKvNAswQ7AvEp/ZbuZslqxYF0lGWUzKZCZ4mcuIT511GWji6",
+	"ymP9J45Tg9CTzwj9f//X/+2OZv3tCB0DtxgZoifBOCOISjQxcAaTI8gen8Bl7sQ8hpbU3Evf+VFZvaRv",
+	"PSjaD4lO8rwwxJ4ZzTbmK4uwgNBD8JFdEeG9LYRLMw80o7lNyy7dtLFgGQ4S7DECvgGDoZ4E/LxfiLEZ",
+	"g2EoP4Xs5ai2keXXNP54qq7453FCIGnNg4YAvyNyo3kQMa7QiigEsdNyXknV6uiStoFZG7iizUbb5E2Q",
+	"4L3f86pbLhpA7hTmUiNkUF4eHw/84+e352dkKojc1OC7JqtCIslaAnS1DYNCo02DJn3D+04h1B6OTS0S",
+	"r8lKosHZm5fob88O/ob+8fNbdE5M5n1tfmVTsvvV9jH6x/nHD+hncoXeklXe267/ynmNR7JCIxiTjzLv",
+	"+IxumDC37YBZYVEkGtLvjhFnRkAg96SJp9JmZIwNoNVEcZVAA5MjBPh5Sy6uJeJ119vBQXlI+75c68Ph",
+	"33798uyP4X+WP3sD4LOu62M/s0sB4wBJDsftHEvQFSA8CV18vDhFUxwqLtAAHLhP9w/0jArhXZMgC3ow",
+	"kQpospjiLGxqorUPQwP3QvVUKC/Ec08NyucNZTILYcnVlXG/BeAUnRNEwGjBaEoiI07MhPVekrkOCiof",
+	"FYjak7eg/ck01EpqRibGM4X1yCR2M7kkQusoT/efWJ3VE7VWn3+vMOr/c/u5IO/4jKdqU6gUELxj4Ine",
+	"kAc1dJNiY76hvn9z/Ab4cZM8yJ5nfOtFwxacX7Ia+pqfezZE0KeamS++FOIvVeJ5sHrs6l9dl63VYgBE",
+	"B0eUEbmpYnW1ynINWk4e7+tzHkdW22gB7+yQ0FBEFtDvLA0C13gxxT2vHaG3IBtdualf1x6KT+pOiq0o",
+	"n5Zpxtl5ZUPhOtAusXSBlRoXSF7J1wXI7lC5k8FY8vpxrYhkjcg0IQJsCy12s695ItshWDUZuyzHbdau",
+	"cqvgn3xhKOW+goyj15G8cTPdBpHqqxUczq8pPRIq0aejCV0l/zbxEL92SjfIrgjbhBDAiPTOgTE4I1r7",
+	"WugG9PFuOQJBrWyLHWqjHAulsX1QJ2N4xaNjmE4oK7aZIffZSG00mHKByGeIVkGhFkm7XluvzuXl7Mhi",
+	"zyfnH9HTw4O/5b1oHS9Aai4IQWmSEBFiSVBMtBpRvczYMJ3SC+ViaVMYrG8VNwmq6AtGNggx44yGOEYy",
+	"IYBsv2uQMAHJS6KQM0ZChRT3IZPV4S5uG9WxjfK+TPA43q7O4sfZzq6BJYQZg9kq88ABxiPynYR4jTyC",
+	"y4Z7dfa3aS748fTyJZjEvaJXmjgAlG69TlnkmW9p2+uZbiQYIWABeKt79Ksmwal+5YzING4o8QoNS0LY",
+	"Npe9a0xMGRtvS4h2raP7SuE05p1xOMdstt1ddic5ehUYv9JiZdT3RN3k8Ti1+Va4rRSRUw3WKUojK0dK",
+	"u6DfVaVeidfQ4oaXlC3yueWGwkwGMp18lmuXK8J18XV9jN7aUNasQhslNzLTTFjYWPNVXdrqobwARMwi",
+	"3KcN9Bv8z8uTl+BhuXh3biKILl6eGleKiT6rCWRf6Ug7gBCPE+K52zp9/d51bvt9eVyQ/YtUKqSE/ndA",
+	"FolaoeWcQh0I9ziF09+W/6l5XwyUzjajA+HVjK3qF3VAwiuCBRHI3NgNJjOmxqPRaLJ7hOScL6G0xQrN",
+	"iSAjdK64IIgqQ1h9TqP95/v7vsuVzqF6+RCr9A9KDLGe4wyWoJ1onwwDz/aroUcbz6ohkNaiJzPMlFgN",
+	"9djN0ptmJnWStVMm2DHpqPK2EX/bwATI18UjDArjbFqMTK3qaVTWsLNKwPm3ChVviNVuvhDR87i3PO47",
+	"jbvcLIO7qhv2M3o/pirkC2JKB2kZ7MwdOJuNIQTBDDym4crF7HhM3ia7CwIMcnNLWwlwKkDLSyxRRLHW",
+	"DtAA8tggzMQh9aKIRnDlKYjk8Q3xOcBbVSqT7OqFXKVmBKYHHM51Oy8cBShnY0GmqQQITbogPFUBSln2",
+	"ZOCGNZ5iGpuKEvZd+03VgD7sFECvIFPbZ229dKaolm/gPwgFNwVOZGBIl42u9WK4Pf/JQFnfRs5lo+lw",
+	"95k/W1RVC+RwS1kcWNOGKKv5jdFGcNkGUCYLvEJJqhAjS7hnc/i6zMEcIKiKAuHEo0UE5wrEKgkM0Wn6",
+	"cT34ctW9vLqUyVmNOLOJe5gy4wuDPxuAKgpWRxMv0BuqVghbGztPkbhaVZWuIzSxHrgJSpmiceEByBi1",
+	"vFsCaMh9dqZilv7Dpu03DRiO9ROmBJeJ2UZbgp60tT01t6IBtuc7iBFq9jBkJ1CJ7K41Ws/T/YOGaK/b",
+	"KmrdTOOq+8vhN1RUqkaw2oykG55vd6mOkmVdJd1Ep+qibbbQ5oZfk/unkIB+PUADb3RHhcNMU2mO9WFm",
+	"uBTm5GPLRlK4rnx0sPD7G2A+QU4jZbOhXElFFghg0+EiP8MPAdF4RWw1GrutPApAtmvvJNi/N+BTC2T/",
+	"tgCiiqD9npofEOlmCqCaiADAkjEO0gFmlt6CTIkgLATfNEbadNZPT8Ea9YTD+dMENiwCsH0f1LqKAN3d",
+	"VRVAqQ5I/xW4qUzU9nEv2a10bwaF27oPy6Y4LfXVR5aSzwDPKX0q98cE/5bCFZfkWQlj/QZK8MwBWVi9",
+	"y6gzeEZ8rN9ey16zhKS/e7SIU73h9E8micfocVQW+zIq8mEpyb0d9bc49eII/PRddQLpu1WxiRAnCupW",
+	"933hgYW6aFsK0u698WgXhUj77ySyD5twuuz8teBUyGuWdZrHptUv84yy9TsWxpfl/hVeHTtgLR+eUWXy",
+	"bpqG0RCNstBq28EJU1DqIfL6V1uJYMC/enBUt8sVO7hCuvJDyvGiBQzRaqKXb5EK9yaFCvV2KxZoWGHs",
+	"8vbrd2hZAt7boeXE10M7tMqbyCP6zfbIkammkDwE35ar5Qua+C3cUs2gO5bfXyt0hws6o6wjExhKfDSv",
+	"/JHjAG5qULkCSdVqRv2wBWgRktAg6Lm9aGeX9dUaS+SbaI23TOzaQM0FT2dzo1Icn57sIoOEa0OBjaMF",
+	"kCso07znfoH0DltpEqMIy/kVxyIqlneqZuBkYqiVTTctcZMrKR2Fgch2RWfG8YXyGjxE1/2aJWnyjbmN",
+	"DhfZI/SGiyUW0ZCzePUC2dVGplgxQdbFlX2WaWggFPMnsFAUx/Fq7IR39pP74siqFmiAAZ5NmGaktAmL",
+	"VrbLXRMmg1lI9NOERbkEMr4sk/3pzoLiwtuB5zGE+qhxgwWCVYdZP27gD9f9Os6xhb42YpyWHNiK0mKe",
+	"tnUuQR+HO1ex0ItSVN5svv2V4EtJxAidWz9TuKmN0I+9qxWc7PfVfL017PozuZpzfn0cXveFg0+TmIZe",
+	"T/aFSDM9V1sxJYGiNcAllsgCmyKpuNC8yriC1Ej4LUliSiKEZ5gyv6MU2uqif7pOO13eCxISeuNH6qvJ",
+	"BPtoUCBFYVxemtsQ3Zc4sSWkSrGo9tdRJk3dFzyBfJSo+h1kVdceTNkV59e1FxiPSO1LqN9nvvVuvGKg",
+	"uWeohRjpYgQyT2TxI9QvaGveVsjre1XIbK7PFU8ZpO1zRrJYbZN9W3MLzgRmLUpMPdTQvnO18nOcOWuX",
+	"c25HQpX1HWjhcWXmJtGCzky6DjjbIO58BEmnXOgTOOpU5q7dJNoghWDjGoNrCyq0ZMiY6HPXdVDM8SnQ",
+	"Oygu2LptVWCjTbM89JB62ByFjn8UPE1aMiQ885etMzIN90xWsVTYaCZuJ1bzxn22VOgkGd2AbAUxWO7r",
+	"eb2j/jztZ7bSgIOcUN5VyKu+9KqRbxOAR2iiO50gKssF8GHHU4aoups6FOvrcH7gbAiSqVRII6+asUmh",
+	"zUKX3S9D8ne6Vou4m4IZnUe8eTkM/Wbnbjqxuq0MY6V3NwKurZWRDbHKQPXVra9dUCkGZTdb6eqjzaI1",
+	"M7o/f1Feq6ks5drgMeDJNTN4b1Ao7j0lyqBfeLf8SQYrbx6Sc5ocIfJbimNXs9L88J002hTdqNzubQoL",
+	"bcT2X0NpyclcmnCDGuNOnU68bzjnvneA5dcH5jctLLQnId6doDg7aws+CaiAklWky2Bhgp0bSpYNlkiW",
+	"HfxyTsLr81qeIIBgRHzJOrwte1e/VK1r5R0fQHlLNRNkw/er7gPXWGDG5FuY/mnUVagG+36WXMiZEjzW",
+	"NhsjLxC/BnVJpMRE64AbwVTmAAgw/Su/9uhNGeW7k0H2w0CxXfipArn+Nu7nTwA9cP72srdaa4JtivWX",
+	"kJzjhKABhCGGWOGYz0aLaHeELgCDA88IZJIi8ALRkEQoIQL9eHo5NBGiLiRQ/2hzr9lRNdSHKCIkyurV",
+	"2nzXrxDss7Xy0a0q4FaKQdedFDlALmAaxhCkCeGjNukQUYUGH/75/t2u9ft/2vnwz5NXJ8fop4P9ffT9",
+	"/o8/oJ9+eP/k004nXMxuhSruuCx0nxLP24k0WlsS+q5qO1dCk25f6jkn7oZhS+dvL+9Nl9Hy7GFpMKYe",
+	"dm+/jfJcHb0lKxMdRBnST+QVkxCOZ1xQNV8Aio+tr9Mvon4b0TCUzQAZiClfhBVh5+c/ofOfjg+fPUeF",
+	"Z62MmZhfXoxGIy8+YyGl3z65szXfwDVZjR0ATZ3oGXXdSKWcD0l0+OzZwd8noy45VV0FfrmUuedCw4Cl",
+	"XRv8B0dSnKo5F/R3Eo0BPs3MvkpDUwy9e5BjYSzlpS2QKzCs2mrZmF1wf2LAbLoHJgnojKXJVym6XKyf",
+	"+1hDvjDoOmG8K6cI3DhvsnIluLrbA8RV4a+y1teNe7Na6xAj0JRj8YNJq/jHzxc5YPQEL4Qt6Qc4cfrU",
+	"mBgc1Spey/cHf2/HBsYLUdrx2a3jEpbOCw9W3PEerS4b1+b4JTZz1Rdo845OCYTTW5vWkNBmA1GGbDpc",
+	"O2yUq9O6rrNz0xiKUsBDXs5paJbBdCexonJKiUS6sWGatPdqIBCrOGxmpdsxkEr8UmqsRDSzrMWV8E7X",
+	"x84XHy9O8xTtzdkaQH68UtBnvGSHf5Eo5z8dH3i5L6Izq7vZR5//6iO1tz6Ev3+uEqBVKmidCeyPL/b2",
+	"tCTYG41G6PLsBC6b9feEKRpipT8liUSD/3kGwce7gU2EgrgMH2gnmB4eSDZBeVSY3JN97+yaomt+wJI8",
+	"OTR4q0+fP/0+MHiTUQTARgDMaV5tHV9FH/zX8fC/Dod/+/U/2iVmBl1dpGuhLEKJP4qrn61tRocmHv0n",
+	"EXS6+vMdF8Wxbwi64VAs1waRZnCXVTRauQYyoQRGK2sMYmFoBYG0WYmwYScItQc0WKxcRY+mSg0HBzVd",
+	"w+HS/qsFk7Z4c9R22V+ecOCI5l0QiOzu7aCzkPODonKze0dXzHCrN35gsG6bWoGdzbSuF9XdcgzMMufO",
+	"/LsEWrIXs7WF88MXtvp2zNDvza6zG+Jh2XVmUE1XVNruKMR6GCTmxh3ao5RBiWuKVRCcj85VFFnz9qX8",
+	"GjfUVWO2gspqWFO6G2lnuJkrIKiYscQSzeiNyVJu3aybh2ps9qbNx+lyj11gndvcRVdvmys+4Cy2oziy",
+	"VpdNziH3vL2BKR/aFhcLynB8TqTcADQiu8TakKPKqE6e8m/GwMzRJQbG+jLvRbsO9JJKRJlU2GQUbYqa",
+	"ohQO5y1VkmBA7lkCexkzRD4D4vIMSUNHf0i3/bExqFvZxXCtFHrkCWESDRhZZhD5Wl5kA4mQ4rubhLTI",
+	"9CoRXPGQxw04QmrJUfEpiEGeTokIjNjXeqqIiGjUPr3GX2EPFAuDHda3Q4Of5pyyWUyGqSQBusKSPH+a",
+	"itgDx/ZRDxVRhbAJUixMxWGUjQwwhC0Dpf82iSadPOBLciV5eE3UOMFq3lSKT9MssXmxP5Orc3jDOt33",
+	"lnLPLf3el9Ke+qPDLWTNEjJuigKzBZWNWmD20hasTabCHh0EyEsQvRuiZmcsaGMZv9+vmgAnjCqK43yn",
+	"LGmk5poPQx6nCyZLyeQm2K3lfpUvy50ePm3tdE7obA6pMfrt3l2uEwNndmGMjkAlVOuA/e1kgosqcbG2",
+	"A6q0eAwhBTlVSaqMvNTnpMVP7I12V1vlS1CWj7Xupg+xruu7oKz47UE9JkSSDBi+SogFv8lLnXwnS+VN",
+	"MIsqdrOWjSTKfIJFnVOJlPzqlcedjBg94UI8UQNtXmUBo9sizi1vRmI6JeEq7ArTm4//nXvRovU2z/kD",
+	"j8i2ZluAsutZY7IBEar8lueqZWD/GP76ZT94fvCH+373P72G951gLbcOsjTGptughuWxKCdbW6E14Ue3",
+	"5NUSoE/POottwe/NqDjNxDe1moD+2Z9wJbcfPDnotwilGNQNI+f6xg37EkN+bRvhZmPbcMEb3ExrN8BB",
+	"8PywH+3PYNttjf8TOjYb2evG3s5uDnbwDaaxzRrqJrr/+cRM9LjwZoa0HuIEh9BUyBMynnsjWI4ZMljM",
+	"tgRpGBMsjLqsX+iUWVreh+X2Idp1ga+JadNQEf60rxyZ2rHFjqcxnvnNqBhfeUBt99sjSBvY5Pzt5T3J",
+	"yDuLr2wrw3y3AYhb4fs1QYvBTsrobymxv9vKC2uDELsOaTR+sXZUm8UuNjCadYptidc2Fb0beO69U+rv",
+	"Yb27tBkwSrbtbGw+N11vBec0pIC7lAyfX7pgRvT2aet3f6Zq/gOOMQv7ZiTot1ESp9J45+GmiinyWYEZ",
+	"dWXaRIOIhDEWJNKSV6ErEuJUGgPMzFwiLLSE5lKbleg12F5TSuJIG5zY4MRKwmxeOITRc0bMaznMNL6S",
+	"FvinEhmaz60TUM8dO79bc9DXZTy2w2A45IA7SS9+4vGilYunSZ6KsMa/0jnQPUnDnrFvnkreng3dK9Ou",
+	"ndy2tY3X6+vKoMJFRykhr5DRWpphbY0alr+JD4NsM/qkn1Y3cfSeRyR+TxTu6+TD4bzEeHOIxF9QAB6/",
+	"WiVY2uI3sR8LbAslGNeXGTQjbJr5bINbklbD4SsZAb2hCLsOn8qxnUHcoAy3We2NOv76pbSgflWKu/Yq",
+	"CdulYXqJ7ifdOt6o07942hd6S2LMDC79AmvdkcGGa1EEXC+3uLg0gRGqhSPboTl73X9mO6d88/PMI/kX",
+	"Vqa0NVcUQTU28MwxyK5EoQf/Gp7PSRwfK0XYxhD6Y4XldYdSrvbpJRfXMcdRhzfAwT3GGbp/S+1/JgiO",
+	"xowrOqXm7kf2rL9aG2JlDEF5yg19rqH0S6OH9qVzcX3Ws0llPXPJGhNIHuvDwdDW+1opGp/2UtBlu5Ua",
+	"tFqtr8DgRvvBVP7pOycekTFPVM3c79jGx0TVtvga3a47dWwfGaCFj0w+N8WWJJLKgxX7DNeFdPlGm8p2",
+	"eGLbjAka8RRo2qkzc2UNA2eV2hnkpC+mPjpmDQobq11I2q276SGUb/wOJHBion7am+/XDPO93QYVM93G",
+	"CxVQPUF7ruG8uS94IhvO4yr398x+stGKMc6w4Sqe2SvJ41QRNBV6sixCgqeqVt5j/2lzdnIPCUCNaG/y",
+	"YG6olIGt4hSw6oyLna5Zx65IVdtwOG05WLYtZnXNrDuGSd/jpBsns2YWG3gKe+MJ3DNGztq4RD8pfrZa",
+	"1EsuleXmtfLC6N3VNJPwmrBoyJeMROiKQuFsEwyRsiVeObAYytkIvQSEVIkEYZGNgGKRqb9paq9peaBF",
+	"i3l3hE6UNP4867LjykZTWQxYSUhk0ExwqAIkecE5iKhEU0HIEFApXVxYJPBUHblGlzSO0RVBmaPRTPyG",
+	"xKvCRY+PZm8pKybn7NiR7wQ7/06TlTLYN3G80K3kRb5caV3963V6RQQjCg5JnCQN0tx1WHfUCuO1JxkW",
+	"vaTc9pP5cGkUm6QvniQG85cvkpgoiwksFRbKvGI/jDN0YEFigqX7Uf9dRg+237kXWkafLhZY9K3Eb98y",
+	"+OxO59++nxeHoUhJNA65VFtRkLGrGui2pxetFxLHijFDzBAG4HMRnSI8IxGiTHE0p1JxsfJfPpreQOeC",
+	"em6e7uiC2FpvJnXR263eWVJvFKhMlWleSKZiikMiu8axthrq1kTbYnWRvlG/7Q0mydiE74Zki01u7O3V",
+	"Lzec7R1cZKbEdkG+r1fAGs6F7eBWzHkq4tVYWD/UrfeaL2TRTQAqn+hDAyO9aLu+0NX2WJ58f/kSg8UN",
+	"EcOICHpDIpRKiFUw8FpDgNeCIp1HFt1ceg47/6a+pizqvlJwGvXRE6uOm/qhDkj5ulOsqJanOKYYAMRK",
+	"FLltRcVW5m2qsNjNOwywdONbQBbmDXStmnY7QMa2ayFPjsCtfKbyOvXFxre/1+nKvqa9eJXWaiR4VfZm",
+	"tgnsiULyXOnmqXLdVPaz6mn6S21WeaS25AXZW5Dhlcy9/EQrC7igrFvUZbHXfVlUHaoSyHPc15V7kxae",
+	"CqpW53op7HU2gAscpyYlwHx64/jzHz9f7NSyW4uQCjathSDdgCsYyZkcIZtEBvqMQQ3Mfh1ZnXcBAsKA",
+	"G2SjnSsF4N2UKU3rGJD8GobHoWRcbYQXc4JucJwCCsTJh4vXZx+O343/8fPb8/HZ6zdnr89/Gl98fPv6",
+	"w5FJvzj9eH6B9lx/ezhV871/L6/lngXv6zRczTs/rCNlw1ht1Tv9+tANwaXSTCFjB+AWSGRrDcODU2ww",
+	"+rCam5rZWRXRmM/QDCuyxKvdTuMWBComnJEYrxpG/tP745d1LqicZ7ad7wD6aphK/U2MV3YqA93G0OJO",
+	"pWDmYYBQckdkxkcLLBUR+rdduzyTH19foD2c0L2bg3yVsjwU6KaajTLpNHfXRonF6qwkswSefGEmZqNX",
+	"kkomgUk40iajLKfQ9ErnQVdE0ojkz9luRjcHkxJV1iTkAAmonsOcYFOPzBwfO+ckHGbjGp7aQeXkwQm1",
+	"0E1Zls0PfYXERRV7hU9RLmkQZwgXaDPHLJJzfE3QwE2rdDWzG4Ad5+z7Ywu2ZVApzfQQF4FFY8OuCAwK",
+	"MQPngO4CnpLBuuwqM0DPehzZujuAc/tbqoWZOfRGCOBLixW1C8N2OxFRJUmsCTDlFi0uTWYCR6QDm/4B",
+	"snDKvTW+wcMxNHWjzl6fX2ReD5d98yPMDHA+w5inURnkdfSJfWJDazlbxwEU9A2xECs0+WVoYwCHJ9EE",
+	"DRb4Mzo4/B6Fcyzk7pEV68J61hEJ59wEzn5iCIVc6K0JS0S1wVprzgkuPWCSP3OhPw5PXk12R/ngoLY7",
+	"mPUMTV7rD86hPzHoRxhJqLCOJvpwn8CrJ9ZBdHl58urmb0egc0uFF4n5+uzNS/TkyZO/H6GFNiQQ5GbC",
+	"BSNaUMaFhTfVLX2sBZahwcTnsnhh4oMnuyhlseb+iIfpgjBlRELmeRp9AoQeqrQ2tWNXqbQ26Pj0pFDJ",
+	"9sXOwWh/tD8ETxXooAlhOKE7L3aejPZHTyCDVs3hSN8bLUkcD68ZXzI4yUb/tmXTZgYTJjuJT6KdF/pL",
+	"fTaaGlHYgLw22l75I3u/2NU8icAGc3wAQzjc38+uT6xjODGleShne244RiNs0xf14IgyO6EuZf7x81t0",
+	"TsB/Y/e4bq/Iak3t28dL89B9PD38e9Mr2Rz3Ljh/j5mDmAHQiGdmzuvfO7EHGPCweetJ+1vaoKQhuWR5",
+	"YEZRndt58a9fgx3pvGk7pwajUNIZ03rCNVlpxVjhmV7XHRDjv+r33alqEXf28vYyVikT/P2bY1M2Lcj1",
+	"EpPpJoNqnltMpipARgd2SYFa/rJIy+ksUTkRRJr9YQ4KGxIRrzz4WeiDKX/GmcKUSb3pAUtoBDdfFZ4+",
+	"NpM6d3N6qOxdGWd2UdnA7wmXKjV187fF7/sH7Rx4yXKIyx14qQPbvuHiikYRAfP/T7Stso10UUxgtbsE",
+	"uV0CrKx3hF2Swha7lHpd1u6xvcUU77ktMxRuwi++APi7L8805CICnk+ThAs1xFJSqTeOHkO2+dwxPoCC",
+	"YubYmSymeJTBHtknRkaFnQQIBgZOZdiRpjkHDq//MlDVuyN0AvcnRhnCSSK41t1xqvgCK6oJtRohA7gC",
+	"KLhYoQWXChAAIKvcdn2k1a8FVYBEAKXlEGZySWxGDTwKKCP6ZD/c36/vbzP292+Oz+ysXLLCrXc5fPqB",
+	"R6utbfCXTWP9o+z4yAJE7kjQNI2glmJVXKqsOiAgR8gjRG3atkoFIxECIHo2M+XStiSQDo1AusdJm821",
+	"1Uk87SK2fsBRNqr7E8QHHd44xauY4+iC83dYzIgR4IddhpcIru0+I03/nGL/WF47KYsUd7JVC8YNZLzi",
+	"KmkW6z/amG4t2BlZFiEYDUrj88Mn3wfo/KfjgwA9RwYAMUBP9pGtFmt2okRUBUZeUiWRRVZEl2cngUPo",
+	"c3cOZgObYp9IEhzDLo6sOpb7X6B1KrMKuOam8IYIOqUk0nLeVo7Qcr8I++deAA0RimejM/jVxAA4ldAi",
+	"JJTQENDg6f4TNHFopE42TnbrJ4DRPzW5tqzZbU/2NKCl+oSuh2iPCt497PQfyIwys+kyym+4x/dga6ya",
+	"t/qxs20sJqbx0LiFt3seNgfIA6rQQDTumwBCAdiqLAQO9sH92gWuE96zUmCO5ZxER4hgEVMiqpacVDyB",
+	"QAvweB2jpeBwnxkRLR+eHh6iyQ2OaWR8j+CqMSDURjWQrqLwEQgoniqfkLBy6en+PppQBu05TXUyQj9n",
+	"XUqjriLFl1jrwwXgFa24XuHwmk+naPD08O8eqWHWaDtSY/uaYh269p5VRA/+rM8M1duFSsuQjzrTo860",
+	"82LnDWVUzvuJ0mhB2V5+bSEb/U4uJ9MUd5bmCmQwgU9FLQF9FBFcv1ytEI2OkAkwxzGa0hhqV12tHPKn",
+	"EX9YpbIuJWIqFWBIHRfGdht5EbQ+/TIVEpaj9clTPCPn9HcCz1ahmuOVkfBmkt/JQvkumV0IwQ1Gfh9k",
+	"Y8zhmjsXE32xuLxjKfSexVrmRPcNJrvG7yawPLEEd+qry+ZTSmzza3R4Bod8ZQW+fVH5lxF5mgdKLI5D",
+	"waXbfCWXe1WYrJeD1bvcvSkXIRna2NpmDbOzmDxmK8Q4G04NiidsHTTjoOsJDKCBiqOJC/CdvEA/nl6a",
+	"66soyOK5bfxwYOtfZXUCpzGezUgEoR8QlRDGBDNt3VlFEIWcTalYkELkApXmsV1tLZpuX6Cn+39HkwIt",
+	"rDNqnEUhT46QiTRGXKAsirn+IuPKJm9MRujYekYHhSdGQGLbMPEZnPCAHVq+lLc9FipSIyeiKfwLItJC",
+	"XFoJWYfILGqHtxDh9yM4m+418mkFiPFlgfn+GlJz/2n7Gx+4esNTZrvoIDBfcjaNqclS+AupokVpWa5h",
+	"2lcma0nRqJWemZ0n0cTl4Y3ghZEWUhM04KL4i25Qy16j6ZlYgiu9mg5mXXKhEIBHQ16CmpMVWhKhRaNM",
+	"tXmOUQjvZqCpNvRBS1UizPtUesxnv4Krh/r6hpiT6gHqti3PwvjPuVAeOfr6Mw4VgsVAJjKySd/MQixz",
+	"OdYrFrxB8SVAV+PjydTxu1bAfW0LIg2GREc5rUl2Zt654xMhY78eqjQsqKHtoy79DerShfWtSWoQxR4Z",
+	"bbXRPRz9O5UADCz7acgjBFf4kOGH8AK8i6EgEVXGu7jEcUxUABc0MwxPcUZQRKACLFVoYC7Er0jMl+h3",
+	"IvgLLYNlOp3SkBKmxjZzXUv/Uy5NrAs0HZNoRoS5ApfK6NH5NFzEQdP19w9m5sfZG3csx08iski4Iixc",
+	"vbWJN3fhBa1Nq5cz9OAux9EspMy6/imF0mEnz6ZbCKD9Q1VxH720LWL2Jcg1bSyD+ELYuUONkCsIXcv9",
+	"6yTu9PNQMpzIObciN+0scU8Wi9TE65IbGhEWkhdGB8YL4gqVUSIDBCnMkC8AN82JSgWk19iwIXPxZV61",
+	"N9p2RGhwuL+/m6nSSGAFTgbyW4rjABwEoDYvqSQj9F9E8CCX75CAjmM9bhIhez8viOeeqy6bBcSSWPK9",
+	"+eXcjuch3jfVB3nP900NA6g6RUwEkrBBOq7cLZWwMg808KjT1P5acUeP8v+ry3/DcAgz9OaXTFT2k/pG",
+	"Zx0qgZk01rPc+1L4BA5roTViieO+mrhWoxz2OqQ+QIiAEpRIFFN2navOXNAZeK8HEM2QEIEKgwAvsqnE",
+	"BdLCr49bAAh7+KElT+MIzXhBk/eJdz0up3u/A2Jc5B1v1x9smi9OrNkvXF6CbTqGH5plYKhyZlns61oH",
+	"1bE0WwjmmUcb4fGMePBnBDAqws49oUrircdRkQgaUjaDFOF+wR0jdJloSX+wvw/pcBC5oQVdYKpMZ5Gu",
+	"Nj+uIYjDjvHUjOMUhvFQ84DqY21zjEI6kJ7Toy/02/OF2r1jFti77YJempXJQjG6lW7TbCG7fdDBCB27",
+	"GjfmZ90/kTbH1zkJ8vBN/QifmmDzJWvxUBZ4+ptyURbmVa4n+XV0kSKZPeLCDPHR1nzUI+7N14iVViOK",
+	"ouwWCsTeF/0fmJfu1O9rXgIyjBV5Csp8kemUhAphZf+iN2QMYCQDJw0ZX+4GFiFvgVcA0xVTV0oeJViq",
+	"F+CIihBUesozJAUBFJqou3T8p83236oReVogf7P5aGn7LduNdUI/Su1Hqf0otcu5j1FUEdlOYvYT3XKO",
+	"I74caqFn8ML7yOkzMjSXLgejkTYBjWAVNgWeT9HEFBqaaME9CTGLaISVKbI3Bs11ggYFEBdwD+q/TLoU",
+	"ABgKIo0OvJxjhZZYoivOr0k0Qj8LqvKspbr0NlM7yyX4A77bOXdjpWz2lZKKvCNZb9VGYjUUKUMxBbxe",
+	"iJFTOJaPUvBRCt6LFHxlGdCILy1lMMrEjLGNu4lD5oq3bDGvyYBHNaQsfbAFNh5aQOddus70nLtHEcKS",
+	"PLrMvj2XGbOsX4obNPuhr7cMMhJMpX/AQBD8ikRocPHyFIWcMW0yKo4mea39SZC5zw4Pdy3U3yeG2cpk",
+	"vGSQC8bRxiiJTKtIaemq0CDmPLnC4XWAUiYTEgLMQoAWaaxoiKUK4AJ0GPMQxwECNL9PbEEUjrDCAWAT",
+	"shWSCQFZFCDAkZ9zTRcM6eCSxzd6KIojzsiRfoCnygBNfvj46vX49OzjD6/Hx+/effz59avxy5NXZ+eT",
+	"TwzuSCVRu43p2faKNSIK01iOBMGSs4mZ3thMb2ymbOC/GHdEhAtN+YktcERG6NhE6i+1nEsVgiJd4Ryi",
+	"hAprYeN8shsAQ0UT54wGUAqcWxhDbapfEZQmn9iKqF1Nem31M0MRTSDT7H8kNnQe0oYABthlGhnYm4lP",
+	"5Boj/oPBEv4GnJovs/l8JYMYSNlsAgcu8IeU15wyNImxQVC+In+VdKFHle+u3JUGaBmYSYKEccIHcFZ3",
+	"mw4Yv+q398Xii/9hjp6YKNLdCl7wG3tlA4PKZB5AJUot9G8IU1wYsB5FYrIgSqyMmCUsgvF/YipljMSV",
+	"kJhc1lE2TgFIdU5jUkpodYW19WNwophHDFQHZ9o80119YlLROEa2kA1I7IG21TmDUFOBKdMvGQL6ZKkh",
+	"zDZkaZmwHyC1tMnnmUO/32ES5dP6cr+C2UZ/QoifxyzF7ZmYwARW3jRrrX1CJhhA/iIKCdBP7e5mXI2n",
+	"ej28SsyMqG9y1+3fuVZyYeXiX2EX/2U25Y9Ete7IBKtw3j21zOJjZloEF1Z9dUaHNS4NivsAO+vQ2oXa",
+	"PHq6vw/A9ZwhY3SAKeMQOtUcqyrUFlqWfdienZ8mEf52jtztm0OXGX2+kt/8XgXPozP80TJqtIxAtrTI",
+	"xTbzZ8/YA31vAj9wgEUtoewIiGALSaQFojNPjpBIGcDdQ41HqfBqVDJIhqaYBzLjINHRJ2b+BAe/MVLg",
+	"dWuwuJI7zi1U83oNXN3OMQTIUhN5b57SRs4ZSYi9PritrDYDfVTUbiUvERihEvjJLZ2pZvBoiP2VDbGX",
+	"xlFxS/EGMuP20i3I6nmVxJmWeQtA2+fT6VEJNWviJNfEQjRbOfKJiRQ6AmhoNSfMPkqg+I4yKLDg3XeC",
+	"SL+wZckFPT4KrkfB9Si47iBIASpn3E5ukQygfGi8ypvE1JrSPVRakGktWQL9EXQhW9JazgFOny7IJzaY",
+	"/Hj84eLsf43h3vH1h7OP7969f/3hwtRlHF9cvCvcpx48QwvKUkXkbgAw1NJ2ABCuaQJZdUQ69OpPLGXg",
+	"5TbTcTjbYDG5Um9D/QnPCFO2jtEEKYEjg7qth5sJWFuib93tXw7xDoUEvzlBt90Lviq1GuSerRvp+Cle",
+	"oTkRZPfR2fYNya8TKVNtVmaQ9bksMuu/sVADl1pvQVYO7nAi4Lv8AlALnNx3d2Tz1M0ltAtM+MQKRmkh",
+	"2CNz50EMxUASgnIRsmsRR65BmSpER/gkD4zgUaVqlTSnmk4Zlp0/e7IQR/DoTvtrSyNgF6tNFfY848uN",
+	"xRAIsT1Bbvg12UStskMxZ6FUPJGuDAdy9hsU6VESmSt+ADhiEYmOTBlWUGEWqXRqjkVNshVTtT1RFbkj",
+	"NDHjjSa6MahmmoMoQXtzDCFcMb0hn5h96dn+k/wpO5YQ4DRsDBaMyoRnZcqi7egICaLEykXJ4SnxhgiY",
+	"pzXtv001a7vCD2h0BiRrAaWAnIdHteqbwm/g16Sov9xOmUrZZq77zH1hMi1rbnwQRQNItnQ++SB3ww+H",
+	"NucyxCwksYmCMpFEwyHi4hOzzqwtO6zcbB8VrEef1aPPauvC6dJur75uKy6HdIFnW86l0XtvbTbNR3li",
+	"ev1rJdR8PIdpd8+p+XiOzPI85tV8e3k12eJWd6tlk77pNf6SNMXUjMY7d2+mySfG5RhGaNM1Rug9vrZV",
+	"E+F7ozxYf7JRR/Q30xjPECggthL9DeWpdA82e32tVPiW0j7sUn6lzA/b+yP+wWPs0h1ldbBMiq0RYs1a",
+	"x94XI182yOPwSrtaqHZXSZdFczdnUWxJOlWqmljqNRswjkCP2RSPPoytJUd02rbBLQ2Cu9mMM1IyIb7N",
+	"7bh/HyrAxZxkbPC4y7+1bIuOW7xH1kWDfbGVfIlvbTffVd7EJvbEn1uYPGZQPFohbRkUm1khiUFWl70K",
+	"UUK5ySPEyFLLPEguW1Po/NR18Wepcu5ocs8lFteNpFjgnGypvrldl3spbm776u70dTN/9Pl+g/Djhf1V",
+	"xACvyq1McKyRW3tf7F+2NMw0ZdGaMONGaWZhmUyFRohquSrA8EIP30lXPcxAYmCFFtxWVnTVw7IWKEtl",
+	"jv6IszJTenwkQgOvCzqoAx2ZN8bkc0hIJMeun90jhN24jNJJQcHMB2Ld3IM6dJKllzYwTet6nXaPAG3Y",
+	"hh3qb9GSsogv0QDqRJLIOLNt+7sWp2Nix2eetcOEJJCn+3/fLRGVSlMXzrUE4TrFAnGO3FCnrViWZrCu",
+	"wk5eRRMChzibEYHmPAZ8EhP7mFFdzQVPZxnMjyn+NpikiVSC4IUtu5a3mz0jANxEHmUqPUQY2ZJhak7Y",
+	"bhMOc1a5RA/hnp36dbRmyzDNQM3ZXvoTGAMv6wT+SlcMlTGsC4kynPhYp+fRqLizc/qwEz/8iBVZ4tU2",
+	"Q8Pg1BgkWCjEp7uAamoPIytXeh3w9nweCh5vIzLjNSgarlWkW80xr0Kc4CsaU0UdJPCcoFQSIfMy+lRB",
+	"ZH2E/t//53D0BLw++olC4ZIryiJ9OJjTJ9MwxvqxyQj9nJUL5TEZuochsl+fJ2lOWVOsmcklEfqXZ/tP",
+	"0EQa+o8Lj02yAf1t9ASJNCbo6a7fEHNkOuMx+cH0/HCrFfkG24bqbMkpAzQTPE1MCI4m9KMB8W1F0pc2",
+	"cL7qdrWrEuYMhEereNn7ov/7Y8+11z0cdTnnaI5vCJKKJJrt0gQNJqcfzy9Q1mGq5nv652GaTHZBXjhN",
+	"13xpNe0jUzRYohlR6Kne8xUphrgw3+v3xmlS+MVAnxrd1LqfR8juHYQNsZxMy6wRI6eMnJHocH8/B8GE",
+	"WBf9rqXICEGNfG255HINtpd+YLLbpLvbSF2yNEMA0FUbIKOH8p1EjHxWCIeaL7PEPDpjQwrwfoJMBZHz",
+	"ZvW6LiruWMku9niqlec7Vm/rE/xKfm8fqRuEcZnLSBxlx96Rn7seZpnljjP+AW5pH939Ps380Xvfcp5p",
+	"vkLY7BjFTfW7/IDb0nG290W33zfAyHO0dTqiuh5PWlLEWGrpD4Xx84MFEu+NXw6FmNk0L5vS9aJP+KZF",
+	"by42OICTyN3RYkGQJILiWG+LAEmO1BKyZI2vT0G3Lq+ET+HXvDmJYqJJxJnBzXNaPbjkIm5ufY28Mx65",
+	"p91Hbtsqgmw2nsKGNhPrcYMZwsDWH7VHCLPy2UulTLXuDBDz6JqQBGALDPgL1TNJwH06sBgLxy9fvj4/",
+	"z6EVggKigtbJbLir5/w2XPgQzu+amwzsCTD7NOEaXGV2R917RNpdZNX9ha+X/2qZe9gJg83OGUFm/Wsj",
+	"ev0xepOFFmYK7kkgNRCFWIiVtSaoQBPT4eQTG0z+97/w8Pf94d9/tf8Pf/2yHzx/8sd/K4b4h2th9Rpi",
+	"7UwntQB/ZL7fcoD/GTT6LcX3mxl9Jd/7P59Ygj7G9z86we+oaoNwW7YkJM+v03Uycu+LFStaJIHifdsw",
+	"QxdLrBvcOJp4W8GK2xFjVd0G5G1oAYg9WleBpGs1r4Km9fxpsLOgzH08uOdgxQ2E4/69CEcwFODXR13y",
+	"8VbxfsGe+wlUqb+/xzKHMI6/VlL2+dvL7rF5528vH+PyvsG4PL2uaGC9cQD+xMyH3YadGmzDCKQR5GUb",
+	"o+rH00sk5zghtpZyyhQaTOYH+/vD7/dnV0P5eTE6+Dx58YnFfElEiCVBMVF6pwQoojMoqQUjZ0Sg+SqZ",
+	"Qy0rjCLugIpdN6Zx/fDk8+Qoi+Z7/vQTC+dY4FA3upuBYJnHIQzts4W9+i3FMZrMknQMP05ckIE1G81D",
+	"2qbMzVPqAvM+sa5+QHmdOsu00aY8v06/JYPy/O3lV7Imz99ePhqSj3rPXRmSmr16KD17X+R1up2k8Hp5",
+	"vnrNibrZqGWPqeC3a8vzxXA2VMr4UXWEIgJnhZ4nVYgyqQiO9FDgBHlh0P4mu0hxQBtEjCw/sRinLJwT",
+	"2ZxwvgXJVqbY+dtLRKMAkdFshKoHS4PVKWEQnazNg8PvO5mbj4nnjz777mX8muXG1vPT9ZZvLevnRvDt",
+	"b839u1YttAp8/vbyMff8m6v0t27T3tYVfGGNmAWPSFywlaB+lQnABkOHRuZHCKIAw4bNCBqEDrkGwjn0",
+	"SLeXxf6tioW7chD3NXb+lBLp0Sv8aB21eoV7WEdZOfK9aUyMAtRJD9LCcM5jzaVaROZZoDwBsyeajNAp",
+	"EbZOO2cEnJ6BcRrvvkAmxTr4xMq4swEyBV9uiJCUs8DEtc0JFuqKYJWllPx4eimzIGsqUIyVlrd6JjSU",
+	"I3TBFY4lulp9Yrl05zfEFI1ZznlMEEz4hU2c1U9RSA8nn3Go4hXSY+ZTZ6KRKEApmxMcq/kqQFNBCBrY",
+	"j1BNAjNbaz0oFTRkWeGIYlrKwL4wnZo3EgIRW4EPY7mAomxaO0ITpacH2O9m+jJdNCiYb/QkL9wi/8Wc",
+	"8eXJr/PJw5N5bf5Hp/w3JRgrq1uD9UgaRCPD6wA9uuqY3vuxC9v4X2tDmll3vyCzS/C4Hb+9OzKVbYDS",
+	"XryUepH73Yjlt0IyTqE2MPwIAZoFpOKm1KcLh5nxzVz7mBl9pZuf8hCad7m9Cgry5OF81fK6ghHRVjiA",
+	"LWglyn2dCP5vEqrHe6RHS+lW90gON8WxIEBwuW+BH5sEVJO6sPclg7H6o6A61BTz7UidisPBjLsRlaQI",
+	"sPWnwBu1RGoqP5mhiT26V/7qPmI/8FVBm3B+Yp+n9dvai3flX91Aq7gvSWCWMXqUCI8O13utkwRs1yp9",
+	"uqgKezQiTFG1GjqstL7RKiP0Ws8yEVQSlCE/TIvwcKY6patKOZAKC0CRi/lSoimmsf7NoPDF8RUOr3eP",
+	"0JREWmCSyML4SIVXQQGrJ8FSLrmIiim1dhu6KY3dlEZmPpPGLFazy0/se6eOEndumpW6M4MoQFK0Z5Iu",
+	"+M1jJuljSUfNBpk0+E6ijyevXroN5AnTz7WTzv5Fm+4ZU20QSxIKU62akRsAV1SpYLADzRNj88RYEjVB",
+	"Eq8kXGpkVbA92zAzTB70HtyeWlGbZoOCIYlSlM3k4x7/a+/x48bNnbHIGhsk7bzLjYNCGuSmJMahDevP",
+	"+NBE/EuZGmS7cE7Ca5OT8zEh7OQViqgMOVxtDiZfzIN/7I2WJI6HEKi2xxPCaDQMOZvSWWomMQnQwT6S",
+	"uy+gKJtpvYzAYUCuAnCyWrwrU6jaRsCYlwJwuR4eogmExkLbY61gVDFMMlnUINgkwbELttXzX2CpiEDX",
+	"ZHVkgXMhmmYIdy8GotZYJIgze7N7ennRSTcxNsQk120MvfVIdkcIUMS5mGFGfzfrbZU4FGKWKUlooCcN",
+	"lFhSSTwCNkkfqIDdvtVY7fIrWY5dRPy54cFH4f4IPbWJN9mK0E10v5ptCFbWtlBaAQ3L2oAuQsfG4Nh7",
+	"lxBuiFGCZ5RhAzQ4+W2CFlgBviBGIZZkSJkkTFLIZ5PplfE3uYazazZuomsiKpMYm7q9aGCsRoC/YhyR",
+	"4QLMzCgSREoIZXEmsDkYJiYwaIIYFoIv0TQVWpquqYphKPknKIlxvo5wZaJVib7bVKnit53GYMz9tmBM",
+	"f6UMs15fvWCHGUaxWkcqt1SuQzPMvdTqyNize8ADTPsx3OHbC3dIrZTqcQiUwQa3k50CB4LDz4PmCykq",
+	"jQkqepx3LGGzfk6iu7f680mtwV191AYf7xUNyFuHW8UNt6XVdl7o418PIZq4CilFuEnnzDf27Q2/JtLa",
+	"thbV2WJOZo79IhJlXjPHQlKKlCFt3lr47Ab8Sa2aucGZzNMJionKxwWj0gc0nmHK0IDHEZJESshllQqv",
+	"HMzo7gi9gtlpzWfFUyFJPHW6YjtsaSMEXb0gz8Rk54wtMce6o0lQRy7VhBdEEjVeTPELpA1QTfcFr8B8",
+	"Xny8OEVTHCpwdkRQqAbIHgLCHpQuShIBr2GGeEJY/owdJ7gpGCGRzEDKBw3Q45nbIPDBvO4WnRggn+w0",
+	"9QzhM2Glj4spHsMsfdctxtnxdYX7Xd1TZ719JYdDp9MF4amy2QhmgR+Pm8dL6/vJhTZiQ0tgIzHsKRcY",
+	"Z7MkCiLh3r857qKuZgAGQygX0uy5OM6eNIVFZOaXMKGc+iiZ/DI8NZ+GJ68mAeJxlNXFRAOTOhQU034W",
+	"ZHFFhPwO0UiO0DFbZa0BcvMCTiEcNXgPshH9aIZ+t0LwFzu1P2fkfoVY3S1aXF33R+v2Gwzmz/fxd7K+",
+	"5EVBUt10zaH+EwMGVQJJ4VO4woZMZgZ/GoyoAMElWYRwKLiUFgPZPlIoo+LS/Yzg0BKPcUbs5dOchNfQ",
+	"BUaSsln8/7P35c1t69ieXwXlqleR3tCyk/hm+lrVf6iz3KSzOGM5LzPV7hFhEpLwTAFsALSiztzvPoVz",
+	"AG4iZTlxvPL+cx2SAkEs5xyc5fez5mkmojmYzCCEggo9i1SxFZtTWa4qhC8+hAu2l70GLIj+ME+yATsT",
+	"ZFXvgrMlU4fIBlDhaUyZWnC0rEPgq1RMy+QCZPd4/JacsxUGnsrRNqRgdK86y+IZMyRmEbfN5GWUjgHS",
+	"fuCSruBL/Kh/85/wRGO1ZTPTJkHjm4T4ioK4ckgO9p+RZsJJ16tixeQsAdGKJHzBDVbhW/O3aRX0Dp79",
+	"TsLiyqT0+wn83r4ioimNuMHPqkx7Zem4D7NTVKYEc3X800zTpF6y31JIUlvbd0qf3Gj9SW0gbqkQpdaL",
+	"V3Ba3FCJMqwuktCND4vDAHeANY7URUc62Zn4d10no9qiqIyqVpgO7D9Q84E026ycN9n6e99LIhgubXRW",
+	"j0rdcdkiue3vPNKl9i7zS9+mrN18smnP+W8YrvtSibO1MLWWFA6DB/x0h7TOwdH506lYOxwUtXdunVy3",
+	"PNpTLGFUs3aqlY/gwfUedfswmNbODjDSmgL2KhezMCBGzpgVXkHD8YL03EeUiOrdLwP3J4sDgplwVgbb",
+	"oQR8QgCcStjUEAo+6JW90Hdct0L6zkRUkIW8YI67q/S97oWToquET32+b34RfTy+HyzRbK0hK3idx39A",
+	"/gsOJfqyU0nZN12fg4F7X5Mb2t3qhPl9E+Yl97Wbw068d5icVyyXgHVTc8hMvdX6A2pgG+fzj7udsZ8Y",
+	"EyVcREkWs/gnnM6dv3k7EfUjrubOyfyInMzNFuMmz/JL8PQGeXohOHJBxTm+TipWeX3CUnFjmChcusgh",
+	"gBpR++SFS/28IBecP9k5kb3Y+DWu3yB3zQo50Xo+OWcrRyuL/1jvad1N3OzyDVp9vkG5FWsmxfZTXZqG",
+	"f0fV5dy73EvM1K4fqXU/8RVdwa2+3hNrZ9eteVd4ww2RglAIKgTeC6jBHAK/oF0JUMUCj1Jddh1e7ivu",
+	"3MS3RnlYmoR2t3BtQodVX3CxMjqvcOcVvg9eYVi+YGfXYGIrqrPZwK54WDb6eiuOnmv2+N4R/8A2noH7",
+	"6BNocwQUn9Wd9TtXbsWV+5NiZI9dsE1Iq1jMBpYZN5DtUT6iu4wwNEoDUuTrRlIplpQ366bz+Gvsw2OV",
+	"LffZRQBTt72fwPlwcNF1suxxyzKsBCRzbk9wKzRVrlGybRl8ouXAU8lyqgafSC+WkS4HvhI+ZdEqSthg",
+	"EbvzMiDuA4r+E01odC7kMmHxjAGGqo83wUm1F/pQUBiQM55AhQZgRPUHZFQPYJVDR9uEn4ZNYa7D6wk3",
+	"XR5I6mzEW7YRAyLksrx4O0HbBYh+KEB0zfIYUO8ulcfCOXYDwuOEBSAWUxRmrgmHZ7MureEuiGtwDDIR",
+	"65pgRj+ufYwYqs+H4EpULJXKEKxC4wYa85V3UuUN5zA6m3XBgIzyPpd6qJjOFkzn0n45Z8IB6Xi64hnl",
+	"IiBaQqecw9qlRud50IfX4i7ut+Uhb3IKD8ix98UFBMB77LtdgoUfep9iEZQSLDaqr5IWGhYqbxs195M5",
+	"EgPX6ebsCLjVKbW7p9TyPd55fTtteEPaEBXGtWpDY+WToMmur9zeoBe5cNXfWGwOsHAyZUKT8I/XJ2Rv",
+	"qfPm6u/xysrftwrqkDx/RhQVsVyQs5VhOiBnVLMXB5lKAgIqBAo3XuwTzSJplajVFvaSFIx8ZWdjGZ0z",
+	"A8X1ATmzS8jqzCLiGlSCrF7VlDdzHriLsUSfYlBv/Ha0++y3F1gVhF/LNdFzuRRQYB+QOVOuaKikW4Gm",
+	"/gyUGBB39Srq25oRYf/ynLshwWiwJla3blYpw1pC5ZX97OQrMOW72QcQpmKGFaPGUICBqozrE03sSMQM",
+	"buZV/zlmUKlDraHpdXJ+14W8cwHaJvZjIIVRQHBW5r0iRvbbGV1wnY2x0cetNq8/elsbXoyT3lIItz7V",
+	"bVQRdkUHlT2MDIZLu6aQer07oHYq+Uoq2arEvFZ01y4ir+BwvW2lnTMz30vkjIt21fvF48TZJevx1gOS",
+	"JpkGKsh0EsmYhbnARICJOXUIJkwomSQsHpCvSooZiRQDSEyaaMg6P9h/aps5Z2Lizm7hkIS2Y1bZaClo",
+	"MinwafbcLZaDzZcgTLC55w2hFvjCn5HDv0iWfbAduy2gkMzMT+y4bwpbjPlMQB7V4xBPXRZHs9BhUaa4",
+	"We0c/uOfZRH02W1QjxFVFjmZmTfLGplV/F9rO9Xev5tbVWZX459pJGsAVCrSo4mWuf9rScslOw636h5u",
+	"uG77XHqMtpMLDtgSdNrl20byONr77sHC/9zzDCmtOQsnePaEx4liMVcsMrp0cgS+6/zQCKcbgDpl6sLj",
+	"qOcH2jMllxpOdUwzxEWwl8MZFUatJrZzIYmkPOcsAJj2TLNSMjOAiRH2LbV7xSUlyxiOVewbwk+VMNY/",
+	"v3/5mlwwxaecKXz63aviHOzuxKTnsd5pFnMGNjW8YhWANKImUwxbPR4/++2FPQW/xj/gxC6sGd7PC4sY",
+	"AAP74chfAreFP+cuWUxiuaBc4Bh6OMvcD8xi8t+2CS6I4QtGuHAjWCb6g6olmbDijwVNUzuoM37BNOl5",
+	"OilqgFhceemq+85n4HUySTgsJm+U+Qc9/rLHj4BT+JqVhb1ZOwr3AHiP5Y8FJISxKl/g8aTaVkBCO6UT",
+	"P58+TBCQEEYWDtZ+VIurOJjof8Dxtff8uvUgImh4MqUh8d3VjQ/ROVG1EwtTMDdGcWLPWCLFDDwJlPjH",
+	"Sc8PXJ/QCIA+1k3HKRdcz4/evXppTaF3v/o0b1/koeIRrC743oo6zNrgl397+qwxxaapITtvbe0c7P/+",
+	"YuuGYLbaWnr224aGUHQULZXkSjvA9F9u2E/fWcvdYf6m7Oo3IHQIW2dU61kB0b+6wZCHnRuthePcQOg9",
+	"33/W93rfcbnkdoQna2FxjjrlFdtc2k4mGdQs5RI8LODyiF9tGC0GA2CayGWACr9nVXM/QNRX5sD4Qe+E",
+	"JXvFqW24W7ETEPJVOnQstGF6DkUr0wx4ZRZcZIbpftVZ32TEEM0MmErDCh2dA1I9k2Y+ALd2HQP2kJRq",
+	"mgoV5MZoTq3yIp76JR/WSzSZHemSziog8at6Cib4FtVUXfY+xzBf8zrzg++H4ImuLg/CRJxKvsal+cEH",
+	"ng6/b3BTr6mZnTEzuy9RyazjvJUXQEDeGpMegYU4pgs25ob99QP9Vl5AAUmpmZO17TbY6Dtf79SNK4Uu",
+	"bfMXiesxhEZ/Qlq702C7W8Q9cOJOi3fOOXJc6t9ddmeOiGBLUgYoRxxtuFw5k6Pol0lcQzm3Z+SU3U+W",
+	"3849c6VtfSwN8ute0Vljd3+WtgdUPLvemlYvjCVXtO0yAtxdgI8fkGOA6Hcek9ZASe9g/7mzQdKal9au",
+	"YTmdDh0Fh08qw8Jy+OXv/Wo0B8I/XBNDz5losD3wg++gXBpDz26rvnc7iVRfBN4lhQAg4GNaMsVI5HEi",
+	"Tcn1pO/KifPqxkVXYXuDsZkqok2L3EKGiHbBNSLzbEEdjY/j3fSJu2W2Ckw6pgSREAx6e+2ynjGjnbKt",
+	"6OCIKrUCuF26UCH5x+lOuoxPd4LTHWnS051/4nEQRJ3hC3skfCOV5w4Zn7z+PPnyefL13adXR19JL2ZT",
+	"miWG/Fac+BAuqtQA5o/hyzU1XE850ySXahrv2/Oe580Y5phT1PiUZUGkirmgalX9nEwYntiH0OetB2RE",
+	"lkpikjDIbqkIpFGJGQxOgICYDWOJVKbNjB296unTBeNLLln4NxC4rtCzuphScLb6mHzYHxLFUgQaWGJ4",
+	"HqCrExmd54wh/qwP046IF4oahvgWZfiNen/s6+zBWU6nYUCOmVGr3ZEdxf6AfJLrhhVGHZrOtiz9cjf1",
+	"C/Tslixe//JNysXPYXl9dqH8LhZpFYRCvnjchJjl6iV4z62bzWdXV8ax54InG4ORzrjxlR/uJ0NAMgFb",
+	"d8pZEmNKkMiSZEBC9+zEPQv5oVzDXSdiwa+Id4mSS4eN1Ijf8DdsbOS6+tOy5Bft6Wo3N+1tO6i10exg",
+	"xx7UBv1bdXY9dGCeBo1bqrRD3Q+aN6krYWrdpEeiKIRKmSI50lUvdJd1GJCICil4RJP+kPjrsCvRnctt",
+	"13M22aKJkhvcm2f+Zn9AXuKf1gSD7c8umCJ2HJqMgWIv/8190R3fy66bl+5lN8jdJn5Ym9hN68/uXihe",
+	"3EXQiL3v8H+ooSmV2Lcf3E4gPLecS4ABXFBBZ5h+Au080a6WckAcHAFWgU6lWlLlilN6wC+4e5rt7z9n",
+	"5cL+OL+I4IAs7g9L90GAieoP4K2eWdAndGBuS+2HeZseSvpg//cm6kXE1JgUGC2VnJL+gIyEe2vJu4Z8",
+	"jYCW6gpV1qVNqd9+O8NQAebHzwbZqpOEDbtutlZr+Jm/L/WNDaPWIgDhy7rEiS5x4krydVRsUEJ9TThz",
+	"u/PnRKuTPdcgVo9SH2haE4OanLFILgrpOXR/1eRfo8wckA+QIMguaJI5z5U2PEmQwIpoPpsbLmYOca/W",
+	"WC/UjIkJMlz1yVlmnOmlGAh7bn5cbrpXdTKzk5mdzLyDxdx2c/6UvLwMLs+1XEOgtjKjDp/HaDQvaFgS",
+	"auw9J6HA17NEEhLB+gNygodIzwMBMggt6V0dyZTF7sV66GuQa9eR6YRrg+ntvqEaLH+PihXkZjuQEFmJ",
+	"wWpfuewen4C7HcxkCA8UMOH+pb3yOGTakDm9YIVTtvxuV6O9AYh7QEZ5TpkEn5khC6kNebq/v+9f2Yw3",
+	"WJEs+npl8RF+P8s/2ldkuw/LhXMtb7gYxJ2fAxBs6E69K7AW2joCNyfQcPAjknpsf39if36D6uGz1CZT",
+	"l3sX/OpHHAKuSIo/7NwND8vdgGLXTe5VnA5tbAUnZcHnkhAuEblELgWw9FiLF3/Xg4VXbqrv26rsUViZ",
+	"Tl6Q0G5MlwvsfIoTd0mxggjXGr9sCFFnwjjgT/TOpJmjpDVWe5wxwv6V0aQ/IJ+Z4jLWZCGFmSergPwr",
+	"o8owlaywv0JkNIEXfDl5aUeOiZgqkuLPhuBrUEZPqAm9LzMX4YiR4gfdRb/xl1ZoR5k2cuEuuGzicnPw",
+	"oUzE+C/M78n/6WLYxeMDEtIFuP3xf5MFF1KBM/bpYPB0//8+/W1A3mE0mHCRZhC0XofDIIIufEkXBGGG",
+	"hPqpAnXmKxPnVFdUzAZ/jMPawgixYoDUEbYCZlQE2i/OXL4hioHKJ90qREWTtmjTEoIt3eQ+0Y9LQXTZ",
+	"SNetiXDR52eMK54u9jys3wZIKEZ1phiWm6RSs3iCgjBEFEE8RUBuDmTV5CcSK9LsdmK6HJgqWesU8H/W",
+	"Lfyqcd8nXMCRpSro0Y9do+wm45QhYY8dTJpDPnGBx5980/momJXB+Fk0wQpUBFbKQ2o0jvPmUf1Q4z+x",
+	"Z3vFDVsA4kzTAO17EqC1F6OGdNfdKLhPZjH5KyY/k/9BfJOBY+GDjB+rX+owiy4HNW8CgwV/tZqE/IfX",
+	"lf51oZkrpu2pZgJM+ht+X3o0ZSpi9rP+wx+ebLe5mGCzIemxbxTI1gybMeXmgANeu5YEbiYr1yOsSoa+",
+	"9wcNn2O/cSmzJJ6cJTI6xwKdEP6eIF6lU+Q6s2MVhxXbO1xSJdxvhDR8uprYhRAOGz8d3mV/gDVQ8oIp",
+	"miQF5KWLu2qjpJjZY7Od9CcaaeFM+agMp2+qz2uFW8WiH64v+PLhHY0VivXKVQKpda1u+xdfo1a/CR39",
+	"yo3pLeVytfRl86HOr4NhLgiWNGcM67K8OjW8c7jzSq12VSbW0HJdWaGT4iDW46vq6O9OODoqnpglzDRU",
+	"2I3tIc0KDk2oP0GiQMu1jwuFzKR3BDYJFdv6tR4VGmMJrVGE/GN/bRihATTmFXx63Pn5HzdXBC6DzRa1",
+	"3REmml9lE4ITBzE2vPtmWoQGMCKIcccBCaOEUTXJnRKKYaoIBD1FTGJr8veENDleCsqZiucjIMIaIY7I",
+	"vObnAO/2evBgPebY5HaoUEoipk25Bfw5xDml8fFaa2NtQM1GXp7cByJTJlhMzhlLnbcKU0/W5RWiuDxI",
+	"efWLTbEvMHJ3wRC7xF3igXoeqcvkqoK6s9UuEfC48K/sMvFH913NDGR7tIZmX9VybwOiszSVyi7iqJSE",
+	"68CqXSz2zf8mWtBUz6UhUyUXcK+extsQq/0kScIvmP19JMUFU/7MmjJlxc7m7F6XFLwa+4+642m+9f5e",
+	"dnjLB87PWheJe1j+z/r8/mQGcKbprD17/wMXTKMpZX8wgX3KBfmH/SMAtHKCDHqYAVHBwNFSOcw+X/W9",
+	"wpJjLMgbYimnBgoTLCb01Z/olITfox1VJV/ZmITwBT7o10Z73ii52Oa5E7nNU+WOj6UyO/eQttB9w7E1",
+	"XOBDticuVGDswDokiV1vncR6WGlh9fn9QYkVUUMTOduTepcv6Iy12yMjjMwcjQk+GBCpYqasSb0CBv/B",
+	"qWgUIS/xFUf6Hb7g10qRu7aHj8bw2dvv3HyA7+OOfTwM6VybYqqscnb8Z1bZljadW/zNm06fZ5fut/H7",
+	"L9WtxuN6GmaqeL0OMBMxU1V5YJ/iYkbShAqIpZ6KPK5kr7lwXPm8YC8PCVukZuUPC/hzeCN6ksbvvzzR",
+	"ThBlgpsCpteeJ079APKEmyKEKqeOx27GpdBIvZZZgZYfWaaKsZx/Xgor4gJi91ScwXQARZ6+ROSM7fg+",
+	"LnHjv/z9l+0ljl1inbC568IG5QusfTthPtrPHcRmeZ9dRf7sfdfn2Z/tUkiQTJwL4MJRhAuaS6WcL0qf",
+	"Z2WiqIYtOWOlHXm9jlXoiJWIg9mAzJ/u7+/+ZX92tqu/LQZPv7U4WzV0ot3NWocuXnCR//tmi0uK3dzm",
+	"mRi//3KtW/eHzPQuCtSycf9ghtDazr1sc8Yspcos7KtKu3Jdx70qPfe4dFzx5dvruNKodifhh6cc0WrN",
+	"p/jyw7Aj4tNbJ9NLkayAKTnJZnmEEfxwvIIcjXnWbdnTxdJ9GKnTL2tfdUt506VhbZAC2Mm4S47ukqN/",
+	"Kjk6Lm/eBkHSrMT3vhf/8NlXjUodkgmvSzzUY4m+3fYUhEov70v19eaNf1LRCl2kvzPGL9/ErUlZTebA",
+	"K4Bw9gVZ3m0Wl3ZbizWA2SgPd7tfv6XxpTZit5RydLnA8YlGneC5bsyHzlLZNifpCpbKnNHEzDcZJW/x",
+	"ibua0oPduyyDZ/T5HaFCL5m61vP/DS6SDfDhH/gFE0znx177sW45l+bfzWNl9rl7xx6EU/YQa3oDG4I9",
+	"T0MUyjHx7Nrf0ZnVNPjbcEiEJGeMKqYOkZZDsF0gWMQHQCs5FGlX1ibjlauOOhUF4/SAHDOTKYFhpkSK",
+	"2W7CL1gMkR/XQs+ztCcrxwGljVSMcEP2X+zv97HgbUrPFI/IyxEx8lQYlWmTp825ezSOlYP3iOHdVb83",
+	"nPPX+w9UjacirPMrUuEZNCGxucTn6C6HA/IaWnOIex7jG78NKiIdtyyQSpyKVLELLrMyDwrgtgPjRCYE",
+	"S5r87tjsJyQNvHMlXbZfOAq35DUod6Bderz2nOgdicxDp2HAqSYUtmFJcvqX2wWjNwrQ7/Z/AEgHG9Xe",
+	"VlKnLDIbOftBpFpxBPs/kTMyo4Yt6SogyzmP5p7NV+cPPdHEyiZ4yyGhmLyLwkFOSZj3IzwVTu2REGN3",
+	"h8Tuq7Dgr3HNea67IaEFAQISYEtFFPDrxLt0SVebxd9wrTc+9VA4ImGgSGgt4yA96PuC64U9iPWbBFsx",
+	"rHZKfp5pa+0E9S4uu5CtlIbO9zzpcD5X4PmFDy1oa/stRy43J9vGHl8c3GboMR/Yd/lY26FpMa/yFWFn",
+	"/vYDkl20pFXgfYdl+Dcw0IAl4PAf//yzIgWLCXeScI1L68flIYqRTSidbl/lAq8M2lAYP4pFDAi4kaDG",
+	"Wll1W7BfsMJJwU6FNjLVZCnVORhdhuTspLCHwYgiUji+GCZiBjhAzVLMzKkoS1nC9am4TK454IXLxRuO",
+	"UifafrVou+zQaJfW9bOwdBLtpiWaIwcsVvYPyDNt6AYczWNc9Y5aIaFmKtWCRDT1mY+hvziQKRTBxmFj",
+	"QZXvyhhed1d9LpVebtpFL2VWDsdLq1oSyCG9l1bC/XMJju0+YTH5+/joE9FuUeUsQfGCi6O0bckbq73s",
+	"H4oldLX3nSaJ43SuxTGbzzPUz/cuzDfUI/GIOv5x3zj5ys7GMjpnhiTUKl2ng5dznrBc6frfIoZq6dTi",
+	"9HYvlpHOOzxYxH0HWgFSAQjgiJ5LZZwPCb7Ic8ohLSNWSZFztiIxU/AUZCOHjrru42h88vp48v71/wmD",
+	"AoaPa9+3IO8W/lWMVm5kaKYRAgZtjJmUWHNvzZdMuxJ//6kyZc73lQ+VNorRha8EQ7ebbTtLZ4rGmIZO",
+	"SwPa09lZqqSRkUy8x27gW9uFMRhcPAX6czslZ0iPt7AKYcY0Mv150CJGF080OVsZhqzqZElXekA+SQOf",
+	"ECXc51bVwcUTujpx77xeS2ZUjHBrmKuyZn9lVPspyqBaduqSm2jO8uK9Ymq2mJZ7GTZ6kDjez7YavD/Q",
+	"ZXOtlo0TBsd2TTTbNic14YCS7YyZJWOiWQLr7UyfBdsUFfp4d7mcvmimvnIz95xTbUXdiDWCfjAmqIhW",
+	"MF7sG0pVR/LU2Sk3YacUE1JanHYia4sS3AqtpsdbmcQOIb4wuO1P0OImvdw015ld0JjLYSdbpro/JGBs",
+	"aDJjhhzsPz8VG8BmWiqPcB89rnxs+83bZ2Jj4VaXg/3gcrCFW/p+9zaoFGvT0pQPVnSRbFIuRykTo8/v",
+	"Xsko++nsqKutfN+zRrfVwdPfD57vH6wbg436xX0Eid1XPLy8g5M5gOQKo2hk8u+8JOUgpat6cctliXZD",
+	"ItgyZyFpBqr47Jt9XLLXffb24tcPfyeBH2YVTFHTXWyIPAPMX2rckHtGprtZqjdEZxpSYDE7XhPqX5h7",
+	"O1IlL3iMtefuljxzjD1kbBRP2a42q4QR1693sB/6CLjs0K8DF+4pMoFKzaLTgWgWKcC/hlA5pBQpudQM",
+	"8nbAKRJJMeUKK8t9X/L4t28Q3S+VNgnXxIeVIkZ6VJBSYc3ue7ZyKDsOvJsbolhMI8O8A2ppbVpoJ1Is",
+	"5saDiXvwnvLneEcUO5tLeW5blsqF/H2nI5qaTEFkShAcIiIzo3nMkEjC/UeAXwIK8jVxqI4OGsCVSiUS",
+	"W4wlQp8DwVHaQjvhEM6ho2RKeZIpBGPMUjx25s/5xQRNwrDPwP9oH9a4iCdZsYrDtkIptyROZPolfUil",
+	"UuXvuqW0p2oXNkfA8s2S45DG6xtnmO8v7rZViLtogrso7CqvHl8+8836zIp4B7D6UC93UaWVlqxbz37p",
+	"bq8cnVTWe9/9b/9sV5SffAoshhiGlTxXu9CYMHbzFolfoVOIYz4T1Ir4kOAWIL3Q/BV4FKJM8G9WMUkR",
+	"a2RWCC6euntz9o28/Th6uTt+O3r22wtr6Z3u4C2Dzw7wX4ouoSd40T3DwoBoBowFJLx4GiJNk3Y6gQFP",
+	"xqoszp169PcBCBh8I2Jm1Q3kj4E+g28JCCWGL5g2dJGShVQugeL5/j7RmKGhKpeJ9snB0wwbAB0GIygv",
+	"HLKN15MRTUG9uKma5K/NU9JI72B/v9/I9eEhgxXD1OEYNX3KVKHwPGMp4mwAG0nsCbd38XxCSZyhPLbK",
+	"NeHIZeIS757t7zuxmD8UQhKei1EV+c9la8BOFL6ZIhsJACJTH4PpuRkxkBizSlm/KfYCWTJuZX/F8bre",
+	"GMzn2oZqCcOU9lt7BGYLpfXZt9NAIniybk3BMnAbKe8Z/rPoW33n7bQkrfzl6e/Prlju9J97/7lz+P1m",
+	"K5Sqsz2Kzjfy0YJmv2CKT+2itivNbYOe3ca0ANPGy/1bVuVdQvOVEpqPUQCUDme5UPPSs04n26IGnd98",
+	"j9PF3mJKd+2i4ILpTb74JVlYITUvnPIo4vgFT9iMxUWiDGLd5975SeGdDwgXUZLFVrFk2jYDkhT+HADB",
+	"jXsMMPH972Wq+ySh0TmhwlNKoeIkUxoZqfD5ue/ixzcjolgkQWy77YxKQaZMDMgnpP9bz+EhvRDeP/H7",
+	"O8QYwpJrQFWmC1A20N/GfJ+Pb0bH+VDe1YBauZObTgz5Q0hprrvQ2U24fnDx+pGX03wb7ML+8NuvZ58B",
+	"c6VfTwE6ttuvtuF9seAmCKK8ovCuLlzXwcu8oycFQZYu01BA2pDj5JLTbjXfqCOzBFyZr7IroPd8nTNB",
+	"wkqVO3C0yQU3xlPhSTWjgv8bltYT3VLATzU65uwZp3SnlBJehv45aPVoYZ8flDMLP+mW/Fi1PmxIQkXH",
+	"1bC2tcE1uhSomLv6/K4+/+aQhNJcFmwuzveiD5xOjupxI33b5wqpN/oXcjRfvOd8KZ4/CsxpqNdbSnVu",
+	"50YHrbAl+NprkmTNPefxgLykSnGmy8SVeWaWO0Xk/Wp3OLjxuj9QRqWx3STOOoa5a5Vaj4+SbqP0CVqT",
+	"crpt/wuPKJccS7rN3mGXXbpxW4DLqjYBBjEgg6MNluyRb/RfhV32I6elG5MzHrWskzfdkehWIMt+6ki0",
+	"h066rbyVH92jj0+63cPs1vKUbZ/j6lZDJ8Qet9EErmS/Axf5tr+CE7nddALPSqaZIg43I5Fi5ss83Ttz",
+	"3HnSC+2jJZaUUpRwiHBxXBsuZj7a0OaAoXFc2ROdFLs9H/ioNhe3lc5ZWQ9NcjGOO29RZ9DdkNAdxXEe",
+	"NP05Y27vO/5xNZ93RUgfs4W88PDcCdXuoVbxquzzrJOwtV5/dEopBt5AN7nA+gdX20Ch8un7tb64gyY4",
+	"HjuPndDrXORXZNWFdXOJ/PoBRxt5xRbSXEEQVRxxnSC6s4LoF/sKf8Cw3L85w7LsN8Qh7gRuZ2XeTCbF",
+	"nIpZIaifaEghvtTe1Hq+e85Wm/2E4/Hb9/aZx1VIjl+9vY/NDmNXQ/4wa8jz1Mvx+C1Js7OERzDfpf01",
+	"1nPYJBvoE+cMwPS4JilV2lWXuNJiFpPeepkxVkUjOB6UJAsA0aj2oj90KH15UZ+mC0amXMyYShUXJq9Z",
+	"kaL6OTSCvPRLOBpxJzykPE38olvyT7nhbHNMDUtLwi6Q0jx2lI2defATTihRE1+N0qvBONj7fs5W606n",
+	"pkzI6xEVNczI8VuUm22Qlti7G/epdGmHXVCtlEV41d0FFXtXwHwivQ1Q+qUau0YwKGwO4QMflxlffPn2",
+	"prwLUmJNZWfSP0iTHmtnL6VF94ibV+FEx9i2s7knEMnWALnwe7+AObLPWP0FQAfUUSo0Wd/FAn5IFnjx",
+	"VbdkhZeGtWNI78ztX1TXhH54saWQqVsHe99BkmziFhjhKxprL9dybHoH+wf9xqr76xMya9QHqt1wd193",
+	"XyoTNosMn//UnQe6ygSa78orb/yL53uKzaxV37rnXztUDvsUOv240cT1B9l1tKGGDUnoiMIm+PAkkjEL",
+	"PbSSL4N0DfVEliRgn5wKIQXrtyF6/9fzY9fBu4py4Hu4DcyBG+xbxzJ4XBa4yleQ3wp2zmj8UcYs8Tsi",
+	"592xQ7X338tz+56pYnreDjT3WthX1jFFmbggmhlIOAjffTp5ffxp9GHy96/vx5Pj12+OX4/fTk6O3r/+",
+	"BHtDMzPMocoO9g+Kw3WdQsfMqSn40OqZU9BT+447u09s546xn5tRbOCRazaHf0hPXVnr3Ev6Nr/wgZOv",
+	"meXkjVSRNTDdMvOqRvOZ4GK2e85Wdh2XcW2yHHd8wYzikd5MZoKP/NqVa9g3s5cmlItWhPkX//Pp/l/+",
+	"8mIbiPnPSi6YmbPMKtpvhrBvqdQc2JDQiHx4ePOlT17kM9aINQ++iH+3mhSAyGil5WepzUyx8f/6AMGn",
+	"T6OTsZOFAflt/3ldFtpLZbjGNVSsghiMAU6y/Tuas+g8gIAmCGf7mVZEs0SmrPF4cvcRwbaGA1sdEgb2",
+	"W8xSJmJAoHbK5p6uz1zw3dxAfpIGEL5Wh4QakjDIHxQMV5Zdi7FcXh9H6UY8Qdfbww07p21PLvWekIZP",
+	"3UC1G/xfWujswP5IMz1nunrQqDRLqEa2Q5CKnszu8FSE3093ojkVgiWnO4fkFM7jh4iKy2OPh0v+Hznd",
+	"kWrWfONMSRpHVJvTnYCcgpDGtvBphNSEq+5X9qmYGmqf+j4YDP60F7Q9o1BT/uXxm5fk+fPnv/vf/RkO",
+	"TsUJcmYK5N4GYy07syN1VlDK5YMARzD3fUH1VhnmivTwWNY/Fe7hHLA//zjfzIAclX+ZEwPSM5mV6tFJ",
+	"r8R1aI9imcbGZ0wH+UNnWTxjBvEmdd+u52iOdqvL9yfLuSQRFUQz5ubaFSOTVx5Sl2tyxrQ5FWw6lQqh",
+	"ca1gTZnSXAPIk/01sEFWVsVgEQ9OxSmYFw58mUtxiESKkT1kODbI3t+/nvSBQOosZ5QNA8I4eJu4IOHI",
+	"GWmuBSSeJQ5r2bbhIJVPhVQBckg6PgId2MVZJQJsomjENw/WmyRyOmWKxUTYtW3kqfA/qX7sxdMQM2Q1",
+	"UxdMERbNJXNxtdZfeAIFgBpG/5Q9FI/IvzI79GiJ4N1ppllMetTzvgtCyZfjD4SJWJMstRcSOdOOAyE8",
+	"UnzGRUhKFNOnwjnbnwAIF5lLK9MUAVJs4ig3Px2dvHvz7uXo5N3Rp/Fk9OHD0dfXryZHx+/+ePdpPCBv",
+	"kIjALokpgkezU+G4MAG8EyR2rpq9ynUQoqGSmWEhLKHQmhUyDmF+Y2YoT5opvtxu/FSRY9eppDfQSNrR",
+	"/+yWikYws/Li4bp9ah9JVO9enn6W7EyDKNjEYF1ZcAiBXqJ5TZnateI/sHJwtyLtgciwLtd1f7MnYllQ",
+	"6W7N+jsqdcjvwZ5mLCYHg+f9CrcKCDFdX8B6jQoVxBhsT38DfA8NYrFXcNVbye0jidjMGFl3w77bM+0i",
+	"sfzigvvfxTNapeDB/j4JHdT8xEm1MMjlyABp/0NsbcLFBFpCOHqdMmGqUjLAk4m1EYKSxOS6JiM9L/HJ",
+	"6+OP7z6NPtTlI8Q/njf1DDtEJLwPAiZ2jpc1GH/38Zoc7D8lIXbe3QuhZjkT50IuReAocBig+FtBzGfC",
+	"/br0U4/F78qdU45Y+6z8jLscAiy/WuVMM4V8z5cW17adqoBHFuNcfjv+4iY5PyCjqXE0Ar5Fx348VYDZ",
+	"7LiPPblqjfcYTSargyuPg9npSc5zy5OEjvd5Aja8XRrsG4cl4tJeoWupFLMQzYVimQYkVEzzf/v+p7zy",
+	"kNtQDezXa5pLpkx0NMxb0zA/Hq3ZlQ/eMsezX3Ib3J+lM7CXSFzY07Eo0cyXvZ/5RVDp9TeerVsaIG1Q",
+	"FjQwJTuRhizS3GiWTEnP7vASSTxXxAX1SKrYlH8DIZSpZOdwZw8MXde7+hs+8AsmmNZBgWIeoMLzjJIg",
+	"+5zHb1AIFeddaEih5TOxm6UB+Id3uQicOvLeY9C86DrO61hcmzAozdwiDjnYn5Y3ZVSVGsSY53qLr3Ik",
+	"aU16kdXsEbOrUveDAoscSA2qACalpvMap039Xa/iKLXgMzVtA+7S33iSgGgtLuWUEKVrL6mhiaw8hnyv",
+	"pQvlVdh4+Q8ls7Ryb2ykopA+UzyeVh8ZpelIGT6lUbVHFTu23HuHhn/MEkZ1tYdue46wLqT6MxzcEfgG",
+	"XioWM2E4TZoG278B0+K4Nqh2i9RKnMg8v9J/iH26WB7lqwjIX7/a3JfyEx8p1WNuWPOdD3zKolWUsLW7",
+	"61Nnr47Ps/WLR+N3C2vWrPeuPk9wsbYE1lcpzWJuiFGUJ/WxGdlba01WVmO1vSNv8TiypAUsBsdqQ83a",
+	"4B9Ve1zlwm+4MUrTz0p+W+38+c8//38AAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

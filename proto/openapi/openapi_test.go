@@ -45,6 +45,9 @@ var publicOperations = map[string]bool{
 	"receivePaymentWebhook": true,
 	// The one-time enrollment token in the body is the credential.
 	"enrollNode": true,
+	// Enterprise sign-in (OIDC): the browser is not signed in yet; the provider's code,
+	// the single-use state and the flow cookie are the credential.
+	"startOIDCSignIn": true, "finishOIDCSignIn": true,
 }
 
 // nonEnvelopeErrors are error statuses whose body is deliberately not the ErrorResponse.

@@ -2,8 +2,9 @@ package auth
 
 import (
 	"context"
-	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/google/uuid"
 
@@ -17,10 +18,19 @@ func identityProviderBody(ip IdentityProvider) api.IdentityProvider {
 	return api.IdentityProvider{
 		TenantID: ip.TenantID, Provider: ip.Slug, Issuer: ip.Issuer, ClientID: ip.ClientID,
 		ClientSecretSet: ip.ClientSecretSet, RedirectURL: ip.RedirectURL, AllowedDomains: ip.AllowedDomains,
-		RoleClaim: ip.RoleClaim, RoleMapping: ip.RoleMapping, PasswordSignIn: ip.PasswordSignIn,
+		RoleClaim: ip.RoleClaim, RoleMapping: roleMappingBody(ip.RoleMapping), PasswordSignIn: ip.PasswordSignIn,
 		StartURL:  "/api/v1/auth/oidc/" + ip.Slug + "/start",
 		CreatedAt: ip.CreatedAt, UpdatedAt: ip.UpdatedAt,
 	}
+}
+
+// roleMappingBody lists the mapping by claim value, so answers are stable.
+func roleMappingBody(m map[string]string) []api.IdentityProviderRoleMapping {
+	out := make([]api.IdentityProviderRoleMapping, 0, len(m))
+	for _, v := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, api.IdentityProviderRoleMapping{Value: v, Role: api.IdentityProviderRoleMappingRole(m[v])})
+	}
+	return out
 }
 
 // StartOIDCSignIn redirects the browser to the tenant's provider and sets the flow cookie.
@@ -81,8 +91,11 @@ func (h *Handlers) PutTenantIdentityProvider(ctx context.Context, req api.PutTen
 	}
 	if b.RoleMapping != nil {
 		in.RoleMapping = map[string]string{}
-		for k, v := range b.RoleMapping {
-			in.RoleMapping[k] = fmt.Sprint(v)
+		for _, m := range b.RoleMapping {
+			if _, dup := in.RoleMapping[m.Value]; dup {
+				return nil, apierr.Validation("role_mapping", "role_mapping names %q twice", m.Value)
+			}
+			in.RoleMapping[m.Value] = string(m.Role)
 		}
 	}
 	if b.PasswordSignIn != nil {
