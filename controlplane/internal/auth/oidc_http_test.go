@@ -212,7 +212,8 @@ func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(s), v) 
 
 // TestOIDCSignIn: configuration (discovery-checked, secret sealed and never returned),
 // the happy path with just-in-time provisioning and the role mapping, later sign-ins,
-// and every refusal of the callback, each leaving no user behind; then the sign-in
+// and every refusal of the callback (wrong, missing, reused, expired or foreign-browser
+// state, two concurrent callbacks of one state), each leaving no user behind; then the sign-in
 // mode errors through the real server.
 func TestOIDCSignIn(t *testing.T) {
 	e := apitest.New(t)
@@ -333,6 +334,37 @@ func TestOIDCSignIn(t *testing.T) {
 	want(t, "wrong nonce", b.callback(t, b.login(t, authURL, "bob")), 401, "token_invalid", "nonce_invalid")
 	if users() != n {
 		t.Fatal("wrong nonce: a user was created")
+	}
+
+	// An expired flow: the provider answered after the 10 minutes.
+	n = users()
+	b = newBrowser(t, e)
+	authURL = b.start(t, e, slug)
+	if _, err := e.Pool.Exec(context.Background(), `UPDATE auth_oidc_flows SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	want(t, "expired state", b.callback(t, b.login(t, authURL, "bob")), 401, "token_invalid", "state_invalid")
+	if users() != n {
+		t.Fatal("expired state: a user was created")
+	}
+
+	// The same callback delivered twice at once: the state is spent by exactly one.
+	b = newBrowser(t, e)
+	cb = b.login(t, b.start(t, e, slug), "alice")
+	results := make(chan int, 2)
+	for range 2 {
+		go func() {
+			resp, err := b.gantry.Get(cb)
+			if err != nil {
+				results <- 0
+				return
+			}
+			resp.Body.Close()
+			results <- resp.StatusCode
+		}()
+	}
+	if a, c := <-results, <-results; a+c != 200+401 {
+		t.Fatalf("concurrent callbacks with one state: %d and %d, want one 200 and one 401", a, c)
 	}
 
 	// Bob (staff only) is a member; his email's domain is matched without case.
