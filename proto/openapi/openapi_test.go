@@ -47,6 +47,9 @@ var publicOperations = map[string]bool{
 	"enrollNode": true,
 	// The client-credentials grant: the client id and secret are the credential.
 	"issueAccessToken": true,
+	// Enterprise sign-in (OIDC): the browser is not signed in yet; the provider's code,
+	// the single-use state and the flow cookie are the credential.
+	"startOIDCSignIn": true, "finishOIDCSignIn": true,
 }
 
 // nonEnvelopeErrors are error statuses whose body is deliberately not the ErrorResponse.

@@ -260,3 +260,69 @@ DELETE FROM auth_totp_factors WHERE user_id = @user_id;
 -- name: ApproveOpenMFARecoveryRequest :execrows
 UPDATE auth_mfa_recovery_requests SET status = 'approved', decided_at = @decided_at
 WHERE user_id = @user_id AND status = 'pending';
+
+-- Enterprise sign-in (oidc.go) ---------------------------------------------------
+
+-- name: UpsertIdentityProvider :one
+INSERT INTO tenant_identity_providers (tenant_id, issuer, client_id, client_secret_enc, redirect_url,
+    allowed_domains, role_claim, role_mapping, password_sign_in, created_at, updated_at)
+VALUES (@tenant_id, @issuer, @client_id, @client_secret_enc, @redirect_url,
+    @allowed_domains::text[], @role_claim, @role_mapping, @password_sign_in, @now, @now)
+ON CONFLICT (tenant_id) DO UPDATE SET issuer = EXCLUDED.issuer, client_id = EXCLUDED.client_id,
+    client_secret_enc = EXCLUDED.client_secret_enc, redirect_url = EXCLUDED.redirect_url,
+    allowed_domains = EXCLUDED.allowed_domains, role_claim = EXCLUDED.role_claim,
+    role_mapping = EXCLUDED.role_mapping, password_sign_in = EXCLUDED.password_sign_in,
+    updated_at = EXCLUDED.updated_at
+RETURNING tenant_id, issuer, client_id, redirect_url, allowed_domains, role_claim, role_mapping,
+    password_sign_in, created_at, updated_at;
+
+-- name: GetIdentityProvider :one
+SELECT tenant_id, issuer, client_id, client_secret_enc, redirect_url, allowed_domains, role_claim,
+    role_mapping, password_sign_in, created_at, updated_at
+FROM tenant_identity_providers WHERE tenant_id = @tenant_id;
+
+-- name: DeleteIdentityProvider :execrows
+DELETE FROM tenant_identity_providers WHERE tenant_id = @tenant_id;
+
+-- name: GetTenantForSignIn :one
+SELECT id, slug, kind, status FROM tenants WHERE slug = @slug;
+
+-- name: GetTenantSlugKind :one
+SELECT slug, kind FROM tenants WHERE id = @id;
+
+-- name: InsertOIDCFlow :exec
+INSERT INTO auth_oidc_flows (state_hash, cookie_hash, tenant_id, nonce, pkce_verifier, created_at, expires_at)
+VALUES (@state_hash, @cookie_hash, @tenant_id, @nonce, @pkce_verifier, @now, @expires_at);
+
+-- name: TakeOIDCFlow :one
+-- Single use: the row is gone whatever the callback's outcome.
+DELETE FROM auth_oidc_flows WHERE state_hash = @state_hash
+RETURNING cookie_hash, tenant_id, nonce, pkce_verifier, expires_at;
+
+-- name: DeleteExpiredOIDCFlows :exec
+DELETE FROM auth_oidc_flows WHERE expires_at <= @now;
+
+-- name: GetFederatedIdentity :one
+SELECT user_id, tenant_id FROM auth_federated_identities WHERE issuer = @issuer AND subject = @subject;
+
+-- name: IsFederatedUser :one
+SELECT EXISTS (SELECT 1 FROM auth_federated_identities WHERE user_id = @user_id);
+
+-- name: GetUserForFederation :one
+SELECT id, password_hash, tenant_id FROM users WHERE username = @username;
+
+-- name: InsertFederatedUser :exec
+INSERT INTO users (id, username, display_name, password_hash, role, tenant_id, tenant_role, status, created_at, updated_at)
+VALUES (@id, @username, @display_name, NULL, 'user', @tenant_id, @tenant_role, 'active', @now, @now);
+
+-- name: InsertFederatedIdentity :exec
+INSERT INTO auth_federated_identities (user_id, tenant_id, issuer, subject, created_at)
+VALUES (@user_id, @tenant_id, @issuer, @subject, @now);
+
+-- name: SetUserTenantRole :exec
+UPDATE users SET tenant_role = @tenant_role, updated_at = @now WHERE id = @id AND tenant_role IS DISTINCT FROM @tenant_role;
+
+-- name: GetTenantPasswordSignIn :one
+-- Whether a password user of tenant_id may sign in with a password (true when the
+-- tenant has no identity provider).
+SELECT coalesce((SELECT password_sign_in FROM tenant_identity_providers WHERE tenant_id = @tenant_id), true)::boolean;

@@ -184,8 +184,19 @@ func (s *Service) LoginWith(ctx context.Context, username, password string, sf S
 	if err != nil {
 		return AuthTokens{}, apierr.Internal(fmt.Errorf("login lookup: %w", err))
 	}
+	if row.PasswordHash == nil {
+		if err := federatedPasswordSignIn(ctx, authdb.New(db.Querier(ctx, s.pool)), row.ID); err != nil {
+			s.login.failures.Inc()
+			return AuthTokens{}, err
+		}
+	}
 	if !CheckPassword(password, row.PasswordHash) || !isActive(row.Status, row.TenantStatus) {
 		return fail()
+	}
+	// Sign-in mode (oidc.go): only after the password, so it reveals nothing to a guesser.
+	if err := tenantPasswordSignIn(ctx, authdb.New(db.Querier(ctx, s.pool)), row.TenantID); err != nil {
+		s.login.failures.Inc()
+		return AuthTokens{}, err
 	}
 	var out AuthTokens
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {

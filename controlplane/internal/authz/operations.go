@@ -70,6 +70,12 @@ var Operations = map[string]Requirement{
 	"deleteProjectAccessCredential":  ProjectRole(admin),
 	"listAdminAccessCredentials":     PlatformAdmin(),
 	"revokeAdminAccessCredential":    PlatformAdmin().WithStepUp(),
+	// Enterprise sign-in, OIDC federation (auth/oidc.go; issue 19 item 6).
+	"startOIDCSignIn":              Public("starts a sign-in at the tenant's identity provider"),
+	"finishOIDCSignIn":             Public("the provider's code, the single-use state and the flow cookie are the credential"),
+	"getTenantIdentityProvider":    PlatformAdmin(),
+	"putTenantIdentityProvider":    PlatformAdmin(),
+	"deleteTenantIdentityProvider": PlatformAdmin(),
 
 	// Tenancy.
 	"listDepartments":     TenantMember(),

@@ -3,3 +3,24 @@
 //   sqlc v1.31.1
 
 package authdb
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+type TenantIdentityProvider struct {
+	TenantID        uuid.UUID
+	Issuer          string
+	ClientID        string
+	ClientSecretEnc []byte
+	RedirectUrl     string
+	AllowedDomains  []string
+	RoleClaim       string
+	RoleMapping     json.RawMessage
+	PasswordSignIn  bool
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+}

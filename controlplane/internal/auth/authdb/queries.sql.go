@@ -127,12 +127,33 @@ func (q *Queries) CountUnusedRecoveryCodes(ctx context.Context, userID uuid.UUID
 	return count, err
 }
 
+const deleteExpiredOIDCFlows = `-- name: DeleteExpiredOIDCFlows :exec
+DELETE FROM auth_oidc_flows WHERE expires_at <= $1
+`
+
+func (q *Queries) DeleteExpiredOIDCFlows(ctx context.Context, now time.Time) error {
+	_, err := q.db.Exec(ctx, deleteExpiredOIDCFlows, now)
+	return err
+}
+
 const deleteExpiredRefreshTokens = `-- name: DeleteExpiredRefreshTokens :execrows
 DELETE FROM auth_refresh_tokens WHERE expires_at < $1
 `
 
 func (q *Queries) DeleteExpiredRefreshTokens(ctx context.Context, before time.Time) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteExpiredRefreshTokens, before)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const deleteIdentityProvider = `-- name: DeleteIdentityProvider :execrows
+DELETE FROM tenant_identity_providers WHERE tenant_id = $1
+`
+
+func (q *Queries) DeleteIdentityProvider(ctx context.Context, tenantID uuid.UUID) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteIdentityProvider, tenantID)
 	if err != nil {
 		return 0, err
 	}
@@ -246,6 +267,52 @@ func (q *Queries) GetAdminUser(ctx context.Context, id uuid.UUID) (GetAdminUserR
 		&i.UpdatedAt,
 		&i.MfaEnabled,
 		&i.PlatformRoles,
+	)
+	return i, err
+}
+
+const getFederatedIdentity = `-- name: GetFederatedIdentity :one
+SELECT user_id, tenant_id FROM auth_federated_identities WHERE issuer = $1 AND subject = $2
+`
+
+type GetFederatedIdentityParams struct {
+	Issuer  string
+	Subject string
+}
+
+type GetFederatedIdentityRow struct {
+	UserID   uuid.UUID
+	TenantID uuid.UUID
+}
+
+func (q *Queries) GetFederatedIdentity(ctx context.Context, arg GetFederatedIdentityParams) (GetFederatedIdentityRow, error) {
+	row := q.db.QueryRow(ctx, getFederatedIdentity, arg.Issuer, arg.Subject)
+	var i GetFederatedIdentityRow
+	err := row.Scan(&i.UserID, &i.TenantID)
+	return i, err
+}
+
+const getIdentityProvider = `-- name: GetIdentityProvider :one
+SELECT tenant_id, issuer, client_id, client_secret_enc, redirect_url, allowed_domains, role_claim,
+    role_mapping, password_sign_in, created_at, updated_at
+FROM tenant_identity_providers WHERE tenant_id = $1
+`
+
+func (q *Queries) GetIdentityProvider(ctx context.Context, tenantID uuid.UUID) (TenantIdentityProvider, error) {
+	row := q.db.QueryRow(ctx, getIdentityProvider, tenantID)
+	var i TenantIdentityProvider
+	err := row.Scan(
+		&i.TenantID,
+		&i.Issuer,
+		&i.ClientID,
+		&i.ClientSecretEnc,
+		&i.RedirectUrl,
+		&i.AllowedDomains,
+		&i.RoleClaim,
+		&i.RoleMapping,
+		&i.PasswordSignIn,
+		&i.CreatedAt,
+		&i.UpdatedAt,
 	)
 	return i, err
 }
@@ -396,6 +463,58 @@ func (q *Queries) GetTOTPFactorForUpdate(ctx context.Context, userID uuid.UUID) 
 	return i, err
 }
 
+const getTenantForSignIn = `-- name: GetTenantForSignIn :one
+SELECT id, slug, kind, status FROM tenants WHERE slug = $1
+`
+
+type GetTenantForSignInRow struct {
+	ID     uuid.UUID
+	Slug   string
+	Kind   string
+	Status string
+}
+
+func (q *Queries) GetTenantForSignIn(ctx context.Context, slug string) (GetTenantForSignInRow, error) {
+	row := q.db.QueryRow(ctx, getTenantForSignIn, slug)
+	var i GetTenantForSignInRow
+	err := row.Scan(
+		&i.ID,
+		&i.Slug,
+		&i.Kind,
+		&i.Status,
+	)
+	return i, err
+}
+
+const getTenantPasswordSignIn = `-- name: GetTenantPasswordSignIn :one
+SELECT coalesce((SELECT password_sign_in FROM tenant_identity_providers WHERE tenant_id = $1), true)::boolean
+`
+
+// Whether a password user of tenant_id may sign in with a password (true when the
+// tenant has no identity provider).
+func (q *Queries) GetTenantPasswordSignIn(ctx context.Context, tenantID uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, getTenantPasswordSignIn, tenantID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const getTenantSlugKind = `-- name: GetTenantSlugKind :one
+SELECT slug, kind FROM tenants WHERE id = $1
+`
+
+type GetTenantSlugKindRow struct {
+	Slug string
+	Kind string
+}
+
+func (q *Queries) GetTenantSlugKind(ctx context.Context, id uuid.UUID) (GetTenantSlugKindRow, error) {
+	row := q.db.QueryRow(ctx, getTenantSlugKind, id)
+	var i GetTenantSlugKindRow
+	err := row.Scan(&i.Slug, &i.Kind)
+	return i, err
+}
+
 const getUserByID = `-- name: GetUserByID :one
 SELECT u.id, u.username, u.role, u.status, u.tenant_id, u.tenant_role,
        t.status AS tenant_status
@@ -464,6 +583,73 @@ func (q *Queries) GetUserByUsername(ctx context.Context, username string) (GetUs
 	return i, err
 }
 
+const getUserForFederation = `-- name: GetUserForFederation :one
+SELECT id, password_hash, tenant_id FROM users WHERE username = $1
+`
+
+type GetUserForFederationRow struct {
+	ID           uuid.UUID
+	PasswordHash *string
+	TenantID     uuid.NullUUID
+}
+
+func (q *Queries) GetUserForFederation(ctx context.Context, username string) (GetUserForFederationRow, error) {
+	row := q.db.QueryRow(ctx, getUserForFederation, username)
+	var i GetUserForFederationRow
+	err := row.Scan(&i.ID, &i.PasswordHash, &i.TenantID)
+	return i, err
+}
+
+const insertFederatedIdentity = `-- name: InsertFederatedIdentity :exec
+INSERT INTO auth_federated_identities (user_id, tenant_id, issuer, subject, created_at)
+VALUES ($1, $2, $3, $4, $5)
+`
+
+type InsertFederatedIdentityParams struct {
+	UserID   uuid.UUID
+	TenantID uuid.UUID
+	Issuer   string
+	Subject  string
+	Now      time.Time
+}
+
+func (q *Queries) InsertFederatedIdentity(ctx context.Context, arg InsertFederatedIdentityParams) error {
+	_, err := q.db.Exec(ctx, insertFederatedIdentity,
+		arg.UserID,
+		arg.TenantID,
+		arg.Issuer,
+		arg.Subject,
+		arg.Now,
+	)
+	return err
+}
+
+const insertFederatedUser = `-- name: InsertFederatedUser :exec
+INSERT INTO users (id, username, display_name, password_hash, role, tenant_id, tenant_role, status, created_at, updated_at)
+VALUES ($1, $2, $3, NULL, 'user', $4, $5, 'active', $6, $6)
+`
+
+type InsertFederatedUserParams struct {
+	ID          uuid.UUID
+	Username    string
+	DisplayName string
+	TenantID    uuid.NullUUID
+	TenantRole  *string
+	Now         time.Time
+}
+
+func (q *Queries) InsertFederatedUser(ctx context.Context, arg InsertFederatedUserParams) error {
+	_, err := q.db.Exec(ctx, insertFederatedUser,
+		arg.ID,
+		arg.Username,
+		arg.DisplayName,
+		arg.TenantID,
+		arg.TenantRole,
+		arg.Now,
+	)
+	return err
+}
+
 const insertMFARecoveryRequest = `-- name: InsertMFARecoveryRequest :one
 
 INSERT INTO auth_mfa_recovery_requests (id, user_id, tenant_id, reason, status, created_at)
@@ -498,6 +684,34 @@ func (q *Queries) InsertMFARecoveryRequest(ctx context.Context, arg InsertMFARec
 	var i InsertMFARecoveryRequestRow
 	err := row.Scan(&i.ID, &i.Status, &i.CreatedAt)
 	return i, err
+}
+
+const insertOIDCFlow = `-- name: InsertOIDCFlow :exec
+INSERT INTO auth_oidc_flows (state_hash, cookie_hash, tenant_id, nonce, pkce_verifier, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+`
+
+type InsertOIDCFlowParams struct {
+	StateHash    []byte
+	CookieHash   []byte
+	TenantID     uuid.UUID
+	Nonce        string
+	PkceVerifier string
+	Now          time.Time
+	ExpiresAt    time.Time
+}
+
+func (q *Queries) InsertOIDCFlow(ctx context.Context, arg InsertOIDCFlowParams) error {
+	_, err := q.db.Exec(ctx, insertOIDCFlow,
+		arg.StateHash,
+		arg.CookieHash,
+		arg.TenantID,
+		arg.Nonce,
+		arg.PkceVerifier,
+		arg.Now,
+		arg.ExpiresAt,
+	)
+	return err
 }
 
 const insertPlatformRoleBinding = `-- name: InsertPlatformRoleBinding :execrows
@@ -596,6 +810,17 @@ func (q *Queries) InsertSigningKey(ctx context.Context, arg InsertSigningKeyPara
 		arg.CreatedAt,
 	)
 	return err
+}
+
+const isFederatedUser = `-- name: IsFederatedUser :one
+SELECT EXISTS (SELECT 1 FROM auth_federated_identities WHERE user_id = $1)
+`
+
+func (q *Queries) IsFederatedUser(ctx context.Context, userID uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, isFederatedUser, userID)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
 }
 
 const listAdminUsers = `-- name: ListAdminUsers :many
@@ -1039,6 +1264,21 @@ func (q *Queries) SetUserStatus(ctx context.Context, arg SetUserStatusParams) er
 	return err
 }
 
+const setUserTenantRole = `-- name: SetUserTenantRole :exec
+UPDATE users SET tenant_role = $1, updated_at = $2 WHERE id = $3 AND tenant_role IS DISTINCT FROM $1
+`
+
+type SetUserTenantRoleParams struct {
+	TenantRole *string
+	Now        time.Time
+	ID         uuid.UUID
+}
+
+func (q *Queries) SetUserTenantRole(ctx context.Context, arg SetUserTenantRoleParams) error {
+	_, err := q.db.Exec(ctx, setUserTenantRole, arg.TenantRole, arg.Now, arg.ID)
+	return err
+}
+
 const spendTOTPStep = `-- name: SpendTOTPStep :execrows
 UPDATE auth_totp_factors
 SET last_used_step = $1::bigint, updated_at = $2
@@ -1060,6 +1300,104 @@ func (q *Queries) SpendTOTPStep(ctx context.Context, arg SpendTOTPStepParams) (i
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const takeOIDCFlow = `-- name: TakeOIDCFlow :one
+DELETE FROM auth_oidc_flows WHERE state_hash = $1
+RETURNING cookie_hash, tenant_id, nonce, pkce_verifier, expires_at
+`
+
+type TakeOIDCFlowRow struct {
+	CookieHash   []byte
+	TenantID     uuid.UUID
+	Nonce        string
+	PkceVerifier string
+	ExpiresAt    time.Time
+}
+
+// Single use: the row is gone whatever the callback's outcome.
+func (q *Queries) TakeOIDCFlow(ctx context.Context, stateHash []byte) (TakeOIDCFlowRow, error) {
+	row := q.db.QueryRow(ctx, takeOIDCFlow, stateHash)
+	var i TakeOIDCFlowRow
+	err := row.Scan(
+		&i.CookieHash,
+		&i.TenantID,
+		&i.Nonce,
+		&i.PkceVerifier,
+		&i.ExpiresAt,
+	)
+	return i, err
+}
+
+const upsertIdentityProvider = `-- name: UpsertIdentityProvider :one
+
+INSERT INTO tenant_identity_providers (tenant_id, issuer, client_id, client_secret_enc, redirect_url,
+    allowed_domains, role_claim, role_mapping, password_sign_in, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5,
+    $6::text[], $7, $8, $9, $10, $10)
+ON CONFLICT (tenant_id) DO UPDATE SET issuer = EXCLUDED.issuer, client_id = EXCLUDED.client_id,
+    client_secret_enc = EXCLUDED.client_secret_enc, redirect_url = EXCLUDED.redirect_url,
+    allowed_domains = EXCLUDED.allowed_domains, role_claim = EXCLUDED.role_claim,
+    role_mapping = EXCLUDED.role_mapping, password_sign_in = EXCLUDED.password_sign_in,
+    updated_at = EXCLUDED.updated_at
+RETURNING tenant_id, issuer, client_id, redirect_url, allowed_domains, role_claim, role_mapping,
+    password_sign_in, created_at, updated_at
+`
+
+type UpsertIdentityProviderParams struct {
+	TenantID        uuid.UUID
+	Issuer          string
+	ClientID        string
+	ClientSecretEnc []byte
+	RedirectUrl     string
+	AllowedDomains  []string
+	RoleClaim       string
+	RoleMapping     json.RawMessage
+	PasswordSignIn  bool
+	Now             time.Time
+}
+
+type UpsertIdentityProviderRow struct {
+	TenantID       uuid.UUID
+	Issuer         string
+	ClientID       string
+	RedirectUrl    string
+	AllowedDomains []string
+	RoleClaim      string
+	RoleMapping    json.RawMessage
+	PasswordSignIn bool
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+// Enterprise sign-in (oidc.go) ---------------------------------------------------
+func (q *Queries) UpsertIdentityProvider(ctx context.Context, arg UpsertIdentityProviderParams) (UpsertIdentityProviderRow, error) {
+	row := q.db.QueryRow(ctx, upsertIdentityProvider,
+		arg.TenantID,
+		arg.Issuer,
+		arg.ClientID,
+		arg.ClientSecretEnc,
+		arg.RedirectUrl,
+		arg.AllowedDomains,
+		arg.RoleClaim,
+		arg.RoleMapping,
+		arg.PasswordSignIn,
+		arg.Now,
+	)
+	var i UpsertIdentityProviderRow
+	err := row.Scan(
+		&i.TenantID,
+		&i.Issuer,
+		&i.ClientID,
+		&i.RedirectUrl,
+		&i.AllowedDomains,
+		&i.RoleClaim,
+		&i.RoleMapping,
+		&i.PasswordSignIn,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+	)
+	return i, err
 }
 
 const upsertPendingTOTP = `-- name: UpsertPendingTOTP :exec
