@@ -18,13 +18,13 @@ func listAll(t *testing.T, call func(path string) answer, query url.Values) []st
 			t.Fatal("pagination does not end")
 		}
 		a := call("/api/v1/admin/users?" + query.Encode())
-		if a.status != 200 {
-			t.Fatalf("list %s: %d %v", query.Encode(), a.status, a.body)
+		if a.Status != 200 {
+			t.Fatalf("list %s: %d %v", query.Encode(), a.Status, a.Body)
 		}
-		for _, it := range a.body["items"].([]any) {
+		for _, it := range a.Body["items"].([]any) {
 			ids = append(ids, it.(map[string]any)["id"].(string))
 		}
-		next, _ := a.body["pagination"].(map[string]any)["next_cursor"].(string)
+		next, _ := a.Body["pagination"].(map[string]any)["next_cursor"].(string)
 		if next == "" {
 			return ids
 		}
@@ -76,28 +76,28 @@ func TestAdminUsers(t *testing.T) {
 
 	g := call(t, e, "GET", "/api/v1/admin/users/"+memberID.String(), adminTok, nil)
 	want(t, "get", g, 200, "", "")
-	if g.body["tenant_id"] != acme.ID.String() || g.body["status"] != "active" || g.body["mfa_enabled"] != false || g.body["role"] != "user" {
-		t.Fatalf("get: %v", g.body)
+	if g.Body["tenant_id"] != acme.ID.String() || g.Body["status"] != "active" || g.Body["mfa_enabled"] != false || g.Body["role"] != "user" {
+		t.Fatalf("get: %v", g.Body)
 	}
 	want(t, "get unknown", call(t, e, "GET", "/api/v1/admin/users/"+uuid.NewString(), adminTok, nil), 404, "user_not_found", "")
 
 	// Disable: sign-in and the refresh token refused at once.
-	lg := login(t, e, g.body["username"].(string), nil)
+	lg := login(t, e, g.Body["username"].(string), nil)
 	want(t, "member signs in", lg, 200, "", "")
-	refresh := lg.body["refresh_token"].(string)
+	refresh := lg.Body["refresh_token"].(string)
 	// A second session, never presented while disabled: only the revocation at disable
 	// time can end it (a refresh of a disabled user also revokes its own family).
-	lgB := login(t, e, g.body["username"].(string), nil)
+	lgB := login(t, e, g.Body["username"].(string), nil)
 	want(t, "member signs in again", lgB, 200, "", "")
-	refreshB := lgB.body["refresh_token"].(string)
+	refreshB := lgB.Body["refresh_token"].(string)
 	path := "/api/v1/admin/users/" + memberID.String()
 	d := call(t, e, "PATCH", path, adminTok, map[string]any{"status": "disabled"})
 	want(t, "disable", d, 200, "", "")
-	if d.body["status"] != "disabled" {
-		t.Fatalf("disable: %v", d.body)
+	if d.Body["status"] != "disabled" {
+		t.Fatalf("disable: %v", d.Body)
 	}
 	want(t, "refresh of a disabled user", call(t, e, "POST", "/api/v1/auth/refresh", "", map[string]string{"refresh_token": refresh}), 401, "token_invalid", "")
-	want(t, "sign-in of a disabled user", login(t, e, g.body["username"].(string), nil), 401, "token_invalid", "")
+	want(t, "sign-in of a disabled user", login(t, e, g.Body["username"].(string), nil), 401, "token_invalid", "")
 	if got := listAll(t, as(adminTok), url.Values{"status": {"disabled"}}); len(got) != 1 || got[0] != memberID.String() {
 		t.Fatalf("status=disabled: %v", got)
 	}
@@ -106,7 +106,7 @@ func TestAdminUsers(t *testing.T) {
 	}
 	// Enable: sign-in works again; the old session stays revoked.
 	want(t, "enable", call(t, e, "PATCH", path, adminTok, map[string]any{"status": "active"}), 200, "", "")
-	lg2 := login(t, e, g.body["username"].(string), nil)
+	lg2 := login(t, e, g.Body["username"].(string), nil)
 	want(t, "sign-in after enable", lg2, 200, "", "")
 	want(t, "old refresh after enable", call(t, e, "POST", "/api/v1/auth/refresh", "", map[string]string{"refresh_token": refresh}), 401, "token_invalid", "")
 	want(t, "other old session after enable", call(t, e, "POST", "/api/v1/auth/refresh", "", map[string]string{"refresh_token": refreshB}), 401, "token_invalid", "")
@@ -122,19 +122,19 @@ func TestAdminUsers(t *testing.T) {
 	want(t, "re-enable the first admin", call(t, e, "PATCH", "/api/v1/admin/users/"+adminID.String(), otherTok, map[string]any{"status": "active"}), 200, "", "")
 
 	// MFA reset needs step-up.
-	memberTok := lg2.body["access_token"].(string)
+	memberTok := lg2.Body["access_token"].(string)
 	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", memberTok, nil)
 	want(t, "member enrols", en, 201, "", "")
 	want(t, "member verifies", call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", memberTok,
-		map[string]string{"totp_code": oathtool(t, en.body["secret"].(string), clk.Now())}), 200, "", "")
+		map[string]string{"totp_code": oathtool(t, en.Body["secret"].(string), clk.Now())}), 200, "", "")
 	want(t, "reset MFA without step-up", call(t, e, "PATCH", path, adminTok, map[string]any{"reset_mfa": true}), 403, "step_up_required", "")
 	if n := count(t, e, `SELECT count(*) FROM auth_totp_factors WHERE user_id = $1 AND secret_enc IS NOT NULL`, memberID); n != 1 {
 		t.Fatal("a refused MFA reset removed the factor")
 	}
 	r := call(t, e, "PATCH", path, stepTok, map[string]any{"reset_mfa": true})
 	want(t, "reset MFA with step-up", r, 200, "", "")
-	if r.body["mfa_enabled"] != false {
-		t.Fatalf("after reset: %v", r.body)
+	if r.Body["mfa_enabled"] != false {
+		t.Fatalf("after reset: %v", r.Body)
 	}
 	if n := count(t, e, `SELECT count(*) FROM auth_totp_factors WHERE user_id = $1`, memberID) + count(t, e, `SELECT count(*) FROM auth_recovery_codes WHERE user_id = $1`, memberID); n != 0 {
 		t.Fatal("factor or recovery codes left after the reset")
@@ -142,5 +142,5 @@ func TestAdminUsers(t *testing.T) {
 	if n := count(t, e, `SELECT count(*) FROM audit_events WHERE action = 'user.mfa_reset' AND target_id = $1`, memberID.String()); n != 1 {
 		t.Fatalf("%d mfa_reset audit rows", n)
 	}
-	want(t, "member signs in without a code after the reset", login(t, e, g.body["username"].(string), nil), 200, "", "")
+	want(t, "member signs in without a code after the reset", login(t, e, g.Body["username"].(string), nil), 200, "", "")
 }

@@ -6,9 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -23,63 +21,27 @@ import (
 // response validated against the contract) on a manual clock; TOTP codes come from
 // oathtool, the authenticator implementation Debian ships, so server and apps agree.
 
-type answer struct {
-	status int
-	body   map[string]any
-}
-
-func (a answer) code() string { s, _ := a.body["code"].(string); return s }
-
-func (a answer) reason() string {
-	d, _ := a.body["details"].(map[string]any)
-	s, _ := d["reason"].(string)
-	return s
-}
+// answer is the whole answer of one request (apitest.Answer).
+type answer = apitest.Answer
 
 func call(t *testing.T, e *apitest.Env, method, path, token string, body any) answer {
 	t.Helper()
-	var raw string
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw = string(b)
-	}
-	resp := e.Do(e.Request(method, path, token, raw))
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := answer{status: resp.StatusCode, body: map[string]any{}}
-	if len(bytes.TrimSpace(data)) > 0 {
-		if err := json.Unmarshal(data, &a.body); err != nil {
-			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, data)
-		}
-	}
-	return a
+	return e.Call(t, method, path, token, body, "")
 }
 
-func want(t *testing.T, what string, a answer, status int, code, reason string) {
+func count(t *testing.T, e *apitest.Env, query string, args ...any) int {
 	t.Helper()
-	if a.status != status || a.code() != code || (reason != "" && a.reason() != reason) {
-		t.Fatalf("%s: %d %s (%s) %v, want %d %s (%s)", what, a.status, a.code(), a.reason(), a.body["message"], status, code, reason)
-	}
+	return e.Count(t, query, args...)
 }
 
 // oathtool is the code an authenticator app shows for secret at now.
-func oathtool(t *testing.T, secret string, now time.Time) string {
+var oathtool = apitest.Oathtool
+
+func want(t *testing.T, what string, a answer, status int, code, reason string) {
 	t.Helper()
-	path, err := exec.LookPath("oathtool")
-	if err != nil {
-		t.Fatal("oathtool is not installed (Debian package oathtool; .ci/run installs it)")
+	if a.Status != status || a.Code() != code || (reason != "" && a.Reason() != reason) {
+		t.Fatalf("%s: %d %s (%s) %v, want %d %s (%s)", what, a.Status, a.Code(), a.Reason(), a.Body["message"], status, code, reason)
 	}
-	out, err := exec.Command(path, "--totp", "--base32", "--now", now.UTC().Format("2006-01-02 15:04:05 UTC"), secret).Output()
-	if err != nil {
-		t.Fatalf("oathtool: %v", err)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 func jwtClaims(t *testing.T, token string) map[string]any {
@@ -97,15 +59,6 @@ func jwtClaims(t *testing.T, token string) map[string]any {
 		t.Fatal(err)
 	}
 	return c
-}
-
-func count(t *testing.T, e *apitest.Env, query string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := e.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 func newMFAEnv(t *testing.T) (*apitest.Env, *clock.Manual) {
@@ -133,11 +86,11 @@ func TestTOTPEnrolLoginReplayRecovery(t *testing.T) {
 
 	a := call(t, e, "GET", "/api/v1/account/security", tok, nil)
 	want(t, "posture before", a, 200, "", "")
-	if mfa := a.body["mfa"].(map[string]any); mfa["state"] != "none" || mfa["enabled"] != false || mfa["recovery_codes_remaining"] != 0.0 {
-		t.Fatalf("posture before: %v", a.body)
+	if mfa := a.Body["mfa"].(map[string]any); mfa["state"] != "none" || mfa["enabled"] != false || mfa["recovery_codes_remaining"] != 0.0 {
+		t.Fatalf("posture before: %v", a.Body)
 	}
-	if s := a.body["sessions"].(map[string]any); s["active"] != 1.0 {
-		t.Fatalf("sessions: %v", a.body["sessions"])
+	if s := a.Body["sessions"].(map[string]any); s["active"] != 1.0 {
+		t.Fatalf("sessions: %v", a.Body["sessions"])
 	}
 
 	// Verify without an enrolment: 400, nothing stored.
@@ -145,8 +98,8 @@ func TestTOTPEnrolLoginReplayRecovery(t *testing.T) {
 
 	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", tok, nil)
 	want(t, "enrol", en, 201, "", "")
-	secret := en.body["secret"].(string)
-	uri := en.body["otpauth_uri"].(string)
+	secret := en.Body["secret"].(string)
+	uri := en.Body["otpauth_uri"].(string)
 	if !strings.HasPrefix(uri, "otpauth://totp/Gantry:"+user+"?") || !strings.Contains(uri, "secret="+secret) {
 		t.Fatalf("otpauth uri %q", uri)
 	}
@@ -175,7 +128,7 @@ func TestTOTPEnrolLoginReplayRecovery(t *testing.T) {
 	v := call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", tok, map[string]string{"totp_code": good})
 	want(t, "verify", v, 200, "", "")
 	var codes []string
-	for _, c := range v.body["recovery_codes"].([]any) {
+	for _, c := range v.Body["recovery_codes"].([]any) {
 		codes = append(codes, c.(string))
 	}
 	if len(codes) != 10 {
@@ -240,9 +193,9 @@ func TestTOTPEnrolLoginReplayRecovery(t *testing.T) {
 	want(t, "both factors", login(t, e, user, map[string]string{"recovery_code": codes[4], "totp_code": next}), 401, "token_invalid", "mfa_ambiguous")
 
 	a = call(t, e, "GET", "/api/v1/account/security", tok, nil)
-	mfa := a.body["mfa"].(map[string]any)
+	mfa := a.Body["mfa"].(map[string]any)
 	if mfa["state"] != "active" || mfa["enabled"] != true || mfa["recovery_codes_remaining"] != 9.0 || len(mfa["factors"].([]any)) != 1 {
-		t.Fatalf("posture after: %v", a.body)
+		t.Fatalf("posture after: %v", a.Body)
 	}
 	if n := count(t, e, `SELECT count(*) FROM audit_events WHERE action IN ('mfa.totp.enroll', 'mfa.totp.activate')`); n != 2 {
 		t.Fatalf("%d enrol/activate audit rows, want 2", n)
@@ -267,7 +220,7 @@ func enrolled(t *testing.T, e *apitest.Env, clk *clock.Manual) (username, token,
 	ten := e.NewTenant(t, adminTok, "StepUp")
 	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", ten.AdminToken, nil)
 	want(t, "enrol", en, 201, "", "")
-	secret = en.body["secret"].(string)
+	secret = en.Body["secret"].(string)
 	want(t, "verify", call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", ten.AdminToken,
 		map[string]string{"totp_code": oathtool(t, secret, clk.Now())}), 200, "", "")
 	return ten.AdminUsername, ten.AdminToken, secret
@@ -296,16 +249,16 @@ func TestStepUp(t *testing.T) {
 		t.Fatal("a refused re-enrolment stored a pending secret")
 	}
 	a := call(t, e, "GET", "/api/v1/account/security", tok, nil)
-	if a.body["step_up"].(map[string]any)["satisfied"] != false {
-		t.Fatalf("a sign-in token satisfies step-up: %v", a.body)
+	if a.Body["step_up"].(map[string]any)["satisfied"] != false {
+		t.Fatalf("a sign-in token satisfies step-up: %v", a.Body)
 	}
 
 	su := call(t, e, "POST", "/api/v1/auth/step-up", tok, map[string]string{"totp_code": good})
 	want(t, "step-up", su, 200, "", "")
-	if su.body["step_up_expires_in"] != 300.0 || su.body["expires_in"] != 900.0 {
-		t.Fatalf("step-up answer: %v", su.body)
+	if su.Body["step_up_expires_in"] != 300.0 || su.Body["expires_in"] != 900.0 {
+		t.Fatalf("step-up answer: %v", su.Body)
 	}
-	stepTok := su.body["access_token"].(string)
+	stepTok := su.Body["access_token"].(string)
 	c := jwtClaims(t, stepTok)
 	if fmt.Sprint(c["amr"]) != "[pwd otp]" || c["auth_time"] != float64(clk.Now().Unix()) {
 		t.Fatalf("step-up claims: amr %v auth_time %v (now %d)", c["amr"], c["auth_time"], clk.Now().Unix())
@@ -316,8 +269,8 @@ func TestStepUp(t *testing.T) {
 	want(t, "step-up replaying the code", call(t, e, "POST", "/api/v1/auth/step-up", tok, map[string]string{"totp_code": good}), 403, "step_up_required", "totp_replayed")
 
 	a = call(t, e, "GET", "/api/v1/account/security", stepTok, nil)
-	if a.body["step_up"].(map[string]any)["satisfied"] != true {
-		t.Fatalf("step-up token does not satisfy step-up: %v", a.body)
+	if a.Body["step_up"].(map[string]any)["satisfied"] != true {
+		t.Fatalf("step-up token does not satisfy step-up: %v", a.Body)
 	}
 	want(t, "re-enrol with step-up", call(t, e, "POST", "/api/v1/account/security/mfa/totp", stepTok, nil), 201, "", "")
 
@@ -325,8 +278,8 @@ func TestStepUp(t *testing.T) {
 	clk.Advance(5*time.Minute + time.Second)
 	a = call(t, e, "GET", "/api/v1/account/security", stepTok, nil)
 	want(t, "posture with an old step-up token", a, 200, "", "")
-	if a.body["step_up"].(map[string]any)["satisfied"] != false {
-		t.Fatalf("step-up token past its window still satisfies step-up: %v", a.body)
+	if a.Body["step_up"].(map[string]any)["satisfied"] != false {
+		t.Fatalf("step-up token past its window still satisfies step-up: %v", a.Body)
 	}
 	want(t, "re-enrol with an old step-up token", call(t, e, "POST", "/api/v1/account/security/mfa/totp", stepTok, nil), 403, "step_up_required", "")
 	if n := count(t, e, `SELECT count(*) FROM audit_events WHERE action = 'auth.step_up'`); n != 1 {
@@ -372,16 +325,16 @@ func TestMFARecoveryRequestAndReadiness(t *testing.T) {
 	}
 	r1 := call(t, e, "POST", "/api/v1/account/security/mfa/recovery-requests", ten.AdminToken, map[string]string{"reason": "lost my phone"})
 	want(t, "request", r1, 201, "", "")
-	if r1.body["status"] != "pending" {
-		t.Fatalf("request: %v", r1.body)
+	if r1.Body["status"] != "pending" {
+		t.Fatalf("request: %v", r1.Body)
 	}
 	clk.Advance(time.Minute)
 	r2 := call(t, e, "POST", "/api/v1/account/security/mfa/recovery-requests", ten.AdminToken, map[string]string{"reason": "again"})
 	want(t, "request again", r2, 200, "", "")
-	if r2.body["id"] != r1.body["id"] {
-		t.Fatalf("second request %v, want the open %v", r2.body["id"], r1.body["id"])
+	if r2.Body["id"] != r1.Body["id"] {
+		t.Fatalf("second request %v, want the open %v", r2.Body["id"], r1.Body["id"])
 	}
-	if n := count(t, e, `SELECT count(*) FROM audit_events WHERE action = 'mfa.recovery_request.create' AND target_id = $1`, r1.body["id"]); n != 1 {
+	if n := count(t, e, `SELECT count(*) FROM audit_events WHERE action = 'mfa.recovery_request.create' AND target_id = $1`, r1.Body["id"]); n != 1 {
 		t.Fatalf("%d audit rows for the request, want 1", n)
 	}
 
@@ -398,19 +351,19 @@ func TestMFARecoveryRequestAndReadiness(t *testing.T) {
 	opsTok := e.Token(t, opsID)
 	r := call(t, e, "GET", "/api/v1/platform/iam/mfa-readiness", opsTok, nil)
 	want(t, "readiness as an operator", r, 200, "", "")
-	if r.body["platform_role_holders"] != 2.0 || r.body["without_mfa"] != 2.0 || r.body["with_mfa"] != 0.0 || r.body["pending_recovery_requests"] != 1.0 {
-		t.Fatalf("readiness: %v", r.body)
+	if r.Body["platform_role_holders"] != 2.0 || r.Body["without_mfa"] != 2.0 || r.Body["with_mfa"] != 0.0 || r.Body["pending_recovery_requests"] != 1.0 {
+		t.Fatalf("readiness: %v", r.Body)
 	}
 	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", opsTok, nil)
 	want(t, "ops enrols", en, 201, "", "")
 	want(t, "ops verifies", call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", opsTok,
-		map[string]string{"totp_code": oathtool(t, en.body["secret"].(string), clk.Now())}), 200, "", "")
+		map[string]string{"totp_code": oathtool(t, en.Body["secret"].(string), clk.Now())}), 200, "", "")
 	r = call(t, e, "GET", "/api/v1/platform/iam/mfa-readiness", adminTok, nil)
 	want(t, "readiness as the admin", r, 200, "", "")
-	if r.body["platform_role_holders"] != 2.0 || r.body["without_mfa"] != 1.0 || r.body["with_mfa"] != 1.0 {
-		t.Fatalf("readiness after enrolment: %v", r.body)
+	if r.Body["platform_role_holders"] != 2.0 || r.Body["without_mfa"] != 1.0 || r.Body["with_mfa"] != 1.0 {
+		t.Fatalf("readiness after enrolment: %v", r.Body)
 	}
-	byRole := fmt.Sprint(r.body["by_role"])
+	byRole := fmt.Sprint(r.Body["by_role"])
 	if byRole != "[map[holders:1 role:platform_ops without_mfa:0] map[holders:1 role:platform_superadmin without_mfa:1]]" {
 		t.Fatalf("by_role: %s", byRole)
 	}

@@ -201,8 +201,8 @@ func (b *browser) login(t *testing.T, authURL, username string) string {
 func (b *browser) callback(t *testing.T, cb string) answer {
 	t.Helper()
 	resp, body := b.get(t, b.gantry, cb)
-	a := answer{status: resp.StatusCode, body: map[string]any{}}
-	if err := jsonUnmarshal(body, &a.body); err != nil {
+	a := answer{Status: resp.StatusCode, Header: resp.Header, Body: map[string]any{}, Raw: body}
+	if err := jsonUnmarshal(body, &a.Body); err != nil {
 		t.Fatalf("callback: %d %s", resp.StatusCode, body)
 	}
 	return a
@@ -245,8 +245,8 @@ func TestOIDCSignIn(t *testing.T) {
 	}
 	put := call(t, e, "PUT", idpPath, adminTok, cfg)
 	want(t, "configure", put, 200, "", "")
-	if _, ok := put.body["client_secret"]; ok || put.body["client_secret_set"] != true || put.body["provider"] != slug {
-		t.Fatalf("configure answer: %v", put.body)
+	if _, ok := put.Body["client_secret"]; ok || put.Body["client_secret_set"] != true || put.Body["provider"] != slug {
+		t.Fatalf("configure answer: %v", put.Body)
 	}
 	if n := count(t, e, `SELECT count(*) FROM tenant_identity_providers WHERE position($1::bytea IN client_secret_enc) > 0`, []byte(idpClientSecret)); n != 0 {
 		t.Fatal("the client secret is stored in clear")
@@ -266,11 +266,11 @@ func TestOIDCSignIn(t *testing.T) {
 	cb := b.login(t, b.start(t, e, slug), "alice")
 	ok := b.callback(t, cb)
 	want(t, "alice signs in", ok, 200, "", "")
-	tok := ok.body["access_token"].(string)
+	tok := ok.Body["access_token"].(string)
 	me := call(t, e, "GET", "/api/v1/me", tok, nil)
 	want(t, "alice /me", me, 200, "", "")
-	if me.body["username"] != "alice@acme.example" || me.body["org_id"] != acme.ID.String() {
-		t.Fatalf("/me: %v", me.body)
+	if me.Body["username"] != "alice@acme.example" || me.Body["org_id"] != acme.ID.String() {
+		t.Fatalf("/me: %v", me.Body)
 	}
 	want(t, "alice, a tenant admin, lists the tenant's users", call(t, e, "GET", "/api/v1/users", tok, nil), 200, "", "")
 	if n := count(t, e, `SELECT count(*) FROM users u JOIN auth_federated_identities f ON f.user_id = u.id

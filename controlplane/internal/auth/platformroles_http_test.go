@@ -42,13 +42,13 @@ func steppedUpAdmin(t *testing.T, e *apitest.Env, clk *clock.Manual) (id uuid.UU
 	id, tok = e.PlatformAdmin(t)
 	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", tok, nil)
 	want(t, "admin enrols", en, 201, "", "")
-	secret := en.body["secret"].(string)
+	secret := en.Body["secret"].(string)
 	want(t, "admin verifies", call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", tok,
 		map[string]string{"totp_code": oathtool(t, secret, clk.Now())}), 200, "", "")
 	clk.Advance(30 * time.Second)
 	su := call(t, e, "POST", "/api/v1/auth/step-up", tok, map[string]string{"totp_code": oathtool(t, secret, clk.Now())})
 	want(t, "admin steps up", su, 200, "", "")
-	return id, tok, su.body["access_token"].(string)
+	return id, tok, su.Body["access_token"].(string)
 }
 
 func bindingCount(t *testing.T, e *apitest.Env, userID uuid.UUID, role string) int {
@@ -68,8 +68,8 @@ func TestPlatformRoleBindAndRevoke(t *testing.T) {
 
 	me := call(t, e, "GET", "/api/v1/me", adminTok, nil)
 	want(t, "admin /me", me, 200, "", "")
-	if me.body["platform_role_source"] != "bindings" || fmt.Sprint(me.body["platform_roles"]) != "[platform_superadmin]" {
-		t.Fatalf("admin /me: source %v roles %v", me.body["platform_role_source"], me.body["platform_roles"])
+	if me.Body["platform_role_source"] != "bindings" || fmt.Sprint(me.Body["platform_roles"]) != "[platform_superadmin]" {
+		t.Fatalf("admin /me: source %v roles %v", me.Body["platform_role_source"], me.Body["platform_roles"])
 	}
 	want(t, "fleet telemetry before the binding", call(t, e, "GET", "/api/v1/admin/telemetry/fleet", ten.AdminToken, nil), 403, "admin_required", "")
 
@@ -91,8 +91,8 @@ func TestPlatformRoleBindAndRevoke(t *testing.T) {
 	// With step-up: bound (201), again 200 without a second audit row.
 	b := call(t, e, "POST", bindPath, stepTok, map[string]any{"user_id": opsID})
 	want(t, "bind with step-up", b, 201, "", "")
-	if b.body["granted_by"] != adminID.String() || b.body["role"] != "platform_ops" || b.body["username"] != ten.AdminUsername {
-		t.Fatalf("binding: %v", b.body)
+	if b.Body["granted_by"] != adminID.String() || b.Body["role"] != "platform_ops" || b.Body["username"] != ten.AdminUsername {
+		t.Fatalf("binding: %v", b.Body)
 	}
 	want(t, "bind again", call(t, e, "POST", bindPath, stepTok, map[string]any{"user_id": opsID}), 200, "", "")
 	want(t, "bind an unknown user", call(t, e, "POST", bindPath, stepTok, map[string]any{"user_id": uuid.New()}), 404, "user_not_found", "")
@@ -110,17 +110,17 @@ func TestPlatformRoleBindAndRevoke(t *testing.T) {
 	opsTok := e.Token(t, opsID)
 	want(t, "fleet telemetry as platform_ops", call(t, e, "GET", "/api/v1/admin/telemetry/fleet", opsTok, nil), 200, "", "")
 	me = call(t, e, "GET", "/api/v1/me", opsTok, nil)
-	if me.body["platform_role_source"] != "bindings" || fmt.Sprint(me.body["platform_roles"]) != "[platform_ops]" {
-		t.Fatalf("ops /me: source %v roles %v", me.body["platform_role_source"], me.body["platform_roles"])
+	if me.Body["platform_role_source"] != "bindings" || fmt.Sprint(me.Body["platform_roles"]) != "[platform_ops]" {
+		t.Fatalf("ops /me: source %v roles %v", me.Body["platform_role_source"], me.Body["platform_roles"])
 	}
 	want(t, "platform_ops cannot bind", call(t, e, "POST", bindPath, opsTok, map[string]any{"user_id": opsID}), 403, "admin_required", "")
 
 	l := call(t, e, "GET", "/api/v1/admin/platform-roles", adminTok, nil)
 	want(t, "list", l, 200, "", "")
-	if got := fmt.Sprint(l.body["roles"]); got == "" || metric(t, e, "api_platform_role_list_requests_total") != 1 {
-		t.Fatalf("list: %v", l.body)
+	if got := fmt.Sprint(l.Body["roles"]); got == "" || metric(t, e, "api_platform_role_list_requests_total") != 1 {
+		t.Fatalf("list: %v", l.Body)
 	}
-	roles := l.body["roles"].([]any)
+	roles := l.Body["roles"].([]any)
 	super, ops := roles[0].(map[string]any), roles[1].(map[string]any)
 	if super["role"] != "platform_superadmin" || len(super["bindings"].([]any)) != 1 || ops["role"] != "platform_ops" || len(ops["bindings"].([]any)) != 1 {
 		t.Fatalf("list by role: %v", roles)
@@ -190,12 +190,12 @@ func TestConcurrentSuperadminRevocations(t *testing.T) {
 		ok, refused := 0, 0
 		for _, a := range got {
 			switch {
-			case a.status == 204:
+			case a.Status == 204:
 				ok++
-			case a.status == 409 && a.reason() == "last_superadmin":
+			case a.Status == 409 && a.Reason() == "last_superadmin":
 				refused++
 			default:
-				t.Fatalf("round %d: %d %v", round, a.status, a.body)
+				t.Fatalf("round %d: %d %v", round, a.Status, a.Body)
 			}
 		}
 		n := count(t, e, `SELECT count(*) FROM platform_role_bindings WHERE role = 'platform_superadmin'`)

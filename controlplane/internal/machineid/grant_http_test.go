@@ -1,15 +1,10 @@
 package machineid_test
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -24,54 +19,26 @@ import (
 // client-credentials grant through the real server (every response validated against
 // the contract), on a manual clock.
 
-type answer struct {
-	status int
-	header http.Header
-	body   map[string]any
-	raw    string
-}
-
-func (a answer) str(k string) string { s, _ := a.body[k].(string); return s }
-
-func (a answer) reason() string {
-	d, _ := a.body["details"].(map[string]any)
-	s, _ := d["reason"].(string)
-	return s
-}
+// answer is the whole answer of one request (apitest.Answer).
+type answer = apitest.Answer
 
 func send(t *testing.T, e *apitest.Env, req *http.Request) answer {
 	t.Helper()
-	resp := e.Do(req)
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := answer{status: resp.StatusCode, header: resp.Header, body: map[string]any{}, raw: string(data)}
-	if len(bytes.TrimSpace(data)) > 0 {
-		if err := json.Unmarshal(data, &a.body); err != nil {
-			t.Fatalf("%s %s: %d %s", req.Method, req.URL.Path, resp.StatusCode, data)
-		}
-	}
-	return a
+	return e.Send(t, req)
 }
 
 func call(t *testing.T, e *apitest.Env, method, path, token string, body any, project string) answer {
 	t.Helper()
-	var raw string
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw = string(b)
-	}
-	req := e.Request(method, path, token, raw)
-	if project != "" {
-		req.Header.Set("X-Project-ID", project)
-	}
-	return send(t, e, req)
+	return e.Call(t, method, path, token, body, project)
 }
+
+func count(t *testing.T, e *apitest.Env, query string, args ...any) int {
+	t.Helper()
+	return e.Count(t, query, args...)
+}
+
+// oathtool is the code an authenticator app shows for secret at now.
+var oathtool = apitest.Oathtool
 
 // grant posts a client-credentials request: form holds the body; basic, when set, is
 // the client id and secret for HTTP Basic.
@@ -94,22 +61,13 @@ func creds(id, secret string) url.Values {
 
 func want(t *testing.T, what string, a answer, status int, code string) {
 	t.Helper()
-	got := a.str("code")
+	got := a.Str("code")
 	if got == "" {
-		got = a.str("error")
+		got = a.Str("error")
 	}
-	if a.status != status || got != code {
-		t.Fatalf("%s: %d %s (%s) %s, want %d %s", what, a.status, got, a.reason(), a.raw, status, code)
+	if a.Status != status || got != code {
+		t.Fatalf("%s: %d %s (%s) %s, want %d %s", what, a.Status, got, a.Reason(), a.Raw, status, code)
 	}
-}
-
-func count(t *testing.T, e *apitest.Env, query string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := e.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 type fixture struct {
@@ -133,19 +91,19 @@ func setup(t *testing.T) fixture {
 	ten := e.NewTenant(t, adminTok, "Machines")
 	p := call(t, e, "POST", "/api/v1/projects", ten.AdminToken, map[string]any{"name": "Other"}, "")
 	want(t, "create project", p, 201, "")
-	other := p.body["project"].(map[string]any)["id"].(string)
+	other := p.Body["project"].(map[string]any)["id"].(string)
 
 	sa := call(t, e, "POST", "/api/v1/service-accounts", ten.AdminToken, map[string]any{
 		"name": "ci", "description": "CI pipeline",
 		"project_roles": []map[string]string{{"project_id": ten.DefaultProject.String(), "role": "member"}},
 	}, "")
 	want(t, "create service account", sa, 201, "")
-	saID := sa.str("id")
+	saID := sa.Str("id")
 	c := call(t, e, "POST", "/api/v1/service-accounts/"+saID+"/credentials", ten.AdminToken, map[string]any{"name": "ci key"}, "")
 	want(t, "create credential", c, 201, "")
-	cred := c.body
+	cred := c.Body
 	return fixture{e: e, clk: clk, adminTok: adminTok, ten: ten, other: other, saID: saID,
-		clientID: cred["client_id"].(string), secret: c.str("client_secret"), credential: cred["id"].(string)}
+		clientID: cred["client_id"].(string), secret: c.Str("client_secret"), credential: cred["id"].(string)}
 }
 
 // TestServiceAccountGrant: the secret is shown once and stored as its hash; the grant
@@ -168,8 +126,8 @@ func TestServiceAccountGrant(t *testing.T) {
 		}
 		l := call(t, e, "GET", path, tok, nil, "")
 		want(t, "list "+path, l, 200, "")
-		if strings.Contains(l.raw, f.secret) || strings.Contains(l.raw, "client_secret") {
-			t.Fatalf("%s shows the secret: %s", path, l.raw)
+		if strings.Contains(l.Raw, f.secret) || strings.Contains(l.Raw, "client_secret") {
+			t.Fatalf("%s shows the secret: %s", path, l.Raw)
 		}
 	}
 
@@ -183,20 +141,20 @@ func TestServiceAccountGrant(t *testing.T) {
 	first, replay := mk(), mk()
 	want(t, "create with a key", first, 201, "")
 	want(t, "replay", replay, 201, "")
-	if replay.str("id") != first.str("id") || replay.str("client_secret") != "[redacted]" || first.str("client_secret") == "[redacted]" {
-		t.Fatalf("replay: %s (first %s)", replay.raw, first.raw)
+	if replay.Str("id") != first.Str("id") || replay.Str("client_secret") != "[redacted]" || first.Str("client_secret") == "[redacted]" {
+		t.Fatalf("replay: %s (first %s)", replay.Raw, first.Raw)
 	}
-	if n := count(t, e, `SELECT count(*) FROM idempotency_keys WHERE position($1::bytea in response_body) > 0`, []byte(first.str("client_secret"))); n != 0 {
+	if n := count(t, e, `SELECT count(*) FROM idempotency_keys WHERE position($1::bytea in response_body) > 0`, []byte(first.Str("client_secret"))); n != 0 {
 		t.Fatal("the idempotency record holds the secret")
 	}
 
 	// Form body and Basic.
 	g := grant(t, e, creds(f.clientID, f.secret))
 	want(t, "grant (form)", g, 200, "")
-	if g.str("token_type") != "Bearer" || g.body["expires_in"] != 900.0 || g.str("scope") != "api" || g.header.Get("Cache-Control") != "no-store" {
-		t.Fatalf("grant answer: %v %v", g.body, g.header)
+	if g.Str("token_type") != "Bearer" || g.Body["expires_in"] != 900.0 || g.Str("scope") != "api" || g.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("grant answer: %v %v", g.Body, g.Header)
 	}
-	tok := g.str("access_token")
+	tok := g.Str("access_token")
 	want(t, "grant (Basic)", grant(t, e, url.Values{"grant_type": {"client_credentials"}}, f.clientID, f.secret), 200, "")
 	if n := count(t, e, `SELECT count(*) FROM access_credentials WHERE client_id = $1 AND last_used_at = $2`, f.clientID, f.clk.Now()); n != 1 {
 		t.Fatal("last_used_at was not recorded")
@@ -225,8 +183,8 @@ func TestServiceAccountGrant(t *testing.T) {
 	before := count(t, e, `SELECT count(*) FROM audit_events`)
 	wrong := grant(t, e, creds(f.clientID, f.secret[:len(f.secret)-2]+"xx"))
 	want(t, "wrong secret", wrong, 401, "invalid_client")
-	if !strings.HasPrefix(wrong.header.Get("WWW-Authenticate"), "Basic") {
-		t.Fatalf("invalid_client without a Basic challenge: %v", wrong.header)
+	if !strings.HasPrefix(wrong.Header.Get("WWW-Authenticate"), "Basic") {
+		t.Fatalf("invalid_client without a Basic challenge: %v", wrong.Header)
 	}
 	want(t, "unknown client", grant(t, e, creds("gci_00000000000000000000000000000000", f.secret)), 401, "invalid_client")
 	want(t, "no client", grant(t, e, url.Values{"grant_type": {"client_credentials"}}), 401, "invalid_client")
@@ -260,7 +218,7 @@ func TestGrantBackoffExpiryAndDeletion(t *testing.T) {
 	}
 	locked := grant(t, e, creds(f.clientID, f.secret))
 	want(t, "right secret while locked", locked, 429, "invalid_client")
-	if locked.header.Get("Retry-After") == "" {
+	if locked.Header.Get("Retry-After") == "" {
 		t.Fatal("429 without Retry-After")
 	}
 	f.clk.Advance(2 * time.Second)
@@ -270,7 +228,7 @@ func TestGrantBackoffExpiryAndDeletion(t *testing.T) {
 	exp := f.clk.Now().Add(time.Hour).Format(time.RFC3339)
 	c := call(t, e, "POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken, map[string]any{"name": "short", "expires_at": exp}, "")
 	want(t, "credential with expiry", c, 201, "")
-	shortID, shortSecret := c.str("client_id"), c.str("client_secret")
+	shortID, shortSecret := c.Str("client_id"), c.Str("client_secret")
 	want(t, "before expiry", grant(t, e, creds(shortID, shortSecret)), 200, "")
 	want(t, "expiry in the past", call(t, e, "POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken,
 		map[string]any{"name": "past", "expires_at": f.clk.Now().Add(-time.Minute).Format(time.RFC3339)}, ""), 422, "validation_error")
@@ -283,9 +241,9 @@ func TestGrantBackoffExpiryAndDeletion(t *testing.T) {
 	want(t, "grant", g, 200, "")
 	want(t, "delete service account", call(t, e, "DELETE", "/api/v1/service-accounts/"+f.saID, admin, nil, ""), 204, "")
 	want(t, "grant after deletion", grant(t, e, creds(f.clientID, f.secret)), 401, "invalid_client")
-	want(t, "issued token until its exp", call(t, e, "GET", "/api/v1/allocations", g.str("access_token"), nil, f.ten.DefaultProject.String()), 200, "")
+	want(t, "issued token until its exp", call(t, e, "GET", "/api/v1/allocations", g.Str("access_token"), nil, f.ten.DefaultProject.String()), 200, "")
 	f.clk.Advance(15*time.Minute + time.Minute)
-	want(t, "issued token after its exp", call(t, e, "GET", "/api/v1/allocations", g.str("access_token"), nil, f.ten.DefaultProject.String()), 401, "token_expired")
+	want(t, "issued token after its exp", call(t, e, "GET", "/api/v1/allocations", g.Str("access_token"), nil, f.ten.DefaultProject.String()), 401, "token_expired")
 	admin = e.Login(t, f.ten.AdminUsername, apitest.Password)
 	want(t, "delete again", call(t, e, "DELETE", "/api/v1/service-accounts/"+f.saID, admin, nil, ""), 404, "invalid_request")
 }
@@ -300,20 +258,20 @@ func TestProjectAccessCredential(t *testing.T) {
 	want(t, "owner role refused", call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": "x", "role": "owner"}, ""), 422, "validation_error")
 	c := call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": "deploy", "role": "viewer"}, "")
 	want(t, "create", c, 201, "")
-	cred := c.body
+	cred := c.Body
 	if cred["kind"] != "project" || cred["role"] != "viewer" || cred["project_id"] != proj || cred["status"] != "active" {
 		t.Fatalf("credential: %v", cred)
 	}
-	id, clientID, secret := cred["id"].(string), cred["client_id"].(string), c.str("client_secret")
+	id, clientID, secret := cred["id"].(string), cred["client_id"].(string), c.Str("client_secret")
 	l := call(t, e, "GET", base, f.ten.AdminToken, nil, "")
 	want(t, "list", l, 200, "")
-	if strings.Contains(l.raw, secret) || len(l.body["items"].([]any)) != 1 {
-		t.Fatalf("list: %s", l.raw)
+	if strings.Contains(l.Raw, secret) || len(l.Body["items"].([]any)) != 1 {
+		t.Fatalf("list: %s", l.Raw)
 	}
 
 	g := grant(t, e, creds(clientID, secret))
 	want(t, "grant", g, 200, "")
-	tok := g.str("access_token")
+	tok := g.Str("access_token")
 	want(t, "its project", call(t, e, "GET", "/api/v1/allocations", tok, nil, proj), 200, "")
 	want(t, "its project by path", call(t, e, "GET", "/api/v1/projects/"+proj, tok, nil, ""), 200, "")
 	want(t, "another project", call(t, e, "GET", "/api/v1/projects/"+f.other, tok, nil, ""), 403, "insufficient_permissions")
@@ -345,8 +303,8 @@ func TestProjectAccessCredential(t *testing.T) {
 	want(t, "grant after revocation", grant(t, e, creds(clientID, secret)), 401, "invalid_client")
 	l = call(t, e, "GET", "/api/v1/admin/access-credentials?status=revoked", f.adminTok, nil, "")
 	want(t, "admin list revoked", l, 200, "")
-	if items := l.body["items"].([]any); len(items) != 1 || items[0].(map[string]any)["id"] != id {
-		t.Fatalf("admin list of revoked: %s", l.raw)
+	if items := l.Body["items"].([]any); len(items) != 1 || items[0].(map[string]any)["id"] != id {
+		t.Fatalf("admin list of revoked: %s", l.Raw)
 	}
 	// The admin revocation is a sensitive IAM operation: step-up first.
 	want(t, "admin revoke without step-up", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, f.adminTok, nil, ""), 403, "step_up_required")
@@ -356,28 +314,14 @@ func TestProjectAccessCredential(t *testing.T) {
 	// platform admin revokes it, and the next grant is refused.
 	en := call(t, e, "POST", "/api/v1/account/security/mfa/totp", f.adminTok, nil, "")
 	want(t, "admin enrols TOTP", en, 201, "")
-	secretB32 := en.str("secret")
+	secretB32 := en.Str("secret")
 	want(t, "admin verifies TOTP", call(t, e, "POST", "/api/v1/account/security/mfa/totp/verify", f.adminTok,
 		map[string]string{"totp_code": oathtool(t, secretB32, f.clk.Now())}, ""), 200, "")
 	f.clk.Advance(30 * time.Second)
 	su := call(t, e, "POST", "/api/v1/auth/step-up", f.adminTok, map[string]string{"totp_code": oathtool(t, secretB32, f.clk.Now())}, "")
 	want(t, "admin steps up", su, 200, "")
-	want(t, "admin revoke with step-up", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, su.str("access_token"), nil, ""), 204, "")
+	want(t, "admin revoke with step-up", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, su.Str("access_token"), nil, ""), 204, "")
 	want(t, "grant after admin revocation", grant(t, e, creds(f.clientID, f.secret)), 401, "invalid_client")
-	want(t, "admin revoke again", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, su.str("access_token"), nil, ""), 204, "")
-	want(t, "admin revoke unknown", call(t, e, "DELETE", "/api/v1/admin/access-credentials/01936b2e-7c4a-7d2e-9f1a-3b5c7d9e1f20", su.str("access_token"), nil, ""), 404, "invalid_request")
-}
-
-// oathtool is the code an authenticator app shows for secret at now.
-func oathtool(t *testing.T, secret string, now time.Time) string {
-	t.Helper()
-	path, err := exec.LookPath("oathtool")
-	if err != nil {
-		t.Fatal("oathtool is not installed (Debian package oathtool; .ci/run installs it)")
-	}
-	out, err := exec.Command(path, "--totp", "--base32", "--now", now.UTC().Format("2006-01-02 15:04:05 UTC"), secret).Output()
-	if err != nil {
-		t.Fatalf("oathtool: %v", err)
-	}
-	return strings.TrimSpace(string(out))
+	want(t, "admin revoke again", call(t, e, "DELETE", "/api/v1/admin/access-credentials/"+f.credential, su.Str("access_token"), nil, ""), 204, "")
+	want(t, "admin revoke unknown", call(t, e, "DELETE", "/api/v1/admin/access-credentials/01936b2e-7c4a-7d2e-9f1a-3b5c7d9e1f20", su.Str("access_token"), nil, ""), 404, "invalid_request")
 }

@@ -26,11 +26,11 @@ func TestMachineTokenWalk(t *testing.T) {
 		"name": "walker", "project_roles": []map[string]string{{"project_id": f.ten.DefaultProject.String(), "role": "admin"}},
 	}, "")
 	want(t, "create service account", sa, 201, "")
-	c := call(t, e, "POST", "/api/v1/service-accounts/"+sa.str("id")+"/credentials", f.ten.AdminToken, map[string]any{"name": "walk"}, "")
+	c := call(t, e, "POST", "/api/v1/service-accounts/"+sa.Str("id")+"/credentials", f.ten.AdminToken, map[string]any{"name": "walk"}, "")
 	want(t, "credential", c, 201, "")
-	g := grant(t, e, creds(c.str("client_id"), c.str("client_secret")))
+	g := grant(t, e, creds(c.Str("client_id"), c.Str("client_secret")))
 	want(t, "grant", g, 200, "")
-	tok := g.str("access_token")
+	tok := g.Str("access_token")
 
 	param := regexp.MustCompile(`\{[a-z_]+\}`)
 	ops := e.App.Contract.Ops()
@@ -57,8 +57,8 @@ func TestMachineTokenWalk(t *testing.T) {
 			r.Header.Set("X-Project-ID", f.ten.DefaultProject.String())
 		}
 		a := send(t, e, r)
-		if a.status != 403 || a.str("code") != want {
-			t.Errorf("%s %s (%s) with a machine token: %d %s, want 403 %s", op.Method, url.PathEscape(path), op.ID, a.status, strings.TrimSpace(a.raw), want)
+		if a.Status != 403 || a.Str("code") != want {
+			t.Errorf("%s %s (%s) with a machine token: %d %s, want 403 %s", op.Method, url.PathEscape(path), op.ID, a.Status, strings.TrimSpace(a.Raw), want)
 		}
 		walked++
 	}
