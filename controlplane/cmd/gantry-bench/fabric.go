@@ -445,6 +445,7 @@ func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) 
 		return err
 	}
 	defer second.kill()
+	second.since = t0
 	tUp := time.Since(t0)
 	offline, err := second.waitAll(target, 3*time.Minute)
 	back := target
@@ -453,6 +454,7 @@ func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) 
 	}
 	fmt.Printf("    after SIGKILL of the fabric server and a restart: %d/%d reconnected in %.1fs (goal: all within 30s; serving again after %.1fs); offline marks %d\n",
 		back, target, time.Since(t0).Seconds(), tUp.Seconds(), offline)
+	fmt.Printf("      back after the kill: %s\n", second.progress(target))
 	return nil
 }
 
@@ -462,6 +464,30 @@ type serverChild struct {
 	lines  chan string
 	agents int // the agents there are
 	online int // sessions on the child at its last report
+	// since and seen: when set, the time from since at which the session count first
+	// reached each count reported (the reconnect's progress).
+	since time.Time
+	seen  []progressMark
+}
+
+type progressMark struct {
+	online int
+	at     time.Duration
+}
+
+// progress says when 10, 50, 90, 99 and 100 per cent of target were back.
+func (c *serverChild) progress(target int) string {
+	var out []string
+	for _, pct := range []int{10, 50, 90, 99, 100} {
+		want := (target*pct + 99) / 100
+		for _, m := range c.seen {
+			if m.online >= want {
+				out = append(out, fmt.Sprintf("%d%% %.1fs", pct, m.at.Seconds()))
+				break
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // startServerChild starts the child and waits until it serves.
@@ -512,10 +538,12 @@ func (c *serverChild) waitAll(target int, limit time.Duration) (int64, error) {
 			var offline int64
 			if _, err := fmt.Sscanf(l, "all %d offline %d", &k, &offline); err == nil {
 				c.online = k
+				c.mark(k)
 				return offline, nil
 			}
 			if _, err := fmt.Sscanf(l, "online %d offline %d", &k, &offline); err == nil {
 				c.online = k
+				c.mark(k)
 				if k >= target && target < c.agents {
 					return offline, nil
 				}
@@ -523,6 +551,12 @@ func (c *serverChild) waitAll(target int, limit time.Duration) (int64, error) {
 		case <-deadline:
 			return 0, fmt.Errorf("%d agents back after %s", c.online, limit)
 		}
+	}
+}
+
+func (c *serverChild) mark(online int) {
+	if !c.since.IsZero() {
+		c.seen = append(c.seen, progressMark{online, time.Since(c.since)})
 	}
 }
 
