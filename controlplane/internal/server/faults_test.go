@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -269,7 +270,17 @@ func (l *faultLoad) checkNothingHalfWritten() {
 	t := l.t
 	ctx := context.Background()
 	for key, name := range l.unsure {
-		status, b := l.do("POST", "/api/v1/projects", fmt.Sprintf(`{"name":%q}`, name), key)
+		// A 409 idempotency_key_in_progress is what a client must retry later: the first
+		// attempt's backend, frozen with the server, holds the key's transaction lock
+		// until it notices after the thaw that its client has gone.
+		var status int
+		var b []byte
+		for deadline := time.Now().Add(faultHangBound); ; time.Sleep(50 * time.Millisecond) {
+			status, b = l.do("POST", "/api/v1/projects", fmt.Sprintf(`{"name":%q}`, name), key)
+			if status != http.StatusConflict || !bytes.Contains(b, []byte("idempotency_key_in_progress")) || time.Now().After(deadline) {
+				break
+			}
+		}
 		if status != 201 {
 			t.Errorf("retry of %s after healing: %d %s", key, status, b)
 		}
