@@ -63,10 +63,6 @@ WHERE acked_at IS NOT NULL AND finished_at IS NULL AND acked_at < sqlc.arg('acke
 ORDER BY acked_at, task_id
 LIMIT sqlc.arg('max_tasks');
 
--- name: FlagNodeCleanup :exec
--- Nothing confirmed that the allocation's workload is gone from its node.
-UPDATE allocations SET node_cleanup = true WHERE id = $1;
-
 -- GPU ownership (cleanup.go).
 
 -- name: InsertCleanupTask :exec

@@ -34,16 +34,6 @@ func (q *Queries) CleanupConfirmed(ctx context.Context, arg CleanupConfirmedPara
 	return err
 }
 
-const flagNodeCleanup = `-- name: FlagNodeCleanup :exec
-UPDATE allocations SET node_cleanup = true WHERE id = $1
-`
-
-// Nothing confirmed that the allocation's workload is gone from its node.
-func (q *Queries) FlagNodeCleanup(ctx context.Context, id uuid.UUID) error {
-	_, err := q.db.Exec(ctx, flagNodeCleanup, id)
-	return err
-}
-
 const getTaskForDispatch = `-- name: GetTaskForDispatch :one
 
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
