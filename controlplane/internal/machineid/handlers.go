@@ -14,7 +14,6 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/apierr"
-	"github.com/gantry-gpu/gantry/shared/correlation"
 )
 
 // Handlers implements the ServiceAccounts, ProjectAccessCredentials and
@@ -33,13 +32,6 @@ const (
 	sortServiceAccounts = "service_accounts.id"
 	sortCredentials     = "access_credentials.id_desc"
 )
-
-func requestID(ctx context.Context) *string {
-	if id := correlation.ID(ctx); id != "" {
-		return &id
-	}
-	return nil
-}
 
 func caller(ctx context.Context) (*principal.Principal, error) {
 	p, ok := principal.From(ctx)
@@ -120,7 +112,7 @@ func (h *Handlers) ListServiceAccounts(ctx context.Context, req api.ListServiceA
 			return nil, err
 		}
 	}
-	return api.ListServiceAccounts200JSONResponse{Body: out, Headers: api.ListServiceAccounts200ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.ListServiceAccounts200JSONResponse{Body: out}, nil
 }
 
 // CreateServiceAccount implements POST /api/v1/service-accounts.
@@ -144,7 +136,7 @@ func (h *Handlers) CreateServiceAccount(ctx context.Context, req api.CreateServi
 	if err != nil {
 		return nil, err
 	}
-	return api.CreateServiceAccount201JSONResponse{Body: apiServiceAccount(sa), Headers: api.CreateServiceAccount201ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.CreateServiceAccount201JSONResponse{Body: apiServiceAccount(sa)}, nil
 }
 
 // DeleteServiceAccount implements DELETE /api/v1/service-accounts/{service_account_id}.
@@ -156,7 +148,7 @@ func (h *Handlers) DeleteServiceAccount(ctx context.Context, req api.DeleteServi
 	if err := h.Svc.DeleteServiceAccount(ctx, p, req.ServiceAccountID); err != nil {
 		return nil, err
 	}
-	return api.DeleteServiceAccount204Response{Headers: api.DeleteServiceAccount204ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.DeleteServiceAccount204Response{}, nil
 }
 
 // CreateServiceAccountCredential implements POST /api/v1/service-accounts/{id}/credentials.
@@ -173,8 +165,7 @@ func (h *Handlers) CreateServiceAccountCredential(ctx context.Context, req api.C
 		return nil, err
 	}
 	return api.CreateServiceAccountCredential201JSONResponse{
-		Body:    h.apiCreated(c),
-		Headers: api.CreateServiceAccountCredential201ResponseHeaders{XRequestID: requestID(ctx)},
+		Body: h.apiCreated(c),
 	}, nil
 }
 
@@ -217,7 +208,7 @@ func (h *Handlers) ListProjectAccessCredentials(ctx context.Context, req api.Lis
 	if err != nil {
 		return nil, err
 	}
-	return api.ListProjectAccessCredentials200JSONResponse{Body: out, Headers: api.ListProjectAccessCredentials200ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.ListProjectAccessCredentials200JSONResponse{Body: out}, nil
 }
 
 // CreateProjectAccessCredential implements POST /api/v1/projects/{project_id}/access-credentials.
@@ -238,8 +229,7 @@ func (h *Handlers) CreateProjectAccessCredential(ctx context.Context, req api.Cr
 		return nil, err
 	}
 	return api.CreateProjectAccessCredential201JSONResponse{
-		Body:    h.apiCreated(c),
-		Headers: api.CreateProjectAccessCredential201ResponseHeaders{XRequestID: requestID(ctx)},
+		Body: h.apiCreated(c),
 	}, nil
 }
 
@@ -252,7 +242,7 @@ func (h *Handlers) DeleteProjectAccessCredential(ctx context.Context, req api.De
 	if err := h.Svc.Revoke(ctx, req.CredentialID, proj.ID); err != nil {
 		return nil, err
 	}
-	return api.DeleteProjectAccessCredential204Response{Headers: api.DeleteProjectAccessCredential204ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.DeleteProjectAccessCredential204Response{}, nil
 }
 
 // ListAdminAccessCredentials implements GET /api/v1/admin/access-credentials.
@@ -271,7 +261,7 @@ func (h *Handlers) ListAdminAccessCredentials(ctx context.Context, req api.ListA
 	if err != nil {
 		return nil, err
 	}
-	return api.ListAdminAccessCredentials200JSONResponse{Body: out, Headers: api.ListAdminAccessCredentials200ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.ListAdminAccessCredentials200JSONResponse{Body: out}, nil
 }
 
 // RevokeAdminAccessCredential implements DELETE /api/v1/admin/access-credentials/{credential_id}.
@@ -279,7 +269,7 @@ func (h *Handlers) RevokeAdminAccessCredential(ctx context.Context, req api.Revo
 	if err := h.Svc.Revoke(ctx, req.CredentialID, uuid.Nil); err != nil {
 		return nil, err
 	}
-	return api.RevokeAdminAccessCredential204Response{Headers: api.RevokeAdminAccessCredential204ResponseHeaders{XRequestID: requestID(ctx)}}, nil
+	return api.RevokeAdminAccessCredential204Response{}, nil
 }
 
 type rawRequestKey struct{}
@@ -316,7 +306,7 @@ func (h *Handlers) IssueAccessToken(ctx context.Context, _ api.IssueAccessTokenR
 	case err == nil:
 		return api.IssueAccessToken200JSONResponse{
 			Body:    api.ClientCredentialsTokenResponse{AccessToken: tok.AccessToken, TokenType: api.ClientCredentialsTokenResponseTokenTypeBearer, ExpiresIn: tok.ExpiresIn, Scope: tok.Scope},
-			Headers: api.IssueAccessToken200ResponseHeaders{CacheControl: &noStore, Pragma: &noCache, XRequestID: requestID(ctx)},
+			Headers: api.IssueAccessToken200ResponseHeaders{CacheControl: &noStore, Pragma: &noCache},
 		}, nil
 	case errors.As(err, &ge):
 		body := api.OAuthError{Error: api.OAuthErrorError(ge.Code), ErrorDescription: &ge.Description}
