@@ -159,12 +159,9 @@ WHERE user_id = @user_id AND status = 'pending';
 -- MFA readiness -------------------------------------------------------------------
 
 -- name: MFAReadiness :many
--- Holders of the privileged platform roles (users.role = 'admin' counts as
--- platform_superadmin, as loadIdentity does) and whether each has an active TOTP factor.
+-- Holders of the privileged platform roles (the bindings: users.role = 'admin' always
+-- has its superadmin binding, migration 00550) and whether each has an active TOTP factor.
 WITH holders AS (
-    SELECT u.id AS user_id, 'platform_superadmin'::text AS role
-    FROM users u WHERE u.role = 'admin' AND u.status = 'active'
-    UNION
     SELECT b.user_id, b.role
     FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
     WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
@@ -177,9 +174,7 @@ GROUP BY h.role ORDER BY h.role;
 
 -- name: MFAReadinessTotals :one
 WITH holders AS (
-    SELECT u.id AS user_id FROM users u WHERE u.role = 'admin' AND u.status = 'active'
-    UNION
-    SELECT b.user_id FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+    SELECT DISTINCT b.user_id FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
     WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
 )
 SELECT count(*)::bigint AS holders,

@@ -1071,9 +1071,6 @@ func (q *Queries) LockUser(ctx context.Context, id uuid.UUID) (string, error) {
 const mFAReadiness = `-- name: MFAReadiness :many
 
 WITH holders AS (
-    SELECT u.id AS user_id, 'platform_superadmin'::text AS role
-    FROM users u WHERE u.role = 'admin' AND u.status = 'active'
-    UNION
     SELECT b.user_id, b.role
     FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
     WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
@@ -1092,8 +1089,8 @@ type MFAReadinessRow struct {
 }
 
 // MFA readiness -------------------------------------------------------------------
-// Holders of the privileged platform roles (users.role = 'admin' counts as
-// platform_superadmin, as loadIdentity does) and whether each has an active TOTP factor.
+// Holders of the privileged platform roles (the bindings: users.role = 'admin' always
+// has its superadmin binding, migration 00550) and whether each has an active TOTP factor.
 func (q *Queries) MFAReadiness(ctx context.Context) ([]MFAReadinessRow, error) {
 	rows, err := q.db.Query(ctx, mFAReadiness)
 	if err != nil {
@@ -1116,9 +1113,7 @@ func (q *Queries) MFAReadiness(ctx context.Context) ([]MFAReadinessRow, error) {
 
 const mFAReadinessTotals = `-- name: MFAReadinessTotals :one
 WITH holders AS (
-    SELECT u.id AS user_id FROM users u WHERE u.role = 'admin' AND u.status = 'active'
-    UNION
-    SELECT b.user_id FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
+    SELECT DISTINCT b.user_id FROM platform_role_bindings b JOIN users u ON u.id = b.user_id
     WHERE b.role IN ('platform_superadmin', 'platform_ops') AND u.status = 'active'
 )
 SELECT count(*)::bigint AS holders,
