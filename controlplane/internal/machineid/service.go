@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
@@ -75,11 +74,6 @@ func (s *Service) newMachineUser(ctx context.Context, q *machineiddb.Queries, pr
 	return id, err
 }
 
-func isUniqueViolation(err error) bool {
-	var pg *pgconn.PgError
-	return errors.As(err, &pg) && pg.Code == "23505"
-}
-
 // CreateServiceAccount creates a service account of the caller's tenant.
 func (s *Service) CreateServiceAccount(ctx context.Context, p *principal.Principal, name, description string, roles []ProjectRole) (ServiceAccount, error) {
 	name = strings.TrimSpace(name)
@@ -116,7 +110,7 @@ func (s *Service) CreateServiceAccount(ctx context.Context, p *principal.Princip
 		sa := out.ServiceAccount
 		if err := q.InsertServiceAccount(ctx, machineiddb.InsertServiceAccountParams{ID: sa.ID, TenantID: sa.TenantID, UserID: sa.UserID,
 			Name: sa.Name, Description: sa.Description, CreatedBy: sa.CreatedBy, CreatedAt: now}); err != nil {
-			if isUniqueViolation(err) {
+			if db.IsUniqueViolation(err, "service_accounts_live_name") {
 				return apierr.New(apierr.InvalidRequest, "a service account with this name already exists").With("field", "name").With("reason", "already_exists").WithStatus(409)
 			}
 			return err
