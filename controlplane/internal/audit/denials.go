@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,7 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/bearer"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/shared/clock"
+	"github.com/gantry-gpu/gantry/shared/correlation"
 	"github.com/gantry-gpu/gantry/shared/ids"
 )
 
@@ -38,6 +43,28 @@ type Denial struct {
 	Code          string // the error code answered (token_missing, admin_required, ...)
 	Status        int
 	CorrelationID string
+}
+
+// Observer records denials: *Denials.
+type Observer interface {
+	Observe(Denial)
+}
+
+// Deny is the common part of answering a refusal (401, 403) that the server's error
+// mapper never sees (a WebSocket handshake): it fills in the request's client address,
+// method and correlation id, logs a 401 as a warning-class incident (seed §7.1 rule 4)
+// and sets its challenge (presented: the request carried a credential of the endpoint,
+// RFC 6750 §3.1), and hands the denial to rec (nil: not audited). The caller writes the
+// envelope.
+func Deny(w http.ResponseWriter, r *http.Request, log *slog.Logger, rec Observer, den Denial, presented bool) {
+	den.IP, den.Method, den.CorrelationID = ratelimit.ClientIP(r), r.Method, correlation.ID(r.Context())
+	if den.Status == http.StatusUnauthorized {
+		log.WarnContext(r.Context(), "authentication failed", "code", den.Code, "method", r.Method, "route", den.Route)
+		w.Header().Set("WWW-Authenticate", bearer.Challenge(presented))
+	}
+	if rec != nil {
+		rec.Observe(den)
+	}
 }
 
 // DenialConfig bounds the aggregation. Zero fields take the defaults.
@@ -192,7 +219,7 @@ func (d *Denials) Observe(den Denial) {
 	agg.count++
 	agg.lastSeen = now
 	agg.lastCorr = den.CorrelationID
-	if den.ProjectID != uuid.Nil && !containsUUID(agg.projects, den.ProjectID) {
+	if den.ProjectID != uuid.Nil && !slices.Contains(agg.projects, den.ProjectID) {
 		if len(agg.projects) < maxProjectsPerAggregate {
 			agg.projects = append(agg.projects, den.ProjectID)
 		} else {
@@ -342,13 +369,4 @@ func (d *Denials) Run(ctx context.Context) {
 			}
 		}
 	}
-}
-
-func containsUUID(s []uuid.UUID, id uuid.UUID) bool {
-	for _, x := range s {
-		if x == id {
-			return true
-		}
-	}
-	return false
 }

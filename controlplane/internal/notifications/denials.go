@@ -6,9 +6,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/bearer"
-	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/shared/apierr"
-	"github.com/gantry-gpu/gantry/shared/correlation"
 )
 
 // DenialRecorder is where the refusals (401, 403) of GET /ws/notifications are audited:
@@ -35,17 +33,9 @@ func (h *Handlers) refused(w http.ResponseWriter, r *http.Request, err error) er
 	if status != http.StatusUnauthorized && status != http.StatusForbidden {
 		return err
 	}
-	if status == http.StatusUnauthorized {
-		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
-		h.Log.WarnContext(r.Context(), "authentication failed", "code", e.Code, "method", r.Method, "route", Route)
-		w.Header().Set("WWW-Authenticate", bearer.Challenge(presented(r)))
-	}
-	if h.Denials != nil {
-		h.Denials.Observe(audit.Denial{
-			ActorType: audit.ActorUser, IP: ratelimit.ClientIP(r), Method: r.Method, Route: Route, OperationID: contractOperationID,
-			Code: string(e.Code), Status: status, CorrelationID: correlation.ID(r.Context()),
-		})
-	}
+	audit.Deny(w, r, h.Log, h.Denials, audit.Denial{
+		ActorType: audit.ActorUser, Route: Route, OperationID: contractOperationID, Code: string(e.Code), Status: status,
+	}, presented(r))
 	envelopes.Write(w, r, err)
 	return nil
 }

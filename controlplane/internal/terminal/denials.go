@@ -9,8 +9,6 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/bearer"
-	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
-	"github.com/gantry-gpu/gantry/shared/correlation"
 )
 
 // DenialRecorder is where the refusals (401, 403) of the terminal's WebSocket operations
@@ -66,21 +64,13 @@ func (s *Service) refused(w http.ResponseWriter, r *http.Request, ep endpoint, e
 		return routed
 	}
 	den := audit.Denial{
-		ActorType: ep.actorType, IP: ratelimit.ClientIP(r), Method: r.Method, Route: ep.route, OperationID: ep.operationID,
-		Code: string(routed.Code), Status: status, CorrelationID: correlation.ID(r.Context()),
+		ActorType: ep.actorType, Route: ep.route, OperationID: ep.operationID, Code: string(routed.Code), Status: status,
 	}
 	var owned *tokenOwned
 	if errors.As(err, &owned) {
 		den.ActorUserID, den.TenantID, den.ProjectID = owned.user, owned.tenant, owned.projectID
 	}
-	if status == http.StatusUnauthorized {
-		// Authentication failures are warning-class incidents (seed §7.1 rule 4).
-		s.deps.Log.WarnContext(r.Context(), "authentication failed", "code", routed.Code, "method", r.Method, "route", ep.route)
-		w.Header().Set("WWW-Authenticate", bearer.Challenge(ep.credential(r)))
-	}
-	if s.deps.Denials != nil {
-		s.deps.Denials.Observe(den)
-	}
+	audit.Deny(w, r, s.deps.Log, s.deps.Denials, den, ep.credential(r))
 	envelopes.Write(w, r, routed)
 	return nil
 }
