@@ -86,17 +86,16 @@ UPDATE allocations SET node_cleanup = false WHERE id = sqlc.arg('allocation_id')
 UPDATE allocations SET node_cleanup = true WHERE id = $1;
 
 -- name: ReconcileCandidates :many
--- What a node's reconcile looks at: the allocations whose GPUs are held on the node
--- (allocation_gpus_held_key), and those the agent says it holds; with whether the
--- allocation still holds GPUs, whether a cleanup task is open, and every task id of the
--- allocation (a task the agent is still running means its workload may appear yet).
+-- What a node's reconcile looks at: the allocations the agent says it holds, and those
+-- waiting for cleanup whose GPUs are held on the node (allocation_gpus_held_key); with
+-- whether a cleanup task is open, and every task id of the allocation (a task the agent
+-- is still running means its workload may appear yet).
 SELECT a.id, a.node_id, a.status, a.node_cleanup,
-       EXISTS (SELECT 1 FROM allocation_gpus g WHERE g.allocation_id = a.id AND g.released_at IS NULL)::boolean AS holds_gpus,
        EXISTS (SELECT 1 FROM allocation_tasks t WHERE t.allocation_id = a.id AND t.cleanup AND t.finished_at IS NULL)::boolean AS cleanup_open,
        ARRAY(SELECT t.task_id::text FROM allocation_tasks t WHERE t.allocation_id = a.id)::text[] AS task_ids
 FROM allocations a
 WHERE a.id = ANY(sqlc.arg('held_ids')::uuid[])
-   OR a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = sqlc.arg('node_id') AND g.released_at IS NULL)
+   OR (a.node_cleanup AND a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = sqlc.arg('node_id') AND g.released_at IS NULL))
 ORDER BY a.id;
 
 -- name: HoldFreedGPUs :execrows

@@ -280,12 +280,11 @@ func (q *Queries) MarkTaskAcked(ctx context.Context, arg MarkTaskAckedParams) er
 
 const reconcileCandidates = `-- name: ReconcileCandidates :many
 SELECT a.id, a.node_id, a.status, a.node_cleanup,
-       EXISTS (SELECT 1 FROM allocation_gpus g WHERE g.allocation_id = a.id AND g.released_at IS NULL)::boolean AS holds_gpus,
        EXISTS (SELECT 1 FROM allocation_tasks t WHERE t.allocation_id = a.id AND t.cleanup AND t.finished_at IS NULL)::boolean AS cleanup_open,
        ARRAY(SELECT t.task_id::text FROM allocation_tasks t WHERE t.allocation_id = a.id)::text[] AS task_ids
 FROM allocations a
 WHERE a.id = ANY($1::uuid[])
-   OR a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = $2 AND g.released_at IS NULL)
+   OR (a.node_cleanup AND a.id IN (SELECT g.allocation_id FROM allocation_gpus g WHERE g.node_id = $2 AND g.released_at IS NULL))
 ORDER BY a.id
 `
 
@@ -299,15 +298,14 @@ type ReconcileCandidatesRow struct {
 	NodeID      uuid.UUID
 	Status      string
 	NodeCleanup bool
-	HoldsGpus   bool
 	CleanupOpen bool
 	TaskIds     []string
 }
 
-// What a node's reconcile looks at: the allocations whose GPUs are held on the node
-// (allocation_gpus_held_key), and those the agent says it holds; with whether the
-// allocation still holds GPUs, whether a cleanup task is open, and every task id of the
-// allocation (a task the agent is still running means its workload may appear yet).
+// What a node's reconcile looks at: the allocations the agent says it holds, and those
+// waiting for cleanup whose GPUs are held on the node (allocation_gpus_held_key); with
+// whether a cleanup task is open, and every task id of the allocation (a task the agent
+// is still running means its workload may appear yet).
 func (q *Queries) ReconcileCandidates(ctx context.Context, arg ReconcileCandidatesParams) ([]ReconcileCandidatesRow, error) {
 	rows, err := q.db.Query(ctx, reconcileCandidates, arg.HeldIds, arg.NodeID)
 	if err != nil {
@@ -322,7 +320,6 @@ func (q *Queries) ReconcileCandidates(ctx context.Context, arg ReconcileCandidat
 			&i.NodeID,
 			&i.Status,
 			&i.NodeCleanup,
-			&i.HoldsGpus,
 			&i.CleanupOpen,
 			&i.TaskIds,
 		); err != nil {
