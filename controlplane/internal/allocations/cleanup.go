@@ -26,15 +26,12 @@ import (
 // either that task succeeding (cleanupReported) or the agent's reconcile on a
 // (re)connect reporting the workload absent (Reconcile); it frees the GPUs.
 
-// startCleanup marks the locked allocation a for node cleanup and queues a cleanup task
-// for its node, in tx (a pipeline is fine: nothing is read back).
+// startCleanup queues a cleanup task for the node of the locked allocation a, in tx (a
+// pipeline is fine: nothing is read back); the caller has set a's node_cleanup (SetStatus
+// with Cleanup, or SetNodeCleanup).
 func (s *Service) startCleanup(ctx context.Context, tx pgx.Tx, a Allocation) error {
-	q := allocationsdb.New(tx)
-	if err := q.SetNodeCleanup(ctx, a.ID); err != nil {
-		return fmt.Errorf("flag node cleanup: %w", err)
-	}
 	taskID := s.IDs.New()
-	if err := q.InsertCleanupTask(ctx, allocationsdb.InsertCleanupTaskParams{
+	if err := allocationsdb.New(tx).InsertCleanupTask(ctx, allocationsdb.InsertCleanupTaskParams{
 		TaskID: taskID, AllocationID: a.ID, NodeID: a.NodeID, CreatedAt: s.now(),
 	}); err != nil {
 		return fmt.Errorf("insert cleanup task: %w", err)
@@ -172,6 +169,9 @@ func (s *Service) cleanupHeld(ctx context.Context, id, nodeID uuid.UUID) error {
 		}
 		s.Log.WarnContext(ctx, "node still holds the workload of an ended allocation: cleanup task sent",
 			"allocation_id", id, "node_id", nodeID, "status", a.Status, "gpus_held_again", held)
+		if err := allocationsdb.New(tx).SetNodeCleanup(ctx, id); err != nil {
+			return fmt.Errorf("flag node cleanup: %w", err)
+		}
 		return s.startCleanup(ctx, tx, a)
 	})
 }
