@@ -656,18 +656,8 @@ func federatedPasswordSignIn(ctx context.Context, q *authdb.Queries, userID uuid
 	return nil
 }
 
-// tenantPasswordSignIn refuses a correct password of a user whose tenant turned
-// password sign-in off: auth_personal_disabled.
-func tenantPasswordSignIn(ctx context.Context, q *authdb.Queries, tenantID uuid.NullUUID) error {
-	if !tenantID.Valid {
-		return nil
-	}
-	ok, err := q.GetTenantPasswordSignIn(ctx, tenantID.UUID)
-	if err != nil {
-		return apierr.Internal(err)
-	}
-	if !ok {
-		return apierr.New(apierr.AuthPersonalDisabled, "password sign-in is disabled for this organization; use its identity provider")
-	}
-	return nil
+// errTenantPasswordSignIn refuses a correct password of a user whose tenant turned
+// password sign-in off (GetUserByUsername's password_sign_in): auth_personal_disabled.
+func errTenantPasswordSignIn() error {
+	return apierr.New(apierr.AuthPersonalDisabled, "password sign-in is disabled for this organization; use its identity provider")
 }

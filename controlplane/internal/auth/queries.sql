@@ -27,9 +27,12 @@ ORDER BY created_at DESC;
 -- Identity facts ---------------------------------------------------------------
 
 -- name: GetUserByUsername :one
+-- password_sign_in: whether the user's tenant lets passwords sign in (true without a
+-- tenant or an identity provider; oidc.go).
 SELECT u.id, u.username, u.password_hash, u.role, u.status, u.tenant_id, u.tenant_role,
-       t.status AS tenant_status
+       t.status AS tenant_status, coalesce(p.password_sign_in, true)::boolean AS password_sign_in
 FROM users u LEFT JOIN tenants t ON t.id = u.tenant_id
+LEFT JOIN tenant_identity_providers p ON p.tenant_id = u.tenant_id
 WHERE u.username = @username;
 
 -- name: GetUserByID :one
@@ -317,7 +320,3 @@ VALUES (@user_id, @tenant_id, @issuer, @subject, @now);
 -- name: SetUserTenantRole :exec
 UPDATE users SET tenant_role = @tenant_role, updated_at = @now WHERE id = @id AND tenant_role IS DISTINCT FROM @tenant_role;
 
--- name: GetTenantPasswordSignIn :one
--- Whether a password user of tenant_id may sign in with a password (true when the
--- tenant has no identity provider).
-SELECT coalesce((SELECT password_sign_in FROM tenant_identity_providers WHERE tenant_id = @tenant_id), true)::boolean;

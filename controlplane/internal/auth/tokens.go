@@ -194,9 +194,9 @@ func (s *Service) LoginWith(ctx context.Context, username, password string, sf S
 		return fail()
 	}
 	// Sign-in mode (oidc.go): only after the password, so it reveals nothing to a guesser.
-	if err := tenantPasswordSignIn(ctx, authdb.New(db.Querier(ctx, s.pool)), row.TenantID); err != nil {
+	if !row.PasswordSignIn {
 		s.login.failures.Inc()
-		return AuthTokens{}, err
+		return AuthTokens{}, errTenantPasswordSignIn()
 	}
 	var out AuthTokens
 	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {

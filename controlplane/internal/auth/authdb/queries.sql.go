@@ -486,19 +486,6 @@ func (q *Queries) GetTenantForSignIn(ctx context.Context, slug string) (GetTenan
 	return i, err
 }
 
-const getTenantPasswordSignIn = `-- name: GetTenantPasswordSignIn :one
-SELECT coalesce((SELECT password_sign_in FROM tenant_identity_providers WHERE tenant_id = $1), true)::boolean
-`
-
-// Whether a password user of tenant_id may sign in with a password (true when the
-// tenant has no identity provider).
-func (q *Queries) GetTenantPasswordSignIn(ctx context.Context, tenantID uuid.UUID) (bool, error) {
-	row := q.db.QueryRow(ctx, getTenantPasswordSignIn, tenantID)
-	var column_1 bool
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
 const getTenantSlugKind = `-- name: GetTenantSlugKind :one
 SELECT slug, kind FROM tenants WHERE id = $1
 `
@@ -550,23 +537,27 @@ func (q *Queries) GetUserByID(ctx context.Context, id uuid.UUID) (GetUserByIDRow
 const getUserByUsername = `-- name: GetUserByUsername :one
 
 SELECT u.id, u.username, u.password_hash, u.role, u.status, u.tenant_id, u.tenant_role,
-       t.status AS tenant_status
+       t.status AS tenant_status, coalesce(p.password_sign_in, true)::boolean AS password_sign_in
 FROM users u LEFT JOIN tenants t ON t.id = u.tenant_id
+LEFT JOIN tenant_identity_providers p ON p.tenant_id = u.tenant_id
 WHERE u.username = $1
 `
 
 type GetUserByUsernameRow struct {
-	ID           uuid.UUID
-	Username     string
-	PasswordHash *string
-	Role         string
-	Status       string
-	TenantID     uuid.NullUUID
-	TenantRole   *string
-	TenantStatus *string
+	ID             uuid.UUID
+	Username       string
+	PasswordHash   *string
+	Role           string
+	Status         string
+	TenantID       uuid.NullUUID
+	TenantRole     *string
+	TenantStatus   *string
+	PasswordSignIn bool
 }
 
 // Identity facts ---------------------------------------------------------------
+// password_sign_in: whether the user's tenant lets passwords sign in (true without a
+// tenant or an identity provider; oidc.go).
 func (q *Queries) GetUserByUsername(ctx context.Context, username string) (GetUserByUsernameRow, error) {
 	row := q.db.QueryRow(ctx, getUserByUsername, username)
 	var i GetUserByUsernameRow
@@ -579,6 +570,7 @@ func (q *Queries) GetUserByUsername(ctx context.Context, username string) (GetUs
 		&i.TenantID,
 		&i.TenantRole,
 		&i.TenantStatus,
+		&i.PasswordSignIn,
 	)
 	return i, err
 }
