@@ -230,6 +230,7 @@ func TestGrantBackoffExpiryAndDeletion(t *testing.T) {
 	want(t, "credential with expiry", c, 201, "")
 	shortID, shortSecret := c.Str("client_id"), c.Str("client_secret")
 	want(t, "before expiry", grant(t, e, creds(shortID, shortSecret)), 200, "")
+	want(t, "blank name", call(t, e, "POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken, map[string]any{"name": "   "}, ""), 422, "validation_error")
 	want(t, "expiry in the past", call(t, e, "POST", "/api/v1/service-accounts/"+f.saID+"/credentials", f.ten.AdminToken,
 		map[string]any{"name": "past", "expires_at": f.clk.Now().Add(-time.Minute).Format(time.RFC3339)}, ""), 422, "validation_error")
 	f.clk.Advance(time.Hour)
@@ -256,6 +257,7 @@ func TestProjectAccessCredential(t *testing.T) {
 	proj := f.ten.DefaultProject.String()
 	base := "/api/v1/projects/" + proj + "/access-credentials"
 	want(t, "owner role refused", call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": "x", "role": "owner"}, ""), 422, "validation_error")
+	want(t, "blank name", call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": " ", "role": "viewer"}, ""), 422, "validation_error")
 	c := call(t, e, "POST", base, f.ten.AdminToken, map[string]any{"name": "deploy", "role": "viewer"}, "")
 	want(t, "create", c, 201, "")
 	cred := c.Body

@@ -74,11 +74,21 @@ func (s *Service) newMachineUser(ctx context.Context, q *machineiddb.Queries, pr
 	return id, err
 }
 
-// CreateServiceAccount creates a service account of the caller's tenant.
-func (s *Service) CreateServiceAccount(ctx context.Context, p *principal.Principal, name, description string, roles []ProjectRole) (ServiceAccount, error) {
+// cleanName is a new identity's name, trimmed; a blank one is a validation error (the
+// contract's minLength admits spaces, the tables' checks do not).
+func cleanName(name string) (string, error) {
 	name = strings.TrimSpace(name)
 	if name == "" {
-		return ServiceAccount{}, apierr.Validation("name", "name must not be blank")
+		return "", apierr.Validation("name", "name must not be blank")
+	}
+	return name, nil
+}
+
+// CreateServiceAccount creates a service account of the caller's tenant.
+func (s *Service) CreateServiceAccount(ctx context.Context, p *principal.Principal, name, description string, roles []ProjectRole) (ServiceAccount, error) {
+	name, err := cleanName(name)
+	if err != nil {
+		return ServiceAccount{}, err
 	}
 	seen := map[uuid.UUID]bool{}
 	for i, r := range roles {
@@ -92,7 +102,7 @@ func (s *Service) CreateServiceAccount(ctx context.Context, p *principal.Princip
 	}
 	now := s.clock.Now()
 	out := ServiceAccount{Roles: roles}
-	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := machineiddb.New(tx)
 		for i, r := range roles {
 			if _, err := q.LiveTenantProject(ctx, machineiddb.LiveTenantProjectParams{ProjectID: r.ProjectID, TenantID: p.TenantID}); errors.Is(err, pgx.ErrNoRows) {
@@ -230,12 +240,16 @@ func (s *Service) insertCredential(ctx context.Context, tx pgx.Tx, arg machineid
 
 // CreateServiceAccountCredential adds a client credential to a service account.
 func (s *Service) CreateServiceAccountCredential(ctx context.Context, p *principal.Principal, saID uuid.UUID, name string, expiresAt *time.Time) (Created, error) {
+	name, err := cleanName(name)
+	if err != nil {
+		return Created{}, err
+	}
 	if err := s.checkExpiry(expiresAt); err != nil {
 		return Created{}, err
 	}
 	now := s.clock.Now()
 	var out Created
-	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		sa, err := machineiddb.New(tx).LockLiveServiceAccount(ctx, machineiddb.LockLiveServiceAccountParams{ID: saID, TenantID: p.TenantID})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errServiceAccountNotFound()
@@ -245,7 +259,7 @@ func (s *Service) CreateServiceAccountCredential(ctx context.Context, p *princip
 		}
 		out, err = s.insertCredential(ctx, tx, machineiddb.InsertCredentialParams{
 			TenantID: p.TenantID, Kind: principal.MachineServiceAccount, ServiceAccountID: uuid.NullUUID{UUID: sa.ID, Valid: true},
-			UserID: sa.UserID, Name: strings.TrimSpace(name), ExpiresAt: expiresAt,
+			UserID: sa.UserID, Name: name, ExpiresAt: expiresAt,
 			CreatedBy: uuid.NullUUID{UUID: p.UserID, Valid: true}, CreatedAt: now,
 		})
 		if err != nil {
@@ -259,6 +273,10 @@ func (s *Service) CreateServiceAccountCredential(ctx context.Context, p *princip
 
 // CreateProjectCredential creates a project access credential in proj with role.
 func (s *Service) CreateProjectCredential(ctx context.Context, p *principal.Principal, proj projectctx.Project, name, role string, expiresAt *time.Time) (Created, error) {
+	name, err := cleanName(name)
+	if err != nil {
+		return Created{}, err
+	}
 	if !machineRole(role) {
 		return Created{}, apierr.Validation("role", "role is admin, member or viewer")
 	}
@@ -270,15 +288,15 @@ func (s *Service) CreateProjectCredential(ctx context.Context, p *principal.Prin
 	}
 	now := s.clock.Now()
 	var out Created
-	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
+	err = db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := machineiddb.New(tx)
-		userID, err := s.newMachineUser(ctx, q, "pac-", strings.TrimSpace(name), now)
+		userID, err := s.newMachineUser(ctx, q, "pac-", name, now)
 		if err != nil {
 			return err
 		}
 		out, err = s.insertCredential(ctx, tx, machineiddb.InsertCredentialParams{
 			TenantID: proj.TenantID, Kind: principal.MachineProjectCredential, ProjectID: uuid.NullUUID{UUID: proj.ID, Valid: true},
-			ProjectRole: &role, UserID: userID, Name: strings.TrimSpace(name), ExpiresAt: expiresAt,
+			ProjectRole: &role, UserID: userID, Name: name, ExpiresAt: expiresAt,
 			CreatedBy: uuid.NullUUID{UUID: p.UserID, Valid: true}, CreatedAt: now,
 		})
 		if err != nil {
