@@ -149,6 +149,9 @@ func (s *Service) ListServiceAccounts(ctx context.Context, tenantID, after uuid.
 	if more {
 		rows = rows[:size]
 	}
+	if len(rows) == 0 {
+		return nil, false, nil
+	}
 	idsOf := make([]uuid.UUID, len(rows))
 	for i, r := range rows {
 		idsOf[i] = r.ID
