@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
+	"github.com/gantry-gpu/gantry/nodeagent/runtime"
 	"github.com/gantry-gpu/gantry/nodeagent/tasks"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
@@ -35,13 +36,6 @@ const (
 	// reconnect).
 	DefaultResultResend = 30 * time.Second
 )
-
-// Workload is one workload the node holds (an allocation its runtime has a live record
-// of), as Hello reports it for the control plane's reconcile.
-type Workload struct {
-	AllocationID string
-	Phase        string
-}
 
 // StreamHandler serves a raw stream the control plane opened (terminal, app proxy). It
 // must answer the preamble with fabricnet.WriteReply before payload bytes flow, and
@@ -71,7 +65,7 @@ type Options struct {
 	StateDir string
 	// Workloads, when set, lists the workloads the node holds; every Hello reports them
 	// for the control plane's reconcile. nil reports none (and says so).
-	Workloads func() []Workload
+	Workloads func() []runtime.Held
 	// ResultResend spaces re-sends of unacknowledged results on a tunnel that stays up
 	// (default DefaultResultResend).
 	ResultResend time.Duration
@@ -351,7 +345,7 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	if a.o.Workloads != nil {
 		hello.WorkloadsReported = true
 		for _, w := range a.o.Workloads() {
-			hello.Workloads = append(hello.Workloads, &fabricv1.HeldWorkload{AllocationId: w.AllocationID, Phase: w.Phase})
+			hello.Workloads = append(hello.Workloads, &fabricv1.HeldWorkload{AllocationId: w.AllocationID, Phase: string(w.Phase)})
 		}
 	}
 	// Every unacknowledged result goes out again on this tunnel.

@@ -109,14 +109,7 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 	// Results wait for the control plane's acknowledgement beside the runtime's records,
 	// and every Hello reports what the runtime holds.
 	opts.StateDir = runtime.StateDir(cfg)
-	opts.Workloads = func() []Workload {
-		held := rt.Held()
-		out := make([]Workload, 0, len(held))
-		for _, h := range held {
-			out = append(out, Workload{AllocationID: h.AllocationID, Phase: string(h.Phase)})
-		}
-		return out
-	}
+	opts.Workloads = rt.Held
 	// Browser terminals (nodeagent/terminal) in the runtime's live allocations; every
 	// session is ended (Run's Close) before RunConfig returns.
 	term := terminal.New(terminal.RuntimeEnvironments(rt), terminal.Options{DetachedTimeout: cfg.TerminalDetachedTimeout, Logger: log})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/agent"
+	"github.com/gantry-gpu/gantry/nodeagent/runtime"
 	"github.com/gantry-gpu/gantry/nodeagent/tasks"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
@@ -146,7 +147,7 @@ func TestPendingResultReloadedAfterAgentRestart(t *testing.T) {
 
 	second := startAgent(t, p, fabricnet.ModeTCP, func(o *agent.Options) {
 		o.Executor, o.StateDir = echoMux(&runs), dir
-		o.Workloads = func() []agent.Workload { return []agent.Workload{{AllocationID: "a1", Phase: "active"}} }
+		o.Workloads = func() []runtime.Held { return []runtime.Held{{AllocationID: "a1", Phase: "active"}} }
 	})
 	if got := second.a.PendingResults(); len(got) != 1 || got[0] != "t1" {
 		t.Fatalf("reloaded %v", got)
