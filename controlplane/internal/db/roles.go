@@ -72,7 +72,7 @@ func GrantApp(ctx context.Context, conn *pgx.Conn, role string) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer Rollback(ctx, tx)
 	var dbName string
 	if err := tx.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
 		return err
