@@ -350,6 +350,17 @@ func parsePublicJWK(data []byte) (*rsa.PublicKey, map[string]any, error) {
 
 // seal encrypts plaintext with AES-256-GCM; kid is the additional data.
 func (m MasterKey) seal(plaintext []byte, kid string) ([]byte, error) {
+	return m.sealAD(plaintext, aad(kid))
+}
+
+// open decrypts what seal produced for kid.
+func (m MasterKey) open(sealed []byte, kid string) ([]byte, error) {
+	return m.openAD(sealed, aad(kid), "private key")
+}
+
+// sealAD encrypts plaintext with AES-256-GCM under the master key, bound to the
+// additional data ad (a sealed value copied elsewhere does not open): nonce || sealed.
+func (m MasterKey) sealAD(plaintext, ad []byte) ([]byte, error) {
 	aead, err := m.aead()
 	if err != nil {
 		return nil, err
@@ -358,22 +369,22 @@ func (m MasterKey) seal(plaintext []byte, kid string) ([]byte, error) {
 	if _, err := io.ReadFull(rand.Reader, nonce); err != nil {
 		return nil, fmt.Errorf("nonce: %w", err)
 	}
-	return aead.Seal(nonce, nonce, plaintext, aad(kid)), nil
+	return aead.Seal(nonce, nonce, plaintext, ad), nil
 }
 
-// open decrypts what seal produced for kid.
-func (m MasterKey) open(sealed []byte, kid string) ([]byte, error) {
+// openAD decrypts what sealAD produced for ad; what names the value in errors.
+func (m MasterKey) openAD(sealed, ad []byte, what string) ([]byte, error) {
 	aead, err := m.aead()
 	if err != nil {
 		return nil, err
 	}
 	if len(sealed) < aead.NonceSize()+aead.Overhead() {
-		return nil, errors.New("encrypted private key is truncated")
+		return nil, fmt.Errorf("encrypted %s is truncated", what)
 	}
 	n := aead.NonceSize()
-	plain, err := aead.Open(nil, sealed[:n], sealed[n:], aad(kid))
+	plain, err := aead.Open(nil, sealed[:n], sealed[n:], ad)
 	if err != nil {
-		return nil, errors.New("cannot decrypt private key: wrong GANTRY_MASTER_KEY or corrupted row")
+		return nil, fmt.Errorf("cannot decrypt %s: wrong GANTRY_MASTER_KEY or corrupted row", what)
 	}
 	return plain, nil
 }

@@ -115,31 +115,12 @@ func idpAAD(tenantID uuid.UUID) []byte {
 
 // sealIdPSecret encrypts a client secret under the master key, bound to the tenant.
 func (m MasterKey) sealIdPSecret(secret string, tenantID uuid.UUID) ([]byte, error) {
-	aead, err := m.aead()
-	if err != nil {
-		return nil, err
-	}
-	nonce := make([]byte, aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		return nil, err
-	}
-	return aead.Seal(nonce, nonce, []byte(secret), idpAAD(tenantID)), nil
+	return m.sealAD([]byte(secret), idpAAD(tenantID))
 }
 
 func (m MasterKey) openIdPSecret(sealed []byte, tenantID uuid.UUID) (string, error) {
-	aead, err := m.aead()
-	if err != nil {
-		return "", err
-	}
-	n := aead.NonceSize()
-	if len(sealed) < n+aead.Overhead() {
-		return "", errors.New("sealed client secret is truncated")
-	}
-	plain, err := aead.Open(nil, sealed[:n], sealed[n:], idpAAD(tenantID))
-	if err != nil {
-		return "", errors.New("cannot decrypt the client secret: wrong GANTRY_MASTER_KEY or corrupted row")
-	}
-	return string(plain), nil
+	plain, err := m.openAD(sealed, idpAAD(tenantID), "client secret")
+	return string(plain), err
 }
 
 func toIdentityProvider(slug string, r authdb.TenantIdentityProvider) (IdentityProvider, error) {

@@ -81,36 +81,16 @@ func otpauthURI(account string, secret []byte) (string, error) {
 	return key.URL(), nil
 }
 
-// sealTOTPSecret encrypts a user's TOTP secret with AES-256-GCM under the master key;
-// the additional data binds it to the user, so a sealed secret copied onto another
-// user's row does not open.
+// sealTOTPSecret encrypts a user's TOTP secret under the master key; the additional
+// data binds it to the user, so a sealed secret copied onto another user's row does not
+// open.
 func (m MasterKey) sealTOTPSecret(secret []byte, userID uuid.UUID) ([]byte, error) {
-	aead, err := m.aead()
-	if err != nil {
-		return nil, err
-	}
-	nonce := make([]byte, aead.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		return nil, err
-	}
-	return aead.Seal(nonce, nonce, secret, totpAAD(userID)), nil
+	return m.sealAD(secret, totpAAD(userID))
 }
 
 // openTOTPSecret decrypts what sealTOTPSecret produced for userID.
 func (m MasterKey) openTOTPSecret(sealed []byte, userID uuid.UUID) ([]byte, error) {
-	aead, err := m.aead()
-	if err != nil {
-		return nil, err
-	}
-	if len(sealed) < aead.NonceSize()+aead.Overhead() {
-		return nil, fmt.Errorf("sealed totp secret too short")
-	}
-	n := aead.NonceSize()
-	plain, err := aead.Open(nil, sealed[:n], sealed[n:], totpAAD(userID))
-	if err != nil {
-		return nil, fmt.Errorf("open totp secret (wrong master key?): %w", err)
-	}
-	return plain, nil
+	return m.openAD(sealed, totpAAD(userID), "TOTP secret")
 }
 
 func totpAAD(userID uuid.UUID) []byte { return []byte("gantry/auth/totp/" + userID.String()) }
