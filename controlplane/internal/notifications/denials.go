@@ -12,9 +12,7 @@ import (
 // DenialRecorder is where the refusals (401, 403) of GET /ws/notifications are audited:
 // *audit.Denials, which aggregates them per actor, operation and code per window in
 // memory and never makes a request wait on the database.
-type DenialRecorder interface {
-	Observe(audit.Denial)
-}
+type DenialRecorder = audit.Observer
 
 // contractOperationID is the contract's id of the operation (audit metadata).
 const contractOperationID = "connectNotifications"

@@ -14,9 +14,7 @@ import (
 // DenialRecorder is where the refusals (401, 403) of the terminal's WebSocket operations
 // are audited: *audit.Denials, which aggregates them per actor, operation and code per
 // window in memory and never makes a request wait on the database.
-type DenialRecorder interface {
-	Observe(audit.Denial)
-}
+type DenialRecorder = audit.Observer
 
 // The contract's operation ids of the two WebSocket operations (audit metadata).
 const (
