@@ -75,11 +75,7 @@ func (s *Service) confirmGone(ctx context.Context, id uuid.UUID, why string) (bo
 		return false, err
 	}
 	s.Log.InfoContext(ctx, "node confirmed the workload gone: GPUs free", "allocation_id", id, "node_id", a.NodeID, "by", why)
-	if s.Drains != nil {
-		if err := s.Drains.SettleDrain(ctx, a.NodeID); err != nil {
-			s.Log.WarnContext(ctx, "settle node drain failed", "node_id", a.NodeID, "err", err)
-		}
-	}
+	s.settleDrain(ctx, a.NodeID)
 	return true, nil
 }
 

@@ -318,10 +318,8 @@ func (s *Service) onTask(ctx context.Context, taskID uuid.UUID,
 	if err != nil {
 		return lifecycle.Outcome{}, err
 	}
-	if out.Changed && !lifecycle.HoldsGPUs(out.To) && s.Drains != nil {
-		if err := s.Drains.SettleDrain(ctx, nodeID); err != nil {
-			s.Log.WarnContext(ctx, "settle node drain failed", "node_id", nodeID, "err", err)
-		}
+	if out.Changed && !lifecycle.HoldsGPUs(out.To) {
+		s.settleDrain(ctx, nodeID)
 	}
 	return out, nil
 }

@@ -67,12 +67,21 @@ func (s *Service) applyWith(ctx context.Context, id uuid.UUID, projectID *uuid.U
 		return Allocation{}, out, err
 	}
 	// A node draining may be waiting for this allocation's GPUs.
-	if out.Changed && !lifecycle.HoldsGPUs(out.To) && s.Drains != nil {
-		if err := s.Drains.SettleDrain(ctx, a.NodeID); err != nil {
-			s.Log.WarnContext(ctx, "settle node drain failed", "node_id", a.NodeID, "err", err)
-		}
+	if out.Changed && !lifecycle.HoldsGPUs(out.To) {
+		s.settleDrain(ctx, a.NodeID)
 	}
 	return a, out, nil
+}
+
+// settleDrain tells a draining node that GPUs of its were freed (Drains); a failure is
+// only logged.
+func (s *Service) settleDrain(ctx context.Context, nodeID uuid.UUID) {
+	if s.Drains == nil {
+		return
+	}
+	if err := s.Drains.SettleDrain(ctx, nodeID); err != nil {
+		s.Log.WarnContext(ctx, "settle node drain failed", "node_id", nodeID, "err", err)
+	}
 }
 
 // AdminList is a page of every tenant's allocations by id, optionally of one tenant
