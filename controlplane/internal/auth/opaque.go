@@ -47,6 +47,13 @@ func opaqueTokenKind(tok string) string {
 	return ""
 }
 
+// IsClientSecret reports whether s is shaped like a machine client secret: the prefix and
+// unpadded base64url of 32 bytes.
+func IsClientSecret(s string) bool {
+	rest, ok := strings.CutPrefix(s, ClientSecretPrefix)
+	return ok && isSecret(rest)
+}
+
 // isSecret reports whether s is unpadded base64url of 32 bytes.
 func isSecret(s string) bool {
 	if len(s) != opaqueSecretLen {

@@ -63,7 +63,7 @@ func LoadSecrets(dir string) (s Secrets, generated []string, err error) {
 		}
 		generated = append(generated, pw.name)
 	}
-	if !validClientSecret(s.DemoClientSecret) {
+	if !auth.IsClientSecret(s.DemoClientSecret) {
 		if s.DemoClientSecret, err = newClientSecret(); err != nil {
 			return Secrets{}, nil, err
 		}
@@ -121,13 +121,4 @@ func newClientSecret() (string, error) {
 		return "", err
 	}
 	return auth.ClientSecretPrefix + base64.RawURLEncoding.EncodeToString(b), nil
-}
-
-func validClientSecret(s string) bool {
-	rest, ok := strings.CutPrefix(s, auth.ClientSecretPrefix)
-	if !ok {
-		return false
-	}
-	b, err := base64.RawURLEncoding.Strict().DecodeString(rest)
-	return err == nil && len(b) == 32
 }
