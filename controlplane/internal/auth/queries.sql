@@ -67,16 +67,14 @@ WHERE family_id = @family_id AND revoked_at IS NULL;
 -- name: DeleteExpiredRefreshTokens :execrows
 DELETE FROM auth_refresh_tokens WHERE expires_at < @before;
 
--- name: EnsureLoginThrottle :exec
+-- name: LockLoginThrottle :one
+-- The key's record, created when missing (no failures yet), locked until the end of the
+-- transaction: the no-op update of a conflict takes the row lock, and one statement
+-- cannot lose the row to a concurrent ClearLoginThrottle between insert and lock.
 INSERT INTO auth_login_throttle (username_hash, failures, last_failure_at)
 VALUES (@username_hash, 0, @now)
-ON CONFLICT (username_hash) DO NOTHING;
-
--- name: LockLoginThrottle :one
-SELECT failures, last_failure_at, locked_until
-FROM auth_login_throttle
-WHERE username_hash = @username_hash
-FOR UPDATE;
+ON CONFLICT (username_hash) DO UPDATE SET username_hash = EXCLUDED.username_hash
+RETURNING failures, last_failure_at, locked_until;
 
 -- name: ChargeLoginFailure :exec
 UPDATE auth_login_throttle

@@ -129,23 +129,9 @@ func (s *Service) chargeAttempt(ctx context.Context, key []byte, refuse func(tim
 	var refusal *apierr.Error
 	err := db.InTx(ctx, s.pool, func(tx pgx.Tx) error {
 		q := authdb.New(tx)
-		var row authdb.LockLoginThrottleRow
-		// A concurrent success may delete the record (clearLoginThrottle) between the
-		// insert-if-missing and the lock: then insert it again, instead of failing the
-		// attempt with a 500.
-		for attempt := 0; ; attempt++ {
-			if err := q.EnsureLoginThrottle(ctx, authdb.EnsureLoginThrottleParams{UsernameHash: key, Now: now}); err != nil {
-				return err
-			}
-			var err error
-			row, err = q.LockLoginThrottle(ctx, key)
-			if errors.Is(err, pgx.ErrNoRows) && attempt < 3 {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			break
+		row, err := q.LockLoginThrottle(ctx, authdb.LockLoginThrottleParams{UsernameHash: key, Now: now})
+		if err != nil {
+			return err
 		}
 		if row.LockedUntil != nil && now.Before(*row.LockedUntil) {
 			refusal = refuse(row.LockedUntil.Sub(now))
@@ -168,7 +154,7 @@ func (s *Service) chargeAttempt(ctx context.Context, key []byte, refuse func(tim
 		}
 		// Forget a few stale records of other usernames, so unknown names typed once do
 		// not accumulate.
-		_, err := q.PruneLoginThrottle(ctx, authdb.PruneLoginThrottleParams{ForgottenBefore: now.Add(-pol.Memory), Now: now})
+		_, err = q.PruneLoginThrottle(ctx, authdb.PruneLoginThrottleParams{ForgottenBefore: now.Add(-pol.Memory), Now: now})
 		return err
 	})
 	if err != nil {

@@ -198,22 +198,6 @@ func (q *Queries) DeleteTOTPFactor(ctx context.Context, userID uuid.UUID) (int64
 	return result.RowsAffected(), nil
 }
 
-const ensureLoginThrottle = `-- name: EnsureLoginThrottle :exec
-INSERT INTO auth_login_throttle (username_hash, failures, last_failure_at)
-VALUES ($1, 0, $2)
-ON CONFLICT (username_hash) DO NOTHING
-`
-
-type EnsureLoginThrottleParams struct {
-	UsernameHash []byte
-	Now          time.Time
-}
-
-func (q *Queries) EnsureLoginThrottle(ctx context.Context, arg EnsureLoginThrottleParams) error {
-	_, err := q.db.Exec(ctx, ensureLoginThrottle, arg.UsernameHash, arg.Now)
-	return err
-}
-
 const getActiveSigningKey = `-- name: GetActiveSigningKey :one
 SELECT kid, created_at FROM auth_signing_keys WHERE state = 'active'
 `
@@ -1003,11 +987,16 @@ func (q *Queries) ListPublishedSigningKeys(ctx context.Context, now *time.Time) 
 }
 
 const lockLoginThrottle = `-- name: LockLoginThrottle :one
-SELECT failures, last_failure_at, locked_until
-FROM auth_login_throttle
-WHERE username_hash = $1
-FOR UPDATE
+INSERT INTO auth_login_throttle (username_hash, failures, last_failure_at)
+VALUES ($1, 0, $2)
+ON CONFLICT (username_hash) DO UPDATE SET username_hash = EXCLUDED.username_hash
+RETURNING failures, last_failure_at, locked_until
 `
+
+type LockLoginThrottleParams struct {
+	UsernameHash []byte
+	Now          time.Time
+}
 
 type LockLoginThrottleRow struct {
 	Failures      int32
@@ -1015,8 +1004,11 @@ type LockLoginThrottleRow struct {
 	LockedUntil   *time.Time
 }
 
-func (q *Queries) LockLoginThrottle(ctx context.Context, usernameHash []byte) (LockLoginThrottleRow, error) {
-	row := q.db.QueryRow(ctx, lockLoginThrottle, usernameHash)
+// The key's record, created when missing (no failures yet), locked until the end of the
+// transaction: the no-op update of a conflict takes the row lock, and one statement
+// cannot lose the row to a concurrent ClearLoginThrottle between insert and lock.
+func (q *Queries) LockLoginThrottle(ctx context.Context, arg LockLoginThrottleParams) (LockLoginThrottleRow, error) {
+	row := q.db.QueryRow(ctx, lockLoginThrottle, arg.UsernameHash, arg.Now)
 	var i LockLoginThrottleRow
 	err := row.Scan(&i.Failures, &i.LastFailureAt, &i.LockedUntil)
 	return i, err
