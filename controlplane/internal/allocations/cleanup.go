@@ -155,7 +155,7 @@ func (s *Service) cleanupHeld(ctx context.Context, id, nodeID uuid.UUID) error {
 		if lifecycle.HoldsGPUs(lifecycle.Status(a.Status)) || a.NodeID != nodeID {
 			return nil
 		}
-		open, err := s.cleanupOpen(ctx, tx, id)
+		open, err := allocationsdb.New(tx).CleanupOpen(ctx, id)
 		if err != nil || open {
 			return err
 		}
@@ -190,12 +190,4 @@ func holdFreedGPUs(ctx context.Context, tx pgx.Tx, id uuid.UUID) (int64, error) 
 		return 0, fmt.Errorf("hold freed gpus: %w", err)
 	}
 	return n, sp.Commit(ctx)
-}
-
-func (s *Service) cleanupOpen(ctx context.Context, tx pgx.Tx, id uuid.UUID) (bool, error) {
-	rows, err := allocationsdb.New(tx).ReconcileCandidates(ctx, allocationsdb.ReconcileCandidatesParams{HeldIds: []uuid.UUID{id}})
-	if err != nil {
-		return false, fmt.Errorf("cleanup tasks: %w", err)
-	}
-	return len(rows) == 1 && rows[0].CleanupOpen, nil
 }

@@ -85,6 +85,10 @@ UPDATE allocations SET node_cleanup = false WHERE id = sqlc.arg('allocation_id')
 -- name: SetNodeCleanup :exec
 UPDATE allocations SET node_cleanup = true WHERE id = $1;
 
+-- name: CleanupOpen :one
+-- Whether the allocation has a cleanup task its node has not reported on.
+SELECT EXISTS (SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND cleanup AND finished_at IS NULL)::boolean;
+
 -- name: ReconcileCandidates :many
 -- What a node's reconcile looks at: the allocations the agent says it holds, and those
 -- waiting for cleanup whose GPUs are held on the node (allocation_gpus_held_key); with

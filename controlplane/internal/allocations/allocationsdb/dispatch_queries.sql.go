@@ -34,6 +34,18 @@ func (q *Queries) CleanupConfirmed(ctx context.Context, arg CleanupConfirmedPara
 	return err
 }
 
+const cleanupOpen = `-- name: CleanupOpen :one
+SELECT EXISTS (SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND cleanup AND finished_at IS NULL)::boolean
+`
+
+// Whether the allocation has a cleanup task its node has not reported on.
+func (q *Queries) CleanupOpen(ctx context.Context, allocationID uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, cleanupOpen, allocationID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const getTaskForDispatch = `-- name: GetTaskForDispatch :one
 
 SELECT t.task_id, t.allocation_id, t.node_id, t.kind, t.created_at, t.acked_at, t.finished_at, t.attempts,
