@@ -78,13 +78,16 @@ func canonicalJSON(contentType string, body []byte) ([]byte, bool) {
 		return nil, false // trailing data: not one JSON value
 	}
 	var buf bytes.Buffer
-	if err := writeCanonical(&buf, v); err != nil {
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // one fixed way: "<" and "\u003c" agree
+	if err := writeCanonical(&buf, enc, v); err != nil {
 		return nil, false
 	}
 	return buf.Bytes(), true
 }
 
-func writeCanonical(buf *bytes.Buffer, v any) error {
+// writeCanonical writes v to buf; enc is an encoder on buf, for strings.
+func writeCanonical(buf *bytes.Buffer, enc *json.Encoder, v any) error {
 	switch x := v.(type) {
 	case map[string]any:
 		keys := make([]string, 0, len(x))
@@ -97,11 +100,11 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			if err := writeString(buf, k); err != nil {
+			if err := writeString(buf, enc, k); err != nil {
 				return err
 			}
 			buf.WriteByte(':')
-			if err := writeCanonical(buf, x[k]); err != nil {
+			if err := writeCanonical(buf, enc, x[k]); err != nil {
 				return err
 			}
 		}
@@ -112,13 +115,13 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			if err := writeCanonical(buf, e); err != nil {
+			if err := writeCanonical(buf, enc, e); err != nil {
 				return err
 			}
 		}
 		buf.WriteByte(']')
 	case string:
-		return writeString(buf, x)
+		return writeString(buf, enc, x)
 	case json.Number:
 		buf.WriteString(x.String()) // exactly as written
 	case bool:
@@ -135,10 +138,9 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 	return nil
 }
 
-// writeString encodes s one fixed way (no HTML escaping, so "<" and "\u003c" agree).
-func writeString(buf *bytes.Buffer, s string) error {
-	enc := json.NewEncoder(buf)
-	enc.SetEscapeHTML(false)
+// writeString encodes s one fixed way, with enc (an encoder on buf without HTML
+// escaping).
+func writeString(buf *bytes.Buffer, enc *json.Encoder, s string) error {
 	if err := enc.Encode(s); err != nil {
 		return err
 	}
