@@ -108,26 +108,22 @@ func (s *Service) UpdateUser(ctx context.Context, id uuid.UUID, c UserChange) (A
 				return err
 			}
 		}
-		status, err := q.LockUser(ctx, id)
+		cur, err := q.LockUser(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apierr.New(apierr.UserNotFound, "no user %s", id)
 		}
 		if err != nil {
 			return err
 		}
-		before, err := q.GetAdminUser(ctx, id)
-		if err != nil {
-			return err
-		}
 		now := s.clock.Now().UTC()
 		entry := func(action string, meta map[string]any) audit.Entry {
 			e := audit.Entry{Action: action, TargetType: "user", TargetID: id.String(), Metadata: meta}
-			if before.TenantID.Valid {
-				e.TenantID = before.TenantID.UUID
+			if cur.TenantID.Valid {
+				e.TenantID = cur.TenantID.UUID
 			}
 			return e
 		}
-		if c.Status != "" && c.Status != status {
+		if c.Status != "" && c.Status != cur.Status {
 			switch c.Status {
 			case "disabled":
 				if id == actor.UserID {

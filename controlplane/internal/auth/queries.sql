@@ -241,7 +241,7 @@ SELECT u.id, u.username, u.display_name, u.role, u.status, u.tenant_id, u.tenant
 FROM users u WHERE u.id = @id;
 
 -- name: LockUser :one
-SELECT status FROM users WHERE id = @id FOR UPDATE;
+SELECT status, tenant_id FROM users WHERE id = @id FOR UPDATE;
 
 -- name: SetUserStatus :exec
 UPDATE users SET status = @status, updated_at = @updated_at WHERE id = @id;

@@ -1042,14 +1042,19 @@ func (q *Queries) LockSigningKeys(ctx context.Context, lockID int64) error {
 }
 
 const lockUser = `-- name: LockUser :one
-SELECT status FROM users WHERE id = $1 FOR UPDATE
+SELECT status, tenant_id FROM users WHERE id = $1 FOR UPDATE
 `
 
-func (q *Queries) LockUser(ctx context.Context, id uuid.UUID) (string, error) {
+type LockUserRow struct {
+	Status   string
+	TenantID uuid.NullUUID
+}
+
+func (q *Queries) LockUser(ctx context.Context, id uuid.UUID) (LockUserRow, error) {
 	row := q.db.QueryRow(ctx, lockUser, id)
-	var status string
-	err := row.Scan(&status)
-	return status, err
+	var i LockUserRow
+	err := row.Scan(&i.Status, &i.TenantID)
+	return i, err
 }
 
 const mFAReadiness = `-- name: MFAReadiness :many
