@@ -80,13 +80,6 @@ func (s *Service) MachineTokenTTL() time.Duration { return s.cfg.machineTokenTTL
 
 // SignMachineAccess signs a machine access token for g.
 func (s *Service) SignMachineAccess(ctx context.Context, g MachineGrant) (string, time.Time, error) {
-	key, err := s.keys.signer(ctx)
-	if err != nil {
-		return "", time.Time{}, fmt.Errorf("machine token: %w", err)
-	}
-	now := s.clock.Now().Truncate(time.Second)
-	exp := now.Add(s.cfg.machineTokenTTL())
-	iat, expUnix := now.Unix(), exp.Unix()
 	mc := &machineClaims{Kind: g.Machine.Kind, CredentialID: g.Machine.CredentialID.String(), Projects: make(map[string]string, len(g.Machine.Projects))}
 	if g.Machine.ServiceAccountID != uuid.Nil {
 		mc.ServiceAccountID = g.Machine.ServiceAccountID.String()
@@ -94,18 +87,11 @@ func (s *Service) SignMachineAccess(ctx context.Context, g MachineGrant) (string
 	for id, role := range g.Machine.Projects {
 		mc.Projects[id.String()] = role
 	}
-	claims := accessClaims{
-		Issuer: s.cfg.Issuer, Audience: audience{s.cfg.Audience}, Subject: g.UserID.String(),
-		IssuedAt: &iat, NotBefore: &iat, Expiry: &expUnix, JWTID: s.ids.New().String(), Scope: ScopeAPI,
-		Username: g.Username, TenantID: g.TenantID.String(),
+	return s.signToken(ctx, accessClaims{
+		Subject: g.UserID.String(), Username: g.Username, TenantID: g.TenantID.String(),
 		PlatformRoles: []string{}, RoleSource: principal.RoleSourceBindings,
 		Machine: mc,
-	}
-	token, err := signClaims(key, claims)
-	if err != nil {
-		return "", time.Time{}, err
-	}
-	return token, exp, nil
+	}, s.cfg.machineTokenTTL())
 }
 
 // clientKey is what the failure throttle stores of a client id; the prefix keeps it

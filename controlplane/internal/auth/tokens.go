@@ -296,16 +296,8 @@ func (s *Service) signAccess(ctx context.Context, ident Identity) (string, time.
 // signAccessWith signs an access token; proof, when not nil, adds amr and auth_time
 // (only stepup.go passes one, after verifying a code).
 func (s *Service) signAccessWith(ctx context.Context, ident Identity, proof *mfaProof) (string, time.Time, error) {
-	key, err := s.keys.signer(ctx)
-	if err != nil {
-		return "", time.Time{}, fmt.Errorf("access token: %w", err)
-	}
-	now := s.clock.Now().Truncate(time.Second)
-	exp := now.Add(s.cfg.AccessTokenTTL)
-	iat, expUnix := now.Unix(), exp.Unix()
 	claims := accessClaims{
-		Issuer: s.cfg.Issuer, Audience: audience{s.cfg.Audience}, Subject: ident.UserID.String(),
-		IssuedAt: &iat, NotBefore: &iat, Expiry: &expUnix, JWTID: s.ids.New().String(), Scope: ScopeAPI,
+		Subject:  ident.UserID.String(),
 		Username: ident.Username, TenantRole: ident.TenantRole,
 		PlatformRoles: ident.PlatformRoles, RoleSource: ident.RoleSource,
 	}
@@ -316,6 +308,21 @@ func (s *Service) signAccessWith(ctx context.Context, ident Identity, proof *mfa
 		at := proof.authTime.Unix()
 		claims.AMR, claims.AuthTime = proof.amr, &at
 	}
+	return s.signToken(ctx, claims, s.cfg.AccessTokenTTL)
+}
+
+// signToken fills in what every access token carries (issuer, audience, scope, times,
+// a fresh jti) for ttl and signs claims with the active key.
+func (s *Service) signToken(ctx context.Context, claims accessClaims, ttl time.Duration) (string, time.Time, error) {
+	key, err := s.keys.signer(ctx)
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("access token: %w", err)
+	}
+	now := s.clock.Now().Truncate(time.Second)
+	exp := now.Add(ttl)
+	iat, expUnix := now.Unix(), exp.Unix()
+	claims.Issuer, claims.Audience, claims.Scope = s.cfg.Issuer, audience{s.cfg.Audience}, ScopeAPI
+	claims.IssuedAt, claims.NotBefore, claims.Expiry, claims.JWTID = &iat, &iat, &expUnix, s.ids.New().String()
 	token, err := signClaims(key, claims)
 	if err != nil {
 		return "", time.Time{}, err
