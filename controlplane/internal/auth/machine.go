@@ -118,8 +118,7 @@ func (e *ErrClientLocked) Error() string { return "client id locked after failed
 // client id is still locked (0 when not) and whether there are failures to forget on
 // success.
 func (s *Service) ClientThrottle(ctx context.Context, clientID string) (time.Duration, bool, error) {
-	var lockedUntil *time.Time
-	err := db.Querier(ctx, s.pool).QueryRow(ctx, `SELECT locked_until FROM auth_login_throttle WHERE username_hash = $1`, clientKey(clientID)).Scan(&lockedUntil)
+	lockedUntil, err := authdb.New(db.Querier(ctx, s.pool)).GetLoginThrottleLock(ctx, clientKey(clientID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, false, nil
 	}

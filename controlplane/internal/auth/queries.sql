@@ -76,6 +76,10 @@ VALUES (@username_hash, 0, @now)
 ON CONFLICT (username_hash) DO UPDATE SET username_hash = EXCLUDED.username_hash
 RETURNING failures, last_failure_at, locked_until;
 
+-- name: GetLoginThrottleLock :one
+-- Reads a key's lock without taking the row (the client-credentials grant, machine.go).
+SELECT locked_until FROM auth_login_throttle WHERE username_hash = @username_hash;
+
 -- name: ChargeLoginFailure :exec
 UPDATE auth_login_throttle
 SET failures = @failures, last_failure_at = @now, locked_until = @locked_until

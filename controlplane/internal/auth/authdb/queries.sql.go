@@ -301,6 +301,18 @@ func (q *Queries) GetIdentityProvider(ctx context.Context, tenantID uuid.UUID) (
 	return i, err
 }
 
+const getLoginThrottleLock = `-- name: GetLoginThrottleLock :one
+SELECT locked_until FROM auth_login_throttle WHERE username_hash = $1
+`
+
+// Reads a key's lock without taking the row (the client-credentials grant, machine.go).
+func (q *Queries) GetLoginThrottleLock(ctx context.Context, usernameHash []byte) (*time.Time, error) {
+	row := q.db.QueryRow(ctx, getLoginThrottleLock, usernameHash)
+	var locked_until *time.Time
+	err := row.Scan(&locked_until)
+	return locked_until, err
+}
+
 const getOpenMFARecoveryRequest = `-- name: GetOpenMFARecoveryRequest :one
 SELECT id, status, created_at FROM auth_mfa_recovery_requests
 WHERE user_id = $1 AND status = 'pending'
