@@ -7,8 +7,9 @@
 //  1. The agent's first stream is the auth stream: the agent writes one AuthRequest
 //     frame, the control plane answers one AuthResponse frame and closes the stream. A
 //     refused token closes the whole tunnel.
-//  2. Every further stream the AGENT opens carries gRPC (HTTP/2): the Fabric service
-//     below, served by the control plane. The agent keeps one Control call open.
+//  2. Every further stream the AGENT opens carries gRPC (HTTP/2): the Fabric and
+//     StorageFabric services below, served by the control plane. The agent keeps one
+//     Control call open.
 //  3. Every stream the CONTROL PLANE opens is a raw byte stream (terminal, app proxy):
 //     it starts with one StreamPreamble frame written by the control plane, the agent
 //     answers one StreamReply frame, and the rest of the stream is the payload bytes.
@@ -2086,6 +2087,658 @@ func (x *ForwardedDispatchReply) GetMessage() string {
 	return ""
 }
 
+// StorageObjectInfo is one object's metadata.
+type StorageObjectInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Relative to the bucket, e.g. "datasets/train/part-0001.parquet".
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// The content hash, quoted like the HTTP ETag: "\"" + sha256 hex + "\"".
+	Etag          string                 `protobuf:"bytes,3,opt,name=etag,proto3" json:"etag,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	ContentType   string                 `protobuf:"bytes,5,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageObjectInfo) Reset() {
+	*x = StorageObjectInfo{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageObjectInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageObjectInfo) ProtoMessage() {}
+
+func (x *StorageObjectInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageObjectInfo.ProtoReflect.Descriptor instead.
+func (*StorageObjectInfo) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StorageObjectInfo) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *StorageObjectInfo) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *StorageObjectInfo) GetEtag() string {
+	if x != nil {
+		return x.Etag
+	}
+	return ""
+}
+
+func (x *StorageObjectInfo) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *StorageObjectInfo) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
+}
+
+type StorageListRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AttachmentId string                 `protobuf:"bytes,1,opt,name=attachment_id,json=attachmentId,proto3" json:"attachment_id,omitempty"`
+	// Only paths starting with prefix (raw string prefix, e.g. "logs/" or "logs/2024").
+	Prefix string `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// "" lists every object under prefix (recursive); "/" lists one folder level: objects
+	// directly under prefix, and each deeper level once in StorageListResponse.prefixes.
+	Delimiter string `protobuf:"bytes,3,opt,name=delimiter,proto3" json:"delimiter,omitempty"`
+	// Opaque, from a previous response's next_cursor; "" starts from the beginning.
+	Cursor string `protobuf:"bytes,4,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Page size, 1..1000; 0 means the server's default.
+	Limit         uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageListRequest) Reset() {
+	*x = StorageListRequest{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageListRequest) ProtoMessage() {}
+
+func (x *StorageListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageListRequest.ProtoReflect.Descriptor instead.
+func (*StorageListRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *StorageListRequest) GetAttachmentId() string {
+	if x != nil {
+		return x.AttachmentId
+	}
+	return ""
+}
+
+func (x *StorageListRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *StorageListRequest) GetDelimiter() string {
+	if x != nil {
+		return x.Delimiter
+	}
+	return ""
+}
+
+func (x *StorageListRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+func (x *StorageListRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type StorageListResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*StorageObjectInfo   `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// With delimiter "/": the folder-style common prefixes on this page, each ending with
+	// "/" (e.g. "logs/2024/").
+	Prefixes []string `protobuf:"bytes,2,rep,name=prefixes,proto3" json:"prefixes,omitempty"`
+	// "" when this is the last page.
+	NextCursor    string `protobuf:"bytes,3,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageListResponse) Reset() {
+	*x = StorageListResponse{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageListResponse) ProtoMessage() {}
+
+func (x *StorageListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageListResponse.ProtoReflect.Descriptor instead.
+func (*StorageListResponse) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *StorageListResponse) GetEntries() []*StorageObjectInfo {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *StorageListResponse) GetPrefixes() []string {
+	if x != nil {
+		return x.Prefixes
+	}
+	return nil
+}
+
+func (x *StorageListResponse) GetNextCursor() string {
+	if x != nil {
+		return x.NextCursor
+	}
+	return ""
+}
+
+type StorageStatRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AttachmentId  string                 `protobuf:"bytes,1,opt,name=attachment_id,json=attachmentId,proto3" json:"attachment_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageStatRequest) Reset() {
+	*x = StorageStatRequest{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageStatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageStatRequest) ProtoMessage() {}
+
+func (x *StorageStatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageStatRequest.ProtoReflect.Descriptor instead.
+func (*StorageStatRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *StorageStatRequest) GetAttachmentId() string {
+	if x != nil {
+		return x.AttachmentId
+	}
+	return ""
+}
+
+func (x *StorageStatRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type StorageReadRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AttachmentId string                 `protobuf:"bytes,1,opt,name=attachment_id,json=attachmentId,proto3" json:"attachment_id,omitempty"`
+	Path         string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Byte offset, >= 0.
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Bytes to read; 0 or negative reads to the end of the object.
+	Length int64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	// When set, the read fails with FAILED_PRECONDITION unless the object's etag equals it,
+	// so the ranges of one file read in pieces all come from one version.
+	IfMatch       string `protobuf:"bytes,5,opt,name=if_match,json=ifMatch,proto3" json:"if_match,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageReadRequest) Reset() {
+	*x = StorageReadRequest{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageReadRequest) ProtoMessage() {}
+
+func (x *StorageReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageReadRequest.ProtoReflect.Descriptor instead.
+func (*StorageReadRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StorageReadRequest) GetAttachmentId() string {
+	if x != nil {
+		return x.AttachmentId
+	}
+	return ""
+}
+
+func (x *StorageReadRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *StorageReadRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *StorageReadRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+func (x *StorageReadRequest) GetIfMatch() string {
+	if x != nil {
+		return x.IfMatch
+	}
+	return ""
+}
+
+type StorageReadChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set in the first message only.
+	Info *StorageObjectInfo `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+	// At most 1 MiB; the chunks follow each other from offset without gaps.
+	Data          []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageReadChunk) Reset() {
+	*x = StorageReadChunk{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageReadChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageReadChunk) ProtoMessage() {}
+
+func (x *StorageReadChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageReadChunk.ProtoReflect.Descriptor instead.
+func (*StorageReadChunk) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *StorageReadChunk) GetInfo() *StorageObjectInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+func (x *StorageReadChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type StorageWriteRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*StorageWriteRequest_Header
+	//	*StorageWriteRequest_Data
+	Msg           isStorageWriteRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageWriteRequest) Reset() {
+	*x = StorageWriteRequest{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageWriteRequest) ProtoMessage() {}
+
+func (x *StorageWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageWriteRequest.ProtoReflect.Descriptor instead.
+func (*StorageWriteRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *StorageWriteRequest) GetMsg() isStorageWriteRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *StorageWriteRequest) GetHeader() *StorageWriteHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*StorageWriteRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *StorageWriteRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*StorageWriteRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isStorageWriteRequest_Msg interface {
+	isStorageWriteRequest_Msg()
+}
+
+type StorageWriteRequest_Header struct {
+	// The first message, and only the first.
+	Header *StorageWriteHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type StorageWriteRequest_Data struct {
+	// Every later message: the next bytes of the content, at most 1 MiB each.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*StorageWriteRequest_Header) isStorageWriteRequest_Msg() {}
+
+func (*StorageWriteRequest_Data) isStorageWriteRequest_Msg() {}
+
+type StorageWriteHeader struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AttachmentId string                 `protobuf:"bytes,1,opt,name=attachment_id,json=attachmentId,proto3" json:"attachment_id,omitempty"`
+	Path         string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// The exact length of the content, or -1 when unknown (the quota is then reserved as
+	// bytes arrive).
+	Size int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// "" means application/octet-stream.
+	ContentType   string `protobuf:"bytes,4,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageWriteHeader) Reset() {
+	*x = StorageWriteHeader{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageWriteHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageWriteHeader) ProtoMessage() {}
+
+func (x *StorageWriteHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageWriteHeader.ProtoReflect.Descriptor instead.
+func (*StorageWriteHeader) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *StorageWriteHeader) GetAttachmentId() string {
+	if x != nil {
+		return x.AttachmentId
+	}
+	return ""
+}
+
+func (x *StorageWriteHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *StorageWriteHeader) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *StorageWriteHeader) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
+}
+
+type StorageDeleteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AttachmentId  string                 `protobuf:"bytes,1,opt,name=attachment_id,json=attachmentId,proto3" json:"attachment_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageDeleteRequest) Reset() {
+	*x = StorageDeleteRequest{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageDeleteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageDeleteRequest) ProtoMessage() {}
+
+func (x *StorageDeleteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageDeleteRequest.ProtoReflect.Descriptor instead.
+func (*StorageDeleteRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *StorageDeleteRequest) GetAttachmentId() string {
+	if x != nil {
+		return x.AttachmentId
+	}
+	return ""
+}
+
+func (x *StorageDeleteRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type StorageDeleteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StorageDeleteResponse) Reset() {
+	*x = StorageDeleteResponse{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StorageDeleteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StorageDeleteResponse) ProtoMessage() {}
+
+func (x *StorageDeleteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StorageDeleteResponse.ProtoReflect.Descriptor instead.
+func (*StorageDeleteResponse) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{32}
+}
+
 var File_fabric_v1_fabric_proto protoreflect.FileDescriptor
 
 const file_fabric_v1_fabric_proto_rawDesc = "" +
@@ -2241,7 +2894,50 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x03ack\x18\x01 \x01(\v2\x19.gantry.fabric.v1.TaskAckR\x03ack\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x02 \x01(\tR\terrorCode\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage*l\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xad\x01\n" +
+	"\x11StorageObjectInfo\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04etag\x18\x03 \x01(\tR\x04etag\x129\n" +
+	"\n" +
+	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12!\n" +
+	"\fcontent_type\x18\x05 \x01(\tR\vcontentType\"\x9d\x01\n" +
+	"\x12StorageListRequest\x12#\n" +
+	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x16\n" +
+	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12\x1c\n" +
+	"\tdelimiter\x18\x03 \x01(\tR\tdelimiter\x12\x16\n" +
+	"\x06cursor\x18\x04 \x01(\tR\x06cursor\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\"\x91\x01\n" +
+	"\x13StorageListResponse\x12=\n" +
+	"\aentries\x18\x01 \x03(\v2#.gantry.fabric.v1.StorageObjectInfoR\aentries\x12\x1a\n" +
+	"\bprefixes\x18\x02 \x03(\tR\bprefixes\x12\x1f\n" +
+	"\vnext_cursor\x18\x03 \x01(\tR\n" +
+	"nextCursor\"M\n" +
+	"\x12StorageStatRequest\x12#\n" +
+	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x98\x01\n" +
+	"\x12StorageReadRequest\x12#\n" +
+	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x04 \x01(\x03R\x06length\x12\x19\n" +
+	"\bif_match\x18\x05 \x01(\tR\aifMatch\"_\n" +
+	"\x10StorageReadChunk\x127\n" +
+	"\x04info\x18\x01 \x01(\v2#.gantry.fabric.v1.StorageObjectInfoR\x04info\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"r\n" +
+	"\x13StorageWriteRequest\x12>\n" +
+	"\x06header\x18\x01 \x01(\v2$.gantry.fabric.v1.StorageWriteHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"\x84\x01\n" +
+	"\x12StorageWriteHeader\x12#\n" +
+	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12!\n" +
+	"\fcontent_type\x18\x04 \x01(\tR\vcontentType\"O\n" +
+	"\x14StorageDeleteRequest\x12#\n" +
+	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x17\n" +
+	"\x15StorageDeleteResponse*l\n" +
 	"\aMIGMode\x12\x18\n" +
 	"\x14MIG_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11MIG_MODE_DISABLED\x10\x01\x12\x14\n" +
@@ -2262,7 +2958,13 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x14STREAM_KIND_TERMINAL\x10\x01\x12\x19\n" +
 	"\x15STREAM_KIND_APP_PROXY\x10\x022Y\n" +
 	"\x06Fabric\x12O\n" +
-	"\aControl\x12\x1e.gantry.fabric.v1.AgentMessage\x1a .gantry.fabric.v1.ControlMessage(\x010\x01B;Z9github.com/gantry-gpu/gantry/proto/gen/fabric/v1;fabricv1b\x06proto3"
+	"\aControl\x12\x1e.gantry.fabric.v1.AgentMessage\x1a .gantry.fabric.v1.ControlMessage(\x010\x012\xbd\x03\n" +
+	"\rStorageFabric\x12S\n" +
+	"\x04List\x12$.gantry.fabric.v1.StorageListRequest\x1a%.gantry.fabric.v1.StorageListResponse\x12Q\n" +
+	"\x04Stat\x12$.gantry.fabric.v1.StorageStatRequest\x1a#.gantry.fabric.v1.StorageObjectInfo\x12R\n" +
+	"\x04Read\x12$.gantry.fabric.v1.StorageReadRequest\x1a\".gantry.fabric.v1.StorageReadChunk0\x01\x12U\n" +
+	"\x05Write\x12%.gantry.fabric.v1.StorageWriteRequest\x1a#.gantry.fabric.v1.StorageObjectInfo(\x01\x12Y\n" +
+	"\x06Delete\x12&.gantry.fabric.v1.StorageDeleteRequest\x1a'.gantry.fabric.v1.StorageDeleteResponseB;Z9github.com/gantry-gpu/gantry/proto/gen/fabric/v1;fabricv1b\x06proto3"
 
 var (
 	file_fabric_v1_fabric_proto_rawDescOnce sync.Once
@@ -2277,7 +2979,7 @@ func file_fabric_v1_fabric_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_v1_fabric_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_fabric_v1_fabric_proto_goTypes = []any{
 	(MIGMode)(0),                   // 0: gantry.fabric.v1.MIGMode
 	(TaskAckStatus)(0),             // 1: gantry.fabric.v1.TaskAckStatus
@@ -2306,8 +3008,18 @@ var file_fabric_v1_fabric_proto_goTypes = []any{
 	(*StreamReply)(nil),            // 24: gantry.fabric.v1.StreamReply
 	(*ForwardedDispatch)(nil),      // 25: gantry.fabric.v1.ForwardedDispatch
 	(*ForwardedDispatchReply)(nil), // 26: gantry.fabric.v1.ForwardedDispatchReply
-	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 28: google.protobuf.Duration
+	(*StorageObjectInfo)(nil),      // 27: gantry.fabric.v1.StorageObjectInfo
+	(*StorageListRequest)(nil),     // 28: gantry.fabric.v1.StorageListRequest
+	(*StorageListResponse)(nil),    // 29: gantry.fabric.v1.StorageListResponse
+	(*StorageStatRequest)(nil),     // 30: gantry.fabric.v1.StorageStatRequest
+	(*StorageReadRequest)(nil),     // 31: gantry.fabric.v1.StorageReadRequest
+	(*StorageReadChunk)(nil),       // 32: gantry.fabric.v1.StorageReadChunk
+	(*StorageWriteRequest)(nil),    // 33: gantry.fabric.v1.StorageWriteRequest
+	(*StorageWriteHeader)(nil),     // 34: gantry.fabric.v1.StorageWriteHeader
+	(*StorageDeleteRequest)(nil),   // 35: gantry.fabric.v1.StorageDeleteRequest
+	(*StorageDeleteResponse)(nil),  // 36: gantry.fabric.v1.StorageDeleteResponse
+	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 38: google.protobuf.Duration
 }
 var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	7,  // 0: gantry.fabric.v1.AgentMessage.hello:type_name -> gantry.fabric.v1.Hello
@@ -2321,34 +3033,48 @@ var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	8,  // 8: gantry.fabric.v1.Hello.workloads:type_name -> gantry.fabric.v1.HeldWorkload
 	10, // 9: gantry.fabric.v1.Inventory.gpus:type_name -> gantry.fabric.v1.GPU
 	0,  // 10: gantry.fabric.v1.GPU.mig_mode:type_name -> gantry.fabric.v1.MIGMode
-	27, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	37, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	13, // 12: gantry.fabric.v1.Telemetry.gpus:type_name -> gantry.fabric.v1.GPUMetrics
-	27, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
+	37, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
 	1,  // 14: gantry.fabric.v1.TaskAck.status:type_name -> gantry.fabric.v1.TaskAckStatus
 	2,  // 15: gantry.fabric.v1.TaskResult.status:type_name -> gantry.fabric.v1.TaskResultStatus
-	27, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
-	27, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
+	37, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
+	37, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
 	19, // 18: gantry.fabric.v1.ControlMessage.welcome:type_name -> gantry.fabric.v1.Welcome
 	20, // 19: gantry.fabric.v1.ControlMessage.heartbeat_config:type_name -> gantry.fabric.v1.HeartbeatConfig
 	21, // 20: gantry.fabric.v1.ControlMessage.task:type_name -> gantry.fabric.v1.TaskDispatch
 	18, // 21: gantry.fabric.v1.ControlMessage.result_ack:type_name -> gantry.fabric.v1.TaskResultAck
 	20, // 22: gantry.fabric.v1.Welcome.heartbeat:type_name -> gantry.fabric.v1.HeartbeatConfig
-	27, // 23: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	28, // 24: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
-	28, // 25: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
-	28, // 26: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
-	27, // 27: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
+	37, // 23: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	38, // 24: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
+	38, // 25: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
+	38, // 26: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
+	37, // 27: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
 	3,  // 28: gantry.fabric.v1.StreamPreamble.kind:type_name -> gantry.fabric.v1.StreamKind
 	23, // 29: gantry.fabric.v1.StreamPreamble.terminal_size:type_name -> gantry.fabric.v1.TerminalSize
 	21, // 30: gantry.fabric.v1.ForwardedDispatch.task:type_name -> gantry.fabric.v1.TaskDispatch
 	14, // 31: gantry.fabric.v1.ForwardedDispatchReply.ack:type_name -> gantry.fabric.v1.TaskAck
-	6,  // 32: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
-	17, // 33: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
-	33, // [33:34] is the sub-list for method output_type
-	32, // [32:33] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	37, // 32: gantry.fabric.v1.StorageObjectInfo.updated_at:type_name -> google.protobuf.Timestamp
+	27, // 33: gantry.fabric.v1.StorageListResponse.entries:type_name -> gantry.fabric.v1.StorageObjectInfo
+	27, // 34: gantry.fabric.v1.StorageReadChunk.info:type_name -> gantry.fabric.v1.StorageObjectInfo
+	34, // 35: gantry.fabric.v1.StorageWriteRequest.header:type_name -> gantry.fabric.v1.StorageWriteHeader
+	6,  // 36: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
+	28, // 37: gantry.fabric.v1.StorageFabric.List:input_type -> gantry.fabric.v1.StorageListRequest
+	30, // 38: gantry.fabric.v1.StorageFabric.Stat:input_type -> gantry.fabric.v1.StorageStatRequest
+	31, // 39: gantry.fabric.v1.StorageFabric.Read:input_type -> gantry.fabric.v1.StorageReadRequest
+	33, // 40: gantry.fabric.v1.StorageFabric.Write:input_type -> gantry.fabric.v1.StorageWriteRequest
+	35, // 41: gantry.fabric.v1.StorageFabric.Delete:input_type -> gantry.fabric.v1.StorageDeleteRequest
+	17, // 42: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
+	29, // 43: gantry.fabric.v1.StorageFabric.List:output_type -> gantry.fabric.v1.StorageListResponse
+	27, // 44: gantry.fabric.v1.StorageFabric.Stat:output_type -> gantry.fabric.v1.StorageObjectInfo
+	32, // 45: gantry.fabric.v1.StorageFabric.Read:output_type -> gantry.fabric.v1.StorageReadChunk
+	27, // 46: gantry.fabric.v1.StorageFabric.Write:output_type -> gantry.fabric.v1.StorageObjectInfo
+	36, // 47: gantry.fabric.v1.StorageFabric.Delete:output_type -> gantry.fabric.v1.StorageDeleteResponse
+	42, // [42:48] is the sub-list for method output_type
+	36, // [36:42] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_fabric_v1_fabric_proto_init() }
@@ -2371,15 +3097,19 @@ func file_fabric_v1_fabric_proto_init() {
 		(*ControlMessage_Task)(nil),
 		(*ControlMessage_ResultAck)(nil),
 	}
+	file_fabric_v1_fabric_proto_msgTypes[29].OneofWrappers = []any{
+		(*StorageWriteRequest_Header)(nil),
+		(*StorageWriteRequest_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_v1_fabric_proto_rawDesc), len(file_fabric_v1_fabric_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   23,
+			NumMessages:   33,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_fabric_v1_fabric_proto_goTypes,
 		DependencyIndexes: file_fabric_v1_fabric_proto_depIdxs,

@@ -7,8 +7,9 @@
 //  1. The agent's first stream is the auth stream: the agent writes one AuthRequest
 //     frame, the control plane answers one AuthResponse frame and closes the stream. A
 //     refused token closes the whole tunnel.
-//  2. Every further stream the AGENT opens carries gRPC (HTTP/2): the Fabric service
-//     below, served by the control plane. The agent keeps one Control call open.
+//  2. Every further stream the AGENT opens carries gRPC (HTTP/2): the Fabric and
+//     StorageFabric services below, served by the control plane. The agent keeps one
+//     Control call open.
 //  3. Every stream the CONTROL PLANE opens is a raw byte stream (terminal, app proxy):
 //     it starts with one StreamPreamble frame written by the control plane, the agent
 //     answers one StreamReply frame, and the rest of the stream is the payload bytes.
@@ -140,6 +141,313 @@ var Fabric_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Control",
 			Handler:       _Fabric_Control_Handler,
 			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "fabric/v1/fabric.proto",
+}
+
+const (
+	StorageFabric_List_FullMethodName   = "/gantry.fabric.v1.StorageFabric/List"
+	StorageFabric_Stat_FullMethodName   = "/gantry.fabric.v1.StorageFabric/Stat"
+	StorageFabric_Read_FullMethodName   = "/gantry.fabric.v1.StorageFabric/Read"
+	StorageFabric_Write_FullMethodName  = "/gantry.fabric.v1.StorageFabric/Write"
+	StorageFabric_Delete_FullMethodName = "/gantry.fabric.v1.StorageFabric/Delete"
+)
+
+// StorageFabricClient is the client API for StorageFabric service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// StorageFabric is how a node reaches the buckets attached to its allocations: the bytes
+// move over the tunnel, so a node holds no storage credentials and a NATed host works.
+// Served by the control plane next to Fabric, on agent-opened streams; the node is the
+// tunnel's node. Every request names an attachment (UUID); the control plane refuses one
+// that is not attached to an allocation on this node (PERMISSION_DENIED), and a write or
+// delete through a read-only ("ro") attachment (PERMISSION_DENIED).
+//
+// Object paths are relative to the bucket ("a/b.txt": no leading slash, no "." or ".."
+// elements, at most 1024 bytes); "/" separates folder-style levels. gRPC status codes:
+//
+//	NOT_FOUND           the object (or the attachment) does not exist
+//	PERMISSION_DENIED   not this node's attachment, or a write through a ro attachment
+//	RESOURCE_EXHAUSTED  the project's storage quota or the per-object limit is reached
+//	INVALID_ARGUMENT    a path that is not canonical or escapes the bucket
+//	FAILED_PRECONDITION Read.if_match no longer matches (the object changed)
+//	UNAVAILABLE         transient (storage backend, control plane restarting): retry
+type StorageFabricClient interface {
+	// List returns one page of the objects under prefix, in byte order of path.
+	List(ctx context.Context, in *StorageListRequest, opts ...grpc.CallOption) (*StorageListResponse, error)
+	// Stat returns one object's metadata.
+	Stat(ctx context.Context, in *StorageStatRequest, opts ...grpc.CallOption) (*StorageObjectInfo, error)
+	// Read streams [offset, offset+length) of one object in chunks of at most 1 MiB. The
+	// first message always carries the object's info (size, etag), even when the range
+	// is empty (offset at or past the end).
+	Read(ctx context.Context, in *StorageReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StorageReadChunk], error)
+	// Write creates or replaces one object. The first message is the header, the rest
+	// carry data. The object is committed only when the client closes its send side after
+	// the last byte (and, with a known size, exactly size bytes arrived); a call that ends
+	// any other way (cancelled, tunnel lost, size mismatch) leaves nothing visible and
+	// frees what it reserved of the quota.
+	Write(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StorageWriteRequest, StorageObjectInfo], error)
+	// Delete removes one object (NOT_FOUND when absent).
+	Delete(ctx context.Context, in *StorageDeleteRequest, opts ...grpc.CallOption) (*StorageDeleteResponse, error)
+}
+
+type storageFabricClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewStorageFabricClient(cc grpc.ClientConnInterface) StorageFabricClient {
+	return &storageFabricClient{cc}
+}
+
+func (c *storageFabricClient) List(ctx context.Context, in *StorageListRequest, opts ...grpc.CallOption) (*StorageListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StorageListResponse)
+	err := c.cc.Invoke(ctx, StorageFabric_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageFabricClient) Stat(ctx context.Context, in *StorageStatRequest, opts ...grpc.CallOption) (*StorageObjectInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StorageObjectInfo)
+	err := c.cc.Invoke(ctx, StorageFabric_Stat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *storageFabricClient) Read(ctx context.Context, in *StorageReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StorageReadChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &StorageFabric_ServiceDesc.Streams[0], StorageFabric_Read_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StorageReadRequest, StorageReadChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StorageFabric_ReadClient = grpc.ServerStreamingClient[StorageReadChunk]
+
+func (c *storageFabricClient) Write(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[StorageWriteRequest, StorageObjectInfo], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &StorageFabric_ServiceDesc.Streams[1], StorageFabric_Write_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StorageWriteRequest, StorageObjectInfo]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StorageFabric_WriteClient = grpc.ClientStreamingClient[StorageWriteRequest, StorageObjectInfo]
+
+func (c *storageFabricClient) Delete(ctx context.Context, in *StorageDeleteRequest, opts ...grpc.CallOption) (*StorageDeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StorageDeleteResponse)
+	err := c.cc.Invoke(ctx, StorageFabric_Delete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// StorageFabricServer is the server API for StorageFabric service.
+// All implementations must embed UnimplementedStorageFabricServer
+// for forward compatibility.
+//
+// StorageFabric is how a node reaches the buckets attached to its allocations: the bytes
+// move over the tunnel, so a node holds no storage credentials and a NATed host works.
+// Served by the control plane next to Fabric, on agent-opened streams; the node is the
+// tunnel's node. Every request names an attachment (UUID); the control plane refuses one
+// that is not attached to an allocation on this node (PERMISSION_DENIED), and a write or
+// delete through a read-only ("ro") attachment (PERMISSION_DENIED).
+//
+// Object paths are relative to the bucket ("a/b.txt": no leading slash, no "." or ".."
+// elements, at most 1024 bytes); "/" separates folder-style levels. gRPC status codes:
+//
+//	NOT_FOUND           the object (or the attachment) does not exist
+//	PERMISSION_DENIED   not this node's attachment, or a write through a ro attachment
+//	RESOURCE_EXHAUSTED  the project's storage quota or the per-object limit is reached
+//	INVALID_ARGUMENT    a path that is not canonical or escapes the bucket
+//	FAILED_PRECONDITION Read.if_match no longer matches (the object changed)
+//	UNAVAILABLE         transient (storage backend, control plane restarting): retry
+type StorageFabricServer interface {
+	// List returns one page of the objects under prefix, in byte order of path.
+	List(context.Context, *StorageListRequest) (*StorageListResponse, error)
+	// Stat returns one object's metadata.
+	Stat(context.Context, *StorageStatRequest) (*StorageObjectInfo, error)
+	// Read streams [offset, offset+length) of one object in chunks of at most 1 MiB. The
+	// first message always carries the object's info (size, etag), even when the range
+	// is empty (offset at or past the end).
+	Read(*StorageReadRequest, grpc.ServerStreamingServer[StorageReadChunk]) error
+	// Write creates or replaces one object. The first message is the header, the rest
+	// carry data. The object is committed only when the client closes its send side after
+	// the last byte (and, with a known size, exactly size bytes arrived); a call that ends
+	// any other way (cancelled, tunnel lost, size mismatch) leaves nothing visible and
+	// frees what it reserved of the quota.
+	Write(grpc.ClientStreamingServer[StorageWriteRequest, StorageObjectInfo]) error
+	// Delete removes one object (NOT_FOUND when absent).
+	Delete(context.Context, *StorageDeleteRequest) (*StorageDeleteResponse, error)
+	mustEmbedUnimplementedStorageFabricServer()
+}
+
+// UnimplementedStorageFabricServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedStorageFabricServer struct{}
+
+func (UnimplementedStorageFabricServer) List(context.Context, *StorageListRequest) (*StorageListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedStorageFabricServer) Stat(context.Context, *StorageStatRequest) (*StorageObjectInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method Stat not implemented")
+}
+func (UnimplementedStorageFabricServer) Read(*StorageReadRequest, grpc.ServerStreamingServer[StorageReadChunk]) error {
+	return status.Error(codes.Unimplemented, "method Read not implemented")
+}
+func (UnimplementedStorageFabricServer) Write(grpc.ClientStreamingServer[StorageWriteRequest, StorageObjectInfo]) error {
+	return status.Error(codes.Unimplemented, "method Write not implemented")
+}
+func (UnimplementedStorageFabricServer) Delete(context.Context, *StorageDeleteRequest) (*StorageDeleteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Delete not implemented")
+}
+func (UnimplementedStorageFabricServer) mustEmbedUnimplementedStorageFabricServer() {}
+func (UnimplementedStorageFabricServer) testEmbeddedByValue()                       {}
+
+// UnsafeStorageFabricServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to StorageFabricServer will
+// result in compilation errors.
+type UnsafeStorageFabricServer interface {
+	mustEmbedUnimplementedStorageFabricServer()
+}
+
+func RegisterStorageFabricServer(s grpc.ServiceRegistrar, srv StorageFabricServer) {
+	// If the following call panics, it indicates UnimplementedStorageFabricServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&StorageFabric_ServiceDesc, srv)
+}
+
+func _StorageFabric_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StorageListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageFabricServer).List(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StorageFabric_List_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageFabricServer).List(ctx, req.(*StorageListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StorageFabric_Stat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StorageStatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageFabricServer).Stat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StorageFabric_Stat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageFabricServer).Stat(ctx, req.(*StorageStatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StorageFabric_Read_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StorageReadRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(StorageFabricServer).Read(m, &grpc.GenericServerStream[StorageReadRequest, StorageReadChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StorageFabric_ReadServer = grpc.ServerStreamingServer[StorageReadChunk]
+
+func _StorageFabric_Write_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(StorageFabricServer).Write(&grpc.GenericServerStream[StorageWriteRequest, StorageObjectInfo]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StorageFabric_WriteServer = grpc.ClientStreamingServer[StorageWriteRequest, StorageObjectInfo]
+
+func _StorageFabric_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StorageDeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StorageFabricServer).Delete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StorageFabric_Delete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StorageFabricServer).Delete(ctx, req.(*StorageDeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// StorageFabric_ServiceDesc is the grpc.ServiceDesc for StorageFabric service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var StorageFabric_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "gantry.fabric.v1.StorageFabric",
+	HandlerType: (*StorageFabricServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "List",
+			Handler:    _StorageFabric_List_Handler,
+		},
+		{
+			MethodName: "Stat",
+			Handler:    _StorageFabric_Stat_Handler,
+		},
+		{
+			MethodName: "Delete",
+			Handler:    _StorageFabric_Delete_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Read",
+			Handler:       _StorageFabric_Read_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Write",
+			Handler:       _StorageFabric_Write_Handler,
 			ClientStreams: true,
 		},
 	},
