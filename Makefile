@@ -25,6 +25,7 @@ test:
 	$(GO) test -run '^$$' -fuzz '^FuzzCursorDecode$$' -fuzztime 5s ./controlplane/internal/pagination
 	$(GO) test -run '^$$' -fuzz '^FuzzCursorTamper$$' -fuzztime 5s ./controlplane/internal/pagination
 	$(GO) test -run '^$$' -fuzz '^FuzzVerifySignature$$' -fuzztime 5s ./controlplane/internal/payments
+	$(GO) test -run '^$$' -fuzz '^FuzzClean$$' -fuzztime 5s ./controlplane/internal/storage/objpath
 
 # Benchmarks print their ratio against a baseline measured in the same run.
 bench:
