@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	"github.com/gantry-gpu/gantry/nodeagent/runtime"
 	"github.com/gantry-gpu/gantry/nodeagent/tasks"
@@ -71,6 +73,10 @@ type Options struct {
 	ResultResend time.Duration
 	// Streams serves control-plane-opened raw streams; nil refuses them.
 	Streams StreamHandler
+	// OnConnection, when set, is told the gRPC connection of every established tunnel
+	// (after the Welcome) and nil when that tunnel ends, so other services on the
+	// tunnel (StorageFabric, nodeagent/storagemount) always call through the current one.
+	OnConnection func(cc grpc.ClientConnInterface)
 	// Backoff spaces reconnects; the zero value means DefaultBackoff.
 	Backoff Backoff
 	// HeartbeatInterval and TelemetryInterval apply until the Welcome.
@@ -365,6 +371,10 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	}
 	established = true
 	stopHandshakeGuard()
+	if a.o.OnConnection != nil {
+		a.o.OnConnection(cc)
+		defer a.o.OnConnection(nil)
+	}
 
 	hb, tel := a.o.HeartbeatInterval, a.o.TelemetryInterval
 	hb, tel = applyHeartbeatConfig(welcome.GetHeartbeat(), hb, tel)

@@ -11,6 +11,7 @@ import (
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	"github.com/gantry-gpu/gantry/nodeagent/logship"
 	"github.com/gantry-gpu/gantry/nodeagent/runtime"
+	"github.com/gantry-gpu/gantry/nodeagent/storagemount"
 	"github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
@@ -105,10 +106,36 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 	if err != nil {
 		return fmt.Errorf("allocation runtime: %w", err)
 	}
-	opts.GPU, opts.Logger, opts.Executor = backend, log, rt.Mux()
+	mux := rt.Mux()
+	opts.GPU, opts.Logger, opts.Executor = backend, log, mux
 	// Results wait for the control plane's acknowledgement beside the runtime's records,
 	// and every Hello reports what the runtime holds.
 	opts.StateDir = runtime.StateDir(cfg)
+	// Buckets attached into allocations (storage.attach / storage.detach); their bytes
+	// travel over the current tunnel's StorageFabric, and a release detaches them first.
+	conns := storagemount.NewConns()
+	opts.OnConnection = conns.Set
+	storage, err := storagemount.New(storagemount.Options{
+		StateDir: opts.StateDir, Client: storagemount.NewClient(conns), Accounts: rt,
+		Mode: cfg.StorageMode, SyncInterval: cfg.StorageSyncInterval, Logger: log,
+	})
+	if err != nil {
+		return fmt.Errorf("storage attachments: %w", err)
+	}
+	storage.Register(mux, rt)
+	storageCtx, stopStorage := context.WithCancel(context.WithoutCancel(ctx))
+	storageDone := make(chan struct{})
+	go func() {
+		defer close(storageDone)
+		// Mounts the node held before a restart come back (FUSE needs no tunnel to
+		// mount; reads wait for one).
+		for _, g := range storage.Restore(storageCtx) {
+			log.Warn("storage attachment not restored", "attachment_id", g.AttachmentID, "allocation_id", g.AllocationID, "reason", g.Reason)
+		}
+		storage.Run(storageCtx)
+	}()
+	// After the agent stops (its deferred task wait included): mounts end, records stay.
+	defer func() { stopStorage(); <-storageDone }()
 	opts.Workloads = rt.Held
 	// Browser terminals (nodeagent/terminal) in the runtime's live allocations; every
 	// session is ended (Run's Close) before RunConfig returns.

@@ -46,6 +46,7 @@ type peer struct {
 	ctlDone  chan struct{}
 	ctls     int // control streams welcomed so far
 	changed  chan struct{}
+	storage  peerStorage // StorageFabric, served on the same agent-opened streams
 	fabricv1.UnimplementedFabricServer
 }
 
@@ -62,6 +63,7 @@ func newPeer(t *testing.T, opts *fabricnet.ListenOptions) *peer {
 	p.streams = fabricnet.NewStreamListener(ln.Addr())
 	p.grpcSrv = grpc.NewServer()
 	fabricv1.RegisterFabricServer(p.grpcSrv, p)
+	fabricv1.RegisterStorageFabricServer(p.grpcSrv, &p.storage)
 	go func() { _ = p.grpcSrv.Serve(p.streams) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	go p.accept(ctx)

@@ -100,6 +100,12 @@ type Config struct {
 	// to for this long (nodeagent/terminal).
 	TerminalDetachedTimeout time.Duration
 
+	// StorageMode is how buckets are attached into allocations (nodeagent/storagemount):
+	// "auto" (FUSE when /dev/fuse is usable, else copy), "fuse" or "copy".
+	StorageMode string
+	// StorageSyncInterval spaces the upload of changes in rw copy-mode attachments.
+	StorageSyncInterval time.Duration
+
 	// Path is the file this was loaded from ("" when none).
 	Path string
 }
@@ -119,6 +125,8 @@ func Default() Config {
 		StopGrace:         10 * time.Second,
 
 		TerminalDetachedTimeout: 5 * time.Minute,
+		StorageMode:             "auto",
+		StorageSyncInterval:     60 * time.Second,
 	}
 }
 
@@ -171,6 +179,18 @@ var fields = map[string]field{
 				return fmt.Errorf("not a duration between 1s and 10m")
 			}
 			c.StopGrace = d
+			return nil
+		},
+	},
+	"storage_mode": str(func(c *Config) *string { return &c.StorageMode }),
+	"storage_sync_interval": {
+		get: func(c *Config) string { return c.StorageSyncInterval.String() },
+		set: func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second || d > 24*time.Hour {
+				return fmt.Errorf("not a duration between 1s and 24h")
+			}
+			c.StorageSyncInterval = d
 			return nil
 		},
 	},
@@ -326,6 +346,11 @@ func (c Config) Validate() error {
 	case "auto", "process", "linux-user":
 	default:
 		return fmt.Errorf("config: runtime %q is not auto, process or linux-user", c.Runtime)
+	}
+	switch c.StorageMode {
+	case "auto", "fuse", "copy":
+	default:
+		return fmt.Errorf("config: storage_mode %q is not auto, fuse or copy", c.StorageMode)
 	}
 	if c.HomeRoot == "" || !filepath.IsAbs(c.HomeRoot) {
 		return fmt.Errorf("config: home_root %q is not an absolute path", c.HomeRoot)

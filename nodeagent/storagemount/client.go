@@ -113,11 +113,25 @@ func (c *Client) idempotent(ctx context.Context, call func(fabricv1.StorageFabri
 			return err
 		}
 		err = call(fabricv1.NewStorageFabricClient(cc))
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+		if !retriable(ctx, err) {
 			return err
 		}
 		bad, last = cc, err
 	}
+}
+
+// retriable reports whether err says the tunnel (not the call) failed: UNAVAILABLE, or
+// CANCELED while the caller's context is live (gRPC's "the client connection is
+// closing", when the agent closed the connection of a tunnel that ended).
+func retriable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Canceled:
+		return true
+	}
+	return false
 }
 
 // once runs call on the current connection, waiting for one within RetryFor.
@@ -324,7 +338,7 @@ func (r *Reader) Read(p []byte) (int, error) {
 			r.done = true
 			return 0, io.EOF
 		}
-		if status.Code(err) == codes.Unavailable && r.ctx.Err() == nil {
+		if retriable(r.ctx, err) {
 			// The tunnel dropped mid-object: continue where we are, same version.
 			r.cancel()
 			if err := r.start(); err != nil {

@@ -739,7 +739,7 @@ func uploadRetrying(ctx context.Context, c *Client, att, p string, src func() (i
 			return nil, err
 		}
 		info, err := c.Write(ctx, att, p, r, size, "")
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil || time.Now().After(deadline) {
+		if !retriable(ctx, err) || time.Now().After(deadline) {
 			return info, err
 		}
 		t := time.NewTimer(c.Backoff)

@@ -373,6 +373,10 @@ func (m *Manager) mountFUSE(mt *mount, log *slog.Logger) error {
 			DirectMount:   true,
 			DisableXAttrs: true,
 			MaxWrite:      1 << 20,
+			// Reads arrive in order, so a sequentially read file stays on one growing
+			// readahead range instead of restarting streams for reordered requests.
+			SyncRead:     true,
+			MaxReadAhead: 1 << 20,
 		},
 	}
 	srv, err := gofs.Mount(rec.MountPath, bfs.root(), opts)
