@@ -347,3 +347,42 @@ func TestS3InventorySeesUnfinishedUploads(t *testing.T) {
 		t.Fatalf("Inventory = %q, %v; want the unfinished upload", inv, err)
 	}
 }
+
+// benchSize is what one benchmark iteration streams: the 1 GiB object.
+const benchSize = 1 << 30
+
+// BenchmarkFSPut streams benchSize bytes into the fs driver (hashing, fsync, rename): the
+// write baseline the storage benchmark compares an API PUT against.
+func BenchmarkFSPut(b *testing.B) {
+	d, err := blob.NewFS(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	key := blob.Key(uuid.New(), uuid.New(), uuid.New(), uuid.New())
+	b.SetBytes(benchSize)
+	for b.Loop() {
+		if _, err := blob.PutPattern(context.Background(), d, key, benchSize, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkFSOpen reads benchSize bytes back: the read baseline.
+func BenchmarkFSOpen(b *testing.B) {
+	d, err := blob.NewFS(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	key := blob.Key(uuid.New(), uuid.New(), uuid.New(), uuid.New())
+	if _, err := blob.PutPattern(context.Background(), d, key, benchSize, 1); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(benchSize)
+	for b.Loop() {
+		if n, err := blob.Drain(context.Background(), d, key); err != nil || n != benchSize {
+			b.Fatal(n, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math/rand/v2"
 	"sync"
 )
 
@@ -129,52 +130,15 @@ func (in *intake) result() PutResult {
 	return PutResult{Size: in.n, SHA256: hex.EncodeToString(in.h.Sum(nil))}
 }
 
-// Pattern returns a reader of n deterministic pseudo-random bytes (a function of seed and
-// position) produced on the fly: benchmarks and tests stream gigabytes through a driver
-// without holding them. Reading is much faster than any disk, so it does not skew a
-// throughput figure.
+// Pattern returns a reader of n deterministic pseudo-random bytes (ChaCha8 keyed by
+// seed) produced on the fly: benchmarks and tests stream gigabytes through a driver
+// without holding them. The bytes do not compress or deduplicate, so no backend can
+// flatter a benchmark, and generating them (several GB/s) is far faster than any disk.
+// The stream does not depend on how it is read: any chunking gives the same bytes.
 func Pattern(n int64, seed uint64) io.Reader {
-	return &pattern{left: n, seed: seed}
-}
-
-type pattern struct {
-	left int64
-	pos  uint64
-	seed uint64
-}
-
-func (p *pattern) Read(b []byte) (int, error) {
-	if p.left <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(b)) > p.left {
-		b = b[:p.left]
-	}
-	n := 0
-	for n < len(b) {
-		if p.pos%8 == 0 && len(b)-n >= 8 {
-			binary.LittleEndian.PutUint64(b[n:], mix(p.pos/8, p.seed))
-			n += 8
-			p.pos += 8
-			continue
-		}
-		var word [8]byte
-		binary.LittleEndian.PutUint64(word[:], mix(p.pos/8, p.seed))
-		c := copy(b[n:], word[p.pos%8:])
-		n += c
-		p.pos += uint64(c)
-	}
-	p.left -= int64(n)
-	return n, nil
-}
-
-// mix is splitmix64 of the 8-byte word index w: every word differs, so neither
-// compression nor deduplication in a backend can flatter a benchmark.
-func mix(w, seed uint64) uint64 {
-	x := w + seed*0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	return io.LimitReader(rand.NewChaCha8(key), n)
 }
 
 // PutPattern puts Pattern(n, seed) at key with its size declared: the write side of a
