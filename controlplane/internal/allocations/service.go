@@ -114,8 +114,13 @@ type Service struct {
 	Budgets Budgets
 	Billing Billing
 	Drains  Drains
-	Config  Config
-	Log     *slog.Logger
+	// Ended, when set, runs inside the transaction that moves an allocation to a final
+	// status (released, failed, completed), after the move: features that hold something
+	// on the allocation's node for it let go of it there (storage attachments are marked
+	// detached). Its error rolls the move back.
+	Ended  func(ctx context.Context, tx pgx.Tx, allocationID uuid.UUID) error
+	Config Config
+	Log    *slog.Logger
 
 	hints placementHints
 }

@@ -76,6 +76,15 @@ func (s *Service) transitionCleanup(ctx context.Context, tx pgx.Tx, a Allocation
 			return a, out, err
 		}
 	}
+	if s.Ended != nil && lifecycle.IsFinal(out.To) {
+		plain, err := unpipelined(ctx, tx)
+		if err != nil {
+			return a, out, err
+		}
+		if err := s.Ended(ctx, plain, a.ID); err != nil {
+			return a, out, fmt.Errorf("allocation ended: %w", err)
+		}
+	}
 	// What follows writes rows nothing in this transaction reads back: one round trip.
 	p, own := pipeline(tx)
 	switch {
