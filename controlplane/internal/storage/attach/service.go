@@ -323,8 +323,8 @@ func (s *Service) Detach(ctx context.Context, projectID, allocationID, attachmen
 // change is what a transition writes besides the state.
 type change struct {
 	method, hostPath, err string
-	actorType            string // audit actor override (node, system)
-	metadata             map[string]any
+	actorType             string // audit actor override (node, system)
+	metadata              map[string]any
 }
 
 // apply moves the locked attachment cur by e: the state table decides; a change writes
