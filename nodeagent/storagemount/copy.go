@@ -49,6 +49,9 @@ type copyMount struct {
 
 	mu       sync.Mutex // one copy-in or sync at a time
 	manifest map[string]manifestEntry
+	// closed is set by the final sync of a detach: the directory is about to be removed,
+	// and a periodic sync that was waiting must not read the removal as deletions.
+	closed bool
 }
 
 // SyncReport counts what one sync did.
@@ -207,12 +210,28 @@ func (m *copyMount) mkdirs(root *os.Root, dir string) error {
 // time differ) and deletes the objects of files that are gone. Symlinks and special
 // files are never followed or uploaded. Every file is tried; the errors are joined.
 func (m *copyMount) sync(ctx context.Context) (SyncReport, error) {
-	var rep SyncReport
-	if !m.rw {
-		return rep, nil
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.syncLocked(ctx)
+}
+
+// finish is a detach's last sync: when it succeeds (or failure is accepted, force) no
+// later sync runs.
+func (m *copyMount) finish(ctx context.Context, force bool) (SyncReport, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rep, err := m.syncLocked(ctx)
+	if err == nil || force {
+		m.closed = true
+	}
+	return rep, err
+}
+
+func (m *copyMount) syncLocked(ctx context.Context) (SyncReport, error) {
+	var rep SyncReport
+	if !m.rw || m.closed {
+		return rep, nil
+	}
 	root, err := os.OpenRoot(m.dir)
 	if err != nil {
 		return rep, err

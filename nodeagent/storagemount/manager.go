@@ -68,6 +68,9 @@ type record struct {
 	UID       int                      `json:"uid"`
 	GID       int                      `json:"gid"`
 	Attached  time.Time                `json:"attached_at"`
+	// Ready is false while a copy-in is under way: an agent that died meanwhile copies
+	// in again when it restores the attachment.
+	Ready bool `json:"ready"`
 }
 
 // mount is a live attachment.
@@ -204,6 +207,14 @@ func (m *Manager) Attach(ctx context.Context, p alloctask.StoragePayload) (alloc
 	if !ok {
 		return alloctask.StorageResult{}, fail(alloctask.CodeNotFound, fmt.Errorf("allocation %s is not active on this node", p.AllocationID))
 	}
+	if rec, ok := m.loadRecord(p.AttachmentID); ok && rec.Payload.AllocationID == p.AllocationID {
+		// Held before a restart and not restored yet (Restore runs beside the first
+		// tasks): mount it again as it was.
+		if err := m.start(ctx, &rec, false); err != nil {
+			return alloctask.StorageResult{}, err
+		}
+		return alloctask.StorageResult{Method: rec.Method, MountPath: rec.MountPath}, nil
+	}
 	if env.User != p.User {
 		return alloctask.StorageResult{}, fail(alloctask.CodeInvalidPayload, fmt.Errorf("user %q is not the allocation's runtime user %q", p.User, env.User))
 	}
@@ -217,6 +228,11 @@ func (m *Manager) Attach(ctx context.Context, p alloctask.StoragePayload) (alloc
 		return alloctask.StorageResult{}, fail(alloctask.CodeStorageMountFailed, err)
 	}
 	rec.MountPath = abs
+	// The control plane must know the attachment before the bytes are needed: a refusal
+	// (not this node's, unknown) is reported by the attach, not by the first read.
+	if _, err := m.o.Client.List(ctx, p.AttachmentID, "", "/", "", 1); err != nil {
+		return alloctask.StorageResult{}, fail(alloctask.CodeStorageUnavailable, fmt.Errorf("the control plane refused the attachment: %w", err))
+	}
 	if err := m.start(ctx, &rec, true); err != nil {
 		return alloctask.StorageResult{}, err
 	}
@@ -300,6 +316,7 @@ func (m *Manager) start(ctx context.Context, rec *record, fresh bool) error {
 		}
 	}
 	mt.rec.Method = method
+	mt.rec.Ready = method == alloctask.StorageMethodFUSE || (rec.Ready && !fresh)
 	// The record goes to disk before a copy-in, so a detach or release after a crash
 	// half-way still finds (and removes) what was downloaded.
 	if err := m.saveRecord(mt.rec); err != nil {
@@ -312,14 +329,20 @@ func (m *Manager) start(ctx context.Context, rec *record, fresh bool) error {
 		if err := mt.cp.loadManifest(); err != nil {
 			return fail(alloctask.CodeStorageMountFailed, err)
 		}
-		if fresh {
+		if !mt.rec.Ready {
 			if err := mt.cp.copyIn(ctx); err != nil {
-				m.removeCopy(mt, log)
-				_ = m.removeRecord(id)
+				if fresh {
+					m.removeCopy(mt, log)
+					_ = m.removeRecord(id)
+				}
 				if Code(err) == alloctask.CodeStorageUnavailable {
 					return fail(alloctask.CodeStorageUnavailable, fmt.Errorf("copying the bucket in: %w", err))
 				}
 				return fail(alloctask.CodeStorageMountFailed, fmt.Errorf("copying the bucket in: %w", err))
+			}
+			mt.rec.Ready = true
+			if err := m.saveRecord(mt.rec); err != nil {
+				return fail(alloctask.CodeStorageMountFailed, err)
 			}
 		}
 	}
@@ -461,7 +484,7 @@ func (m *Manager) detachLocked(ctx context.Context, id string, mustSync bool) (a
 	log := m.o.Logger.With("attachment_id", id, "allocation_id", mt.rec.Payload.AllocationID)
 	res := alloctask.StorageResult{Method: mt.rec.Method, MountPath: mt.rec.MountPath}
 	if mt.cp != nil {
-		rep, err := mt.cp.sync(ctx)
+		rep, err := mt.cp.finish(ctx, !mustSync)
 		if err != nil {
 			if mustSync {
 				return res, fail(alloctask.CodeStorageSyncFailed, fmt.Errorf("uploading the allocation's changes: %w", err))
@@ -592,6 +615,13 @@ func (m *Manager) Restore(ctx context.Context) []Gone {
 		}
 		p := rec.Payload
 		unlock := m.lock(p.AllocationID)
+		m.mu.Lock()
+		held := m.mounts[p.AttachmentID] != nil
+		m.mu.Unlock()
+		if held {
+			unlock() // a redelivered attach restored it first
+			continue
+		}
 		reason := ""
 		if _, ok := m.o.Accounts.Session(p.AllocationID); !ok {
 			reason = "allocation is no longer active on this node"
@@ -609,6 +639,15 @@ func (m *Manager) Restore(ctx context.Context) []Gone {
 		unlock()
 	}
 	return gone
+}
+
+func (m *Manager) loadRecord(id string) (record, bool) {
+	var rec record
+	b, err := os.ReadFile(m.recordPath(id))
+	if err != nil || json.Unmarshal(b, &rec) != nil || rec.Payload.Validate() != nil || rec.Payload.AttachmentID != id || rec.MountPath == "" {
+		return record{}, false
+	}
+	return rec, true
 }
 
 func (m *Manager) saveRecord(rec record) error {

@@ -599,6 +599,20 @@ func TestRestoreAfterAgentRestart(t *testing.T) {
 	}
 	e.mgr.Close()
 
+	// The attach task redelivered before Restore ran finds the record and mounts it
+	// again; Restore then leaves it alone.
+	e.mgr = e.newManager()
+	if again := e.attach(payload(attRW, alloctask.StorageModeRW)); again != dir {
+		t.Fatalf("redelivered attach after restart: %q", again)
+	}
+	if gone := e.mgr.Restore(context.Background()); len(gone) != 0 || len(e.mgr.List()) != 1 {
+		t.Fatalf("restore after a redelivered attach: gone %+v, %d held", gone, len(e.mgr.List()))
+	}
+	if got := readFile(t, filepath.Join(dir, "data/a.csv")); got != "x,y\n1,2\n" {
+		t.Fatalf("after redelivered attach %q", got)
+	}
+	e.mgr.Close()
+
 	if err := e.rt.Release(context.Background(), alloctask.Payload{AllocationID: allocID, User: alloctask.UserName(allocID)}); err != nil {
 		t.Fatal(err)
 	}
@@ -653,5 +667,36 @@ func TestAttachRefusals(t *testing.T) {
 	}
 	if got := readFile(t, filepath.Join(e.home, "full/mine.txt")); got != "x" {
 		t.Fatal("the user's file was touched")
+	}
+}
+
+// TestCopyModeRestoreKeepsManifest: after an agent restart a copy-mode attachment is
+// held again without downloading anew, and only what changed since is uploaded.
+func TestCopyModeRestoreKeepsManifest(t *testing.T) {
+	e := newEnv(t, ModeCopy)
+	seed(e.store)
+	dir := e.attach(payload(attRW, alloctask.StorageModeRW))
+	e.mgr.Close()
+	e.store.mu.Lock()
+	readsBefore := len(e.store.reads)
+	e.store.mu.Unlock()
+	e.mgr = e.newManager()
+	t.Cleanup(e.mgr.Close)
+	if gone := e.mgr.Restore(context.Background()); len(gone) != 0 || len(e.mgr.List()) != 1 {
+		t.Fatalf("restore: gone %+v, %d held", gone, len(e.mgr.List()))
+	}
+	e.store.mu.Lock()
+	readsAfter := len(e.store.reads)
+	e.store.mu.Unlock()
+	if readsAfter != readsBefore {
+		t.Fatalf("restore downloaded %d objects again", readsAfter-readsBefore)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "readme.txt"), []byte("after restart"), 0o644)
+	rep, err := e.mgr.Sync(context.Background(), attRW)
+	if err != nil || rep.Uploaded != 1 || rep.Deleted != 0 {
+		t.Fatalf("sync after restart: %+v %v", rep, err)
+	}
+	if got, _ := e.store.get("readme.txt"); string(got) != "after restart" {
+		t.Fatalf("readme %q", got)
 	}
 }
