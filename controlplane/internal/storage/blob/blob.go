@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -27,8 +28,20 @@ type Driver interface {
 	Stat(ctx context.Context, key string) (Info, error)
 	// Delete removes key; an absent key is not an error.
 	Delete(ctx context.Context, key string) error
+	// Check reports whether the backend answers and its root (directory, bucket)
+	// exists: for startup and readiness.
+	Check(ctx context.Context) error
 	// Close releases the driver (the fs driver's open root directory).
 	Close() error
+}
+
+// TempSweeper is implemented by both drivers: RemoveStaleTemps removes partial writes
+// begun before cutoff (fs temp files, S3 unfinished multipart uploads) and returns how
+// many. A failed Put cleans up after itself; these are what a crash of the control plane
+// in the middle of a Put leaves. A sweeper calls it with a cutoff well before any upload
+// that may still be in progress (its clock minus a day, say).
+type TempSweeper interface {
+	RemoveStaleTemps(ctx context.Context, cutoff time.Time) (int, error)
 }
 
 // Inventory is implemented by both drivers for tests and sweepers: every name the backend

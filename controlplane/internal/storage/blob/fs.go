@@ -29,6 +29,7 @@ type FS struct {
 
 var _ Driver = (*FS)(nil)
 var _ Inventory = (*FS)(nil)
+var _ TempSweeper = (*FS)(nil)
 
 // NewFS opens (creating it when missing) the directory dir as the driver's root.
 func NewFS(dir string) (*FS, error) {
@@ -51,6 +52,14 @@ func (d *FS) Name() string { return "fs" }
 func (d *FS) Dir() string { return d.dir }
 
 func (d *FS) Close() error { return d.root.Close() }
+
+// Check reports whether the root directory is still there and usable.
+func (d *FS) Check(ctx context.Context) error {
+	if _, err := d.root.Stat("."); err != nil {
+		return fmt.Errorf("blob: fs root %s: %w", d.dir, err)
+	}
+	return nil
+}
 
 func (d *FS) Put(ctx context.Context, key string, r io.Reader, size int64) (PutResult, error) {
 	if err := checkKey(key); err != nil {
@@ -76,7 +85,7 @@ func (d *FS) Put(ctx context.Context, key string, r io.Reader, size int64) (PutR
 	}()
 	in := newIntake(ctx, r, size)
 	if _, err := Copy(f, in); err != nil {
-		if ierr := in.done(); ierr != nil {
+		if ierr := in.streamErr(); ierr != nil {
 			return PutResult{}, ierr
 		}
 		return PutResult{}, fmt.Errorf("blob: fs put %s: %w", key, err)
@@ -191,10 +200,7 @@ func (d *FS) Inventory(ctx context.Context) ([]string, error) {
 	return names, err
 }
 
-// RemoveStaleTemps deletes temp files last written before cutoff: what a Put interrupted
-// by a crash (not by an error, which cleans up itself) leaves. A sweeper calls it with
-// a cutoff well past any upload in progress (the caller's clock minus, say, a day). It
-// returns how many it removed.
+// RemoveStaleTemps deletes temp files last written before cutoff (see TempSweeper).
 func (d *FS) RemoveStaleTemps(ctx context.Context, cutoff time.Time) (int, error) {
 	removed := 0
 	err := fs.WalkDir(d.root.FS(), ".", func(p string, e fs.DirEntry, err error) error {

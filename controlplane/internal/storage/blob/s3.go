@@ -33,9 +33,9 @@ type S3 struct {
 
 var _ Driver = (*S3)(nil)
 var _ Inventory = (*S3)(nil)
+var _ TempSweeper = (*S3)(nil)
 
-// NewS3 builds the driver. It does not contact the server: a misconfiguration shows on
-// the first request (the server's readiness check calls Stat).
+// NewS3 builds the driver. It does not contact the server: call Check at startup.
 func NewS3(cfg S3Config) (*S3, error) {
 	if cfg.Endpoint == "" || cfg.Bucket == "" {
 		return nil, errors.New("blob: s3 driver needs GANTRY_STORAGE_S3_ENDPOINT and GANTRY_STORAGE_S3_BUCKET")
@@ -74,6 +74,40 @@ func (d *S3) Bucket() string { return d.bucket }
 
 func (d *S3) Close() error { return nil }
 
+// Check reports whether the server answers and the bucket exists: a missing bucket would
+// otherwise look like a store where every object is not found.
+func (d *S3) Check(ctx context.Context) error {
+	ok, err := d.client.BucketExists(ctx, d.bucket)
+	if err != nil {
+		return fmt.Errorf("blob: s3 bucket %s: %w", d.bucket, err)
+	}
+	if !ok {
+		return fmt.Errorf("blob: s3 bucket %s does not exist", d.bucket)
+	}
+	return nil
+}
+
+// RemoveStaleTemps aborts multipart uploads started before cutoff (see TempSweeper).
+func (d *S3) RemoveStaleTemps(ctx context.Context, cutoff time.Time) (int, error) {
+	removed := 0
+	for u := range d.client.ListIncompleteUploads(ctx, d.bucket, "", true) {
+		if u.Err != nil {
+			return removed, fmt.Errorf("blob: s3 list uploads: %w", u.Err)
+		}
+		if !u.Initiated.Before(cutoff) {
+			continue
+		}
+		if err := d.core.AbortMultipartUpload(ctx, d.bucket, u.Key, u.UploadID); err != nil {
+			if minio.ToErrorResponse(err).Code == "NoSuchUpload" {
+				continue // finished or aborted meanwhile
+			}
+			return removed, fmt.Errorf("blob: s3 abort upload %s: %w", u.Key, err)
+		}
+		removed++
+	}
+	return removed, nil
+}
+
 func (d *S3) Put(ctx context.Context, key string, r io.Reader, size int64) (PutResult, error) {
 	if err := checkKey(key); err != nil {
 		return PutResult{}, err
@@ -99,7 +133,7 @@ func (d *S3) Put(ctx context.Context, key string, r io.Reader, size int64) (PutR
 	// minio-go aborts a failed multipart upload itself; make sure even when the abort
 	// failed too, so no parts linger (they cost storage and show in Inventory).
 	d.cleanup(ctx, key, false)
-	if ierr := in.done(); ierr != nil {
+	if ierr := in.streamErr(); ierr != nil {
 		return PutResult{}, ierr
 	}
 	return PutResult{}, fmt.Errorf("blob: s3 put %s: %w", key, err)

@@ -111,13 +111,20 @@ func (in *intake) fail(err error) error {
 	return err
 }
 
-// done reports the error that should end Put: the stream's own, or a size that does not
-// match once the consumer has finished.
-func (in *intake) done() error {
+// streamErr is the stream's own failure (the reader's error, ErrSizeMismatch found while
+// reading, the context ending), which explains a failed Put better than the backend's
+// report of it; nil when the stream itself was fine.
+func (in *intake) streamErr() error {
 	if in.err != nil {
 		return in.err
 	}
-	if err := in.ctx.Err(); err != nil {
+	return in.ctx.Err()
+}
+
+// done reports the error that should end a Put whose consumer finished without error: the
+// stream's own, or a length that does not match the declared size.
+func (in *intake) done() error {
+	if err := in.streamErr(); err != nil {
 		return err
 	}
 	if in.size >= 0 && in.n != in.size {

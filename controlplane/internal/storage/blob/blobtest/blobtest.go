@@ -36,6 +36,12 @@ func Run(t *testing.T, newDriver func(t *testing.T) blob.Driver) {
 		if _, ok := d.(blob.Inventory); !ok {
 			t.Fatalf("%T does not implement blob.Inventory", d)
 		}
+		if _, ok := d.(blob.TempSweeper); !ok {
+			t.Fatalf("%T does not implement blob.TempSweeper", d)
+		}
+		if err := d.Check(ctxFor(t)); err != nil {
+			t.Fatalf("Check of a fresh store: %v", err)
+		}
 		return d
 	}
 	t.Run("RoundTrip", func(t *testing.T) { testRoundTrip(t, open(t)) })
@@ -50,6 +56,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) blob.Driver) {
 	t.Run("InvalidKey", func(t *testing.T) { testInvalidKey(t, open(t)) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, open(t)) })
 	t.Run("Large", func(t *testing.T) { testLarge(t, open(t)) })
+	t.Run("SweepStaleTemps", func(t *testing.T) { testSweep(t, open(t)) })
 }
 
 // NewKey is a fresh version key, shaped as the store makes them.
@@ -522,4 +529,65 @@ func testLarge(t *testing.T, d blob.Driver) {
 		}
 	}
 	wantInventory(t, d)
+}
+
+// partialPut starts a Put of unknown size whose reader has given some bytes and then
+// waits, and returns once the backend shows the partial write (a temp file, an unfinished
+// upload). Writing to w continues it; closing w ends it.
+func partialPut(t *testing.T, d blob.Driver, key string) (w *io.PipeWriter, result <-chan error) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Put(ctxFor(t), key, pr, -1)
+		pr.CloseWithError(err)
+		done <- err
+	}()
+	// Returns once the driver has read the bytes, so after it made its temp file or
+	// started its upload.
+	if _, err := pw.Write(make([]byte, 1000)); err != nil {
+		t.Fatalf("the Put stopped reading: %v", err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(inventory(t, d)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a Put in progress left no trace in Inventory")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return pw, done
+}
+
+func testSweep(t *testing.T, d blob.Driver) {
+	sw := d.(blob.TempSweeper)
+	kept := NewKey()
+	put(t, d, kept, blob.Pattern(10, 1), 10)
+
+	// A cutoff before the Put began leaves it alone, and it completes.
+	key := NewKey()
+	w, done := partialPut(t, d, key)
+	if n, err := sw.RemoveStaleTemps(ctxFor(t), time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("RemoveStaleTemps before the Put began = %d, %v; want 0", n, err)
+	}
+	w.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("the Put after a sweep that spared it: %v", err)
+	}
+	if info, err := d.Stat(ctxFor(t), key); err != nil || info.Size != 1000 {
+		t.Fatalf("Stat = %+v, %v", info, err)
+	}
+
+	// A cutoff after it began removes the partial write (as after a crash): the Put
+	// then fails and still nothing is left; complete objects are never touched.
+	lost := NewKey()
+	w, done = partialPut(t, d, lost)
+	if n, err := sw.RemoveStaleTemps(ctxFor(t), time.Now().Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("RemoveStaleTemps after the Put began = %d, %v; want 1", n, err)
+	}
+	w.Close()
+	if err := <-done; err == nil {
+		t.Fatal("a Put whose partial write was swept succeeded")
+	}
+	wantNotFound(t, d, lost)
+	wantInventory(t, d, kept, key)
 }
