@@ -327,7 +327,7 @@ func (s *memStore) Delete(ctx context.Context, r *fabricv1.StorageDeleteRequest)
 }
 
 // serve starts a gRPC server for s and returns a connection to it (closed at cleanup).
-func (s *memStore) serve(t *testing.T) *grpc.ClientConn {
+func (s *memStore) serve(t testing.TB) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -34,7 +34,7 @@ const (
 // manager, and the control plane's StorageFabric (test double) behind a real gRPC
 // connection.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	store *memStore
 	conns *Conns
 	rt    *agentrt.Runtime
@@ -51,7 +51,11 @@ func requireFUSE(t *testing.T) {
 	}
 }
 
-func newEnv(t *testing.T, mode string) *env {
+func newEnv(t *testing.T, mode string) *env { return newTBEnv(t, mode) }
+
+func newBenchEnv(b *testing.B) *env { return newTBEnv(b, ModeFUSE) }
+
+func newTBEnv(t testing.TB, mode string) *env {
 	t.Helper()
 	e := &env{t: t, store: newMemStore(), conns: NewConns(), state: t.TempDir(), mode: mode}
 	e.store.attachments[attRW] = true
