@@ -6,7 +6,9 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"mime"
 	"os"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -738,7 +740,7 @@ func uploadRetrying(ctx context.Context, c *Client, att, p string, src func() (i
 		if err != nil {
 			return nil, err
 		}
-		info, err := c.Write(ctx, att, p, r, size, "")
+		info, err := c.Write(ctx, att, p, r, size, mime.TypeByExtension(path.Ext(p)))
 		if !retriable(ctx, err) || time.Now().After(deadline) {
 			return info, err
 		}

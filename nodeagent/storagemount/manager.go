@@ -41,6 +41,9 @@ const DefaultSyncInterval = 60 * time.Second
 // home, for an allocation that is active on this node (*runtime.Runtime).
 type Accounts interface {
 	Session(allocationID string) (runtime.SessionEnv, bool)
+	// Phase tells a stopped allocation (whose attachments wait for its restart) from
+	// one that is gone.
+	Phase(allocationID string) runtime.Phase
 }
 
 // Options configure a Manager. StateDir, Client and Accounts are required.
@@ -586,9 +589,13 @@ type Gone struct {
 }
 
 // Restore mounts again every attachment recorded before a restart whose allocation is
-// still active here. The others (allocation released or stopped meanwhile, mount
-// failing) are cleaned up and returned, for the caller to report.
-func (m *Manager) Restore(ctx context.Context) []Gone {
+// still active here. One of a stopped allocation is kept for the allocation's restart
+// (the restart task mounts it, see Register). The others (allocation released or gone
+// meanwhile, mount failing) are cleaned up and returned, for the caller to report.
+func (m *Manager) Restore(ctx context.Context) []Gone { return m.restore(ctx, "") }
+
+// restore is Restore for every allocation (allocationID "") or one.
+func (m *Manager) restore(ctx context.Context, allocationID string) []Gone {
 	entries, err := os.ReadDir(m.recordDir())
 	if err != nil {
 		m.o.Logger.Error("storage: reading attachment records", "err", err)
@@ -614,6 +621,9 @@ func (m *Manager) Restore(ctx context.Context) []Gone {
 			continue
 		}
 		p := rec.Payload
+		if allocationID != "" && p.AllocationID != allocationID {
+			continue
+		}
 		unlock := m.lock(p.AllocationID)
 		m.mu.Lock()
 		held := m.mounts[p.AttachmentID] != nil
@@ -624,6 +634,11 @@ func (m *Manager) Restore(ctx context.Context) []Gone {
 		}
 		reason := ""
 		if _, ok := m.o.Accounts.Session(p.AllocationID); !ok {
+			if m.o.Accounts.Phase(p.AllocationID) == runtime.PhaseStopped {
+				m.o.Logger.Info("storage attachment waits for its allocation's restart", "attachment_id", p.AttachmentID, "allocation_id", p.AllocationID)
+				unlock()
+				continue
+			}
 			reason = "allocation is no longer active on this node"
 		} else if err := m.start(ctx, &rec, false); err != nil {
 			reason = "mounting again failed: " + err.Error()
@@ -715,15 +730,26 @@ func (m *Manager) Execute(ctx context.Context, t tasks.Task) tasks.Result {
 	return out
 }
 
-// Register routes storage.attach and storage.detach to m, and allocation.release to
-// release wrapped by WrapRelease, so every attachment of the allocation is detached
-// before the runtime removes the allocation (its home, and a mount in it, would
-// otherwise be removed through the mount).
-func (m *Manager) Register(mux *tasks.Mux, release tasks.Executor) {
+// Register routes storage.attach and storage.detach to m, and wraps the allocation
+// executor (the runtime) for two kinds: allocation.release detaches every attachment of
+// the allocation first (WrapRelease: the runtime removes the home, and would remove a
+// mount's objects through it), allocation.restart mounts afterwards what waited for it
+// (attachments of an allocation that was stopped when the agent restarted).
+func (m *Manager) Register(mux *tasks.Mux, allocations tasks.Executor) {
 	for _, k := range alloctask.StorageKinds {
 		mux.Handle(k, m)
 	}
-	mux.Handle(alloctask.KindRelease, m.WrapRelease(release))
+	mux.Handle(alloctask.KindRelease, m.WrapRelease(allocations))
+	mux.Handle(alloctask.KindRestart, tasks.ExecutorFunc(func(ctx context.Context, t tasks.Task) tasks.Result {
+		res := allocations.Execute(ctx, t)
+		var p alloctask.Payload
+		if res.Status == tasks.Succeeded && json.Unmarshal(t.Payload, &p) == nil && p.AllocationID != "" {
+			for _, g := range m.restore(ctx, p.AllocationID) {
+				m.o.Logger.Warn("storage attachment not mounted again after restart", "attachment_id", g.AttachmentID, "reason", g.Reason)
+			}
+		}
+		return res
+	}))
 }
 
 // WrapRelease returns an executor that detaches every attachment of the allocation

@@ -617,6 +617,27 @@ func TestRestoreAfterAgentRestart(t *testing.T) {
 	}
 	e.mgr.Close()
 
+	// Stopped while the agent was down: the attachment waits (not mounted, not gone)
+	// and the allocation's restart task mounts it again.
+	ap := alloctask.Payload{AllocationID: allocID, User: alloctask.UserName(allocID)}
+	if err := e.rt.Stop(context.Background(), ap); err != nil {
+		t.Fatal(err)
+	}
+	e.mgr = e.newManager()
+	if gone := e.mgr.Restore(context.Background()); len(gone) != 0 || len(e.mgr.List()) != 0 || isMounted(t, dir) {
+		t.Fatalf("restore of a stopped allocation: gone %+v, %d held", gone, len(e.mgr.List()))
+	}
+	mux := e.rt.Mux()
+	e.mgr.Register(mux, e.rt)
+	body, _ := json.Marshal(ap)
+	if r := mux.Execute(context.Background(), tasks.Task{ID: "restart", Kind: alloctask.KindRestart, Payload: body}); r.Status != tasks.Succeeded {
+		t.Fatalf("restart: %+v", r)
+	}
+	if len(e.mgr.List()) != 1 || readFile(t, filepath.Join(dir, "readme.txt")) != "hello from the bucket\n" {
+		t.Fatalf("not mounted again after the restart: %d held", len(e.mgr.List()))
+	}
+	e.mgr.Close()
+
 	if err := e.rt.Release(context.Background(), alloctask.Payload{AllocationID: allocID, User: alloctask.UserName(allocID)}); err != nil {
 		t.Fatal(err)
 	}
