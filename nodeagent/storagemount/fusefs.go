@@ -135,7 +135,19 @@ var (
 	_ fs.NodeRmdirer   = (*dirNode)(nil)
 	_ fs.NodeRenamer   = (*dirNode)(nil)
 	_ fs.NodeSetattrer = (*dirNode)(nil)
+	_ fs.NodeStatfser  = (*dirNode)(nil)
 )
+
+// Statfs reports a large nominal capacity: the agent does not know the project's quota
+// (the control plane enforces it on every upload), and programs that check free space
+// before writing (dataset downloaders) must not see a full disk.
+func (d *dirNode) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	const blocks = 1 << 38 // 1 PiB of 4 KiB blocks
+	out.Bsize, out.Frsize, out.NameLen = 4096, 4096, 255
+	out.Blocks, out.Bfree, out.Bavail = blocks, blocks, blocks
+	out.Files, out.Ffree = 1<<32, 1<<32
+	return 0
+}
 
 func (d *dirNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	d.b.dirAttr(&out.Attr)

@@ -538,28 +538,39 @@ func (m *Manager) Sync(ctx context.Context, attachmentID string) (SyncReport, er
 	return mt.cp.sync(ctx)
 }
 
-// Run syncs rw copy-mode attachments every SyncInterval until ctx ends, then closes
-// every mount (Close).
+// ShutdownSync bounds the last sync of rw copies when the agent stops.
+const ShutdownSync = 30 * time.Second
+
+// Run syncs rw copy-mode attachments every SyncInterval until ctx ends; then it syncs
+// them once more (within ShutdownSync, so a stopping agent loses no change it could
+// upload) and closes every mount (Close).
 func (m *Manager) Run(ctx context.Context) {
 	t := time.NewTicker(m.o.SyncInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownSync)
+			m.syncAll(sctx)
+			cancel()
 			m.Close()
 			return
 		case <-t.C:
 		}
-		for _, a := range m.List() {
-			if a.Method != alloctask.StorageMethodCopy || a.Mode != alloctask.StorageModeRW {
-				continue
-			}
-			rep, err := m.Sync(ctx, a.AttachmentID)
-			if err != nil && ctx.Err() == nil {
-				m.o.Logger.Warn("storage periodic sync failed", "attachment_id", a.AttachmentID, "err", err)
-			} else if rep.Uploaded+rep.Deleted > 0 {
-				m.o.Logger.Info("storage periodic sync", "attachment_id", a.AttachmentID, "uploaded", rep.Uploaded, "deleted", rep.Deleted)
-			}
+		m.syncAll(ctx)
+	}
+}
+
+func (m *Manager) syncAll(ctx context.Context) {
+	for _, a := range m.List() {
+		if a.Method != alloctask.StorageMethodCopy || a.Mode != alloctask.StorageModeRW {
+			continue
+		}
+		rep, err := m.Sync(ctx, a.AttachmentID)
+		if err != nil && ctx.Err() == nil {
+			m.o.Logger.Warn("storage sync failed", "attachment_id", a.AttachmentID, "err", err)
+		} else if rep.Uploaded+rep.Deleted > 0 {
+			m.o.Logger.Info("storage sync", "attachment_id", a.AttachmentID, "uploaded", rep.Uploaded, "deleted", rep.Deleted)
 		}
 	}
 }

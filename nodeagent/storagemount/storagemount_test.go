@@ -42,6 +42,7 @@ type env struct {
 	state string
 	home  string
 	mode  string
+	sync  time.Duration // the managers' SyncInterval (0: default)
 }
 
 func requireFUSE(t *testing.T) {
@@ -89,7 +90,7 @@ func newTBEnv(t testing.TB, mode string) *env {
 func (e *env) newManager() *Manager {
 	c := NewClient(e.conns)
 	c.RetryFor, c.Backoff = 10*time.Second, 10*time.Millisecond
-	m, err := New(Options{StateDir: e.state, Client: c, Accounts: e.rt, Mode: e.mode, Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(Options{StateDir: e.state, Client: c, Accounts: e.rt, Mode: e.mode, SyncInterval: e.sync, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -305,6 +306,10 @@ func TestFUSEReadOnlyRefusesWrites(t *testing.T) {
 	st, err := os.Stat(filepath.Join(dir, "readme.txt"))
 	if err != nil || st.Mode().Perm() != 0o444 {
 		t.Fatalf("mode %v %v", st.Mode(), err)
+	}
+	var sfs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &sfs); err != nil || sfs.Bavail == 0 {
+		t.Fatalf("statfs: %v, %d blocks available", err, sfs.Bavail)
 	}
 	for what, err := range map[string]error{
 		"overwrite": os.WriteFile(filepath.Join(dir, "readme.txt"), []byte("x"), 0o644),
@@ -723,5 +728,37 @@ func TestCopyModeRestoreKeepsManifest(t *testing.T) {
 	}
 	if got, _ := e.store.get("readme.txt"); string(got) != "after restart" {
 		t.Fatalf("readme %q", got)
+	}
+}
+
+// TestCopyModePeriodicAndShutdownSync: Run uploads rw copy changes on its interval, and
+// once more when the agent stops, so a change made just before a shutdown is not lost.
+func TestCopyModePeriodicAndShutdownSync(t *testing.T) {
+	e := newEnv(t, ModeCopy)
+	e.sync = 20 * time.Millisecond
+	e.mgr = e.newManager()
+	t.Cleanup(e.mgr.Close)
+	seed(e.store)
+	dir := e.attach(payload(attRW, alloctask.StorageModeRW))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.mgr.Run(ctx) }()
+	_ = os.WriteFile(filepath.Join(dir, "periodic.txt"), []byte("1"), 0o644)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok := e.store.get("periodic.txt"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatal("the periodic sync never uploaded the new file")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "last-minute.txt"), []byte("2"), 0o644)
+	cancel()
+	<-done
+	if got, ok := e.store.get("last-minute.txt"); !ok || string(got) != "2" {
+		t.Fatalf("the shutdown sync lost a change: %q %v", got, ok)
 	}
 }
