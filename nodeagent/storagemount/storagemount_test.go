@@ -762,3 +762,41 @@ func TestCopyModePeriodicAndShutdownSync(t *testing.T) {
 		t.Fatalf("the shutdown sync lost a change: %q %v", got, ok)
 	}
 }
+
+// TestReleaseWithBusyMount: a FUSE mount still in use when the allocation is released
+// is detached lazily: release completes (the mount leaves the tree, the home goes) and
+// a file that was open for writing still lands in the bucket when it is closed.
+func TestReleaseWithBusyMount(t *testing.T) {
+	requireFUSE(t)
+	e := newEnv(t, ModeFUSE)
+	seed(e.store)
+	dir := e.attach(payload(attRW, alloctask.StorageModeRW))
+	f, err := os.Create(filepath.Join(dir, "late.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := e.rt.Mux()
+	e.mgr.Register(mux, e.rt)
+	body, _ := json.Marshal(alloctask.Payload{AllocationID: allocID, User: alloctask.UserName(allocID)})
+	if res := mux.Execute(context.Background(), tasks.Task{ID: "rel", Kind: alloctask.KindRelease, Payload: body}); res.Status != tasks.Succeeded {
+		t.Fatalf("release: %+v", res)
+	}
+	if isMounted(t, dir) || len(e.mgr.List()) != 0 {
+		t.Fatal("the busy mount is still in the tree after release")
+	}
+	if _, err := os.Stat(e.home); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("home still there: %v", err)
+	}
+	if _, err := f.WriteString("written after the release began"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := e.store.get("late.txt"); !ok || string(got) != "written after the release began" {
+		t.Fatalf("late.txt in the bucket: %q %v", got, ok)
+	}
+	if got := strings.Join(e.store.paths(), " "); got != "data/a.csv data/sub/b.bin late.txt readme.txt" {
+		t.Fatalf("bucket after release: %q", got)
+	}
+}
