@@ -123,10 +123,16 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 		return fmt.Errorf("storage attachments: %w", err)
 	}
 	storage.Register(mux, rt)
-	storageCtx, stopStorage := context.WithCancel(context.WithoutCancel(ctx))
+	// On shutdown the storage manager goes first: it uploads what rw copies still hold
+	// while the tunnel is up, ends the mounts (their records stay for the next start),
+	// and only then stops the agent (agentCtx).
+	agentCtx, stopAgent := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAgent()
+	storageCtx, stopStorage := context.WithCancel(ctx)
 	storageDone := make(chan struct{})
 	go func() {
 		defer close(storageDone)
+		defer stopAgent()
 		// Mounts the node held before a restart come back (FUSE needs no tunnel to
 		// mount; reads wait for one).
 		for _, g := range storage.Restore(storageCtx) {
@@ -134,7 +140,6 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 		}
 		storage.Run(storageCtx)
 	}()
-	// After the agent stops (its deferred task wait included): mounts end, records stay.
 	defer func() { stopStorage(); <-storageDone }()
 	opts.Workloads = rt.Held
 	// Browser terminals (nodeagent/terminal) in the runtime's live allocations; every
@@ -152,5 +157,5 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 		return err
 	}
 	log.Info("agent starting", "node_id", cfg.NodeID, "fabric", cfg.FabricAddr, "transport", opts.Transport, "gpu_backend", backend.Name(), "runtime", rt.Name())
-	return a.Run(ctx)
+	return a.Run(agentCtx)
 }
