@@ -44,6 +44,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -110,6 +111,9 @@ type App struct {
 	Terminal *terminal.Service
 	// Denials aggregates every 401 and 403 into auth.denied audit rows; it runs in Run.
 	Denials *audit.Denials
+	// Storage is buckets, grants, quota and the storage access rule (docs/storage.md);
+	// its sweeper runs in Run.
+	Storage *storage.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -173,6 +177,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.Metrics.Registry.MustRegister(a.Auth.Collectors()...) // sign-in backoff (docs/api.md)
 	a.Tenancy = tenancy.New(a.Pool, a.Clock, a.IDs, auth.HashPassword)
 	a.SSHKeys = sshkeys.New(a.Pool, a.Clock, a.IDs)
+	a.Storage = storage.New(a.Pool, a.Clock, a.IDs, cfg.Storage, log)
 	if a.Nodes, err = a.nodes(opt); err != nil {
 		return nil, err
 	}
@@ -260,6 +265,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
 		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
+		StorageAPI:           storage.NewHandlers(a.Storage, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -268,6 +274,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Auth:              auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock),
 		NodeAuth:          a.Nodes,
 		Projects:          a.Tenancy,
+		Grants:            a.Storage,
 		Idempotency:       a.Idem,
 		Denials:           a.Denials,
 		AuthzDenied:       a.Auth.AuthorizationDenied,

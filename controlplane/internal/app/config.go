@@ -16,6 +16,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 )
 
@@ -75,6 +76,8 @@ type Config struct {
 	Terminal terminal.Config
 	// Provisioning is the provisioning dispatcher's GANTRY_PROVISIONING_* (docs/provisioning.md).
 	Provisioning ProvisioningConfig
+	// Storage is GANTRY_STORAGE_* quota and sweeper settings (docs/storage.md).
+	Storage storage.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher
