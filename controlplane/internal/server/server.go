@@ -219,6 +219,14 @@ func (s *server) operation(next http.Handler) http.Handler {
 			return
 		}
 
+		if op.Streams { // the handler reads the body as it arrives (contract.Op.Streams)
+			if err := op.ValidateRequest(ctx, r, urlParams(rctx)); err != nil {
+				s.errors.write(w, r, err)
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
 		body, err := s.readBody(w, r)
 		if err != nil {
 			s.errors.write(w, r, err)
