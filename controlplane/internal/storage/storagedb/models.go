@@ -3,3 +3,61 @@
 //   sqlc v1.31.1
 
 package storagedb
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+type StorageBucket struct {
+	ID                uuid.UUID
+	TenantID          uuid.UUID
+	ProjectID         uuid.UUID
+	BucketID          string
+	State             string
+	CreatedBy         uuid.NullUUID
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+	DeleteRequestedAt *time.Time
+}
+
+type StorageGrant struct {
+	ID          uuid.UUID
+	Bucket      uuid.UUID
+	TenantID    uuid.UUID
+	GranteeKind string
+	GranteeID   uuid.UUID
+	Access      string
+	CreatedBy   uuid.NullUUID
+	CreatedAt   time.Time
+}
+
+type StorageQuota struct {
+	ProjectID       uuid.UUID
+	TenantID        uuid.UUID
+	UsedBytes       int64
+	UsedObjects     int64
+	ReservedBytes   int64
+	ReservedObjects int64
+	UpdatedAt       time.Time
+}
+
+type StorageTenantQuota struct {
+	TenantID   uuid.UUID
+	MaxBytes   int64
+	MaxObjects int64
+	UpdatedBy  uuid.NullUUID
+	UpdatedAt  time.Time
+}
+
+type StorageUpload struct {
+	ID              uuid.UUID
+	ProjectID       uuid.UUID
+	Bucket          uuid.UUID
+	BlobKey         string
+	ReservedBytes   int64
+	ReservedObjects int64
+	StartedAt       time.Time
+	ExpiresAt       time.Time
+}

@@ -86,6 +86,522 @@ func (q *Queries) BucketAccess(ctx context.Context, arg BucketAccessParams) (Buc
 	return i, err
 }
 
+const bucketHasUploads = `-- name: BucketHasUploads :one
+SELECT EXISTS (SELECT 1 FROM storage_uploads WHERE bucket = $1)::bool
+`
+
+func (q *Queries) BucketHasUploads(ctx context.Context, bucket uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, bucketHasUploads, bucket)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const bucketStats = `-- name: BucketStats :one
+SELECT coalesce(sum(size_bytes), 0)::bigint AS size_bytes, count(*)::bigint AS object_count
+FROM storage_objects WHERE bucket = $1
+`
+
+type BucketStatsRow struct {
+	SizeBytes   int64
+	ObjectCount int64
+}
+
+func (q *Queries) BucketStats(ctx context.Context, bucket uuid.UUID) (BucketStatsRow, error) {
+	row := q.db.QueryRow(ctx, bucketStats, bucket)
+	var i BucketStatsRow
+	err := row.Scan(&i.SizeBytes, &i.ObjectCount)
+	return i, err
+}
+
+const deleteBucketRow = `-- name: DeleteBucketRow :exec
+DELETE FROM storage_buckets WHERE id = $1
+`
+
+func (q *Queries) DeleteBucketRow(ctx context.Context, id uuid.UUID) error {
+	_, err := q.db.Exec(ctx, deleteBucketRow, id)
+	return err
+}
+
+const deleteGrant = `-- name: DeleteGrant :one
+DELETE FROM storage_grants WHERE id = $1 AND bucket = $2 RETURNING id, bucket, tenant_id, grantee_kind, grantee_id, access, created_by, created_at
+`
+
+type DeleteGrantParams struct {
+	ID     uuid.UUID
+	Bucket uuid.UUID
+}
+
+func (q *Queries) DeleteGrant(ctx context.Context, arg DeleteGrantParams) (StorageGrant, error) {
+	row := q.db.QueryRow(ctx, deleteGrant, arg.ID, arg.Bucket)
+	var i StorageGrant
+	err := row.Scan(
+		&i.ID,
+		&i.Bucket,
+		&i.TenantID,
+		&i.GranteeKind,
+		&i.GranteeID,
+		&i.Access,
+		&i.CreatedBy,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const deleteObjectBatch = `-- name: DeleteObjectBatch :one
+WITH victims AS (
+    SELECT o.bucket, o.path FROM storage_objects o WHERE o.bucket = $1
+    ORDER BY o.path LIMIT $2 FOR UPDATE
+), gone AS (
+    DELETE FROM storage_objects o USING victims v WHERE o.bucket = v.bucket AND o.path = v.path
+    RETURNING o.size_bytes, o.blob_key
+), queued AS (
+    INSERT INTO storage_blob_gc (blob_key, enqueued_at) SELECT blob_key, $3 FROM gone
+    ON CONFLICT (blob_key) DO NOTHING
+)
+SELECT count(*)::bigint AS objects, coalesce(sum(size_bytes), 0)::bigint AS bytes FROM gone
+`
+
+type DeleteObjectBatchParams struct {
+	Bucket uuid.UUID
+	N      int32
+	Now    time.Time
+}
+
+type DeleteObjectBatchRow struct {
+	Objects int64
+	Bytes   int64
+}
+
+// One step of a forced delete: up to n objects of the bucket go, their blobs are queued
+// for deletion, and the caller frees what they used in the same transaction.
+func (q *Queries) DeleteObjectBatch(ctx context.Context, arg DeleteObjectBatchParams) (DeleteObjectBatchRow, error) {
+	row := q.db.QueryRow(ctx, deleteObjectBatch, arg.Bucket, arg.N, arg.Now)
+	var i DeleteObjectBatchRow
+	err := row.Scan(&i.Objects, &i.Bytes)
+	return i, err
+}
+
+const deleteUploadRow = `-- name: DeleteUploadRow :exec
+DELETE FROM storage_uploads WHERE id = $1
+`
+
+func (q *Queries) DeleteUploadRow(ctx context.Context, id uuid.UUID) error {
+	_, err := q.db.Exec(ctx, deleteUploadRow, id)
+	return err
+}
+
+const deletingBuckets = `-- name: DeletingBuckets :many
+SELECT id, tenant_id, project_id, bucket_id, state, created_by, created_at, updated_at, delete_requested_at FROM storage_buckets WHERE state = 'deleting' ORDER BY delete_requested_at LIMIT $1
+`
+
+func (q *Queries) DeletingBuckets(ctx context.Context, limit int32) ([]StorageBucket, error) {
+	rows, err := q.db.Query(ctx, deletingBuckets, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StorageBucket
+	for rows.Next() {
+		var i StorageBucket
+		if err := rows.Scan(
+			&i.ID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.BucketID,
+			&i.State,
+			&i.CreatedBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.DeleteRequestedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const expiredUploads = `-- name: ExpiredUploads :many
+SELECT id, project_id, bucket, blob_key, reserved_bytes, reserved_objects, started_at, expires_at FROM storage_uploads WHERE expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+`
+
+type ExpiredUploadsParams struct {
+	ExpiresAt time.Time
+	Limit     int32
+}
+
+// Reservations of uploads that stopped (a crashed control plane or client): freed by the
+// sweeper; SKIP LOCKED so replicas share the work.
+func (q *Queries) ExpiredUploads(ctx context.Context, arg ExpiredUploadsParams) ([]StorageUpload, error) {
+	rows, err := q.db.Query(ctx, expiredUploads, arg.ExpiresAt, arg.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StorageUpload
+	for rows.Next() {
+		var i StorageUpload
+		if err := rows.Scan(
+			&i.ID,
+			&i.ProjectID,
+			&i.Bucket,
+			&i.BlobKey,
+			&i.ReservedBytes,
+			&i.ReservedObjects,
+			&i.StartedAt,
+			&i.ExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const freeReservation = `-- name: FreeReservation :exec
+UPDATE storage_quotas SET reserved_bytes = reserved_bytes - $1,
+       reserved_objects = reserved_objects - $2, updated_at = $3
+WHERE project_id = $4
+`
+
+type FreeReservationParams struct {
+	Bytes     int64
+	Objects   int64
+	Now       time.Time
+	ProjectID uuid.UUID
+}
+
+func (q *Queries) FreeReservation(ctx context.Context, arg FreeReservationParams) error {
+	_, err := q.db.Exec(ctx, freeReservation,
+		arg.Bytes,
+		arg.Objects,
+		arg.Now,
+		arg.ProjectID,
+	)
+	return err
+}
+
+const freeUsage = `-- name: FreeUsage :exec
+UPDATE storage_quotas SET used_bytes = used_bytes - $1, used_objects = used_objects - $2,
+       updated_at = $3
+WHERE project_id = $4
+`
+
+type FreeUsageParams struct {
+	Bytes     int64
+	Objects   int64
+	Now       time.Time
+	ProjectID uuid.UUID
+}
+
+func (q *Queries) FreeUsage(ctx context.Context, arg FreeUsageParams) error {
+	_, err := q.db.Exec(ctx, freeUsage,
+		arg.Bytes,
+		arg.Objects,
+		arg.Now,
+		arg.ProjectID,
+	)
+	return err
+}
+
+const garbageBlobs = `-- name: GarbageBlobs :many
+SELECT blob_key FROM storage_blob_gc WHERE enqueued_at <= $1 ORDER BY enqueued_at LIMIT $2
+`
+
+type GarbageBlobsParams struct {
+	EnqueuedAt time.Time
+	Limit      int32
+}
+
+func (q *Queries) GarbageBlobs(ctx context.Context, arg GarbageBlobsParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, garbageBlobs, arg.EnqueuedAt, arg.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var blob_key string
+		if err := rows.Scan(&blob_key); err != nil {
+			return nil, err
+		}
+		items = append(items, blob_key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const insertBucket = `-- name: InsertBucket :one
+INSERT INTO storage_buckets (id, tenant_id, project_id, bucket_id, state, created_by, created_at, updated_at)
+VALUES ($1, $2, $3, $4, 'active', $5, $6, $6)
+ON CONFLICT (project_id, bucket_id) DO NOTHING
+RETURNING id, tenant_id, project_id, bucket_id, state, created_by, created_at, updated_at, delete_requested_at
+`
+
+type InsertBucketParams struct {
+	ID        uuid.UUID
+	TenantID  uuid.UUID
+	ProjectID uuid.UUID
+	BucketID  string
+	CreatedBy uuid.NullUUID
+	CreatedAt time.Time
+}
+
+// A taken bucket_id (also one being force-deleted) inserts nothing: storage_already_exists.
+func (q *Queries) InsertBucket(ctx context.Context, arg InsertBucketParams) (StorageBucket, error) {
+	row := q.db.QueryRow(ctx, insertBucket,
+		arg.ID,
+		arg.TenantID,
+		arg.ProjectID,
+		arg.BucketID,
+		arg.CreatedBy,
+		arg.CreatedAt,
+	)
+	var i StorageBucket
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.BucketID,
+		&i.State,
+		&i.CreatedBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.DeleteRequestedAt,
+	)
+	return i, err
+}
+
+const insertGrant = `-- name: InsertGrant :one
+INSERT INTO storage_grants (id, bucket, tenant_id, grantee_kind, grantee_id, access, created_by, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (bucket, grantee_kind, grantee_id) DO NOTHING
+RETURNING id, bucket, tenant_id, grantee_kind, grantee_id, access, created_by, created_at
+`
+
+type InsertGrantParams struct {
+	ID          uuid.UUID
+	Bucket      uuid.UUID
+	TenantID    uuid.UUID
+	GranteeKind string
+	GranteeID   uuid.UUID
+	Access      string
+	CreatedBy   uuid.NullUUID
+	CreatedAt   time.Time
+}
+
+func (q *Queries) InsertGrant(ctx context.Context, arg InsertGrantParams) (StorageGrant, error) {
+	row := q.db.QueryRow(ctx, insertGrant,
+		arg.ID,
+		arg.Bucket,
+		arg.TenantID,
+		arg.GranteeKind,
+		arg.GranteeID,
+		arg.Access,
+		arg.CreatedBy,
+		arg.CreatedAt,
+	)
+	var i StorageGrant
+	err := row.Scan(
+		&i.ID,
+		&i.Bucket,
+		&i.TenantID,
+		&i.GranteeKind,
+		&i.GranteeID,
+		&i.Access,
+		&i.CreatedBy,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const listBuckets = `-- name: ListBuckets :many
+SELECT b.id, b.tenant_id, b.project_id, b.bucket_id, b.state, b.created_by, b.created_at, b.updated_at, b.delete_requested_at,
+       coalesce((SELECT sum(o.size_bytes) FROM storage_objects o WHERE o.bucket = b.id), 0)::bigint AS size_bytes,
+       (SELECT count(*) FROM storage_objects o WHERE o.bucket = b.id)::bigint AS object_count
+FROM storage_buckets b
+WHERE b.project_id = $1 AND b.bucket_id > $2::text
+ORDER BY b.bucket_id
+LIMIT $3
+`
+
+type ListBucketsParams struct {
+	ProjectID uuid.UUID
+	After     string
+	Limit     int32
+}
+
+type ListBucketsRow struct {
+	ID                uuid.UUID
+	TenantID          uuid.UUID
+	ProjectID         uuid.UUID
+	BucketID          string
+	State             string
+	CreatedBy         uuid.NullUUID
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+	DeleteRequestedAt *time.Time
+	SizeBytes         int64
+	ObjectCount       int64
+}
+
+// A page of the project's buckets by bucket_id (byte order) with their size and count.
+func (q *Queries) ListBuckets(ctx context.Context, arg ListBucketsParams) ([]ListBucketsRow, error) {
+	rows, err := q.db.Query(ctx, listBuckets, arg.ProjectID, arg.After, arg.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ListBucketsRow
+	for rows.Next() {
+		var i ListBucketsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.BucketID,
+			&i.State,
+			&i.CreatedBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.DeleteRequestedAt,
+			&i.SizeBytes,
+			&i.ObjectCount,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listGrants = `-- name: ListGrants :many
+SELECT id, bucket, tenant_id, grantee_kind, grantee_id, access, created_by, created_at FROM storage_grants WHERE bucket = $1 AND id > $2::uuid
+ORDER BY id LIMIT $3
+`
+
+type ListGrantsParams struct {
+	Bucket uuid.UUID
+	After  uuid.UUID
+	Limit  int32
+}
+
+func (q *Queries) ListGrants(ctx context.Context, arg ListGrantsParams) ([]StorageGrant, error) {
+	rows, err := q.db.Query(ctx, listGrants, arg.Bucket, arg.After, arg.Limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StorageGrant
+	for rows.Next() {
+		var i StorageGrant
+		if err := rows.Scan(
+			&i.ID,
+			&i.Bucket,
+			&i.TenantID,
+			&i.GranteeKind,
+			&i.GranteeID,
+			&i.Access,
+			&i.CreatedBy,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const lockBucket = `-- name: LockBucket :one
+SELECT id, tenant_id, project_id, bucket_id, state, created_by, created_at, updated_at, delete_requested_at FROM storage_buckets WHERE project_id = $1 AND bucket_id = $2 FOR UPDATE
+`
+
+type LockBucketParams struct {
+	ProjectID uuid.UUID
+	BucketID  string
+}
+
+func (q *Queries) LockBucket(ctx context.Context, arg LockBucketParams) (StorageBucket, error) {
+	row := q.db.QueryRow(ctx, lockBucket, arg.ProjectID, arg.BucketID)
+	var i StorageBucket
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.BucketID,
+		&i.State,
+		&i.CreatedBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.DeleteRequestedAt,
+	)
+	return i, err
+}
+
+const lockDeletingBucket = `-- name: LockDeletingBucket :one
+SELECT id, tenant_id, project_id, bucket_id, state, created_by, created_at, updated_at, delete_requested_at FROM storage_buckets WHERE id = $1 AND state = 'deleting' FOR UPDATE SKIP LOCKED
+`
+
+func (q *Queries) LockDeletingBucket(ctx context.Context, id uuid.UUID) (StorageBucket, error) {
+	row := q.db.QueryRow(ctx, lockDeletingBucket, id)
+	var i StorageBucket
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.BucketID,
+		&i.State,
+		&i.CreatedBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.DeleteRequestedAt,
+	)
+	return i, err
+}
+
+const markBucketDeleting = `-- name: MarkBucketDeleting :one
+UPDATE storage_buckets SET state = 'deleting', delete_requested_at = $2, updated_at = $2
+WHERE id = $1
+RETURNING id, tenant_id, project_id, bucket_id, state, created_by, created_at, updated_at, delete_requested_at
+`
+
+type MarkBucketDeletingParams struct {
+	ID                uuid.UUID
+	DeleteRequestedAt *time.Time
+}
+
+func (q *Queries) MarkBucketDeleting(ctx context.Context, arg MarkBucketDeletingParams) (StorageBucket, error) {
+	row := q.db.QueryRow(ctx, markBucketDeleting, arg.ID, arg.DeleteRequestedAt)
+	var i StorageBucket
+	err := row.Scan(
+		&i.ID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.BucketID,
+		&i.State,
+		&i.CreatedBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.DeleteRequestedAt,
+	)
+	return i, err
+}
+
 const memberRole = `-- name: MemberRole :one
 SELECT m.role FROM project_members m JOIN projects p ON p.id = m.project_id AND p.deleted_at IS NULL
 WHERE m.project_id = $1 AND m.user_id = $2
@@ -101,4 +617,175 @@ func (q *Queries) MemberRole(ctx context.Context, arg MemberRoleParams) (string,
 	var role string
 	err := row.Scan(&role)
 	return role, err
+}
+
+const projectInTenant = `-- name: ProjectInTenant :one
+SELECT EXISTS (SELECT 1 FROM projects WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL)::bool
+`
+
+type ProjectInTenantParams struct {
+	ID       uuid.UUID
+	TenantID uuid.UUID
+}
+
+func (q *Queries) ProjectInTenant(ctx context.Context, arg ProjectInTenantParams) (bool, error) {
+	row := q.db.QueryRow(ctx, projectInTenant, arg.ID, arg.TenantID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const projectQuota = `-- name: ProjectQuota :one
+SELECT project_id, tenant_id, used_bytes, used_objects, reserved_bytes, reserved_objects, updated_at FROM storage_quotas WHERE project_id = $1
+`
+
+func (q *Queries) ProjectQuota(ctx context.Context, projectID uuid.UUID) (StorageQuota, error) {
+	row := q.db.QueryRow(ctx, projectQuota, projectID)
+	var i StorageQuota
+	err := row.Scan(
+		&i.ProjectID,
+		&i.TenantID,
+		&i.UsedBytes,
+		&i.UsedObjects,
+		&i.ReservedBytes,
+		&i.ReservedObjects,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const queueBlob = `-- name: QueueBlob :exec
+INSERT INTO storage_blob_gc (blob_key, enqueued_at) VALUES ($1, $2) ON CONFLICT (blob_key) DO NOTHING
+`
+
+type QueueBlobParams struct {
+	BlobKey    string
+	EnqueuedAt time.Time
+}
+
+func (q *Queries) QueueBlob(ctx context.Context, arg QueueBlobParams) error {
+	_, err := q.db.Exec(ctx, queueBlob, arg.BlobKey, arg.EnqueuedAt)
+	return err
+}
+
+const recountUsage = `-- name: RecountUsage :one
+SELECT coalesce(sum(size_bytes), 0)::bigint AS bytes, count(*)::bigint AS objects
+FROM storage_objects WHERE project_id = $1
+`
+
+type RecountUsageRow struct {
+	Bytes   int64
+	Objects int64
+}
+
+// The quota invariant's right-hand side (tests and the usage repair).
+func (q *Queries) RecountUsage(ctx context.Context, projectID uuid.UUID) (RecountUsageRow, error) {
+	row := q.db.QueryRow(ctx, recountUsage, projectID)
+	var i RecountUsageRow
+	err := row.Scan(&i.Bytes, &i.Objects)
+	return i, err
+}
+
+const serviceAccountInTenant = `-- name: ServiceAccountInTenant :one
+SELECT EXISTS (SELECT 1 FROM service_accounts WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL)::bool
+`
+
+type ServiceAccountInTenantParams struct {
+	ID       uuid.UUID
+	TenantID uuid.UUID
+}
+
+func (q *Queries) ServiceAccountInTenant(ctx context.Context, arg ServiceAccountInTenantParams) (bool, error) {
+	row := q.db.QueryRow(ctx, serviceAccountInTenant, arg.ID, arg.TenantID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const tenantExists = `-- name: TenantExists :one
+SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)::bool
+`
+
+func (q *Queries) TenantExists(ctx context.Context, id uuid.UUID) (bool, error) {
+	row := q.db.QueryRow(ctx, tenantExists, id)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const tenantQuota = `-- name: TenantQuota :one
+SELECT tenant_id, max_bytes, max_objects, updated_by, updated_at FROM storage_tenant_quotas WHERE tenant_id = $1
+`
+
+func (q *Queries) TenantQuota(ctx context.Context, tenantID uuid.UUID) (StorageTenantQuota, error) {
+	row := q.db.QueryRow(ctx, tenantQuota, tenantID)
+	var i StorageTenantQuota
+	err := row.Scan(
+		&i.TenantID,
+		&i.MaxBytes,
+		&i.MaxObjects,
+		&i.UpdatedBy,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const unqueueBlob = `-- name: UnqueueBlob :exec
+DELETE FROM storage_blob_gc WHERE blob_key = $1
+`
+
+func (q *Queries) UnqueueBlob(ctx context.Context, blobKey string) error {
+	_, err := q.db.Exec(ctx, unqueueBlob, blobKey)
+	return err
+}
+
+const upsertTenantQuota = `-- name: UpsertTenantQuota :one
+INSERT INTO storage_tenant_quotas (tenant_id, max_bytes, max_objects, updated_by, updated_at)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant_id) DO UPDATE SET max_bytes = EXCLUDED.max_bytes, max_objects = EXCLUDED.max_objects,
+    updated_by = EXCLUDED.updated_by, updated_at = EXCLUDED.updated_at
+RETURNING tenant_id, max_bytes, max_objects, updated_by, updated_at
+`
+
+type UpsertTenantQuotaParams struct {
+	TenantID   uuid.UUID
+	MaxBytes   int64
+	MaxObjects int64
+	UpdatedBy  uuid.NullUUID
+	UpdatedAt  time.Time
+}
+
+func (q *Queries) UpsertTenantQuota(ctx context.Context, arg UpsertTenantQuotaParams) (StorageTenantQuota, error) {
+	row := q.db.QueryRow(ctx, upsertTenantQuota,
+		arg.TenantID,
+		arg.MaxBytes,
+		arg.MaxObjects,
+		arg.UpdatedBy,
+		arg.UpdatedAt,
+	)
+	var i StorageTenantQuota
+	err := row.Scan(
+		&i.TenantID,
+		&i.MaxBytes,
+		&i.MaxObjects,
+		&i.UpdatedBy,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
+const userInTenant = `-- name: UserInTenant :one
+SELECT EXISTS (SELECT 1 FROM users WHERE id = $1 AND tenant_id = $2)::bool
+`
+
+type UserInTenantParams struct {
+	ID       uuid.UUID
+	TenantID uuid.NullUUID
+}
+
+func (q *Queries) UserInTenant(ctx context.Context, arg UserInTenantParams) (bool, error) {
+	row := q.db.QueryRow(ctx, userInTenant, arg.ID, arg.TenantID)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
 }
