@@ -6,7 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // (it implements objects.Metrics); Register adds them to the registry.
 type Metrics struct {
 	bytesIn, bytesOut, objectsPut, objectsDeleted, quotaRefusals, traversalRefusals prometheus.Counter
-	swept                                                                          *prometheus.CounterVec
+	swept                                                                           *prometheus.CounterVec
 }
 
 func newMetrics() *Metrics {

@@ -16,9 +16,9 @@ import (
 
 // Service is buckets, grants, quota and the access rule.
 type Service struct {
-	Pool  *pgxpool.Pool
-	Clock clock.Clock
-	IDs   ids.Source
+	Pool   *pgxpool.Pool
+	Clock  clock.Clock
+	IDs    ids.Source
 	Audit  *audit.Log
 	Outbox *outbox.Writer
 	Log    *slog.Logger
