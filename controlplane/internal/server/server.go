@@ -364,10 +364,17 @@ func (s *server) grantContext(ctx context.Context, r *http.Request, rctx *chi.Co
 	return s.Grants.GrantedProject(ctx, p, id, bucket, proj)
 }
 
+// urlParams are the route's path parameters, decoded: routing matches the escaped
+// path (so a bucket_id may carry an escaped "/"), and the validator checks the value
+// the handler will get.
 func urlParams(rctx *chi.Context) map[string]string {
 	out := make(map[string]string, len(rctx.URLParams.Keys))
 	for i, k := range rctx.URLParams.Keys {
-		out[k] = rctx.URLParams.Values[i]
+		v := rctx.URLParams.Values[i]
+		if raw, err := url.PathUnescape(v); err == nil {
+			v = raw
+		}
+		out[k] = v
 	}
 	return out
 }

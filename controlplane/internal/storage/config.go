@@ -24,7 +24,8 @@ type Config struct {
 	// sweeper treats its upload as crashed and frees it (Grow extends it).
 	UploadTTL time.Duration `env:"GANTRY_STORAGE_UPLOAD_TTL" envDefault:"1h"`
 	// SweepInterval is how often expired uploads, the blob garbage queue and buckets
-	// being force-deleted are worked on; SweepBatch bounds one step of each.
+	// being force-deleted are worked on (negative: never); SweepBatch bounds one step
+	// of each.
 	SweepInterval time.Duration `env:"GANTRY_STORAGE_SWEEP_INTERVAL" envDefault:"5s"`
 	SweepBatch    int           `env:"GANTRY_STORAGE_SWEEP_BATCH" envDefault:"500"`
 }
@@ -42,7 +43,7 @@ func (c Config) withDefaults() Config {
 	if c.UploadTTL <= 0 {
 		c.UploadTTL = DefaultUploadTTL
 	}
-	if c.SweepInterval <= 0 {
+	if c.SweepInterval == 0 { // negative: no sweeper (tests sweep by hand)
 		c.SweepInterval = DefaultSweepInterval
 	}
 	if c.SweepBatch <= 0 {
