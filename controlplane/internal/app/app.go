@@ -45,6 +45,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/objects"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -114,6 +116,10 @@ type App struct {
 	// Storage is buckets, grants, quota and the storage access rule (docs/storage.md);
 	// its sweeper runs in Run.
 	Storage *storage.Service
+	// Blob holds object bytes (GANTRY_STORAGE_DRIVER: fs or s3); Objects is the object
+	// store over it (docs/storage.md).
+	Blob    blob.Driver
+	Objects *objects.Store
 
 	ownPool bool
 	redis   *redis.Client
@@ -178,6 +184,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.Tenancy = tenancy.New(a.Pool, a.Clock, a.IDs, auth.HashPassword)
 	a.SSHKeys = sshkeys.New(a.Pool, a.Clock, a.IDs)
 	a.Storage = storage.New(a.Pool, a.Clock, a.IDs, cfg.Storage, log)
+	if a.Blob, err = blob.Open(cfg.Blob); err != nil {
+		return nil, err
+	}
+	a.Objects = objects.New(a.Pool, a.Blob, objects.Limits{MaxBytes: a.Storage.Cfg.DefaultQuotaBytes, MaxObjects: a.Storage.Cfg.DefaultQuotaObjects},
+		a.Clock, a.IDs, objects.Config{MaxObjectBytes: a.Storage.Cfg.MaxObjectBytes, UploadTTL: a.Storage.Cfg.UploadTTL}, log, nil)
 	if a.Nodes, err = a.nodes(opt); err != nil {
 		return nil, err
 	}
@@ -266,6 +277,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
 		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
 		StorageAPI:           storage.NewHandlers(a.Storage, cursors),
+		StorageObjectsAPI:    objects.NewHandlers(a.Objects, a.Storage, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -283,7 +295,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware},
 	})
 	ok = true
 	return a, nil
@@ -497,6 +509,9 @@ func (a *App) Close() {
 	}
 	if a.redis != nil {
 		_ = a.redis.Close()
+	}
+	if a.Blob != nil {
+		_ = a.Blob.Close()
 	}
 	if a.ownPool && a.Pool != nil {
 		a.Pool.Close()

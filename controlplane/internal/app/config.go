@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 )
 
@@ -78,6 +79,9 @@ type Config struct {
 	Provisioning ProvisioningConfig
 	// Storage is GANTRY_STORAGE_* quota and sweeper settings (docs/storage.md).
 	Storage storage.Config
+	// Blob is GANTRY_STORAGE_DRIVER, GANTRY_STORAGE_FS_ROOT and GANTRY_STORAGE_S3_* (the
+	// object bytes' backend, docs/storage.md).
+	Blob blob.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

@@ -89,6 +89,3 @@ SET used_bytes = used_bytes + sqlc.arg('used_bytes')::bigint,
     updated_at = sqlc.arg('now')
 WHERE project_id = sqlc.arg('project_id');
 
--- name: ActiveBucket :one
-SELECT id, tenant_id, project_id, bucket_id FROM storage_buckets
-WHERE project_id = $1 AND bucket_id = $2 AND state = 'active';

@@ -12,35 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const activeBucket = `-- name: ActiveBucket :one
-SELECT id, tenant_id, project_id, bucket_id FROM storage_buckets
-WHERE project_id = $1 AND bucket_id = $2 AND state = 'active'
-`
-
-type ActiveBucketParams struct {
-	ProjectID uuid.UUID
-	BucketID  string
-}
-
-type ActiveBucketRow struct {
-	ID        uuid.UUID
-	TenantID  uuid.UUID
-	ProjectID uuid.UUID
-	BucketID  string
-}
-
-func (q *Queries) ActiveBucket(ctx context.Context, arg ActiveBucketParams) (ActiveBucketRow, error) {
-	row := q.db.QueryRow(ctx, activeBucket, arg.ProjectID, arg.BucketID)
-	var i ActiveBucketRow
-	err := row.Scan(
-		&i.ID,
-		&i.TenantID,
-		&i.ProjectID,
-		&i.BucketID,
-	)
-	return i, err
-}
-
 const deleteObject = `-- name: DeleteObject :exec
 DELETE FROM storage_objects WHERE bucket = $1 AND path = $2
 `
