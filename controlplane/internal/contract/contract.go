@@ -46,8 +46,8 @@ type Op struct {
 	ProjectPath bool
 	// Idempotent: the operation accepts Idempotency-Key (a create).
 	Idempotent bool
-	// Streams: the request or a success response body is raw bytes of any length
-	// (application/octet-stream or */*, object uploads and downloads). The chain neither
+	// Streams: the request or a success response body is binary of any length (object
+	// uploads and downloads). The chain neither
 	// buffers nor validates such a body and gives the request no deadline: the handler
 	// bounds its own steps and reads the body as it arrives.
 	Streams bool
@@ -153,13 +153,14 @@ func (o *Op) needsValidation(r *http.Request) bool {
 	return r.URL.RawQuery != "" || r.ContentLength != 0 || o.paramsNeedCheck || o.route.Operation.RequestBody != nil
 }
 
-// rawBytes are the media types of a streamed body.
-var rawBytes = []string{"application/octet-stream", "*/*"}
-
+// streams reports an operation whose request or success response body is declared as
+// binary of any length (schema type string, format binary), the object upload and
+// download. A body declared without a schema (the payment webhooks' */*) is not one:
+// it stays capped and buffered like every JSON body.
 func streams(op *openapi3.Operation) bool {
 	has := func(c openapi3.Content) bool {
-		for _, mt := range rawBytes {
-			if _, ok := c[mt]; ok {
+		for _, mt := range c {
+			if mt != nil && mt.Schema != nil && mt.Schema.Value != nil && mt.Schema.Value.Format == "binary" {
 				return true
 			}
 		}
