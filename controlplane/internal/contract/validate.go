@@ -19,6 +19,14 @@ func (o *Op) ValidateRequest(ctx context.Context, r *http.Request, pathParams ma
 	if !o.needsValidation(r) {
 		return nil
 	}
+	if o.Streams {
+		// kin-openapi's security check reads the whole body into memory (it hands it to
+		// each AuthenticationFunc), even with ExcludeRequestBody: a streamed body must
+		// never reach it.
+		shallow := *r
+		shallow.Body = http.NoBody
+		r = &shallow
+	}
 	in := &openapi3filter.RequestValidationInput{
 		Request:    r,
 		PathParams: pathParams,
