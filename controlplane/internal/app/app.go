@@ -192,7 +192,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, err
 	}
 	a.Objects = objects.New(a.Pool, a.Blob, objects.Limits{MaxBytes: a.Storage.Cfg.DefaultQuotaBytes, MaxObjects: a.Storage.Cfg.DefaultQuotaObjects},
-		a.Clock, a.IDs, objects.Config{MaxObjectBytes: a.Storage.Cfg.MaxObjectBytes, UploadTTL: a.Storage.Cfg.UploadTTL}, log, nil)
+		a.Clock, a.IDs, objects.Config{MaxObjectBytes: a.Storage.Cfg.MaxObjectBytes, UploadTTL: a.Storage.Cfg.UploadTTL}, log, a.Storage.Metrics)
 	if a.Nodes, err = a.nodes(opt); err != nil {
 		return nil, err
 	}
