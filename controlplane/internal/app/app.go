@@ -45,6 +45,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/attach"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/objects"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
@@ -120,6 +121,9 @@ type App struct {
 	// store over it (docs/storage.md).
 	Blob    blob.Driver
 	Objects *objects.Store
+	// Attachments is buckets attached into allocations (docs/storage.md, Attachments);
+	// its delivery sweep runs in Run.
+	Attachments *attach.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -279,9 +283,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
-		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
-		StorageAPI:           storage.NewHandlers(a.Storage, cursors),
-		StorageObjectsAPI:    objects.NewHandlers(a.Objects, a.Storage, cursors),
+		MachineIdentitiesAPI:  machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
+		StorageAPI:            storage.NewHandlers(a.Storage, cursors),
+		StorageObjectsAPI:     objects.NewHandlers(a.Objects, a.Storage, cursors),
+		StorageAttachmentsAPI: a.attachments(a.Objects, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -352,6 +357,12 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 		// Agents' task reports drive allocations (assembled after the fabric; sessions
 		// only start in Run).
 		OnTaskResult: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) error {
+			// A storage task's result belongs to its attachment (the task id says so).
+			if a.Attachments != nil {
+				if handled, err := a.Attachments.OnTaskResult(ctx, nodeID, r); handled {
+					return err
+				}
+			}
 			if a.Allocations == nil {
 				return errors.New("allocations not assembled")
 			}
@@ -430,6 +441,9 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); a.Allocations.RunIdleDetection(bg, a.Config.Allocations.IdleCheckInterval) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Allocations.RunReportTimeouts(bg, a.Config.Allocations.ReportCheckInterval) }()
+	// Storage attachments (docs/storage.md): redelivery, timeouts, catch-up.
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Attachments.Run(bg) }()
 	// Object storage (docs/storage.md): expired uploads, force-deleted buckets, blob GC.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Storage.RunSweeper(bg) }()
