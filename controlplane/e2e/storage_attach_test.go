@@ -44,8 +44,9 @@ type storageWorld struct {
 	shellLimit time.Duration
 }
 
-// newStorageWorld starts it all; mode is the agent's storage_mode ("fuse" or "copy").
-func newStorageWorld(t testing.TB, mode string) *storageWorld {
+// newStorageWorld starts it all; mode is the agent's storage_mode ("fuse" or "copy"),
+// transport its fabric transport ("" for the default, auto).
+func newStorageWorld(t testing.TB, mode, transport string) *storageWorld {
 	c := startCP(t)
 	c.runBackground(c.app)
 	// Attachment delivery's sweep (the request sends each task itself; the sweep
@@ -68,6 +69,9 @@ func newStorageWorld(t testing.TB, mode string) *storageWorld {
 	e.cfg.StateDir = filepath.Join(filepath.Dir(e.cfg.Path), "state")
 	e.cfg.AdvertiseHost = host + ".example"
 	e.cfg.StorageMode = mode
+	if transport != "" {
+		e.cfg.Transport = transport
+	}
 	// `gantry-nodeagent run` in-process: the runtime, the terminal server and the
 	// storage attachments (nodeagent/storagemount) as the binary wires them.
 	agentCtx, stopAgent := context.WithCancel(context.Background())
@@ -345,7 +349,7 @@ func TestStorageAttachmentInsideAllocation(t *testing.T) {
 					t.Skip(why)
 				}
 			}
-			w := newStorageWorld(t, mode)
+			w := newStorageWorld(t, mode, "")
 			const hello = "hello from the bucket"
 			if code, body := w.object(t, http.MethodPut, "hello.txt", hello+"\n"); code != 201 && code != 200 {
 				t.Fatalf("put hello.txt: %d %s", code, body)
