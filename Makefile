@@ -34,6 +34,8 @@ bench:
 	@echo; echo "browser terminal (keystroke echo through WebSocket -> control plane -> tunnel -> agent PTY; added = vs pty-direct in the same run):"
 	@{ $(GO) test -run '^$$' -bench 'BenchmarkTerminalEcho' -benchtime 2000x ./controlplane/internal/terminal; \
 	   $(GO) test -run '^$$' -bench 'BenchmarkTerminalThroughput' -benchtime 3x ./controlplane/internal/terminal; } | ./scripts/terminal-bench-report.awk
+	@echo; echo "storage attachment (1 GiB read inside an allocation through a ro attachment vs API GET, same run):"
+	@$(GO) test -run '^$$' -bench 'BenchmarkStorageAttachmentRead' -benchtime 1x ./controlplane/e2e | grep '^storage attachment'
 
 build:
 	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/...
