@@ -1,6 +1,9 @@
 package storage_test
 
 import (
+	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -108,6 +111,29 @@ func TestGrants(t *testing.T) {
 	}
 	if a := e.Call(t, "POST", bucketPath("shared")+"/grants", admin, map[string]any{"grantee_kind": "service_account", "grantee_id": saID, "access": "read"}, owner); a.Status != 201 {
 		t.Fatalf("grant to service account: %d %s", a.Status, a.Raw)
+	}
+
+	// The service account reads the bucket with its own token (client credentials).
+	c := e.Call(t, "POST", "/api/v1/service-accounts/"+saID+"/credentials", admin, map[string]any{"name": "trainer key"}, "")
+	if c.Status != 201 {
+		t.Fatalf("credential: %d %s", c.Status, c.Raw)
+	}
+	form := url.Values{"grant_type": {"client_credentials"}, "client_id": {c.Str("client_id")}, "client_secret": {c.Str("client_secret")}}
+	req, err := http.NewRequest("POST", e.Server.URL+"/api/v1/auth/token", strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	tk := e.Send(t, req)
+	saTok := tk.Str("access_token")
+	if tk.Status != 200 || saTok == "" {
+		t.Fatalf("service account token: %d %s", tk.Status, tk.Raw)
+	}
+	if a := e.Call(t, "GET", bucketPath("shared"), saTok, nil, owner); a.Status != 200 || a.Str("access") != "read" {
+		t.Fatalf("service account get: %d %s", a.Status, a.Raw)
+	}
+	if a := e.Call(t, "DELETE", objectPath, saTok, nil, owner); a.Status != 403 || a.Code() != "insufficient_permissions" {
+		t.Fatalf("read-only service account deleting: %d %s", a.Status, a.Raw)
 	}
 
 	// The owner project sees the grants, on the bucket and paged.
