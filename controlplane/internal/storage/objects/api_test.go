@@ -252,6 +252,18 @@ func TestListing(t *testing.T) {
 	if len(objs) != 10 || objs[0] != "run2/step-250.ckpt" {
 		t.Fatalf("prefix run2/step-25: %v", objs)
 	}
+	// Cursors after the longest paths still fit the contract's cursor.
+	for i := range 3 {
+		p := "long/" + strings.Repeat(fmt.Sprint(i), 1019)
+		if _, err := w.env.Pool.Exec(ctx, `INSERT INTO storage_objects (bucket, path, project_id, blob_key, size_bytes, etag, content_type, created_at, updated_at)
+			SELECT id, $2, project_id, $3, 1, '"x"', 'application/octet-stream', now(), now() FROM storage_buckets WHERE bucket_id = $1`,
+			w.bucket, p, "k/"+uuid.NewString()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if objs, _, pages := walk("prefix=long%2F&page_size=1"); len(objs) != 3 || pages != 3 || len(objs[2]) != 1024 {
+		t.Fatalf("long paths: %d objects in %d pages", len(objs), pages)
+	}
 	// A forged cursor, and one from another listing, are refused.
 	bad := w.env.Call(t, http.MethodGet, "/api/v1/storage/buckets/"+w.bucket+"/objects?cursor=eyJzIjoib2JqZWN0cyJ9.AAAA", w.token, nil, w.project)
 	if bad.Status != 400 || bad.Code() != "invalid_request" {
