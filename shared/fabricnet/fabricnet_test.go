@@ -321,6 +321,36 @@ func TestListenerCloseTellsQUICPeers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the peer was not told the listener closed")
 	}
+	// Every agent of a stopping control plane is told at once: their reconnects are
+	// spread (agent.Backoff.Spread).
+	if !fabricnet.FleetWideEnd(s.Err()) {
+		t.Fatalf("the listener's close (%v) is not a fleet-wide end", s.Err())
+	}
+}
+
+// A tunnel the agent closed itself ended for that agent alone.
+func TestOwnCloseIsNotAFleetWideEnd(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	for _, mode := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
+		t.Run(string(mode), func(t *testing.T) {
+			ln, ctx := listenFor(t, srvTLS)
+			s, err := fabricnet.Dial(ctx, ln.Addr().String(), mode, cliTLS, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Err() != nil {
+				t.Fatalf("Err of a live tunnel = %v", s.Err())
+			}
+			_ = s.Close("agent reconnecting")
+			<-s.Done()
+			if s.Err() == nil {
+				t.Fatal("Err of a closed tunnel is nil")
+			}
+			if mode == fabricnet.ModeQUIC && fabricnet.FleetWideEnd(s.Err()) {
+				t.Fatalf("the agent's own close (%v) counts as a fleet-wide end", s.Err())
+			}
+		})
+	}
 }
 
 // A tunnel whose handshake completed but that nobody accepted before the listener
@@ -342,6 +372,9 @@ func TestListenerCloseEndsUnacceptedTunnels(t *testing.T) {
 			case <-s.Done():
 			case <-time.After(10 * time.Second):
 				t.Fatal("the peer of an unaccepted tunnel was not told the listener closed")
+			}
+			if !fabricnet.FleetWideEnd(s.Err()) {
+				t.Fatalf("the listener's close (%v) is not a fleet-wide end", s.Err())
 			}
 		})
 	}

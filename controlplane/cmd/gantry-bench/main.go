@@ -48,6 +48,7 @@ func main() {
 	conc := flag.Int("concurrency", 8, "concurrent clients")
 	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 10000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
+	spread := flag.Duration("fabric-reconnect-spread", 10*time.Second, "spread the simulated agents' reconnects over this long when the whole fleet lost its tunnels at once (fabrictest.Agent.ReconnectSpread; 0: 250-500 ms, like the real agent)")
 	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\", \"allocations\" or \"storage\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	serverChild := flag.Bool("fabric-server-child", false, "internal: run the fabric server that the capacity run kills with SIGKILL")
@@ -72,7 +73,7 @@ func main() {
 		os.Exit(2)
 	}
 	benchOnly = *only
-	fabricOptions = fabricOpts{agents: *agents, transport: mode, dur: *dur, rounds: *rounds}
+	fabricOptions = fabricOpts{agents: *agents, transport: mode, dur: *dur, rounds: *rounds, spread: *spread}
 	if err := run(*dur, *rounds, *conc); err != nil {
 		fmt.Fprintln(os.Stderr, "gantry-bench:", err)
 		os.Exit(1)
