@@ -22,6 +22,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric/fabrictest"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/attach"
 	"github.com/gantry-gpu/gantry/nodeagent/agent"
 	"github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -301,6 +302,20 @@ func (w *storageWorld) fabricRefusals(t testing.TB, attachmentID uuid.UUID) {
 	}
 	defer cc.Close()
 	sf := fabricv1.NewStorageFabricClient(cc)
+	// The server itself, as the attachment's own node calls it: reads are served, a
+	// delete through the ro attachment is refused (the agent's FUSE refuses writes
+	// before they leave the node; the control plane refuses them anyway).
+	own := &attach.FabricServer{Svc: w.c.app.Attachments, Objects: attach.StoreObjects{Store: w.c.app.Objects},
+		NodeOf: func(context.Context) (uuid.UUID, bool) { return w.nodeID, true }}
+	if info, err := own.Stat(ctx, &fabricv1.StorageStatRequest{AttachmentId: attachmentID.String(), Path: "hello.txt"}); err != nil || info.GetSize() == 0 {
+		t.Fatalf("the attachment's node Stat: %v %v", info, err)
+	}
+	if _, err := own.Delete(ctx, &fabricv1.StorageDeleteRequest{AttachmentId: attachmentID.String(), Path: "hello.txt"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("delete through the ro attachment: %v, want PermissionDenied", err)
+	}
+	if _, err := own.Stat(ctx, &fabricv1.StorageStatRequest{AttachmentId: attachmentID.String(), Path: "../escape"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a traversal path over the fabric: %v, want InvalidArgument", err)
+	}
 	for _, id := range []string{attachmentID.String(), uuid.NewString(), "not-a-uuid"} {
 		_, err := sf.Stat(ctx, &fabricv1.StorageStatRequest{AttachmentId: id, Path: "hello.txt"})
 		if status.Code(err) != codes.PermissionDenied {
