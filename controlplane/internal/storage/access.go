@@ -99,7 +99,7 @@ func (s *Service) FromContext(ctx context.Context, bucketID string, need Access)
 
 // resolve loads the bucket with the caller's access (Access "" when none).
 func (s *Service) resolve(ctx context.Context, caller *principal.Principal, ownerProject uuid.UUID, bucketID string) (Bucket, error) {
-	if caller == nil || caller.TenantID == uuid.Nil && caller.Machine == nil {
+	if caller == nil || caller.TenantID == uuid.Nil { // no tenant, no bucket (platform staff act through admin paths)
 		return Bucket{}, BucketNotFound(bucketID)
 	}
 	params := storagedb.BucketAccessParams{UserID: caller.UserID, Person: caller.Machine == nil,
@@ -113,9 +113,6 @@ func (s *Service) resolve(ctx context.Context, caller *principal.Principal, owne
 		role = m.Projects[ownerProject]
 	} else {
 		params.TenantAdmin = caller.IsTenantAdmin(caller.TenantID)
-	}
-	if caller.TenantID == uuid.Nil { // a machine identity carries its tenant in its projects
-		return Bucket{}, BucketNotFound(bucketID)
 	}
 	row, err := s.read(ctx).BucketAccess(ctx, params)
 	if errors.Is(err, pgx.ErrNoRows) {
