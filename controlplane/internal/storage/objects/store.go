@@ -142,6 +142,9 @@ func (s *Store) Open(ctx context.Context, b Bucket, path string, off, n int64) (
 			rc, err = s.Blob.Open(ctx, o.blobKey, off, n)
 		}
 	}
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, ObjectInfo{}, errNotFound(path) // deleted meanwhile
+	}
 	if err != nil {
 		return nil, ObjectInfo{}, fmt.Errorf("open object %s: %w", o.blobKey, err)
 	}
