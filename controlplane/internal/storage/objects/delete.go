@@ -58,6 +58,9 @@ func (s *Store) Delete(ctx context.Context, b Bucket, path, ifMatch string, acto
 func (s *Store) List(ctx context.Context, b Bucket, prefix, delimiter string, from *Position, limit int) (ListPage, error) {
 	ctx, cancel := s.step(ctx)
 	defer cancel()
+	if delimiter != "" {
+		return s.listFolded(ctx, b, prefix, delimiter, from, limit)
+	}
 	q := s.read(ctx)
 	var end *string
 	if prefix != "" {
