@@ -58,9 +58,6 @@ func (s *Store) Delete(ctx context.Context, b Bucket, path, ifMatch string, acto
 func (s *Store) List(ctx context.Context, b Bucket, prefix, delimiter string, from *Position, limit int) (ListPage, error) {
 	ctx, cancel := s.step(ctx)
 	defer cancel()
-	if delimiter != "" {
-		return s.listFolded(ctx, b, prefix, delimiter, from, limit)
-	}
 	q := s.read(ctx)
 	var end *string
 	if prefix != "" {
@@ -82,6 +79,9 @@ func (s *Store) List(ctx context.Context, b Bucket, prefix, delimiter string, fr
 			out[i] = info(r)
 		}
 		return out, nil
+	}
+	if delimiter != "" {
+		return s.listFolded(ctx, b, prefix, delimiter, from, limit, fetch)
 	}
 	return list(ctx, fetch, prefix, delimiter, from, limit)
 }

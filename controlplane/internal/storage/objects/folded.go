@@ -51,19 +51,42 @@ WITH RECURSIVE walk AS (
 SELECT path, blob_key, size_bytes, etag, content_type, created_by, created_at, updated_at, folder
 FROM walk WHERE starts_with(path, $4::text) ORDER BY n`
 
-// listFolded is list for a non-empty delimiter, from one statement (foldedQuery).
-func (s *Store) listFolded(ctx context.Context, b Bucket, prefix, delimiter string, from *Position, limit int) (ListPage, error) {
+// listFolded is list for a non-empty delimiter in at most two statements. The first
+// reads the page as a plain range of rows, which is all a folder of objects needs; at
+// the first row that folds into a common prefix the rest of the page comes from
+// foldedQuery, starting at that row, whatever number of folders follows.
+func (s *Store) listFolded(ctx context.Context, b Bucket, prefix, delimiter string, from *Position, limit int, fetch rowsFrom) (ListPage, error) {
 	start, inclusive := startOf(prefix, from)
-	skip := ""
-	if !inclusive {
-		skip = start
+	rows, err := fetch(ctx, start, inclusive, prefix, limit+1)
+	if err != nil {
+		return ListPage{}, err
 	}
-	rows, err := db.Querier(ctx, s.Pool).Query(ctx, foldedQuery, b.ID, start, skip, prefix, delimiter, successor(delimiter), limit+1)
+	var page ListPage
+	for i, o := range rows {
+		if _, ok := commonPrefix(o.Path, prefix, delimiter); ok {
+			return s.foldRest(ctx, b, prefix, delimiter, o.Path, page, limit)
+		}
+		if len(page.Entries) == limit {
+			break
+		}
+		page.Entries = append(page.Entries, Entry{Path: o.Path, Object: o})
+		if i == len(rows)-1 {
+			return page, nil // nothing more under the prefix
+		}
+	}
+	if len(page.Entries) == limit && len(rows) > limit {
+		page.Next = &Position{After: page.Entries[limit-1].Path}
+	}
+	return page, nil
+}
+
+// foldRest completes page from the path first (inclusive) with foldedQuery.
+func (s *Store) foldRest(ctx context.Context, b Bucket, prefix, delimiter, first string, page ListPage, limit int) (ListPage, error) {
+	rows, err := db.Querier(ctx, s.Pool).Query(ctx, foldedQuery, b.ID, first, "", prefix, delimiter, successor(delimiter), limit-len(page.Entries)+1)
 	if err != nil {
 		return ListPage{}, fmt.Errorf("list objects: %w", err)
 	}
 	defer rows.Close()
-	var page ListPage
 	for rows.Next() {
 		var o ObjectInfo
 		var folder *string
