@@ -112,7 +112,7 @@ var statusOf = map[Code]int{
 	// A full storage quota is not a rate: retrying will not help until something is deleted
 	// (docs/storage.md; an object over the per-PUT limit is 413 where it is refused).
 	StorageQuotaExceeded: 403,
-	InvalidRequest: 400, PaymentSignatureInvalid: 400, StoragePathTraversal: 400,
+	InvalidRequest:       400, PaymentSignatureInvalid: 400, StoragePathTraversal: 400,
 	ValidationError:     422,
 	AllocationNotActive: 409, AllocationAlreadyReleasing: 409, NodeOffline: 409, NodeInUse: 409,
 	AppInstanceStateInvalid: 409, RefundWindowExceeded: 409, SKUUnavailable: 409,
