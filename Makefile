@@ -2,7 +2,7 @@
 # test against real PostgreSQL, NATS and Redis (see shared/testenv for how they are found).
 GO       ?= go
 SQLC     ?= $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
-PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/...
+PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/... ./cli/...
 # go-nvml (cgo, needed even for its mocks) includes nvml.h, whose deprecated functions
 # make gcc print pages of warnings on every rebuild.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
@@ -36,7 +36,7 @@ bench:
 	   $(GO) test -run '^$$' -bench 'BenchmarkTerminalThroughput' -benchtime 3x ./controlplane/internal/terminal; } | ./scripts/terminal-bench-report.awk
 
 build:
-	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/...
+	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/... ./cli/cmd/...
 
 generate:
 	$(GO) generate ./proto/...
@@ -48,5 +48,5 @@ check-generate: generate
 	git diff --exit-code -- proto controlplane
 
 lint:
-	@out=$$(gofmt -l shared proto controlplane nodeagent loggateway); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l shared proto controlplane nodeagent loggateway cli); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
