@@ -188,4 +188,8 @@ var Operations = map[string]Requirement{
 	"createTerminalSession": ProjectRole(member),
 	"openTerminal":          OwnCredential("the single-use terminal token of the handshake, checked by the terminal gateway"),
 	"relayTerminal":         OwnCredential("a replica's one-use relay token, checked by the terminal relay"),
+
+	// SSH through the node tunnel (docs/ssh.md).
+	"createSshSession": ProjectRole(member),
+	"openSsh":          OwnCredential("the single-use SSH token of the handshake, checked by the terminal gateway"),
 }
