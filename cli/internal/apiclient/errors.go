@@ -44,6 +44,9 @@ func Check(status int, header http.Header, body []byte) error {
 		Message       string         `json:"message"`
 		CorrelationID string         `json:"correlation_id"`
 		Details       map[string]any `json:"details"`
+		// The token endpoint answers as OAuth 2.0 (RFC 6749 §5.2) does.
+		OAuthError       string `json:"error"`
+		OAuthDescription string `json:"error_description"`
 	}
 	e := &Error{Status: status}
 	if json.Unmarshal(body, &env) == nil && env.Code != "" {
@@ -51,6 +54,8 @@ func Check(status int, header http.Header, body []byte) error {
 		if r, ok := env.Details["reason"].(string); ok {
 			e.Reason = r
 		}
+	} else if json.Unmarshal(body, &env) == nil && env.OAuthError != "" {
+		e.Code, e.Message = env.OAuthError, env.OAuthDescription
 	} else {
 		e.Code = "http_" + fmt.Sprint(status)
 		e.Message = strings.TrimSpace(string(body))

@@ -231,7 +231,7 @@ func (a *app) resolveAlloc(ctx context.Context, s *apiclient.Session, project uu
 }
 
 func listAllocs(ctx context.Context, s *apiclient.Session, project uuid.UUID) ([]api.Allocation, error) {
-	var out []api.Allocation
+	out := []api.Allocation{}
 	var cursor *string
 	for {
 		res, err := s.API.ListAllocationsWithResponse(ctx, &api.ListAllocationsParams{XProjectID: project, Cursor: cursor})
@@ -351,7 +351,7 @@ func (a *app) allocEventsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var items []api.AllocationEvent
+			items := []api.AllocationEvent{}
 			var cursor *string
 			for {
 				res, err := s.API.ListAllocationEventsWithResponse(ctx, id, &api.ListAllocationEventsParams{XProjectID: project, Cursor: cursor})
@@ -401,11 +401,19 @@ func (a *app) allocReleaseCmd() *cobra.Command {
 			}
 			if err := ok(res.HTTPResponse, res.Body); err != nil {
 				var ae *apiclient.Error
-				if errors.As(err, &ae) && ae.Code == "allocation_already_releasing" && !wait {
-					fmt.Fprintf(a.errOut, "Allocation %s is already releasing.\n", id)
-					return nil
+				if !errors.As(err, &ae) || ae.Code != "allocation_already_releasing" {
+					return err
 				}
-				return err
+				// Releasing twice is not an error for the user: say where it stands.
+				cur, gerr := s.API.GetAllocationWithResponse(ctx, id, &api.GetAllocationParams{XProjectID: project})
+				if gerr != nil {
+					return gerr
+				}
+				if gerr := ok(cur.HTTPResponse, cur.Body); gerr != nil {
+					return gerr
+				}
+				fmt.Fprintf(a.errOut, "Allocation %s is already %s.\n", id, cur.JSON200.Status)
+				res.JSON200 = cur.JSON200
 			}
 			alloc := res.JSON200
 			if wait {

@@ -71,7 +71,7 @@ func (a *app) usageCmd() *cobra.Command {
 				}
 				*p.dst = &t
 			}
-			var items []api.BillingRatedUsageLine
+			items := []api.BillingRatedUsageLine{}
 			for {
 				res, err := s.API.ListBillingUsageWithResponse(cmd.Context(), &params)
 				if err != nil {
@@ -125,7 +125,7 @@ func (a *app) budgetCmd() *cobra.Command {
 			if err := ok(res.HTTPResponse, res.Body); err != nil {
 				return err
 			}
-			items := res.JSON200.Items
+			items := append([]api.BillingBudgetPosture{}, res.JSON200.Items...)
 			return a.printer().Print(items, func(t *output.TableWriter) { budgetTable(t, items) })
 		},
 	}, a.budgetCreateCmd())

@@ -36,7 +36,7 @@ func (a *app) projectCmd() *cobra.Command {
 			if err := ok(res.HTTPResponse, res.Body); err != nil {
 				return err
 			}
-			items := res.JSON200.Items
+			items := append([]api.Project{}, res.JSON200.Items...)
 			return a.printer().Print(items, func(t *output.TableWriter) {
 				t.Row("", "ID", "SLUG", "NAME", "DEPARTMENT", "ROLE", "DEFAULT")
 				for _, p := range items {

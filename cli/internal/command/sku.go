@@ -29,7 +29,7 @@ func (a *app) skuCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var items []api.CatalogSKU
+			items := []api.CatalogSKU{}
 			var cursor *string
 			for {
 				res, err := s.API.ListCatalogSkusWithResponse(cmd.Context(), &api.ListCatalogSkusParams{Cursor: cursor})

@@ -133,7 +133,7 @@ The name defaults to the key's comment, else the file name.`,
 }
 
 func listSSHKeys(cmd *cobra.Command, c *api.ClientWithResponses) ([]api.SSHKey, error) {
-	var out []api.SSHKey
+	out := []api.SSHKey{}
 	var cursor *string
 	for {
 		res, err := c.ListSSHKeysWithResponse(cmd.Context(), &api.ListSSHKeysParams{Cursor: cursor})
