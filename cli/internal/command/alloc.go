@@ -52,6 +52,9 @@ the allocation running (exit 130).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := required(cmd, "sku"); err != nil {
+				return err
+			}
 			s, err := a.session()
 			if err != nil {
 				return err
@@ -111,7 +114,6 @@ the allocation running (exit 130).`,
 	f.StringSliceVar(&keys, "ssh-key", nil, "SSH key (id, name or fingerprint) to put on it; repeatable (default: all of yours)")
 	f.BoolVar(&wait, "wait", false, "wait until the allocation is active, with a live status line")
 	f.DurationVar(&timeout, "timeout", 15*time.Minute, "with --wait, stop waiting after this long (the allocation is left as it is)")
-	_ = cmd.MarkFlagRequired("sku")
 	return cmd
 }
 

@@ -150,6 +150,9 @@ func (a *app) budgetCreateCmd() *cobra.Command {
   gantry budget create --name q4 --amount 20000 --currency EUR --period quarterly --scope tenant --mode block_launch --threshold 80`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := required(cmd, "amount"); err != nil {
+				return err
+			}
 			s, err := a.session()
 			if err != nil {
 				return err
@@ -198,7 +201,6 @@ func (a *app) budgetCreateCmd() *cobra.Command {
 	f.StringVar(&scope, "scope", "project", "project (the command's project) or tenant")
 	f.StringVar(&mode, "mode", "", "enforcement: notify_only, block_launch or suspend (default: the API's)")
 	f.IntVar(&threshold, "threshold", 0, "alert threshold in percent (default: the API's)")
-	_ = cmd.MarkFlagRequired("amount")
 	return cmd
 }
 
@@ -217,6 +219,9 @@ func parseMinor(s, currency string) (int64, error) {
 			break
 		}
 	}
+	if whole == "" && frac == "" {
+		return 0, fmt.Errorf("amount %q is not a number", s)
+	}
 	if len(frac) > d {
 		return 0, fmt.Errorf("%s has %d decimals at most: %q", currency, d, s)
 	}
@@ -224,9 +229,6 @@ func parseMinor(s, currency string) (int64, error) {
 		frac += "0"
 	}
 	var v int64
-	if whole == "" && frac == "" {
-		return 0, fmt.Errorf("amount %q is not a number", s)
-	}
 	for _, c := range whole + frac {
 		if c < '0' || c > '9' {
 			return 0, fmt.Errorf("amount %q is not a positive decimal number", s)

@@ -55,6 +55,9 @@ func Run(ctx context.Context, args []string, in io.Reader, out, errOut io.Writer
 	if errors.As(err, &ex) && ex.quiet {
 		return ex.code
 	}
+	if strings.HasPrefix(err.Error(), "unknown command") {
+		err = usageErr(err)
+	}
 	code := exitCode(err)
 	fmt.Fprintf(errOut, "Error: %s\n", err)
 	if hint := hintFor(err); hint != "" {
@@ -89,7 +92,7 @@ terminal and ssh exit with the remote command's status.`,
 		PersistentPreRunE: a.prepare,
 	}
 	root.PersistentFlags().StringVar(&a.profileFlag, "profile", "", "profile (control plane and login) to use; default $GANTRY_PROFILE, else the current profile")
-	root.PersistentFlags().StringVarP(&a.projectFlag, "project", "p", "", "project id or slug for this command; default $GANTRY_PROJECT, else the one chosen with `project use`")
+	root.PersistentFlags().StringVarP(&a.projectFlag, "project", "p", "", "project id or slug for this command; default $GANTRY_PROJECT, else the one chosen with \"gantry project use\"")
 	root.PersistentFlags().StringVarP(&a.outputFlag, "output", "o", "table", "output format of read commands: table, json or yaml")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErr(err) })
 	_ = root.RegisterFlagCompletionFunc("output", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
@@ -99,7 +102,33 @@ terminal and ssh exit with the remote command's status.`,
 	root.AddCommand(a.loginCmd(), a.logoutCmd(), a.whoamiCmd(), a.projectCmd(), a.sshKeyCmd(), a.skuCmd(),
 		a.allocCmd(), a.balanceCmd(), a.usageCmd(), a.budgetCmd(), a.terminalCmd(), a.completionCmd())
 	root.CompletionOptions.DisableDefaultCmd = true
+	markUsageErrors(root)
 	return root
+}
+
+// markUsageErrors makes cobra's argument and unknown-command errors exit 2 (usage).
+func markUsageErrors(c *cobra.Command) {
+	if args := c.Args; args != nil {
+		c.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return usageErr(err)
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		markUsageErrors(sub)
+	}
+}
+
+// required checks a flag cobra would mark required, so its absence is a usage error.
+func required(cmd *cobra.Command, names ...string) error {
+	for _, n := range names {
+		if !cmd.Flags().Changed(n) {
+			return usageErr(fmt.Errorf("required flag --%s not set", n))
+		}
+	}
+	return nil
 }
 
 func (a *app) prepare(cmd *cobra.Command, _ []string) error {
