@@ -428,7 +428,14 @@ func (s *session) exit(code uint32) {
 // client's to choose, as with sshd's internal-sftp: the process runtime isolates
 // nothing from the agent's user).
 func (s *session) sftp() error {
-	srv, err := sftp.NewServer(s.ch, sftp.WithServerWorkingDirectory(s.env.Dir))
+	// The SFTP server closes what it serves when it ends; the channel must stay open
+	// until the exit status is sent (scp reports a transfer without one as failed).
+	rw := struct {
+		io.Reader
+		io.Writer
+		io.Closer
+	}{s.ch, s.ch, io.NopCloser(nil)}
+	srv, err := sftp.NewServer(rw, sftp.WithServerWorkingDirectory(s.env.Dir))
 	if err != nil {
 		return err
 	}

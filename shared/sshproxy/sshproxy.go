@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
@@ -27,6 +28,9 @@ import (
 
 // Subprotocol is the SSH byte-stream protocol of /ws/ssh.
 const Subprotocol = "gantry.ssh.v1"
+
+// stdinGrace is how long the stream stays open after stdin ends.
+const stdinGrace = 2 * time.Second
 
 // chunk is the most one WebSocket message carries (the server reads up to 1 MiB).
 const chunk = 32 << 10
@@ -147,10 +151,28 @@ func Run(ctx context.Context, o Options, stdin io.Reader, stdout io.Writer) erro
 		_, err := io.CopyBuffer(conn, stdin, buf)
 		up <- err
 	}()
-	// The SSH server always ends the connection (it answers the client's disconnect),
-	// so the stream's end is the session's end.
-	buf := make([]byte, chunk)
-	_, err = io.CopyBuffer(stdout, conn, buf)
+	// The SSH server ends the connection after the client's disconnect, so the stream's
+	// end is normally the session's end. The end of stdin is the client's: ssh closes
+	// its ProxyCommand's stdin only when it exits, so nothing will read what the server
+	// still sends; after a short grace for the server's last bytes, the stream is
+	// closed, so a killed client never leaves a proxy (and a connection) behind.
+	down := make(chan error, 1)
+	go func() {
+		buf := make([]byte, chunk)
+		_, err := io.CopyBuffer(stdout, conn, buf)
+		down <- err
+	}()
+	select {
+	case err = <-down:
+	case <-up:
+		select {
+		case err = <-down:
+		case <-time.After(stdinGrace):
+			_ = conn.Close()
+			<-down
+			err = nil
+		}
+	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
