@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"os"
@@ -336,13 +337,21 @@ func TestCLIAgainstControlPlane(t *testing.T) {
 	u.fails(5, "", "project", "use", "no-such-project")
 
 	// SSH keys: the default ~/.ssh key.
-	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	sp, _ := ssh.NewPublicKey(pub)
+	pemBlock, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity := filepath.Join(u.home, ".ssh", "id_ed25519")
 	if err := os.MkdirAll(filepath.Join(u.home, ".ssh"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	keyLine := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp))) + " alice@laptop"
 	if err := os.WriteFile(filepath.Join(u.home, ".ssh", "id_ed25519.pub"), []byte(keyLine+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(identity, pem.EncodeToMemory(pemBlock), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	u.ok("ssh-key", "add")
@@ -391,6 +400,27 @@ func TestCLIAgainstControlPlane(t *testing.T) {
 	}
 	if _, errOut, code := u.run("", "terminal", "train", "--", "exit", "7"); code != 7 {
 		t.Fatalf("terminal exit status: %d, want 7\n%s", code, errOut)
+	}
+
+	// ssh-config: a block `ssh -G` accepts, naming the allocation through gantry ssh-proxy.
+	cfgFile := filepath.Join(u.home, "gantry.sshconfig")
+	if err := os.WriteFile(cfgFile, []byte(u.ok("ssh-config")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g, err := exec.Command("ssh", "-G", "-F", cfgFile, "gantry-train").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ssh -G: %v\n%s", err, g)
+	}
+	for _, want := range []string{"hostname " + alloc.ID.String(), "user " + alloc.Connection.User, "hostkeyalias gantry-" + alloc.ID.String(),
+		"proxycommand " + u.bin + " ssh-proxy --project " + w.tenant.DefaultProject.String() + " %h"} {
+		if !strings.Contains(string(g), want+"\n") {
+			t.Fatalf("ssh -G lacks %q:\n%s", want, g)
+		}
+	}
+	// gantry ssh: the system ssh through gantry ssh-proxy and the node tunnel, with the
+	// remote command's exit status.
+	if out, errOut, code := u.run("", "ssh", "train", "-i", identity, "--ssh-arg=-oUserKnownHostsFile="+filepath.Join(u.home, "known_hosts"), "--", "echo ssh-$((6*7)); exit 3"); code != 3 || !strings.Contains(out, "ssh-42") {
+		t.Fatalf("gantry ssh: exit %d\n%s\n%s", code, out, errOut)
 	}
 
 	golden(t, "balance.table", normalize(u.ok("balance"), false))
