@@ -34,6 +34,8 @@ bench:
 	@echo; echo "browser terminal (keystroke echo through WebSocket -> control plane -> tunnel -> agent PTY; added = vs pty-direct in the same run):"
 	@{ $(GO) test -run '^$$' -bench 'BenchmarkTerminalEcho' -benchtime 2000x ./controlplane/internal/terminal; \
 	   $(GO) test -run '^$$' -bench 'BenchmarkTerminalThroughput' -benchtime 3x ./controlplane/internal/terminal; } | ./scripts/terminal-bench-report.awk
+	@echo; echo "gantry CLI: 'gantry alloc list' wall time from process start (goal 100 ms; p50/p99 in ms) vs the binary alone (--version) and the in-process generated client, same run:"
+	@$(GO) test -run '^$$' -bench 'BenchmarkCLIAllocList' -benchtime 30x ./controlplane/e2e | grep '^Benchmark'
 	@echo; echo "ssh through the node tunnel (scp 1 GiB and PTY keystroke echo vs a local sshd on loopback, same run):"
 	@GANTRY_SSH_BENCH=1 $(GO) test -count=1 -timeout 30m -run '^TestSSHBench$$' -v ./controlplane/e2e | grep '^ssh:'
 
