@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"flag"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,10 @@ func newCLIUser(t testing.TB, url string) *cliUser {
 	return &cliUser{t: t, bin: buildCLI(t), home: t.TempDir(), url: url}
 }
 
+func (u *cliUser) env() []string {
+	return []string{"HOME=" + u.home, "XDG_CONFIG_HOME=" + filepath.Join(u.home, "config"), "GANTRY_URL=" + u.url, "PATH=" + os.Getenv("PATH")}
+}
+
 func (u *cliUser) configPath() string {
 	return filepath.Join(u.home, "config", "gantry", "config.json")
 }
@@ -77,7 +82,7 @@ func (u *cliUser) run(stdin string, args ...string) (string, string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, u.bin, args...)
-	cmd.Env = []string{"HOME=" + u.home, "XDG_CONFIG_HOME=" + filepath.Join(u.home, "config"), "GANTRY_URL=" + u.url, "PATH=" + os.Getenv("PATH")}
+	cmd.Env = u.env()
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -233,6 +238,7 @@ func eventsStable(t *testing.T, jsonOut string) string {
 type cliWorld struct {
 	c      *cp
 	tenant apitest.Tenant
+	agent  *exec.Cmd
 }
 
 func startCLIWorld(t *testing.T) *cliWorld {
@@ -276,7 +282,7 @@ func startCLIWorld(t *testing.T) *cliWorld {
 		api.BillingAdjustmentRequest{TenantID: tenant.ID, Amount: api.Money{AmountMinor: 1_000_000, Currency: "USD"}, Reason: "cli credit"}); err != nil || r.StatusCode() != 201 {
 		t.Fatalf("credit: %v %s", err, r.Body)
 	}
-	return &cliWorld{c: c, tenant: tenant}
+	return &cliWorld{c: c, tenant: tenant, agent: run}
 }
 
 // TestCLIAgainstControlPlane drives the built `gantry` binary through a user's whole path
@@ -467,6 +473,55 @@ func TestCLIAgainstControlPlane(t *testing.T) {
 	}
 	// A command that needs an active allocation refuses a released one with its code.
 	u.fails(6, "allocation_not_active", "terminal", "train")
+
+	// Ctrl-C while waiting: the agent is frozen (SIGSTOP) so the launch stays requested;
+	// SIGINT stops the wait with exit 130 and leaves the allocation as it is.
+	if err := w.agent.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			_ = w.agent.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+	wait := exec.Command(u.bin, "alloc", "create", "--sku", e2eSKU, "--name", "paused", "--wait")
+	wait.Env = u.env()
+	stderr, err := wait.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitErr bytes.Buffer
+	line := make([]byte, 1)
+	for !strings.Contains(waitErr.String(), ": requested\n") {
+		if _, err := stderr.Read(line); err != nil {
+			t.Fatalf("gantry alloc create --wait ended before waiting: %v\n%s", err, waitErr.String())
+		}
+		waitErr.Write(line)
+	}
+	if err := wait.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(stderr)
+	waitErr.Write(rest)
+	err = wait.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 || !strings.Contains(waitErr.String(), "Stopped waiting: allocation ") {
+		t.Fatalf("Ctrl-C during --wait: %v\n%s", err, waitErr.String())
+	}
+	var paused []api.Allocation
+	if err := json.Unmarshal([]byte(u.ok("alloc", "list", "--live", "-o", "json")), &paused); err != nil || len(paused) != 1 || paused[0].Name != "paused" {
+		t.Fatalf("after Ctrl-C the allocation should still be there: %v %+v", err, paused)
+	}
+	thaw()
+	if out, errOut, code := u.run("", "alloc", "release", "paused", "--wait"); code != 0 {
+		t.Fatalf("release paused: exit %d\n%s\n%s", code, out, errOut)
+	}
 
 	// A revoked login: the refresh token is revoked elsewhere and the access token runs
 	// out; the next command gives the re-login hint and exit 3, not a stack trace.
