@@ -589,3 +589,36 @@ func TestCLIServiceAccountLogin(t *testing.T) {
 		t.Fatal("the service account's token was not renewed")
 	}
 }
+
+// TestCLILoginWithTOTP: an account with TOTP needs its second factor; without a terminal
+// the CLI does not prompt but says to pass --totp (exit 3, the API's reason), a wrong
+// code is refused, and a recovery code signs in.
+func TestCLILoginWithTOTP(t *testing.T) {
+	c := startCP(t)
+	tenant := c.env.NewTenant(t, c.admin, "MFA")
+	en := c.env.Call(t, "POST", "/api/v1/account/security/mfa/totp", tenant.AdminToken, nil, "")
+	secret := en.Str("secret")
+	if secret == "" {
+		t.Fatalf("enrol: %v", en.Body)
+	}
+	v := c.env.Call(t, "POST", "/api/v1/account/security/mfa/totp/verify", tenant.AdminToken,
+		map[string]string{"totp_code": apitest.Oathtool(t, secret, time.Now())}, "")
+	codes, _ := v.Body["recovery_codes"].([]any)
+	if len(codes) == 0 {
+		t.Fatalf("verify: %v", v.Body)
+	}
+	u := newCLIUser(t, c.url)
+	_, errOut, code := u.run(apitest.Password+"\n", "login", "-u", tenant.AdminUsername, "--password-stdin")
+	if code != 3 || !strings.Contains(errOut, "(mfa_required)") || !strings.Contains(errOut, "code: token_invalid") || !strings.Contains(errOut, "pass --totp") {
+		t.Fatalf("login without the second factor: exit %d\n%s", code, errOut)
+	}
+	if _, errOut, code := u.run(apitest.Password+"\n", "login", "-u", tenant.AdminUsername, "--password-stdin", "--totp", "000000"); code != 3 || !strings.Contains(errOut, "totp_") {
+		t.Fatalf("wrong TOTP code: exit %d\n%s", code, errOut)
+	}
+	if _, errOut, code := u.run(apitest.Password+"\n", "login", "-u", tenant.AdminUsername, "--password-stdin", "--recovery-code", codes[0].(string)); code != 0 {
+		t.Fatalf("login with a recovery code: exit %d\n%s", code, errOut)
+	}
+	if !strings.Contains(u.ok("whoami"), tenant.AdminUsername) {
+		t.Fatal("whoami after the MFA login")
+	}
+}
