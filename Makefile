@@ -38,6 +38,8 @@ bench:
 	@$(GO) test -run '^$$' -bench 'BenchmarkCLIAllocList' -benchtime 30x ./controlplane/e2e | grep '^Benchmark'
 	@echo; echo "ssh through the node tunnel (scp 1 GiB and PTY keystroke echo vs a local sshd on loopback, same run):"
 	@GANTRY_SSH_BENCH=1 $(GO) test -count=1 -timeout 30m -run '^TestSSHBench$$' -v ./controlplane/e2e | grep '^ssh:'
+	@echo; echo "storage attachment (1 GiB read inside an allocation through a ro attachment vs API GET, same run):"
+	@$(GO) test -run '^$$' -bench 'BenchmarkStorageAttachmentRead' -benchtime 1x ./controlplane/e2e | grep '^storage attachment'
 
 build:
 	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/... ./cli/cmd/...

@@ -167,7 +167,7 @@ func (p *cpProcess) client(token string) *api.ClientWithResponses {
 // agentProcess is the real gantry-nodeagent binary with the process runtime on mock
 // H100s, over TCP (a killed control plane's sockets are reset at once).
 type agentProcess struct {
-	t      *testing.T
+	t      testing.TB
 	bin    string
 	cfg    config.Config
 	nodeID uuid.UUID

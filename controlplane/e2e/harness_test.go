@@ -29,7 +29,7 @@ import (
 
 // cp is a running control plane: the HTTP API (apitest) and the fabric server.
 type cp struct {
-	t     *testing.T
+	t     testing.TB
 	env   *apitest.Env
 	app   *app.App // the app whose fabric is serving now (changes on restart)
 	url   string   // its HTTP API
@@ -39,7 +39,7 @@ type cp struct {
 	fabricDone chan struct{}
 }
 
-func startCP(t *testing.T, opts ...apitest.Option) *cp {
+func startCP(t testing.TB, opts ...apitest.Option) *cp {
 	t.Helper()
 	opts = append([]apitest.Option{apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = refusingProbeDialer{} })}, opts...)
 	env := apitest.New(t, opts...)
@@ -214,7 +214,7 @@ func (c *cp) runAgent(e enrolled, tune func(*agent.Options)) *runningAgent {
 	return r
 }
 
-func (r *runningAgent) stop(t *testing.T) error {
+func (r *runningAgent) stop(t testing.TB) error {
 	r.cancel()
 	select {
 	case err, ok := <-r.done:
@@ -236,7 +236,7 @@ func (r *runningAgent) retryDelays() []time.Duration {
 
 // eventually polls cond every 50 ms for up to 60 s (generous: the machine is shared);
 // it never asserts how long anything took.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
@@ -247,7 +247,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-type testLog struct{ t *testing.T }
+type testLog struct{ t testing.TB }
 
 func (w testLog) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))

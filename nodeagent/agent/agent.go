@@ -227,16 +227,26 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.tasksWG.Wait()
 	attempt := 0
 	for {
-		established, err := a.session(ctx)
+		established, ended, err := a.session(ctx)
 		if ctx.Err() != nil {
 			a.setDisconnected("")
 			a.log.Info("agent stopped")
 			return nil
 		}
+		delay := a.o.Backoff.Delay(attempt)
 		if established {
 			attempt = 0
+			delay = a.o.Backoff.Delay(0)
+			if fabricnet.FleetWideEnd(ended) {
+				delay = a.o.Backoff.SpreadDelay()
+			}
+			switch {
+			case ended != nil && err == nil:
+				err = ended
+			case ended != nil:
+				err = fmt.Errorf("%w (tunnel: %v)", err, ended)
+			}
 		}
-		delay := a.o.Backoff.Delay(attempt)
 		if errors.Is(err, fabricnet.ErrTokenRefused) {
 			// Retrying sooner will not help; the token file may be replaced by a
 			// re-enrollment, which the next attempt picks up.
@@ -285,35 +295,47 @@ func (a *Agent) setDisconnected(lastErr string) {
 }
 
 // session runs one tunnel from dial to its end. established is true once the Welcome
-// arrived (the backoff restarts from Min after such a tunnel ends).
-func (a *Agent) session(ctx context.Context) (established bool, err error) {
+// arrived (the backoff restarts from Min after such a tunnel ends); ended is then why
+// the tunnel ended (fabricnet.Session.Err, read before this side closes it; nil when
+// the agent ended it).
+func (a *Agent) session(ctx context.Context) (established bool, ended error, err error) {
 	hctx, hcancel := context.WithTimeout(ctx, a.o.HandshakeTimeout)
 	defer hcancel()
 
 	sess, err := fabricnet.Dial(hctx, a.o.Addr, a.o.Transport, a.o.TLS, a.o.DialOptions)
 	if err != nil {
-		return false, fmt.Errorf("dial %s: %w", a.o.Addr, err)
+		return false, nil, fmt.Errorf("dial %s: %w", a.o.Addr, err)
 	}
 	closeReason := "agent reconnecting"
 	defer func() {
 		if ctx.Err() != nil {
 			closeReason = "agent shutting down"
+		} else if ended = sess.Err(); ended == nil {
+			// The control stream can fail a moment before quic-go records why the
+			// connection ended.
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-sess.Done():
+				ended = sess.Err()
+			case <-t.C:
+			}
+			t.Stop()
 		}
 		_ = sess.Close(closeReason)
 	}()
 
 	tok, err := a.o.Token()
 	if err != nil {
-		return false, fmt.Errorf("node token: %w", err)
+		return false, nil, fmt.Errorf("node token: %w", err)
 	}
 	auth, err := fabricnet.Authenticate(hctx, sess, &fabricv1.AuthRequest{Token: tok, AgentVersion: a.o.AgentVersion, ProtocolVersion: fabricnet.ProtocolVersion})
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 
 	cc, err := fabricnet.GRPCClient(sess)
 	if err != nil {
-		return false, fmt.Errorf("grpc client: %w", err)
+		return false, nil, fmt.Errorf("grpc client: %w", err)
 	}
 	defer cc.Close()
 
@@ -335,11 +357,11 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 
 	ctl, err := fabricv1.NewFabricClient(cc).Control(sctx)
 	if err != nil {
-		return false, fmt.Errorf("control stream: %w", err)
+		return false, nil, fmt.Errorf("control stream: %w", err)
 	}
 	inv, err := a.o.GPU.Inventory(hctx)
 	if err != nil {
-		return false, fmt.Errorf("gpu inventory: %w", err)
+		return false, nil, fmt.Errorf("gpu inventory: %w", err)
 	}
 	hello := &fabricv1.Hello{
 		AgentVersion:  a.o.AgentVersion,
@@ -359,15 +381,15 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	clear(a.sent)
 	a.mu.Unlock()
 	if err := ctl.Send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_Hello{Hello: hello}}); err != nil {
-		return false, fmt.Errorf("send hello: %w", err)
+		return false, nil, fmt.Errorf("send hello: %w", err)
 	}
 	first, err := ctl.Recv()
 	if err != nil {
-		return false, fmt.Errorf("await welcome: %w", err)
+		return false, nil, fmt.Errorf("await welcome: %w", err)
 	}
 	welcome := first.GetWelcome()
 	if welcome == nil {
-		return false, errors.New("control plane did not answer hello with welcome")
+		return false, nil, errors.New("control plane did not answer hello with welcome")
 	}
 	established = true
 	stopHandshakeGuard()
@@ -393,7 +415,7 @@ func (a *Agent) session(ctx context.Context) (established bool, err error) {
 	a.log.Info("fabric tunnel up", "node_id", a.st.NodeID, "session_id", welcome.GetSessionId(),
 		"transport", sess.Transport(), "replica", welcome.GetReplicaId(), "heartbeat", hb, "telemetry", tel)
 
-	return true, a.serve(ctx, sctx, ctl, hb, tel)
+	return true, nil, a.serve(ctx, sctx, ctl, hb, tel)
 }
 
 func firstNonEmpty(a, b string) string {

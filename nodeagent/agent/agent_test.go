@@ -297,6 +297,37 @@ func TestReconnectsAfterCut(t *testing.T) {
 	}
 }
 
+// A tunnel the control plane closed (a graceful stop closes every agent's at once) is
+// followed by a reconnect spread over Backoff.Spread, not the 250-500 ms of Delay(0):
+// the whole fleet learnt of it at the same moment.
+func TestSpreadsReconnectWhenTheControlPlaneClosesTheTunnel(t *testing.T) {
+	p := newPeer(t, nil)
+	delays := make(chan time.Duration, 16)
+	r := startAgent(t, p, fabricnet.ModeQUIC, func(o *agent.Options) {
+		o.Backoff = agent.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond,
+			Spread: 300 * time.Millisecond, Rand: func() float64 { return 0.5 }}
+		o.OnRetry = func(attempt int, d time.Duration, _ error) {
+			if attempt == 0 {
+				select {
+				case delays <- d:
+				default:
+				}
+			}
+		}
+	})
+	p.waitFor("first tunnel", func() bool { return r.a.Status().Sessions == 1 })
+	p.cut()
+	select {
+	case d := <-delays:
+		if d != 150*time.Millisecond { // half the spread; Delay(0) would be 15 ms
+			t.Fatalf("reconnect delay after the control plane closed the tunnel = %v, want 150ms", d)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no reconnect attempt after the cut")
+	}
+	p.waitFor("tunnel after the cut", func() bool { return r.a.Status().Sessions == 2 && r.a.Status().Connected })
+}
+
 func TestFallsBackToTCPWhenUDPIsSilent(t *testing.T) {
 	p := newPeer(t, &fabricnet.ListenOptions{DisableUDP: true})
 	r := startAgent(t, p, fabricnet.ModeAuto, nil)

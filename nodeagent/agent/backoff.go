@@ -13,12 +13,22 @@ import (
 type Backoff struct {
 	Min time.Duration
 	Max time.Duration
+	// Spread is the window for the first reconnect after an established tunnel ended
+	// in a way the whole fleet saw at the same moment (fabricnet.FleetWideEnd: the
+	// control plane closed it in a graceful stop, or, on TLS+yamux, its connection
+	// ended): that retry waits a uniformly random time in [0, Spread), so 10,000 agents
+	// do not hand a restarted control plane 10,000 handshakes within Min. After a
+	// crash on QUIC the agents learn of it one by one (stateless reset, idle timeout)
+	// and retry after Delay(0) as after any other end.
+	Spread time.Duration
 	// Rand returns a uniform value in [0, 1). nil means math/rand/v2.
 	Rand func() float64
 }
 
-// DefaultBackoff is 500 ms doubling to 30 s.
-func DefaultBackoff() Backoff { return Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second} }
+// DefaultBackoff is 500 ms doubling to 30 s, and a 10 s spread after a fleet-wide end.
+func DefaultBackoff() Backoff {
+	return Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second, Spread: 10 * time.Second}
+}
 
 // Ceiling is the most attempt n can wait: min(Min·2ⁿ, Max).
 func (b Backoff) Ceiling(n int) time.Duration {
@@ -42,4 +52,17 @@ func (b Backoff) Delay(n int) time.Duration {
 	}
 	half := c / 2
 	return half + time.Duration(r()*float64(c-half))
+}
+
+// SpreadDelay is how long to wait before the first reconnect after a fleet-wide end (see
+// Spread); Delay(0) when Spread is not set.
+func (b Backoff) SpreadDelay() time.Duration {
+	if b.Spread <= 0 {
+		return b.Delay(0)
+	}
+	r := b.Rand
+	if r == nil {
+		r = rand.Float64
+	}
+	return time.Duration(r() * float64(b.Spread))
 }

@@ -53,3 +53,18 @@ func TestBackoffMidpointJitter(t *testing.T) {
 		t.Fatalf("Delay(2) = %v, want 3s", got)
 	}
 }
+
+func TestBackoffSpreadDelay(t *testing.T) {
+	for r, want := range map[float64]time.Duration{0: 0, 0.5: 5 * time.Second, 0.25: 2500 * time.Millisecond} {
+		b := DefaultBackoff()
+		b.Rand = func() float64 { return r }
+		if got := b.SpreadDelay(); got != want {
+			t.Errorf("SpreadDelay with rand %v = %v, want %v", r, got, want)
+		}
+	}
+	// Without a spread it is the first retry's delay.
+	b := Backoff{Min: time.Second, Max: time.Minute, Rand: func() float64 { return 0.5 }}
+	if got := b.SpreadDelay(); got != 750*time.Millisecond {
+		t.Fatalf("SpreadDelay without Spread = %v, want Delay(0) = 750ms", got)
+	}
+}

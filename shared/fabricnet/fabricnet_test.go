@@ -321,6 +321,36 @@ func TestListenerCloseTellsQUICPeers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the peer was not told the listener closed")
 	}
+	// Every agent of a stopping control plane is told at once: their reconnects are
+	// spread (agent.Backoff.Spread).
+	if !fabricnet.FleetWideEnd(s.Err()) {
+		t.Fatalf("the listener's close (%v) is not a fleet-wide end", s.Err())
+	}
+}
+
+// A tunnel the agent closed itself ended for that agent alone.
+func TestOwnCloseIsNotAFleetWideEnd(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	for _, mode := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
+		t.Run(string(mode), func(t *testing.T) {
+			ln, ctx := listenFor(t, srvTLS)
+			s, err := fabricnet.Dial(ctx, ln.Addr().String(), mode, cliTLS, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Err() != nil {
+				t.Fatalf("Err of a live tunnel = %v", s.Err())
+			}
+			_ = s.Close("agent reconnecting")
+			<-s.Done()
+			if s.Err() == nil {
+				t.Fatal("Err of a closed tunnel is nil")
+			}
+			if mode == fabricnet.ModeQUIC && fabricnet.FleetWideEnd(s.Err()) {
+				t.Fatalf("the agent's own close (%v) counts as a fleet-wide end", s.Err())
+			}
+		})
+	}
 }
 
 // A tunnel whose handshake completed but that nobody accepted before the listener
@@ -343,6 +373,62 @@ func TestListenerCloseEndsUnacceptedTunnels(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the peer of an unaccepted tunnel was not told the listener closed")
 			}
+			if !fabricnet.FleetWideEnd(s.Err()) {
+				t.Fatalf("the listener's close (%v) is not a fleet-wide end", s.Err())
+			}
 		})
+	}
+}
+
+// TestTCPTunnelsAfterClosedOnesStayIntact: TLS+yamux tunnels are closed while frames
+// are still queued for their writer, and new tunnels keep carrying bulk writes. The
+// write buffers are shared between tunnels: one handed back with a closing tunnel's
+// queued plaintext in it once put that plaintext on the next tunnel's wire ahead of its
+// TLS records, and the peer ended that tunnel ("record with version 100").
+func TestTCPTunnelsAfterClosedOnesStayIntact(t *testing.T) {
+	srvTLS, cliTLS := certs(t)
+	ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, &fabricnet.ListenOptions{DisableUDP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			s, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			go func() {
+				defer s.Close("test done")
+				for {
+					st, err := s.AcceptStream(context.Background())
+					if err != nil {
+						return
+					}
+					go func() { _, _ = io.Copy(io.Discard, st); _ = st.Close() }()
+				}
+			}()
+		}
+	}()
+	cli := cliTLS.Clone()
+	cli.ServerName = "127.0.0.1"
+	buf := make([]byte, 64<<10)
+	for round := range 12 {
+		s, err := fabricnet.Dial(context.Background(), ln.Addr().String(), fabricnet.ModeTCP, cli, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := s.OpenStream(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 64 {
+			if _, err := st.Write(buf); err != nil {
+				t.Fatalf("tunnel %d, write %d: %v (tunnel ended: %v)", round, i, err, s.Err())
+			}
+		}
+		// Closed right after the last write, frames possibly still queued.
+		_ = st.Close()
+		_ = s.Close("round done")
 	}
 }

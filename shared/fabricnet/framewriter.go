@@ -26,8 +26,24 @@ const (
 )
 
 // buffers hold queued frames (frameConn) and sealed records being gathered (corkConn);
-// shared by every tunnel, so an idle tunnel holds none.
+// shared by every tunnel, so an idle tunnel holds none. Take them with getBuffer and
+// give them back with putBuffer only: a buffer must come out empty, since corkConn
+// appends to what it gets. (Frames a closing tunnel still had queued once went back
+// with their plaintext in them, and the next tunnel's corkConn sent that plaintext
+// ahead of its records: the peer's TLS layer saw "record with version 100" and ended
+// the tunnel.)
 var buffers = sync.Pool{New: func() any { b := make([]byte, 0, 80<<10); return &b }}
+
+func getBuffer() *[]byte {
+	bp := buffers.Get().(*[]byte)
+	*bp = (*bp)[:0]
+	return bp
+}
+
+func putBuffer(bp *[]byte) {
+	*bp = (*bp)[:0]
+	buffers.Put(bp)
+}
 
 // corkConn is the TCP connection under the tunnel's TLS connection. Between cork and
 // uncork, writes (TLS records) are gathered and written together; otherwise they go
@@ -62,8 +78,7 @@ func (c *corkConn) flushLocked() error {
 	if len(b) > 0 {
 		_, err = c.Conn.Write(b)
 	}
-	*c.buf = b[:0]
-	buffers.Put(c.buf)
+	putBuffer(c.buf)
 	c.buf = nil
 	return err
 }
@@ -83,7 +98,7 @@ func (c *corkConn) Write(p []byte) (int, error) {
 		return c.Conn.Write(p)
 	}
 	if c.buf == nil {
-		c.buf = buffers.Get().(*[]byte)
+		c.buf = getBuffer()
 	}
 	*c.buf = append(*c.buf, p...)
 	return len(p), nil
@@ -146,8 +161,8 @@ func (f *frameConn) Write(p []byte) (int, error) {
 	}
 	// The held header goes first whatever p is, so the byte stream is always exactly
 	// what yamux wrote; normally p is that header's body.
-	bp := buffers.Get().(*[]byte)
-	b := (*bp)[:0]
+	bp := getBuffer()
+	b := *bp
 	if f.held {
 		b = append(b, f.hdr[:]...)
 		f.held = false
@@ -160,7 +175,7 @@ func (f *frameConn) Write(p []byte) (int, error) {
 		f.space.Wait()
 	}
 	if f.err != nil {
-		buffers.Put(bp)
+		putBuffer(bp)
 		return 0, f.err
 	}
 	f.queue = append(f.queue, bp)
@@ -192,8 +207,7 @@ func (f *frameConn) drain() {
 		if ferr := f.raw.uncork(); err == nil {
 			err = ferr
 		}
-		*bp = (*bp)[:0]
-		buffers.Put(bp)
+		putBuffer(bp)
 		if err != nil {
 			f.fail(err)
 		}
@@ -206,7 +220,7 @@ func (f *frameConn) fail(err error) {
 		f.err = err
 	}
 	for _, bp := range f.queue {
-		buffers.Put(bp)
+		putBuffer(bp)
 	}
 	f.queue = nil
 	f.space.Broadcast()

@@ -37,7 +37,7 @@ type ListenOptions struct {
 	// its peer at once. The key must outlive the process: a control plane restarted
 	// after a crash resets its agents' old tunnels only if it derives the same tokens as
 	// the one that issued them. Without it (nil) the restarted listener drops their
-	// packets and every agent waits out its idle timeout (45 s) before it reconnects.
+	// packets and every agent waits out its idle timeout (15 s) before it reconnects.
 	StatelessResetKey *quic.StatelessResetKey
 }
 
@@ -55,7 +55,7 @@ type Listener struct {
 
 	// live holds the QUIC tunnels accepted and not yet ended. They cannot outlive the
 	// UDP socket, and the transport's own close drops them without a word to the peer
-	// (quic-go's destroy), which leaves every agent to its idle timeout (45 s) before it
+	// (quic-go's destroy), which leaves every agent to its idle timeout (15 s) before it
 	// reconnects: Close ends them with a CONNECTION_CLOSE first.
 	liveMu sync.Mutex
 	live   map[*quic.Conn]struct{}

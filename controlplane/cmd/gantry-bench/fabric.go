@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/quic-go/quic-go"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
@@ -49,6 +50,9 @@ type fabricOpts struct {
 	transport fabricnet.Mode
 	dur       time.Duration
 	rounds    int
+	// spread is the simulated agents' ReconnectSpread (fabrictest.Agent); zero
+	// reconnects like the real agent, 250-500 ms after a tunnel ends.
+	spread time.Duration
 }
 
 func runFabric(ctx context.Context, fx *fixture, o fabricOpts) error {
@@ -372,14 +376,20 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 
 	child := exec.CommandContext(ctx, os.Args[0], "-fabric-child")
 	child.Env = append(os.Environ(), "BENCH_FABRIC_ADDR="+addr, "BENCH_FABRIC_CA="+caFile.Name(),
-		"BENCH_FABRIC_AGENTS="+strconv.Itoa(n), "BENCH_FABRIC_MODE="+string(o.transport))
+		"BENCH_FABRIC_AGENTS="+strconv.Itoa(n), "BENCH_FABRIC_MODE="+string(o.transport),
+		"BENCH_FABRIC_SPREAD="+o.spread.String())
 	child.Stderr = os.Stderr
 	stdin, _ := child.StdinPipe()
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	if err := child.Start(); err != nil {
 		return err
 	}
 	defer func() { _ = stdin.Close(); _ = child.Wait() }()
+	agents := &agentsChild{in: stdin, out: bufio.NewScanner(stdout)}
 	connected := waitSessions(srv, n, 5*time.Minute)
 	tConnect := time.Since(t0)
 	hb0 := dir.online.Load()
@@ -411,8 +421,33 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	re := waitSessions(srv2, n, 3*time.Minute)
 	fmt.Printf("    after a graceful fabric server restart: %d/%d reconnected in %.1fs (goal: all within 30s; stop took %.1fs, serving again after %.1fs); offline marks %d\n",
 		re, n, time.Since(t1).Seconds(), tStop.Seconds(), tUp.Seconds(), dir.offline.Load())
+	agents.report(t1)
 	stop2()
-	return killedRestart(ctx, fx, o, addr)
+	if err := killedRestart(ctx, fx, o, addr); err != nil {
+		return err
+	}
+	agents.report(tKill)
+	return nil
+}
+
+// tKill is when killedRestart killed the server child (for the agents' report).
+var tKill time.Time
+
+// agentsChild talks to the simulated agents' process: "report <unix ns>" asks it how
+// its agents' tunnels ended since then and how soon they were back; it answers with
+// lines to print, then "end".
+type agentsChild struct {
+	in  io.Writer
+	out *bufio.Scanner
+}
+
+func (c *agentsChild) report(since time.Time) {
+	if _, err := fmt.Fprintf(c.in, "report %d\n", since.UnixNano()); err != nil {
+		return
+	}
+	for c.out.Scan() && c.out.Text() != "end" {
+		fmt.Println(c.out.Text())
+	}
 }
 
 // killedRestart measures the reconnect after a crash: the fabric server moves to a child
@@ -439,6 +474,7 @@ func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) 
 		fmt.Printf("    (only %d/%d agents on the server child before the kill: %v)\n", target, o.agents, err)
 	}
 	t0 := time.Now()
+	tKill = t0
 	first.kill()
 	second, err := startServerChild(ctx, env, o.agents)
 	if err != nil {
@@ -454,7 +490,7 @@ func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) 
 	}
 	fmt.Printf("    after SIGKILL of the fabric server and a restart: %d/%d reconnected in %.1fs (goal: all within 30s; serving again after %.1fs); offline marks %d\n",
 		back, target, time.Since(t0).Seconds(), tUp.Seconds(), offline)
-	fmt.Printf("      back after the kill: %s\n", second.progress(target))
+	fmt.Printf("      back after the kill: %s; peak %s\n", second.progress(target), second.peakRate())
 	return nil
 }
 
@@ -488,6 +524,24 @@ func (c *serverChild) progress(target int) string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// peakRate is the most sessions the child gained within one second of the reconnect
+// (its accept rate at the height of the storm).
+func (c *serverChild) peakRate() string {
+	best := 0
+	for i, m := range c.seen {
+		j := i
+		for j > 0 && m.at-c.seen[j-1].at <= time.Second {
+			j--
+		}
+		base := 0
+		if j > 0 {
+			base = c.seen[j-1].online
+		}
+		best = max(best, m.online-base)
+	}
+	return fmt.Sprintf("%d sessions/s", best)
 }
 
 // startServerChild starts the child and waits until it serves.
@@ -665,7 +719,8 @@ func waitSessions(srv *fabric.Server, n int, limit time.Duration) int {
 	return srv.LocalSessions()
 }
 
-// fabricChild runs the simulated agents (gantry-bench -fabric-child) until stdin closes.
+// fabricChild runs the simulated agents (gantry-bench -fabric-child) until stdin closes,
+// answering the parent's "report" requests (agentsChild) on stdout.
 func fabricChild() error {
 	n, _ := strconv.Atoi(os.Getenv("BENCH_FABRIC_AGENTS"))
 	ca, err := os.ReadFile(os.Getenv("BENCH_FABRIC_CA"))
@@ -676,27 +731,56 @@ func fabricChild() error {
 	if err != nil {
 		return err
 	}
+	spread, _ := time.ParseDuration(os.Getenv("BENCH_FABRIC_SPREAD"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
+	log := newTunnelLog(n)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			var since int64
+			if _, err := fmt.Sscanf(sc.Text(), "report %d", &since); err == nil {
+				fmt.Print(log.report(time.Unix(0, since)))
+				fmt.Println("end")
+			}
+		}
+		cancel()
+	}()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 64) // bound concurrent first dials
 	for i := range n {
 		a := fabrictest.NewAgent(os.Getenv("BENCH_FABRIC_ADDR"), "bench-"+strconv.Itoa(i), ca, mode)
+		// After an established tunnel ends: 100-200 ms, unless the spread applies (the
+		// real agent: 250-500 ms). A failed dial backs off up to 5 s (the real agent: up
+		// to 30 s), as in the runs docs/fabric.md compares with.
 		a.BackoffMin, a.BackoffMax = 200*time.Millisecond, 5*time.Second
-		a.ReconnectSpread = 10 * time.Second
+		a.ReconnectSpread = spread
 		a.Sessions = make(chan fabrictest.Connection, 1)
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			go func() {
-				select {
-				case <-a.Sessions:
-				case <-time.After(30 * time.Second):
+				first := time.After(30 * time.Second)
+				release := func() {
+					if first != nil {
+						first = nil
+						<-sem
+					}
 				}
-				<-sem
-				for range a.Sessions { // drain later reconnects
+				for {
+					select {
+					case c, ok := <-a.Sessions:
+						release()
+						if !ok {
+							return
+						}
+						log.up(i)
+						<-c.Session.Done()
+						log.down(i, c.Session.Err())
+					case <-first:
+						release()
+					}
 				}
 			}()
 			if err := a.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
@@ -707,6 +791,91 @@ func fabricChild() error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// tunnelLog records, per simulated agent, when its tunnels came up (Welcome) and when
+// and why they ended.
+type tunnelLog struct {
+	mu     sync.Mutex
+	events [][]tunnelEvent
+}
+
+type tunnelEvent struct {
+	at    time.Time
+	up    bool
+	cause string // for an end
+}
+
+func newTunnelLog(n int) *tunnelLog { return &tunnelLog{events: make([][]tunnelEvent, n)} }
+
+func (l *tunnelLog) up(i int) {
+	l.mu.Lock()
+	l.events[i] = append(l.events[i], tunnelEvent{at: time.Now(), up: true})
+	l.mu.Unlock()
+}
+
+func (l *tunnelLog) down(i int, err error) {
+	cause := "other"
+	var reset *quic.StatelessResetError
+	var idle *quic.IdleTimeoutError
+	var app *quic.ApplicationError
+	switch {
+	case errors.As(err, &reset):
+		cause = "stateless reset"
+	case errors.As(err, &idle):
+		cause = "idle timeout"
+	case errors.As(err, &app) && app.Remote:
+		cause = "closed by the server"
+	case errors.As(err, &app):
+		cause = "closed by the agent"
+	case errors.Is(err, fabricnet.ErrSessionClosed):
+		cause = "connection closed" // TLS+yamux keeps no reason
+	}
+	l.mu.Lock()
+	l.events[i] = append(l.events[i], tunnelEvent{at: time.Now(), cause: cause})
+	l.mu.Unlock()
+}
+
+// report says, for the tunnels that ended after since, how long after since they
+// ended and why, and how long their agents took from there to their next Welcome.
+func (l *tunnelLog) report(since time.Time) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ended, back []time.Duration
+	causes := map[string]int{}
+	for _, evs := range l.events {
+		for k, e := range evs {
+			if e.up || e.at.Before(since) {
+				continue
+			}
+			ended = append(ended, e.at.Sub(since))
+			causes[e.cause]++
+			for _, u := range evs[k+1:] {
+				if u.up {
+					back = append(back, u.at.Sub(e.at))
+					break
+				}
+			}
+			break // the first end after since only
+		}
+	}
+	var by []string
+	for c, k := range causes {
+		by = append(by, fmt.Sprintf("%s %d", c, k))
+	}
+	slices.Sort(by)
+	return fmt.Sprintf("      agents' view: %d tunnels ended (%s) after %s; from the end to the next Welcome %s\n",
+		len(ended), strings.Join(by, ", "), percentiles(ended), percentiles(back))
+}
+
+// percentiles prints the 50th, 90th, 99th percentile and the maximum of ds.
+func percentiles(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	slices.Sort(ds)
+	at := func(p int) float64 { return ds[min(len(ds)-1, len(ds)*p/100)].Seconds() }
+	return fmt.Sprintf("p50 %.1fs, p90 %.1fs, p99 %.1fs, max %.1fs", at(50), at(90), at(99), ds[len(ds)-1].Seconds())
 }
 
 // dumpSlowStop runs stop; when path is set and stop takes longer than after, it writes

@@ -48,7 +48,8 @@ func main() {
 	conc := flag.Int("concurrency", 8, "concurrent clients")
 	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 10000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
-	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\" or \"allocations\" (default: everything)")
+	spread := flag.Duration("fabric-reconnect-spread", 10*time.Second, "spread the simulated agents' reconnects over this long when the whole fleet lost its tunnels at once (fabrictest.Agent.ReconnectSpread; 0: 250-500 ms, like the real agent)")
+	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\", \"allocations\" or \"storage\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	serverChild := flag.Bool("fabric-server-child", false, "internal: run the fabric server that the capacity run kills with SIGKILL")
 	flag.Parse()
@@ -72,7 +73,7 @@ func main() {
 		os.Exit(2)
 	}
 	benchOnly = *only
-	fabricOptions = fabricOpts{agents: *agents, transport: mode, dur: *dur, rounds: *rounds}
+	fabricOptions = fabricOpts{agents: *agents, transport: mode, dur: *dur, rounds: *rounds, spread: *spread}
 	if err := run(*dur, *rounds, *conc); err != nil {
 		fmt.Fprintln(os.Stderr, "gantry-bench:", err)
 		os.Exit(1)
@@ -114,6 +115,9 @@ func run(dur time.Duration, rounds, conc int) error {
 	if benchOnly == "allocations" {
 		return runAllocations(ctx, fx, rounds, conc)
 	}
+	if benchOnly == "storage" {
+		return runStorage(ctx, fx, rounds)
+	}
 	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
 		return err
 	}
@@ -127,6 +131,9 @@ func run(dur time.Duration, rounds, conc int) error {
 		return err
 	}
 	if err := runFabric(ctx, fx, fabricOptions); err != nil {
+		return err
+	}
+	if err := runStorage(ctx, fx, rounds); err != nil {
 		return err
 	}
 	// Last: it runs the whole app (relay, dispatcher, fabric) until it returns.
@@ -242,6 +249,8 @@ func setup(ctx context.Context) (*fixture, error) {
 		// Many tenants' creates in flight, no per-project cap in the way.
 		Allocations: app.AllocationsConfig{MaxPerProject: 100000, ProvisioningTimeout: 10 * time.Minute},
 		Fabric:      app.FabricConfig{StartupTTL: 5 * time.Minute},
+		// Object bytes in a directory of the run's own unless GANTRY_STORAGE_* says otherwise.
+		Blob: benchBlobConfig(fx),
 	}
 	a, err := app.New(ctx, cfg, obs.NewLogger(io.Discard, "bench", slog.LevelError), app.Options{NodeProbeDialer: probeOK{}})
 	if err != nil {

@@ -23,7 +23,29 @@ type CreateSpec struct {
 	Region    string      // "" = any available region of the SKU
 	KeyIDs    []uuid.UUID // empty = every key of the caller
 	OSImageID uuid.NullUUID
+	// Attachments are buckets to attach once the allocation is active (storage_attachments).
+	Attachments []AttachmentSpec
 }
+
+// AttachmentSpec is one bucket a launch asks to attach (the attachment API's body).
+type AttachmentSpec struct {
+	BucketID      string
+	BucketProject uuid.UUID // uuid.Nil: the allocation's project
+	Mode          string
+	MountPath     string // "" = the default
+}
+
+// LaunchAttachments is what a launch needs of storage attachments (storage/attach, through
+// the app's adapter): Prepare checks and authorises what the launch names before
+// anything is written and returns what records them in the launch's transaction;
+// Active runs in the transaction that moves an allocation to active.
+type LaunchAttachments interface {
+	Prepare(ctx context.Context, caller *principal.Principal, proj projectctx.Project, specs []AttachmentSpec) (RecordAttachments, error)
+	Active(ctx context.Context, tx pgx.Tx, allocationID uuid.UUID) error
+}
+
+// RecordAttachments stores a launch's attachments for the new allocation inside tx.
+type RecordAttachments func(ctx context.Context, tx pgx.Tx, allocationID uuid.UUID) error
 
 // Limits of the request fields (the contract says the same).
 const (
@@ -52,7 +74,7 @@ func checkName(spec CreateSpec, maxLen int) (string, error) {
 }
 
 // Create launches an allocation. Checks 1 to 5 of docs/allocations.md run first
-// (checkLaunch), then one transaction takes the launch's locks, runs checks 6 and 7
+// (checkLaunch), then the storage attachments it names are checked and authorised, then one transaction takes the launch's locks, runs checks 6 and 7
 // under them (lockLaunch), reserves the GPUs (placeSingle) and stores the allocation as
 // requested with its status event, task, outbox events and audit row. Every check runs
 // in the documented order before anything is written; a refusal leaves no row, event or
@@ -66,6 +88,10 @@ func (s *Service) Create(ctx context.Context, p *principal.Principal, proj proje
 	if err != nil {
 		return Allocation{}, err
 	}
+	recordAttachments, err := s.prepareAttachments(ctx, p, proj, spec.Attachments)
+	if err != nil {
+		return Allocation{}, err
+	}
 	var a Allocation
 	err = inLaunchTx(ctx, s.Pool, func(tx pgx.Tx) error {
 		cands, err := s.lockLaunch(ctx, tx, proj, l)
@@ -75,12 +101,29 @@ func (s *Service) Create(ctx context.Context, p *principal.Principal, proj proje
 		if a, err = s.placeSingle(ctx, tx, p, proj, l, spec, name, cands, s.now()); err != nil {
 			return err
 		}
-		return s.recordCreated(ctx, tx, a, p, uuid.NullUUID{})
+		if err := s.recordCreated(ctx, tx, a, p, uuid.NullUUID{}); err != nil {
+			return err
+		}
+		if recordAttachments != nil {
+			return recordAttachments(ctx, tx, a.ID)
+		}
+		return nil
 	})
 	if err != nil {
 		return Allocation{}, err
 	}
 	return a, nil
+}
+
+// prepareAttachments checks a launch's storage_attachments (nil when it names none).
+func (s *Service) prepareAttachments(ctx context.Context, p *principal.Principal, proj projectctx.Project, specs []AttachmentSpec) (RecordAttachments, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	if s.Attachments == nil {
+		return nil, apierr.New(apierr.ServiceUnavailable, "storage attachments are not available")
+	}
+	return s.Attachments.Prepare(ctx, p, proj, specs)
 }
 
 // inLaunchTx runs a launch's writes in the request's ambient transaction when there is

@@ -176,6 +176,16 @@ func (h *Handlers) CreateAllocation(ctx context.Context, req api.CreateAllocatio
 	if b.OsImageID != nil {
 		spec.OSImageID = uuid.NullUUID{UUID: *b.OsImageID, Valid: true}
 	}
+	for _, sa := range b.StorageAttachments {
+		as := AttachmentSpec{BucketID: sa.BucketID, Mode: string(sa.Mode)}
+		if sa.BucketProjectID != nil {
+			as.BucketProject = *sa.BucketProjectID
+		}
+		if sa.MountPath != nil {
+			as.MountPath = *sa.MountPath
+		}
+		spec.Attachments = append(spec.Attachments, as)
+	}
 	a, err := h.Svc.Create(ctx, p, proj, spec)
 	if err != nil {
 		return nil, err

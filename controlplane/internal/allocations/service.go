@@ -118,9 +118,12 @@ type Service struct {
 	// status (released, failed, completed), after the move: features that hold something
 	// on the allocation's node for it let go of it there (storage attachments are marked
 	// detached). Its error rolls the move back.
-	Ended  func(ctx context.Context, tx pgx.Tx, allocationID uuid.UUID) error
-	Config Config
-	Log    *slog.Logger
+	Ended func(ctx context.Context, tx pgx.Tx, allocationID uuid.UUID) error
+	// Attachments, when set, takes a launch's storage_attachments; its Active runs inside
+	// the transaction of every move to active (a launch's attachments start there).
+	Attachments LaunchAttachments
+	Config      Config
+	Log         *slog.Logger
 
 	hints placementHints
 }

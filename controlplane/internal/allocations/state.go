@@ -85,6 +85,15 @@ func (s *Service) transitionCleanup(ctx context.Context, tx pgx.Tx, a Allocation
 			return a, out, fmt.Errorf("allocation ended: %w", err)
 		}
 	}
+	if s.Attachments != nil && out.To == lifecycle.Active {
+		plain, err := unpipelined(ctx, tx)
+		if err != nil {
+			return a, out, err
+		}
+		if err := s.Attachments.Active(ctx, plain, a.ID); err != nil {
+			return a, out, fmt.Errorf("allocation active: %w", err)
+		}
+	}
 	// What follows writes rows nothing in this transaction reads back: one round trip.
 	p, own := pipeline(tx)
 	switch {

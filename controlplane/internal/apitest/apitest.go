@@ -23,6 +23,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/app"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/obs"
 	"github.com/gantry-gpu/gantry/shared/testenv"
@@ -70,6 +71,8 @@ func New(t testing.TB, opts ...Option) *Env {
 		EventsSubjectPrefix:  "test." + ns + ".events.",
 		ShutdownTimeout:      5 * time.Second,
 		Auth:                 authCfg,
+		// Object bytes go to a directory of the test's own (never .dev/storage).
+		Blob: blob.Config{Driver: "fs", FSRoot: t.TempDir()},
 	}
 	var o app.Options
 	o.Pool = pool

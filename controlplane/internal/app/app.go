@@ -44,6 +44,10 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/attach"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/objects"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -110,6 +114,16 @@ type App struct {
 	Terminal *terminal.Service
 	// Denials aggregates every 401 and 403 into auth.denied audit rows; it runs in Run.
 	Denials *audit.Denials
+	// Storage is buckets, grants, quota and the storage access rule (docs/storage.md);
+	// its sweeper runs in Run.
+	Storage *storage.Service
+	// Blob holds object bytes (GANTRY_STORAGE_DRIVER: fs or s3); Objects is the object
+	// store over it (docs/storage.md).
+	Blob    blob.Driver
+	Objects *objects.Store
+	// Attachments is buckets attached into allocations (docs/storage.md, Attachments);
+	// its delivery sweep runs in Run.
+	Attachments *attach.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -173,6 +187,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.Metrics.Registry.MustRegister(a.Auth.Collectors()...) // sign-in backoff (docs/api.md)
 	a.Tenancy = tenancy.New(a.Pool, a.Clock, a.IDs, auth.HashPassword)
 	a.SSHKeys = sshkeys.New(a.Pool, a.Clock, a.IDs)
+	a.Storage = storage.New(a.Pool, a.Clock, a.IDs, cfg.Storage, log)
+	if err := a.Storage.Metrics.Register(a.Metrics.Registry); err != nil {
+		return nil, fmt.Errorf("storage metrics: %w", err)
+	}
+	if a.Blob, err = blob.Open(cfg.Blob); err != nil {
+		return nil, err
+	}
+	a.Objects = objects.New(a.Pool, a.Blob, objects.Limits{MaxBytes: a.Storage.Cfg.DefaultQuotaBytes, MaxObjects: a.Storage.Cfg.DefaultQuotaObjects},
+		a.Clock, a.IDs, objects.Config{MaxObjectBytes: a.Storage.Cfg.MaxObjectBytes, UploadTTL: a.Storage.Cfg.UploadTTL}, log, a.Storage.Metrics)
+	a.Storage.Blobs = a.Blob // the sweeper deletes what nothing references any more
 	if a.Nodes, err = a.nodes(opt); err != nil {
 		return nil, err
 	}
@@ -259,7 +283,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
-		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
+		MachineIdentitiesAPI:  machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
+		StorageAPI:            storage.NewHandlers(a.Storage, cursors),
+		StorageObjectsAPI:     objects.NewHandlers(a.Objects, a.Storage, cursors),
+		StorageAttachmentsAPI: a.attachments(a.Objects, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -268,6 +295,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Auth:              auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock),
 		NodeAuth:          a.Nodes,
 		Projects:          a.Tenancy,
+		Grants:            a.Storage,
 		Idempotency:       a.Idem,
 		Denials:           a.Denials,
 		AuthzDenied:       a.Auth.AuthorizationDenied,
@@ -276,7 +304,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware},
 	})
 	ok = true
 	return a, nil
@@ -329,6 +357,12 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 		// Agents' task reports drive allocations (assembled after the fabric; sessions
 		// only start in Run).
 		OnTaskResult: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.TaskResult) error {
+			// A storage task's result belongs to its attachment (the task id says so).
+			if a.Attachments != nil {
+				if handled, err := a.Attachments.OnTaskResult(ctx, nodeID, r); handled {
+					return err
+				}
+			}
 			if a.Allocations == nil {
 				return errors.New("allocations not assembled")
 			}
@@ -407,6 +441,12 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	go func() { defer wg.Done(); a.Allocations.RunIdleDetection(bg, a.Config.Allocations.IdleCheckInterval) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Allocations.RunReportTimeouts(bg, a.Config.Allocations.ReportCheckInterval) }()
+	// Storage attachments (docs/storage.md): redelivery, timeouts, catch-up.
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Attachments.Run(bg) }()
+	// Object storage (docs/storage.md): expired uploads, force-deleted buckets, blob GC.
+	wg.Add(1)
+	go func() { defer wg.Done(); a.Storage.RunSweeper(bg) }()
 	// Provisioning dispatcher (docs/provisioning.md): every replica shares the consumer.
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = a.Provisioning.Run(bg) }()
@@ -490,6 +530,9 @@ func (a *App) Close() {
 	}
 	if a.redis != nil {
 		_ = a.redis.Close()
+	}
+	if a.Blob != nil {
+		_ = a.Blob.Close()
 	}
 	if a.ownPool && a.Pool != nil {
 		a.Pool.Close()

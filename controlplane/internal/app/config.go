@@ -16,6 +16,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 )
 
@@ -75,6 +77,11 @@ type Config struct {
 	Terminal terminal.Config
 	// Provisioning is the provisioning dispatcher's GANTRY_PROVISIONING_* (docs/provisioning.md).
 	Provisioning ProvisioningConfig
+	// Storage is GANTRY_STORAGE_* quota and sweeper settings (docs/storage.md).
+	Storage storage.Config
+	// Blob is GANTRY_STORAGE_DRIVER, GANTRY_STORAGE_FS_ROOT and GANTRY_STORAGE_S3_* (the
+	// object bytes' backend, docs/storage.md).
+	Blob blob.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

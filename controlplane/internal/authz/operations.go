@@ -192,4 +192,30 @@ var Operations = map[string]Requirement{
 	// SSH through the node tunnel (docs/ssh.md).
 	"createSshSession": ProjectRole(member),
 	"openSsh":          OwnCredential("the single-use SSH token of the handshake, checked by the terminal gateway"),
+	// Object storage (docs/storage.md). X-Project-ID names the bucket's owner project.
+	// Reading and writing objects is also open to holders of a grant on the bucket who
+	// are not members of that project (ProjectRoleOrGrant: the chain asks the storage
+	// service for the grant before anything is read). Deleting a bucket and changing who
+	// may use it are for the project's admins, like an S3 bucket owner's policy.
+	"listStorageBuckets":  ProjectRole(viewer),
+	"createStorageBucket": ProjectRole(member),
+	"getStorageBucket":    ProjectRoleOrGrant(viewer),
+	"deleteStorageBucket": ProjectRole(admin),
+	"listStorageObjects":  ProjectRoleOrGrant(viewer),
+	"getStorageObject":    ProjectRoleOrGrant(viewer),
+	"headStorageObject":   ProjectRoleOrGrant(viewer),
+	"putStorageObject":    ProjectRoleOrGrant(member),
+	"deleteStorageObject": ProjectRoleOrGrant(member),
+	"listStorageGrants":   ProjectRole(viewer),
+	"createStorageGrant":  ProjectRole(admin),
+	"deleteStorageGrant":  ProjectRole(admin),
+	"getStorageQuota":     ProjectRole(viewer),
+	// The tenant default quota is the platform's to set (what a tenant pays for).
+	"getTenantStorageQuota": PlatformAdmin(),
+	"putTenantStorageQuota": PlatformAdmin(),
+	// Attachments act on the allocation's project (X-Project-ID); the bucket's own
+	// access (ownership or a grant, ro needs read, rw write) is checked by the handler.
+	"listStorageAttachments":  ProjectRole(viewer),
+	"createStorageAttachment": ProjectRole(member),
+	"deleteStorageAttachment": ProjectRole(member),
 }

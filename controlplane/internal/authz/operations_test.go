@@ -3,6 +3,7 @@ package authz_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -50,7 +51,7 @@ func TestTableMatchesContract(t *testing.T) {
 			if op.Security != contract.SecurityNode {
 				t.Errorf("%s is declared for nodes but is not nodeBearerAuth", op.ID)
 			}
-		case authz.KindAuthenticated, authz.KindTenantMember, authz.KindTenantAdmin, authz.KindProjectRole, authz.KindCapability:
+		case authz.KindAuthenticated, authz.KindTenantMember, authz.KindTenantAdmin, authz.KindProjectRole, authz.KindProjectRoleOrGrant, authz.KindCapability:
 			if op.Security != contract.SecurityBearer {
 				t.Errorf("%s needs a user but the contract does not declare bearerAuth", op.ID)
 			}
@@ -61,6 +62,13 @@ func TestTableMatchesContract(t *testing.T) {
 			t.Errorf("%s asks for step-up but admits callers who are not users", op.ID)
 		}
 		switch req.Kind {
+		case authz.KindProjectRoleOrGrant:
+			if !op.HeaderRequired || !strings.Contains(op.Path, "{bucket_id}") {
+				t.Errorf("%s admits a bucket grant but names no owner project and bucket", op.ID)
+			}
+			if req.Role != projectctx.RoleViewer && req.Role != projectctx.RoleMember {
+				t.Errorf("%s admits a grant in place of project role %q", op.ID, req.Role)
+			}
 		case authz.KindProjectRole:
 			if !op.ProjectPath && !op.HeaderRequired {
 				t.Errorf("%s needs a project role but has no required project context", op.ID)
@@ -103,6 +111,10 @@ func TestCheck(t *testing.T) {
 	in := func(ctx context.Context, role string) context.Context {
 		return projectctx.With(ctx, projectctx.Project{ID: uuid.New(), TenantID: tenant, Role: role})
 	}
+	// A grantee of a bucket who is not a member of its project.
+	granted := func(ctx context.Context, grant string) context.Context {
+		return projectctx.With(ctx, projectctx.Project{ID: uuid.New(), TenantID: tenant, Grant: grant})
+	}
 	cases := []struct {
 		name string
 		req  authz.Requirement
@@ -123,6 +135,13 @@ func TestCheck(t *testing.T) {
 		{"project member, member", authz.ProjectRole(projectctx.RoleMember), in(tmember, projectctx.RoleMember), ""},
 		{"project owner, admin", authz.ProjectRole(projectctx.RoleOwner), in(tadmin, projectctx.RoleAdmin), apierr.InsufficientPermissions},
 		{"project role, no context", authz.ProjectRole(projectctx.RoleViewer), tmember, apierr.InsufficientPermissions},
+		{"member or grant, viewer", authz.ProjectRoleOrGrant(projectctx.RoleMember), in(tmember, projectctx.RoleViewer), apierr.InsufficientPermissions},
+		{"member or grant, read grant", authz.ProjectRoleOrGrant(projectctx.RoleMember), granted(tmember, projectctx.GrantRead), apierr.InsufficientPermissions},
+		{"member or grant, read_write grant", authz.ProjectRoleOrGrant(projectctx.RoleMember), granted(tmember, projectctx.GrantReadWrite), ""},
+		{"viewer or grant, read grant", authz.ProjectRoleOrGrant(projectctx.RoleViewer), granted(tmember, projectctx.GrantRead), ""},
+		{"viewer or grant, viewer", authz.ProjectRoleOrGrant(projectctx.RoleViewer), in(tmember, projectctx.RoleViewer), ""},
+		{"viewer or grant, nothing", authz.ProjectRoleOrGrant(projectctx.RoleViewer), in(tmember, ""), apierr.InsufficientPermissions},
+		{"viewer or grant, no context", authz.ProjectRoleOrGrant(projectctx.RoleViewer), tmember, apierr.InsufficientPermissions},
 		{"platform admin, tenant admin", authz.PlatformAdmin(), tadmin, apierr.AdminRequired},
 		{"platform admin, ops", authz.PlatformAdmin(), ops, apierr.AdminRequired},
 		{"platform admin", authz.PlatformAdmin(), super, ""},

@@ -47,6 +47,12 @@ const (
 	KindProjectRole
 	// KindCapability: a platform capability (seed §2.3, §5 rule 4), refused with Code.
 	KindCapability
+	// KindProjectRoleOrGrant: at least Role in the request's project, or a grant on the
+	// storage bucket named in the path (projectctx.Project.Grant, which the chain sets
+	// from the storage service for a caller whose role does not suffice): a viewer
+	// requirement admits any grant, a stronger one only a read_write grant. A caller with
+	// neither is told the bucket does not exist (by the chain, docs/storage.md "Access").
+	KindProjectRoleOrGrant
 )
 
 // Requirement is what one operation demands of its caller.
@@ -107,6 +113,13 @@ func TenantAdmin() Requirement { return Requirement{Kind: KindTenantAdmin} }
 // ProjectRole admits callers with at least role in the request's project.
 func ProjectRole(role string) Requirement { return Requirement{Kind: KindProjectRole, Role: role} }
 
+// ProjectRoleOrGrant admits callers with at least role in the request's project, and
+// holders of a storage grant on the bucket in the path that covers it (read for a viewer
+// requirement, read_write for a stronger one).
+func ProjectRoleOrGrant(role string) Requirement {
+	return Requirement{Kind: KindProjectRoleOrGrant, Role: role}
+}
+
 // PlatformAdmin admits holders of platform.admin; others get admin_required.
 func PlatformAdmin() Requirement { return AdminCapability(principal.CapAdmin) }
 
@@ -147,7 +160,7 @@ func (r Requirement) check(ctx context.Context) error {
 	if !ok {
 		return apierr.New(apierr.TokenMissing, "authentication required")
 	}
-	if p.Machine != nil && r.Kind != KindProjectRole && !r.Machines {
+	if p.Machine != nil && r.Kind != KindProjectRole && r.Kind != KindProjectRoleOrGrant && !r.Machines {
 		if r.Kind == KindCapability && r.Code == apierr.AdminRequired {
 			return apierr.New(apierr.AdminRequired, "this operation needs a platform admin").With("reason", "machine_identity")
 		}
@@ -179,6 +192,20 @@ func (r Requirement) check(ctx context.Context) error {
 				With("role", proj.Role).With("required_role", r.Role)
 		}
 		return nil
+	case KindProjectRoleOrGrant:
+		proj, ok := projectctx.From(ctx)
+		if !ok {
+			return apierr.Forbidden("you do not have access to this project")
+		}
+		if proj.AtLeast(r.Role) || proj.GrantCovers(r.Role) {
+			return nil
+		}
+		if proj.Grant != "" {
+			return apierr.Forbidden("your grant on this bucket does not allow this").
+				With("grant", proj.Grant).With("required_access", projectctx.GrantReadWrite)
+		}
+		return apierr.Forbidden("your project role does not allow this").
+			With("role", proj.Role).With("required_role", r.Role)
 	case KindCapability:
 		if !p.Can(r.Capability) {
 			if r.Code == apierr.AdminRequired {

@@ -46,6 +46,11 @@ type Op struct {
 	ProjectPath bool
 	// Idempotent: the operation accepts Idempotency-Key (a create).
 	Idempotent bool
+	// Streams: the request or a success response body is binary of any length (object
+	// uploads and downloads). The chain neither
+	// buffers nor validates such a body and gives the request no deadline: the handler
+	// bounds its own steps and reads the body as it arrives.
+	Streams bool
 	// paramsNeedCheck: the operation has path or header parameters that only the
 	// validator checks (anything but uuid path ids and the chain's own headers).
 	paramsNeedCheck bool
@@ -70,6 +75,7 @@ func Load() (*Contract, error) {
 		for method, op := range item.Operations() {
 			o := &Op{ID: op.OperationID, Method: method, Path: path, ProjectPath: strings.Contains(path, "{project_id}")}
 			o.Security = securityOf(doc, op)
+			o.Streams = streams(op)
 			for _, p := range op.Parameters {
 				if p.Value == nil {
 					continue
@@ -145,6 +151,32 @@ func (o *Op) Route() *routers.Route { return o.route }
 // without a query string (the common case) skips it entirely.
 func (o *Op) needsValidation(r *http.Request) bool {
 	return r.URL.RawQuery != "" || r.ContentLength != 0 || o.paramsNeedCheck || o.route.Operation.RequestBody != nil
+}
+
+// streams reports an operation whose request or success response body is declared as
+// binary of any length (schema type string, format binary), the object upload and
+// download. A body declared without a schema (the payment webhooks' */*) is not one:
+// it stays capped and buffered like every JSON body.
+func streams(op *openapi3.Operation) bool {
+	has := func(c openapi3.Content) bool {
+		for _, mt := range c {
+			if mt != nil && mt.Schema != nil && mt.Schema.Value != nil && mt.Schema.Value.Format == "binary" {
+				return true
+			}
+		}
+		return false
+	}
+	if op.RequestBody != nil && op.RequestBody.Value != nil && has(op.RequestBody.Value.Content) {
+		return true
+	}
+	if op.Responses != nil {
+		for status, r := range op.Responses.Map() {
+			if strings.HasPrefix(status, "2") && r.Value != nil && has(r.Value.Content) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func isUUID(s *openapi3.SchemaRef) bool {

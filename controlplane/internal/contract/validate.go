@@ -13,11 +13,19 @@ import (
 	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
-// ValidateRequest checks parameters and body against the operation. Security is checked
+// ValidateRequest checks parameters and body (not a streamed one) against the operation. Security is checked
 // by the chain itself, not here. A failure is validation_error naming the field.
 func (o *Op) ValidateRequest(ctx context.Context, r *http.Request, pathParams map[string]string) error {
 	if !o.needsValidation(r) {
 		return nil
+	}
+	if o.Streams {
+		// kin-openapi's security check reads the whole body into memory (it hands it to
+		// each AuthenticationFunc), even with ExcludeRequestBody: a streamed body must
+		// never reach it.
+		shallow := *r
+		shallow.Body = http.NoBody
+		r = &shallow
 	}
 	in := &openapi3filter.RequestValidationInput{
 		Request:    r,
@@ -27,6 +35,8 @@ func (o *Op) ValidateRequest(ctx context.Context, r *http.Request, pathParams ma
 			AuthenticationFunc: openapi3filter.NoopAuthenticationFunc,
 			// Defaults are applied by the generated server, never by the validator.
 			SkipSettingDefaults: true,
+			// A streamed body is the handler's to read as it arrives (Op.Streams).
+			ExcludeRequestBody: o.Streams,
 		},
 	}
 	if err := openapi3filter.ValidateRequest(ctx, in); err != nil {

@@ -65,7 +65,7 @@ const resetKeyLabel = "gantry fabric: QUIC stateless reset key v1"
 // HKDF-SHA256. A reset token is an HMAC of a connection id under this key, and an agent
 // believes a reset only if its token is the one the control plane gave it with the
 // connection: a replica that restarts after a crash must derive the same key to end
-// its agents' stale tunnels at once (rather than at their 45 s idle timeout), and every
+// its agents' stale tunnels at once (rather than at their 15 s idle timeout), and every
 // replica sharing the CA does, so one taking over another's address does too. Derived
 // rather than stored: nothing new to keep secret, rotate or migrate, and it is as
 // secret as the CA key it comes from (whoever holds that can impersonate the control

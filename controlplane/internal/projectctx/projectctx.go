@@ -39,6 +39,30 @@ type Project struct {
 	DepartmentSlug string
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+
+	// Grant is the caller's storage grant on the bucket an operation names
+	// (GrantRead or GrantReadWrite; "" none). Only the storage operations declared
+	// authz.ProjectRoleOrGrant set it, for a caller whose role does not cover them; Role
+	// is then the caller's role ("" for a caller who is not a member at all).
+	Grant string
+}
+
+// Storage grant access levels (docs/storage.md).
+const (
+	GrantRead      = "read"
+	GrantReadWrite = "read_write"
+)
+
+// GrantCovers reports whether the caller's storage grant admits what role would:
+// read for viewer, read_write for anything stronger.
+func (p Project) GrantCovers(role string) bool {
+	switch p.Grant {
+	case GrantReadWrite:
+		return true
+	case GrantRead:
+		return role == RoleViewer
+	}
+	return false
 }
 
 // AtLeast reports whether the caller's role is role or stronger.

@@ -13,6 +13,9 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/attach"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/objects"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
@@ -39,6 +42,11 @@ type API struct {
 	// MachineIdentitiesAPI: service accounts, access credentials and the
 	// client-credentials grant (its raw request comes through its StrictMiddleware).
 	*MachineIdentitiesAPI
+	// Object storage (docs/storage.md): buckets, grants and quota; objects; attachments
+	// of buckets to allocations.
+	*StorageAPI
+	*StorageObjectsAPI
+	*StorageAttachmentsAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -56,8 +64,11 @@ type (
 	AllocationsAPI = allocations.Handlers
 	TerminalAPI    = terminal.Handlers
 	// NotificationsAPI: see notifications.Handlers.StrictMiddleware.
-	NotificationsAPI     = notifications.Handlers
-	MachineIdentitiesAPI = machineid.Handlers
+	NotificationsAPI      = notifications.Handlers
+	MachineIdentitiesAPI  = machineid.Handlers
+	StorageAPI            = storage.Handlers
+	StorageObjectsAPI     = objects.Handlers
+	StorageAttachmentsAPI = attach.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

@@ -20,7 +20,9 @@ const DefaultRequestTimeout = 10 * time.Second
 // outlive it by more than the error write. The operations that upgrade to a WebSocket
 // (they answer 101: /ws/notifications, /ws/terminal, the replicas' terminal relay)
 // get none: their request lives as long as the session, and they bound their own
-// handshake and sends.
+// handshake and sends. Nor do the operations that stream raw bytes (contract.Op.Streams:
+// object uploads and downloads), whose length is the client's: they bound each database
+// step and each wait for the client themselves.
 type deadlines struct {
 	timeout   time.Duration
 	streaming map[*contract.Op]bool
@@ -33,10 +35,9 @@ func newDeadlines(c *contract.Contract, timeout time.Duration) deadlines {
 	d := deadlines{timeout: timeout, streaming: map[*contract.Op]bool{}}
 	for path, item := range c.Doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			if op.Responses != nil && op.Responses.Value("101") != nil {
-				if o := c.Op(method, path); o != nil {
-					d.streaming[o] = true
-				}
+			o := c.Op(method, path)
+			if o != nil && (o.Streams || (op.Responses != nil && op.Responses.Value("101") != nil)) {
+				d.streaming[o] = true
 			}
 		}
 	}

@@ -10,8 +10,9 @@ import (
 )
 
 // Every operation gets the request deadline except the WebSocket ones (those the
-// contract answers 101), whose request lives as long as the session.
-func TestDeadlinesSpareOnlyWebSockets(t *testing.T) {
+// contract answers 101), whose request lives as long as the session, and the object
+// upload and download, whose bytes take as long as the client's connection needs.
+func TestDeadlinesSpareOnlyStreams(t *testing.T) {
 	c := contract.MustLoad()
 	d := newDeadlines(c, 3*time.Second)
 	var streaming []string
@@ -24,7 +25,8 @@ func TestDeadlinesSpareOnlyWebSockets(t *testing.T) {
 		}
 	}
 	sort.Strings(streaming)
-	want := []string{"GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /ws/notifications", "GET /ws/terminal/{allocation_id}"}
+	want := []string{"GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /api/v1/storage/buckets/{bucket_id}/object",
+		"GET /ws/notifications", "GET /ws/terminal/{allocation_id}", "PUT /api/v1/storage/buckets/{bucket_id}/object"}
 	if len(streaming) != len(want) {
 		t.Fatalf("operations without a deadline: %v, want %v", streaming, want)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -47,6 +48,16 @@ type ProjectAccess interface {
 	Access(ctx context.Context, p *principal.Principal, projectID uuid.UUID) (projectctx.Project, error)
 }
 
+// BucketGrants admits, to the storage operations declared authz.ProjectRoleOrGrant,
+// callers whose role in the project X-Project-ID names does not cover the operation but
+// who hold a grant on the bucket in the path (storage.Service.GrantedProject). member is
+// the caller's project context when they are a member (zero otherwise); the answer is
+// the project context to act in, with Grant set when a grant applies, or the error to
+// answer (a caller with neither role nor grant is told the bucket does not exist).
+type BucketGrants interface {
+	GrantedProject(ctx context.Context, p *principal.Principal, projectID uuid.UUID, bucketID string, member projectctx.Project) (projectctx.Project, error)
+}
+
 // NodeAuthenticator verifies an opaque node bearer token (security nodeBearerAuth):
 // fleet.Directory's AuthenticateNode. fleet.ErrUnauthenticated means the token is not
 // accepted; any other error is an infrastructure failure (503).
@@ -61,8 +72,10 @@ type Deps struct {
 	API      api.StrictServerInterface
 	Auth     Authenticator
 	// NodeAuth authenticates node-facing operations; nil refuses every node token.
-	NodeAuth     NodeAuthenticator
-	Projects     ProjectAccess
+	NodeAuth NodeAuthenticator
+	Projects ProjectAccess
+	// Grants admits grantees of a storage bucket (nil: only members).
+	Grants       BucketGrants
 	Idempotency  *idempotency.Store
 	Limiter      *ratelimit.Limiter
 	Metrics      *metrics.API
@@ -174,6 +187,9 @@ func (s *server) operation(next http.Handler) http.Handler {
 
 		if op.ProjectHeader || op.ProjectPath {
 			proj, err := s.projectContext(ctx, r, op, rctx)
+			if req := authz.For(op.ID); req.Kind == authz.KindProjectRoleOrGrant {
+				proj, err = s.grantContext(ctx, r, rctx, req, proj, err)
+			}
 			if err != nil {
 				s.errors.write(w, r.WithContext(ctx), err) // with the principal: the denial is audited as theirs
 				return
@@ -203,6 +219,14 @@ func (s *server) operation(next http.Handler) http.Handler {
 			return
 		}
 
+		if op.Streams { // the handler reads the body as it arrives (contract.Op.Streams)
+			if err := op.ValidateRequest(ctx, r, urlParams(rctx)); err != nil {
+				s.errors.write(w, r, err)
+				return
+			}
+			next.ServeHTTP(w, r)
+			return
+		}
 		body, err := s.readBody(w, r)
 		if err != nil {
 			s.errors.write(w, r, err)
@@ -307,10 +331,50 @@ func (s *server) projectContext(ctx context.Context, r *http.Request, op *contra
 	return s.Projects.Access(ctx, p, id)
 }
 
+// grantContext lets a storage grant stand in for a project role the caller lacks
+// (authz.ProjectRoleOrGrant): a non-member (insufficient_permissions from the project
+// check) or a member whose role is too weak is resolved by the storage service against
+// the bucket in the path. Other errors (no or malformed header, a database failure)
+// are answered as they are.
+func (s *server) grantContext(ctx context.Context, r *http.Request, rctx *chi.Context, req authz.Requirement,
+	proj projectctx.Project, err error) (projectctx.Project, error) {
+	if s.Grants == nil {
+		return proj, err
+	}
+	switch {
+	case err == nil && proj.AtLeast(req.Role):
+		return proj, nil
+	case err != nil && apierr.CodeOf(err) != apierr.InsufficientPermissions:
+		return proj, err
+	case err != nil:
+		proj = projectctx.Project{}
+	}
+	p, ok := principal.From(ctx)
+	if !ok {
+		return projectctx.Project{}, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	id, perr := uuid.Parse(strings.TrimSpace(r.Header.Get("X-Project-ID")))
+	if perr != nil {
+		return projectctx.Project{}, apierr.New(apierr.InvalidRequest, "X-Project-ID is not a valid project id").With("field", "X-Project-ID")
+	}
+	bucket := rctx.URLParam("bucket_id")
+	if raw, uerr := url.PathUnescape(bucket); uerr == nil {
+		bucket = raw
+	}
+	return s.Grants.GrantedProject(ctx, p, id, bucket, proj)
+}
+
+// urlParams are the route's path parameters, decoded: routing matches the escaped
+// path (so a bucket_id may carry an escaped "/"), and the validator checks the value
+// the handler will get.
 func urlParams(rctx *chi.Context) map[string]string {
 	out := make(map[string]string, len(rctx.URLParams.Keys))
 	for i, k := range rctx.URLParams.Keys {
-		out[k] = rctx.URLParams.Values[i]
+		v := rctx.URLParams.Values[i]
+		if raw, err := url.PathUnescape(v); err == nil {
+			v = raw
+		}
+		out[k] = v
 	}
 	return out
 }

@@ -39,8 +39,12 @@ type Agent struct {
 	// OnTask answers a dispatched task (default: ACCEPTED, DUPLICATE for a repeat id).
 	OnTask func(*fabricv1.TaskDispatch) *fabricv1.TaskAck
 	// ReconnectSpread, when set, delays the first reconnect after an established
-	// session ends by a random time in [0, ReconnectSpread), so a fleet whose control
-	// plane restarted does not come back in one burst.
+	// session ends by a random time in [0, ReconnectSpread) when the whole fleet may
+	// have learnt of the end at the same moment (fabricnet.FleetWideEnd: a graceful
+	// stop; on TLS+yamux, a crash too), like the real agent's Backoff.Spread. A QUIC
+	// tunnel ended by a stateless reset or an idle timeout (a crash) is not delayed:
+	// the fleet comes back spread over the keep-alive interval already, and a spread
+	// on top only makes the last agents later.
 	ReconnectSpread time.Duration
 	// HeartbeatOverride, when set, replaces the interval the server hands out.
 	HeartbeatOverride time.Duration
@@ -140,7 +144,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	backoff := minB
 	for ctx.Err() == nil {
-		established, err := a.once(ctx)
+		established, ended, err := a.once(ctx)
 		if errors.Is(err, fabricnet.ErrTokenRefused) {
 			a.refuseOnce.Do(func() { close(a.Refused) })
 			return err
@@ -150,7 +154,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if established {
 			backoff = minB
 			d = minB/2 + time.Duration(rand.Int64N(int64(minB/2)+1))
-			if a.ReconnectSpread > 0 {
+			if a.ReconnectSpread > 0 && fabricnet.FleetWideEnd(ended) {
 				d = time.Duration(rand.Int64N(int64(a.ReconnectSpread)))
 			}
 		}
@@ -163,20 +167,34 @@ func (a *Agent) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// once runs one session to its end; established says whether a Welcome arrived.
-func (a *Agent) once(ctx context.Context) (established bool, err error) {
+// once runs one session to its end; established says whether a Welcome arrived, and
+// ended, for an established session, why its tunnel ended (Session.Err; nil when the
+// agent stopped while the tunnel was up).
+func (a *Agent) once(ctx context.Context) (established bool, ended error, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	sess, err := fabricnet.Dial(dctx, a.Addr, a.Mode, &tls.Config{RootCAs: a.CA}, a.Dial)
 	cancel()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
-	defer sess.Close("agent done")
+	defer func() {
+		// Read before this side's own close, which would be the reason otherwise. The
+		// control stream can fail a moment before quic-go records why the connection
+		// ended; a session that failed on its own (a gRPC error) ends here, locally.
+		if ended = sess.Err(); ended == nil && ctx.Err() == nil {
+			select {
+			case <-sess.Done():
+				ended = sess.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		_ = sess.Close("agent done")
+	}()
 	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	_, err = fabricnet.Authenticate(actx, sess, &fabricv1.AuthRequest{Token: a.Token, AgentVersion: "sim/1"})
 	cancel()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	a.mu.Lock()
 	a.cur = sess
@@ -185,7 +203,7 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 
 	cc, err := fabricnet.GRPCClient(sess)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	defer cc.Close()
 	sctx, stop := context.WithCancel(ctx)
@@ -199,7 +217,7 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 	}()
 	ctl, err := fabricv1.NewFabricClient(cc).Control(sctx)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	var sendMu sync.Mutex
 	send := func(m *fabricv1.AgentMessage) error {
@@ -211,15 +229,15 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 		AgentVersion: "sim/1", Hostname: "sim", Inventory: a.Inventory, BootId: "boot",
 		Workloads: a.Workloads, WorkloadsReported: a.Workloads != nil,
 	}}}); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	first, err := ctl.Recv()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	w := first.GetWelcome()
 	if w == nil {
-		return false, errors.New("fabrictest: first control message is not a welcome")
+		return false, nil, errors.New("fabrictest: first control message is not a welcome")
 	}
 	select {
 	case a.Sessions <- Connection{Welcome: w, Transport: sess.Transport(), Session: sess}:
@@ -242,13 +260,13 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 	}()
 	for _, r := range pending {
 		if err := send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_TaskResult{TaskResult: r}}); err != nil {
-			return true, err
+			return true, nil, err
 		}
 	}
 	for {
 		m, err := ctl.Recv()
 		if err != nil {
-			return true, err
+			return true, nil, err
 		}
 		switch msg := m.Msg.(type) {
 		case *fabricv1.ControlMessage_HeartbeatConfig:
@@ -267,7 +285,7 @@ func (a *Agent) once(ctx context.Context) (established bool, err error) {
 		case *fabricv1.ControlMessage_Task:
 			ack := a.ack(msg.Task)
 			if err := send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_TaskAck{TaskAck: ack}}); err != nil {
-				return true, err
+				return true, nil, err
 			}
 		}
 	}

@@ -14,9 +14,26 @@ INSERT INTO storage_attachments (id, allocation_id, tenant_id, project_id, bucke
     mode, mount_path, state, created_by, created_at, updated_at, task_id, task_kind, task_created_at)
 VALUES (sqlc.arg('id'), sqlc.arg('allocation_id'), sqlc.arg('tenant_id'), sqlc.arg('project_id'), sqlc.arg('bucket'),
     sqlc.arg('bucket_project'), sqlc.arg('bucket_id'), sqlc.arg('mode'), sqlc.arg('mount_path'), 'attaching',
-    sqlc.arg('created_by'), sqlc.arg('created_at'), sqlc.arg('created_at'), sqlc.arg('task_id'), 'storage.attach',
-    sqlc.arg('created_at'))
+    sqlc.arg('created_by'), sqlc.arg('created_at'), sqlc.arg('created_at'), sqlc.narg('task_id'),
+    -- No task yet (a launch's attachment): it waits for the allocation to become active.
+    CASE WHEN sqlc.narg('task_id')::uuid IS NULL THEN NULL ELSE 'storage.attach' END,
+    CASE WHEN sqlc.narg('task_id')::uuid IS NULL THEN NULL ELSE sqlc.arg('created_at')::timestamptz END)
 ON CONFLICT (allocation_id, mount_path) WHERE state IN ('attaching', 'attached', 'detaching') DO NOTHING
+RETURNING *;
+
+-- name: WaitingAttachments :many
+-- A launch's attachments still waiting for their allocation to become active, locked.
+SELECT * FROM storage_attachments
+WHERE allocation_id = $1 AND state = 'attaching' AND task_id IS NULL
+ORDER BY id
+FOR UPDATE;
+
+-- name: StartAttachTask :one
+-- Gives a waiting attachment its storage.attach task (its allocation became active).
+UPDATE storage_attachments
+SET task_id = sqlc.arg('task_id'), task_kind = 'storage.attach', task_created_at = sqlc.arg('at'),
+    task_acked_at = NULL, task_attempts = 0, task_last_error = NULL, updated_at = sqlc.arg('at')
+WHERE id = sqlc.arg('id') AND state = 'attaching' AND task_id IS NULL
 RETURNING *;
 
 -- name: GetAttachment :one

@@ -10,7 +10,9 @@ type State string
 
 // States.
 const (
-	// Attaching: the storage.attach task is on its way to, or running on, the node.
+	// Attaching: the storage.attach task is on its way to, or running on, the node; or,
+	// for an attachment named by an allocation create, it waits with no task yet for the
+	// allocation to become active (AllocationActive gives it its task).
 	Attaching State = "attaching"
 	// Attached: the agent reported the bucket visible in the allocation (method says how).
 	Attached State = "attached"

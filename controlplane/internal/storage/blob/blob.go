@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -129,4 +130,13 @@ func span(size, off, n int64) (int64, error) {
 		n = size - off
 	}
 	return n, nil
+}
+
+// FileSection is implemented by the readers Open returns when their bytes are a
+// section [off, off+n) of a local file (the fs driver): a server may send that section
+// straight from the file to a socket (sendfile) rather than copying it through a buffer,
+// which is most of the cost of a large download. f stays owned by the reader: the
+// caller may move its offset but must not close it; closing the reader closes it.
+type FileSection interface {
+	FileSection() (f *os.File, off, n int64)
 }

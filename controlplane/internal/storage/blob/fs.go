@@ -150,6 +150,13 @@ type fileRange struct {
 
 func (r *fileRange) Close() error { return r.f.Close() }
 
+// FileSection hands out the open file and the section Open was asked for (see
+// FileSection): a server can give those to the kernel instead of reading them.
+func (r *fileRange) FileSection() (*os.File, int64, int64) {
+	_, off, n := r.SectionReader.Outer()
+	return r.f, off, n
+}
+
 func (d *FS) Stat(ctx context.Context, key string) (Info, error) {
 	if err := checkKey(key); err != nil {
 		return Info{}, err

@@ -1,6 +1,10 @@
 package objects
 
-import "github.com/google/uuid"
+import (
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
+)
 
 // Bucket is what the object store needs of an authorised bucket.
 type Bucket struct {
@@ -8,4 +12,9 @@ type Bucket struct {
 	TenantID  uuid.UUID
 	ProjectID uuid.UUID // the owner project
 	BucketID  string    // the user's name for it
+}
+
+// BucketOf is the object store's view of an authorised bucket.
+func BucketOf(b storage.Bucket) Bucket {
+	return Bucket{ID: b.ID, TenantID: b.TenantID, ProjectID: b.ProjectID, BucketID: b.BucketID}
 }

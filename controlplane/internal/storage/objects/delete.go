@@ -65,7 +65,11 @@ func (s *Store) List(ctx context.Context, b Bucket, prefix, delimiter string, fr
 		end = &e
 	}
 	fetch := func(ctx context.Context, start string, inclusive bool, prefix string, n int) ([]ObjectInfo, error) {
-		rows, err := q.ListObjects(ctx, objectsdb.ListObjectsParams{Bucket: b.ID, Start: start, Inclusive: inclusive,
+		var skip *string
+		if !inclusive {
+			skip = &start
+		}
+		rows, err := q.ListObjects(ctx, objectsdb.ListObjectsParams{Bucket: b.ID, Start: start, Skip: skip,
 			Prefix: prefix, PrefixEnd: end, Lim: int32(n)})
 		if err != nil {
 			return nil, fmt.Errorf("list objects: %w", err)
@@ -75,6 +79,9 @@ func (s *Store) List(ctx context.Context, b Bucket, prefix, delimiter string, fr
 			out[i] = info(r)
 		}
 		return out, nil
+	}
+	if delimiter != "" {
+		return s.listFolded(ctx, b, prefix, delimiter, from, limit, fetch)
 	}
 	return list(ctx, fetch, prefix, delimiter, from, limit)
 }

@@ -42,16 +42,7 @@ const listBatch = 256
 // path starting with cp is cp with its last byte incremented (byte order, which is
 // COLLATE "C" on UTF-8).
 func list(ctx context.Context, fetch rowsFrom, prefix, delimiter string, from *Position, limit int) (ListPage, error) {
-	start, inclusive := prefix, true
-	if from != nil {
-		start, inclusive = from.After, false
-		if from.PastPrefix {
-			start, inclusive = successor(from.After), true
-		}
-		if start < prefix {
-			start, inclusive = prefix, true
-		}
-	}
+	start, inclusive := startOf(prefix, from)
 	var page ListPage
 	for len(page.Entries) < limit {
 		want := min(listBatch, limit-len(page.Entries)+1)
@@ -95,6 +86,22 @@ func list(ctx context.Context, fetch rowsFrom, prefix, delimiter string, from *P
 		}
 	}
 	return page, nil
+}
+
+// startOf is where a listing under prefix resumes from position from (nil: the start):
+// the first path to read, and whether that path itself is included.
+func startOf(prefix string, from *Position) (string, bool) {
+	start, inclusive := prefix, true
+	if from != nil {
+		start, inclusive = from.After, false
+		if from.PastPrefix {
+			start, inclusive = successor(from.After), true
+		}
+		if start < prefix {
+			start, inclusive = prefix, true
+		}
+	}
+	return start, inclusive
 }
 
 // commonPrefix is the folder of path under prefix for delimiter, if any.

@@ -24,13 +24,14 @@ RETURNING *;
 DELETE FROM storage_objects WHERE bucket = $1 AND path = $2;
 
 -- name: ListObjects :many
--- A page of paths from start (inclusive or not) that begin with the prefix: the range
--- [prefix, prefix_end) keeps the scan on the primary key inside the prefix.
+-- A page of paths from start (and past it when skip names it) that begin with the
+-- prefix: path >= start and path < prefix_end bound one range scan of the primary key
+-- (an OR around the start would make it read the bucket from its first row).
 SELECT * FROM storage_objects
 WHERE bucket = sqlc.arg('bucket')
-  AND (path > sqlc.arg('start') OR (sqlc.arg('inclusive')::boolean AND path = sqlc.arg('start')))
-  AND path >= sqlc.arg('prefix')
+  AND path >= sqlc.arg('start')
   AND (sqlc.narg('prefix_end')::text IS NULL OR path < sqlc.narg('prefix_end')::text COLLATE "C")
+  AND (sqlc.narg('skip')::text IS NULL OR path <> sqlc.narg('skip')::text COLLATE "C")
   AND starts_with(path, sqlc.arg('prefix'))
 ORDER BY path
 LIMIT sqlc.arg('lim');
@@ -89,6 +90,3 @@ SET used_bytes = used_bytes + sqlc.arg('used_bytes')::bigint,
     updated_at = sqlc.arg('now')
 WHERE project_id = sqlc.arg('project_id');
 
--- name: ActiveBucket :one
-SELECT id, tenant_id, project_id, bucket_id FROM storage_buckets
-WHERE project_id = $1 AND bucket_id = $2 AND state = 'active';

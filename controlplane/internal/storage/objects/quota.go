@@ -22,11 +22,6 @@ type Limits struct {
 	MaxObjects int64
 }
 
-// uploadTTL is how long an upload's reservation outlives its last sign of life before
-// the sweeper may free it (a control plane that died mid-upload). Every reservation
-// step and every reservationRefresh of bytes arriving moves it on.
-const uploadTTL = 15 * time.Minute
-
 // reservation is one upload's hold on the project's quota (a storage_uploads row).
 type reservation struct {
 	id      uuid.UUID
@@ -54,7 +49,7 @@ func (s *Store) reserve(ctx context.Context, b Bucket, id uuid.UUID, blobKey str
 		}
 		return q.InsertUpload(ctx, objectsdb.InsertUploadParams{
 			ID: id, ProjectID: b.ProjectID, Bucket: b.ID, BlobKey: blobKey, ReservedBytes: bytes, ReservedObjects: 1,
-			StartedAt: now, ExpiresAt: now.Add(uploadTTL),
+			StartedAt: now, ExpiresAt: now.Add(s.Config.UploadTTL),
 		})
 	})
 	if err != nil {
@@ -92,7 +87,7 @@ func (s *Store) grow(ctx context.Context, r *reservation, bytes int64) error {
 		if err := s.reserveIn(ctx, q, r.bucket, bytes, 0, true); err != nil {
 			return err
 		}
-		n, err := q.GrowUpload(ctx, objectsdb.GrowUploadParams{ID: r.id, Bytes: bytes, ExpiresAt: s.Clock.Now().Add(uploadTTL)})
+		n, err := q.GrowUpload(ctx, objectsdb.GrowUploadParams{ID: r.id, Bytes: bytes, ExpiresAt: s.Clock.Now().Add(s.Config.UploadTTL)})
 		if err != nil {
 			return fmt.Errorf("grow upload: %w", err)
 		}
@@ -108,8 +103,9 @@ func (s *Store) grow(ctx context.Context, r *reservation, bytes int64) error {
 	return err
 }
 
-// refresh moves the reservation's expiry on while bytes keep arriving, at most once a
-// minute, so a long upload with a Content-Length is not taken for a dead one.
+// refresh moves the reservation's expiry (Config.UploadTTL) on while bytes keep
+// arriving, at most once a minute, so a long upload with a Content-Length is not taken
+// for a dead one.
 func (s *Store) refresh(ctx context.Context, r *reservation) error {
 	now := s.Clock.Now()
 	if now.Sub(r.touched) < time.Minute {
@@ -117,7 +113,7 @@ func (s *Store) refresh(ctx context.Context, r *reservation) error {
 	}
 	ctx, cancel := s.step(ctx)
 	defer cancel()
-	n, err := objectsdb.New(s.Pool).ExtendUpload(ctx, objectsdb.ExtendUploadParams{ID: r.id, ExpiresAt: now.Add(uploadTTL)})
+	n, err := objectsdb.New(s.Pool).ExtendUpload(ctx, objectsdb.ExtendUploadParams{ID: r.id, ExpiresAt: now.Add(s.Config.UploadTTL)})
 	if err != nil {
 		return fmt.Errorf("extend upload: %w", err)
 	}

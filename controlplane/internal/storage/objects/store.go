@@ -32,6 +32,10 @@ type Config struct {
 	// IdleTimeout is how long an upload waits for the next bytes of its body, and a
 	// download for the client to take the next ones (0: 60 s).
 	IdleTimeout time.Duration
+	// UploadTTL is how long a reservation outlives its upload's last sign of life before
+	// the storage sweeper frees it (GANTRY_STORAGE_UPLOAD_TTL, 1 h); an upload moves it
+	// on as bytes arrive.
+	UploadTTL time.Duration
 }
 
 // Defaults of Config.
@@ -40,6 +44,7 @@ const (
 	DefaultReserveStep    = 8 << 20
 	DefaultStepTimeout    = 10 * time.Second
 	DefaultIdleTimeout    = 60 * time.Second
+	DefaultUploadTTL      = time.Hour
 )
 
 func (c Config) withDefaults() Config {
@@ -54,6 +59,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.UploadTTL <= 0 {
+		c.UploadTTL = DefaultUploadTTL
 	}
 	return c
 }
@@ -133,6 +141,9 @@ func (s *Store) Open(ctx context.Context, b Bucket, path string, off, n int64) (
 			o = o2
 			rc, err = s.Blob.Open(ctx, o.blobKey, off, n)
 		}
+	}
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, ObjectInfo{}, errNotFound(path) // deleted meanwhile
 	}
 	if err != nil {
 		return nil, ObjectInfo{}, fmt.Errorf("open object %s: %w", o.blobKey, err)

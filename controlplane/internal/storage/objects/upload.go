@@ -330,6 +330,10 @@ func errBodyLength(declared, got int64, how string) error {
 // errBodyRead: the body stopped arriving (the client disconnected or went quiet past
 // the idle timeout). No one may be listening for the answer; it is still a clear one.
 func errBodyRead(cause error) error {
-	return apierr.New(apierr.InvalidRequest, "the request body could not be read to its end").
-		With("field", "body").With("reason", "body_incomplete").Wrap(cause)
+	e := apierr.New(apierr.InvalidRequest, "the request body could not be read to its end").
+		With("field", "body").With("reason", "body_incomplete")
+	if errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) {
+		return e // the client went away: not a database that stopped answering
+	}
+	return e.Wrap(cause)
 }

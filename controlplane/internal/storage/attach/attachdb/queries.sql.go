@@ -129,8 +129,10 @@ INSERT INTO storage_attachments (id, allocation_id, tenant_id, project_id, bucke
     mode, mount_path, state, created_by, created_at, updated_at, task_id, task_kind, task_created_at)
 VALUES ($1, $2, $3, $4, $5,
     $6, $7, $8, $9, 'attaching',
-    $10, $11, $11, $12, 'storage.attach',
-    $11)
+    $10, $11, $11, $12,
+    -- No task yet (a launch's attachment): it waits for the allocation to become active.
+    CASE WHEN $12::uuid IS NULL THEN NULL ELSE 'storage.attach' END,
+    CASE WHEN $12::uuid IS NULL THEN NULL ELSE $11::timestamptz END)
 ON CONFLICT (allocation_id, mount_path) WHERE state IN ('attaching', 'attached', 'detaching') DO NOTHING
 RETURNING id, allocation_id, tenant_id, project_id, bucket, bucket_project, bucket_id, mode, mount_path, state, method, host_path, error, created_by, created_at, updated_at, attached_at, detached_at, task_id, task_kind, task_created_at, task_acked_at, task_attempts, task_last_error
 `
@@ -567,6 +569,53 @@ func (q *Queries) SetState(ctx context.Context, arg SetStateParams) (StorageAtta
 	return i, err
 }
 
+const startAttachTask = `-- name: StartAttachTask :one
+UPDATE storage_attachments
+SET task_id = $1, task_kind = 'storage.attach', task_created_at = $2,
+    task_acked_at = NULL, task_attempts = 0, task_last_error = NULL, updated_at = $2
+WHERE id = $3 AND state = 'attaching' AND task_id IS NULL
+RETURNING id, allocation_id, tenant_id, project_id, bucket, bucket_project, bucket_id, mode, mount_path, state, method, host_path, error, created_by, created_at, updated_at, attached_at, detached_at, task_id, task_kind, task_created_at, task_acked_at, task_attempts, task_last_error
+`
+
+type StartAttachTaskParams struct {
+	TaskID uuid.NullUUID
+	At     *time.Time
+	ID     uuid.UUID
+}
+
+// Gives a waiting attachment its storage.attach task (its allocation became active).
+func (q *Queries) StartAttachTask(ctx context.Context, arg StartAttachTaskParams) (StorageAttachment, error) {
+	row := q.db.QueryRow(ctx, startAttachTask, arg.TaskID, arg.At, arg.ID)
+	var i StorageAttachment
+	err := row.Scan(
+		&i.ID,
+		&i.AllocationID,
+		&i.TenantID,
+		&i.ProjectID,
+		&i.Bucket,
+		&i.BucketProject,
+		&i.BucketID,
+		&i.Mode,
+		&i.MountPath,
+		&i.State,
+		&i.Method,
+		&i.HostPath,
+		&i.Error,
+		&i.CreatedBy,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.AttachedAt,
+		&i.DetachedAt,
+		&i.TaskID,
+		&i.TaskKind,
+		&i.TaskCreatedAt,
+		&i.TaskAckedAt,
+		&i.TaskAttempts,
+		&i.TaskLastError,
+	)
+	return i, err
+}
+
 const taskToDeliver = `-- name: TaskToDeliver :one
 SELECT s.id, s.allocation_id, s.bucket_id, s.mode, s.mount_path, s.task_id, s.task_kind, s.task_created_at,
        s.task_attempts, a.node_id
@@ -635,6 +684,59 @@ func (q *Queries) UnreportedTasks(ctx context.Context, arg UnreportedTasksParams
 	for rows.Next() {
 		var i UnreportedTasksRow
 		if err := rows.Scan(&i.ID, &i.TaskID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const waitingAttachments = `-- name: WaitingAttachments :many
+SELECT id, allocation_id, tenant_id, project_id, bucket, bucket_project, bucket_id, mode, mount_path, state, method, host_path, error, created_by, created_at, updated_at, attached_at, detached_at, task_id, task_kind, task_created_at, task_acked_at, task_attempts, task_last_error FROM storage_attachments
+WHERE allocation_id = $1 AND state = 'attaching' AND task_id IS NULL
+ORDER BY id
+FOR UPDATE
+`
+
+// A launch's attachments still waiting for their allocation to become active, locked.
+func (q *Queries) WaitingAttachments(ctx context.Context, allocationID uuid.UUID) ([]StorageAttachment, error) {
+	rows, err := q.db.Query(ctx, waitingAttachments, allocationID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StorageAttachment
+	for rows.Next() {
+		var i StorageAttachment
+		if err := rows.Scan(
+			&i.ID,
+			&i.AllocationID,
+			&i.TenantID,
+			&i.ProjectID,
+			&i.Bucket,
+			&i.BucketProject,
+			&i.BucketID,
+			&i.Mode,
+			&i.MountPath,
+			&i.State,
+			&i.Method,
+			&i.HostPath,
+			&i.Error,
+			&i.CreatedBy,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.AttachedAt,
+			&i.DetachedAt,
+			&i.TaskID,
+			&i.TaskKind,
+			&i.TaskCreatedAt,
+			&i.TaskAckedAt,
+			&i.TaskAttempts,
+			&i.TaskLastError,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

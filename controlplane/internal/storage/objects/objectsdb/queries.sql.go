@@ -12,35 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const activeBucket = `-- name: ActiveBucket :one
-SELECT id, tenant_id, project_id, bucket_id FROM storage_buckets
-WHERE project_id = $1 AND bucket_id = $2 AND state = 'active'
-`
-
-type ActiveBucketParams struct {
-	ProjectID uuid.UUID
-	BucketID  string
-}
-
-type ActiveBucketRow struct {
-	ID        uuid.UUID
-	TenantID  uuid.UUID
-	ProjectID uuid.UUID
-	BucketID  string
-}
-
-func (q *Queries) ActiveBucket(ctx context.Context, arg ActiveBucketParams) (ActiveBucketRow, error) {
-	row := q.db.QueryRow(ctx, activeBucket, arg.ProjectID, arg.BucketID)
-	var i ActiveBucketRow
-	err := row.Scan(
-		&i.ID,
-		&i.TenantID,
-		&i.ProjectID,
-		&i.BucketID,
-	)
-	return i, err
-}
-
 const deleteObject = `-- name: DeleteObject :exec
 DELETE FROM storage_objects WHERE bucket = $1 AND path = $2
 `
@@ -233,10 +204,10 @@ func (q *Queries) InsertUpload(ctx context.Context, arg InsertUploadParams) erro
 const listObjects = `-- name: ListObjects :many
 SELECT bucket, path, project_id, blob_key, size_bytes, etag, content_type, created_by, created_at, updated_at FROM storage_objects
 WHERE bucket = $1
-  AND (path > $2 OR ($3::boolean AND path = $2))
-  AND path >= $4
-  AND ($5::text IS NULL OR path < $5::text COLLATE "C")
-  AND starts_with(path, $4)
+  AND path >= $2
+  AND ($3::text IS NULL OR path < $3::text COLLATE "C")
+  AND ($4::text IS NULL OR path <> $4::text COLLATE "C")
+  AND starts_with(path, $5)
 ORDER BY path
 LIMIT $6
 `
@@ -244,21 +215,22 @@ LIMIT $6
 type ListObjectsParams struct {
 	Bucket    uuid.UUID
 	Start     string
-	Inclusive bool
-	Prefix    string
 	PrefixEnd *string
+	Skip      *string
+	Prefix    string
 	Lim       int32
 }
 
-// A page of paths from start (inclusive or not) that begin with the prefix: the range
-// [prefix, prefix_end) keeps the scan on the primary key inside the prefix.
+// A page of paths from start (and past it when skip names it) that begin with the
+// prefix: path >= start and path < prefix_end bound one range scan of the primary key
+// (an OR around the start would make it read the bucket from its first row).
 func (q *Queries) ListObjects(ctx context.Context, arg ListObjectsParams) ([]StorageObject, error) {
 	rows, err := q.db.Query(ctx, listObjects,
 		arg.Bucket,
 		arg.Start,
-		arg.Inclusive,
-		arg.Prefix,
 		arg.PrefixEnd,
+		arg.Skip,
+		arg.Prefix,
 		arg.Lim,
 	)
 	if err != nil {

@@ -1,0 +1,321 @@
+package main
+
+// The storage section (issue 20's benchmark, `-only storage`):
+//
+//   - a 1 GiB PUT and GET through the HTTP API (the whole chain, the control plane's own
+//     http.Server with its read timeout, the upload engine, quota, commit) vs writing and
+//     reading the same bytes straight through the same blob driver in the same run
+//     (goal: each at least 0.7x the driver);
+//   - the control plane's peak memory growth while those streams run (VmHWM reset through
+//     /proc/self/clear_refs before each, the server being in this process; goal <= 64 MiB);
+//   - listing a bucket of 100,000 objects page by page through the API (200 per page, the
+//     contract's maximum), flat and folder-style, p99 per page vs the raw SQL of one page
+//     (goal <= 20 ms). The rows are seeded with one INSERT ... SELECT and the project's
+//     usage set to match: the listing is a metadata read and never opens a blob.
+//
+// GANTRY_BENCH_STORAGE_BYTES overrides the 1 GiB; GANTRY_STORAGE_DRIVER and friends pick
+// the backend (fs in a temporary directory by default).
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/server"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
+)
+
+const storageObjects = 100_000
+
+func runStorage(ctx context.Context, fx *fixture, rounds int) error {
+	size := int64(envInt("GANTRY_BENCH_STORAGE_BYTES", 1<<30))
+	rounds = max(1, min(rounds, 2))
+	driver := fx.app.Blob
+	bucketUUID := uuid.New()
+	if _, err := fx.pool.Exec(ctx, `INSERT INTO storage_buckets (id, tenant_id, project_id, bucket_id, state, created_at, updated_at)
+		VALUES ($1, $2, $3, 'bench', 'active', now(), now())`, bucketUUID, fx.tenantID, fx.projectID); err != nil {
+		return fmt.Errorf("bench bucket: %w", err)
+	}
+	// The control plane's own server (its ReadTimeout and all), not a bare one: a 1 GiB
+	// stream must pass it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := server.NewHTTPServer(fx.app.Handler, server.HTTPOptions{})
+	go func() { _ = server.Serve(srv, ln) }()
+	defer srv.Close()
+	base := "http://" + ln.Addr().String() + "/api/v1/storage/buckets/bench"
+	client := &http.Client{Transport: &http.Transport{WriteBufferSize: 1 << 20, ReadBufferSize: 1 << 20}}
+	do := func(method, path string, body io.Reader, n int64) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, method, base+path, body)
+		if err != nil {
+			return nil, err
+		}
+		req.ContentLength = n
+		req.Header.Set("Authorization", "Bearer "+fx.token)
+		req.Header.Set("X-Project-ID", fx.projectID.String())
+		return client.Do(req)
+	}
+
+	fmt.Printf("storage (driver %s, %d MiB object, %d round(s), GOMAXPROCS=%d)\n", driver.Name(), size>>20, rounds, runtimeProcs())
+	var putDrv, putAPI, getDrv, getAPI, getBare []float64
+	var putGrowth, getGrowth int64
+	for r := range rounds {
+		key := blob.Key(fx.tenantID, fx.projectID, bucketUUID, uuid.New())
+		t0 := time.Now()
+		if _, err := blob.PutPattern(ctx, driver, key, size, uint64(r)); err != nil {
+			return fmt.Errorf("driver put: %w", err)
+		}
+		putDrv = append(putDrv, mibps(size, time.Since(t0)))
+		t0 = time.Now()
+		if n, err := blob.Drain(ctx, driver, key); err != nil || n != size {
+			return fmt.Errorf("driver read: %d bytes, %v", n, err)
+		}
+		getDrv = append(getDrv, mibps(size, time.Since(t0)))
+		// The same driver object served by a bare net/http server over the same loopback
+		// to the same client: what the transport alone allows (the driver read above is
+		// a page-cache copy that no network path can match).
+		mbps, err := bareGet(ctx, driver, key, size, client)
+		if err != nil {
+			return fmt.Errorf("bare HTTP get: %w", err)
+		}
+		getBare = append(getBare, mbps)
+		_ = driver.Delete(ctx, key)
+
+		before := resetPeak()
+		t0 = time.Now()
+		resp, err := do(http.MethodPut, "/object?path=big.bin", blob.Pattern(size, uint64(r)), size)
+		if err != nil {
+			return fmt.Errorf("API put: %w", err)
+		}
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("API put: %d %s", resp.StatusCode, msg)
+		}
+		putAPI = append(putAPI, mibps(size, time.Since(t0)))
+		putGrowth = max(putGrowth, peak()-before)
+
+		before = resetPeak()
+		t0 = time.Now()
+		resp, err = do(http.MethodGet, "/object?path=big.bin", nil, 0)
+		if err != nil {
+			return fmt.Errorf("API get: %w", err)
+		}
+		n, err := blob.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || n != size || resp.StatusCode != 200 {
+			return fmt.Errorf("API get: %d, %d bytes, %v", resp.StatusCode, n, err)
+		}
+		getAPI = append(getAPI, mibps(size, time.Since(t0)))
+		getGrowth = max(getGrowth, peak()-before)
+	}
+	streamReport("PUT", median(putDrv), median(putAPI))
+	streamReport("GET", median(getDrv), median(getAPI))
+	fmt.Printf("  1 GiB GET, transport ceiling: the driver's object from a bare net/http handler over the same loopback %.0f MiB/s; the API is %.2fx of that\n",
+		median(getBare), median(getAPI)/median(getBare))
+	goal := int64(64 << 20)
+	fmt.Printf("  control-plane peak memory growth while streaming (VmHWM): PUT %d MiB, GET %d MiB (goal <= 64 MiB: %s)\n",
+		putGrowth>>20, getGrowth>>20, verdict(putGrowth <= goal && getGrowth <= goal))
+	if _, err := do(http.MethodDelete, "/object?path=big.bin", nil, 0); err != nil {
+		return err
+	}
+	return listingBench(ctx, fx, bucketUUID, do)
+}
+
+// listingBench seeds storageObjects rows (100 folders of 1,000) and pages through them.
+func listingBench(ctx context.Context, fx *fixture, bucketUUID uuid.UUID, do func(string, string, io.Reader, int64) (*http.Response, error)) error {
+	t0 := time.Now()
+	if _, err := fx.pool.Exec(ctx, `INSERT INTO storage_objects (bucket, path, project_id, blob_key, size_bytes, etag, content_type, created_at, updated_at)
+		SELECT $1, format('run%s/ckpt-%s.bin', lpad((i / 1000)::text, 3, '0'), lpad(i::text, 6, '0')), $2,
+		       'bench/' || i, 1024, '"' || md5(i::text) || md5(i::text) || '"', 'application/octet-stream', now(), now()
+		FROM generate_series(0, $3 - 1) AS i`, bucketUUID, fx.projectID, storageObjects); err != nil {
+		return fmt.Errorf("seed objects: %w", err)
+	}
+	if _, err := fx.pool.Exec(ctx, `INSERT INTO storage_quotas (project_id, tenant_id, used_bytes, used_objects, updated_at)
+		VALUES ($1, $2, $3 * 1024, $3, now())
+		ON CONFLICT (project_id) DO UPDATE SET used_bytes = storage_quotas.used_bytes + excluded.used_bytes, used_objects = storage_quotas.used_objects + excluded.used_objects`,
+		fx.projectID, fx.tenantID, storageObjects); err != nil {
+		return fmt.Errorf("seed usage: %w", err)
+	}
+	_, _ = fx.pool.Exec(ctx, `ANALYZE storage_objects`)
+	fmt.Printf("\n  listing %d objects (seeded in %s), 200 per page:\n", storageObjects, time.Since(t0).Round(time.Millisecond))
+
+	walk := func(query string) ([]time.Duration, int, error) {
+		var lat []time.Duration
+		count, cursor := 0, ""
+		for {
+			q := query
+			if cursor != "" {
+				q += "&cursor=" + url.QueryEscape(cursor)
+			}
+			t := time.Now()
+			resp, err := do(http.MethodGet, "/objects?"+q, nil, 0)
+			if err != nil {
+				return nil, 0, err
+			}
+			var page struct {
+				Objects        []json.RawMessage `json:"objects"`
+				CommonPrefixes []string          `json:"common_prefixes"`
+				Pagination     struct {
+					NextCursor *string `json:"next_cursor"`
+				} `json:"pagination"`
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			lat = append(lat, time.Since(t))
+			if err == nil && resp.StatusCode == 200 {
+				err = json.Unmarshal(body, &page)
+			}
+			if err != nil || resp.StatusCode != 200 {
+				return nil, 0, fmt.Errorf("list %s: %d %v %s", q, resp.StatusCode, err, body)
+			}
+			count += len(page.Objects) + len(page.CommonPrefixes)
+			if page.Pagination.NextCursor == nil {
+				return lat, count, nil
+			}
+			cursor = *page.Pagination.NextCursor
+		}
+	}
+	flat, n, err := walk("page_size=200")
+	if err != nil {
+		return err
+	}
+	folder, nf, err := walk("prefix=run042%2F&delimiter=%2F&page_size=200")
+	if err != nil {
+		return err
+	}
+	top, nt, err := walk("delimiter=%2F&page_size=200")
+	if err != nil {
+		return err
+	}
+	// The raw SQL of one flat page, the same number of times.
+	var raw []time.Duration
+	after := ""
+	for range len(flat) {
+		t := time.Now()
+		rows, err := fx.pool.Query(ctx, `SELECT path, size_bytes, etag, content_type, updated_at FROM storage_objects
+			WHERE bucket = $1 AND path > $2 ORDER BY path LIMIT 201`, bucketUUID, after)
+		if err != nil {
+			return err
+		}
+		last := after
+		for rows.Next() {
+			var p, e, c string
+			var s int64
+			var u time.Time
+			if err := rows.Scan(&p, &s, &e, &c, &u); err != nil {
+				return err
+			}
+			last = p
+		}
+		rows.Close()
+		raw = append(raw, time.Since(t))
+		after = last
+	}
+	fmt.Printf("    flat, %d entries in %d pages: p50 %s, p99 %s, max %s per page (goal p99 <= 20ms: %s)\n",
+		n, len(flat), pct(flat, 50), pct(flat, 99), pct(flat, 100), verdict(pct(flat, 99) <= 20*time.Millisecond))
+	fmt.Printf("    one folder (prefix + delimiter), %d entries in %d pages: p50 %s, p99 %s\n", nf, len(folder), pct(folder, 50), pct(folder, 99))
+	fmt.Printf("    top level folded (100 common prefixes over 100,000 objects), %d entries in %d page(s): p99 %s\n", nt, len(top), pct(top, 99))
+	fmt.Printf("    for reference: the raw SQL of one page (201 rows, in-process): p50 %s, p99 %s\n", pct(raw, 50), pct(raw, 99))
+	return nil
+}
+
+// bareGet serves key from d with a bare net/http handler (no middleware, no
+// database; sendfile when the driver's reader is a file section, as the API's
+// handler does) and reads it with client, returning MiB/s.
+func bareGet(ctx context.Context, d blob.Driver, key string, size int64, client *http.Client) (float64, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc, err := d.Open(r.Context(), key, 0, -1)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer rc.Close()
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		var src io.Reader = rc
+		if fs, ok := rc.(blob.FileSection); ok {
+			f, off, n := fs.FileSection()
+			if _, err := f.Seek(off, io.SeekStart); err == nil {
+				src = io.LimitReader(f, n)
+			}
+		}
+		_, _ = io.Copy(w, src)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	n, err := blob.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != size {
+		return 0, fmt.Errorf("%d of %d bytes: %v", n, size, err)
+	}
+	return mibps(size, time.Since(t0)), nil
+}
+
+func mibps(n int64, d time.Duration) float64 { return float64(n) / (1 << 20) / d.Seconds() }
+
+func streamReport(op string, driver, api float64) {
+	ratio := api / driver
+	fmt.Printf("  1 GiB %s: blob driver %.0f MiB/s, through the API %.0f MiB/s, ratio %.2fx (goal >= 0.7x: %s)\n",
+		op, driver, api, ratio, verdict(ratio >= 0.7))
+}
+
+// resetPeak resets this process's peak RSS (VmHWM) and returns the current RSS.
+func resetPeak() int64 {
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	return procStatus("VmRSS")
+}
+
+func peak() int64 { return procStatus("VmHWM") }
+
+// procStatus is a /proc/self/status field in bytes (0 when unreadable).
+func procStatus(field string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// benchBlobConfig is GANTRY_STORAGE_DRIVER and friends when set, else the fs driver in
+// a temporary directory removed at the end.
+func benchBlobConfig(fx *fixture) blob.Config {
+	if os.Getenv("GANTRY_STORAGE_DRIVER") != "" {
+		if c, err := blob.LoadConfig(); err == nil {
+			return c
+		}
+	}
+	dir, _ := os.MkdirTemp("", "gantry-bench-blobs-")
+	fx.closers = append(fx.closers, func() { _ = os.RemoveAll(dir) })
+	return blob.Config{Driver: "fs", FSRoot: dir}
+}
