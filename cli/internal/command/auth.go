@@ -15,8 +15,8 @@ import (
 )
 
 func (a *app) loginCmd() *cobra.Command {
-	var url, username, totp, recovery, clientID, clientSecret string
-	var passwordStdin bool
+	var url, username, totp, recovery, clientID, clientSecret, sso string
+	var passwordStdin, noBrowser, ssoStdin bool
 	cmd := &cobra.Command{
 		Use:   "login",
 		Short: "Sign in and store the tokens in the profile",
@@ -26,12 +26,18 @@ the account has one), or as a service account with its client id and secret.
 The access and refresh tokens are stored in the profile (mode 0600) and refreshed
 transparently; a service account's secret is stored so its short-lived tokens can be
 renewed. The password is never stored. The password comes from a prompt without echo,
-from --password-stdin, or from $GANTRY_PASSWORD. Federated (OIDC) sign-in is not in the
-CLI yet: use a service account credential for automation.`,
+from --password-stdin, or from $GANTRY_PASSWORD.
+
+A user of an organization federated through OIDC signs in with --sso and the
+organization's sign-in name (its tenant slug): the CLI prints the sign-in URL and opens a
+browser (unless --no-browser); the sign-in ends on a page of JSON whose refresh_token is
+pasted back (or piped with --sso-token-stdin). The CLI redeems it at once, which rotates
+it, so the copy left in the browser stops working.`,
 		Example: `  gantry login --url http://127.0.0.1:8080 -u alice
   echo "$PASSWORD" | gantry login -u alice --password-stdin --totp 123456
   gantry login --client-id "$GANTRY_CLIENT_ID" --client-secret "$GANTRY_CLIENT_SECRET"
-  gantry login --profile staging --url https://gantry.staging.example`,
+  gantry login --profile staging --url https://gantry.staging.example
+  gantry login --url https://gantry.example --sso acme --no-browser`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -71,6 +77,10 @@ CLI yet: use a service account credential for automation.`,
 				p.AccessToken = tok.AccessToken
 				p.AccessExpiresAt = s.Now().Add(secs(tok.ExpiresIn))
 				p.Username = "service account " + clientID
+			} else if sso != "" {
+				if err := a.ssoLogin(ctx, s, sso, noBrowser, ssoStdin); err != nil {
+					return err
+				}
 			} else {
 				if err := a.passwordLogin(cmd, s, username, totp, recovery, passwordStdin); err != nil {
 					return err
@@ -92,6 +102,9 @@ CLI yet: use a service account credential for automation.`,
 	f.StringVar(&recovery, "recovery-code", "", "a one-time recovery code instead of a TOTP code")
 	f.StringVar(&clientID, "client-id", "", "service account client id (default $GANTRY_CLIENT_ID)")
 	f.StringVar(&clientSecret, "client-secret", "", "service account client secret (default $GANTRY_CLIENT_SECRET, else a prompt)")
+	f.StringVar(&sso, "sso", "", "sign in through the identity provider of this organization (its tenant slug)")
+	f.BoolVar(&noBrowser, "no-browser", false, "with --sso: print the sign-in URL without opening a browser")
+	f.BoolVar(&ssoStdin, "sso-token-stdin", false, "with --sso: read the refresh token (or the callback's JSON) from the first line of stdin")
 	return cmd
 }
 

@@ -98,6 +98,9 @@ func hintFor(err error) string {
 				return "this account has TOTP enabled: pass --totp CODE (or answer the prompt)"
 			}
 			return "run `gantry login` to sign in again"
+		case "auth_enterprise_required", "auth_personal_disabled":
+			// The answer does not name the organization: the user knows its sign-in name.
+			return "this account signs in through its organization's identity provider: run `gantry login --sso ORGANIZATION`"
 		case "node_offline":
 			return "the allocation's node is offline; try again when it is back (gantry alloc get)"
 		case "allocation_not_active":
