@@ -2,7 +2,7 @@
 # test against real PostgreSQL, NATS and Redis (see shared/testenv for how they are found).
 GO       ?= go
 SQLC     ?= $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
-PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/...
+PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/... ./cli/...
 # go-nvml (cgo, needed even for its mocks) includes nvml.h, whose deprecated functions
 # make gcc print pages of warnings on every rebuild.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
@@ -34,11 +34,15 @@ bench:
 	@echo; echo "browser terminal (keystroke echo through WebSocket -> control plane -> tunnel -> agent PTY; added = vs pty-direct in the same run):"
 	@{ $(GO) test -run '^$$' -bench 'BenchmarkTerminalEcho' -benchtime 2000x ./controlplane/internal/terminal; \
 	   $(GO) test -run '^$$' -bench 'BenchmarkTerminalThroughput' -benchtime 3x ./controlplane/internal/terminal; } | ./scripts/terminal-bench-report.awk
+	@echo; echo "gantry CLI: 'gantry alloc list' wall time from process start (goal 100 ms; p50/p99 in ms) vs the binary alone (--version) and the in-process generated client, same run:"
+	@$(GO) test -run '^$$' -bench 'BenchmarkCLIAllocList' -benchtime 30x ./controlplane/e2e | grep '^Benchmark'
+	@echo; echo "ssh through the node tunnel (scp 1 GiB and PTY keystroke echo vs a local sshd on loopback, same run):"
+	@GANTRY_SSH_BENCH=1 $(GO) test -count=1 -timeout 30m -run '^TestSSHBench$$' -v ./controlplane/e2e | grep '^ssh:'
 	@echo; echo "storage attachment (1 GiB read inside an allocation through a ro attachment vs API GET, same run):"
 	@$(GO) test -run '^$$' -bench 'BenchmarkStorageAttachmentRead' -benchtime 1x ./controlplane/e2e | grep '^storage attachment'
 
 build:
-	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/...
+	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/... ./cli/cmd/...
 
 generate:
 	$(GO) generate ./proto/...
@@ -50,5 +54,5 @@ check-generate: generate
 	git diff --exit-code -- proto controlplane
 
 lint:
-	@out=$$(gofmt -l shared proto controlplane nodeagent loggateway); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l shared proto controlplane nodeagent loggateway cli); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)

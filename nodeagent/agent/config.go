@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/config"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	"github.com/gantry-gpu/gantry/nodeagent/logship"
 	"github.com/gantry-gpu/gantry/nodeagent/runtime"
+	"github.com/gantry-gpu/gantry/nodeagent/sshserver"
 	"github.com/gantry-gpu/gantry/nodeagent/storagemount"
 	"github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
@@ -145,13 +147,26 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 	// Browser terminals (nodeagent/terminal) in the runtime's live allocations; every
 	// session is ended (Run's Close) before RunConfig returns.
 	term := terminal.New(terminal.RuntimeEnvironments(rt), terminal.Options{DetachedTimeout: cfg.TerminalDetachedTimeout, Logger: log})
-	// Stop and release end the allocation's terminal sessions with an exit frame first.
-	rt.NotifyInactive(func(id, _ string) { term.EndAllocation(id) })
+	// SSH through the tunnel (nodeagent/sshserver): the host's sshd for linux-user
+	// allocations, the agent's own SSH server for the process runtime, whose host key
+	// lives in the state directory so known_hosts entries survive restarts.
+	hostKey, err := sshserver.LoadOrCreateHostKey(filepath.Join(opts.StateDir, "ssh_host_ed25519_key"))
+	if err != nil {
+		return fmt.Errorf("ssh host key: %w", err)
+	}
+	sshSrv, err := sshserver.New(sshserver.RuntimeEnvironments(rt), sshserver.Options{HostKey: hostKey, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer sshSrv.Close()
+	// Stop and release end the allocation's terminal sessions with an exit frame first,
+	// and its SSH connections.
+	rt.NotifyInactive(func(id, _ string) { term.EndAllocation(id); sshSrv.EndAllocation(id) })
 	termCtx, stopTerm := context.WithCancel(ctx)
 	termDone := make(chan struct{})
 	go func() { defer close(termDone); _ = term.Run(termCtx) }()
 	defer func() { stopTerm(); <-termDone }()
-	opts.Streams = term
+	opts.Streams = sshserver.Streams{SSH: sshSrv, Other: term}
 	a, err := New(opts)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package allocations
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/google/uuid"
 
@@ -61,6 +62,11 @@ func APIAllocation(a Allocation, accrued *billing.Money) api.Allocation {
 	}
 	if a.ConnectionHost != nil && a.ConnectionPort.Valid && a.ConnectionUser != nil {
 		out.Connection = &api.AllocationConnection{Host: *a.ConnectionHost, Port: int(a.ConnectionPort.Int32), User: *a.ConnectionUser}
+		// The node's own address is reachable only where the node is; the ProxyCommand
+		// reaches the allocation through the node's tunnel from anywhere (docs/ssh.md).
+		proxy := ProxyCommand(a.ProjectID, a.ID)
+		cmd := fmt.Sprintf("ssh -o ProxyCommand=%q %s@%s", proxy, *a.ConnectionUser, a.ID)
+		out.Connection.ProxyCommand, out.Connection.SSHCommand = &proxy, &cmd
 	}
 	if a.HourlyRateMinor.Valid && a.Currency != nil {
 		out.HourlyRate = &api.Money{AmountMinor: a.HourlyRateMinor.Int64, Currency: *a.Currency}
@@ -298,4 +304,10 @@ func (h *Handlers) ForceReleaseAllocation(ctx context.Context, req api.ForceRele
 		return nil, err
 	}
 	return api.ForceReleaseAllocation200JSONResponse{Body: v}, nil
+}
+
+// ProxyCommand is the OpenSSH ProxyCommand that reaches an allocation through the node's
+// tunnel: `gantry ssh-proxy` (shared/sshproxy) with the allocation's project.
+func ProxyCommand(projectID, allocationID uuid.UUID) string {
+	return fmt.Sprintf("gantry ssh-proxy --project %s %s", projectID, allocationID)
 }

@@ -67,7 +67,7 @@ func TestAgentReportsDriveTheLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := w.status(t, a.ID)
-	if got.Status != "active" || got.ActiveAt == nil || got.Connection == nil || *got.Connection != (api.AllocationConnection{Host: "10.7.0.1", Port: 22, User: "gantry-a1"}) {
+	if got.Status != "active" || got.ActiveAt == nil || got.Connection == nil || got.Connection.Host != "10.7.0.1" || got.Connection.Port != 22 || got.Connection.User != "gantry-a1" || got.Connection.ProxyCommand == nil {
 		t.Fatalf("active: %+v", got)
 	}
 	if n := w.openUsage(t, a.ID); n != 1 {

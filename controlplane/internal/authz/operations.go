@@ -189,6 +189,9 @@ var Operations = map[string]Requirement{
 	"openTerminal":          OwnCredential("the single-use terminal token of the handshake, checked by the terminal gateway"),
 	"relayTerminal":         OwnCredential("a replica's one-use relay token, checked by the terminal relay"),
 
+	// SSH through the node tunnel (docs/ssh.md).
+	"createSshSession": ProjectRole(member),
+	"openSsh":          OwnCredential("the single-use SSH token of the handshake, checked by the terminal gateway"),
 	// Object storage (docs/storage.md). X-Project-ID names the bucket's owner project.
 	// Reading and writing objects is also open to holders of a grant on the bucket who
 	// are not members of that project (ProjectRoleOrGrant: the chain asks the storage

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/nodeagent/agent"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
+	"github.com/gantry-gpu/gantry/nodeagent/sshserver"
 	nodeterm "github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
@@ -207,6 +209,8 @@ type gpuNode struct {
 	agent *agent.Agent
 	stop  context.CancelFunc
 	done  chan struct{}
+	// sshKeys is the authorized_keys file the node's SSH server trusts.
+	sshKeys string
 }
 
 var nodeSeq atomic.Int32
@@ -231,13 +235,23 @@ func (w *world) agentNode(t testing.TB, a *app.App, mode fabricnet.Mode, termOpt
 	}
 	envs := &liveEnvs{t: t, m: map[string]nodeterm.SessionEnv{}}
 	term := nodeterm.New(envs, termOpts)
+	// SSH streams (nodeagent/sshserver, in-process server) into the same live
+	// allocations, trusting the keys of sshKeys.
+	sshKeys := filepath.Join(t.TempDir(), "authorized_keys")
+	sshSrv, err := sshserver.New(sshserver.EnvironmentsFunc(func(id string) (sshserver.Env, bool) {
+		e, ok := envs.Session(id)
+		return sshserver.Env{AllocationID: id, User: e.User, Dir: e.Dir, Shell: e.Shell, Env: e.Env, AuthorizedKeys: sshKeys}, ok
+	}), sshserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(a.Fabric.CAPEM())
 	ag, err := agent.New(agent.Options{
 		Addr: a.Fabric.ListenAddr().String(), Transport: mode, TLS: &tls.Config{RootCAs: pool},
 		DialOptions: &fabricnet.DialOptions{QUICFallbackAfter: 500 * time.Millisecond},
 		Token:       func() (string, error) { return en.NodeToken, nil }, AgentVersion: "test/1", Hostname: "gpu-host",
-		GPU: staticGPU{uuid: "GPU-" + n.ID.String()}, Streams: term,
+		GPU: staticGPU{uuid: "GPU-" + n.ID.String()}, Streams: sshserver.Streams{SSH: sshSrv, Other: term},
 		Backoff: agent.Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 		Logger:  slog.New(slog.DiscardHandler),
 	})
@@ -245,9 +259,9 @@ func (w *world) agentNode(t testing.TB, a *app.App, mode fabricnet.Mode, termOpt
 		t.Fatal(err)
 	}
 	actx, cancel := context.WithCancel(ctx)
-	g := &gpuNode{id: n.ID, term: term, envs: envs, agent: ag, stop: cancel, done: make(chan struct{})}
+	g := &gpuNode{id: n.ID, term: term, envs: envs, agent: ag, stop: cancel, done: make(chan struct{}), sshKeys: sshKeys}
 	go func() { defer close(g.done); _ = ag.Run(actx) }()
-	t.Cleanup(func() { cancel(); <-g.done; term.Close() })
+	t.Cleanup(func() { cancel(); <-g.done; term.Close(); sshSrv.Close() })
 	eventually(t, "the node online", func() bool {
 		got, err := w.App.Nodes.Get(ctx, n.ID)
 		return err == nil && got.Status == nodes.StatusOnline && ag.Status().Connected

@@ -181,6 +181,12 @@ func (s *Service) verifyRelay(tok string, allocationID uuid.UUID) (relayClaims, 
 	return c, nil
 }
 
+// relayable: the stream kinds the relay carries (the terminal's and SSH's; both are
+// plain byte streams once open).
+func relayable(k fabricv1.StreamKind) bool {
+	return k == fabricv1.StreamKind_STREAM_KIND_TERMINAL || k == fabricv1.StreamKind_STREAM_KIND_SSH
+}
+
 // nonceCache remembers relay token nonces until their tokens expire.
 type nonceCache struct {
 	mu   sync.Mutex
@@ -299,7 +305,7 @@ func (s *Service) serveRelay(ctx context.Context, w http.ResponseWriter, r *http
 		return apierr.New(apierr.TokenInvalid, "relay token is not valid")
 	}
 	var pre fabricv1.StreamPreamble
-	if err := proto.Unmarshal(c.Preamble, &pre); err != nil || pre.GetKind() != fabricv1.StreamKind_STREAM_KIND_TERMINAL {
+	if err := proto.Unmarshal(c.Preamble, &pre); err != nil || !relayable(pre.GetKind()) {
 		return apierr.New(apierr.TokenInvalid, "relay token is not valid")
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -111,7 +111,7 @@ func TestOriginAndSubprotocols(t *testing.T) {
 	}
 	r := httptest.NewRequest("GET", "/", nil)
 	r.Header.Add("Sec-WebSocket-Protocol", "gantry.terminal.v1, gantry.token.abc")
-	if tok, err := tokenFromSubprotocols(r); err != nil || tok != "abc" {
+	if tok, err := tokenFromSubprotocols(r, Subprotocol); err != nil || tok != "abc" {
 		t.Fatalf("token %q %v", tok, err)
 	}
 	if tok, err := newToken(); err != nil || !wellFormed(tok) || len(tok) != 43 {

@@ -65,6 +65,19 @@ func (s *Service) StrictMiddleware(f api.StrictHandlerFunc, operationID string) 
 			}
 			return nil, nil
 		}
+	case "CreateSSHSession":
+		return func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error) {
+			w.Header().Set("Cache-Control", "no-store")
+			return f(ctx, w, r, request)
+		}
+	case "OpenSSH":
+		return func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error) {
+			req, _ := request.(api.OpenSSHRequestObject)
+			if err := s.openSSH(ctx, w, r, req.AllocationID); err != nil {
+				return nil, s.refused(w, r, sshEndpoint, err)
+			}
+			return nil, nil
+		}
 	case "RelayTerminal":
 		return func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error) {
 			req, _ := request.(api.RelayTerminalRequestObject)
@@ -101,7 +114,7 @@ func (s *Service) openTerminal(ctx context.Context, w http.ResponseWriter, r *ht
 		return apierr.New(apierr.InvalidRequest, "this origin may not open terminals").
 			With("reason", "origin_not_allowed").WithStatus(http.StatusForbidden)
 	}
-	tok, err := tokenFromSubprotocols(r)
+	tok, err := tokenFromSubprotocols(r, Subprotocol)
 	if err != nil {
 		return err
 	}
@@ -215,15 +228,15 @@ func (s *Service) originAllowed(r *http.Request) bool {
 }
 
 // tokenFromSubprotocols finds the token among the offered subprotocols; the client must
-// also offer the terminal protocol itself.
-func tokenFromSubprotocols(r *http.Request) (string, error) {
+// also offer the endpoint's own protocol (want: the terminal's or SSH's).
+func tokenFromSubprotocols(r *http.Request, want string) (string, error) {
 	var tokens []string
 	terminal := false
 	for _, v := range r.Header.Values("Sec-WebSocket-Protocol") {
 		for _, p := range strings.Split(v, ",") {
 			p = strings.TrimSpace(p)
 			switch {
-			case p == Subprotocol:
+			case p == want:
 				terminal = true
 			case strings.HasPrefix(p, TokenSubprotocolPrefix):
 				tokens = append(tokens, strings.TrimPrefix(p, TokenSubprotocolPrefix))
@@ -236,7 +249,7 @@ func tokenFromSubprotocols(r *http.Request) (string, error) {
 	case len(tokens) > 1:
 		return "", apierr.New(apierr.TokenInvalid, "offer exactly one terminal token")
 	case !terminal:
-		return "", apierr.New(apierr.InvalidRequest, "offer the subprotocol %s", Subprotocol).With("reason", "subprotocol_required")
+		return "", apierr.New(apierr.InvalidRequest, "offer the subprotocol %s", want).With("reason", "subprotocol_required")
 	}
 	return tokens[0], nil
 }
@@ -254,7 +267,12 @@ func preamble(ctx context.Context, alloc Allocation, g Grant) *fabricv1.StreamPr
 // replica holds the node's tunnel, else through the holder (relay.go). octx bounds the
 // opening; the relayed connection lives on bctx.
 func (s *Service) openStream(octx, bctx context.Context, alloc Allocation, g Grant) (net.Conn, error) {
-	pre := preamble(octx, alloc, g)
+	return s.openRaw(octx, bctx, alloc, preamble(octx, alloc, g))
+}
+
+// openRaw opens a raw stream with preamble pre to the allocation's node, here or
+// through the replica holding its tunnel (terminal and SSH streams alike).
+func (s *Service) openRaw(octx, bctx context.Context, alloc Allocation, pre *fabricv1.StreamPreamble) (net.Conn, error) {
 	st, err := s.deps.Fabric.OpenStream(octx, alloc.NodeID, pre)
 	var elsewhere *fabric.NotHeldHereError
 	if errors.As(err, &elsewhere) {

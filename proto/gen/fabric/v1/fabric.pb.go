@@ -207,6 +207,10 @@ const (
 	StreamKind_STREAM_KIND_TERMINAL StreamKind = 1
 	// A TCP connection to a port of an app instance / allocation on the node.
 	StreamKind_STREAM_KIND_APP_PROXY StreamKind = 2
+	// An SSH connection into an allocation (docs/ssh.md): the payload is the SSH
+	// protocol's bytes, client first. The agent hands them to the host's sshd on loopback
+	// (linux-user runtime) or to its own in-process SSH server (process runtime).
+	StreamKind_STREAM_KIND_SSH StreamKind = 3
 )
 
 // Enum value maps for StreamKind.
@@ -215,11 +219,13 @@ var (
 		0: "STREAM_KIND_UNSPECIFIED",
 		1: "STREAM_KIND_TERMINAL",
 		2: "STREAM_KIND_APP_PROXY",
+		3: "STREAM_KIND_SSH",
 	}
 	StreamKind_value = map[string]int32{
 		"STREAM_KIND_UNSPECIFIED": 0,
 		"STREAM_KIND_TERMINAL":    1,
 		"STREAM_KIND_APP_PROXY":   2,
+		"STREAM_KIND_SSH":         3,
 	}
 )
 
@@ -1748,7 +1754,7 @@ func (x *TaskDispatch) GetTraceparent() string {
 type StreamPreamble struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kind  StreamKind             `protobuf:"varint,1,opt,name=kind,proto3,enum=gantry.fabric.v1.StreamKind" json:"kind,omitempty"`
-	// UUID of this stream (terminal session id, proxy connection id).
+	// UUID of this stream (terminal session id, proxy connection id, SSH connection id).
 	StreamId string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	// Target ids (UUIDs); which are set depends on kind.
 	AllocationId  string `protobuf:"bytes,3,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
@@ -2951,12 +2957,13 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x10TaskResultStatus\x12\"\n" +
 	"\x1eTASK_RESULT_STATUS_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cTASK_RESULT_STATUS_SUCCEEDED\x10\x01\x12\x1d\n" +
-	"\x19TASK_RESULT_STATUS_FAILED\x10\x02*^\n" +
+	"\x19TASK_RESULT_STATUS_FAILED\x10\x02*s\n" +
 	"\n" +
 	"StreamKind\x12\x1b\n" +
 	"\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STREAM_KIND_TERMINAL\x10\x01\x12\x19\n" +
-	"\x15STREAM_KIND_APP_PROXY\x10\x022Y\n" +
+	"\x15STREAM_KIND_APP_PROXY\x10\x02\x12\x13\n" +
+	"\x0fSTREAM_KIND_SSH\x10\x032Y\n" +
 	"\x06Fabric\x12O\n" +
 	"\aControl\x12\x1e.gantry.fabric.v1.AgentMessage\x1a .gantry.fabric.v1.ControlMessage(\x010\x012\xbd\x03\n" +
 	"\rStorageFabric\x12S\n" +
