@@ -32,7 +32,6 @@ var freeForm = map[string]bool{
 	schemasPrefix + "BillingRatedUsageLine/properties/pricing_snapshot":      true,
 	schemasPrefix + "BillingShadowRatingRequest/properties/pricing_snapshot": true,
 	schemasPrefix + "BillingShadowRatingLine/properties/pricing_snapshot":    true,
-	schemasPrefix + "V3WorkloadCostProjection":                               true,
 	schemasPrefix + "JWKSet/properties/keys/items":                           true,
 	schemasPrefix + "AuditEvent/properties/metadata":                         true,
 }

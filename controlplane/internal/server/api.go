@@ -11,7 +11,9 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
+	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/readmodels"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
@@ -39,6 +41,10 @@ type API struct {
 	// MachineIdentitiesAPI: service accounts, access credentials and the
 	// client-credentials grant (its raw request comes through its StrictMiddleware).
 	*MachineIdentitiesAPI
+	// ReadModelsAPI: the v3 shell, workloads, attention, platform ops and releases.
+	*ReadModelsAPI
+	// ObservabilityAPI: the seed 4.2 read models, drills and runbooks.
+	*ObservabilityAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -58,6 +64,8 @@ type (
 	// NotificationsAPI: see notifications.Handlers.StrictMiddleware.
 	NotificationsAPI     = notifications.Handlers
 	MachineIdentitiesAPI = machineid.Handlers
+	ReadModelsAPI        = readmodels.Handlers
+	ObservabilityAPI     = observability.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
