@@ -245,6 +245,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		EventsSubjectPrefix: cfg.EventsSubjectPrefix, Denials: a.Denials}); err != nil {
 		return nil, err
 	}
+	// Observability read models (docs/operations.md): Prometheus and Alertmanager when
+	// configured, and the control plane's own probes of what they do not scrape.
+	obsSvc, err := observability.NewService(observability.DeployManifest(), cfg.Observability, a.Clock)
+	if err != nil {
+		return nil, err
+	}
+	obsSvc.Components = a.componentProbes()
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
@@ -263,7 +270,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
 		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
 		ReadModelsAPI:        &readmodels.Handlers{Svc: &readmodels.Service{}},
-		ObservabilityAPI:     &observability.Handlers{},
+		ObservabilityAPI:     observability.NewHandlers(obsSvc, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -498,4 +505,28 @@ func (a *App) Close() {
 	if a.ownPool && a.Pool != nil {
 		a.Pool.Close()
 	}
+}
+
+// componentProbes are the health snapshot's checks of what Prometheus does not scrape.
+func (a *App) componentProbes() observability.ComponentProbes {
+	p := observability.ComponentProbes{
+		Database: func(ctx context.Context) error { return a.Pool.Ping(ctx) },
+		EventBus: func(context.Context) error {
+			if st := a.NATS.Status(); st != nats.CONNECTED {
+				return fmt.Errorf("nats %s", st)
+			}
+			return nil
+		},
+		Gateway: func(context.Context) error {
+			if a.Fabric == nil || a.Fabric.ListenAddr() == nil {
+				return errors.New("fabric server not listening")
+			}
+			return nil
+		},
+		RuntimeCommit: observability.BuildCommit(),
+	}
+	if a.redis != nil {
+		p.Cache = func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }
+	}
+	return p
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
+	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
@@ -75,6 +76,9 @@ type Config struct {
 	Terminal terminal.Config
 	// Provisioning is the provisioning dispatcher's GANTRY_PROVISIONING_* (docs/provisioning.md).
 	Provisioning ProvisioningConfig
+	// Observability is GANTRY_PROMETHEUS_URL, GANTRY_ALERTMANAGER_URL and the read models'
+	// settings (docs/operations.md).
+	Observability observability.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher
