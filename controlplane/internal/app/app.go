@@ -41,6 +41,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/platformops"
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/readmodels"
@@ -269,7 +270,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
 		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
-		ReadModelsAPI:        &readmodels.Handlers{Svc: &readmodels.Service{}},
+		ReadModelsAPI:        readmodels.NewHandlers(a.readModels(cat), cursors),
+		PlatformOpsAPI:       &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:     observability.NewHandlers(obsSvc, cursors),
 	}
 	a.Handler = server.New(server.Deps{
@@ -529,4 +531,39 @@ func (a *App) componentProbes() observability.ComponentProbes {
 		p.Cache = func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }
 	}
 	return p
+}
+
+// readModels assembles the v3 read models (docs/operations.md): the shell context is
+// cached in Redis when configured (shared by the replicas), else in this process.
+func (a *App) readModels(cat *catalog.Service) *readmodels.Service {
+	var cache readmodels.Cache
+	if a.redis != nil {
+		cache = readmodels.RedisCache{Client: a.redis, Prefix: "gantry:"}
+	}
+	regions := catalog.NewHandlers(cat, pagination.Codec{})
+	return readmodels.New(readmodels.Deps{
+		Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Log: a.Log, Billing: a.Billing, Tenancy: a.Tenancy, Balance: a.Billing, Cache: cache,
+		Regions: readmodels.RegionsFunc(func(ctx context.Context) ([]api.V3Region, error) {
+			r, err := regions.ListV3Regions(ctx, api.ListV3RegionsRequestObject{})
+			if err != nil {
+				return nil, err
+			}
+			return r.(api.ListV3Regions200JSONResponse).Body.Items, nil
+		}),
+	})
+}
+
+// platformOps assembles the platform signals, overview and releases.
+// prom is Prometheus when configured (nil: the metrics-derived signals are unknown).
+func (a *App) platformOps(provisioningTimeout time.Duration, prom *observability.Prometheus) *platformops.Service {
+	replica := a.Config.Fabric.ReplicaID
+	if replica == "" {
+		replica = fabric.DefaultReplicaID() // what the fabric names this replica too
+	}
+	svc := &platformops.Service{Pool: a.Pool, Clock: a.Clock, Log: a.Log, ProvisioningTimeout: provisioningTimeout,
+		Gatherer: a.Metrics.Registry, ReplicaID: replica, StartedAt: a.Clock.Now()}
+	if prom != nil { // never a typed nil in the interface
+		svc.Metrics = prom
+	}
+	return svc
 }

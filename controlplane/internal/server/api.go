@@ -13,6 +13,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
 	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/platformops"
 	"github.com/gantry-gpu/gantry/controlplane/internal/readmodels"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
@@ -43,6 +44,8 @@ type API struct {
 	*MachineIdentitiesAPI
 	// ReadModelsAPI: the v3 shell, workloads, attention, platform ops and releases.
 	*ReadModelsAPI
+	// PlatformOpsAPI: platform signals, the admin ops overview and releases.
+	*PlatformOpsAPI
 	// ObservabilityAPI: the seed 4.2 read models, drills and runbooks.
 	*ObservabilityAPI
 }
@@ -65,6 +68,7 @@ type (
 	NotificationsAPI     = notifications.Handlers
 	MachineIdentitiesAPI = machineid.Handlers
 	ReadModelsAPI        = readmodels.Handlers
+	PlatformOpsAPI       = platformops.Handlers
 	ObservabilityAPI     = observability.Handlers
 )
 
