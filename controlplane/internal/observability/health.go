@@ -271,6 +271,16 @@ func (s *Service) classify(ctx context.Context, c component, src healthSources) 
 		out.Metrics.ErrorRateClass = api.ObservabilityComponentMetricsErrorRateClass(s.sliClass(src, "loggateway-acceptance"))
 	case api.ObservabilityComponentTypeWorker:
 		out.Metrics.LatencyClass = api.ObservabilityComponentMetricsLatencyClass(s.sliClass(src, "provisioning-time"))
+	}
+	// An SLI outside its objective right now is a warning until its burn alert decides
+	// (the alert's `for` keeps one bad minute from failing the component).
+	if string(out.Metrics.ErrorRateClass) == "elevated" || string(out.Metrics.ErrorRateClass) == "critical" {
+		worsen(api.ObservabilityComponentStatusDegraded, "error rate "+string(out.Metrics.ErrorRateClass))
+	}
+	if string(out.Metrics.LatencyClass) == "elevated" || string(out.Metrics.LatencyClass) == "critical" {
+		worsen(api.ObservabilityComponentStatusDegraded, "latency "+string(out.Metrics.LatencyClass))
+	}
+	switch c.typ {
 	case api.ObservabilityComponentTypeQueue:
 		if src.queueLag != nil {
 			out.Metrics.SaturationClass = api.ObservabilityComponentMetricsSaturationClassNormal
