@@ -48,7 +48,7 @@ func main() {
 	conc := flag.Int("concurrency", 8, "concurrent clients")
 	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 10000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
-	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"fabric\" or \"allocations\" (default: everything)")
+	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"readmodels\", \"fabric\" or \"allocations\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	serverChild := flag.Bool("fabric-server-child", false, "internal: run the fabric server that the capacity run kills with SIGKILL")
 	flag.Parse()
@@ -114,6 +114,9 @@ func run(dur time.Duration, rounds, conc int) error {
 	if benchOnly == "allocations" {
 		return runAllocations(ctx, fx, rounds, conc)
 	}
+	if benchOnly == "readmodels" {
+		return runReadModels(ctx, fx, rounds)
+	}
 	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
 		return err
 	}
@@ -124,6 +127,9 @@ func run(dur time.Duration, rounds, conc int) error {
 		return nil
 	}
 	if err := runBilling(ctx, fx, dur, rounds); err != nil {
+		return err
+	}
+	if err := runReadModels(ctx, fx, rounds); err != nil {
 		return err
 	}
 	if err := runFabric(ctx, fx, fabricOptions); err != nil {
