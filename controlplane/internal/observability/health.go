@@ -408,7 +408,7 @@ func (s *Service) HealthSnapshot(ctx context.Context, q HealthQuery) api.Observa
 	if q.IncludePQ && src.promErr == nil {
 		for _, o := range s.Manifest.SLOs {
 			out.Evidence = append(out.Evidence, api.ObservabilityEvidence{
-				Source: "prometheus_query:slo:sli_ratio:rate5m{slo_id=" + o.ID + "}", State: s.sliClass(src, o.ID),
+				Source: "prometheus_query:sli:" + o.ID, State: s.sliClass(src, o.ID),
 				FreshnessSeconds: new(int), Href: "/api/v1/v3/platform/ops/observability/slo-evidence?slo_id=" + o.ID})
 		}
 	}
