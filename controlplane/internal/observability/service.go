@@ -18,6 +18,10 @@ type Config struct {
 	Profile string `env:"GANTRY_ENVIRONMENT_PROFILE" envDefault:"dev"`
 	// DrillStaleAfter is the age after which a drill no longer proves a route works.
 	DrillStaleAfter time.Duration `env:"GANTRY_ALERT_DRILL_STALE_AFTER" envDefault:"168h"`
+	// ReceiverTokenFile holds the bearer token Alertmanager's webhooks carry to the
+	// control plane's alert receiver (the file deploy/alertmanager's credentials_file
+	// names); empty: the receiver refuses every delivery.
+	ReceiverTokenFile string `env:"GANTRY_ALERT_RECEIVER_TOKEN_FILE"`
 	// GrafanaURL, when set, is offered as the escape hatch for raw telemetry (optional:
 	// never required for release validation).
 	GrafanaURL string `env:"GANTRY_GRAFANA_URL"`
