@@ -27,7 +27,7 @@ func TestSignalRunbooksExist(t *testing.T) {
 	}
 }
 
-func exec(t *testing.T, e *apitest.Env, q string, args ...any) {
+func sqlExec(t *testing.T, e *apitest.Env, q string, args ...any) {
 	t.Helper()
 	if _, err := e.Pool.Exec(context.Background(), q, args...); err != nil {
 		t.Fatalf("%s: %v", q, err)
@@ -85,20 +85,20 @@ func TestPlatformOpsSignalsOverviewAndReleases(t *testing.T) {
 	// Trouble: a stuck launch, a release failure, an offline node with an unhealthy GPU,
 	// a blocked wallet; two agent versions in the fleet.
 	node1, node2 := uuid.New(), uuid.New()
-	exec(t, e, `INSERT INTO nodes (id, name, address, probe_port, status, status_changed_at, enrolled_at, agent_version, created_at, updated_at)
+	sqlExec(t, e, `INSERT INTO nodes (id, name, address, probe_port, status, status_changed_at, enrolled_at, agent_version, created_at, updated_at)
 		VALUES ($1, 'gpu-a', '10.0.0.1', 7000, 'offline', $3, $3, '1.4.0', $3, $3), ($2, 'gpu-b', '10.0.0.2', 7000, 'online', $3, $3, '1.5.0', $3, $3)`, node1, node2, now)
-	exec(t, e, `INSERT INTO node_gpus (node_id, gpu_uuid, gpu_index, model, memory_bytes, pci_bus_id, mig_enabled, driver_version, cuda_version, healthy)
+	sqlExec(t, e, `INSERT INTO node_gpus (node_id, gpu_uuid, gpu_index, model, memory_bytes, pci_bus_id, mig_enabled, driver_version, cuda_version, healthy)
 		VALUES ($1, 'GPU-1', 0, 'H100', 1, '0000:01:00.0', false, '550', '12.4', false), ($2, 'GPU-2', 0, 'H100', 1, '0000:01:00.0', false, '550', '12.4', true)`, node1, node2)
 	for _, st := range []struct {
 		status string
 		age    time.Duration
 	}{{"provisioning", time.Hour}, {"requested", time.Minute}, {"release_failed", 2 * time.Hour}} {
-		exec(t, e, `INSERT INTO allocations (id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code,
+		sqlExec(t, e, `INSERT INTO allocations (id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code,
 			node_id, ssh_key_ids, ssh_public_keys, status, created_at, updated_at)
 			VALUES ($1, $2, $3, $4, 'secret-project-name', 'h100.1x', 'H100', 1, 'gpu.h100', 'eu-west-1', $5, '{}', '{}', $6, $7, $7)`,
 			uuid.New(), acme.ID, acme.DefaultProject, acme.AdminID, node2, st.status, now.Add(-st.age))
 	}
-	exec(t, e, `INSERT INTO billing_runway_blocks (tenant_id, currency, blocked_at, burn_per_second) VALUES ($1, 'USD', $2, '0.01')`, acme.ID, now)
+	sqlExec(t, e, `INSERT INTO billing_runway_blocks (tenant_id, currency, blocked_at, burn_per_second) VALUES ($1, 'USD', $2, '0.01')`, acme.ID, now)
 
 	a = e.Call(t, http.MethodGet, "/api/v1/v3/platform/ops", padmin, nil, "")
 	sig = signals(t, a)
