@@ -115,4 +115,3 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(250 * time.Millisecond)
 	}
 }
-
