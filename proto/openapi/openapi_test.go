@@ -34,6 +34,12 @@ var freeForm = map[string]bool{
 	schemasPrefix + "BillingShadowRatingLine/properties/pricing_snapshot":    true,
 	schemasPrefix + "JWKSet/properties/keys/items":                           true,
 	schemasPrefix + "AuditEvent/properties/metadata":                         true,
+	// Alertmanager's webhook carries label and annotation maps (observability receiver).
+	schemasPrefix + "AlertmanagerNotification/properties/groupLabels":       true,
+	schemasPrefix + "AlertmanagerNotification/properties/commonLabels":      true,
+	schemasPrefix + "AlertmanagerNotification/properties/commonAnnotations": true,
+	schemasPrefix + "AlertmanagerNotificationAlert/properties/labels":       true,
+	schemasPrefix + "AlertmanagerNotificationAlert/properties/annotations":  true,
 }
 
 // publicOperations are the operations that declare `security: []`.
@@ -316,8 +322,10 @@ func TestOperations(t *testing.T) {
 				t.Errorf("%s: public (security: []) = %v, want %v", at, public, publicOperations[op.OperationID])
 			}
 			internal := op.Security != nil && len(*op.Security) == 1 && (*op.Security)[0]["internalTokenAuth"] != nil
-			if internal != (op.OperationID == "refreshJWKS") {
-				t.Errorf("%s: internalTokenAuth is only for refreshJWKS", at)
+			// Opaque internal tokens: the JWKS refresh and Alertmanager's webhook into the
+			// control plane (its token is Alertmanager's credentials_file).
+			if internal != (op.OperationID == "refreshJWKS" || op.OperationID == "receiveAlertNotification") {
+				t.Errorf("%s: internalTokenAuth is only for refreshJWKS and receiveAlertNotification", at)
 			}
 			if !public {
 				need("it needs authentication", "401", "429")

@@ -253,6 +253,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, err
 	}
 	obsSvc.Components = a.componentProbes()
+	drills := &observability.Drills{Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Audit: &audit.Log{Clock: a.Clock, IDs: a.IDs},
+		AM: obsSvc.AM, Manifest: obsSvc.Manifest, TokenFile: cfg.Observability.ReceiverTokenFile}
+	obsSvc.Drills = drills
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
@@ -272,7 +275,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		MachineIdentitiesAPI: machineid.NewHandlers(machineid.New(a.Pool, a.Clock, a.IDs, a.Auth), cursors),
 		ReadModelsAPI:        readmodels.NewHandlers(a.readModels(cat), cursors),
 		PlatformOpsAPI:       &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
-		ObservabilityAPI:     observability.NewHandlers(obsSvc, cursors),
+		ObservabilityAPI:     observability.NewHandlers(obsSvc, drills, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -289,7 +292,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware},
 	})
 	ok = true
 	return a, nil

@@ -200,6 +200,7 @@ var Operations = map[string]Requirement{
 	"getObservabilitySloEvidence":    Capability(principal.CapOpsRead),
 	"getObservabilityHealthSnapshot": Capability(principal.CapOpsRead),
 	"createObservabilityDrill":       Capability(principal.CapOpsWrite),
+	"receiveAlertNotification":       OwnCredential("the alert receiver token, checked by observability.Handlers.StrictMiddleware"),
 	"listAdminRunbooks":              AdminCapability(principal.CapOpsRunbookRead),
 	"getAdminRunbook":                AdminCapability(principal.CapOpsRunbookRead),
 

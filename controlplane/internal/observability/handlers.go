@@ -15,12 +15,13 @@ import (
 // platform.ops.runbook.read) is decided by the server before these run.
 type Handlers struct {
 	Svc     *Service
+	Drills  *Drills // nil: drills and the receiver are unavailable
 	Cursors pagination.Codec
 }
 
-// NewHandlers returns the handlers of svc.
-func NewHandlers(svc *Service, cursors pagination.Codec) *Handlers {
-	return &Handlers{Svc: svc, Cursors: cursors}
+// NewHandlers returns the handlers of svc and drills.
+func NewHandlers(svc *Service, drills *Drills, cursors pagination.Codec) *Handlers {
+	return &Handlers{Svc: svc, Drills: drills, Cursors: cursors}
 }
 
 // Page sizes of the slo-evidence read model (seed 4.2.3); the alerts model uses the

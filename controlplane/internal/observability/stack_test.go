@@ -74,6 +74,21 @@ func binary(t *testing.T, pkg string, names ...string) string {
 // receivers pointed at a webhook of the test).
 func startStack(t *testing.T, skipRules ...string) *stack {
 	t.Helper()
+	return startStackWith(t, stackOptions{skipRules: skipRules})
+}
+
+// stackOptions: receiverURL and receiverTokenFile replace the test's own webhook (a
+// control plane's receiver instead); amAddr and promAddr are the listen addresses when
+// the caller needed to know them first.
+type stackOptions struct {
+	skipRules                      []string
+	receiverURL, receiverTokenFile string
+	amAddr, promAddr               string
+}
+
+func startStackWith(t *testing.T, o stackOptions) *stack {
+	t.Helper()
+	skipRules := o.skipRules
 	promBin := binary(t, "prometheus", "prometheus")
 	amBin := binary(t, "prometheus-alertmanager", "prometheus-alertmanager", "alertmanager")
 	dir := t.TempDir()
@@ -101,9 +116,15 @@ func startStack(t *testing.T, skipRules ...string) *stack {
 
 	// Alertmanager: the repository's routes, with the receivers' address and token file
 	// replaced by the test's.
-	amAddr := freePort(t)
+	amAddr := o.amAddr
+	if amAddr == "" {
+		amAddr = freePort(t)
+	}
 	tokenFile := filepath.Join(dir, "receiver.token")
 	must(t, os.WriteFile(tokenFile, []byte(s.ReceiverToken), 0o600))
+	if o.receiverURL != "" {
+		s.ReceiverURL, tokenFile = o.receiverURL, o.receiverTokenFile
+	}
 	amCfg, err := deploy.Monitoring.ReadFile("alertmanager/alertmanager.yml")
 	must(t, err)
 	amCfg = bytes.ReplaceAll(amCfg, []byte("http://127.0.0.1:8080/api/v1/internal/alerts/receiver"), []byte(s.ReceiverURL))
@@ -116,7 +137,10 @@ func startStack(t *testing.T, skipRules ...string) *stack {
 	s.AMURL = "http://" + amAddr
 
 	// Prometheus: the repository's rules, evaluated and scraped every second.
-	promAddr := freePort(t)
+	promAddr := o.promAddr
+	if promAddr == "" {
+		promAddr = freePort(t)
+	}
 	files, err := filepath.Glob(filepath.Join(deployDir, "prometheus", "*.rules.yml"))
 	must(t, err)
 	var rules []string
