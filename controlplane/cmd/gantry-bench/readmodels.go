@@ -27,10 +27,12 @@ func runReadModels(ctx context.Context, fx *fixture, rounds int) error {
 	// few release failures (actionable and aged).
 	if _, err := fx.pool.Exec(ctx, `
 		INSERT INTO allocations (id, tenant_id, project_id, owner_user_id, name, sku, gpu_model, gpu_count, usage_unit, region_code,
-		    node_id, ssh_key_ids, ssh_public_keys, status, hourly_rate_minor, currency, created_at, updated_at)
+		    node_id, ssh_key_ids, ssh_public_keys, status, hourly_rate_minor, currency, created_at, updated_at, active_at, ended_at)
 		SELECT gen_random_uuid(), $1, $2, $3, 'wl-' || n, 'h100.1x', 'NVIDIA H100', 1, 'gpu.h100', 'eu-west-1', gen_random_uuid(), '{}', '{}',
 		       CASE WHEN n % 100 = 0 THEN 'release_failed' WHEN n % 10 = 0 THEN 'active' ELSE 'released' END,
-		       250, 'USD', $4::timestamptz - make_interval(mins => n), $4::timestamptz - make_interval(mins => n)
+		       250, 'USD', $4::timestamptz - make_interval(mins => n + 5), $4::timestamptz - make_interval(mins => n),
+		       $4::timestamptz - make_interval(mins => n + 4),
+		       CASE WHEN n % 10 = 0 THEN NULL ELSE $4::timestamptz - make_interval(mins => n) END
 		FROM generate_series(1, $5) AS n`, fx.tenantID, fx.projectID, fx.adminID, now, readModelWorkloads); err != nil {
 		return err
 	}
@@ -69,13 +71,13 @@ func runReadModels(ctx context.Context, fx *fixture, rounds int) error {
 	pageSQL := `SELECT a.id, a.tenant_id, a.name, a.status, a.project_id, p.name, a.region_code, a.sku, a.gpu_count, a.usage_unit,
        a.node_id, n.name, a.owner_user_id, u.username, a.created_at, a.updated_at, a.active_at, a.ended_at,
        a.hourly_rate_minor, a.currency, d.dismissed_at
-FROM allocations a
+FROM (SELECT * FROM allocations a WHERE a.project_id = $2 ORDER BY a.created_at DESC, a.id DESC LIMIT 51) a
 JOIN projects p ON p.id = a.project_id
 JOIN users u ON u.id = a.owner_user_id
 LEFT JOIN nodes n ON n.id = a.node_id
 LEFT JOIN v3_attention_dismissals d ON d.user_id = $1 AND d.allocation_id = a.id
      AND d.condition = a.status AND d.condition_since = a.updated_at
-WHERE a.project_id = $2 ORDER BY a.created_at DESC, a.id DESC LIMIT 51`
+ORDER BY a.created_at DESC, a.id DESC`
 	rawPage := func() time.Duration {
 		start := time.Now()
 		rows, err := fx.pool.Query(ctx, pageSQL, fx.adminID, fx.projectID)
@@ -125,37 +127,57 @@ SELECT
 		}
 		return time.Since(start)
 	}
-	var rawA, hit []time.Duration
-	hits, total := 0, 0
-	shell := func() time.Duration {
-		total++
-		req, _ := http.NewRequest(http.MethodGet, chain+"/api/v1/v3/shell/context", nil)
-		req.Header.Set("Authorization", "Bearer "+fx.token)
-		req.Header.Set("X-Project-ID", fx.projectID.String())
-		start := time.Now()
-		resp, err := client.Do(req)
-		if err != nil {
-			panic(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		el := time.Since(start)
-		if resp.StatusCode != http.StatusOK {
-			panic(fmt.Sprintf("shell: %d %s", resp.StatusCode, body))
-		}
-		if strings.Contains(string(body), `"cache":"hit"`) {
-			hits++
-			hit = append(hit, el)
-		}
-		return el
+	// Two shells: without X-Project-ID (the tenant's default project, resolved when the
+	// entry was computed) a hit reads nothing from the database; with it, the chain's
+	// project-access check (one indexed query) runs before the cache is consulted.
+	type shellRun struct {
+		name, project string
+		hit           []time.Duration
+		hits, total   int
 	}
-	shell() // fill the cache
+	runs := []*shellRun{{name: "no X-Project-ID"}, {name: "with X-Project-ID", project: fx.projectID.String()}}
+	shell := func(r *shellRun) func() time.Duration {
+		return func() time.Duration {
+			r.total++
+			req, _ := http.NewRequest(http.MethodGet, chain+"/api/v1/v3/shell/context", nil)
+			req.Header.Set("Authorization", "Bearer "+fx.token)
+			if r.project != "" {
+				req.Header.Set("X-Project-ID", r.project)
+			}
+			start := time.Now()
+			resp, err := client.Do(req)
+			if err != nil {
+				panic(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			el := time.Since(start)
+			if resp.StatusCode != http.StatusOK {
+				panic(fmt.Sprintf("shell: %d %s", resp.StatusCode, body))
+			}
+			if strings.Contains(string(body), `"cache":"hit"`) {
+				r.hits++
+				r.hit = append(r.hit, el)
+			}
+			return el
+		}
+	}
+	var rawA []time.Duration
+	for _, r := range runs {
+		shell(r)() // fill the cache
+	}
 	for range rounds {
 		rawA = append(rawA, sample(rawAttention)...)
-		sample(shell)
+		for _, r := range runs {
+			sample(shell(r))
+		}
 	}
-	fmt.Printf("read models: GET /api/v1/v3/shell/context from the cache (%d of %d answers were hits; misses every %s TTL left out)\n", hits, total, "10s")
+	fmt.Printf("read models: GET /api/v1/v3/shell/context answered from the cache (fresh for 10s; misses left out)\n")
 	fmt.Printf("  baseline (the attention counters' raw SELECT a miss runs): p50 %s p99 %s\n", pct(rawA, 50), pct(rawA, 99))
-	fmt.Printf("  full chain, cache hit: p50 %s p99 %s (goal p99 <= 5ms: %s)\n\n", pct(hit, 50), pct(hit, 99), verdict(pct(hit, 99) <= 5*time.Millisecond))
+	for _, r := range runs {
+		fmt.Printf("  full chain, cache hit, %s (%d of %d were hits): p50 %s p99 %s (goal p99 <= 5ms: %s)\n",
+			r.name, r.hits, r.total, pct(r.hit, 50), pct(r.hit, 99), verdict(pct(r.hit, 99) <= 5*time.Millisecond))
+	}
+	fmt.Println()
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/apd/v3"
@@ -61,36 +62,90 @@ func (s *Service) Projections(ctx context.Context, ws []Workload, now time.Time)
 	}
 	var billed []uuid.UUID
 	wallets := map[walletKey]bool{}
+	type periodKey struct {
+		walletKey
+		project uuid.UUID
+	}
+	periodKeys := map[periodKey]bool{}
 	for _, w := range ws {
 		if w.ActiveAt != nil {
 			billed = append(billed, w.AllocationID)
 		}
-		if w.Currency != nil {
-			wallets[walletKey{w.TenantID, *w.Currency}] = true
+		if w.Currency != nil && w.HourlyRate != nil {
+			k := walletKey{w.TenantID, *w.Currency}
+			wallets[k] = true
+			periodKeys[periodKey{k, w.ProjectID}] = true
 		}
-	}
-	accrued, err := s.Billing.Accrued(ctx, billing.SourceAllocation, billed, now)
-	if err != nil {
-		return nil, fmt.Errorf("accrued: %w", err)
 	}
 	type wallet struct {
-		open    map[uuid.UUID]bool
-		runway  time.Duration // -1: nothing burns
-		periods map[uuid.UUID]budgets.Window
+		open   map[uuid.UUID]bool
+		runway time.Duration // -1: nothing burns
 	}
-	ws2 := map[walletKey]*wallet{}
-	for k := range wallets {
-		rw, err := s.Billing.RunwayAt(ctx, k.tenant, k.currency, now)
-		if err != nil {
-			return nil, fmt.Errorf("runway: %w", err)
-		}
-		wl := &wallet{open: map[uuid.UUID]bool{}, runway: rw.Duration(apd.New(0, 0)), periods: map[uuid.UUID]budgets.Window{}}
-		for _, r := range rw.Runs {
-			if r.Source == billing.SourceAllocation {
-				wl.open[r.SourceID] = true
+	// The reads are independent: run them at once, so a page costs the slowest read
+	// rather than their sum (each on its own pool connection; read-model handlers never
+	// run inside a transaction, which could not be shared between goroutines).
+	var (
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		errs    []error
+		accrued map[uuid.UUID]billing.Money
+		ws2     = map[walletKey]*wallet{}
+		periods = map[periodKey]budgets.Window{}
+	)
+	do := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
 			}
+		}()
+	}
+	do(func() error {
+		m, err := s.Billing.Accrued(ctx, billing.SourceAllocation, billed, now)
+		if err != nil {
+			return fmt.Errorf("accrued: %w", err)
 		}
-		ws2[k] = wl
+		mu.Lock()
+		accrued = m
+		mu.Unlock()
+		return nil
+	})
+	for k := range wallets {
+		do(func() error {
+			rw, err := s.Billing.RunwayAt(ctx, k.tenant, k.currency, now)
+			if err != nil {
+				return fmt.Errorf("runway: %w", err)
+			}
+			wl := &wallet{open: map[uuid.UUID]bool{}, runway: rw.Duration(apd.New(0, 0))}
+			for _, r := range rw.Runs {
+				if r.Source == billing.SourceAllocation {
+					wl.open[r.SourceID] = true
+				}
+			}
+			mu.Lock()
+			ws2[k] = wl
+			mu.Unlock()
+			return nil
+		})
+	}
+	for k := range periodKeys {
+		do(func() error {
+			win, err := s.budgetPeriod(ctx, k.tenant, k.project, k.currency, now)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			periods[k] = win
+			mu.Unlock()
+			return nil
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	for _, w := range ws {
 		p := Projection{State: CostUnpriced, RunwaySource: RunwayNone, ComputedAt: now.UTC()}
@@ -104,14 +159,8 @@ func (s *Service) Projections(ctx context.Context, ws []Workload, now time.Time)
 		}
 		p.Currency = *w.Currency
 		p.HourlyRate = &billing.Money{AmountMinor: *w.HourlyRate, Currency: *w.Currency}
-		wl := ws2[walletKey{w.TenantID, *w.Currency}]
-		win, ok := wl.periods[w.ProjectID]
-		if !ok {
-			if win, err = s.budgetPeriod(ctx, w.TenantID, w.ProjectID, *w.Currency, now); err != nil {
-				return nil, err
-			}
-			wl.periods[w.ProjectID] = win
-		}
+		k := walletKey{w.TenantID, *w.Currency}
+		wl, win := ws2[k], periods[periodKey{k, w.ProjectID}]
 		start, end := win.Start, win.End
 		p.PeriodStart, p.PeriodEnd = &start, &end
 		acc := int64(0)
