@@ -63,7 +63,9 @@ func TestReadModelsAgainstRealPrometheusAndAlertmanager(t *testing.T) {
 	dropped := prometheus.NewCounter(prometheus.CounterOpts{Name: "audit_denial_rows_dropped_total", Help: "h"})
 	st.CP.MustRegister(requests, duration, dropped)
 
-	// Traffic: one request in ten fails (availability 0.9), all within 500 ms.
+	// Traffic: one request in twenty fails (availability 0.95: the budget of 99.5% is
+	// exhausted, yet below the fast-burn rate, so no burn alert fires while the test
+	// runs), all within 500 ms.
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	go func() {
@@ -72,9 +74,9 @@ func TestReadModelsAgainstRealPrometheusAndAlertmanager(t *testing.T) {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				requests.WithLabelValues("/api/v1/allocations", "GET", "200").Add(9)
+				requests.WithLabelValues("/api/v1/allocations", "GET", "200").Add(19)
 				requests.WithLabelValues("/api/v1/allocations", "GET", "500").Add(1)
-				for range 10 {
+				for range 20 {
 					duration.WithLabelValues("/api/v1/allocations", "GET").Observe(0.05)
 				}
 			}
@@ -181,7 +183,7 @@ func TestReadModelsAgainstRealPrometheusAndAlertmanager(t *testing.T) {
 		switch it.SloID {
 		case "api-availability":
 			v, err := strconv.ParseFloat(it.Current.Value, 64)
-			if err != nil || v < 0.85 || v > 0.95 || it.Current.Status != api.ObservabilitySloCurrentStatusExhausted ||
+			if err != nil || v < 0.93 || v > 0.97 || it.Current.Status != api.ObservabilitySloCurrentStatusExhausted ||
 				it.Current.ErrorBudgetRemainingPercent != 0 || it.Objective.Target != "0.995" || !it.AlertCoverage.Loaded || !it.AlertCoverage.RouteConfigured {
 				t.Errorf("api-availability: %+v", it)
 			}
@@ -221,8 +223,8 @@ func TestReadModelsAgainstRealPrometheusAndAlertmanager(t *testing.T) {
 		t.Errorf("node-log-gateway: %+v", c)
 	}
 	if c := componentByID(health.Components, "api"); c.Status != api.ObservabilityComponentStatusDegraded ||
-		c.Metrics.ErrorRateClass != api.ObservabilityComponentMetricsErrorRateClassCritical || c.Metrics.LatencyClass != api.ObservabilityComponentMetricsLatencyClassNormal {
-		t.Errorf("api (10%% errors): %+v", c)
+		c.Metrics.ErrorRateClass != api.ObservabilityComponentMetricsErrorRateClassElevated || c.Metrics.LatencyClass != api.ObservabilityComponentMetricsLatencyClassNormal {
+		t.Errorf("api (5%% errors): %+v", c)
 	}
 	if c := componentByID(health.Components, "nats"); c.Status != api.ObservabilityComponentStatusUnhealthy {
 		t.Errorf("nats (probe failing): %+v", c)
