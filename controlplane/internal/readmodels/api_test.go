@@ -85,6 +85,9 @@ func TestShellModesPerRoleCombination(t *testing.T) {
 	acme := e.NewTenant(t, padmin, "Acme")
 	memberID, memberTok := e.NewUser(t, acme.AdminToken, "member")
 	e.member(t, acme.DefaultProject, memberID, "member")
+	// A tenant member who administers the default project.
+	leadID, leadTok := e.NewUser(t, acme.AdminToken, "member")
+	e.member(t, acme.DefaultProject, leadID, "admin")
 	opsID, opsTok := e.NewUser(t, acme.AdminToken, "member")
 	if _, err := e.Pool.Exec(context.Background(), `INSERT INTO platform_role_bindings (user_id, role, created_at) VALUES ($1, 'platform_ops', $2)`, opsID, e.clk.Now()); err != nil {
 		t.Fatal(err)
@@ -95,7 +98,6 @@ func TestShellModesPerRoleCombination(t *testing.T) {
 		t.Fatal(err)
 	}
 	bothTok := e.Token(t, acme.AdminID)
-	_ = memberTok
 
 	for _, tc := range []struct {
 		name, token string
@@ -103,6 +105,7 @@ func TestShellModesPerRoleCombination(t *testing.T) {
 		landing     map[string]string
 	}{
 		{"tenant member", memberTok, []string{"user"}, map[string]string{"user": "/workloads"}},
+		{"project admin", leadTok, []string{"user", "project_admin"}, map[string]string{"project_admin": "/projects/" + acme.DefaultProject.String() + "/settings"}},
 		{"tenant admin and platform superadmin", bothTok, []string{"user", "project_admin", "tenant_admin", "platform_admin", "ops"},
 			map[string]string{"project_admin": "/projects/" + acme.DefaultProject.String() + "/settings", "tenant_admin": "/organization", "platform_admin": "/admin", "ops": "/ops"}},
 		{"platform superadmin outside a tenant", padmin, []string{"platform_admin", "ops"}, map[string]string{"platform_admin": "/admin"}},

@@ -1,7 +1,6 @@
 package readmodels_test
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"testing"
@@ -204,7 +203,6 @@ func TestWorkloadsListFiltersCursorsAndBadInput(t *testing.T) {
 	if a = e.Call(t, http.MethodGet, "/api/v1/v3/workloads", bobTok, nil, other.DefaultProject.String()); a.Status != http.StatusForbidden {
 		t.Errorf("another tenant's project: %d %s", a.Status, a.Raw)
 	}
-	_ = context.Background
 }
 
 func join(s []string) string {
