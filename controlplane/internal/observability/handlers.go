@@ -5,6 +5,8 @@ import (
 	"sort"
 	"time"
 
+	openapi_types "github.com/oapi-codegen/runtime/types"
+
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/apierr"
@@ -172,7 +174,8 @@ func (h *Handlers) ListAdminRunbooks(_ context.Context, req api.ListAdminRunbook
 			more = true
 			break
 		}
-		out.Items = append(out.Items, api.RunbookSummary{ID: rb.ID, Title: rb.Title, Severity: rb.Severity, OwnerTeam: rb.OwnerTeam, Href: runbookHref(rb.ID)})
+		out.Items = append(out.Items, api.RunbookSummary{ID: rb.ID, Title: rb.Title, Severity: rb.Severity, OwnerTeam: rb.OwnerTeam,
+			Href: runbookHref(rb.ID), Service: rb.Service, Domain: rb.Domain, Summary: rb.Summary, LastReviewed: reviewed(rb)})
 	}
 	if len(out.Items) > 0 {
 		next, err := h.Cursors.Next(more, "runbooks:id", out.Items[len(out.Items)-1].ID)
@@ -192,7 +195,21 @@ func (h *Handlers) GetAdminRunbook(_ context.Context, req api.GetAdminRunbookReq
 			With("field", "runbook_id").With("reason", "runbook_not_found").WithStatus(404)
 	}
 	return api.GetAdminRunbook200JSONResponse{Body: api.Runbook{ID: rb.ID, Title: rb.Title, Severity: rb.Severity,
-		OwnerTeam: rb.OwnerTeam, Href: runbookHref(rb.ID), BodyMarkdown: rb.Body}}, nil
+		OwnerTeam: rb.OwnerTeam, Href: runbookHref(rb.ID), BodyMarkdown: rb.Body, Service: rb.Service, Domain: rb.Domain,
+		Summary: rb.Summary, LastReviewed: reviewed(rb), Alerts: nonNil(rb.Alerts), Signals: nonNil(rb.Signals)}}, nil
+}
+
+// reviewed is the runbook's last_reviewed date (checked by LoadManifest).
+func reviewed(rb Runbook) openapi_types.Date {
+	t, _ := time.Parse(time.DateOnly, rb.LastReviewed)
+	return openapi_types.Date{Time: t}
+}
+
+func nonNil(ss []string) []string {
+	if ss == nil {
+		return []string{}
+	}
+	return ss
 }
 
 func runbookHref(id string) string { return "/api/v1/admin/runbooks/" + id }

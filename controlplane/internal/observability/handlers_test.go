@@ -67,7 +67,9 @@ func TestObservabilityOperationsOverHTTP(t *testing.T) {
 		t.Errorf("%d runbooks listed", len(rbs))
 	}
 	one := ok("/api/v1/admin/runbooks/ops.provisioning.stuck")
-	if !strings.Contains(one.Str("body_markdown"), "Provisioning queue stuck") || one.Str("severity") != "critical" || one.Str("href") != "/api/v1/admin/runbooks/ops.provisioning.stuck" {
+	if !strings.Contains(one.Str("body_markdown"), "Provisioning queue stuck") || one.Str("severity") != "critical" || one.Str("href") != "/api/v1/admin/runbooks/ops.provisioning.stuck" ||
+		one.Str("last_reviewed") != "2026-11-25" || one.Str("service") != "gantry-controlplane" || one.Str("summary") == "" ||
+		len(one.Body["alerts"].([]any)) != 4 || one.Body["signals"].([]any)[0] != "stuck_provisioning" {
 		t.Errorf("runbook: %s", one.Raw)
 	}
 

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -243,6 +244,9 @@ func parseRunbook(raw []byte) (Runbook, error) {
 		return Runbook{}, fmt.Errorf("front matter needs title, owner_team, service, domain, summary and last_reviewed")
 	case !runbookSeverity[rb.Severity]:
 		return Runbook{}, fmt.Errorf("severity %q is not critical, warning or info", rb.Severity)
+	}
+	if _, err := time.Parse(time.DateOnly, rb.LastReviewed); err != nil {
+		return Runbook{}, fmt.Errorf("last_reviewed %q is not a date (YYYY-MM-DD)", rb.LastReviewed)
 	}
 	rb.Body = strings.TrimLeft(body, "\n")
 	return rb, nil

@@ -96,6 +96,7 @@ func TestRunbookFrontMatterErrors(t *testing.T) {
 		"no front matter": "# title\n",
 		"not closed":      "---\nid: ops.a.b\n",
 		"unknown field":   "---\nid: ops.a.b\ntitle: t\nseverity: info\nowner_team: p\nservice: s\ndomain: d\nsummary: s\nlast_reviewed: 2026-01-01\npager: 555\n---\nbody\n",
+		"bad date":        "---\nid: ops.a.b\ntitle: t\nseverity: info\nowner_team: p\nservice: s\ndomain: d\nsummary: s\nlast_reviewed: last week\n---\nbody\n",
 		"bad severity":    "---\nid: ops.a.b\ntitle: t\nseverity: loud\nowner_team: p\nservice: s\ndomain: d\nsummary: s\nlast_reviewed: 2026-01-01\n---\nbody\n",
 		"id not the file": "---\nid: ops.a.c\ntitle: t\nseverity: info\nowner_team: p\nservice: s\ndomain: d\nsummary: s\nlast_reviewed: 2026-01-01\n---\nbody\n",
 	} {
