@@ -84,3 +84,22 @@ func TestShellCacheStates(t *testing.T) {
 		})
 	}
 }
+
+// A cache that fails (Redis down) is an empty cache: the answer is computed, and says so.
+func TestShellWithRedisDown(t *testing.T) {
+	e := newEnv(t)
+	_, padmin := e.PlatformAdmin(t)
+	acme := e.NewTenant(t, padmin, "Acme")
+	p := &principal.Principal{UserID: acme.AdminID, TenantID: acme.ID, TenantRole: principal.TenantRoleAdmin}
+	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rc.Close() })
+	svc := readmodels.New(readmodels.Deps{Pool: e.Pool, Clock: e.clk, IDs: e.App.IDs, Billing: e.App.Billing,
+		Tenancy: e.App.Tenancy, Balance: &flakyBalance{}, Cache: readmodels.RedisCache{Client: rc},
+		Regions: readmodels.RegionsFunc(func(context.Context) ([]api.V3Region, error) { return []api.V3Region{}, nil })})
+	for range 2 {
+		c, err := svc.ShellContext(context.Background(), p, nil, "", false)
+		if err != nil || c.Meta.Cache != "miss" || c.Tenant == nil || c.Tenant.ID != acme.ID {
+			t.Fatalf("redis down: %v %+v", err, c.Meta)
+		}
+	}
+}
