@@ -94,6 +94,7 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 			case <-time.After(5 * time.Second):
 			}
 		}()
+		opts.LogStats = shipper.Stats
 		log = slog.New(slog.NewMultiHandler(log.Handler(), shipper.SlogHandler(&slog.HandlerOptions{Level: level})))
 	}
 	backend, err := gpu.Open(cfg.GPUBackend, gpu.Options{MockSeed: cfg.NodeID})

@@ -206,6 +206,10 @@ const (
 	StreamKind_STREAM_KIND_TERMINAL StreamKind = 1
 	// A TCP connection to a port of an app instance / allocation on the node.
 	StreamKind_STREAM_KIND_APP_PROXY StreamKind = 2
+	// The agent's Prometheus metrics: after an ok reply the agent writes the text
+	// exposition format and closes the stream (agents behind NAT listen on no port, so
+	// the control plane scrapes them through the tunnel and serves the result).
+	StreamKind_STREAM_KIND_METRICS StreamKind = 3
 )
 
 // Enum value maps for StreamKind.
@@ -214,11 +218,13 @@ var (
 		0: "STREAM_KIND_UNSPECIFIED",
 		1: "STREAM_KIND_TERMINAL",
 		2: "STREAM_KIND_APP_PROXY",
+		3: "STREAM_KIND_METRICS",
 	}
 	StreamKind_value = map[string]int32{
 		"STREAM_KIND_UNSPECIFIED": 0,
 		"STREAM_KIND_TERMINAL":    1,
 		"STREAM_KIND_APP_PROXY":   2,
+		"STREAM_KIND_METRICS":     3,
 	}
 )
 
@@ -2255,12 +2261,13 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x10TaskResultStatus\x12\"\n" +
 	"\x1eTASK_RESULT_STATUS_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cTASK_RESULT_STATUS_SUCCEEDED\x10\x01\x12\x1d\n" +
-	"\x19TASK_RESULT_STATUS_FAILED\x10\x02*^\n" +
+	"\x19TASK_RESULT_STATUS_FAILED\x10\x02*w\n" +
 	"\n" +
 	"StreamKind\x12\x1b\n" +
 	"\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STREAM_KIND_TERMINAL\x10\x01\x12\x19\n" +
-	"\x15STREAM_KIND_APP_PROXY\x10\x022Y\n" +
+	"\x15STREAM_KIND_APP_PROXY\x10\x02\x12\x17\n" +
+	"\x13STREAM_KIND_METRICS\x10\x032Y\n" +
 	"\x06Fabric\x12O\n" +
 	"\aControl\x12\x1e.gantry.fabric.v1.AgentMessage\x1a .gantry.fabric.v1.ControlMessage(\x010\x01B;Z9github.com/gantry-gpu/gantry/proto/gen/fabric/v1;fabricv1b\x06proto3"
 
