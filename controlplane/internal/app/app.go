@@ -34,6 +34,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
@@ -256,6 +257,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	drills := &observability.Drills{Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Audit: &audit.Log{Clock: a.Clock, IDs: a.IDs},
 		AM: obsSvc.AM, Manifest: obsSvc.Manifest, TokenFile: cfg.Observability.ReceiverTokenFile}
 	obsSvc.Drills = drills
+	// Node agents' metrics for Prometheus, scraped through the fabric; other replicas ask
+	// this one for the tunnels it holds.
+	nodeMetrics := &nodemetrics.Handlers{Config: cfg.NodeMetrics, Scraper: &nodemetrics.Scraper{Fabric: a.Fabric, NATS: a.NATS,
+		SubjectPrefix: cfg.siblingSubjectPrefix("nodemetrics"), Timeout: cfg.NodeMetrics.Timeout, Log: log}}
+	if err := nodeMetrics.Scraper.Serve(ctx); err != nil {
+		return nil, err
+	}
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
@@ -276,6 +284,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		ReadModelsAPI:        readmodels.NewHandlers(a.readModels(cat), cursors),
 		PlatformOpsAPI:       &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:     observability.NewHandlers(obsSvc, drills, cursors),
+		NodeMetricsAPI:       nodeMetrics,
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -292,7 +301,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware, nodeMetrics.StrictMiddleware},
 	})
 	ok = true
 	return a, nil

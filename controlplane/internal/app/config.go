@@ -11,6 +11,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
 	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
@@ -79,6 +80,9 @@ type Config struct {
 	// Observability is GANTRY_PROMETHEUS_URL, GANTRY_ALERTMANAGER_URL and the read models'
 	// settings (docs/operations.md).
 	Observability observability.Config
+	// NodeMetrics is GANTRY_NODE_METRICS_*: node agents' metrics served to Prometheus
+	// through the fabric (docs/nodeagent.md, "Metrics").
+	NodeMetrics nodemetrics.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

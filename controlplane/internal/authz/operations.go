@@ -201,6 +201,8 @@ var Operations = map[string]Requirement{
 	"getObservabilityHealthSnapshot": Capability(principal.CapOpsRead),
 	"createObservabilityDrill":       Capability(principal.CapOpsWrite),
 	"receiveAlertNotification":       OwnCredential("the alert receiver token, checked by observability.Handlers.StrictMiddleware"),
+	"listNodeMetricsTargets":         OwnCredential("the node metrics token, checked by nodemetrics.Handlers.StrictMiddleware"),
+	"getNodeMetrics":                 OwnCredential("the node metrics token, checked by nodemetrics.Handlers.StrictMiddleware"),
 	"listAdminRunbooks":              AdminCapability(principal.CapOpsRunbookRead),
 	"getAdminRunbook":                AdminCapability(principal.CapOpsRunbookRead),
 

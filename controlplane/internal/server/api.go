@@ -9,6 +9,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
 	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
@@ -48,6 +49,8 @@ type API struct {
 	*PlatformOpsAPI
 	// ObservabilityAPI: the seed 4.2 read models, drills and runbooks.
 	*ObservabilityAPI
+	// NodeMetricsAPI: node agents' metrics through the fabric, and their discovery.
+	*NodeMetricsAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -70,6 +73,7 @@ type (
 	ReadModelsAPI        = readmodels.Handlers
 	PlatformOpsAPI       = platformops.Handlers
 	ObservabilityAPI     = observability.Handlers
+	NodeMetricsAPI       = nodemetrics.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
