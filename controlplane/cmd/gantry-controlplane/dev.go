@@ -77,6 +77,7 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 			os.Setenv("GANTRY_PROMETHEUS_URL", monitoring.PrometheusURL)
 			os.Setenv("GANTRY_ALERTMANAGER_URL", monitoring.AlertmanagerURL)
 			setDefault("GANTRY_ALERT_RECEIVER_TOKEN_FILE", monitoring.ReceiverTokenFile)
+			setDefault("GANTRY_NODE_METRICS_TOKEN_FILE", monitoring.NodeMetricsTokenFile)
 		}
 	}
 	os.Setenv("DATABASE_URL", env.DatabaseURL)

@@ -33,6 +33,9 @@ type Monitoring struct {
 	// ReceiverTokenFile holds the bearer Alertmanager sends to the control plane's alert
 	// receiver (GANTRY_ALERT_RECEIVER_TOKEN_FILE).
 	ReceiverTokenFile string
+	// NodeMetricsTokenFile holds the bearer Prometheus sends to discover and scrape the
+	// node agents through the control plane (GANTRY_NODE_METRICS_TOKEN_FILE).
+	NodeMetricsTokenFile string
 }
 
 // ErrMonitoringNotInstalled means the Prometheus or Alertmanager binary is missing.
@@ -107,6 +110,12 @@ func PrepareMonitoring(o MonitoringOptions) (*Monitoring, error) {
 		return nil, err
 	}
 	prom = bytes.ReplaceAll(prom, []byte(`"127.0.0.1:8080"`), []byte(`"`+o.ControlPlaneAddr+`"`))
+	prom = bytes.ReplaceAll(prom, []byte("http://127.0.0.1:8080"), []byte(strings.TrimRight(o.ControlPlaneURL, "/")))
+	nodeTokenFile := filepath.Join(mdir, "node-metrics.token")
+	if err := writeTokenOnce(nodeTokenFile); err != nil {
+		return nil, err
+	}
+	prom = bytes.ReplaceAll(prom, []byte("/etc/gantry/node-metrics.token"), []byte(nodeTokenFile))
 	prom = bytes.ReplaceAll(prom, []byte(`"127.0.0.1:3100"`), []byte(`"`+o.GatewayAddr+`"`))
 	prom = bytes.ReplaceAll(prom, []byte(`"127.0.0.1:9090"`), []byte(`"`+o.PrometheusAddr+`"`))
 	prom = bytes.ReplaceAll(prom, []byte(`"127.0.0.1:9093"`), []byte(`"`+o.AlertmanagerAddr+`"`))
@@ -116,14 +125,8 @@ func PrepareMonitoring(o MonitoringOptions) (*Monitoring, error) {
 	}
 
 	tokenFile := filepath.Join(mdir, "alert-receiver.token")
-	if _, err := os.Stat(tokenFile); errors.Is(err, fs.ErrNotExist) {
-		tok, err := newClientSecret()
-		if err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(tokenFile, []byte(tok), 0o600); err != nil {
-			return nil, err
-		}
+	if err := writeTokenOnce(tokenFile); err != nil {
+		return nil, err
 	}
 	am, err := deploy.Monitoring.ReadFile("alertmanager/alertmanager.yml")
 	if err != nil {
@@ -141,6 +144,19 @@ func PrepareMonitoring(o MonitoringOptions) (*Monitoring, error) {
 			"--storage.path=" + filepath.Join(mdir, "alertmanager-data"), "--web.listen-address=" + o.AlertmanagerAddr,
 			"--cluster.listen-address="},
 		PrometheusURL: "http://" + o.PrometheusAddr, AlertmanagerURL: "http://" + o.AlertmanagerAddr,
-		ReceiverTokenFile: tokenFile,
+		ReceiverTokenFile: tokenFile, NodeMetricsTokenFile: nodeTokenFile,
 	}, nil
+}
+
+// writeTokenOnce writes a fresh secret to path unless it exists (a restarted make dev
+// keeps the token the running configuration names).
+func writeTokenOnce(path string) error {
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	tok, err := newClientSecret()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(tok), 0o600)
 }

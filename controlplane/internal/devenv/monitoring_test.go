@@ -56,8 +56,14 @@ func TestPrepareMonitoring(t *testing.T) {
 	if !strings.Contains(string(am), "http://127.0.0.1:18080/api/v1/internal/alerts/receiver") || !strings.Contains(string(am), m.ReceiverTokenFile) {
 		t.Errorf("alertmanager.yml does not deliver to the control plane with the token file:\n%s", am)
 	}
-	if fi, err := os.Stat(m.ReceiverTokenFile); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 20 {
-		t.Errorf("token file: %v %v", fi, err)
+	for _, f := range []string{m.ReceiverTokenFile, m.NodeMetricsTokenFile} {
+		if fi, err := os.Stat(f); err != nil || fi.Mode().Perm() != 0o600 || fi.Size() < 20 {
+			t.Errorf("token file %s: %v %v", f, fi, err)
+		}
+	}
+	// Node agents are discovered and scraped through the control plane with their own token.
+	if !strings.Contains(string(raw), "url: http://127.0.0.1:18080/api/v1/internal/metrics/nodes") || strings.Count(string(raw), m.NodeMetricsTokenFile) != 2 {
+		t.Errorf("prometheus.yml does not discover node agents through the control plane with the node metrics token:\n%s", raw)
 	}
 
 	for _, argv := range [][]string{m.Prometheus, m.Alertmanager} {
