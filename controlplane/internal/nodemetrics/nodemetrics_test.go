@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,16 +87,21 @@ func newWorld(t *testing.T) *world {
 			c.NodeMetrics.TokenFile = tokenFile
 			c.NodeMetrics.Timeout = 5 * time.Second
 		}))
+	runFabric(t, e.App)
+	return &world{Env: e, token: token}
+}
+
+func runFabric(t *testing.T, a *app.App) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = e.App.Fabric.Run(ctx) }()
+	go func() { defer close(done); _ = a.Fabric.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	wctx, wcancel := context.WithTimeout(ctx, waitLimit)
 	defer wcancel()
-	if err := e.App.Fabric.WaitPresence(wctx); err != nil {
+	if err := a.Fabric.WaitPresence(wctx); err != nil {
 		t.Fatal(err)
 	}
-	return &world{Env: e, token: token}
 }
 
 // agentNode enrolls a node and runs a real node agent against the fabric until stop.
@@ -324,5 +331,45 @@ func TestTargetsListOnlineNodesInOrder(t *testing.T) {
 		`{"labels":{"__metrics_path__":"/api/v1/internal/metrics/nodes/00000000-0000-4000-8000-000000000002","node_id":"00000000-0000-4000-8000-000000000002"},"targets":["cp.internal:8080"]}]`
 	if string(got) != want {
 		t.Fatalf("targets:\n got %s\nwant %s", got, want)
+	}
+}
+
+// A replica that does not hold the node's tunnel asks the holder over NATS: Prometheus
+// may reach any replica behind the load balancer.
+func TestNodeMetricsThroughAnotherReplica(t *testing.T) {
+	w := newWorld(t)
+	nodeID, _, _ := w.agentNode(t)
+
+	cfg := w.App.Config
+	cfg.Fabric.ReplicaID = "rb"
+	cfg.Fabric.Addr = "127.0.0.1:0"
+	b, err := app.New(context.Background(), cfg, slog.New(slog.DiscardHandler), app.Options{Pool: w.Pool, NodeProbeDialer: okDialer{}})
+	if err != nil {
+		t.Fatalf("second replica: %v", err)
+	}
+	t.Cleanup(b.Close)
+	runFabric(t, b)
+	srv := httptest.NewServer(b.Handler)
+	t.Cleanup(srv.Close)
+	eventually(t, "replica rb sees the node online", func() bool {
+		p, ok, err := b.Fabric.Presence(context.Background(), nodeID)
+		return err == nil && ok && p.Online && p.Replica == "ra"
+	})
+
+	req, err := http.NewRequest("GET", srv.URL+nodemetrics.MetricsPath(nodeID), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+w.token)
+	resp, err := w.HTTPClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body bytes.Buffer
+	_, _ = body.ReadFrom(resp.Body)
+	line := fmt.Sprintf(`gantry_nodeagent_build_info{commit="c0ffee1",node_id="%s",version="1.7.0"} 1`, nodeID)
+	if resp.StatusCode != 200 || !strings.Contains(body.String(), line+"\n") {
+		t.Fatalf("through replica rb: %d\n%s", resp.StatusCode, body.String())
 	}
 }
