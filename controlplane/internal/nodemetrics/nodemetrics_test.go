@@ -12,7 +12,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,6 +33,7 @@ import (
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
+	"github.com/gantry-gpu/gantry/shared/testenv/ci"
 )
 
 const waitLimit = 30 * time.Second
@@ -372,4 +375,88 @@ func TestNodeMetricsThroughAnotherReplica(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(body.String(), line+"\n") {
 		t.Fatalf("through replica rb: %d\n%s", resp.StatusCode, body.String())
 	}
+}
+
+// A real Prometheus discovers the node through the control plane's HTTP SD endpoint and
+// scrapes its agent through the fabric, as deploy/prometheus's gantry-nodeagent job does.
+func TestPrometheusScrapesNodeThroughControlPlane(t *testing.T) {
+	promBin, err := exec.LookPath("prometheus")
+	ci.SkipUnlessAvailable(t, "prometheus (apt-get install prometheus)", err)
+	w := newWorld(t)
+	nodeID, _, _ := w.agentNode(t)
+
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "node-metrics.token")
+	if err := os.WriteFile(tokenFile, []byte(w.token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	promAddr := ln.Addr().String()
+	_ = ln.Close()
+	cfg := fmt.Sprintf(`global: {scrape_interval: 1s}
+scrape_configs:
+  - job_name: gantry-nodeagent
+    authorization: {credentials_file: %[1]s}
+    scrape_timeout: 1s
+    http_sd_configs:
+      - url: %[2]s/api/v1/internal/metrics/nodes
+        refresh_interval: 1s
+        authorization: {type: Bearer, credentials_file: %[1]s}
+`, tokenFile, w.Server.URL)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd := exec.Command(promBin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+promAddr)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(out.Name())
+			t.Logf("prometheus output:\n%s", log)
+		}
+	})
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		if resp, err := http.Get("http://" + promAddr + "/api/v1/targets"); err == nil {
+			var b bytes.Buffer
+			_, _ = b.ReadFrom(resp.Body)
+			resp.Body.Close()
+			t.Logf("targets: %s", b.String())
+		}
+	})
+
+	query := fmt.Sprintf(`gantry_nodeagent_build_info{job="gantry-nodeagent",node_id="%s",version="1.7.0"}`, nodeID)
+	client := &http.Client{Timeout: 5 * time.Second}
+	eventually(t, "Prometheus to hold the node's build info", func() bool {
+		resp, err := client.Get("http://" + promAddr + "/api/v1/query?query=" + url.QueryEscape(query))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var r struct {
+			Data struct {
+				Result []struct {
+					Value []any `json:"value"`
+				} `json:"result"`
+			} `json:"data"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&r) != nil || len(r.Data.Result) != 1 || len(r.Data.Result[0].Value) != 2 {
+			return false
+		}
+		return r.Data.Result[0].Value[1] == "1"
+	})
 }
