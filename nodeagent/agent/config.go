@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/config"
@@ -50,9 +51,25 @@ func OptionsFromConfig(cfg config.Config, agentVersion string) (Options, error) 
 		TLS:               tlsConf,
 		Token:             cfg.ReadToken,
 		AgentVersion:      agentVersion,
+		AgentCommit:       BuildCommit(),
 		Hostname:          host,
 		TelemetryInterval: cfg.TelemetryInterval,
 	}, nil
+}
+
+// BuildCommit is the VCS revision the binary was built from (Go's build info; "" when
+// built without VCS stamping), for the build info metric.
+func BuildCommit() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return ""
 }
 
 // RunConfig is `gantry-nodeagent run` as a function: it opens the configured GPU backend
