@@ -14,6 +14,7 @@ require (
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/kr/fs v0.1.0 // indirect
 	github.com/pkg/sftp v1.13.12 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/quic-go/quic-go v0.65.0 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
+	"github.com/gantry-gpu/gantry/nodeagent/logship"
 	"github.com/gantry-gpu/gantry/nodeagent/runtime"
 	"github.com/gantry-gpu/gantry/nodeagent/tasks"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
@@ -56,8 +57,10 @@ type Options struct {
 	// rotated on disk is picked up without a restart.
 	Token        func() (string, error)
 	AgentVersion string
-	Hostname     string
-	GPU          gpu.Backend
+	// AgentCommit is the source commit the agent was built from (build info metric).
+	AgentCommit string
+	Hostname    string
+	GPU         gpu.Backend
 	// Executor runs dispatched tasks; each task id runs once (the agent wraps it in
 	// tasks.Once). nil rejects every task as an unsupported kind.
 	Executor tasks.Executor
@@ -77,6 +80,8 @@ type Options struct {
 	// (after the Welcome) and nil when that tunnel ends, so other services on the
 	// tunnel (StorageFabric, nodeagent/storagemount) always call through the current one.
 	OnConnection func(cc grpc.ClientConnInterface)
+	// LogStats, when set, reports the log shipper's counters for the agent's metrics.
+	LogStats func() logship.Stats
 	// Backoff spaces reconnects; the zero value means DefaultBackoff.
 	Backoff Backoff
 	// HeartbeatInterval and TelemetryInterval apply until the Welcome.
@@ -124,6 +129,11 @@ type Agent struct {
 	sent       map[string]bool                 // of unreported, sent on the current tunnel
 	notify     chan struct{}                   // a task finished: send its result
 	hbSeq      uint64
+	// For the metrics: failed or ended tunnels, and the last GPU sample.
+	reconnects   uint64
+	lastSamples  []gpu.Metrics
+	lastSampleAt time.Time
+	metrics      *metrics
 
 	tasksWG sync.WaitGroup
 }
@@ -173,6 +183,7 @@ func New(o Options) (*Agent, error) {
 		sent:       map[string]bool{},
 		notify:     make(chan struct{}, 1),
 	}
+	a.metrics = newMetrics(a)
 	if o.StateDir != "" {
 		a.results = resultStore{dir: filepath.Join(o.StateDir, "results")}
 	}
@@ -260,6 +271,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		attempt++
 		a.mu.Lock()
+		a.reconnects++
 		a.st.Attempts = attempt
 		a.mu.Unlock()
 		a.setDisconnected(errString(err))
@@ -608,6 +620,7 @@ func (a *Agent) sendTelemetry(ctx context.Context, send func(*fabricv1.AgentMess
 	}
 	a.mu.Lock()
 	a.st.TelemetrySent++
+	a.lastSamples, a.lastSampleAt = samples, a.o.Clock.Now()
 	a.mu.Unlock()
 	return nil
 }

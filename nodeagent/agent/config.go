@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/config"
@@ -53,9 +54,25 @@ func OptionsFromConfig(cfg config.Config, agentVersion string) (Options, error) 
 		TLS:               tlsConf,
 		Token:             cfg.ReadToken,
 		AgentVersion:      agentVersion,
+		AgentCommit:       BuildCommit(),
 		Hostname:          host,
 		TelemetryInterval: cfg.TelemetryInterval,
 	}, nil
+}
+
+// BuildCommit is the VCS revision the binary was built from (Go's build info; "" when
+// built without VCS stamping), for the build info metric.
+func BuildCommit() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			return s.Value
+		}
+	}
+	return ""
 }
 
 // RunConfig is `gantry-nodeagent run` as a function: it opens the configured GPU backend
@@ -97,6 +114,7 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 			case <-time.After(5 * time.Second):
 			}
 		}()
+		opts.LogStats = shipper.Stats
 		log = slog.New(slog.NewMultiHandler(log.Handler(), shipper.SlogHandler(&slog.HandlerOptions{Level: level})))
 	}
 	backend, err := gpu.Open(cfg.GPUBackend, gpu.Options{MockSeed: cfg.NodeID})

@@ -27,6 +27,11 @@ func (a *Agent) dispatch(ctx context.Context, d *fabricv1.TaskDispatch) *fabricv
 	reject := func(code, msg string) *fabricv1.TaskAck {
 		ack.Status, ack.ErrorCode, ack.Message = fabricv1.TaskAckStatus_TASK_ACK_STATUS_REJECTED, code, msg
 		a.log.Warn("task rejected", "task_id", id, "kind", d.GetKind(), "code", code)
+		kind := d.GetKind()
+		if code != AckDeadlineExceeded {
+			kind = "unsupported" // untrusted kind: keeps the metric's label set bounded
+		}
+		a.taskOutcome(kind, outcomeRejected)
 		return ack
 	}
 	if id == "" || len(id) > 128 || d.GetKind() == "" {
@@ -66,6 +71,11 @@ func (a *Agent) dispatch(ctx context.Context, d *fabricv1.TaskDispatch) *fabricv
 		defer a.tasksWG.Done()
 		if counts {
 			a.addResult(id, r)
+			outcome := outcomeSucceeded
+			if r.Status != tasks.Succeeded {
+				outcome = outcomeFailed
+			}
+			a.taskOutcome(t.Kind, outcome)
 		}
 		a.log.Info("task finished", "task_id", id, "kind", t.Kind, "status", r.Status, "error_code", r.ErrorCode)
 	})

@@ -32,6 +32,10 @@ func (a *Agent) serveStream(ctx context.Context, st net.Conn) {
 		return
 	}
 	_ = st.SetReadDeadline(time.Time{})
+	if pre.GetKind() == fabricv1.StreamKind_STREAM_KIND_METRICS {
+		a.serveMetrics(ctx, st)
+		return
+	}
 	if a.o.Streams == nil {
 		_ = fabricnet.WriteReply(st, &fabricv1.StreamReply{Ok: false, ErrorCode: "unsupported_kind", Message: "this agent serves no raw streams yet"})
 		_ = st.Close()

@@ -22,6 +22,11 @@ const (
 	idempotencyKeyRef  = "#/components/parameters/IdempotencyKey"
 )
 
+// internalTokenOperations are the operations authenticated by an opaque internal token.
+var internalTokenOperations = map[string]bool{
+	"refreshJWKS": true, "receiveAlertNotification": true, "listNodeMetricsTargets": true, "getNodeMetrics": true,
+}
+
 // freeForm lists every place where the contract deliberately accepts any properties
 // (`additionalProperties: true`). Everything else that is an object is closed.
 var freeForm = map[string]bool{
@@ -32,9 +37,14 @@ var freeForm = map[string]bool{
 	schemasPrefix + "BillingRatedUsageLine/properties/pricing_snapshot":      true,
 	schemasPrefix + "BillingShadowRatingRequest/properties/pricing_snapshot": true,
 	schemasPrefix + "BillingShadowRatingLine/properties/pricing_snapshot":    true,
-	schemasPrefix + "V3WorkloadCostProjection":                               true,
 	schemasPrefix + "JWKSet/properties/keys/items":                           true,
 	schemasPrefix + "AuditEvent/properties/metadata":                         true,
+	// Alertmanager's webhook carries label and annotation maps (observability receiver).
+	schemasPrefix + "AlertmanagerNotification/properties/groupLabels":       true,
+	schemasPrefix + "AlertmanagerNotification/properties/commonLabels":      true,
+	schemasPrefix + "AlertmanagerNotification/properties/commonAnnotations": true,
+	schemasPrefix + "AlertmanagerNotificationAlert/properties/labels":       true,
+	schemasPrefix + "AlertmanagerNotificationAlert/properties/annotations":  true,
 }
 
 // publicOperations are the operations that declare `security: []`.
@@ -317,8 +327,11 @@ func TestOperations(t *testing.T) {
 				t.Errorf("%s: public (security: []) = %v, want %v", at, public, publicOperations[op.OperationID])
 			}
 			internal := op.Security != nil && len(*op.Security) == 1 && (*op.Security)[0]["internalTokenAuth"] != nil
-			if internal != (op.OperationID == "refreshJWKS") {
-				t.Errorf("%s: internalTokenAuth is only for refreshJWKS", at)
+			// Opaque internal tokens: the JWKS refresh, Alertmanager's webhook into the
+			// control plane (its token is Alertmanager's credentials_file) and Prometheus
+			// scraping node agents through the control plane (its bearer's credentials_file).
+			if internal != internalTokenOperations[op.OperationID] {
+				t.Errorf("%s: internalTokenAuth is only for %v", at, internalTokenOperations)
 			}
 			if !public {
 				need("it needs authentication", "401", "429")

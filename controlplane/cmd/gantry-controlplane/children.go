@@ -54,7 +54,17 @@ func (c *children) run(ctx context.Context, name string, env []string, args ...s
 // start runs name in the background until ctx ends; then it gets SIGTERM and, after a
 // grace period, SIGKILL. A child that exits early is reported, not restarted.
 func (c *children) start(ctx context.Context, name string, env []string, args ...string) error {
-	cmd, logf, err := c.command(ctx, name, env, args...)
+	path, err := sibling(name)
+	if err != nil {
+		return err
+	}
+	return c.startAt(ctx, path, name, env, args...)
+}
+
+// startAt is start for a program outside bin/ (Prometheus, Alertmanager from the
+// machine's packages), logging to name.log.
+func (c *children) startAt(ctx context.Context, path, name string, env []string, args ...string) error {
+	cmd, logf, err := c.commandAt(ctx, path, name, env, args...)
 	if err != nil {
 		return err
 	}
@@ -79,6 +89,10 @@ func (c *children) command(ctx context.Context, name string, env []string, args 
 	if err != nil {
 		return nil, nil, err
 	}
+	return c.commandAt(ctx, path, name, env, args...)
+}
+
+func (c *children) commandAt(ctx context.Context, path, name string, env []string, args ...string) (*exec.Cmd, *os.File, error) {
 	if err := os.MkdirAll(c.logDir, 0o755); err != nil {
 		return nil, nil, err
 	}

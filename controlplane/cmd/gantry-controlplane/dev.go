@@ -61,7 +61,25 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 	}()
 
 	setDefault("GANTRY_HTTP_ADDR", "127.0.0.1:8080")
+	setDefault("GANTRY_LOGGATEWAY_ADDR", "127.0.0.1:3100")
 	setDefault("GANTRY_MASTER_KEY", env.MasterKey)
+	// Prometheus and Alertmanager from the machine's packages, when installed and not
+	// configured elsewhere: the observability read models then have real sources.
+	var monitoring *devenv.Monitoring
+	if os.Getenv("GANTRY_PROMETHEUS_URL") == "" && os.Getenv("GANTRY_ALERTMANAGER_URL") == "" {
+		cpAddr := os.Getenv("GANTRY_HTTP_ADDR")
+		monitoring, err = devenv.PrepareMonitoring(devenv.MonitoringOptions{Dir: dir, ControlPlaneAddr: cpAddr,
+			ControlPlaneURL: "http://" + cpAddr, GatewayAddr: os.Getenv("GANTRY_LOGGATEWAY_ADDR")})
+		if err != nil {
+			notef("monitoring: not started: %v; the observability read models will say so", err)
+			monitoring = nil
+		} else {
+			os.Setenv("GANTRY_PROMETHEUS_URL", monitoring.PrometheusURL)
+			os.Setenv("GANTRY_ALERTMANAGER_URL", monitoring.AlertmanagerURL)
+			setDefault("GANTRY_ALERT_RECEIVER_TOKEN_FILE", monitoring.ReceiverTokenFile)
+			setDefault("GANTRY_NODE_METRICS_TOKEN_FILE", monitoring.NodeMetricsTokenFile)
+		}
+	}
 	os.Setenv("DATABASE_URL", env.DatabaseURL)
 	os.Setenv("NATS_URL", env.NATSURL)
 	cfg, err := app.LoadConfig(true)
@@ -95,7 +113,6 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 
 	// The log gateway runs as its own process, as in production, and writes node log
 	// batches to a local file (no LOKI_URL in dev).
-	setDefault("GANTRY_LOGGATEWAY_ADDR", "127.0.0.1:3100")
 	gatewayAddr := os.Getenv("GANTRY_LOGGATEWAY_ADDR")
 	nodeLogs := filepath.Join(dir, "logs", "nodes.log")
 	kids := &children{logDir: filepath.Join(dir, "logs"), notef: notef}
@@ -106,6 +123,19 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 	}); err != nil {
 		ln.Close()
 		return fmt.Errorf("start the log gateway: %w", err)
+	}
+
+	if monitoring != nil {
+		for _, m := range []struct {
+			name string
+			argv []string
+		}{{"prometheus", monitoring.Prometheus}, {"alertmanager", monitoring.Alertmanager}} {
+			if err := kids.startAt(kidsCtx, m.argv[0], m.name, nil, m.argv[1:]...); err != nil {
+				notef("monitoring: %s did not start: %v", m.name, err)
+			}
+		}
+		notef("monitoring: Prometheus %s and Alertmanager %s (logs in %s)", monitoring.PrometheusURL, monitoring.AlertmanagerURL,
+			relPath(filepath.Join(dir, "logs")))
 	}
 
 	envFile := filepath.Join(dir, "dev.env")

@@ -34,14 +34,18 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
+	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/platformops"
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/readmodels"
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
@@ -267,6 +271,23 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		EventsSubjectPrefix: cfg.EventsSubjectPrefix, Denials: a.Denials}); err != nil {
 		return nil, err
 	}
+	// Observability read models (docs/operations.md): Prometheus and Alertmanager when
+	// configured, and the control plane's own probes of what they do not scrape.
+	obsSvc, err := observability.NewService(observability.DeployManifest(), cfg.Observability, a.Clock)
+	if err != nil {
+		return nil, err
+	}
+	obsSvc.Components = a.componentProbes()
+	drills := &observability.Drills{Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Audit: &audit.Log{Clock: a.Clock, IDs: a.IDs},
+		AM: obsSvc.AM, Manifest: obsSvc.Manifest, TokenFile: cfg.Observability.ReceiverTokenFile}
+	obsSvc.Drills = drills
+	// Node agents' metrics for Prometheus, scraped through the fabric; other replicas ask
+	// this one for the tunnels it holds.
+	nodeMetrics := &nodemetrics.Handlers{Config: cfg.NodeMetrics, Scraper: &nodemetrics.Scraper{Fabric: a.Fabric, NATS: a.NATS,
+		SubjectPrefix: cfg.siblingSubjectPrefix("nodemetrics"), Timeout: cfg.NodeMetrics.Timeout, Log: log}}
+	if err := nodeMetrics.Scraper.Serve(ctx); err != nil {
+		return nil, err
+	}
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
@@ -287,6 +308,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		StorageAPI:            storage.NewHandlers(a.Storage, cursors),
 		StorageObjectsAPI:     objects.NewHandlers(a.Objects, a.Storage, cursors),
 		StorageAttachmentsAPI: a.attachments(a.Objects, cursors),
+		ReadModelsAPI:         readmodels.NewHandlers(a.readModels(cat), cursors),
+		PlatformOpsAPI:        &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
+		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
+		NodeMetricsAPI:        nodeMetrics,
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -304,7 +329,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware, nodeMetrics.StrictMiddleware},
 	})
 	ok = true
 	return a, nil
@@ -537,4 +562,63 @@ func (a *App) Close() {
 	if a.ownPool && a.Pool != nil {
 		a.Pool.Close()
 	}
+}
+
+// componentProbes are the health snapshot's checks of what Prometheus does not scrape.
+func (a *App) componentProbes() observability.ComponentProbes {
+	p := observability.ComponentProbes{
+		Database: func(ctx context.Context) error { return a.Pool.Ping(ctx) },
+		EventBus: func(context.Context) error {
+			if st := a.NATS.Status(); st != nats.CONNECTED {
+				return fmt.Errorf("nats %s", st)
+			}
+			return nil
+		},
+		Gateway: func(context.Context) error {
+			if a.Fabric == nil || a.Fabric.ListenAddr() == nil {
+				return errors.New("fabric server not listening")
+			}
+			return nil
+		},
+		RuntimeCommit: observability.BuildCommit(),
+	}
+	if a.redis != nil {
+		p.Cache = func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }
+	}
+	return p
+}
+
+// readModels assembles the v3 read models (docs/operations.md): the shell context is
+// cached in Redis when configured (shared by the replicas), else in this process.
+func (a *App) readModels(cat *catalog.Service) *readmodels.Service {
+	var cache readmodels.Cache
+	if a.redis != nil {
+		cache = readmodels.RedisCache{Client: a.redis, Prefix: "gantry:"}
+	}
+	regions := catalog.NewHandlers(cat, pagination.Codec{})
+	return readmodels.New(readmodels.Deps{
+		Pool: a.Pool, Clock: a.Clock, IDs: a.IDs, Log: a.Log, Billing: a.Billing, Tenancy: a.Tenancy, Balance: a.Billing, Cache: cache,
+		Regions: readmodels.RegionsFunc(func(ctx context.Context) ([]api.V3Region, error) {
+			r, err := regions.ListV3Regions(ctx, api.ListV3RegionsRequestObject{})
+			if err != nil {
+				return nil, err
+			}
+			return r.(api.ListV3Regions200JSONResponse).Body.Items, nil
+		}),
+	})
+}
+
+// platformOps assembles the platform signals, overview and releases.
+// prom is Prometheus when configured (nil: the metrics-derived signals are unknown).
+func (a *App) platformOps(provisioningTimeout time.Duration, prom *observability.Prometheus) *platformops.Service {
+	replica := a.Config.Fabric.ReplicaID
+	if replica == "" {
+		replica = fabric.DefaultReplicaID() // what the fabric names this replica too
+	}
+	svc := &platformops.Service{Pool: a.Pool, Clock: a.Clock, Log: a.Log, ProvisioningTimeout: provisioningTimeout,
+		Gatherer: a.Metrics.Registry, ReplicaID: replica, StartedAt: a.Clock.Now()}
+	if prom != nil { // never a typed nil in the interface
+		svc.Metrics = prom
+	}
+	return svc
 }

@@ -11,8 +11,10 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
+	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
 	"github.com/gantry-gpu/gantry/controlplane/internal/provisioning"
 	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
@@ -82,6 +84,12 @@ type Config struct {
 	// Blob is GANTRY_STORAGE_DRIVER, GANTRY_STORAGE_FS_ROOT and GANTRY_STORAGE_S3_* (the
 	// object bytes' backend, docs/storage.md).
 	Blob blob.Config
+	// Observability is GANTRY_PROMETHEUS_URL, GANTRY_ALERTMANAGER_URL and the read models'
+	// settings (docs/operations.md).
+	Observability observability.Config
+	// NodeMetrics is GANTRY_NODE_METRICS_*: node agents' metrics served to Prometheus
+	// through the fabric (docs/nodeagent.md, "Metrics").
+	NodeMetrics nodemetrics.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

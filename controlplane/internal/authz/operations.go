@@ -183,6 +183,29 @@ var Operations = map[string]Requirement{
 	"listAdminAllocations":   PlatformAdmin(),
 	"forceReleaseAllocation": PlatformAdmin(),
 
+	// v3 read models and platform operations (docs/operations.md; issue 21). Workloads are
+	// the project's; the shell context and attention are the caller's own; platform signals,
+	// releases and the observability read models need platform.ops.read (seed 4.2).
+	"getV3ShellContext":           Authenticated(), // the optional X-Project-ID is checked by the handler
+	"putV3NotificationReadMarker": Authenticated(),
+	"listV3Workloads":             ProjectRole(viewer),
+	"getV3Workload":               ProjectRole(viewer),
+	"dismissV3Attention":          Authenticated(), // the key's workload must be visible to the caller: checked by the handler
+	"getV3PlatformOps":            Capability(principal.CapOpsRead),
+	"getV3PlatformSignal":         Capability(principal.CapOpsRead),
+	"listPlatformReleases":        Capability(principal.CapOpsRead),
+	"getAdminOpsOverview":         AdminCapability(principal.CapOpsRead),
+	// Observability (controlplane/internal/observability).
+	"listObservabilityAlerts":        Capability(principal.CapOpsRead),
+	"getObservabilitySloEvidence":    Capability(principal.CapOpsRead),
+	"getObservabilityHealthSnapshot": Capability(principal.CapOpsRead),
+	"createObservabilityDrill":       Capability(principal.CapOpsWrite),
+	"receiveAlertNotification":       OwnCredential("the alert receiver token, checked by observability.Handlers.StrictMiddleware"),
+	"listNodeMetricsTargets":         OwnCredential("the node metrics token, checked by nodemetrics.Handlers.StrictMiddleware"),
+	"getNodeMetrics":                 OwnCredential("the node metrics token, checked by nodemetrics.Handlers.StrictMiddleware"),
+	"listAdminRunbooks":              AdminCapability(principal.CapOpsRunbookRead),
+	"getAdminRunbook":                AdminCapability(principal.CapOpsRunbookRead),
+
 	// Notifications and the browser terminal.
 	"connectNotifications":  OwnCredential("the access token of the WebSocket handshake, checked by the notifications gateway"),
 	"createTerminalSession": ProjectRole(member),

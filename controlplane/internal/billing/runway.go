@@ -115,6 +115,14 @@ func (s *Service) runwayOf(ctx context.Context, q *billingdb.Queries, pr *pricer
 	return r, nil
 }
 
+// RunwayAt is the runway of the tenant's wallet in currency at now, computed exactly as
+// launch checks and the runway watcher compute it (runwayOf), for read models that show
+// it (docs/operations.md, "Cost projection"). It writes nothing.
+func (s *Service) RunwayAt(ctx context.Context, tenantID uuid.UUID, currency string, now time.Time) (Runway, error) {
+	q := s.read(ctx)
+	return s.runwayOf(ctx, q, newPricer(q), tenantID, currency, now)
+}
+
 // Decision is the answer of CanLaunch.
 type Decision struct {
 	Allowed  bool

@@ -9,9 +9,13 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
+	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/notifications"
+	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/payments"
+	"github.com/gantry-gpu/gantry/controlplane/internal/platformops"
+	"github.com/gantry-gpu/gantry/controlplane/internal/readmodels"
 	"github.com/gantry-gpu/gantry/controlplane/internal/sshkeys"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/attach"
@@ -47,6 +51,14 @@ type API struct {
 	*StorageAPI
 	*StorageObjectsAPI
 	*StorageAttachmentsAPI
+	// ReadModelsAPI: the v3 shell, workloads, attention, platform ops and releases.
+	*ReadModelsAPI
+	// PlatformOpsAPI: platform signals, the admin ops overview and releases.
+	*PlatformOpsAPI
+	// ObservabilityAPI: the seed 4.2 read models, drills and runbooks.
+	*ObservabilityAPI
+	// NodeMetricsAPI: node agents' metrics through the fabric, and their discovery.
+	*NodeMetricsAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -69,6 +81,10 @@ type (
 	StorageAPI            = storage.Handlers
 	StorageObjectsAPI     = objects.Handlers
 	StorageAttachmentsAPI = attach.Handlers
+	ReadModelsAPI         = readmodels.Handlers
+	PlatformOpsAPI        = platformops.Handlers
+	ObservabilityAPI      = observability.Handlers
+	NodeMetricsAPI        = nodemetrics.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

@@ -211,6 +211,10 @@ const (
 	// protocol's bytes, client first. The agent hands them to the host's sshd on loopback
 	// (linux-user runtime) or to its own in-process SSH server (process runtime).
 	StreamKind_STREAM_KIND_SSH StreamKind = 3
+	// The agent's Prometheus metrics: after an ok reply the agent writes the text
+	// exposition format and closes the stream (agents behind NAT listen on no port, so
+	// the control plane scrapes them through the tunnel and serves the result).
+	StreamKind_STREAM_KIND_METRICS StreamKind = 4
 )
 
 // Enum value maps for StreamKind.
@@ -220,12 +224,14 @@ var (
 		1: "STREAM_KIND_TERMINAL",
 		2: "STREAM_KIND_APP_PROXY",
 		3: "STREAM_KIND_SSH",
+		4: "STREAM_KIND_METRICS",
 	}
 	StreamKind_value = map[string]int32{
 		"STREAM_KIND_UNSPECIFIED": 0,
 		"STREAM_KIND_TERMINAL":    1,
 		"STREAM_KIND_APP_PROXY":   2,
 		"STREAM_KIND_SSH":         3,
+		"STREAM_KIND_METRICS":     4,
 	}
 )
 
@@ -2957,13 +2963,14 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x10TaskResultStatus\x12\"\n" +
 	"\x1eTASK_RESULT_STATUS_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cTASK_RESULT_STATUS_SUCCEEDED\x10\x01\x12\x1d\n" +
-	"\x19TASK_RESULT_STATUS_FAILED\x10\x02*s\n" +
+	"\x19TASK_RESULT_STATUS_FAILED\x10\x02*\x8c\x01\n" +
 	"\n" +
 	"StreamKind\x12\x1b\n" +
 	"\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14STREAM_KIND_TERMINAL\x10\x01\x12\x19\n" +
 	"\x15STREAM_KIND_APP_PROXY\x10\x02\x12\x13\n" +
-	"\x0fSTREAM_KIND_SSH\x10\x032Y\n" +
+	"\x0fSTREAM_KIND_SSH\x10\x03\x12\x17\n" +
+	"\x13STREAM_KIND_METRICS\x10\x042Y\n" +
 	"\x06Fabric\x12O\n" +
 	"\aControl\x12\x1e.gantry.fabric.v1.AgentMessage\x1a .gantry.fabric.v1.ControlMessage(\x010\x012\xbd\x03\n" +
 	"\rStorageFabric\x12S\n" +
