@@ -81,32 +81,9 @@ func SSHPath(allocationID uuid.UUID) string {
 // upgrades, audits the connection and pipes bytes until either side ends. Errors are
 // returned only before the upgrade.
 func (s *Service) openSSH(ctx context.Context, w http.ResponseWriter, r *http.Request, allocationID uuid.UUID) error {
-	if err := s.refuseQueryToken(ctx, r); err != nil {
-		return err
-	}
-	if !isUpgrade(r) {
-		return apierr.New(apierr.InvalidRequest, "this is a WebSocket endpoint: send an upgrade request").
-			With("reason", "websocket_upgrade_required")
-	}
-	if !s.originAllowed(r) {
-		return apierr.New(apierr.InvalidRequest, "this origin may not open SSH streams").
-			With("reason", "origin_not_allowed").WithStatus(http.StatusForbidden)
-	}
-	tok, err := tokenFromSubprotocols(r, SSHSubprotocol)
+	grant, alloc, err := s.admit(ctx, r, allocationID, SSHSubprotocol, "SSH streams", "SSH needs")
 	if err != nil {
 		return err
-	}
-	grant, err := s.Consume(ctx, tok, allocationID)
-	if err != nil {
-		return err
-	}
-	alloc, err := s.deps.Allocations.Allocation(ctx, grant.ProjectID, allocationID)
-	if err != nil {
-		return err
-	}
-	if !running(alloc.Status) {
-		return apierr.New(apierr.AllocationNotActive, "SSH needs a running allocation; this one is %s", alloc.Status).
-			With("status", alloc.Status)
 	}
 	bctx, cancel := context.WithCancel(principal.With(context.WithoutCancel(ctx), &principal.Principal{
 		UserID: grant.UserID, TenantID: grant.TenantID,

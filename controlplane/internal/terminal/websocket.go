@@ -99,36 +99,49 @@ func withRoute(err error, route, method string) *apierr.Error {
 	return e.With("route", route).With("method", method)
 }
 
+// admit is the handshake every WebSocket byte stream into an allocation (terminal, SSH)
+// passes before the upgrade: no token in the query, an upgrade request from an allowed
+// origin, the single-use token in the subprotocol list spent, and the allocation running.
+// what names the streams in the origin refusal ("terminals"), needs starts the
+// not-running message ("a terminal needs").
+func (s *Service) admit(ctx context.Context, r *http.Request, allocationID uuid.UUID, subprotocol, what, needs string) (Grant, Allocation, error) {
+	if err := s.refuseQueryToken(ctx, r); err != nil {
+		return Grant{}, Allocation{}, err
+	}
+	if !isUpgrade(r) {
+		return Grant{}, Allocation{}, apierr.New(apierr.InvalidRequest, "this is a WebSocket endpoint: send an upgrade request").
+			With("reason", "websocket_upgrade_required")
+	}
+	if !s.originAllowed(r) {
+		return Grant{}, Allocation{}, apierr.New(apierr.InvalidRequest, "this origin may not open %s", what).
+			With("reason", "origin_not_allowed").WithStatus(http.StatusForbidden)
+	}
+	tok, err := tokenFromSubprotocols(r, subprotocol)
+	if err != nil {
+		return Grant{}, Allocation{}, err
+	}
+	grant, err := s.Consume(ctx, tok, allocationID)
+	if err != nil {
+		return Grant{}, Allocation{}, err
+	}
+	alloc, err := s.deps.Allocations.Allocation(ctx, grant.ProjectID, allocationID)
+	if err != nil {
+		return Grant{}, Allocation{}, err
+	}
+	if !running(alloc.Status) {
+		return Grant{}, Allocation{}, apierr.New(apierr.AllocationNotActive, "%s a running allocation; this one is %s", needs, alloc.Status).
+			With("status", alloc.Status)
+	}
+	return grant, alloc, nil
+}
+
 // openTerminal checks the handshake, spends the token, opens the stream to the agent
 // (here or through the replica holding the node's tunnel), upgrades and bridges until
 // the session ends or detaches. Errors are returned only before the upgrade.
 func (s *Service) openTerminal(ctx context.Context, w http.ResponseWriter, r *http.Request, allocationID uuid.UUID) error {
-	if err := s.refuseQueryToken(ctx, r); err != nil {
-		return err
-	}
-	if !isUpgrade(r) {
-		return apierr.New(apierr.InvalidRequest, "this is a WebSocket endpoint: send an upgrade request").
-			With("reason", "websocket_upgrade_required")
-	}
-	if !s.originAllowed(r) {
-		return apierr.New(apierr.InvalidRequest, "this origin may not open terminals").
-			With("reason", "origin_not_allowed").WithStatus(http.StatusForbidden)
-	}
-	tok, err := tokenFromSubprotocols(r, Subprotocol)
+	grant, alloc, err := s.admit(ctx, r, allocationID, Subprotocol, "terminals", "a terminal needs")
 	if err != nil {
 		return err
-	}
-	grant, err := s.Consume(ctx, tok, allocationID)
-	if err != nil {
-		return err
-	}
-	alloc, err := s.deps.Allocations.Allocation(ctx, grant.ProjectID, allocationID)
-	if err != nil {
-		return err
-	}
-	if !running(alloc.Status) {
-		return apierr.New(apierr.AllocationNotActive, "a terminal needs a running allocation; this one is %s", alloc.Status).
-			With("status", alloc.Status)
 	}
 
 	// The session outlives the request's context handling; it keeps its values
