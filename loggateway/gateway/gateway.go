@@ -14,6 +14,7 @@ import (
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/correlation"
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // Service names the gateway in error envelopes and logs.
@@ -27,6 +28,10 @@ type Options struct {
 	Sink   Sink
 	Clock  clock.Clock
 	Logger *slog.Logger
+	// Version is the binary's version (main's -ldflags -X); exported with the commit Go
+	// stamped as gantry_loggateway_build_info, which is how the control plane's releases
+	// read learns what each gateway runs. "" reads as "unknown".
+	Version string
 }
 
 // Gateway is the node log gateway's HTTP handler and what it holds.
@@ -76,7 +81,7 @@ func New(cfg Config, opts Options) (*Gateway, error) {
 		cfg:     cfg,
 		auth:    newAuthCache(opts.Introspector, opts.Clock, cfg.AuthCacheTTL, cfg.AuthNegativeTTL, cfg.AuthCacheSize),
 		sink:    sink,
-		metrics: newMetrics(),
+		metrics: newMetrics(obs.ReadBuild(opts.Version)),
 		log:     opts.Logger,
 		clock:   opts.Clock,
 		budget:  semaphore.NewWeighted(cfg.MemoryBudget),

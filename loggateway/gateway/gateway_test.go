@@ -29,6 +29,7 @@ import (
 	"github.com/gantry-gpu/gantry/loggateway/lokitest"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/nodetoken"
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // fixture is a gateway in front of a fake Loki that decodes the real push format, with
@@ -634,6 +635,48 @@ func TestHealthAndMetrics(t *testing.T) {
 		}
 	}
 	f.outcomes(nil) // health and metrics are not batches
+}
+
+// The gateway tells what it runs: one build info series with the linked version and the
+// commit Go stamped ("unknown" where nothing was stamped or linked).
+func TestBuildInfoMetric(t *testing.T) {
+	for _, tc := range []struct{ linked, want string }{{"1.4.2", "1.4.2"}, {"", "unknown"}} {
+		cfg := gateway.DefaultConfig()
+		cfg.FilePath = filepath.Join(t.TempDir(), "logs.jsonl")
+		gw, err := gateway.New(cfg, gateway.Options{Version: tc.linked,
+			Introspector: gateway.IntrospectorFunc(func(context.Context, string) (uuid.UUID, error) { return uuid.Nil, gateway.ErrUnauthenticated })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = gw.Close() })
+		srv := httptest.NewServer(gw.Handler())
+		t.Cleanup(srv.Close)
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		var series []string
+		for _, line := range strings.Split(string(text), "\n") {
+			if strings.HasPrefix(line, gateway.BuildInfoMetric+"{") {
+				series = append(series, line)
+			}
+		}
+		b := obs.ReadBuild(tc.linked)
+		commit, built := "unknown", "unknown"
+		if b.Commit != "" {
+			commit, built = b.Commit, b.Time.Format(time.RFC3339)
+		}
+		want := fmt.Sprintf(`%s{build_time=%q,commit=%q,version=%q} 1`, gateway.BuildInfoMetric, built, commit, tc.want)
+		if len(series) != 1 || series[0] != want {
+			t.Fatalf("linked %q: build info series %q, want %q", tc.linked, series, want)
+		}
+		problems, err := testutil.GatherAndLint(gw.Metrics().Registry, gateway.BuildInfoMetric)
+		if err != nil || len(problems) != 0 {
+			t.Fatalf("lint: %v %v", problems, err)
+		}
+	}
 }
 
 func TestGracefulShutdownDrainsInFlightPush(t *testing.T) {

@@ -1,8 +1,12 @@
 package gateway
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // Outcome is the label of node_log_gateway_batches_total; every request to the gateway
@@ -33,9 +37,26 @@ type Metrics struct {
 	Invalid prometheus.Counter
 }
 
-func newMetrics() *Metrics {
+// BuildInfoMetric is the gauge (always 1) whose labels say what this gateway runs:
+// version, commit and build_time (the commit's time, RFC 3339), "unknown" when the
+// binary was not stamped. The control plane reads it from Prometheus for the releases.
+const BuildInfoMetric = "gantry_loggateway_build_info"
+
+func newMetrics(build obs.Build) *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildTime := ""
+	if !build.Time.IsZero() {
+		buildTime = build.Time.UTC().Format(time.RFC3339)
+	}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: BuildInfoMetric,
+		Help: "The gateway's version, commit and build time (always 1).",
+		ConstLabels: prometheus.Labels{"version": orUnknown(build.Version), "commit": orUnknown(build.Commit),
+			"build_time": orUnknown(buildTime)},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo)
 	m := &Metrics{
 		Registry: reg,
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -65,4 +86,11 @@ func newMetrics() *Metrics {
 		m.Batches.WithLabelValues(string(o))
 	}
 	return m
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }

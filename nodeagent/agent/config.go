@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/config"
@@ -17,6 +16,7 @@ import (
 	"github.com/gantry-gpu/gantry/nodeagent/storagemount"
 	"github.com/gantry-gpu/gantry/nodeagent/terminal"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // OptionsFromConfig maps an enrolled configuration onto Options (address, transport,
@@ -62,18 +62,7 @@ func OptionsFromConfig(cfg config.Config, agentVersion string) (Options, error) 
 
 // BuildCommit is the VCS revision the binary was built from (Go's build info; "" when
 // built without VCS stamping), for the build info metric.
-func BuildCommit() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return ""
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			return s.Value
-		}
-	}
-	return ""
-}
+func BuildCommit() string { return obs.ReadBuild("").Commit }
 
 // RunConfig is `gantry-nodeagent run` as a function: it opens the configured GPU backend
 // (mock backends seeded with the node id, so GPU UUIDs are stable per node), runs the

@@ -1,26 +1,15 @@
 package observability
 
 import (
-	"runtime/debug"
 	"sync"
 
 	"github.com/gantry-gpu/gantry/deploy"
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // BuildCommit is the VCS revision the binary was built from ("" when the build was
 // not stamped, e.g. with -buildvcs=false).
-func BuildCommit() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return ""
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			return s.Value
-		}
-	}
-	return ""
-}
+func BuildCommit() string { return obs.ReadBuild("").Commit }
 
 var deployManifest = sync.OnceValue(func() *Manifest {
 	m, err := LoadManifest(deploy.Monitoring)

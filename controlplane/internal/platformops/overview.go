@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/proto/openapi"
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // ControlPlane is the overview's control_plane block: this replica's platform-role
@@ -109,21 +109,13 @@ var (
 // stamped from version control (absent in test binaries and builds outside a checkout).
 func Build() BuildInfo {
 	buildOnce.Do(func() {
-		build.Version = Version
-		bi, ok := debug.ReadBuildInfo()
-		if !ok {
-			return
+		b := obs.ReadBuild(Version)
+		build.Version = b.Version
+		if b.Commit != "" {
+			build.Commit = &b.Commit
 		}
-		for _, st := range bi.Settings {
-			switch st.Key {
-			case "vcs.revision":
-				v := st.Value
-				build.Commit = &v
-			case "vcs.time":
-				if t, err := time.Parse(time.RFC3339, st.Value); err == nil {
-					build.BuildTime = &t
-				}
-			}
+		if !b.Time.IsZero() {
+			build.BuildTime = &b.Time
 		}
 	})
 	return build

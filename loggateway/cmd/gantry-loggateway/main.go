@@ -21,6 +21,9 @@ import (
 	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
+// version is set at build time: -ldflags "-X main.version=1.2.3".
+var version = "dev"
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "gantry-loggateway:", err)
@@ -49,6 +52,7 @@ func run() error {
 		Introspector: gateway.NewControlPlane(cfg.ControlPlaneURL, cfg.IntrospectTimeout),
 		Clock:        clock.Real{},
 		Logger:       log,
+		Version:      version,
 	})
 	if err != nil {
 		return err
