@@ -185,6 +185,29 @@ func (p *Prometheus) byLabel(ctx context.Context, query, label string, at time.T
 	return out, nil
 }
 
+// LabelSets returns the label sets of the series query answers (none: an empty result).
+func (p *Prometheus) LabelSets(ctx context.Context, query string, at time.Time) ([]map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, sourceTimeout)
+	defer cancel()
+	v, _, _, err := p.api.Query(ctx, query, at)
+	if err != nil {
+		return nil, err
+	}
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("query %s: %s, not a vector", query, v.Type())
+	}
+	out := make([]map[string]string, 0, len(vec))
+	for _, s := range vec {
+		ls := make(map[string]string, len(s.Metric))
+		for k, v := range s.Metric {
+			ls[string(k)] = string(v)
+		}
+		out = append(out, ls)
+	}
+	return out, nil
+}
+
 // Scalar returns the single value of query (nil when the result is empty).
 func (p *Prometheus) Scalar(ctx context.Context, query string, at time.Time) (*float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, sourceTimeout)

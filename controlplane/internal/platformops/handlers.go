@@ -131,9 +131,21 @@ func (h *Handlers) ListPlatformReleases(ctx context.Context, _ api.ListPlatformR
 	v := b.Version
 	comps := []api.PlatformComponentRelease{
 		{Component: "controlplane", Version: &v, Commit: b.Commit, BuildTime: b.BuildTime, Source: "self"},
-		// The log gateway reports no version to the control plane: shown as unknown rather
-		// than guessed.
-		{Component: "loggateway", Source: "unknown"},
+	}
+	// The log gateway is its own process: what it runs is read from its build info gauge
+	// where Prometheus scraped it, one entry per distinct build; unknown (never guessed)
+	// when Prometheus cannot say.
+	if gws, err := h.Svc.LogGatewayBuilds(ctx); err == nil && len(gws) > 0 {
+		for _, g := range gws {
+			var gv *string
+			if g.Version != "" && g.Version != "unknown" {
+				gv = &g.Version
+			}
+			comps = append(comps, api.PlatformComponentRelease{Component: "loggateway", Version: gv, Commit: g.Commit,
+				BuildTime: g.BuildTime, Source: "prometheus"})
+		}
+	} else {
+		comps = append(comps, api.PlatformComponentRelease{Component: "loggateway", Source: "unknown"})
 	}
 	agent := api.PlatformComponentRelease{Component: "nodeagent", Source: "unknown"}
 	if len(agents) > 0 && agents[0].Version != "unknown" {

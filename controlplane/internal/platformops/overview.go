@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -119,6 +120,61 @@ func Build() BuildInfo {
 		}
 	})
 	return build
+}
+
+// LogGatewayBuildsQuery is the PromQL of the log gateway's releases entry: the distinct
+// builds among the gateways Prometheus scrapes now (a gateway that stopped is dropped
+// by Prometheus's staleness handling, so it does not linger as "mixed").
+const LogGatewayBuildsQuery = `count by (version, commit, build_time) (gantry_loggateway_build_info)`
+
+// maxGatewayBuilds bounds the releases entries for the log gateway (the contract allows
+// 16 components in all); more distinct builds than that is itself the finding.
+const maxGatewayBuilds = 8
+
+// LogGatewayBuilds are the distinct builds of the log gateway that Prometheus scraped,
+// ordered by version then commit. A label the gateway exported as "unknown" (an unstamped
+// binary) is absent here. The error says why Prometheus could not be asked; an empty
+// result with no error means Prometheus has no series.
+func (s *Service) LogGatewayBuilds(ctx context.Context) ([]BuildInfo, error) {
+	if s.Metrics == nil {
+		return nil, errString("Prometheus is not configured (GANTRY_PROMETHEUS_URL)")
+	}
+	sets, err := s.Metrics.LabelSets(ctx, LogGatewayBuildsQuery, s.Clock.Now())
+	if err != nil {
+		s.log().Warn("platform releases: prometheus query failed", "error", err)
+		return nil, errString("Prometheus did not answer")
+	}
+	known := func(v string) *string {
+		if v == "" || v == "unknown" {
+			return nil
+		}
+		return &v
+	}
+	out := make([]BuildInfo, 0, len(sets))
+	for _, ls := range sets {
+		b := BuildInfo{Version: ls["version"], Commit: known(ls["commit"])}
+		if t, err := time.Parse(time.RFC3339, ls["build_time"]); err == nil {
+			t = t.UTC()
+			b.BuildTime = &t
+		}
+		out = append(out, b)
+	}
+	deref := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	slices.SortFunc(out, func(a, b BuildInfo) int {
+		if c := strings.Compare(a.Version, b.Version); c != 0 {
+			return c
+		}
+		return strings.Compare(deref(a.Commit), deref(b.Commit))
+	})
+	if len(out) > maxGatewayBuilds {
+		out = out[:maxGatewayBuilds]
+	}
+	return out, nil
 }
 
 // AgentVersion is how many enrolled nodes run one agent version.

@@ -13,30 +13,43 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/observability"
 	"github.com/gantry-gpu/gantry/controlplane/internal/platformops"
+	"github.com/gantry-gpu/gantry/loggateway/gateway"
+	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/shared/obs"
 	"github.com/gantry-gpu/gantry/shared/testenv/ci"
 )
 
-// The log gateway signal is read from a real Prometheus that scraped the gateway's
-// counter: raised once batches are rejected, unknown when Prometheus does not answer.
+// The log gateway signal and the gateway's releases entries are read from a real
+// Prometheus that scraped real gateways: the signal is raised once batches are
+// rejected; each distinct gateway build is one releases entry; both are unknown when
+// Prometheus does not answer.
 func TestLogGatewaySignalFromPrometheus(t *testing.T) {
 	bin, err := exec.LookPath("prometheus")
 	ci.SkipUnlessAvailable(t, "prometheus (apt-get install prometheus)", err)
 	e := apitest.New(t)
 
-	// The gateway's counter, as gantry-loggateway exposes it.
-	reg := prometheus.NewRegistry()
-	batches := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "node_log_gateway_batches_total", Help: "batches"}, []string{"outcome"})
-	reg.MustRegister(batches)
+	// Two real gateways of different builds, as gantry-loggateway serves them (file sink:
+	// no batch is pushed here, the counters are moved directly).
+	newGateway := func(version string) (*gateway.Gateway, *httptest.Server) {
+		cfg := gateway.DefaultConfig()
+		cfg.FilePath = filepath.Join(t.TempDir(), "logs.jsonl")
+		cfg.ControlPlaneURL = e.Server.URL
+		gw, err := gateway.New(cfg, gateway.Options{Version: version, Introspector: gateway.NewControlPlane(cfg.ControlPlaneURL, cfg.IntrospectTimeout)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = gw.Close() })
+		srv := httptest.NewServer(gw.Handler())
+		t.Cleanup(srv.Close)
+		return gw, srv
+	}
+	gw, target := newGateway("1.4.2")
+	_, older := newGateway("1.3.9")
+	batches := gw.Metrics().Batches
 	batches.WithLabelValues("accepted").Add(5)
-	batches.WithLabelValues("rejected_auth").Add(0)
-	target := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	t.Cleanup(target.Close)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -45,8 +58,8 @@ func TestLogGatewaySignalFromPrometheus(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	dir := t.TempDir()
-	cfg := fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - {job_name: gantry-loggateway, static_configs: [{targets: [%q]}]}\n",
-		strings.TrimPrefix(target.URL, "http://"))
+	cfg := fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - {job_name: gantry-loggateway, static_configs: [{targets: [%q, %q]}]}\n",
+		strings.TrimPrefix(target.URL, "http://"), strings.TrimPrefix(older.URL, "http://"))
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -98,10 +111,55 @@ func TestLogGatewaySignalFromPrometheus(t *testing.T) {
 		t.Fatalf("rejecting gateway: %+v", s)
 	}
 
-	// Prometheus gone: unknown, with no evidence, never a guess.
+	// Releases: each gateway build Prometheus scraped is one entry (two: mixed), with the
+	// version the binary was linked with and the commit it stamped.
+	gateways := func(s *platformops.Service) []api.PlatformComponentRelease {
+		t.Helper()
+		r, err := (&platformops.Handlers{Svc: s}).ListPlatformReleases(context.Background(), api.ListPlatformReleasesRequestObject{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []api.PlatformComponentRelease
+		for _, c := range r.(api.ListPlatformReleases200JSONResponse).Body.Components {
+			if c.Component == "loggateway" {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	version := func(c api.PlatformComponentRelease) string {
+		if c.Version == nil {
+			return "<nil>"
+		}
+		return *c.Version
+	}
+	waitFor(t, "both gateways' build info", func() bool { return len(gateways(svc)) == 2 })
+	gws := gateways(svc)
+	if version(gws[0]) != "1.3.9" || version(gws[1]) != "1.4.2" || gws[0].Source != "prometheus" || gws[1].Source != "prometheus" {
+		t.Fatalf("mixed gateways: %+v", gws)
+	}
+	// A test binary is not VCS-stamped, so the gateway exported commit "unknown": absent,
+	// never the string. A stamped one must come back as it was built.
+	if b := obs.ReadBuild(""); (b.Commit == "") != (gws[1].Commit == nil) || (gws[1].Commit != nil && *gws[1].Commit != b.Commit) {
+		t.Fatalf("gateway commit %v, binary %+v", gws[1].Commit, b)
+	}
+	// The older gateway goes away: Prometheus marks its series stale and the fleet is
+	// one build again.
+	older.Close()
+	waitFor(t, "the stopped gateway to drop out", func() bool { return len(gateways(svc)) == 1 })
+	if gws := gateways(svc); version(gws[0]) != "1.4.2" {
+		t.Fatalf("one gateway: %+v", gws)
+	}
+
+	// Prometheus gone: unknown, with no evidence, never a guess; the gateway's release is
+	// unknown too.
 	dead, _ := observability.NewPrometheus("http://127.0.0.1:1")
-	if s := signal(&platformops.Service{Pool: e.Pool, Clock: e.App.Clock, ProvisioningTimeout: time.Minute, Metrics: dead}); s.Severity != platformops.SeverityUnknown || len(s.Evidence) != 0 {
+	deadSvc := &platformops.Service{Pool: e.Pool, Clock: e.App.Clock, ProvisioningTimeout: time.Minute, Metrics: dead}
+	if s := signal(deadSvc); s.Severity != platformops.SeverityUnknown || len(s.Evidence) != 0 {
 		t.Fatalf("unreachable prometheus: %+v", s)
+	}
+	if gws := gateways(deadSvc); len(gws) != 1 || gws[0].Source != "unknown" || gws[0].Version != nil {
+		t.Fatalf("gateway release without prometheus: %+v", gws)
 	}
 }
 

@@ -103,9 +103,11 @@ var Definitions = []Definition{
 // own process, so its counters are read where Prometheus scraped them.
 const LogGatewayRejectionsQuery = `sum(increase(node_log_gateway_batches_total{outcome=~"rejected_.*"}[15m]))`
 
-// Metrics answers a PromQL scalar (nil: no data); observability.Prometheus does.
+// Metrics answers PromQL: a scalar (nil: no data) and the label sets of a vector;
+// observability.Prometheus does.
 type Metrics interface {
 	Scalar(ctx context.Context, query string, at time.Time) (*float64, error)
+	LabelSets(ctx context.Context, query string, at time.Time) ([]map[string]string, error)
 }
 
 // Service computes the signals, the overview and the releases.
