@@ -391,7 +391,11 @@ func TestSSHThroughTunnel(t *testing.T) {
 				if err := sess.WindowChange(40, 120); err != nil {
 					t.Fatal(err)
 				}
-				_, _ = io.WriteString(stdin, "stty size; exit 3\n")
+				// A window change travels as a channel request, which x/crypto/ssh hands
+				// the server apart from the channel's data, so it may land after the next
+				// keystrokes: the shell looks until the new size shows, then prints it (the size is spelled as
+				// arithmetic so the PTY's echo of this line cannot satisfy the check).
+				_, _ = io.WriteString(stdin, "for i in $(seq 100); do s=$(stty size); [ \"$s\" = \"$((39+1)) $((119+1))\" ] && break; sleep 0.1; done; echo \"$s\"; exit 3\n")
 				eventually(t, "40 120", func() bool { return strings.Contains(out.String(), "40 120") })
 				var ee *ssh.ExitError
 				if err := sess.Wait(); !errors.As(err, &ee) || ee.ExitStatus() != 3 {
