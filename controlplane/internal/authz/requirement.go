@@ -73,8 +73,9 @@ type Requirement struct {
 	StepUp bool
 	// Machines admits machine identities (service accounts, project access credentials;
 	// principal.Machine) to a KindAuthenticated operation. Machines are refused every
-	// other operation but the KindProjectRole ones, where their role is the one their
-	// token grants in that project: they hold no tenant role and no platform capability.
+	// other operation but the KindProjectRole and KindProjectRoleOrGrant ones, where their
+	// role is the one their token grants in that project (or a bucket grant names them):
+	// they hold no tenant role and no platform capability.
 	Machines bool
 }
 
