@@ -27,6 +27,9 @@ var allowedTypes = map[string]bool{
 	ssh.KeyAlgoSKECDSA256: true,
 }
 
+// retiredTypes are key types the SSH library no longer parses; they are refused by name.
+var retiredTypes = map[string]bool{"ssh-dss": true}
+
 // Parsed is a validated public key.
 type Parsed struct {
 	Type        string // e.g. ssh-ed25519
@@ -48,6 +51,11 @@ func Parse(line string) (Parsed, error) {
 	}
 	key, comment, options, rest, err := ssh.ParseAuthorizedKey(in)
 	if err != nil {
+		// x/crypto/ssh no longer parses some retired types at all (ssh-dss): a user who
+		// pastes one is told its type is refused, not that the line is malformed.
+		if f := strings.Fields(string(in)); len(f) > 0 && retiredTypes[f[0]] {
+			return Parsed{}, refuse("unsupported_key_type", "key type %s is not accepted", f[0]).With("key_type", f[0])
+		}
 		return Parsed{}, refuse("invalid_key", "public_key is not an OpenSSH public key")
 	}
 	if len(bytes.TrimSpace(rest)) > 0 {

@@ -7,6 +7,9 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"encoding/base64"
+	"encoding/binary"
+	"math/big"
 	"strings"
 	"sync"
 	"testing"
@@ -61,6 +64,9 @@ func rsaLine(t testing.TB, bits int) string {
 	return line
 }
 
+// dsaLine builds an ssh-dss authorized_keys line by hand (RFC 4253 §6.6: the strings
+// "ssh-dss", p, q, g, y): x/crypto/ssh no longer marshals DSA keys, and clients that
+// still hold one must keep getting the clear refusal.
 func dsaLine(t testing.TB) string {
 	var k dsa.PrivateKey
 	if err := dsa.GenerateParameters(&k.Parameters, rand.Reader, dsa.L1024N160); err != nil {
@@ -69,7 +75,23 @@ func dsaLine(t testing.TB) string {
 	if err := dsa.GenerateKey(&k, rand.Reader); err != nil {
 		t.Fatal(err)
 	}
-	return authorized(t, &k.PublicKey, "")
+	var blob []byte
+	str := func(b []byte) {
+		blob = binary.BigEndian.AppendUint32(blob, uint32(len(b)))
+		blob = append(blob, b...)
+	}
+	mpint := func(n *big.Int) {
+		b := n.Bytes()
+		if len(b) > 0 && b[0]&0x80 != 0 {
+			b = append([]byte{0}, b...)
+		}
+		str(b)
+	}
+	str([]byte("ssh-dss"))
+	for _, n := range []*big.Int{k.P, k.Q, k.G, k.Y} {
+		mpint(n)
+	}
+	return "ssh-dss " + base64.StdEncoding.EncodeToString(blob)
 }
 
 // skEd25519Line builds a security-key Ed25519 public key (sk-ssh-ed25519@openssh.com).
