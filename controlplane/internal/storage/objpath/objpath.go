@@ -68,6 +68,12 @@ func Clean(raw string) (string, error) {
 	if out == "" {
 		return "", fmt.Errorf("%w: %q resolves to the bucket root itself", ErrEmpty, raw)
 	}
+	// Cleaning can expose a form the raw checks did not see: ".\\%2f" cleans to "%2f",
+	// which decodes to an absolute path. The canonical form must pass on its own, so
+	// that Clean(Clean(p)) == Clean(p) (FuzzClean found this one).
+	if err := checkDecoded(out); err != nil {
+		return "", err
+	}
 	return out, nil
 }
 
@@ -89,6 +95,9 @@ func CleanPrefix(raw string) (string, error) {
 		return "", err
 	}
 	out := canonical(raw)
+	if err := checkDecoded(out); err != nil { // as in Clean
+		return "", err
+	}
 	if out != "" && isSep(raw[len(raw)-1]) {
 		out += "/"
 	}
