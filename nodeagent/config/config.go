@@ -367,7 +367,14 @@ func (c Config) Resolve(p string) string {
 	if c.Path != "" {
 		dir = filepath.Dir(c.Path)
 	}
-	return filepath.Join(dir, p)
+	// Absolute, so that what is derived from it stays right whatever the working
+	// directory later is: a mount point, an os.Root on a home (storage attachments
+	// refuse a relative home) and the paths handed to a child process.
+	joined := filepath.Join(dir, p)
+	if abs, err := filepath.Abs(joined); err == nil {
+		return abs
+	}
+	return joined
 }
 
 // ReadToken reads the node token. Like ssh with private keys, it refuses a token file
