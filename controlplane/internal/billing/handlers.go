@@ -28,17 +28,9 @@ func NewHandlers(svc *Service, cursors pagination.Codec) *Handlers {
 	return &Handlers{Svc: svc, Cursors: cursors}
 }
 
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
-}
-
 // tenantOf is the caller's tenant; billing reads need one.
 func tenantOf(ctx context.Context) (*principal.Principal, uuid.UUID, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, uuid.Nil, err
 	}

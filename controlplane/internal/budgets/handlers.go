@@ -18,17 +18,9 @@ type Handlers struct {
 // NewHandlers returns the handlers over svc.
 func NewHandlers(svc *Service) *Handlers { return &Handlers{Svc: svc} }
 
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
-}
-
 // ListBillingBudgets implements GET /api/v1/billing/budgets.
 func (h *Handlers) ListBillingBudgets(ctx context.Context, req api.ListBillingBudgetsRequestObject) (api.ListBillingBudgetsResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +42,7 @@ func (h *Handlers) ListBillingBudgets(ctx context.Context, req api.ListBillingBu
 
 // CreateBillingBudget implements POST /api/v1/billing/budgets.
 func (h *Handlers) CreateBillingBudget(ctx context.Context, req api.CreateBillingBudgetRequestObject) (api.CreateBillingBudgetResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +72,7 @@ func (h *Handlers) CreateBillingBudget(ctx context.Context, req api.CreateBillin
 
 // UpdateBillingBudget implements PATCH /api/v1/billing/budgets/{budget_id}.
 func (h *Handlers) UpdateBillingBudget(ctx context.Context, req api.UpdateBillingBudgetRequestObject) (api.UpdateBillingBudgetResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +105,7 @@ func (h *Handlers) UpdateBillingBudget(ctx context.Context, req api.UpdateBillin
 
 // DeleteBillingBudget implements DELETE /api/v1/billing/budgets/{budget_id}.
 func (h *Handlers) DeleteBillingBudget(ctx context.Context, req api.DeleteBillingBudgetRequestObject) (api.DeleteBillingBudgetResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +117,7 @@ func (h *Handlers) DeleteBillingBudget(ctx context.Context, req api.DeleteBillin
 
 // DecideBillingBudget implements POST /api/v1/billing/budgets/decision. It writes nothing.
 func (h *Handlers) DecideBillingBudget(ctx context.Context, req api.DecideBillingBudgetRequestObject) (api.DecideBillingBudgetResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +143,7 @@ func (h *Handlers) DecideBillingBudget(ctx context.Context, req api.DecideBillin
 
 // AcknowledgeBillingBudgetEvent implements POST /api/v1/billing/budget-events/{event_id}/acknowledge.
 func (h *Handlers) AcknowledgeBillingBudgetEvent(ctx context.Context, req api.AcknowledgeBillingBudgetEventRequestObject) (api.AcknowledgeBillingBudgetEventResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +156,7 @@ func (h *Handlers) AcknowledgeBillingBudgetEvent(ctx context.Context, req api.Ac
 
 // ResolveBillingBudgetEvent implements POST /api/v1/billing/budget-events/{event_id}/resolve.
 func (h *Handlers) ResolveBillingBudgetEvent(ctx context.Context, req api.ResolveBillingBudgetEventRequestObject) (api.ResolveBillingBudgetEventResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -6,7 +6,6 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/proto/api"
-	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // Handlers implements the catalog's slice of api.StrictServerInterface: AdminSkus,
@@ -28,14 +27,6 @@ const (
 	sortImages     = "catalog_os_images.name"
 	sortActiveImgs = "catalog_os_images.active.name"
 )
-
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
-}
 
 func (h *Handlers) after(cursor *string, sort string) (string, error) {
 	var after string
@@ -173,7 +164,7 @@ func apiOffer(o Offer) api.CatalogSKU {
 
 // ListCatalogSkus implements GET /api/v1/catalog/skus.
 func (h *Handlers) ListCatalogSkus(ctx context.Context, req api.ListCatalogSkusRequestObject) (api.ListCatalogSkusResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +193,7 @@ func (h *Handlers) ListCatalogSkus(ctx context.Context, req api.ListCatalogSkusR
 
 // GetCatalogSku implements GET /api/v1/catalog/skus/{sku}.
 func (h *Handlers) GetCatalogSku(ctx context.Context, req api.GetCatalogSkuRequestObject) (api.GetCatalogSkuResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +253,7 @@ func (h *Handlers) ListAdminOsImages(ctx context.Context, req api.ListAdminOsIma
 
 // ListCatalogOsImages implements GET /api/v1/catalog/os-images.
 func (h *Handlers) ListCatalogOsImages(ctx context.Context, req api.ListCatalogOsImagesRequestObject) (api.ListCatalogOsImagesResponseObject, error) {
-	if _, err := caller(ctx); err != nil {
+	if _, err := principal.Required(ctx); err != nil {
 		return nil, err
 	}
 	out, err := h.listImages(ctx, true, req.Params.Cursor, req.Params.PageSize)
@@ -379,7 +370,7 @@ func (h *Handlers) UpdateRegion(ctx context.Context, req api.UpdateRegionRequest
 
 // ListV3Regions implements GET /api/v1/v3/regions.
 func (h *Handlers) ListV3Regions(ctx context.Context, _ api.ListV3RegionsRequestObject) (api.ListV3RegionsResponseObject, error) {
-	if _, err := caller(ctx); err != nil {
+	if _, err := principal.Required(ctx); err != nil {
 		return nil, err
 	}
 	regions, err := h.Svc.Regions(ctx)

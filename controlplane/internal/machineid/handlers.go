@@ -33,14 +33,6 @@ const (
 	sortCredentials     = "access_credentials.id_desc"
 )
 
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
-}
-
 func optUUID(u uuid.NullUUID) *uuid.UUID {
 	if !u.Valid {
 		return nil
@@ -90,7 +82,7 @@ func apiServiceAccount(sa ServiceAccount) api.ServiceAccount {
 
 // ListServiceAccounts implements GET /api/v1/service-accounts.
 func (h *Handlers) ListServiceAccounts(ctx context.Context, req api.ListServiceAccountsRequestObject) (api.ListServiceAccountsResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +109,7 @@ func (h *Handlers) ListServiceAccounts(ctx context.Context, req api.ListServiceA
 
 // CreateServiceAccount implements POST /api/v1/service-accounts.
 func (h *Handlers) CreateServiceAccount(ctx context.Context, req api.CreateServiceAccountRequestObject) (api.CreateServiceAccountResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +133,7 @@ func (h *Handlers) CreateServiceAccount(ctx context.Context, req api.CreateServi
 
 // DeleteServiceAccount implements DELETE /api/v1/service-accounts/{service_account_id}.
 func (h *Handlers) DeleteServiceAccount(ctx context.Context, req api.DeleteServiceAccountRequestObject) (api.DeleteServiceAccountResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +145,7 @@ func (h *Handlers) DeleteServiceAccount(ctx context.Context, req api.DeleteServi
 
 // CreateServiceAccountCredential implements POST /api/v1/service-accounts/{id}/credentials.
 func (h *Handlers) CreateServiceAccountCredential(ctx context.Context, req api.CreateServiceAccountCredentialRequestObject) (api.CreateServiceAccountCredentialResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +205,7 @@ func (h *Handlers) ListProjectAccessCredentials(ctx context.Context, req api.Lis
 
 // CreateProjectAccessCredential implements POST /api/v1/projects/{project_id}/access-credentials.
 func (h *Handlers) CreateProjectAccessCredential(ctx context.Context, req api.CreateProjectAccessCredentialRequestObject) (api.CreateProjectAccessCredentialResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

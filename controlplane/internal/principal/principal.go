@@ -165,3 +165,14 @@ func PlatformAdmin(ctx context.Context) (*Principal, error) {
 	}
 	return p, nil
 }
+
+// Required is the request's authenticated principal, or token_missing when the chain put
+// none there (a handler reached without authentication is a wiring mistake, answered as
+// an unauthenticated request rather than a panic).
+func Required(ctx context.Context) (*Principal, error) {
+	p, ok := From(ctx)
+	if !ok {
+		return nil, apierr.New(apierr.TokenMissing, "authentication required")
+	}
+	return p, nil
+}

@@ -2,6 +2,7 @@ package readmodels
 
 import (
 	"context"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"strings"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -13,7 +14,7 @@ import (
 
 // GetV3ShellContext implements GET /api/v1/v3/shell/context.
 func (h *Handlers) GetV3ShellContext(ctx context.Context, req api.GetV3ShellContextRequestObject) (api.GetV3ShellContextResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +47,7 @@ func noCache(v string) bool {
 
 // PutV3NotificationReadMarker implements PUT /api/v1/v3/notifications/read-marker.
 func (h *Handlers) PutV3NotificationReadMarker(ctx context.Context, req api.PutV3NotificationReadMarkerRequestObject) (api.PutV3NotificationReadMarkerResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +63,7 @@ func (h *Handlers) PutV3NotificationReadMarker(ctx context.Context, req api.PutV
 
 // ListV3Workloads implements GET /api/v1/v3/workloads.
 func (h *Handlers) ListV3Workloads(ctx context.Context, req api.ListV3WorkloadsRequestObject) (api.ListV3WorkloadsResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +121,7 @@ func (h *Handlers) ListV3Workloads(ctx context.Context, req api.ListV3WorkloadsR
 
 // GetV3Workload implements GET /api/v1/v3/workloads/{workload_id}.
 func (h *Handlers) GetV3Workload(ctx context.Context, req api.GetV3WorkloadRequestObject) (api.GetV3WorkloadResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +145,7 @@ func (h *Handlers) GetV3Workload(ctx context.Context, req api.GetV3WorkloadReque
 
 // DismissV3Attention implements POST /api/v1/v3/attention/{attention_key}/dismiss.
 func (h *Handlers) DismissV3Attention(ctx context.Context, req api.DismissV3AttentionRequestObject) (api.DismissV3AttentionResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

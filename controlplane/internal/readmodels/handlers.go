@@ -107,14 +107,6 @@ func NewHandlers(svc *Service, cursors pagination.Codec) *Handlers {
 	return &Handlers{Svc: svc, Cursors: cursors}
 }
 
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
-}
-
 func errModeNotAvailable(mode string) error {
 	return apierr.New(apierr.InsufficientPermissions, "shell mode %q is not available to you", mode).With("field", "mode")
 }

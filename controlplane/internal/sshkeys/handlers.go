@@ -8,7 +8,6 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/proto/api"
-	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // Handlers implements the SshKeys slice of api.StrictServerInterface. Every operation
@@ -25,14 +24,6 @@ func NewHandlers(svc *Service, cursors pagination.Codec) *Handlers {
 
 const sortKeys = "ssh_keys.id"
 
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
-}
-
 func apiKey(k Key) api.SSHKey {
 	bits := int(k.Bits)
 	return api.SSHKey{
@@ -43,7 +34,7 @@ func apiKey(k Key) api.SSHKey {
 
 // ListSSHKeys implements GET /api/v1/ssh-keys.
 func (h *Handlers) ListSSHKeys(ctx context.Context, req api.ListSSHKeysRequestObject) (api.ListSSHKeysResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +61,7 @@ func (h *Handlers) ListSSHKeys(ctx context.Context, req api.ListSSHKeysRequestOb
 
 // CreateSSHKey implements POST /api/v1/ssh-keys.
 func (h *Handlers) CreateSSHKey(ctx context.Context, req api.CreateSSHKeyRequestObject) (api.CreateSSHKeyResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +74,7 @@ func (h *Handlers) CreateSSHKey(ctx context.Context, req api.CreateSSHKeyRequest
 
 // DeleteSSHKey implements DELETE /api/v1/ssh-keys/{key_id}.
 func (h *Handlers) DeleteSSHKey(ctx context.Context, req api.DeleteSSHKeyRequestObject) (api.DeleteSSHKeyResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

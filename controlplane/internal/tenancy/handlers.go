@@ -6,7 +6,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/pagination"
-	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/apierr"
@@ -24,15 +23,6 @@ type Handlers struct {
 // exists.
 func NewHandlers(svc *Service, balance BalanceSource, cursors pagination.Codec) *Handlers {
 	return &Handlers{Svc: svc, Balance: balance, Cursors: cursors}
-}
-
-// caller is the authenticated principal; the chain guarantees one.
-func caller(ctx context.Context) (*principal.Principal, error) {
-	p, ok := principal.From(ctx)
-	if !ok {
-		return nil, apierr.New(apierr.TokenMissing, "authentication required")
-	}
-	return p, nil
 }
 
 // projectOf is the project context the chain resolved for the {project_id} path.

@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"context"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 
 	"github.com/google/uuid"
 
@@ -12,7 +13,7 @@ import (
 
 // ListDepartments implements GET /api/v1/departments.
 func (h *Handlers) ListDepartments(ctx context.Context, req api.ListDepartmentsRequestObject) (api.ListDepartmentsResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -38,7 +39,7 @@ func (h *Handlers) ListDepartments(ctx context.Context, req api.ListDepartmentsR
 
 // CreateDepartment implements POST /api/v1/departments.
 func (h *Handlers) CreateDepartment(ctx context.Context, req api.CreateDepartmentRequestObject) (api.CreateDepartmentResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +52,7 @@ func (h *Handlers) CreateDepartment(ctx context.Context, req api.CreateDepartmen
 
 // GetDepartment implements GET /api/v1/departments/{department_id}.
 func (h *Handlers) GetDepartment(ctx context.Context, req api.GetDepartmentRequestObject) (api.GetDepartmentResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -64,7 +65,7 @@ func (h *Handlers) GetDepartment(ctx context.Context, req api.GetDepartmentReque
 
 // UpdateDepartment implements PATCH /api/v1/departments/{department_id}.
 func (h *Handlers) UpdateDepartment(ctx context.Context, req api.UpdateDepartmentRequestObject) (api.UpdateDepartmentResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

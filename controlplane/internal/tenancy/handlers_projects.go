@@ -2,13 +2,14 @@ package tenancy
 
 import (
 	"context"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 
 	"github.com/gantry-gpu/gantry/proto/api"
 )
 
 // ListProjects implements GET /api/v1/projects.
 func (h *Handlers) ListProjects(ctx context.Context, _ api.ListProjectsRequestObject) (api.ListProjectsResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -25,7 +26,7 @@ func (h *Handlers) ListProjects(ctx context.Context, _ api.ListProjectsRequestOb
 
 // CreateProject implements POST /api/v1/projects.
 func (h *Handlers) CreateProject(ctx context.Context, req api.CreateProjectRequestObject) (api.CreateProjectResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +43,7 @@ func (h *Handlers) CreateProject(ctx context.Context, req api.CreateProjectReque
 
 // GetProject implements GET /api/v1/projects/{project_id}.
 func (h *Handlers) GetProject(ctx context.Context, req api.GetProjectRequestObject) (api.GetProjectResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +60,7 @@ func (h *Handlers) GetProject(ctx context.Context, req api.GetProjectRequestObje
 
 // UpdateProject implements PATCH /api/v1/projects/{project_id}.
 func (h *Handlers) UpdateProject(ctx context.Context, req api.UpdateProjectRequestObject) (api.UpdateProjectResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

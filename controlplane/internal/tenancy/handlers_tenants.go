@@ -2,6 +2,7 @@ package tenancy
 
 import (
 	"context"
+	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 
 	"github.com/google/uuid"
 
@@ -12,7 +13,7 @@ import (
 
 // ListTenants implements GET /api/v1/admin/tenants.
 func (h *Handlers) ListTenants(ctx context.Context, req api.ListTenantsRequestObject) (api.ListTenantsResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +42,7 @@ func (h *Handlers) ListTenants(ctx context.Context, req api.ListTenantsRequestOb
 
 // CreateTenant implements POST /api/v1/admin/tenants.
 func (h *Handlers) CreateTenant(ctx context.Context, req api.CreateTenantRequestObject) (api.CreateTenantResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +66,7 @@ func (h *Handlers) CreateTenant(ctx context.Context, req api.CreateTenantRequest
 
 // GetTenant implements GET /api/v1/admin/tenants/{tenant_id}.
 func (h *Handlers) GetTenant(ctx context.Context, req api.GetTenantRequestObject) (api.GetTenantResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +79,7 @@ func (h *Handlers) GetTenant(ctx context.Context, req api.GetTenantRequestObject
 
 // UpdateTenant implements PATCH /api/v1/admin/tenants/{tenant_id}.
 func (h *Handlers) UpdateTenant(ctx context.Context, req api.UpdateTenantRequestObject) (api.UpdateTenantResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 
 // GetMe implements GET /api/v1/me.
 func (h *Handlers) GetMe(ctx context.Context, _ api.GetMeRequestObject) (api.GetMeResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func roleSource(p *principal.Principal) string {
 
 // ListTenantUsers implements GET /api/v1/users.
 func (h *Handlers) ListTenantUsers(ctx context.Context, req api.ListTenantUsersRequestObject) (api.ListTenantUsersResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (h *Handlers) ListTenantUsers(ctx context.Context, req api.ListTenantUsersR
 
 // CreateTenantUser implements POST /api/v1/users.
 func (h *Handlers) CreateTenantUser(ctx context.Context, req api.CreateTenantUserRequestObject) (api.CreateTenantUserResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func (h *Handlers) CreateTenantUser(ctx context.Context, req api.CreateTenantUse
 
 // GetTenantUser implements GET /api/v1/users/{user_id}.
 func (h *Handlers) GetTenantUser(ctx context.Context, req api.GetTenantUserRequestObject) (api.GetTenantUserResponseObject, error) {
-	p, err := caller(ctx)
+	p, err := principal.Required(ctx)
 	if err != nil {
 		return nil, err
 	}
