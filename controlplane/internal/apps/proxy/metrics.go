@@ -1,0 +1,45 @@
+package proxy
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	requests      *prometheus.CounterVec
+	streamsOpened prometheus.Counter
+	openFailed    prometheus.Counter
+	websockets    prometheus.Gauge
+	exchanged     prometheus.Counter
+	replays       prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "app_proxy_requests_total",
+			Help: "Requests to the app proxy by outcome (ok, websocket, denied, not_found, not_running, upstream_error)."}, []string{"outcome"}),
+		streamsOpened: prometheus.NewCounter(prometheus.CounterOpts{Name: "app_proxy_streams_opened_total",
+			Help: "Fabric streams opened to apps (connections; kept alive across requests)."}),
+		openFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "app_proxy_stream_open_failed_total",
+			Help: "Fabric streams to apps that could not be opened."}),
+		websockets: prometheus.NewGauge(prometheus.GaugeOpts{Name: "app_proxy_websockets_active",
+			Help: "WebSockets (upgraded connections) this replica carries to apps now."}),
+		exchanged: prometheus.NewCounter(prometheus.CounterOpts{Name: "app_proxy_exchange_consumed_ok_total",
+			Help: "Exchange codes spent successfully (a cookie was set)."}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "app_proxy_exchange_replay_rejected_total",
+			Help: "Presentations of an exchange code that was already used."}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.streamsOpened, m.openFailed, m.websockets, m.exchanged, m.replays} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
