@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html"
@@ -28,8 +27,9 @@ const (
 	Prefix = "/api/v1/app-proxy/"
 	// Route is the proxy's path template (audit rows, details.route).
 	Route = "/api/v1/app-proxy/{app_instance_id}/*"
-	// ExchangePath is reserved under every instance's proxy path: the app never sees it.
-	ExchangePath = "/.gantry/exchange"
+	// CodeParam carries an exchange code on a proxy URL (createAppProxySession's url);
+	// a request with it is the exchange and never reaches the app.
+	CodeParam = "gantry_proxy_code"
 	// operationID names the proxy in denial audit rows.
 	operationID = "proxyApp"
 	serviceName = "gantry-controlplane"
@@ -59,7 +59,7 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, apierr.New(apierr.AppInstanceNotFound, "app instance not found"))
 		return
 	}
-	idText, sub, slash := strings.Cut(rest, "/")
+	idText, _, slash := strings.Cut(rest, "/")
 	id, err := uuid.Parse(idText)
 	if err != nil || len(idText) != 36 {
 		s.fail(w, r, apierr.New(apierr.AppInstanceNotFound, "app instance not found"))
@@ -74,8 +74,8 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, loc, http.StatusPermanentRedirect)
 		return
 	}
-	if "/"+sub == ExchangePath {
-		s.exchange(w, r, id)
+	if r.URL.Query().Has(CodeParam) {
+		s.spendCode(w, r, id)
 		return
 	}
 	s.proxy(w, r, id)
@@ -115,20 +115,19 @@ type admitted struct {
 	project uuid.UUID // the project the call is made for
 }
 
-// admit resolves the instance and decides access: members (member or stronger) of
-// the instance's project, then whatever Grants admits. Everyone else is told the
-// instance does not exist, except a viewer of its project (403).
+// admit resolves the instance and decides access: any role in the instance's project,
+// then whatever Grants admits. A caller of the instance's tenant without either is
+// refused (403); anyone else is told the instance does not exist (404).
 func (s *Service) admit(ctx context.Context, p *principal.Principal, id uuid.UUID) (admitted, error) {
-	notFound := apierr.New(apierr.AppInstanceNotFound, "app instance not found")
 	t, err := s.deps.Instances.ProxyTarget(ctx, id)
 	if err != nil {
 		return admitted{}, err
 	}
-	proj, err := s.deps.Projects.Access(ctx, p, t.ProjectID)
+	_, err = s.deps.Projects.Access(ctx, p, t.ProjectID)
 	switch {
-	case err == nil && proj.AtLeast(projectctx.RoleMember):
+	case err == nil:
 		return admitted{p: p, target: t, project: t.ProjectID}, nil
-	case err != nil && apierr.CodeOf(err) != apierr.InsufficientPermissions:
+	case apierr.CodeOf(err) != apierr.InsufficientPermissions:
 		return admitted{}, err
 	}
 	if s.deps.Grants != nil {
@@ -140,11 +139,10 @@ func (s *Service) admit(ctx context.Context, p *principal.Principal, id uuid.UUI
 			return admitted{p: p, target: t, project: pid}, nil
 		}
 	}
-	if err == nil { // a viewer: a member, but using an app runs code as the allocation
-		return admitted{}, apierr.Forbidden("using an app needs the member role in its project").
-			With("required_role", projectctx.RoleMember)
+	if p.TenantID != uuid.Nil && p.TenantID == t.TenantID {
+		return admitted{}, apierr.Forbidden("you are not a member of the app instance's project")
 	}
-	return admitted{}, notFound
+	return admitted{}, apierr.New(apierr.AppInstanceNotFound, "app instance not found")
 }
 
 // proxy carries one request (or WebSocket) to the app.
@@ -240,64 +238,51 @@ func routed(err error, r *http.Request) *apierr.Error {
 	return e.With("route", Route).With("method", r.Method)
 }
 
-// exchangeAnswer is the mint's JSON answer.
-type exchangeAnswer struct {
-	Code        string    `json:"code"`
-	ExchangeURL string    `json:"exchange_url"`
-	ExpiresAt   time.Time `json:"expires_at"`
+// Session is a minted exchange: the URL to open in the browser, once, before ExpiresAt.
+type Session struct {
+	InstanceID uuid.UUID
+	URL        string
+	ExpiresAt  time.Time
 }
 
-// exchange serves the reserved path: POST mints a code (bearer), GET spends one.
-func (s *Service) exchange(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
-	switch r.Method {
-	case http.MethodPost:
-		s.mintCode(w, r, id)
-	case http.MethodGet:
-		s.spendCode(w, r, id)
-	default:
-		w.Header().Set("Allow", "GET, POST")
-		s.fail(w, r, apierr.New(apierr.InvalidRequest, "the exchange takes GET or POST").
-			With("reason", "method_not_allowed").WithStatus(http.StatusMethodNotAllowed))
-	}
-}
-
-func (s *Service) mintCode(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
-	ctx := r.Context()
-	if !bearer.InAuthorization(r) {
-		s.deny(w, r, nil, apierr.New(apierr.TokenMissing, "minting an exchange code needs a bearer token"), false)
-		return
-	}
-	p, err := s.deps.Auth.Authenticate(r)
-	if err != nil {
-		s.deny(w, r, nil, err, false)
-		return
-	}
+// Mint is createAppProxySession: the caller (authenticated, with a role in proj, which
+// the server checked) gets a single-use code for an instance of proj that is running.
+func (s *Service) Mint(ctx context.Context, p *principal.Principal, proj projectctx.Project, id uuid.UUID) (Session, error) {
 	if p.Machine != nil {
-		s.deny(w, r, p, apierr.Forbidden("machine identities use their bearer token on the proxy; the exchange is for browsers").
-			With("reason", "machine_identity"), false)
-		return
+		return Session{}, apierr.Forbidden("machine identities call the proxy with their bearer token; the exchange is for browsers").
+			With("reason", "machine_identity")
 	}
-	if _, err := s.admit(ctx, p, id); err != nil {
-		s.deny(w, r, p, err, false)
-		return
+	t, err := s.deps.Instances.ProxyTarget(ctx, id)
+	if err != nil {
+		return Session{}, err
 	}
-	exp := s.now().Add(s.cfg.ExchangeTTL)
+	if t.ProjectID != proj.ID {
+		return Session{}, apierr.New(apierr.AppInstanceNotFound, "app instance not found")
+	}
+	if t.State != StateRunning && t.State != StateUnhealthy {
+		return Session{}, apierr.New(apierr.AppInstanceStateInvalid, "the app instance is not running (%s)", t.State).
+			With("state", t.State)
+	}
+	exp := s.now().Add(s.cfg.ExchangeTTL).Truncate(time.Millisecond)
 	code, err := s.codes.mint(ctx, codeClaims{Instance: id.String(), User: p.UserID.String(), Tenant: p.TenantID.String(),
 		TenantRole: p.TenantRole, Username: p.Username, Expires: exp.UnixMilli()})
 	if err != nil {
-		s.fail(w, r, err)
-		return
+		return Session{}, err
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusCreated)
-	_ = json.NewEncoder(w).Encode(exchangeAnswer{Code: code, ExpiresAt: exp.Truncate(time.Millisecond),
-		ExchangeURL: InstancePath(id) + strings.TrimPrefix(ExchangePath, "/") + "?code=" + code})
+	return Session{InstanceID: id, ExpiresAt: exp, URL: InstancePath(id) + "?" + CodeParam + "=" + code}, nil
 }
 
+// spendCode is the exchange: a GET of a proxy URL carrying a code spends it, sets the
+// instance's cookie and redirects to the same URL without the code.
 func (s *Service) spendCode(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 	ctx := r.Context()
-	code := r.URL.Query().Get("code")
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		s.fail(w, r, apierr.New(apierr.InvalidRequest, "an exchange code is spent with GET").With("reason", "method_not_allowed").
+			WithStatus(http.StatusMethodNotAllowed))
+		return
+	}
+	q := r.URL.Query()
+	code := q.Get(CodeParam)
 	if code == "" {
 		s.deny(w, r, nil, apierr.New(apierr.TokenMissing, "the exchange needs its code"), false)
 		return
@@ -333,7 +318,11 @@ func (s *Service) spendCode(w http.ResponseWriter, r *http.Request, id uuid.UUID
 		Path: path, MaxAge: int(s.cfg.CookieTTL / time.Second), HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: secureRequest(r),
 	})
-	loc := path + strings.TrimPrefix(safeNext(r.URL.Query().Get("next")), "/")
+	q.Del(CodeParam)
+	loc := path + strings.TrimPrefix(r.URL.EscapedPath(), path)
+	if enc := q.Encode(); enc != "" {
+		loc += "?" + enc
+	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
 	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
@@ -356,18 +345,6 @@ func (s *Service) denyCode(w http.ResponseWriter, r *http.Request, cl codeClaims
 		p = &principal.Principal{UserID: u, TenantID: t}
 	}
 	s.deny(w, r, p, err, true)
-}
-
-// safeNext keeps a next path only when it is a path inside the app ("/lab?x=1"), never
-// another site ("//evil", "/\\evil", "https://...").
-func safeNext(next string) string {
-	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
-		return "/"
-	}
-	if u, err := url.Parse(next); err != nil || u.Host != "" || u.Scheme != "" {
-		return "/"
-	}
-	return next
 }
 
 func secureRequest(r *http.Request) bool {

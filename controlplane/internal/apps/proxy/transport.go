@@ -110,7 +110,7 @@ func refusedError(code string) *apierr.Error {
 	case "connect_failed":
 		return apierr.New(apierr.UpstreamError, "the app is not accepting connections on its port").
 			With("reason", "app_unreachable").With("agent_error_code", code)
-	case "target_not_found", "allocation_not_active", "app_instance_not_found":
+	case "target_not_found", "app_not_running", "allocation_not_active":
 		return apierr.New(apierr.ServiceUnavailable, "the app instance is not running on its node").
 			With("reason", "app_instance_not_running").With("agent_error_code", code)
 	}
