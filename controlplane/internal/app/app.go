@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -312,6 +313,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		PlatformOpsAPI:        &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
 		NodeMetricsAPI:        nodeMetrics,
+		AppsAPI:               &apps.CatalogStub{},
+		AppInstancesAPI:       &apps.InstancesStub{},
+		AppProxyAPI:           &apps.ProxyStub{},
+		SharedRuntimesAPI:     &apps.SharedRuntimesStub{},
+		AppArtifactsAPI:       &apps.ArtifactsStub{},
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
