@@ -1372,7 +1372,7 @@ type AppInstanceStatus struct {
 	AllocationId string `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
 	// The loopback port the app serves on this node (what APP_PROXY streams connect to).
 	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
-	// Restarts since the app.start (crashes and failed health checks).
+	// Restarts since the app.start (each process exit is restarted, with backoff).
 	Restarts uint32 `protobuf:"varint,3,opt,name=restarts,proto3" json:"restarts,omitempty"`
 	// The last process exit: its code (-1 when ended by a signal) and when; unset before.
 	LastExitCode int32                  `protobuf:"varint,4,opt,name=last_exit_code,json=lastExitCode,proto3" json:"last_exit_code,omitempty"`
