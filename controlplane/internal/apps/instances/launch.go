@@ -28,15 +28,19 @@ type LaunchSpec struct {
 	Version      string
 	AllocationID uuid.NullUUID
 	SKU          string
-	// Region, KeyIDs: for a new allocation, as in POST /api/v1/allocations.
-	Region string
-	KeyIDs []uuid.UUID
+	// Region, KeyIDs, OSImageID: for a new allocation, as in POST /api/v1/allocations.
+	Region    string
+	KeyIDs    []uuid.UUID
+	OSImageID uuid.NullUUID
+	// ArtifactIDs are artifacts of the project to mount read-only (at most 16).
+	ArtifactIDs []uuid.UUID
 }
 
 // Limits of the request fields (seed §8; the contract says the same).
 const (
 	maxNameLen    = 120
 	maxVersionLen = 64
+	maxArtifacts  = 16
 )
 
 var slugPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{1,62}$`)
@@ -77,6 +81,9 @@ func (s *Service) Launch(ctx context.Context, p *principal.Principal, proj proje
 	if spec.AllocationID.Valid == (spec.SKU != "") {
 		return Instance{}, apierr.Validation("allocation_id", "name exactly one of allocation_id and sku").With("reason", "one_of")
 	}
+	if len(spec.ArtifactIDs) > maxArtifacts {
+		return Instance{}, apierr.Validation("artifact_ids", "at most %d artifacts", maxArtifacts).With("reason", "too_many")
+	}
 	// 2. The caller may launch here: viewers may not.
 	if !proj.AtLeast(projectctx.RoleMember) {
 		return Instance{}, apierr.New(apierr.InsufficientPermissions, "viewers cannot launch app instances in this project").
@@ -101,20 +108,29 @@ func (s *Service) Launch(ctx context.Context, p *principal.Principal, proj proje
 			return Instance{}, err
 		}
 	}
+	// 5. The artifacts are the project's.
+	if len(spec.ArtifactIDs) > 0 {
+		if s.Artifacts == nil {
+			return Instance{}, apierr.Validation("artifact_ids", "artifacts are not available").With("reason", "artifact_not_found")
+		}
+		if err := s.Artifacts.CheckProjectArtifacts(ctx, proj.ID, spec.ArtifactIDs); err != nil {
+			return Instance{}, err
+		}
+	}
 	spec.Name = name
 	var inst Instance
 	err = s.within(ctx, func(tx pgx.Tx) error {
-		// 5. The project's instance quota, under the project's lock.
+		// 6. The project's instance quota, under the project's lock.
 		if err := s.lockProject(ctx, tx, proj.ID); err != nil {
 			return err
 		}
-		// 6. A new allocation, with every check of an allocation launch, in this
+		// 7. A new allocation, with every check of an allocation launch, in this
 		// transaction (allocations joins the ambient one).
 		a := existing
 		created := false
 		if !spec.AllocationID.Valid {
 			if a, err = s.Allocations.Create(db.WithTx(ctx, tx), p, proj, allocations.CreateSpec{
-				Name: truncate(name, maxNameLen), SKU: spec.SKU, Region: spec.Region, KeyIDs: spec.KeyIDs,
+				Name: truncate(name, maxNameLen), SKU: spec.SKU, Region: spec.Region, KeyIDs: spec.KeyIDs, OSImageID: spec.OSImageID,
 			}); err != nil {
 				return err
 			}
@@ -123,11 +139,11 @@ func (s *Service) Launch(ctx context.Context, p *principal.Principal, proj proje
 			}
 			created = true
 		}
-		// 7. The allocation's other instances: a whole-allocation version is alone on it.
+		// 8. The allocation's other instances: a whole-allocation version is alone on it.
 		if err := s.checkNeighbours(ctx, tx, v, a.ID); err != nil {
 			return err
 		}
-		// 8. A port on the node.
+		// 9. A port on the node.
 		port, err := s.port(ctx, tx, v, a.NodeID)
 		if err != nil {
 			return err
@@ -218,8 +234,9 @@ func (s *Service) port(ctx context.Context, tx pgx.Tx, v Version, nodeID uuid.UU
 	return 0, apierr.New(apierr.ServiceUnavailable, "no free app port on the node").With("reason", "ports_exhausted")
 }
 
-// insert stores the new instance with its audit row and event; on a running allocation
-// it starts at once (start task enqueued), else it waits as requested.
+// insert stores the new instance as requested with its audit row and event; on a
+// running allocation its app.start task is enqueued at once (the reconcile pass delivers
+// it), else the pass enqueues it when the allocation becomes active.
 func (s *Service) insert(ctx context.Context, tx pgx.Tx, p *principal.Principal, proj projectctx.Project, spec LaunchSpec, v Version,
 	a allocations.Allocation, created bool, port int) (Instance, error) {
 	rs := RunSpec{Kind: v.Kind, Command: v.Command, Env: v.Env, Port: port, Health: v.Health, MinGPUs: v.MinGPUs,
@@ -234,14 +251,17 @@ func (s *Service) insert(ctx context.Context, tx pgx.Tx, p *principal.Principal,
 	now := s.now()
 	i := Instance{
 		ID: s.IDs.New(), TenantID: proj.TenantID, ProjectID: proj.ID, OwnerUserID: p.UserID, Name: spec.Name,
-		AppSlug: v.AppSlug, AppVersion: v.Version, AllocationID: a.ID, AllocationCreated: created, NodeID: a.NodeID,
+		AppSlug: v.AppSlug, AppVersion: v.Version, AppName: truncate(v.AppName, 120), ArtifactIDs: spec.ArtifactIDs, AllocationID: a.ID, AllocationCreated: created, NodeID: a.NodeID,
 		Port: port, State: lifecycle.Requested, RunSpec: body, BootstrapSSH: v.BootstrapSSH, CreatedAt: now, UpdatedAt: now,
 	}
+	if i.ArtifactIDs == nil {
+		i.ArtifactIDs = []uuid.UUID{}
+	}
 	_, err = tx.Exec(ctx, `INSERT INTO app_instances (id, tenant_id, project_id, owner_user_id, name, app_slug, app_version,
-		allocation_id, allocation_created, node_id, port, state, run_spec, bootstrap_ssh, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)`,
-		i.ID, i.TenantID, i.ProjectID, i.OwnerUserID, i.Name, i.AppSlug, i.AppVersion, i.AllocationID, i.AllocationCreated,
-		i.NodeID, i.Port, string(i.State), i.RunSpec, i.BootstrapSSH, now)
+		app_name, artifact_ids, allocation_id, allocation_created, node_id, port, state, run_spec, bootstrap_ssh, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17)`,
+		i.ID, i.TenantID, i.ProjectID, i.OwnerUserID, i.Name, i.AppSlug, i.AppVersion, i.AppName, i.ArtifactIDs, i.AllocationID,
+		i.AllocationCreated, i.NodeID, i.Port, string(i.State), i.RunSpec, i.BootstrapSSH, now)
 	if db.IsUniqueViolation(err, "app_instances_node_port_key") {
 		return Instance{}, apierr.New(apierr.AppInstanceStateInvalid, "port %d is already served on this node", port).With("reason", "port_in_use")
 	}
@@ -258,13 +278,7 @@ func (s *Service) insert(ctx context.Context, tx pgx.Tx, p *principal.Principal,
 		return Instance{}, err
 	}
 	if allocationRuns(a.Status) {
-		i, _, err = s.transition(ctx, tx, i, move{event: lifecycle.Start})
-		if err != nil {
-			return Instance{}, err
-		}
-	}
-	if i.BootstrapSSH && i.State == lifecycle.Starting {
-		if _, err := s.reconcileSSH(ctx, tx, i, a.SshPublicKeys); err != nil {
+		if err := s.requestStart(ctx, tx, i, a.SshPublicKeys); err != nil {
 			return Instance{}, err
 		}
 	}
@@ -272,9 +286,10 @@ func (s *Service) insert(ctx context.Context, tx pgx.Tx, p *principal.Principal,
 }
 
 // Stop stops an instance of the project (DELETE): a requested one at once, a started one
-// through an app.stop task (stopping until the agent reports it stopped); stopping again
-// is a repeat; a stopped or failed one is app_instance_state_invalid.
-func (s *Service) Stop(ctx context.Context, proj projectctx.Project, id uuid.UUID) (Instance, error) {
+// through an app.stop task (stopping until the agent reports it stopped); a stopping,
+// stopped or failed one is app_instance_state_invalid. An allocation launched for the
+// instance is released in the same transaction.
+func (s *Service) Stop(ctx context.Context, p *principal.Principal, proj projectctx.Project, id uuid.UUID) (Instance, error) {
 	if _, err := s.Get(ctx, proj.ID, id); err != nil {
 		return Instance{}, err
 	}
@@ -288,7 +303,16 @@ func (s *Service) Stop(ctx context.Context, proj projectctx.Project, id uuid.UUI
 		if err != nil {
 			return err
 		}
-		out, _, err = s.transition(ctx, tx, i, move{event: lifecycle.Stop, reason: "stopped by request"})
+		if out, _, err = s.transition(ctx, tx, i, move{event: lifecycle.Stop, reason: "stopped by request"}); err != nil {
+			return err
+		}
+		if !out.AllocationCreated {
+			return nil
+		}
+		_, err = s.Allocations.Release(db.WithTx(ctx, tx), p, proj, out.AllocationID)
+		if e, ok := apierr.As(err); ok && (e.Code == apierr.AllocationAlreadyReleasing || e.Code == apierr.AllocationNotActive) {
+			return nil // it is on its way out already
+		}
 		return err
 	})
 	if errors.Is(err, lifecycle.ErrUnknown) {

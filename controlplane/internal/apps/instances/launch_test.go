@@ -16,11 +16,11 @@ import (
 func TestLaunchOnActiveAllocationStartsIt(t *testing.T) {
 	w := newWorld(t, instances.Config{})
 	i := w.mustLaunch("web", "1.0")
-	if i.State != lifecycle.Starting || i.NodeID != w.nodeID || i.Port != instances.DefaultPortBase || i.AllocationCreated {
+	if i.State != lifecycle.Requested || i.NodeID != w.nodeID || i.Port != instances.DefaultPortBase || i.AllocationCreated || i.AppName != "Web" {
 		t.Fatalf("instance %+v", i)
 	}
-	if w.audits(instances.ActionCreate, i.ID) != 1 || w.audits("app_instance.start", i.ID) != 1 {
-		t.Fatal("launch must audit create and start once each")
+	if w.audits(instances.ActionCreate, i.ID) != 1 {
+		t.Fatal("launch must audit create once")
 	}
 	var payload []byte
 	var ct string
@@ -41,8 +41,23 @@ func TestLaunchOnActiveAllocationStartsIt(t *testing.T) {
 	if j.Port != i.Port+1 {
 		t.Fatalf("second port %d", j.Port)
 	}
+	// The reconcile pass delivers both starts; the node takes them: starting.
+	if err := w.svc.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.node.tasks) != 2 || w.node.tasks[0].Kind != "app.start" || w.node.tasks[0].ContentType != apptask.ContentType ||
+		w.node.tasks[0].TaskId == "" || w.node.tasks[0].Attempt != 1 {
+		t.Fatalf("dispatched %v", w.node.tasks)
+	}
+	if w.get(i.ID).State != lifecycle.Starting || w.audits("app_instance.start", i.ID) != 1 {
+		t.Fatal("the node took app.start: starting, audited once")
+	}
 	if w.count(`SELECT count(*) FROM outbox_events WHERE event_type = 'app_instance.starting'`) != 2 {
 		t.Fatal("app_instance.starting events")
+	}
+	// Nothing is sent twice.
+	if err := w.svc.Reconcile(context.Background()); err != nil || len(w.node.tasks) != 2 {
+		t.Fatalf("second pass: %v, %d tasks", err, len(w.node.tasks))
 	}
 	pg, err := w.svc.List(context.Background(), w.proj.ID, uuid.Nil, 1)
 	if err != nil || len(pg.Items) != 1 || !pg.More || pg.Items[0].ID != i.ID {
@@ -131,10 +146,7 @@ func TestQuotaPerProjectAtItsEdge(t *testing.T) {
 		t.Fatalf("quota error %+v", e)
 	}
 	// A stopped instance no longer counts.
-	if _, err := w.svc.Stop(w.ctx, w.proj, a.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.report(a, "stopped", 9); err != nil {
+	if _, err := w.svc.Stop(w.ctx, w.caller, w.proj, a.ID); err != nil {
 		t.Fatal(err)
 	}
 	w.mustLaunch("web", "1.0")
@@ -154,10 +166,7 @@ func TestWholeAllocationVersionIsAlone(t *testing.T) {
 	if e := wantCode(t, err, apierr.AppInstanceStateInvalid); e.Details["reason"] != "allocation_in_use" {
 		t.Fatal(e)
 	}
-	if _, err := w.svc.Stop(w.ctx, w.proj, whole.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.report(whole, "stopped", 1); err != nil {
+	if _, err := w.svc.Stop(w.ctx, w.caller, w.proj, whole.ID); err != nil {
 		t.Fatal(err)
 	}
 	w.mustLaunch("web", "1.0")

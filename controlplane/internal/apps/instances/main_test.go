@@ -64,8 +64,9 @@ type allocs struct {
 	m       map[uuid.UUID]allocations.Allocation
 	created int
 	sku     map[string]int32 // sku -> GPUs; absent: sku_not_found
-	node    uuid.UUID
-	sawTx   bool
+	node     uuid.UUID
+	sawTx    bool
+	released []uuid.UUID
 }
 
 func (a *allocs) Get(_ context.Context, projectID, id uuid.UUID) (allocations.Allocation, error) {
@@ -101,6 +102,19 @@ func (a *allocs) Create(ctx context.Context, p *principal.Principal, proj projec
 	a.m[x.ID] = x
 	a.created++
 	a.sawTx = true
+	return x, nil
+}
+
+func (a *allocs) Release(_ context.Context, _ *principal.Principal, proj projectctx.Project, id uuid.UUID) (allocations.Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	x, ok := a.m[id]
+	if !ok || x.ProjectID != proj.ID {
+		return allocations.Allocation{}, apierr.NotFound(apierr.AllocationNotFound, "allocation")
+	}
+	a.released = append(a.released, id)
+	x.Status = "releasing"
+	a.m[id] = x
 	return x, nil
 }
 
@@ -203,6 +217,21 @@ func (w *world) mustLaunch(slug, version string) instances.Instance {
 	i, err := w.launch(instances.LaunchSpec{AppSlug: slug, Version: version, AllocationID: uuid.NullUUID{UUID: w.alloc.ID, Valid: true}})
 	if err != nil {
 		w.t.Fatalf("launch %s@%s: %v", slug, version, err)
+	}
+	return i
+}
+
+// started launches slug@version on the world's allocation and lets the reconcile pass
+// deliver its app.start (the node takes it: starting).
+func (w *world) started(slug, version string) instances.Instance {
+	w.t.Helper()
+	i := w.mustLaunch(slug, version)
+	if err := w.svc.Reconcile(context.Background()); err != nil {
+		w.t.Fatal(err)
+	}
+	i = w.get(i.ID)
+	if i.State != "starting" {
+		w.t.Fatalf("after delivery: %s", i.State)
 	}
 	return i
 }

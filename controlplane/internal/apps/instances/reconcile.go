@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances/lifecycle"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
@@ -55,34 +56,33 @@ func (s *Service) followAllocations(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("live app instances: %w", err)
 	}
-	status := map[uuid.UUID]string{}
+	seen := map[uuid.UUID]allocations.Allocation{}
 	var errs []error
 	for _, ref := range refs {
-		st, ok := status[ref.allocation]
+		a, ok := seen[ref.allocation]
 		if !ok {
-			a, err := s.Allocations.Get(ctx, ref.project, ref.allocation)
+			var err error
+			a, err = s.Allocations.Get(ctx, ref.project, ref.allocation)
 			switch {
 			case apierr.CodeOf(err) == apierr.AllocationNotFound:
-				st = "released" // gone (its project deleted): nothing runs there any more
+				a.Status = "released" // gone (its project deleted): nothing runs there any more
 			case err != nil:
 				errs = append(errs, err)
 				continue
-			default:
-				st = a.Status
 			}
-			status[ref.allocation] = st
+			seen[ref.allocation] = a
 		}
-		var m move
 		switch {
-		case allocationEnded(st):
-			m = move{event: lifecycle.AllocationEnded, reason: "allocation_" + st, actorType: audit.ActorSystem}
-		case ref.state == lifecycle.Requested && allocationRuns(st):
-			m = move{event: lifecycle.Start, actorType: audit.ActorSystem}
-		default:
-			continue
-		}
-		if err := s.apply(ctx, ref.id, m, nil); err != nil {
-			errs = append(errs, err)
+		case allocationEnded(a.Status):
+			errs = append(errs, s.apply(ctx, ref.id, move{event: lifecycle.AllocationEnded, reason: "allocation_" + a.Status, actorType: audit.ActorSystem}, nil))
+		case ref.state == lifecycle.Requested && allocationRuns(a.Status):
+			errs = append(errs, s.within(ctx, func(tx pgx.Tx) error {
+				i, err := lock(ctx, tx, ref.id)
+				if err != nil || i.State != lifecycle.Requested {
+					return err
+				}
+				return s.requestStart(ctx, tx, i, a.SshPublicKeys)
+			}))
 		}
 	}
 	return errors.Join(errs...)
@@ -185,7 +185,7 @@ func (s *Service) deliver(ctx context.Context) error {
 
 func (s *Service) deliverOne(ctx context.Context, t pendingTask) error {
 	now := s.now()
-	if t.kind == TaskStart && t.state != lifecycle.Starting {
+	if t.kind == TaskStart && (lifecycle.IsFinal(t.state) || t.state == lifecycle.Stopping) {
 		return s.settle(ctx, t.id, false, "superseded: the instance is "+string(t.state))
 	}
 	deadline := t.createdAt.Add(s.Config.TaskTimeout)
@@ -210,8 +210,7 @@ func (s *Service) deliverOne(ctx context.Context, t pendingTask) error {
 	}
 	switch ack.GetStatus() {
 	case fabricv1.TaskAckStatus_TASK_ACK_STATUS_ACCEPTED, fabricv1.TaskAckStatus_TASK_ACK_STATUS_DUPLICATE:
-		_, err := s.Pool.Exec(ctx, `UPDATE app_instance_tasks SET attempts = attempts + 1, acked_at = coalesce(acked_at, $2) WHERE task_id = $1`, t.id, now)
-		return err
+		return s.taken(ctx, t, now)
 	}
 	reason := truncate(fmt.Sprintf("%s: %s", ack.GetErrorCode(), ack.GetMessage()), 1024)
 	if err := s.settle(ctx, t.id, false, "rejected: "+reason); err != nil {
@@ -221,6 +220,30 @@ func (s *Service) deliverOne(ctx context.Context, t pendingTask) error {
 		return nil
 	}
 	return s.apply(ctx, t.instance, move{event: lifecycle.ReportedFailed, reason: "start_rejected: " + reason, actorType: audit.ActorNode}, nil)
+}
+
+// taken records the node's acknowledgement of t: an app.start moves a requested instance
+// to starting; one whose instance ended while the task was on its way is followed by an
+// app.stop, so nothing runs for an instance that is over.
+func (s *Service) taken(ctx context.Context, t pendingTask, now time.Time) error {
+	return s.within(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE app_instance_tasks SET attempts = attempts + 1, acked_at = coalesce(acked_at, $2) WHERE task_id = $1`,
+			t.id, now); err != nil {
+			return fmt.Errorf("ack app task: %w", err)
+		}
+		if t.kind != TaskStart {
+			return nil
+		}
+		i, err := lock(ctx, tx, t.instance)
+		if err != nil {
+			return err
+		}
+		_, _, err = s.transition(ctx, tx, i, move{event: lifecycle.Start, actorType: audit.ActorNode, meta: map[string]any{"task_id": t.id.String()}})
+		if _, refused := apierr.As(err); refused && (lifecycle.IsFinal(i.State) || i.State == lifecycle.Stopping) {
+			_, err = s.enqueueStop(ctx, tx, i)
+		}
+		return err
+	})
 }
 
 // settle finishes a task without a result from the agent.

@@ -71,6 +71,14 @@ type Catalog interface {
 type Allocations interface {
 	Get(ctx context.Context, projectID, id uuid.UUID) (allocations.Allocation, error)
 	Create(ctx context.Context, p *principal.Principal, proj projectctx.Project, spec allocations.CreateSpec) (allocations.Allocation, error)
+	Release(ctx context.Context, p *principal.Principal, proj projectctx.Project, id uuid.UUID) (allocations.Allocation, error)
+}
+
+// Artifacts checks that a launch's artifacts are the project's (implemented by the
+// artifacts service): validation_error, reason artifact_not_found, otherwise. Nil: a
+// launch that names artifacts is refused the same way.
+type Artifacts interface {
+	CheckProjectArtifacts(ctx context.Context, projectID uuid.UUID, ids []uuid.UUID) error
 }
 
 // Dispatcher delivers a task to a node's agent (implemented by *fabric.Server).
@@ -136,6 +144,7 @@ type Service struct {
 	Outbox      *outbox.Writer
 	Catalog     Catalog
 	Allocations Allocations
+	Artifacts   Artifacts
 	// Dispatcher may be nil (no node fabric): tasks wait in the database.
 	Dispatcher Dispatcher
 	Config     Config
@@ -167,6 +176,9 @@ type Instance struct {
 	Name              string
 	AppSlug           string
 	AppVersion        string
+	AppName           string
+	ArtifactIDs       []uuid.UUID
+	SharedRuntimeID   uuid.NullUUID
 	AllocationID      uuid.UUID
 	AllocationCreated bool
 	NodeID            uuid.UUID
@@ -185,14 +197,16 @@ type Instance struct {
 	EndedAt           *time.Time
 }
 
-const instanceColumns = `id, tenant_id, project_id, owner_user_id, name, app_slug, app_version, allocation_id,
+const instanceColumns = `id, tenant_id, project_id, owner_user_id, name, app_slug, app_version, app_name, artifact_ids,
+	shared_runtime_id, allocation_id,
 	allocation_created, node_id, port, state, state_reason, run_spec, bootstrap_ssh, restart_count,
 	report_generation, last_report_at, not_ready_since, running_at, created_at, updated_at, ended_at`
 
 func scanInstance(row pgx.Row) (Instance, error) {
 	var i Instance
 	var state string
-	err := row.Scan(&i.ID, &i.TenantID, &i.ProjectID, &i.OwnerUserID, &i.Name, &i.AppSlug, &i.AppVersion, &i.AllocationID,
+	err := row.Scan(&i.ID, &i.TenantID, &i.ProjectID, &i.OwnerUserID, &i.Name, &i.AppSlug, &i.AppVersion, &i.AppName,
+		&i.ArtifactIDs, &i.SharedRuntimeID, &i.AllocationID,
 		&i.AllocationCreated, &i.NodeID, &i.Port, &state, &i.StateReason, &i.RunSpec, &i.BootstrapSSH, &i.RestartCount,
 		&i.ReportGeneration, &i.LastReportAt, &i.NotReadySince, &i.RunningAt, &i.CreatedAt, &i.UpdatedAt, &i.EndedAt)
 	i.State = lifecycle.State(state)

@@ -97,15 +97,16 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, i Instance, m move)
 		i.ID, string(i.State), i.StateReason, i.NotReadySince, i.RunningAt, i.EndedAt, now); err != nil {
 		return i, out, fmt.Errorf("update app instance: %w", err)
 	}
-	// What the new state asks of the node: start on start; stop on a stop, and on a
-	// health timeout (the process may still be there, crash-looping).
+	// What the move asks of the node: a stop on a stop, and on a health timeout (the
+	// process may still be there, crash-looping). A requested instance stopped while its
+	// start task may be on the node gets a stop after it.
 	switch {
-	case m.event == lifecycle.Start:
-		if _, err := s.enqueueStart(ctx, tx, i); err != nil {
-			return i, out, err
-		}
 	case out.To == lifecycle.Stopping, m.event == lifecycle.HealthTimeout:
 		if _, err := s.enqueueStop(ctx, tx, i); err != nil {
+			return i, out, err
+		}
+	case out.From == lifecycle.Requested && lifecycle.IsFinal(out.To):
+		if err := s.cancelStart(ctx, tx, i); err != nil {
 			return i, out, err
 		}
 	}
@@ -169,6 +170,47 @@ func (s *Service) enqueueStart(ctx context.Context, tx pgx.Tx, i Instance) (uuid
 		return uuid.Nil, err
 	}
 	return s.enqueueTask(ctx, tx, i, TaskStart, t)
+}
+
+// requestStart enqueues the instance's app.start (and its bootstrap SSH trust when the
+// version asks for it) unless a start task is pending or succeeded already.
+func (s *Service) requestStart(ctx context.Context, tx pgx.Tx, i Instance, publicKeys []string) error {
+	var live bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM app_instance_tasks WHERE instance_id = $1 AND kind = 'app.start'
+		AND (finished_at IS NULL OR succeeded))`, i.ID).Scan(&live); err != nil {
+		return fmt.Errorf("start tasks: %w", err)
+	}
+	if live {
+		return nil
+	}
+	if _, err := s.enqueueStart(ctx, tx, i); err != nil {
+		return err
+	}
+	if i.BootstrapSSH {
+		if _, err := s.reconcileSSH(ctx, tx, i, publicKeys); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cancelStart settles the instance's undelivered start tasks, and enqueues a stop when
+// one may have reached the node (delivered, or tried).
+func (s *Service) cancelStart(ctx context.Context, tx pgx.Tx, i Instance) error {
+	var reached bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM app_instance_tasks WHERE instance_id = $1 AND kind = 'app.start'
+		AND (acked_at IS NOT NULL OR attempts > 0))`, i.ID).Scan(&reached); err != nil {
+		return fmt.Errorf("start tasks: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE app_instance_tasks SET finished_at = $2, succeeded = false, last_error = 'superseded: the instance ended'
+		WHERE instance_id = $1 AND kind = 'app.start' AND acked_at IS NULL AND finished_at IS NULL`, i.ID, s.now()); err != nil {
+		return fmt.Errorf("cancel start tasks: %w", err)
+	}
+	if !reached {
+		return nil
+	}
+	_, err := s.enqueueStop(ctx, tx, i)
+	return err
 }
 
 func (s *Service) enqueueStop(ctx context.Context, tx pgx.Tx, i Instance) (uuid.UUID, error) {

@@ -10,8 +10,15 @@ CREATE TABLE app_instances (
     name              text NOT NULL CHECK (char_length(name) BETWEEN 1 AND 120),
     app_slug          text NOT NULL CHECK (app_slug ~ '^[a-z0-9][a-z0-9-]{1,62}$'),
     app_version       text NOT NULL CHECK (char_length(app_version) BETWEEN 1 AND 64),
+    app_name          text NOT NULL CHECK (char_length(app_name) <= 120),
+    -- Artifacts of the project mounted read-only (at most 16).
+    artifact_ids      uuid[] NOT NULL DEFAULT '{}' CHECK (cardinality(artifact_ids) <= 16),
+    -- The shared runtime this instance is a worker of (apps/sharedruntimes); NULL for a
+    -- project's own instance.
+    shared_runtime_id uuid,
     allocation_id     uuid NOT NULL,
-    -- Set when the instance was launched with a new allocation (POST with sku).
+    -- Set when the instance was launched with a new allocation (POST with sku): the
+    -- allocation is released when the instance is stopped.
     allocation_created boolean NOT NULL DEFAULT false,
     node_id           uuid NOT NULL,
     -- The port the app serves on the node's loopback; unique among the node's live

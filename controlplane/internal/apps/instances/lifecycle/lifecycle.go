@@ -13,8 +13,8 @@ type State string
 
 // Every state, in lifecycle order.
 const (
-	Requested State = "requested" // waiting for its allocation; nothing sent to the node yet
-	Starting  State = "starting"  // the start task is out, or the process runs but was never healthy since it (re)started
+	Requested State = "requested" // waiting for its allocation, or for the node to take the app.start task
+	Starting  State = "starting"  // the node took app.start; the process was not healthy since it (re)started
 	Running   State = "running"   // the health check passes
 	Unhealthy State = "unhealthy" // it passed once, and now fails (or the process restarts with backoff)
 	Stopping  State = "stopping"  // the stop task is out
@@ -75,7 +75,8 @@ var transitions = map[Event]map[State]State{
 	ReportedFailed:  {Requested: Failed, Starting: Failed, Running: Failed, Unhealthy: Failed, Stopping: Stopped},
 	Start:           {Requested: Starting},
 	HealthTimeout:   {Starting: Failed, Unhealthy: Failed},
-	// Nothing was sent to the node for a requested instance: it stops at once.
+	// The node has not taken anything for a requested instance: it stops at once (a
+	// start task in flight is followed by an app.stop).
 	Stop: {Requested: Stopped, Starting: Stopping, Running: Stopping, Unhealthy: Stopping},
 	AllocationEnded: {
 		Requested: Stopped, Starting: Stopped, Running: Stopped, Unhealthy: Stopped, Stopping: Stopped,
@@ -84,14 +85,14 @@ var transitions = map[Event]map[State]State{
 
 // repeats are the (event, state) pairs that change nothing and write nothing: a report
 // the agent sends again (telemetry), a health report about an instance that is being
-// stopped, a second stop while the first is under way.
+// stopped, the node taking a start task of an instance it already reports on.
 var repeats = map[Event]map[State]bool{
 	ReportedStarting:  {Starting: true, Stopping: true},
 	ReportedRunning:   {Running: true, Stopping: true},
 	ReportedUnhealthy: {Starting: true, Unhealthy: true, Stopping: true},
 	ReportedStopped:   {Stopped: true, Failed: true},
 	ReportedFailed:    {Failed: true, Stopped: true},
-	Stop:              {Stopping: true},
+	Start:             {Starting: true, Running: true, Unhealthy: true},
 	AllocationEnded:   {Stopped: true, Failed: true},
 }
 

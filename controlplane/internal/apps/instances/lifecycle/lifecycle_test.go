@@ -18,10 +18,10 @@ import (
 // (app_instance_transition_invalid, a dropped report); S = app_instance_state_invalid.
 var expected = map[lifecycle.State]string{
 	"requested": "starting running starting I failed starting S stopped stopped",
-	"starting":  "= running = failed failed S failed stopping stopped",
-	"running":   "starting = unhealthy failed failed S S stopping stopped",
-	"unhealthy": "starting running = failed failed S failed stopping stopped",
-	"stopping":  "= = = stopped stopped S S = stopped",
+	"starting":  "= running = failed failed = failed stopping stopped",
+	"running":   "starting = unhealthy failed failed = S stopping stopped",
+	"unhealthy": "starting running = failed failed = failed stopping stopped",
+	"stopping":  "= = = stopped stopped S S S stopped",
 	"stopped":   "I I I = = S S S =",
 	"failed":    "I I I = = S S S =",
 }
