@@ -129,6 +129,8 @@ type App struct {
 	// Attachments is buckets attached into allocations (docs/storage.md, Attachments);
 	// its delivery sweep runs in Run.
 	Attachments *attach.Service
+	// Apps is the app catalog and entitlements (docs/apps.md).
+	Apps *apps.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -212,6 +214,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
+	a.Apps = apps.New(a.Pool, a.Clock, a.IDs)
 	cat := catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes})
 	ac := cfg.Allocations
 	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout, ReportTimeout: ac.ReportTimeout,
@@ -313,7 +316,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		PlatformOpsAPI:        &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
 		NodeMetricsAPI:        nodeMetrics,
-		AppsAPI:               &apps.CatalogStub{},
+		AppsAPI:               apps.NewHandlers(a.Apps, cursors),
 		AppInstancesAPI:       &apps.InstancesStub{},
 		AppProxyAPI:           &apps.ProxyStub{},
 		SharedRuntimesAPI:     &apps.SharedRuntimesStub{},

@@ -94,7 +94,7 @@ type (
 	PlatformOpsAPI        = platformops.Handlers
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
-	AppsAPI               = apps.CatalogStub
+	AppsAPI               = apps.Handlers
 	AppInstancesAPI       = apps.InstancesStub
 	AppProxyAPI           = apps.ProxyStub
 	SharedRuntimesAPI     = apps.SharedRuntimesStub
