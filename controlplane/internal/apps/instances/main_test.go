@@ -60,10 +60,10 @@ func (c *catalog) LaunchVersion(_ context.Context, tenant uuid.UUID, slug, versi
 // allocs holds allocations by id. Create writes a real allocations row in the launch's
 // transaction (db.TxFrom), so a launch that fails after it proves the row rolled back.
 type allocs struct {
-	mu      sync.Mutex
-	m       map[uuid.UUID]allocations.Allocation
-	created int
-	sku     map[string]int32 // sku -> GPUs; absent: sku_not_found
+	mu       sync.Mutex
+	m        map[uuid.UUID]allocations.Allocation
+	created  int
+	sku      map[string]int32 // sku -> GPUs; absent: sku_not_found
 	node     uuid.UUID
 	sawTx    bool
 	released []uuid.UUID

@@ -112,9 +112,12 @@ func (s *Service) apply(ctx context.Context, id uuid.UUID, m move, after func(tx
 // the health timeout: never healthy, or unhealthy and not recovering (a crash loop the
 // agent did not give up on, or an agent that stopped reporting).
 func (s *Service) expireUnhealthy(ctx context.Context) error {
-	cutoff := s.now().Add(-s.Config.HealthTimeout)
+	// Per instance: the larger of the configured timeout and the version's startup
+	// timeout.
 	rows, err := s.Pool.Query(ctx, `SELECT id, running_at IS NULL FROM app_instances
-		WHERE state IN ('starting', 'unhealthy') AND not_ready_since < $1 ORDER BY not_ready_since LIMIT $2`, cutoff, reconcileBatch)
+		WHERE state IN ('starting', 'unhealthy') AND not_ready_since < $1::timestamptz - make_interval(secs =>
+			greatest($2::bigint, coalesce((run_spec->'health'->>'startup_timeout_seconds')::bigint, 0)))
+		ORDER BY not_ready_since LIMIT $3`, s.now(), int64(s.Config.HealthTimeout/time.Second), reconcileBatch)
 	if err != nil {
 		return fmt.Errorf("unhealthy app instances: %w", err)
 	}

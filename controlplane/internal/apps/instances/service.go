@@ -31,6 +31,13 @@ type HealthCheck struct {
 	// accepts a connection).
 	Type string `json:"type"`
 	Path string `json:"path,omitempty"`
+	// Zero: the agent's defaults (proto/fabric/apptask).
+	IntervalSeconds  int `json:"interval_seconds,omitempty"`
+	TimeoutSeconds   int `json:"timeout_seconds,omitempty"`
+	FailureThreshold int `json:"failure_threshold,omitempty"`
+	// StartupTimeoutSeconds: never healthy this long after the start is failed; zero
+	// is Config.HealthTimeout. The control plane's own timeout is the larger of the two.
+	StartupTimeoutSeconds int `json:"startup_timeout_seconds,omitempty"`
 }
 
 // Version is what a launch needs of an app version of the catalog.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -150,13 +151,19 @@ func (s *Service) StartTask(i Instance) (*fabricv1.AppStartTask, error) {
 	if err := json.Unmarshal(i.RunSpec, &spec); err != nil {
 		return nil, fmt.Errorf("run spec of %s: %w", i.ID, err)
 	}
+	startup := s.Config.HealthTimeout
+	if spec.Health.StartupTimeoutSeconds > 0 {
+		startup = time.Duration(spec.Health.StartupTimeoutSeconds) * time.Second
+	}
 	t := &fabricv1.AppStartTask{
 		AppInstanceId: i.ID.String(), AllocationId: i.AllocationID.String(), AppSlug: i.AppSlug, Version: i.AppVersion,
 		Command: spec.Command, Env: spec.Env, Port: uint32(i.Port), BasePath: BasePath(i.ID),
-		StartupTimeout: durationpb.New(s.Config.HealthTimeout), MinGpus: uint32(max(spec.MinGPUs, 0)),
+		StartupTimeout: durationpb.New(startup), MinGpus: uint32(max(spec.MinGPUs, 0)),
 	}
-	if spec.Health.Type != "" {
-		t.HealthCheck = &fabricv1.AppHealthCheck{Type: spec.Health.Type, HttpPath: spec.Health.Path}
+	if h := spec.Health; h.Type != "" {
+		t.HealthCheck = &fabricv1.AppHealthCheck{Type: h.Type, HttpPath: h.Path,
+			Interval: durationpb.New(time.Duration(h.IntervalSeconds) * time.Second), Timeout: durationpb.New(time.Duration(h.TimeoutSeconds) * time.Second),
+			FailureThreshold: uint32(max(h.FailureThreshold, 0))}
 	}
 	if err := apptask.ValidateStart(t); err != nil {
 		return nil, fmt.Errorf("app.start payload of %s: %w", i.ID, err)
