@@ -29,7 +29,10 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/nodeagent/agent"
+	nodeapps "github.com/gantry-gpu/gantry/nodeagent/apps"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
+	noderuntime "github.com/gantry-gpu/gantry/nodeagent/runtime"
+	"github.com/gantry-gpu/gantry/nodeagent/tasks"
 	"github.com/gantry-gpu/gantry/proto/api"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
@@ -135,25 +138,23 @@ func (w *world) secondReplica(t testing.TB, id string) (*app.App, *proxy.Service
 	return a, p, url
 }
 
-// appStreams is the agent's end of APP_PROXY streams as the app supervisor serves it
-// (nodeagent/apps, issue 23 A3): connect the stream to 127.0.0.1:<target_port> of an
-// instance the node runs, and pipe bytes both ways. Here the instances "running on
-// the node" are the ports the test registered.
+// appStreams is the agent's end of APP_PROXY streams. Instances the real app
+// supervisor (nodeagent/apps) runs, as processes it started, are its own to serve.
+// The in-process test apps (which let a test watch bytes arrive inside the app) are
+// not processes the supervisor could start; their streams are served here the way
+// the supervisor serves its own: connect to 127.0.0.1:<port>, pipe both ways.
 type appStreams struct {
-	ports sync.Map // app_instance_id -> port
+	sup   *nodeapps.Supervisor
+	ports sync.Map // app_instance_id -> port of an in-process test app
 }
 
 func (s *appStreams) ServeStream(ctx context.Context, pre *fabricv1.StreamPreamble, st net.Conn) {
-	defer st.Close()
-	if pre.GetKind() != fabricv1.StreamKind_STREAM_KIND_APP_PROXY {
-		_ = fabricnet.WriteReply(st, &fabricv1.StreamReply{ErrorCode: "unsupported_kind"})
-		return
-	}
 	v, ok := s.ports.Load(pre.GetAppInstanceId())
-	if !ok {
-		_ = fabricnet.WriteReply(st, &fabricv1.StreamReply{ErrorCode: "target_not_found"})
+	if !ok || pre.GetKind() != fabricv1.StreamKind_STREAM_KIND_APP_PROXY {
+		s.sup.ServeStream(ctx, pre, st)
 		return
 	}
+	defer st.Close()
 	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", v.(int)))
 	if err != nil {
 		_ = fabricnet.WriteReply(st, &fabricv1.StreamReply{ErrorCode: "connect_failed"})
@@ -199,6 +200,32 @@ func (g staticGPU) Close() error { return nil }
 type gpuNode struct {
 	id   uuid.UUID
 	apps *appStreams
+	sup  *nodeapps.Supervisor
+	envs *liveEnvs
+}
+
+// liveEnvs are the node's live allocations as the runtime would report them (process
+// runtime: the agent's own user, a home directory each).
+type liveEnvs struct {
+	t  testing.TB
+	mu sync.Mutex
+	m  map[string]noderuntime.SessionEnv
+}
+
+func (e *liveEnvs) Session(id string) (noderuntime.SessionEnv, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	env, ok := e.m[id]
+	return env, ok
+}
+
+func (e *liveEnvs) add(id uuid.UUID) string {
+	home := e.t.TempDir()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.m[id.String()] = noderuntime.SessionEnv{AllocationID: id.String(), User: "gantry-test", Dir: home, Shell: "/bin/sh",
+		Env: []string{"HOME=" + home, "USER=gantry-test", "CUDA_VISIBLE_DEVICES=GPU-test"}}
+	return home
 }
 
 var nodeSeq atomic.Int32
@@ -223,8 +250,20 @@ func (w *world) agentNode(t testing.TB) *gpuNode {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(a.Fabric.CAPEM())
-	apps := &appStreams{}
+	envs := &liveEnvs{t: t, m: map[string]noderuntime.SessionEnv{}}
+	sup, err := nodeapps.New(nodeapps.Options{Envs: envs, ReportInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := tasks.NewMux()
+	sup.Register(mux)
+	supCtx, stopSup := context.WithCancel(ctx)
+	if err := sup.Restore(supCtx); err != nil {
+		t.Fatal(err)
+	}
+	apps := &appStreams{sup: sup}
 	ag, err := agent.New(agent.Options{
+		Executor: mux, Reports: sup,
 		Addr: a.Fabric.ListenAddr().String(), Transport: fabricnet.ModeTCP, TLS: &tls.Config{RootCAs: pool},
 		Token: func() (string, error) { return en.NodeToken, nil }, AgentVersion: "test/1", Hostname: "gpu-host",
 		GPU: staticGPU{uuid: "GPU-" + n.ID.String()}, Streams: apps,
@@ -237,19 +276,34 @@ func (w *world) agentNode(t testing.TB) *gpuNode {
 	actx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = ag.Run(actx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		for _, r := range sup.Reports() {
+			_ = sup.Stop(context.Background(), r.GetObjectId(), r.GetAppInstance().GetAllocationId(), 2*time.Second)
+		}
+		stopSup()
+		sup.Wait()
+	})
 	eventually(t, "the node online", func() bool {
 		got, err := a.Nodes.Get(ctx, n.ID)
 		return err == nil && got.Status == nodes.StatusOnline && ag.Status().Connected
 	})
-	return &gpuNode{id: n.ID, apps: apps}
+	return &gpuNode{id: n.ID, apps: apps, sup: sup, envs: envs}
 }
 
 // instance records an app instance of acme's default project on node, served by the
-// app listening at addr, in state.
+// in-process app listening at addr, in state.
 func (w *world) instance(t testing.TB, node *gpuNode, addr, state string, runSpec string) uuid.UUID {
 	t.Helper()
 	id := uuid.New()
+	return w.record(t, id, uuid.New(), node, addr, state, runSpec, true)
+}
+
+// record inserts the app_instances row (as the instances service would have it);
+// inProcess registers addr as an in-process test app on node.
+func (w *world) record(t testing.TB, id, allocationID uuid.UUID, node *gpuNode, addr, state, runSpec string, inProcess bool) uuid.UUID {
+	t.Helper()
 	_, port, _ := net.SplitHostPort(addr)
 	var p int
 	fmt.Sscan(port, &p)
@@ -259,12 +313,14 @@ func (w *world) instance(t testing.TB, node *gpuNode, addr, state string, runSpe
 	nodeID := uuid.New()
 	if node != nil {
 		nodeID = node.id
-		node.apps.ports.Store(id.String(), p)
+		if inProcess {
+			node.apps.ports.Store(id.String(), p)
+		}
 	}
 	if _, err := w.Pool.Exec(context.Background(), `
-INSERT INTO app_instances (id, tenant_id, project_id, owner_user_id, name, app_slug, app_version, allocation_id, node_id, port, state, run_spec, created_at, updated_at)
-VALUES ($1, $2, $3, $4, 'nb', 'test-app', '1.0', $5, $6, $7, $8, $9::jsonb, now(), now())`,
-		id, w.Acme.ID, w.Acme.DefaultProject, w.Acme.AdminID, uuid.New(), nodeID, p, state, runSpec); err != nil {
+INSERT INTO app_instances (id, tenant_id, project_id, owner_user_id, name, app_slug, app_version, app_name, allocation_id, node_id, port, state, run_spec, created_at, updated_at)
+VALUES ($1, $2, $3, $4, 'nb', 'test-app', '1.0', 'Test app', $5, $6, $7, $8, $9::jsonb, now(), now())`,
+		id, w.Acme.ID, w.Acme.DefaultProject, w.Acme.AdminID, allocationID, nodeID, p, state, runSpec); err != nil {
 		t.Fatal(err)
 	}
 	return id
