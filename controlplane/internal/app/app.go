@@ -23,6 +23,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -131,6 +132,10 @@ type App struct {
 	Attachments *attach.Service
 	// Apps is the app catalog and entitlements (docs/apps.md).
 	Apps *apps.Service
+	// AppProxy is ANY /api/v1/app-proxy/{app_instance_id}/* (docs/app-proxy.md): not an
+	// operation of the contract, so Handler does not route it; Run serves
+	// AppProxy.Mount(Handler).
+	AppProxy *proxy.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -292,6 +297,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if err := nodeMetrics.Scraper.Serve(ctx); err != nil {
 		return nil, err
 	}
+	// The app proxy (docs/app-proxy.md): exchange codes in a KV bucket every replica
+	// shares, instance cookies signed with a key every replica derives alike.
+	apc := cfg.AppProxy
+	if apc.CodeBucket == "" || apc.CodeBucket == proxy.DefaultCodeBucket {
+		apc.CodeBucket = cfg.EventsStream + "_APP_PROXY_CODES"
+	}
+	if a.AppProxy, err = proxy.New(apc, proxy.Deps{Instances: proxy.DBInstances{Pool: a.Pool},
+		Auth: auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), Projects: a.Tenancy, Streams: a.Terminal, JS: a.JS,
+		CookieKey: cfg.Auth.MasterKey.Derive("gantry/app-proxy-cookie"), Denials: a.Denials,
+		Registry: a.Metrics.Registry, Clock: a.Clock, Log: log}); err != nil {
+		return nil, err
+	}
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
@@ -318,7 +335,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		NodeMetricsAPI:        nodeMetrics,
 		AppsAPI:               apps.NewHandlers(a.Apps, cursors),
 		AppInstancesAPI:       &apps.InstancesStub{},
-		AppProxyAPI:           &apps.ProxyStub{},
+		AppProxyAPI:           a.AppProxy.Handlers(),
 		SharedRuntimesAPI:     &apps.SharedRuntimesStub{},
 		AppArtifactsAPI:       &apps.ArtifactsStub{},
 	}
@@ -447,7 +464,7 @@ func (a *App) cursorKey() []byte {
 func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	// No WriteTimeout (server.NewHTTPServer): GANTRY_REQUEST_TIMEOUT bounds the work and
 	// a write deadline would cut the 503 it produces.
-	srv := server.NewHTTPServer(a.Handler, server.HTTPOptions{Log: a.Log})
+	srv := server.NewHTTPServer(a.AppProxy.Mount(a.Handler), server.HTTPOptions{Log: a.Log})
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(3)
@@ -555,6 +572,9 @@ func (a *App) maintain(ctx context.Context) {
 func (a *App) Close() {
 	if a.Notifications != nil { // before NATS: it unsubscribes and says goodbye to sockets
 		a.Notifications.Close()
+	}
+	if a.AppProxy != nil { // its streams ride the fabric
+		a.AppProxy.Close()
 	}
 	if a.Fabric != nil {
 		a.Fabric.Close()

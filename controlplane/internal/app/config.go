@@ -9,6 +9,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
@@ -90,6 +91,8 @@ type Config struct {
 	// NodeMetrics is GANTRY_NODE_METRICS_*: node agents' metrics served to Prometheus
 	// through the fabric (docs/nodeagent.md, "Metrics").
 	NodeMetrics nodemetrics.Config
+	// AppProxy is GANTRY_APP_PROXY_* (docs/app-proxy.md).
+	AppProxy proxy.Config
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

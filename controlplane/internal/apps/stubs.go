@@ -39,14 +39,6 @@ func (InstancesStub) DeleteAppInstance(context.Context, api.DeleteAppInstanceReq
 	return nil, notImplemented()
 }
 
-// ProxyStub stands in for the operations of its package.
-type ProxyStub struct{}
-
-// CreateAppProxySession is not implemented yet.
-func (ProxyStub) CreateAppProxySession(context.Context, api.CreateAppProxySessionRequestObject) (api.CreateAppProxySessionResponseObject, error) {
-	return nil, notImplemented()
-}
-
 // ArtifactsStub stands in for the operations of its package.
 type ArtifactsStub struct{}
 

@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -96,7 +97,7 @@ type (
 	NodeMetricsAPI        = nodemetrics.Handlers
 	AppsAPI               = apps.Handlers
 	AppInstancesAPI       = apps.InstancesStub
-	AppProxyAPI           = apps.ProxyStub
+	AppProxyAPI           = proxy.Handlers
 	SharedRuntimesAPI     = apps.SharedRuntimesStub
 	AppArtifactsAPI       = apps.ArtifactsStub
 )
