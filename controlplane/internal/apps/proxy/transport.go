@@ -48,9 +48,8 @@ func (s *Service) newTransport() *http.Transport {
 		DisableCompression: true,
 		ForceAttemptHTTP2:  false,
 		Proxy:              nil,
-		// 64 KiB buffers: fewer, larger writes into the stream for bulk downloads.
-		WriteBufferSize: 64 << 10,
-		ReadBufferSize:  64 << 10,
+		// Default (4 KiB) buffers: a body is copied in 32 KiB reads that bypass them, and
+		// a WebSocket keeps its connection's buffers for its whole life.
 	}
 }
 
