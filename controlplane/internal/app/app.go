@@ -23,6 +23,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
@@ -136,6 +137,8 @@ type App struct {
 	// operation of the contract, so Handler does not route it; Run serves
 	// AppProxy.Mount(Handler).
 	AppProxy *proxy.Service
+	// Artifacts is app artifacts: file sets whose bytes go through Blob (docs/apps.md).
+	Artifacts *artifacts.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -220,6 +223,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
 	a.Apps = apps.New(a.Pool, a.Clock, a.IDs)
+	if a.Artifacts, err = artifacts.New(a.Pool, a.Blob, a.Clock, a.IDs, a.Storage.Cfg.MaxObjectBytes, log, a.Metrics.Registry); err != nil {
+		return nil, err
+	}
 	cat := catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes})
 	ac := cfg.Allocations
 	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout, ReportTimeout: ac.ReportTimeout,
@@ -337,7 +343,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		AppInstancesAPI:       &apps.InstancesStub{},
 		AppProxyAPI:           a.AppProxy.Handlers(),
 		SharedRuntimesAPI:     &apps.SharedRuntimesStub{},
-		AppArtifactsAPI:       &apps.ArtifactsStub{},
+		AppArtifactsAPI:       artifacts.NewHandlers(a.Artifacts, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

@@ -39,34 +39,6 @@ func (InstancesStub) DeleteAppInstance(context.Context, api.DeleteAppInstanceReq
 	return nil, notImplemented()
 }
 
-// ArtifactsStub stands in for the operations of its package.
-type ArtifactsStub struct{}
-
-// ListAppArtifacts is not implemented yet.
-func (ArtifactsStub) ListAppArtifacts(context.Context, api.ListAppArtifactsRequestObject) (api.ListAppArtifactsResponseObject, error) {
-	return nil, notImplemented()
-}
-
-// CreateAppArtifact is not implemented yet.
-func (ArtifactsStub) CreateAppArtifact(context.Context, api.CreateAppArtifactRequestObject) (api.CreateAppArtifactResponseObject, error) {
-	return nil, notImplemented()
-}
-
-// GetAppArtifact is not implemented yet.
-func (ArtifactsStub) GetAppArtifact(context.Context, api.GetAppArtifactRequestObject) (api.GetAppArtifactResponseObject, error) {
-	return nil, notImplemented()
-}
-
-// PutAppArtifactFile is not implemented yet.
-func (ArtifactsStub) PutAppArtifactFile(context.Context, api.PutAppArtifactFileRequestObject) (api.PutAppArtifactFileResponseObject, error) {
-	return nil, notImplemented()
-}
-
-// GetAppArtifactFile is not implemented yet.
-func (ArtifactsStub) GetAppArtifactFile(context.Context, api.GetAppArtifactFileRequestObject) (api.GetAppArtifactFileResponseObject, error) {
-	return nil, notImplemented()
-}
-
 // SharedRuntimesStub stands in for the operations of its package.
 type SharedRuntimesStub struct{}
 

@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
@@ -99,7 +100,7 @@ type (
 	AppInstancesAPI       = apps.InstancesStub
 	AppProxyAPI           = proxy.Handlers
 	SharedRuntimesAPI     = apps.SharedRuntimesStub
-	AppArtifactsAPI       = apps.ArtifactsStub
+	AppArtifactsAPI       = artifacts.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
