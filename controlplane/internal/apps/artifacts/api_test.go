@@ -2,6 +2,7 @@ package artifacts_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,10 +15,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/app"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/testenv"
 )
 
@@ -197,6 +200,15 @@ func TestArtifactRoundTripAndDigestOnRead(t *testing.T) {
 	l = e.Call(t, "GET", "/api/v1/app-artifacts?page_size=1&cursor="+next, ta.AdminToken, nil, pa)
 	if items := l.Body["items"].([]any); len(items) != 1 || items[0].(map[string]any)["name"] != "weights" {
 		t.Fatalf("page 2: %s", l.Raw)
+	}
+	// The launch check of app instances: the project's artifacts only.
+	own := uuid.MustParse(id)
+	if err := e.App.Artifacts.CheckProjectArtifacts(context.Background(), ta.DefaultProject, []uuid.UUID{own}); err != nil {
+		t.Fatalf("own artifact refused: %v", err)
+	}
+	err = e.App.Artifacts.CheckProjectArtifacts(context.Background(), tb.DefaultProject, []uuid.UUID{own})
+	if ae, ok := apierr.As(err); !ok || ae.Code != apierr.ValidationError || ae.Details["reason"] != "artifact_not_found" {
+		t.Fatalf("another project's artifact: %v", err)
 	}
 	if n := e.Count(t, `SELECT count(*) FROM audit_events WHERE action LIKE 'app_artifact.%'`); n != 2+4 {
 		t.Fatalf("%d audit rows, want 6", n)

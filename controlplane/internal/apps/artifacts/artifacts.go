@@ -426,3 +426,35 @@ func (v *verifier) fail() {
 }
 
 func (v *verifier) Close() error { return v.r.Close() }
+
+// CheckProjectArtifacts is nil when every id is an artifact of the project (the
+// instances launch check); otherwise 422 validation_error, reason artifact_not_found,
+// naming the first that is not.
+func (s *Service) CheckProjectArtifacts(ctx context.Context, projectID uuid.UUID, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := db.Querier(ctx, s.Pool).Query(ctx, `SELECT id FROM app_artifacts WHERE project_id = $1 AND id = ANY($2)`, projectID, ids)
+	if err != nil {
+		return fmt.Errorf("check artifacts: %w", err)
+	}
+	defer rows.Close()
+	found := map[uuid.UUID]bool{}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		found[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if !found[id] {
+			return apierr.Validation("artifact_ids", "artifact %s is not an artifact of this project", id).
+				With("reason", "artifact_not_found").With("artifact_id", id.String())
+		}
+	}
+	return nil
+}
