@@ -62,7 +62,7 @@ func serveTestApp() {
 		wd, _ := os.Getwd()
 		fmt.Fprintf(w, "args=%s\n", strings.Join(os.Args[1:], " "))
 		fmt.Fprintf(w, "wd=%s\n", wd)
-		for _, k := range []string{"CUDA_VISIBLE_DEVICES", "GANTRY_ALLOCATION_ID", "GANTRY_APP_INSTANCE_ID", "GANTRY_APP_BASE_PATH", "APP_GREETING", "PORT", "SECRET_OF_THE_AGENT"} {
+		for _, k := range []string{"CUDA_VISIBLE_DEVICES", "GANTRY_ALLOCATION_ID", "GANTRY_APP_INSTANCE_ID", "GANTRY_APP_BASE_PATH", "APP_GREETING", "PORT", "SECRET_OF_THE_AGENT", "GANTRY_APP_SSH_AUTHORIZED_KEYS"} {
 			fmt.Fprintf(w, "%s=%s\n", k, os.Getenv(k))
 		}
 	})

@@ -154,7 +154,7 @@ func (in *instance) command(env runtime.SessionEnv) (*exec.Cmd, error) {
 	if home == "" || !filepath.IsAbs(home) {
 		return nil, fmt.Errorf("the allocation has no absolute home directory (%q)", home)
 	}
-	instanceDir := filepath.Join(home, ".gantry", "apps", spec.GetAppInstanceId())
+	instanceDir := instanceDir(home, spec.GetAppInstanceId())
 	if err := makeInstanceDir(home, instanceDir, env); err != nil {
 		return nil, fmt.Errorf("instance directory: %w", err)
 	}
@@ -179,6 +179,7 @@ func (in *instance) command(env runtime.SessionEnv) (*exec.Cmd, error) {
 		"GANTRY_APP_PORT":      strconv.Itoa(int(port)),
 		"GANTRY_APP_BASE_PATH": spec.GetBasePath(),
 		"GANTRY_APP_DIR":       instanceDir,
+		EnvSSHAuthorizedKeys:   trustFile(instanceDir),
 	}
 	keys := make([]string, 0, len(spec.GetEnv()))
 	for k := range spec.GetEnv() {
@@ -192,7 +193,7 @@ func (in *instance) command(env runtime.SessionEnv) (*exec.Cmd, error) {
 		fixed[k] = true
 		environ = append(environ, k+"="+rep.Replace(spec.GetEnv()[k]))
 	}
-	for _, k := range []string{EnvInstanceID, "GANTRY_APP_PORT", "GANTRY_APP_BASE_PATH", "GANTRY_APP_DIR"} {
+	for _, k := range []string{EnvInstanceID, "GANTRY_APP_PORT", "GANTRY_APP_BASE_PATH", "GANTRY_APP_DIR", EnvSSHAuthorizedKeys} {
 		environ = append(environ, k+"="+own[k])
 	}
 	if !fixed["PATH"] {
@@ -234,6 +235,9 @@ func (in *instance) command(env runtime.SessionEnv) (*exec.Cmd, error) {
 	}
 	return &exec.Cmd{Path: path, Args: args, Env: environ, Dir: instanceDir, SysProcAttr: attr}, nil
 }
+
+// instanceDir is an instance's directory in its allocation's home.
+func instanceDir(home, id string) string { return filepath.Join(home, ".gantry", "apps", id) }
 
 // makeInstanceDir creates <home>/.gantry/apps/<id>, owned by the allocation's user.
 func makeInstanceDir(home, dir string, env runtime.SessionEnv) error {

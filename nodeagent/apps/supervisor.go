@@ -96,10 +96,11 @@ func New(o Options) (*Supervisor, error) {
 	return &Supervisor{o: o, ctx: context.Background(), inst: map[string]*instance{}, changed: make(chan struct{}, 1)}, nil
 }
 
-// Register adds app.start and app.stop to the agent's task mux.
+// Register adds app.start, app.stop and app.bootstrap_ssh to the agent's task mux.
 func (s *Supervisor) Register(mux *tasks.Mux) {
 	mux.Handle(apptask.KindStart, tasks.ExecutorFunc(s.executeStart))
 	mux.Handle(apptask.KindStop, tasks.ExecutorFunc(s.executeStop))
+	mux.Handle(apptask.KindBootstrapSSH, tasks.ExecutorFunc(s.executeBootstrapSSH))
 }
 
 // Restore loads the records a previous agent left and resumes supervising every live

@@ -254,3 +254,57 @@ func DecodeStartResult(b []byte) (*fabricv1.AppStartResult, error) {
 	}
 	return r, nil
 }
+
+// KindBootstrapSSH is the task that reconciles an app instance's bootstrap SSH trust
+// (seed §6.2 rule 2): the node makes the instance trust exactly the payload's public
+// keys (state "trusted") or none ("revoked"). Its payload is JSON (BootstrapSSH).
+const KindBootstrapSSH = "app.bootstrap_ssh"
+
+// ContentTypeJSON is the content type of app.bootstrap_ssh payloads.
+const ContentTypeJSON = "application/json"
+
+// Bootstrap SSH trust states.
+const (
+	TrustTrusted = "trusted"
+	TrustRevoked = "revoked"
+)
+
+// Limits of a bootstrap SSH payload.
+const (
+	MaxTrustedKeys     = 32
+	MaxTrustedKeyBytes = 16 << 10
+)
+
+// BootstrapSSH is the JSON payload of app.bootstrap_ssh.
+type BootstrapSSH struct {
+	AppInstanceID string   `json:"app_instance_id"`
+	AllocationID  string   `json:"allocation_id"`
+	State         string   `json:"state"`
+	PublicKeys    []string `json:"public_keys"`
+}
+
+// Validate checks the payload's shape (each key's format is the agent's to parse).
+func (b BootstrapSSH) Validate() error {
+	var errs []error
+	if !IsUUID(b.AppInstanceID) || !IsUUID(b.AllocationID) {
+		errs = append(errs, errors.New("app_instance_id and allocation_id must be lowercase UUIDs"))
+	}
+	switch b.State {
+	case TrustTrusted:
+	case TrustRevoked:
+		if len(b.PublicKeys) > 0 {
+			errs = append(errs, errors.New("revoked trust carries no keys"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("state %q is not trusted or revoked", b.State))
+	}
+	if len(b.PublicKeys) > MaxTrustedKeys {
+		errs = append(errs, fmt.Errorf("%d public keys (at most %d)", len(b.PublicKeys), MaxTrustedKeys))
+	}
+	for i, k := range b.PublicKeys {
+		if len(k) > MaxTrustedKeyBytes || strings.ContainsAny(k, "\r\n\x00") {
+			errs = append(errs, fmt.Errorf("public_keys[%d] is longer than %d bytes or spans lines", i, MaxTrustedKeyBytes))
+		}
+	}
+	return errors.Join(errs...)
+}
