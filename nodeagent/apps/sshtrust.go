@@ -53,6 +53,9 @@ func (s *Supervisor) executeBootstrapSSH(_ context.Context, t tasks.Task) tasks.
 func (s *Supervisor) BootstrapSSH(p apptask.BootstrapSSH) (string, error) {
 	keys := make([]string, 0, len(p.PublicKeys))
 	for i, k := range p.PublicKeys {
+		if p.State == apptask.TrustRevoked {
+			break
+		}
 		pk, comment, _, _, err := ssh.ParseAuthorizedKey([]byte(k))
 		if err != nil {
 			return apptask.CodeInvalidPayload, fmt.Errorf("public_keys[%d]: %w", i, err)

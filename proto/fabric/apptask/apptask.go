@@ -290,11 +290,7 @@ func (b BootstrapSSH) Validate() error {
 		errs = append(errs, errors.New("app_instance_id and allocation_id must be lowercase UUIDs"))
 	}
 	switch b.State {
-	case TrustTrusted:
-	case TrustRevoked:
-		if len(b.PublicKeys) > 0 {
-			errs = append(errs, errors.New("revoked trust carries no keys"))
-		}
+	case TrustTrusted, TrustRevoked: // keys sent with "revoked" are ignored
 	default:
 		errs = append(errs, fmt.Errorf("state %q is not trusted or revoked", b.State))
 	}
