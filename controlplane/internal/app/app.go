@@ -24,7 +24,10 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/reports"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/sharedruntimes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -58,6 +61,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/ids"
@@ -139,6 +143,13 @@ type App struct {
 	AppProxy *proxy.Service
 	// Artifacts is app artifacts: file sets whose bytes go through Blob (docs/apps.md).
 	Artifacts *artifacts.Service
+	// Instances is app instances (docs/apps.md), driven by the agents' controller
+	// reports (AppReports routes them) and task results; its reconcile pass runs in Run.
+	Instances  *instances.Service
+	AppReports *reports.Router
+	// SharedRuntimes is shared runtimes: workers, attachments, operations, and the
+	// metering of attached projects' calls through the app proxy (docs/apps.md).
+	SharedRuntimes *sharedruntimes.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -215,6 +226,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if a.Nodes, err = a.nodes(opt); err != nil {
 		return nil, err
 	}
+	a.AppReports = reports.New(log)
 	if a.Fabric, err = a.fabric(ctx); err != nil {
 		return nil, err
 	}
@@ -234,6 +246,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		cat, a.Nodes, a.SSHKeys, a.Budgets, a.Billing, log)
 	a.Nodes.Allocations, cat.Usage, a.Allocations.Drains = a.Allocations, a.Allocations, a.Nodes
 	a.Tenancy.ProjectInUse = a.Allocations.ProjectInUse // a project with live allocations is not deleted
+
+	// App instances on allocations; the agents' reports reach them through the router
+	// the fabric was given (fabric.Deps.OnControllerReport).
+	a.Instances = instances.New(a.Pool, a.Clock, a.IDs, cfg.AppInstances.service(), instances.AppsCatalog{Apps: a.Apps}, a.Allocations, a.Fabric, log)
+	a.Instances.Artifacts = a.Artifacts
+	a.AppReports.Handle(apptask.Controller, a.Instances)
+	a.SharedRuntimes = sharedruntimes.New(a.Pool, a.Clock, a.IDs, a.Apps, runtimeWorkers{a.Instances}, a.Tenancy, a.Billing, log)
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
@@ -312,6 +331,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if a.AppProxy, err = proxy.New(apc, proxy.Deps{Instances: proxy.DBInstances{Pool: a.Pool},
 		Auth: auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), Projects: a.Tenancy, Streams: a.Terminal, JS: a.JS,
 		CookieKey: cfg.Auth.MasterKey.Derive("gantry/app-proxy-cookie"), Denials: a.Denials,
+		// Attached projects of a shared runtime get through to its workers and pay per call.
+		Grants: a.SharedRuntimes, Meter: a.SharedRuntimes,
 		Registry: a.Metrics.Registry, Clock: a.Clock, Log: log}); err != nil {
 		return nil, err
 	}
@@ -340,9 +361,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
 		NodeMetricsAPI:        nodeMetrics,
 		AppsAPI:               apps.NewHandlers(a.Apps, cursors),
-		AppInstancesAPI:       &apps.InstancesStub{},
+		AppInstancesAPI:       instances.NewHandlers(a.Instances, cursors),
 		AppProxyAPI:           a.AppProxy.Handlers(),
-		SharedRuntimesAPI:     &apps.SharedRuntimesStub{},
+		SharedRuntimesAPI:     sharedruntimes.NewHandlers(a.SharedRuntimes, cursors),
 		AppArtifactsAPI:       artifacts.NewHandlers(a.Artifacts, cursors),
 	}
 	a.Handler = server.New(server.Deps{
@@ -420,10 +441,20 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 					return err
 				}
 			}
+			// An app task's belongs to its app instance.
+			if handled, err := a.appTaskResult(ctx, nodeID, r); handled {
+				return err
+			}
 			if a.Allocations == nil {
 				return errors.New("allocations not assembled")
 			}
 			return a.Allocations.OnTaskResult(ctx, nodeID, r)
+		},
+		// Agents' controller reports (app instances) go to their controller's service.
+		OnControllerReport: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.ControllerReport) {
+			if a.AppReports != nil {
+				a.AppReports.OnControllerReport(ctx, nodeID, r)
+			}
 		},
 		// Every (re)connect reconciles what the node holds against the database.
 		OnHello: func(ctx context.Context, nodeID uuid.UUID, h *fabricv1.Hello) error {
@@ -501,6 +532,11 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	// Storage attachments (docs/storage.md): redelivery, timeouts, catch-up.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Attachments.Run(bg) }()
+	// App instances (docs/apps.md): start, stop, health timeouts, task delivery; shared
+	// runtimes: worker state, operations, rating of metered calls.
+	wg.Add(2)
+	go func() { defer wg.Done(); a.Instances.Run(bg) }()
+	go func() { defer wg.Done(); a.SharedRuntimes.Run(bg, a.Config.AppInstances.SharedRuntimeInterval) }()
 	// Object storage (docs/storage.md): expired uploads, force-deleted buckets, blob GC.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Storage.RunSweeper(bg) }()

@@ -93,6 +93,8 @@ type Config struct {
 	NodeMetrics nodemetrics.Config
 	// AppProxy is GANTRY_APP_PROXY_* (docs/app-proxy.md).
 	AppProxy proxy.Config
+	// AppInstances is GANTRY_APP_INSTANCES_* and GANTRY_SHARED_RUNTIMES_INTERVAL (docs/apps.md).
+	AppInstances AppInstancesConfig
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

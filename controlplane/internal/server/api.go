@@ -4,7 +4,9 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/sharedruntimes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -97,9 +99,9 @@ type (
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
 	AppsAPI               = apps.Handlers
-	AppInstancesAPI       = apps.InstancesStub
+	AppInstancesAPI       = instances.Handlers
 	AppProxyAPI           = proxy.Handlers
-	SharedRuntimesAPI     = apps.SharedRuntimesStub
+	SharedRuntimesAPI     = sharedruntimes.Handlers
 	AppArtifactsAPI       = artifacts.Handlers
 )
 
