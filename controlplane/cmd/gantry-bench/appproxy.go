@@ -264,10 +264,11 @@ VALUES ($1, $2, $3, $4, 'bench', 'bench-app', '1', 'Bench app', $5, $6, $7, 'run
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
 	p, err := proxy.New(proxy.Config{CodeBucket: a.Config.EventsStream + "_APP_PROXY_CODES"}, proxy.Deps{
 		Instances: proxy.DBInstances{Pool: fx.pool}, Auth: auth.NewAuthenticator(a.Keys, a.Config.Auth, a.Clock),
 		Projects: a.Tenancy, Streams: a.Terminal, JS: js, CookieKey: a.Config.Auth.MasterKey.Derive("gantry/app-proxy-cookie"),
-		Registry: prometheus.NewRegistry(), Clock: a.Clock,
+		Registry: reg, Clock: a.Clock,
 	})
 	if err != nil {
 		return err
@@ -291,10 +292,12 @@ VALUES ($1, $2, $3, $4, 'bench', 'bench-app', '1', 'Bench app', $5, $6, $7, 'run
 		}
 		dp, pp = append(dp, d), append(pp, q)
 	}
+	opened := counterValue(reg, "app_proxy_streams_opened_total")
 	d50, d99 := medianPair(dp)
 	p50, p99 := medianPair(pp)
 	fmt.Printf("  GET 1 KiB at %d req/s for %s: direct p50 %s p99 %s; proxy p50 %s p99 %s; added p99 %s (goal ≤ 2ms: %s)\n",
 		appRate, appLatencyTime, d50, d99, p50, p99, p99-d99, goalVerdict(p99-d99 <= 2*time.Millisecond))
+	fmt.Printf("    %.0f fabric streams opened for %d proxied requests (kept-alive streams carry the rest)\n", opened, rounds*(appRate*int(appLatencyTime.Seconds())+50))
 
 	// 1 GiB download.
 	var dr, pr []float64
@@ -463,4 +466,17 @@ func heapBytes() int64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse + m.StackInuse)
+}
+
+func counterValue(g prometheus.Gatherer, name string) float64 {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }

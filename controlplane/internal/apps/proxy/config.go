@@ -21,6 +21,10 @@ type Config struct {
 	// MaxIdlePerInstance is how many idle kept-alive connections (fabric streams) to one
 	// instance this replica keeps for the next requests.
 	MaxIdlePerInstance int `env:"GANTRY_APP_PROXY_MAX_IDLE_PER_INSTANCE" envDefault:"16"`
+	// AccessCacheTTL is how long a caller's admission to an instance (and where the
+	// instance is served) is reused before it is read again; negative reads both on
+	// every request (cache.go says what the TTL costs).
+	AccessCacheTTL time.Duration `env:"GANTRY_APP_PROXY_ACCESS_CACHE_TTL" envDefault:"1s"`
 	// CodeBucket is the JetStream KV bucket of exchange codes (shared by the replicas);
 	// empty in a hand-built Config: "gantry_app_proxy_codes".
 	CodeBucket string `env:"GANTRY_APP_PROXY_CODE_BUCKET" envDefault:"gantry_app_proxy_codes"`
@@ -34,6 +38,7 @@ const (
 	DefaultResponseHeaderTimeout = 60 * time.Second
 	DefaultMaxIdlePerInstance    = 16
 	DefaultCodeBucket            = "gantry_app_proxy_codes"
+	DefaultAccessCacheTTL        = time.Second
 )
 
 func (c *Config) setDefaults() error {
@@ -46,6 +51,12 @@ func (c *Config) setDefaults() error {
 	def(&c.CookieTTL, DefaultCookieTTL)
 	def(&c.OpenTimeout, DefaultOpenTimeout)
 	def(&c.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	switch {
+	case c.AccessCacheTTL == 0:
+		c.AccessCacheTTL = DefaultAccessCacheTTL
+	case c.AccessCacheTTL < 0:
+		c.AccessCacheTTL = 0 // off
+	}
 	if c.MaxIdlePerInstance <= 0 {
 		c.MaxIdlePerInstance = DefaultMaxIdlePerInstance
 	}

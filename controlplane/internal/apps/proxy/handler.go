@@ -153,10 +153,13 @@ func (s *Service) proxy(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 		s.deny(w, r, nil, err, byCookie)
 		return
 	}
-	a, err := s.admit(ctx, p, id)
-	if err != nil {
-		s.deny(w, r, p, err, byCookie)
-		return
+	a, cached := s.admitted.get(p, id, s.now())
+	if !cached {
+		if a, err = s.admit(ctx, p, id); err != nil {
+			s.deny(w, r, p, err, byCookie)
+			return
+		}
+		s.admitted.put(a, id, s.now())
 	}
 	t := a.target
 	if t.State != StateRunning && t.State != StateUnhealthy {

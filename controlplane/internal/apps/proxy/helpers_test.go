@@ -35,6 +35,7 @@ import (
 	"github.com/gantry-gpu/gantry/nodeagent/tasks"
 	"github.com/gantry-gpu/gantry/proto/api"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 	"github.com/gantry-gpu/gantry/shared/obs"
 	"github.com/gantry-gpu/gantry/shared/testenv"
@@ -83,21 +84,30 @@ func newWorld(t testing.TB) *world {
 
 // proxyFor assembles the proxy of replica a (as app.New will) and serves it with a's
 // API on a new HTTP server; the terminal relay of a runs with that server's URL.
+// The tests change instances' rows between requests and expect the next request to see
+// it, so the admission cache is off (TestProxyAdmissionCache covers it).
 func (w *world) proxyFor(t testing.TB, a *app.App, _ string) (*proxy.Service, string) {
 	t.Helper()
-	testenv.CleanupKV(t, w.JS, a.Config.EventsStream+"_APP_PROXY_CODES")
-	p, err := proxy.New(proxy.Config{CodeBucket: a.Config.EventsStream + "_APP_PROXY_CODES"}, proxy.Deps{
-		Instances: proxy.DBInstances{Pool: w.Pool}, Auth: auth.NewAuthenticator(a.Keys, a.Config.Auth, a.Clock),
-		Projects: a.Tenancy, Streams: a.Terminal, JS: w.JS, CookieKey: a.Config.Auth.MasterKey.Derive("gantry/app-proxy-cookie"),
-		Denials: a.Denials, Registry: prometheus.NewRegistry(), Clock: a.Clock,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := w.newProxy(t, a, proxy.Config{AccessCacheTTL: -1}, a.Clock)
 	srv := httptest.NewServer(p.Mount(a.Handler))
 	t.Cleanup(func() { p.Close(); srv.CloseClientConnections(); srv.Close() })
 	runTerminal(t, w, a, srv.URL)
 	return p, srv.URL
+}
+
+func (w *world) newProxy(t testing.TB, a *app.App, cfg proxy.Config, clk clock.Clock) *proxy.Service {
+	t.Helper()
+	testenv.CleanupKV(t, w.JS, a.Config.EventsStream+"_APP_PROXY_CODES")
+	cfg.CodeBucket = a.Config.EventsStream + "_APP_PROXY_CODES"
+	p, err := proxy.New(cfg, proxy.Deps{
+		Instances: proxy.DBInstances{Pool: w.Pool}, Auth: auth.NewAuthenticator(a.Keys, a.Config.Auth, a.Clock),
+		Projects: a.Tenancy, Streams: a.Terminal, JS: w.JS, CookieKey: a.Config.Auth.MasterKey.Derive("gantry/app-proxy-cookie"),
+		Denials: a.Denials, Registry: prometheus.NewRegistry(), Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func runFabric(t testing.TB, a *app.App) {

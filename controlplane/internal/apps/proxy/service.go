@@ -124,6 +124,7 @@ type Service struct {
 	transport *http.Transport
 	rp        *httputil.ReverseProxy
 	codes     *codeStore
+	admitted  *admissions
 
 	// life is the context of the streams kept alive between requests (pooled
 	// connections, relayed hops); Close ends it.
@@ -157,8 +158,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	life, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, deps: deps, metrics: m, life: life, cancel: cancel,
-		codes:   &codeStore{js: deps.JS, bucket: cfg.CodeBucket, ttl: cfg.ExchangeTTL},
-		upgrade: map[*upgraded]struct{}{}}
+		codes:    &codeStore{js: deps.JS, bucket: cfg.CodeBucket, ttl: cfg.ExchangeTTL},
+		admitted: &admissions{ttl: cfg.AccessCacheTTL},
+		upgrade:  map[*upgraded]struct{}{}}
 	s.transport = s.newTransport()
 	s.rp = s.reverseProxy()
 	return s, nil
