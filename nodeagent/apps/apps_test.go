@@ -409,3 +409,26 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 	t.Cleanup(func() { _ = a.Close(); _ = b.Close() })
 	return a, b
 }
+
+// TestRestoreAfterAllocationStoppedMeanwhile: an allocation stopped while no agent ran
+// (the runtime killed the app) leaves the restored instance stopped with reason
+// allocation_inactive, not restarted.
+func TestRestoreAfterAllocationStoppedMeanwhile(t *testing.T) {
+	n := newNode(t)
+	alloc := n.allocation(0)
+	s := spec(t, alloc, "http")
+	if res := n.run(apptask.KindStart, s); res.Status != tasks.Succeeded {
+		t.Fatalf("start: %+v", res)
+	}
+	before := n.waitState(s.AppInstanceId, apptask.StateRunning)
+	n.cancel()
+	n.sup.Wait()
+	n.rt.NotifyInactive(nil) // no agent is there to be told
+	n.stopAllocation(alloc)
+	waitGone(t, before.PID)
+	n.start()
+	in := n.waitState(s.AppInstanceId, apptask.StateStopped)
+	if in.State != apptask.StateStopped || in.Reason != apptask.ReasonAllocationInactive || in.Restarts != 0 || in.Generation != before.Generation+1 {
+		t.Fatalf("restored %+v", in)
+	}
+}

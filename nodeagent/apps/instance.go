@@ -186,6 +186,17 @@ func (in *instance) first() (int, string, error) {
 // supervise resumes a restored instance: adopts its process when alive, else treats it
 // as exited.
 func (in *instance) supervise(ctx context.Context, pid int) {
+	if _, live := in.s.o.Envs.Session(in.rec.AllocationID); !live {
+		// The allocation stopped or was released while no agent watched.
+		defer in.s.wg.Done()
+		defer close(in.done)
+		if pid > 0 && alive(in.s.o.ProcDir, pid, in.rec.InstanceID) {
+			_ = terminate(adopt(in.s.o.ProcDir, pid, in.rec.InstanceID), apptask.DefaultStopGrace)
+		}
+		in.update(func(r *record) { r.PID = 0 })
+		in.setState(apptask.StateStopped, apptask.ReasonAllocationInactive, "the allocation is no longer active on this node")
+		return
+	}
 	if pid > 0 && alive(in.s.o.ProcDir, pid, in.rec.InstanceID) {
 		in.s.o.Logger.Info("app instance process adopted", "app_instance_id", in.rec.InstanceID, "pid", pid)
 		in.superviseProc(ctx, adopt(in.s.o.ProcDir, pid, in.rec.InstanceID))
