@@ -73,6 +73,11 @@ func (s *Service) ProxyGrant(ctx context.Context, p *principal.Principal, t prox
 // unit, recorded once per call id however often it is reported; the owner project's own
 // calls are not metered (it pays for the allocations). Rating happens in RateCalls.
 func (s *Service) ProxiedCall(ctx context.Context, c proxy.Call) error {
+	if c.Target.ProjectID != uuid.Nil && c.ProjectID == c.Target.ProjectID {
+		// A member of the instance's own project (a worker's: the owner): nothing to
+		// meter, and no query on the proxy's path for every ordinary app instance.
+		return nil
+	}
 	r, ok, err := s.serving(ctx, c.Target.InstanceID)
 	if err != nil || !ok || c.ProjectID == r.OwnerProjectID {
 		return err
