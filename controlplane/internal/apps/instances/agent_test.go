@@ -6,8 +6,11 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,4 +357,75 @@ func TestNeverHealthyWithARealAgent(t *testing.T) {
 	if f.audits(instances.ActionControllerReport, i.ID)+f.audits("app_instance.health_timeout", i.ID) < 1 {
 		t.Fatal("the failure is audited")
 	}
+}
+
+// Bootstrap SSH trust through a real agent: the launch's app.bootstrap_ssh reaches the
+// node, the agent writes the instance's authorized_keys and reports success (trusted);
+// identical reconciles afterwards enqueue and audit nothing; a revoke is one more task.
+func TestBootstrapSSHWithARealAgent(t *testing.T) {
+	py := python(t)
+	f := newField(t, instances.Config{}, map[string]instances.Version{"mpi@1": {AppSlug: "mpi", Version: "1",
+		Command: []string{py, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", "{instance_dir}"},
+		Health:  instances.HealthCheck{Type: "tcp", IntervalSeconds: 1}, BootstrapSSH: true}})
+	key := sshKey(t)
+	f.allocs.set(f.allocID, "active")
+	x := f.allocs.m[f.allocID]
+	x.SshPublicKeys = []string{key}
+	f.allocs.m[f.allocID] = x
+	f.startAgent(t)
+	f.provision(t)
+	ctx := principal.With(context.Background(), f.caller)
+	i, err := f.svc.Launch(ctx, f.caller, f.proj, instances.LaunchSpec{Name: "mpi", AppSlug: "mpi", Version: "1",
+		AllocationID: uuid.NullUUID{UUID: f.allocID, Valid: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.until(t, i.ID, lifecycle.Running)
+	state := func() string {
+		st, err := f.svc.BootstrapStates(context.Background(), []instances.Instance{i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[i.ID]
+	}
+	wait(t, "trusted", func() bool { return state() == "trusted" })
+	var keyFile string
+	matches, _ := filepathGlob(f.dir, i.ID.String())
+	for _, m := range matches {
+		keyFile = m
+	}
+	if keyFile == "" {
+		t.Fatalf("no authorized_keys for the instance under %s", f.dir)
+	}
+	if b, err := os.ReadFile(keyFile); err != nil || !strings.Contains(string(b), "\n"+key+"\n") || strings.Count(string(b), "ssh-") != 1 {
+		t.Fatalf("authorized_keys: %q %v", b, err)
+	}
+	for n := 0; n < 5; n++ {
+		if enq, err := f.svc.ReconcileBootstrapSSH(context.Background(), i.ID, instances.TrustTrusted, []string{key}); err != nil || enq {
+			t.Fatalf("identical reconcile %d: %v %v", n, enq, err)
+		}
+	}
+	if got := f.audits(instances.ActionBootstrapSSH, i.ID); got != 1 {
+		t.Fatalf("%d bootstrap audit rows, want 1", got)
+	}
+	if enq, err := f.svc.ReconcileBootstrapSSH(context.Background(), i.ID, instances.TrustRevoked, nil); err != nil || !enq {
+		t.Fatalf("revoke: %v %v", enq, err)
+	}
+	wait(t, "the revoke applied", func() bool {
+		_ = f.svc.Reconcile(context.Background())
+		_, err := os.Stat(keyFile)
+		return os.IsNotExist(err) && state() == "not_required"
+	})
+}
+
+// filepathGlob finds <dir>/**/.gantry/apps/<id>/.ssh/authorized_keys.
+func filepathGlob(dir, id string) ([]string, error) {
+	var out []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, filepath.Join(id, ".ssh", "authorized_keys")) {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out, err
 }

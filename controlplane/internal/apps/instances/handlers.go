@@ -45,8 +45,8 @@ func scope(ctx context.Context) (*principal.Principal, projectctx.Project, error
 }
 
 // BootstrapStates is the bootstrap SSH state of each instance (api.AppBootstrapSSHState):
-// not_required, pending (its task is out), trusted (it succeeded; also for a revoked
-// request that succeeded: nothing is trusted any more, as asked) or failed.
+// not_required (the version needs none, or a revoke went through: nothing is trusted),
+// pending (its task is out), trusted (the node trusts the keys) or failed.
 func (s *Service) BootstrapStates(ctx context.Context, is []Instance) (map[uuid.UUID]string, error) {
 	out := make(map[uuid.UUID]string, len(is))
 	var ids []uuid.UUID
@@ -60,7 +60,7 @@ func (s *Service) BootstrapStates(ctx context.Context, is []Instance) (map[uuid.
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := s.q(ctx).Query(ctx, `SELECT st.instance_id, t.finished_at IS NOT NULL, coalesce(t.succeeded, false)
+	rows, err := s.q(ctx).Query(ctx, `SELECT st.instance_id, st.requested_state, t.finished_at IS NOT NULL, coalesce(t.succeeded, false)
 		FROM app_instance_ssh_trust st JOIN app_instance_tasks t ON t.task_id = st.task_id WHERE st.instance_id = ANY($1)`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap ssh states: %w", err)
@@ -68,11 +68,14 @@ func (s *Service) BootstrapStates(ctx context.Context, is []Instance) (map[uuid.
 	defer rows.Close()
 	for rows.Next() {
 		var id uuid.UUID
+		var requested string
 		var finished, ok bool
-		if err := rows.Scan(&id, &finished, &ok); err != nil {
+		if err := rows.Scan(&id, &requested, &finished, &ok); err != nil {
 			return nil, fmt.Errorf("bootstrap ssh states: %w", err)
 		}
 		switch {
+		case finished && ok && requested == TrustRevoked:
+			out[id] = "not_required"
 		case finished && ok:
 			out[id] = "trusted"
 		case finished:

@@ -13,22 +13,14 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances/lifecycle"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 )
 
 // Requested bootstrap SSH trust states.
 const (
-	TrustTrusted = "trusted"
-	TrustRevoked = "revoked"
+	TrustTrusted = apptask.TrustTrusted
+	TrustRevoked = apptask.TrustRevoked
 )
-
-// BootstrapSSHPayload is the JSON input of an app.bootstrap_ssh task: the node makes the
-// app's runtime trust exactly these public keys (trusted), or none (revoked).
-type BootstrapSSHPayload struct {
-	AppInstanceID uuid.UUID `json:"app_instance_id"`
-	AllocationID  uuid.UUID `json:"allocation_id"`
-	State         string    `json:"state"`
-	PublicKeys    []string  `json:"public_keys"`
-}
 
 // ReconcileBootstrapSSH asks the instance's node for the bootstrap SSH trust of
 // publicKeys (state trusted) or for none (revoked). It enqueues an app.bootstrap_ssh task
@@ -76,6 +68,10 @@ func fingerprints(keys []string) ([]string, []string) {
 
 func (s *Service) reconcileTrust(ctx context.Context, tx pgx.Tx, i Instance, state string, publicKeys []string) (bool, error) {
 	fps, lines := fingerprints(publicKeys)
+	if len(lines) > apptask.MaxTrustedKeys {
+		// An allocation has at most 32 keys (allocations' limit); more is a caller's bug.
+		return false, fmt.Errorf("bootstrap ssh: %d keys, at most %d", len(lines), apptask.MaxTrustedKeys)
+	}
 	if state == TrustRevoked {
 		fps, lines = []string{}, []string{}
 	}
@@ -103,9 +99,11 @@ func (s *Service) reconcileTrust(ctx context.Context, tx pgx.Tx, i Instance, sta
 	if !exists && state == TrustRevoked {
 		return false, nil // never trusted anything: nothing to revoke
 	}
-	newTask, err := s.enqueueTask(ctx, tx, i, TaskBootstrapSSH, BootstrapSSHPayload{
-		AppInstanceID: i.ID, AllocationID: i.AllocationID, State: state, PublicKeys: lines,
-	})
+	payload := apptask.BootstrapSSH{AppInstanceID: i.ID.String(), AllocationID: i.AllocationID.String(), State: state, PublicKeys: lines}
+	if err := payload.Validate(); err != nil {
+		return false, fmt.Errorf("app.bootstrap_ssh payload of %s: %w", i.ID, err)
+	}
+	newTask, err := s.enqueueTask(ctx, tx, i, TaskBootstrapSSH, payload)
 	if err != nil {
 		return false, err
 	}

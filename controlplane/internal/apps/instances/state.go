@@ -22,7 +22,7 @@ import (
 const (
 	TaskStart        = apptask.KindStart
 	TaskStop         = apptask.KindStop
-	TaskBootstrapSSH = "app.bootstrap_ssh"
+	TaskBootstrapSSH = apptask.KindBootstrapSSH
 )
 
 // Audit actions. Controller reports share one action of the seed's app_instance.*report
@@ -233,7 +233,7 @@ func (s *Service) enqueueTask(ctx context.Context, tx pgx.Tx, i Instance, kind s
 	if m, ok := payload.(proto.Message); ok {
 		body, err = apptask.Encode(m)
 	} else {
-		contentType = "application/json"
+		contentType = apptask.ContentTypeJSON
 		body, err = json.Marshal(payload)
 	}
 	if err != nil {
