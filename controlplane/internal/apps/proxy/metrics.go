@@ -33,13 +33,30 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.streamsOpened, m.openFailed, m.websockets, m.exchanged, m.replays} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, err
-			}
+	// A second service on the same registry (tests, the bench) shares the first's.
+	register := func(c prometheus.Collector) (prometheus.Collector, error) {
+		err := reg.Register(c)
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			return are.ExistingCollector, nil
 		}
+		return c, err
 	}
+	var err error
+	var c prometheus.Collector
+	if c, err = register(m.requests); err != nil {
+		return nil, err
+	}
+	m.requests = c.(*prometheus.CounterVec)
+	for _, g := range []*prometheus.Counter{&m.streamsOpened, &m.openFailed, &m.exchanged, &m.replays} {
+		if c, err = register(*g); err != nil {
+			return nil, err
+		}
+		*g = c.(prometheus.Counter)
+	}
+	if c, err = register(m.websockets); err != nil {
+		return nil, err
+	}
+	m.websockets = c.(prometheus.Gauge)
 	return m, nil
 }
