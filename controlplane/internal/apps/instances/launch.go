@@ -201,8 +201,11 @@ func (s *Service) checkNeighbours(ctx context.Context, tx pgx.Tx, v Version, all
 	return nil
 }
 
-// port is the version's own port, else the lowest free port of the node's range. The
-// node lock makes the choice; the unique index app_instances_node_port_key backs it.
+// port is the port the instance serves on its node, chosen under the node's lock (the
+// unique index app_instances_node_port_key backs it): the version's own port when it is
+// free there; when it is taken and the version's command or environment takes the
+// port from {port}, the lowest free port of the node's range; a version that hard-codes
+// its port cannot run twice on one node (app_instance_state_invalid, port_in_use).
 func (s *Service) port(ctx context.Context, tx pgx.Tx, v Version, nodeID uuid.UUID) (int, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('app_instances:node:' || $1::text, 0))`, nodeID); err != nil {
 		return 0, fmt.Errorf("lock node ports: %w", err)
@@ -219,12 +222,12 @@ func (s *Service) port(ctx context.Context, tx pgx.Tx, v Version, nodeID uuid.UU
 	for _, p := range used {
 		taken[p] = true
 	}
-	if v.Port > 0 {
-		if taken[v.Port] {
-			return 0, apierr.New(apierr.AppInstanceStateInvalid, "port %d is already served by another app instance on this node", v.Port).
-				With("reason", "port_in_use").With("port", v.Port)
-		}
+	if v.Port > 0 && !taken[v.Port] {
 		return v.Port, nil
+	}
+	if v.Port > 0 && !templatesPort(v) {
+		return 0, apierr.New(apierr.AppInstanceStateInvalid, "port %d is already served by another app instance on this node", v.Port).
+			With("reason", "port_in_use").With("port", v.Port)
 	}
 	for p := s.Config.PortBase; p < s.Config.PortBase+s.Config.PortCount; p++ {
 		if !taken[p] {
@@ -232,6 +235,21 @@ func (s *Service) port(ctx context.Context, tx pgx.Tx, v Version, nodeID uuid.UU
 		}
 	}
 	return 0, apierr.New(apierr.ServiceUnavailable, "no free app port on the node").With("reason", "ports_exhausted")
+}
+
+// templatesPort reports whether the version takes its port from {port}.
+func templatesPort(v Version) bool {
+	for _, a := range v.Command {
+		if strings.Contains(a, "{port}") {
+			return true
+		}
+	}
+	for _, e := range v.Env {
+		if strings.Contains(e, "{port}") {
+			return true
+		}
+	}
+	return false
 }
 
 // insert stores the new instance as requested with its audit row and event; on a

@@ -222,3 +222,16 @@ func TestLaunchOnNewAllocationStartsWhenActive(t *testing.T) {
 		t.Fatalf("instance of a failed allocation: %s %v", got.State, got.StateReason)
 	}
 }
+
+// A version with its own port gets it; one that hard-codes it cannot run twice on a
+// node; one that templates it falls back to the node's range.
+func TestVersionPorts(t *testing.T) {
+	w := newWorld(t, instances.Config{})
+	if i := w.mustLaunch("fixed", "1"); i.Port != 8888 {
+		t.Fatalf("port %d", i.Port)
+	}
+	_, err := w.launch(instances.LaunchSpec{AppSlug: "fixed", Version: "1", AllocationID: uuid.NullUUID{UUID: w.alloc.ID, Valid: true}})
+	if e := wantCode(t, err, apierr.AppInstanceStateInvalid); e.Details["reason"] != "port_in_use" {
+		t.Fatal(e)
+	}
+}

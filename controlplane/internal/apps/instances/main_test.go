@@ -181,6 +181,7 @@ func newWorld(t *testing.T, cfg instances.Config) *world {
 			"web@0.9": {AppSlug: "web", Version: "0.9", Command: []string{"true"}},
 			"big@1":   {AppSlug: "big", Version: "1", Command: []string{"train"}, MinGPUs: 4},
 			"whole@1": {AppSlug: "whole", Version: "1", Command: []string{"vllm"}, WholeAllocation: true},
+			"fixed@1": {AppSlug: "fixed", Version: "1", Command: []string{"jupyter", "--port=8888"}, Port: 8888},
 			"ssh@1":   {AppSlug: "ssh", Version: "1", Command: []string{"mpirun"}, BootstrapSSH: true},
 			"h200@1":  {AppSlug: "h200", Version: "1", Command: []string{"x"}, GPUModel: "NVIDIA H200"},
 		},
