@@ -244,3 +244,31 @@ func repeat(s string, n int) string {
 	}
 	return out
 }
+
+// An Idempotency-Key replays the first answer of a create and writes once.
+func TestCreateAppIdempotent(t *testing.T) {
+	e := apitest.New(t)
+	_, admin := e.PlatformAdmin(t)
+	body := `{"slug":"idem-app","name":"Idem","kind":"app","versions":[{"version":"1","command":["true"],"port":8080,"health_check":{"type":"tcp"}}]}`
+	var first string
+	for i := 0; i < 2; i++ {
+		req := e.Request("POST", "/api/v1/admin/apps", admin, body)
+		req.Header.Set("Idempotency-Key", "create-idem-app")
+		a := e.Send(t, req)
+		want(t, a, 201, "", "")
+		if i == 0 {
+			first = a.Raw
+		} else if a.Raw != first {
+			t.Fatalf("replay differs:\n%s\n%s", first, a.Raw)
+		}
+	}
+	if n := e.Count(t, `SELECT count(*) FROM audit_events WHERE action = 'app.create'`); n != 1 {
+		t.Fatalf("%d creates audited, want 1", n)
+	}
+	req := e.Request("POST", "/api/v1/admin/apps", admin, `{"slug":"other-app","name":"Other","kind":"app"}`)
+	req.Header.Set("Idempotency-Key", "create-idem-app")
+	want(t, e.Send(t, req), 422, "", "")
+	if n := e.Count(t, `SELECT count(*) FROM apps`); n != 1 {
+		t.Fatalf("%d apps, want 1", n)
+	}
+}
