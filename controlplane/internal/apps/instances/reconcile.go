@@ -39,12 +39,30 @@ type liveRef struct {
 }
 
 // followAllocations moves live instances after their allocation: start when it runs (a
-// requested instance), allocation_ended when it ended.
+// requested instance), allocation_ended when it ended. It walks every live instance, a
+// page at a time.
 func (s *Service) followAllocations(ctx context.Context) error {
+	var errs []error
+	seen := map[uuid.UUID]allocations.Allocation{}
+	after := uuid.Nil
+	for {
+		refs, err := s.livePage(ctx, after)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		errs = append(errs, s.follow(ctx, refs, seen))
+		if len(refs) < reconcileBatch {
+			return errors.Join(errs...)
+		}
+		after = refs[len(refs)-1].id
+	}
+}
+
+func (s *Service) livePage(ctx context.Context, after uuid.UUID) ([]liveRef, error) {
 	rows, err := s.Pool.Query(ctx, `SELECT id, project_id, allocation_id, state FROM app_instances
-		WHERE state NOT IN ('stopped', 'failed') ORDER BY updated_at LIMIT $1`, reconcileBatch)
+		WHERE state NOT IN ('stopped', 'failed') AND id > $1 ORDER BY id LIMIT $2`, after, reconcileBatch)
 	if err != nil {
-		return fmt.Errorf("live app instances: %w", err)
+		return nil, fmt.Errorf("live app instances: %w", err)
 	}
 	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (liveRef, error) {
 		var l liveRef
@@ -54,9 +72,12 @@ func (s *Service) followAllocations(ctx context.Context) error {
 		return l, err
 	})
 	if err != nil {
-		return fmt.Errorf("live app instances: %w", err)
+		return nil, fmt.Errorf("live app instances: %w", err)
 	}
-	seen := map[uuid.UUID]allocations.Allocation{}
+	return refs, nil
+}
+
+func (s *Service) follow(ctx context.Context, refs []liveRef, seen map[uuid.UUID]allocations.Allocation) error {
 	var errs []error
 	for _, ref := range refs {
 		a, ok := seen[ref.allocation]
@@ -161,11 +182,31 @@ func (s *Service) deliver(ctx context.Context) error {
 	if s.Dispatcher == nil {
 		return nil
 	}
+	var errs []error
+	after := uuid.Nil
+	for {
+		tasks, err := s.pendingPage(ctx, after)
+		if err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		for _, t := range tasks {
+			errs = append(errs, s.deliverOne(ctx, t))
+		}
+		if len(tasks) < reconcileBatch {
+			return errors.Join(errs...)
+		}
+		after = tasks[len(tasks)-1].id
+	}
+}
+
+// pendingPage is a page of the tasks not yet acknowledged or finished, by task id (ids
+// are UUIDv7: creation order).
+func (s *Service) pendingPage(ctx context.Context, after uuid.UUID) ([]pendingTask, error) {
 	rows, err := s.Pool.Query(ctx, `SELECT t.task_id, t.instance_id, t.node_id, t.kind, t.content_type, t.payload, t.created_at,
 		t.attempts, i.state FROM app_instance_tasks t JOIN app_instances i ON i.id = t.instance_id
-		WHERE t.acked_at IS NULL AND t.finished_at IS NULL ORDER BY t.created_at LIMIT $1`, reconcileBatch)
+		WHERE t.acked_at IS NULL AND t.finished_at IS NULL AND t.task_id > $1 ORDER BY t.task_id LIMIT $2`, after, reconcileBatch)
 	if err != nil {
-		return fmt.Errorf("pending app tasks: %w", err)
+		return nil, fmt.Errorf("pending app tasks: %w", err)
 	}
 	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingTask, error) {
 		var t pendingTask
@@ -175,15 +216,9 @@ func (s *Service) deliver(ctx context.Context) error {
 		return t, err
 	})
 	if err != nil {
-		return fmt.Errorf("pending app tasks: %w", err)
+		return nil, fmt.Errorf("pending app tasks: %w", err)
 	}
-	var errs []error
-	for _, t := range tasks {
-		if err := s.deliverOne(ctx, t); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return tasks, nil
 }
 
 func (s *Service) deliverOne(ctx context.Context, t pendingTask) error {

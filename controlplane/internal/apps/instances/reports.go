@@ -55,6 +55,7 @@ func (s *Service) ApplyReport(ctx context.Context, nodeID uuid.UUID, r Report) (
 			WithStatus(409).With("reason", "app_instance_transition_invalid")
 	}
 	var out lifecycle.Outcome
+	var refusal error // a refused report whose transaction still commits (an orphan's stop)
 	err := s.within(ctx, func(tx pgx.Tx) error {
 		i, err := lock(ctx, tx, r.InstanceID)
 		if apierr.CodeOf(err) == apierr.AppInstanceNotFound || (err == nil && i.NodeID != nodeID) {
@@ -71,7 +72,15 @@ func (s *Service) ApplyReport(ctx context.Context, nodeID uuid.UUID, r Report) (
 			}
 		}
 		meta := map[string]any{"generation": r.Generation, "restarts": r.Restarts}
+		ended := i
 		i, out, err = s.transition(ctx, tx, i, move{event: ev, reason: reason, actorType: audit.ActorNode, meta: meta})
+		if _, refused := apierr.As(err); refused && lifecycle.IsFinal(ended.State) && apptask.Live(r.State) {
+			// The node runs a process for an instance that is over (its stop was lost, or
+			// it ended with its allocation while the node kept it): stop it there. The
+			// report itself is still refused (the caller logs it).
+			refusal = err
+			return s.stopOrphan(ctx, tx, ended)
+		}
 		if err != nil {
 			return err
 		}
@@ -84,7 +93,21 @@ func (s *Service) ApplyReport(ctx context.Context, nodeID uuid.UUID, r Report) (
 			i.ID, max(r.Restarts, 0), int64(r.Generation), observed.UTC())
 		return err
 	})
+	if err == nil && refusal != nil {
+		return out, refusal
+	}
 	return out, err
+}
+
+// stopOrphan enqueues an app.stop for an ended instance unless one is still pending.
+func (s *Service) stopOrphan(ctx context.Context, tx pgx.Tx, i Instance) error {
+	var pending bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM app_instance_tasks WHERE instance_id = $1 AND kind = 'app.stop'
+		AND finished_at IS NULL)`, i.ID).Scan(&pending); err != nil || pending {
+		return err
+	}
+	_, err := s.enqueueStop(ctx, tx, i)
+	return err
 }
 
 // ApplyControllerReport is ApplyReport for a fabric ControllerReport of controller

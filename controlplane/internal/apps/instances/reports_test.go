@@ -385,3 +385,38 @@ func TestAllocationEndedStopsInstances(t *testing.T) {
 		t.Fatalf("%s %v", got.State, got.StateReason)
 	}
 }
+
+// A node that still runs an instance that is over (it ended with its allocation, say)
+// gets an app.stop, once while it is pending; the report itself is refused.
+func TestOrphanOnTheNodeIsStopped(t *testing.T) {
+	w := newWorld(t, instances.Config{})
+	i := w.started("web", "1.0")
+	if err := w.report(i, "running", 1); err != nil {
+		t.Fatal(err)
+	}
+	w.allocs.set(w.alloc.ID, "stopped")
+	if err := w.svc.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stops := func() int {
+		return w.count(`SELECT count(*) FROM app_instance_tasks WHERE instance_id = $1 AND kind = 'app.stop'`, i.ID)
+	}
+	if w.get(i.ID).State != lifecycle.Stopped || stops() != 0 {
+		t.Fatal("allocation ended: stopped, no task (the node ends the allocation's apps)")
+	}
+	w.node.offline = true // the stop stays pending
+	for n := 0; n < 3; n++ {
+		if err := w.report(i, "running", 2); apierr.CodeOf(err) != apierr.InvalidRequest {
+			t.Fatalf("report on a stopped instance: %v", err)
+		}
+		if err := w.svc.Reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if stops() != 1 {
+		t.Fatalf("%d app.stop tasks, want 1", stops())
+	}
+	if err := w.report(i, "stopped", 3); err != nil {
+		t.Fatal(err)
+	}
+}
