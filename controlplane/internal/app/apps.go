@@ -8,12 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances"
-	"github.com/gantry-gpu/gantry/controlplane/internal/apps/sharedruntimes"
-	"github.com/gantry-gpu/gantry/controlplane/internal/db"
-	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
-	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
-	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // AppInstancesConfig is GANTRY_APP_INSTANCES_* (docs/apps.md).
@@ -37,32 +32,6 @@ type AppInstancesConfig struct {
 func (c AppInstancesConfig) service() instances.Config {
 	return instances.Config{MaxPerProject: c.MaxPerProject, HealthTimeout: c.HealthTimeout, ReconcileInterval: c.ReconcileInterval,
 		PortBase: c.PortBase, PortCount: c.PortCount, TaskTimeout: c.TaskTimeout}
-}
-
-// runtimeWorkers starts a shared runtime's workers as app instances of its owner
-// project (sharedruntimes.Workers over the instances service).
-type runtimeWorkers struct{ svc *instances.Service }
-
-func (w runtimeWorkers) StartWorker(ctx context.Context, p *principal.Principal, owner projectctx.Project, spec sharedruntimes.WorkerSpec) (uuid.UUID, uuid.UUID, error) {
-	inst, err := w.svc.Launch(ctx, p, owner, instances.LaunchSpec{Name: spec.Name, AppSlug: spec.AppSlug, Version: spec.Version,
-		AllocationID: uuid.NullUUID{UUID: spec.AllocationID, Valid: true}})
-	if err != nil {
-		return uuid.Nil, uuid.Nil, err
-	}
-	// The instance serves the runtime (AppInstance.shared_runtime_id), in the same
-	// transaction as the launch.
-	if _, err := db.Querier(ctx, w.svc.Pool).Exec(ctx, `UPDATE app_instances SET shared_runtime_id = $2 WHERE id = $1`, inst.ID, spec.RuntimeID); err != nil {
-		return uuid.Nil, uuid.Nil, err
-	}
-	return inst.ID, inst.NodeID, nil
-}
-
-func (w runtimeWorkers) StopWorker(ctx context.Context, p *principal.Principal, owner projectctx.Project, id uuid.UUID) error {
-	_, err := w.svc.Stop(ctx, p, owner, id)
-	if apierr.CodeOf(err) == apierr.AppInstanceStateInvalid { // already stopping or ended
-		return nil
-	}
-	return err
 }
 
 // appTaskResult offers an agent's task result to app instances; handled false when the
