@@ -432,3 +432,31 @@ func TestRestoreAfterAllocationStoppedMeanwhile(t *testing.T) {
 		t.Fatalf("restored %+v", in)
 	}
 }
+
+// TestConcurrentStartsOfOneInstance: starts of the same instance under different task
+// ids at once start one process and all answer its port.
+func TestConcurrentStartsOfOneInstance(t *testing.T) {
+	n := newNode(t)
+	s := spec(t, n.allocation(0), "http")
+	ports := make(chan uint32, 8)
+	for range 8 {
+		go func() {
+			res := n.run(apptask.KindStart, s)
+			out, _ := apptask.DecodeStartResult(res.Output)
+			if res.Status != tasks.Succeeded {
+				t.Errorf("start: %+v", res)
+			}
+			ports <- out.GetPort()
+		}()
+	}
+	first := <-ports
+	for range 7 {
+		if p := <-ports; p != first || p == 0 {
+			t.Fatalf("ports %d and %d", first, p)
+		}
+	}
+	in := n.waitState(s.AppInstanceId, apptask.StateRunning)
+	if len(n.sup.Instances()) != 1 || in.Restarts != 0 || in.Generation != 2 {
+		t.Fatalf("instances %+v", n.sup.Instances())
+	}
+}

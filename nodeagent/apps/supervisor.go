@@ -285,6 +285,15 @@ func (s *Supervisor) Start(spec *fabricv1.AppStartTask) (int, string, error) {
 	s.mu.Lock()
 	if in, ok := s.inst[id]; ok {
 		s.mu.Unlock()
+		if in.starting != nil {
+			<-in.starting // a concurrent start of the same instance: answer as it did
+			s.mu.Lock()
+			again, still := s.inst[id]
+			s.mu.Unlock()
+			if !still || again != in {
+				return s.Start(spec) // it was refused and forgotten: try afresh
+			}
+		}
 		in.mu.Lock()
 		r := in.rec
 		in.mu.Unlock()
