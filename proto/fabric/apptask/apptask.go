@@ -99,6 +99,9 @@ const (
 	MaxBackoff        = time.Hour
 	MaxGrace          = 10 * time.Minute
 	MaxMessageBytes   = 1024
+	// The catalog allows health checks every 1..300 s with a 1..60 s timeout.
+	MaxHealthInterval = 5 * time.Minute
+	MaxHealthTimeout  = time.Minute
 )
 
 // Defaults for unset payload fields.
@@ -180,8 +183,8 @@ func ValidateStart(t *fabricv1.AppStartTask) error {
 		default:
 			add("health_check.type %q is not http or tcp", hc.GetType())
 		}
-		durationIn(&errs, "health_check.interval", hc.GetInterval().AsDuration(), time.Minute)
-		durationIn(&errs, "health_check.timeout", hc.GetTimeout().AsDuration(), time.Minute)
+		durationIn(&errs, "health_check.interval", hc.GetInterval().AsDuration(), MaxHealthInterval)
+		durationIn(&errs, "health_check.timeout", hc.GetTimeout().AsDuration(), MaxHealthTimeout)
 		if hc.GetFailureThreshold() > 100 {
 			add("health_check.failure_threshold %d above 100", hc.GetFailureThreshold())
 		}

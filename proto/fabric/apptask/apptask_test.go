@@ -75,8 +75,16 @@ func TestValidateStartEdges(t *testing.T) {
 		"too many restarts": {func(t *fabricv1.AppStartTask) { t.MaxRestarts = apptask.MaxRestarts + 1 }, false},
 		"slug at limit":     {func(t *fabricv1.AppStartTask) { t.AppSlug = strings.Repeat("a", apptask.MaxSlugBytes) }, true},
 		"slug past limit":   {func(t *fabricv1.AppStartTask) { t.AppSlug = strings.Repeat("a", apptask.MaxSlugBytes+1) }, false},
-		"threshold 100":     {func(t *fabricv1.AppStartTask) { t.HealthCheck.FailureThreshold = 100 }, true},
-		"threshold 101":     {func(t *fabricv1.AppStartTask) { t.HealthCheck.FailureThreshold = 101 }, false},
+		"interval 300s":     {func(t *fabricv1.AppStartTask) { t.HealthCheck.Interval = durationpb.New(apptask.MaxHealthInterval) }, true},
+		"interval past 300s": {func(t *fabricv1.AppStartTask) {
+			t.HealthCheck.Interval = durationpb.New(apptask.MaxHealthInterval + time.Second)
+		}, false},
+		"timeout 60s": {func(t *fabricv1.AppStartTask) { t.HealthCheck.Timeout = durationpb.New(apptask.MaxHealthTimeout) }, true},
+		"timeout past 60s": {func(t *fabricv1.AppStartTask) {
+			t.HealthCheck.Timeout = durationpb.New(apptask.MaxHealthTimeout + time.Second)
+		}, false},
+		"threshold 100": {func(t *fabricv1.AppStartTask) { t.HealthCheck.FailureThreshold = 100 }, true},
+		"threshold 101": {func(t *fabricv1.AppStartTask) { t.HealthCheck.FailureThreshold = 101 }, false},
 	} {
 		s := valid()
 		c.mut(s)
