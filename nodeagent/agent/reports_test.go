@@ -93,3 +93,25 @@ func TestControllerReportsRepeatEveryInterval(t *testing.T) {
 		}
 	}
 }
+
+// TestControllerMetrics: the agent's metrics count the objects its controllers manage
+// by state, and the reports it sent.
+func TestControllerMetrics(t *testing.T) {
+	p := newPeer(t, nil)
+	src := newReportSource(time.Hour)
+	src.set("a", "running", 2)
+	src.set("b", "running", 2)
+	src.set("c", "failed", 3)
+	startAgent(t, p, fabricnet.ModeTCP, func(o *agent.Options) { o.Reports = src })
+	p.waitFor("the reports", func() bool { return reportsOf(p, "c", "failed") == 1 })
+	mfs := scrapeThroughTunnel(t, p)
+	if v := value(t, mfs, "gantry_nodeagent_controller_objects", map[string]string{"controller": "app_instance", "state": "running"}); v != 2 {
+		t.Fatalf("running %v", v)
+	}
+	if v := value(t, mfs, "gantry_nodeagent_controller_objects", map[string]string{"controller": "app_instance", "state": "failed"}); v != 1 {
+		t.Fatalf("failed %v", v)
+	}
+	if v := value(t, mfs, "gantry_nodeagent_controller_reports_sent_total", nil); v < 3 {
+		t.Fatalf("reports sent %v", v)
+	}
+}
