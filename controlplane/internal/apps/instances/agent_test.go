@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,6 +144,9 @@ func newField(t *testing.T, cfg instances.Config, versions map[string]instances.
 	f.allocs = &allocs{m: map[uuid.UUID]allocations.Allocation{f.allocID: {ID: f.allocID, TenantID: tenant, ProjectID: f.proj.ID,
 		GpuCount: 1, GpuModel: "NVIDIA H100 80GB HBM3", NodeID: n.ID, Status: "active"}}}
 	cat := &catalog{versions: versions, entitled: map[uuid.UUID]bool{tenant: true}}
+	// The apps bind real loopback ports on this machine, beside other tests': take
+	// ports the kernel says are free rather than the fixed default range.
+	cfg.PortBase, cfg.PortCount = freePort(t), 1
 	f.svc = instances.New(a.Pool, clock.Real{}, ids.V7{}, cfg, cat, f.allocs, srv, nil)
 	return f
 }
@@ -198,6 +202,16 @@ func (f *field) startAgent(t *testing.T) *agentRun {
 		}
 	})
 	return r
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func wait(t *testing.T, what string, cond func() bool) {
@@ -278,6 +292,7 @@ func python(t *testing.T) string {
 // the app runs, adopting it) without a single new audit row; DELETE → app.stop → the
 // agent stops it → stopped.
 func TestLifecycleWithARealAgent(t *testing.T) {
+	t.Parallel()
 	py := python(t)
 	f := newField(t, instances.Config{}, map[string]instances.Version{"files@1": {AppSlug: "files", AppName: "Files", Kind: "app", Version: "1",
 		Command: []string{py, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", "{instance_dir}"},
@@ -337,6 +352,7 @@ func TestLifecycleWithARealAgent(t *testing.T) {
 // An app that never passes its health check: the agent gives up after the startup
 // timeout and the instance fails with the agent's reason.
 func TestNeverHealthyWithARealAgent(t *testing.T) {
+	t.Parallel()
 	py := python(t)
 	f := newField(t, instances.Config{HealthTimeout: 2 * time.Second}, map[string]instances.Version{"deaf@1": {AppSlug: "deaf", Version: "1",
 		// Listens nowhere: the TCP health check never passes.
@@ -363,6 +379,7 @@ func TestNeverHealthyWithARealAgent(t *testing.T) {
 // node, the agent writes the instance's authorized_keys and reports success (trusted);
 // identical reconciles afterwards enqueue and audit nothing; a revoke is one more task.
 func TestBootstrapSSHWithARealAgent(t *testing.T) {
+	t.Parallel()
 	py := python(t)
 	f := newField(t, instances.Config{}, map[string]instances.Version{"mpi@1": {AppSlug: "mpi", Version: "1",
 		Command: []string{py, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", "{instance_dir}"},

@@ -37,6 +37,7 @@ func activeAllocation(t *testing.T, e *apitest.Env, tenant, project, owner uuid.
 // is validated against proto/openapi by the test client): launch, get, list with a
 // cursor, stop, and the refusals with their codes and statuses, nothing persisted.
 func TestAppInstancesAPI(t *testing.T) {
+	t.Parallel()
 	e := apitest.New(t)
 	_, admin := e.PlatformAdmin(t)
 	acme, other := e.NewTenant(t, admin, "Acme"), e.NewTenant(t, admin, "Other")
@@ -128,6 +129,7 @@ func TestAppInstancesAPI(t *testing.T) {
 // A viewer of the project may read instances but not launch or stop them (the
 // authorization table decides before the body is read).
 func TestAppInstancesViewer(t *testing.T) {
+	t.Parallel()
 	e := apitest.New(t)
 	_, admin := e.PlatformAdmin(t)
 	acme := e.NewTenant(t, admin, "Acme")

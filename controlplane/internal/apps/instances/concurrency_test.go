@@ -13,6 +13,7 @@ import (
 // The quota holds under concurrent launches: exactly the limit succeeds, the rest are
 // app_instance_quota_exceeded, and no two instances share a port on the node.
 func TestConcurrentLaunchesAtTheQuota(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{MaxPerProject: 3})
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
@@ -46,6 +47,7 @@ func TestConcurrentLaunchesAtTheQuota(t *testing.T) {
 // Concurrent identical reports (an agent resending over two tunnels, two replicas) are
 // still one audit row.
 func TestConcurrentIdenticalReportsOneAuditRow(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.started("web", "1.0")
 	var wg sync.WaitGroup

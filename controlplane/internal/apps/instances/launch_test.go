@@ -14,6 +14,7 @@ import (
 )
 
 func TestLaunchOnActiveAllocationStartsIt(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.mustLaunch("web", "1.0")
 	if i.State != lifecycle.Requested || i.NodeID != w.nodeID || i.Port != instances.DefaultPortBase || i.AllocationCreated || i.AppName != "Web" {
@@ -70,6 +71,7 @@ func TestLaunchOnActiveAllocationStartsIt(t *testing.T) {
 
 // Every refusal of a launch, in the documented order, leaves nothing behind.
 func TestLaunchRefusalsPersistNothing(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	on := uuid.NullUUID{UUID: w.alloc.ID, Valid: true}
 	otherAlloc := w.alloc
@@ -138,6 +140,7 @@ func TestLaunchRefusalsPersistNothing(t *testing.T) {
 }
 
 func TestQuotaPerProjectAtItsEdge(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{MaxPerProject: 2})
 	a := w.mustLaunch("web", "1.0")
 	w.mustLaunch("web", "1.0")
@@ -160,6 +163,7 @@ func TestQuotaPerProjectAtItsEdge(t *testing.T) {
 }
 
 func TestWholeAllocationVersionIsAlone(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	whole := w.mustLaunch("whole", "1")
 	_, err := w.launch(instances.LaunchSpec{AppSlug: "web", Version: "1.0", AllocationID: uuid.NullUUID{UUID: w.alloc.ID, Valid: true}})
@@ -177,6 +181,7 @@ func TestWholeAllocationVersionIsAlone(t *testing.T) {
 // A launch with a SKU creates the allocation and waits as requested; the reconcile pass
 // starts the instance once the allocation is active.
 func TestLaunchOnNewAllocationStartsWhenActive(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i, err := w.launch(instances.LaunchSpec{AppSlug: "web", Version: "1.0", SKU: "h100.1x"})
 	if err != nil {
@@ -226,6 +231,7 @@ func TestLaunchOnNewAllocationStartsWhenActive(t *testing.T) {
 // A version with its own port gets it; one that hard-codes it cannot run twice on a
 // node; one that templates it falls back to the node's range.
 func TestVersionPorts(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	if i := w.mustLaunch("fixed", "1"); i.Port != 8888 {
 		t.Fatalf("port %d", i.Port)

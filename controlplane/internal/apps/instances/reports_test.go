@@ -19,6 +19,7 @@ import (
 // Seed §6.2 rule 1: 100 identical controller reports are one audit row; the rest is
 // telemetry.
 func TestHundredIdenticalReportsAreOneAuditRow(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.started("web", "1.0")
 	for n := 0; n < 100; n++ {
@@ -56,6 +57,7 @@ func TestHundredIdenticalReportsAreOneAuditRow(t *testing.T) {
 // The lifecycle through the agent's reports, the agent restarting while the instance
 // runs, and a stop.
 func TestLifecycleThroughReports(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.started("web", "1.0")
 	ctx := context.Background()
@@ -122,6 +124,7 @@ func TestLifecycleThroughReports(t *testing.T) {
 }
 
 func TestReportsThatAreDropped(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.started("web", "1.0")
 	ctx := context.Background()
@@ -145,6 +148,7 @@ func TestReportsThatAreDropped(t *testing.T) {
 // An app that never becomes healthy fails with a reason after the health timeout, and
 // its process is stopped; one that crash-loops after it ran fails the same way.
 func TestHealthTimeout(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{HealthTimeout: 5 * time.Minute})
 	ctx := context.Background()
 	never := w.started("web", "1.0")
@@ -206,6 +210,7 @@ func TestHealthTimeout(t *testing.T) {
 
 // A requested instance stops at once; the allocation launched for it is released.
 func TestStopRequestedReleasesLaunchedAllocation(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i, err := w.launch(instances.LaunchSpec{AppSlug: "web", Version: "1.0", SKU: "h100.1x"})
 	if err != nil {
@@ -241,6 +246,7 @@ func TestStopRequestedReleasesLaunchedAllocation(t *testing.T) {
 }
 
 func TestDeliveryOfflineThenRejected(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	ctx := context.Background()
 	i := w.mustLaunch("web", "1.0")
@@ -275,6 +281,7 @@ func TestDeliveryOfflineThenRejected(t *testing.T) {
 }
 
 func TestTaskResults(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	ctx := context.Background()
 	i := w.started("web", "1.0")
@@ -320,6 +327,7 @@ func TestTaskResults(t *testing.T) {
 // Seed §6.2 rule 2: a bootstrap SSH reconcile is audited only when it enqueues a task
 // or changes the requested trust.
 func TestBootstrapSSHAuditedOnlyOnChange(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	ctx := context.Background()
 	i := w.mustLaunch("ssh", "1")
@@ -371,6 +379,7 @@ func TestBootstrapSSHAuditedOnlyOnChange(t *testing.T) {
 }
 
 func TestAllocationEndedStopsInstances(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.started("web", "1.0")
 	if err := w.report(i, "running", 1); err != nil {
@@ -389,6 +398,7 @@ func TestAllocationEndedStopsInstances(t *testing.T) {
 // A node that still runs an instance that is over (it ended with its allocation, say)
 // gets an app.stop, once while it is pending; the report itself is refused.
 func TestOrphanOnTheNodeIsStopped(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, instances.Config{})
 	i := w.started("web", "1.0")
 	if err := w.report(i, "running", 1); err != nil {
