@@ -37,6 +37,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/app"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
@@ -47,6 +48,7 @@ import (
 	"github.com/gantry-gpu/gantry/nodeagent/tasks"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
+	"github.com/gantry-gpu/gantry/shared/obs"
 )
 
 // The child modes run before main's flags (init): the app, and the WebSocket holder.
@@ -177,7 +179,16 @@ func (benchGPU) Sample(context.Context) ([]gpu.Metrics, error) {
 func (benchGPU) Close() error { return nil }
 
 func runAppProxy(ctx context.Context, fx *fixture, rounds int) error {
-	a := fx.app
+	// A replica of its own on the run's database and NATS: its fabric is started and
+	// stopped here, and a fabric server does not start twice (the allocations section
+	// runs fx.app's whole Run later).
+	cfg := fx.app.Config
+	cfg.Fabric.Addr, cfg.Fabric.ReplicaID = "127.0.0.1:0", "bench-appproxy"
+	a, err := app.New(ctx, cfg, obs.NewLogger(io.Discard, "bench", slog.LevelError), app.Options{Pool: fx.pool, NodeProbeDialer: probeOK{}})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
 	fctx, stopFabric := context.WithCancel(ctx)
 	fdone := make(chan struct{})
 	go func() { defer close(fdone); _ = a.Fabric.Run(fctx) }()
