@@ -16,8 +16,7 @@ import (
 func TestProxyAdmissionCache(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	clk := clock.NewManual(time.Now())
 	p := w.newProxy(t, w.App, proxy.Config{AccessCacheTTL: time.Second}, clk)
 	srv := httptest.NewServer(p.Mount(w.App.Handler))

@@ -21,8 +21,7 @@ import (
 func TestCreateAppProxySessionOperation(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	ctx := t.Context()
 	alice := w.Client(w.Acme.AdminToken)
 	params := &api.CreateAppProxySessionParams{XProjectID: w.Acme.DefaultProject}
@@ -65,8 +64,7 @@ func TestCreateAppProxySessionOperation(t *testing.T) {
 func TestProxyExchangeExpiryAndCrossSite(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	clk := clock.NewManual(time.Now())
 	p := w.newProxy(t, w.App, proxy.Config{AccessCacheTTL: -1}, clk)
 	srv := httptest.NewServer(p.Mount(w.App.Handler))

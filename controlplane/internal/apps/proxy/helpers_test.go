@@ -148,11 +148,12 @@ func (w *world) secondReplica(t testing.TB, id string) (*app.App, *proxy.Service
 	return a, p, url
 }
 
-// appStreams is the agent's end of APP_PROXY streams. Instances the real app
-// supervisor (nodeagent/apps) runs, as processes it started, are its own to serve.
-// The in-process test apps (which let a test watch bytes arrive inside the app) are
-// not processes the supervisor could start; their streams are served here the way
-// the supervisor serves its own: connect to 127.0.0.1:<port>, pipe both ways.
+// appStreams is the agent's APP_PROXY stream server: the node's real app supervisor
+// (nodeagent/apps), which serves the instances it runs. One case needs an instance
+// the supervisor cannot have, a running app whose port refuses connections (a
+// supervised app that stops listening is restarted or marked unhealthy); its port is
+// registered here and its streams are served the supervisor's way (connect to
+// 127.0.0.1:<port>, pipe both ways), so the agent answers connect_failed.
 type appStreams struct {
 	sup   *nodeapps.Supervisor
 	ports sync.Map // app_instance_id -> port of an in-process test app

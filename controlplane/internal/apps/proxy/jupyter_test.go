@@ -24,10 +24,18 @@ import (
 // as the instances service would once the agent reported it running.
 func (w *world) launch(t testing.TB, node *gpuNode, command []string, health *fabricv1.AppHealthCheck) uuid.UUID {
 	t.Helper()
+	id, _ := w.launchEnv(t, node, command, nil, health)
+	return id
+}
+
+// launchEnv is launch with an environment for the app; it also returns the app's
+// loopback address.
+func (w *world) launchEnv(t testing.TB, node *gpuNode, command []string, env map[string]string, health *fabricv1.AppHealthCheck) (uuid.UUID, string) {
+	t.Helper()
 	id, alloc := uuid.New(), uuid.New()
 	node.envs.add(alloc)
 	spec := &fabricv1.AppStartTask{AppInstanceId: id.String(), AllocationId: alloc.String(), AppSlug: "test-app", Version: "1",
-		Command: command, BasePath: proxy.InstancePath(id), HealthCheck: health}
+		Command: command, Env: env, BasePath: proxy.InstancePath(id), HealthCheck: health}
 	port, code, err := node.sup.Start(spec)
 	if err != nil {
 		t.Fatalf("app start: %s %v", code, err)
@@ -44,7 +52,8 @@ func (w *world) launch(t testing.TB, node *gpuNode, command []string, health *fa
 		return false
 	})
 	runSpec, _ := json.Marshal(map[string]any{"command": command[0], "args": command[1:]})
-	return w.record(t, id, alloc, node, fmt.Sprintf("127.0.0.1:%d", port), "running", string(runSpec), false)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	return w.record(t, id, alloc, node, addr, "running", string(runSpec), false), addr
 }
 
 // TestJupyterThroughProxy runs a real Jupyter Notebook server (the Debian package

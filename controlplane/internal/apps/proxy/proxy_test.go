@@ -5,15 +5,19 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,51 +25,42 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 )
 
-// testApp is the app the instance "runs": a real HTTP server on a loopback port that
-// records what it was sent.
+// testApp is the app an instance runs: this test binary started again as a process
+// by the node's app supervisor (GANTRY_PROXY_TEST_APP=1, see TestMain), serving on
+// the loopback port the agent gave it. Besides what the tests call through the proxy it
+// answers /_last (what it saw of the last request), /_release and /_upload_state,
+// which the test calls straight on the port.
 type testApp struct {
 	addr string
-
-	mu   sync.Mutex
-	seen []*http.Request
-
-	// The 100 MiB download writes its first MiB, then waits for the client to have
-	// read it (proof that nothing buffered the body whole), then writes the rest.
-	firstMiBRead chan struct{}
-	// The upload's first MiB reached the app while the client still held the rest.
-	uploadFirstMiB chan struct{}
 }
 
-const (
-	bigSize = 100 << 20
-	mib     = 1 << 20
-)
-
-// bigBody is a deterministic 100 MiB pseudo-random stream.
-func bigBody() io.Reader {
-	r := rand.New(rand.NewPCG(1, 2))
-	return io.LimitReader(readerFunc(func(p []byte) (int, error) {
-		for i := range p {
-			p[i] = byte(r.Uint32())
-		}
-		return len(p), nil
-	}), bigSize)
-}
-
-type readerFunc func([]byte) (int, error)
-
-func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
-
-func startTestApp(t testing.TB) *testApp {
-	t.Helper()
-	a := &testApp{firstMiBRead: make(chan struct{}), uploadFirstMiB: make(chan struct{})}
+// appHandler is the test app (testAppMain runs it in its own process).
+func appHandler() http.Handler {
+	var (
+		mu       sync.Mutex
+		last     seenRequest
+		release  = make(chan struct{})
+		released sync.Once
+		uploaded atomic.Bool
+	)
 	mux := http.NewServeMux()
+	mux.HandleFunc("/_last", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = json.NewEncoder(w).Encode(last)
+	})
+	mux.HandleFunc("/_release", func(http.ResponseWriter, *http.Request) { released.Do(func() { close(release) }) })
+	mux.HandleFunc("/_upload_state", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, strconv.FormatBool(uploaded.Load()))
+	})
+	mux.HandleFunc("/health", func(http.ResponseWriter, *http.Request) {})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		a.seen = append(a.seen, r.Clone(context.Background()))
-		a.mu.Unlock()
+		mu.Lock()
+		last = seenRequest{Path: r.URL.Path, Query: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone()}
+		mu.Unlock()
 		switch r.URL.Path {
 		case "/hello":
 			http.SetCookie(w, &http.Cookie{Name: "appsession", Value: "s1", Path: "/", Domain: "example.com"})
@@ -83,10 +78,11 @@ func startTestApp(t testing.TB) *testApp {
 				http.Error(w, err.Error(), 400)
 				return
 			}
-			close(a.uploadFirstMiB)
+			uploaded.Store(true)
 			n, _ := io.Copy(h, r.Body)
 			_, _ = io.WriteString(w, hex.EncodeToString(h.Sum(nil))+" "+itoa(n+mib))
 		case "/big":
+			// The first MiB, then nothing more until the test has read it (/_release).
 			w.Header().Set("Content-Type", "application/octet-stream")
 			body := bigBody()
 			if _, err := io.CopyN(w, body, mib); err != nil {
@@ -94,7 +90,7 @@ func startTestApp(t testing.TB) *testApp {
 			}
 			w.(http.Flusher).Flush()
 			select {
-			case <-a.firstMiBRead:
+			case <-release:
 			case <-r.Context().Done():
 				return
 			case <-time.After(waitLimit):
@@ -121,36 +117,101 @@ func startTestApp(t testing.TB) *testApp {
 			http.NotFound(w, r)
 		}
 	})
+	return mux
+}
+
+// testAppMain is the app process: serve appHandler on GANTRY_APP_PORT.
+func testAppMain() {
+	ln, err := net.Listen("tcp", "127.0.0.1:"+os.Getenv("GANTRY_APP_PORT"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	_ = http.Serve(ln, appHandler())
+}
+
+// seenRequest is what the app saw of a request.
+type seenRequest struct {
+	Path, Query, Host string
+	Header            http.Header
+}
+
+// startApp launches the test app on node through its app supervisor and records the
+// instance as running.
+func (w *world) startApp(t testing.TB, node *gpuNode) (*testApp, uuid.UUID) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, addr := w.launchEnv(t, node, []string{self}, map[string]string{"GANTRY_PROXY_TEST_APP": "1"},
+		&fabricv1.AppHealthCheck{Type: "http", HttpPath: "/health"})
+	return &testApp{addr: addr}, id
+}
+
+func (a *testApp) call(t testing.TB, method, path string) string {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+a.addr+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func (a *testApp) last(t testing.TB) seenRequest {
+	t.Helper()
+	var s seenRequest
+	if err := json.Unmarshal([]byte(a.call(t, http.MethodGet, "/_last")), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startInProcessApp serves appHandler in this process on a loopback port (the cases
+// that need an app the supervisor does not run).
+func startInProcessApp(t testing.TB) *testApp {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: mux}
+	srv := &http.Server{Handler: appHandler()}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	a.addr = ln.Addr().String()
-	return a
+	return &testApp{addr: ln.Addr().String()}
 }
+
+const (
+	bigSize = 100 << 20
+	mib     = 1 << 20
+)
+
+// bigBody is a deterministic 100 MiB pseudo-random stream.
+func bigBody() io.Reader {
+	r := rand.New(rand.NewPCG(1, 2))
+	return io.LimitReader(readerFunc(func(p []byte) (int, error) {
+		for i := range p {
+			p[i] = byte(r.Uint32())
+		}
+		return len(p), nil
+	}), bigSize)
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
-func (a *testApp) last(t testing.TB) *http.Request {
-	t.Helper()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.seen) == 0 {
-		t.Fatal("the app saw no request")
-	}
-	return a.seen[len(a.seen)-1]
-}
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 func TestProxyHTTP(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	app, id := w.startApp(t, node)
 	base := w.URL + proxy.InstancePath(id)
 	c := &http.Client{CheckRedirect: noRedirect}
 
@@ -171,8 +232,8 @@ func TestProxyHTTP(t *testing.T) {
 		t.Fatalf("GET hello: %d %q", resp.StatusCode, body)
 	}
 	seen := app.last(t)
-	if seen.URL.RawQuery != "q=1" || seen.Host != app.addr {
-		t.Errorf("app saw query %q host %q, want q=1 and %s", seen.URL.RawQuery, seen.Host, app.addr)
+	if seen.Path != "/hello" || seen.Query != "q=1" || seen.Host != app.addr {
+		t.Errorf("app saw path %q query %q host %q, want /hello, q=1 and %s", seen.Path, seen.Query, seen.Host, app.addr)
 	}
 	for _, h := range []string{"Authorization", "Proxy-Authorization", "X-Hop"} {
 		if v := seen.Header.Get(h); v != "" {
@@ -224,8 +285,7 @@ func TestProxyHTTP(t *testing.T) {
 func TestProxyStreams100MiB(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	app, id := w.startApp(t, node)
 	base := w.URL + proxy.InstancePath(id)
 
 	// Download: the first MiB arrives while the app still holds the other 99.
@@ -238,7 +298,7 @@ func TestProxyStreams100MiB(t *testing.T) {
 	if _, err := io.CopyN(got, resp.Body, mib); err != nil {
 		t.Fatal(err)
 	}
-	close(app.firstMiBRead)
+	app.call(t, http.MethodPost, "/_release")
 	n, err := io.Copy(got, resp.Body)
 	if err != nil || n+mib != bigSize {
 		t.Fatalf("download: %d bytes, %v", n+mib, err)
@@ -256,11 +316,11 @@ func TestProxyStreams100MiB(t *testing.T) {
 			pw.CloseWithError(err)
 			return
 		}
-		select {
-		case <-app.uploadFirstMiB:
-		case <-time.After(waitLimit):
-			pw.CloseWithError(io.ErrUnexpectedEOF)
-			return
+		for deadline := time.Now().Add(waitLimit); app.call(t, http.MethodGet, "/_upload_state") != "true"; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				pw.CloseWithError(io.ErrUnexpectedEOF)
+				return
+			}
 		}
 		_, err := io.Copy(pw, src)
 		pw.CloseWithError(err)
@@ -282,8 +342,7 @@ func TestProxyStreams100MiB(t *testing.T) {
 func TestProxyWebSocketEcho(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
 	h := http.Header{}
@@ -325,9 +384,8 @@ func cookieClient(t testing.TB) *http.Client {
 func TestProxyBrowserExchange(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
-	other := w.instance(t, node, startTestApp(t).addr, "running", "")
+	app, id := w.startApp(t, node)
+	_, other := w.startApp(t, node)
 
 	s, err := w.mint(t, w.Acme.AdminToken, id)
 	if err != nil {
@@ -442,8 +500,7 @@ func TestProxyBrowserExchange(t *testing.T) {
 func TestProxyAuthMatrix(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	hello := w.URL + proxy.InstancePath(id) + "hello"
 	c := http.DefaultClient
 
@@ -507,8 +564,7 @@ func TestProxyAuthMatrix(t *testing.T) {
 func TestProxyInstanceNotServing(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t)
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	hello := w.URL + proxy.InstancePath(id) + "hello"
 	tok := w.Acme.AdminToken
 
@@ -539,14 +595,13 @@ func TestProxyInstanceNotServing(t *testing.T) {
 		t.Errorf("down: %v", env.Details)
 	}
 	// The node does not know the instance: 503.
-	unknown := w.instance(t, node, startTestApp(t).addr, "running", "")
-	node.apps.ports.Delete(unknown.String())
+	unknown := w.record(t, uuid.New(), uuid.New(), node, startInProcessApp(t).addr, "running", "", false) // not on the node
 	env = wantEnvelope(t, do(t, http.DefaultClient, http.MethodGet, w.URL+proxy.InstancePath(unknown)+"x", tok, nil), 503, "service_unavailable")
 	if env.Details["agent_error_code"] != "target_not_found" {
 		t.Errorf("unknown on node: %v", env.Details)
 	}
 	// The node is offline (no agent ever connected): 503 node_offline.
-	offline := w.instance(t, nil, startTestApp(t).addr, "running", "")
+	offline := w.instance(t, nil, startInProcessApp(t).addr, "running", "")
 	env = wantEnvelope(t, do(t, http.DefaultClient, http.MethodGet, w.URL+proxy.InstancePath(offline)+"x", tok, nil), 503, "service_unavailable")
 	if env.Details["reason"] != "node_offline" {
 		t.Errorf("offline: %v", env.Details)
@@ -556,8 +611,7 @@ func TestProxyInstanceNotServing(t *testing.T) {
 func TestProxyAcrossReplicas(t *testing.T) {
 	w := newWorld(t)
 	node := w.agentNode(t) // its tunnel is held by ra
-	app := startTestApp(t)
-	id := w.instance(t, node, app.addr, "running", "")
+	_, id := w.startApp(t, node)
 	b, pb, urlB := w.secondReplica(t, "rb")
 	eventually(t, "replica rb to see the node on ra", func() bool {
 		p, ok, err := b.Fabric.Presence(context.Background(), node.id)
