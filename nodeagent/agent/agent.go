@@ -47,6 +47,15 @@ type StreamHandler interface {
 	ServeStream(ctx context.Context, pre *fabricv1.StreamPreamble, st net.Conn)
 }
 
+// ReportSource is what the agent sends as ControllerReports: the latest report of every
+// object a controller on the node manages. Reports are not acknowledged; a report lost
+// with a tunnel goes out again on the next one (and every ReportInterval).
+type ReportSource interface {
+	Reports() []*fabricv1.ControllerReport
+	Changed() <-chan struct{}
+	ReportInterval() time.Duration
+}
+
 // Options configure an Agent. Addr, TLS, Token and GPU are required.
 type Options struct {
 	Addr        string         // fabric host:port
@@ -76,6 +85,10 @@ type Options struct {
 	ResultResend time.Duration
 	// Streams serves control-plane-opened raw streams; nil refuses them.
 	Streams StreamHandler
+	// Reports, when set, supplies controller reports (the app supervisor,
+	// nodeagent/apps): all of them go out on every new tunnel and every
+	// ReportInterval, and the changed ones whenever Changed fires.
+	Reports ReportSource
 	// OnConnection, when set, is told the gRPC connection of every established tunnel
 	// (after the Welcome) and nil when that tunnel ends, so other services on the
 	// tunnel (StorageFabric, nodeagent/storagemount) always call through the current one.
@@ -112,6 +125,7 @@ type Status struct {
 	HeartbeatsSent    uint64
 	TelemetrySent     uint64
 	InventorySent     uint64 // Inventory messages after Hello (changes)
+	ReportsSent       uint64 // ControllerReports
 }
 
 // Agent is one node agent. Run it once.
@@ -504,6 +518,20 @@ func (a *Agent) serve(ctx, sctx context.Context, ctl fabricv1.Fabric_ControlClie
 	if err := a.flushResults(send); err != nil {
 		return err
 	}
+	// Controller reports: all of them on this new tunnel, then what changes, and all
+	// again every ReportInterval.
+	var reportsChanged <-chan struct{}
+	var reportTick <-chan time.Time
+	sentReports := map[string]reportKey{}
+	if a.o.Reports != nil {
+		reportsChanged = a.o.Reports.Changed()
+		t := time.NewTicker(max(a.o.Reports.ReportInterval(), minInterval))
+		defer t.Stop()
+		reportTick = t.C
+		if err := a.sendReports(send, sentReports, true); err != nil {
+			return err
+		}
+	}
 	for {
 		select {
 		case <-sctx.Done():
@@ -542,6 +570,14 @@ func (a *Agent) serve(ctx, sctx context.Context, ctl fabricv1.Fabric_ControlClie
 			lastSample = time.Now()
 		case <-a.notify:
 			if err := a.flushResults(send); err != nil {
+				return err
+			}
+		case <-reportsChanged:
+			if err := a.sendReports(send, sentReports, false); err != nil {
+				return err
+			}
+		case <-reportTick:
+			if err := a.sendReports(send, sentReports, true); err != nil {
 				return err
 			}
 		case <-resendTick.C:
@@ -622,5 +658,32 @@ func (a *Agent) sendTelemetry(ctx context.Context, send func(*fabricv1.AgentMess
 	a.st.TelemetrySent++
 	a.lastSamples, a.lastSampleAt = samples, a.o.Clock.Now()
 	a.mu.Unlock()
+	return nil
+}
+
+// reportKey is what makes a controller report different from the one sent before.
+type reportKey struct {
+	generation uint64
+	state      string
+	message    string
+}
+
+// sendReports sends every report (all) or those that differ from what this tunnel
+// carried last (sent, keyed by controller and object).
+func (a *Agent) sendReports(send func(*fabricv1.AgentMessage) error, sent map[string]reportKey, all bool) error {
+	for _, r := range a.o.Reports.Reports() {
+		k := r.GetController() + "/" + r.GetObjectId()
+		key := reportKey{r.GetGeneration(), r.GetState(), r.GetMessage()}
+		if !all && sent[k] == key {
+			continue
+		}
+		if err := send(&fabricv1.AgentMessage{Msg: &fabricv1.AgentMessage_ControllerReport{ControllerReport: r}}); err != nil {
+			return err
+		}
+		sent[k] = key
+		a.mu.Lock()
+		a.st.ReportsSent++
+		a.mu.Unlock()
+	}
 	return nil
 }

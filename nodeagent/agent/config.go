@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gantry-gpu/gantry/nodeagent/apps"
 	"github.com/gantry-gpu/gantry/nodeagent/config"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	"github.com/gantry-gpu/gantry/nodeagent/logship"
@@ -166,14 +167,29 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 		return err
 	}
 	defer sshSrv.Close()
+	// App instances (nodeagent/apps): app.start/app.stop run the apps' processes inside
+	// the allocations; their records under the state directory let the next agent adopt
+	// the processes a restart leaves running, and their reports go to the control plane.
+	appSup, err := apps.New(apps.Options{Envs: rt, StateDir: opts.StateDir, Logger: log})
+	if err != nil {
+		return err
+	}
+	appSup.Register(mux)
+	appsCtx, stopApps := context.WithCancel(ctx)
+	if err := appSup.Restore(appsCtx); err != nil {
+		stopApps()
+		return fmt.Errorf("app instances: %w", err)
+	}
+	defer func() { stopApps(); appSup.Wait() }()
+	opts.Reports = appSup
 	// Stop and release end the allocation's terminal sessions with an exit frame first,
-	// and its SSH connections.
-	rt.NotifyInactive(func(id, _ string) { term.EndAllocation(id); sshSrv.EndAllocation(id) })
+	// its SSH connections, and its app instances (stopped, not restarted).
+	rt.NotifyInactive(func(id, _ string) { term.EndAllocation(id); sshSrv.EndAllocation(id); appSup.EndAllocation(id) })
 	termCtx, stopTerm := context.WithCancel(ctx)
 	termDone := make(chan struct{})
 	go func() { defer close(termDone); _ = term.Run(termCtx) }()
 	defer func() { stopTerm(); <-termDone }()
-	opts.Streams = sshserver.Streams{SSH: sshSrv, Other: term}
+	opts.Streams = apps.Streams{Apps: appSup, Other: sshserver.Streams{SSH: sshSrv, Other: term}}
 	a, err := New(opts)
 	if err != nil {
 		return err

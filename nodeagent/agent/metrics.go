@@ -78,6 +78,8 @@ var (
 	descLogDropped    = prometheus.NewDesc("gantry_nodeagent_log_events_dropped_total", "Log events dropped, by reason (queue_full, too_old, spool_full, rejected).", []string{"reason"}, nil)
 	descLogRetries    = prometheus.NewDesc("gantry_nodeagent_log_push_retries_total", "Failed log pushes that were retried.", nil, nil)
 	descScrapeSamples = prometheus.NewDesc("gantry_nodeagent_gpu_sample_age_seconds", "Age of the last GPU sample (telemetry interval plus delay).", nil, nil)
+	descObjects       = prometheus.NewDesc("gantry_nodeagent_controller_objects", "Objects the node's controllers manage (app instances, ...), by controller and state.", []string{"controller", "state"}, nil)
+	descReportsSent   = prometheus.NewDesc("gantry_nodeagent_controller_reports_sent_total", "Controller reports sent to the control plane (changes and repeats).", nil, nil)
 )
 
 type agentCollector struct{ a *Agent }
@@ -136,6 +138,17 @@ func (c agentCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if !sampledAt.IsZero() {
 		ch <- prometheus.MustNewConstMetric(descScrapeSamples, prometheus.GaugeValue, a.o.Clock.Now().Sub(sampledAt).Seconds())
+	}
+	if a.o.Reports != nil {
+		ch <- prometheus.MustNewConstMetric(descReportsSent, prometheus.CounterValue, float64(st.ReportsSent))
+		type key struct{ controller, state string }
+		counts := map[key]int{}
+		for _, r := range a.o.Reports.Reports() {
+			counts[key{r.GetController(), r.GetState()}]++
+		}
+		for k, n := range counts {
+			ch <- prometheus.MustNewConstMetric(descObjects, prometheus.GaugeValue, float64(n), k.controller, k.state)
+		}
 	}
 	if a.o.LogStats != nil {
 		ls := a.o.LogStats()

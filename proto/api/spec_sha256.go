@@ -3,4 +3,4 @@
 package api
 
 // SpecSHA256 is the SHA-256 of the proto/openapi/openapi.yaml this package was generated from.
-const SpecSHA256 = "0d6b44110152dc82edd4ea397c2b030941c81a1142e4090b680a5bce33264694"
+const SpecSHA256 = "eca9264541573bf958c2a59eabe8e53ca2c7e68c598d9b33d01c43d15373b5f1"

@@ -22,6 +22,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/reports"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/sharedruntimes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -56,6 +62,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/tenancy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/terminal"
 	"github.com/gantry-gpu/gantry/proto/api"
+	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/ids"
@@ -132,6 +139,21 @@ type App struct {
 	// Jobs is the replica's River client (docs/jobs.md): features register workers and
 	// insert jobs in their transactions while New assembles them; it runs in Run.
 	Jobs *jobs.Runner
+	// Apps is the app catalog and entitlements (docs/apps.md).
+	Apps *apps.Service
+	// AppProxy is ANY /api/v1/app-proxy/{app_instance_id}/* (docs/app-proxy.md): not an
+	// operation of the contract, so Handler does not route it; Run serves
+	// AppProxy.Mount(Handler).
+	AppProxy *proxy.Service
+	// Artifacts is app artifacts: file sets whose bytes go through Blob (docs/apps.md).
+	Artifacts *artifacts.Service
+	// Instances is app instances (docs/apps.md), driven by the agents' controller
+	// reports (AppReports routes them) and task results; its reconcile pass runs in Run.
+	Instances  *instances.Service
+	AppReports *reports.Router
+	// SharedRuntimes is shared runtimes: workers, attachments, operations, and the
+	// metering of attached projects' calls through the app proxy (docs/apps.md).
+	SharedRuntimes *sharedruntimes.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -212,6 +234,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if a.Nodes, err = a.nodes(opt); err != nil {
 		return nil, err
 	}
+	a.AppReports = reports.New(log)
 	if a.Fabric, err = a.fabric(ctx); err != nil {
 		return nil, err
 	}
@@ -219,6 +242,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 
 	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
+	a.Apps = apps.New(a.Pool, a.Clock, a.IDs)
+	if a.Artifacts, err = artifacts.New(a.Pool, a.Blob, a.Clock, a.IDs, a.Storage.Cfg.MaxObjectBytes, log, a.Metrics.Registry); err != nil {
+		return nil, err
+	}
 	cat := catalog.New(a.Pool, a.Clock, a.IDs, catalog.BillingPrices{Billing: a.Billing, Clock: a.Clock}, catalog.NodesFleet{Nodes: a.Nodes})
 	ac := cfg.Allocations
 	a.Allocations = allocations.New(a.Pool, a.Clock, a.IDs, allocations.Config{MaxPerProject: ac.MaxPerProject, ProvisioningTimeout: ac.ProvisioningTimeout, ReportTimeout: ac.ReportTimeout,
@@ -227,6 +254,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		cat, a.Nodes, a.SSHKeys, a.Budgets, a.Billing, log)
 	a.Nodes.Allocations, cat.Usage, a.Allocations.Drains = a.Allocations, a.Allocations, a.Nodes
 	a.Tenancy.ProjectInUse = a.Allocations.ProjectInUse // a project with live allocations is not deleted
+
+	// App instances on allocations; the agents' reports reach them through the router
+	// the fabric was given (fabric.Deps.OnControllerReport).
+	a.Instances = instances.New(a.Pool, a.Clock, a.IDs, cfg.AppInstances.service(), instances.AppsCatalog{Apps: a.Apps}, a.Allocations, a.Fabric, log)
+	a.Instances.Artifacts = a.Artifacts
+	a.AppReports.Handle(apptask.Controller, a.Instances)
+	a.SharedRuntimes = sharedruntimes.New(a.Pool, a.Clock, a.IDs, a.Apps, sharedruntimes.InstanceWorkers{Svc: a.Instances}, a.Tenancy, a.Billing, log)
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
@@ -296,6 +330,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if err := nodeMetrics.Scraper.Serve(ctx); err != nil {
 		return nil, err
 	}
+	// The app proxy (docs/app-proxy.md): exchange codes in a KV bucket every replica
+	// shares, instance cookies signed with a key every replica derives alike.
+	apc := cfg.AppProxy
+	if apc.CodeBucket == "" || apc.CodeBucket == proxy.DefaultCodeBucket {
+		apc.CodeBucket = cfg.EventsStream + "_APP_PROXY_CODES"
+	}
+	if a.AppProxy, err = proxy.New(apc, proxy.Deps{Instances: proxy.DBInstances{Pool: a.Pool},
+		Auth: auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), Projects: a.Tenancy, Streams: a.Terminal, JS: a.JS,
+		CookieKey: cfg.Auth.MasterKey.Derive("gantry/app-proxy-cookie"), Denials: a.Denials,
+		// Attached projects of a shared runtime get through to its workers and pay per call.
+		Grants: a.SharedRuntimes, Meter: a.SharedRuntimes,
+		Registry: a.Metrics.Registry, Clock: a.Clock, Log: log}); err != nil {
+		return nil, err
+	}
 	handlers := &server.API{
 		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
 		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
@@ -320,6 +368,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		PlatformOpsAPI:        &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
 		NodeMetricsAPI:        nodeMetrics,
+		AppsAPI:               apps.NewHandlers(a.Apps, cursors),
+		AppInstancesAPI:       instances.NewHandlers(a.Instances, cursors),
+		AppProxyAPI:           a.AppProxy.Handlers(),
+		SharedRuntimesAPI:     sharedruntimes.NewHandlers(a.SharedRuntimes, cursors),
+		AppArtifactsAPI:       artifacts.NewHandlers(a.Artifacts, cursors),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,
@@ -396,10 +449,20 @@ func (a *App) fabric(ctx context.Context) (*fabric.Server, error) {
 					return err
 				}
 			}
+			// An app task's belongs to its app instance.
+			if handled, err := a.appTaskResult(ctx, nodeID, r); handled {
+				return err
+			}
 			if a.Allocations == nil {
 				return errors.New("allocations not assembled")
 			}
 			return a.Allocations.OnTaskResult(ctx, nodeID, r)
+		},
+		// Agents' controller reports (app instances) go to their controller's service.
+		OnControllerReport: func(ctx context.Context, nodeID uuid.UUID, r *fabricv1.ControllerReport) {
+			if a.AppReports != nil {
+				a.AppReports.OnControllerReport(ctx, nodeID, r)
+			}
 		},
 		// Every (re)connect reconciles what the node holds against the database.
 		OnHello: func(ctx context.Context, nodeID uuid.UUID, h *fabricv1.Hello) error {
@@ -446,7 +509,7 @@ func (a *App) cursorKey() []byte {
 func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	// No WriteTimeout (server.NewHTTPServer): GANTRY_REQUEST_TIMEOUT bounds the work and
 	// a write deadline would cut the 503 it produces.
-	srv := server.NewHTTPServer(a.Handler, server.HTTPOptions{Log: a.Log})
+	srv := server.NewHTTPServer(a.AppProxy.Mount(a.Handler), server.HTTPOptions{Log: a.Log})
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(4)
@@ -484,6 +547,11 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	// Storage attachments (docs/storage.md): redelivery, timeouts, catch-up.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Attachments.Run(bg) }()
+	// App instances (docs/apps.md): start, stop, health timeouts, task delivery; shared
+	// runtimes: worker state, operations, rating of metered calls.
+	wg.Add(2)
+	go func() { defer wg.Done(); a.Instances.Run(bg) }()
+	go func() { defer wg.Done(); a.SharedRuntimes.Run(bg, a.Config.AppInstances.SharedRuntimeInterval) }()
 	// Object storage (docs/storage.md): expired uploads, force-deleted buckets, blob GC.
 	wg.Add(1)
 	go func() { defer wg.Done(); a.Storage.RunSweeper(bg) }()
@@ -561,6 +629,9 @@ func (a *App) maintain(ctx context.Context) {
 func (a *App) Close() {
 	if a.Notifications != nil { // before NATS: it unsubscribes and says goodbye to sockets
 		a.Notifications.Close()
+	}
+	if a.AppProxy != nil { // its streams ride the fabric
+		a.AppProxy.Close()
 	}
 	if a.Fabric != nil {
 		a.Fabric.Close()

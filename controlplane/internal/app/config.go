@@ -9,6 +9,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/jobs"
@@ -94,6 +95,10 @@ type Config struct {
 	// NodeMetrics is GANTRY_NODE_METRICS_*: node agents' metrics served to Prometheus
 	// through the fabric (docs/nodeagent.md, "Metrics").
 	NodeMetrics nodemetrics.Config
+	// AppProxy is GANTRY_APP_PROXY_* (docs/app-proxy.md).
+	AppProxy proxy.Config
+	// AppInstances is GANTRY_APP_INSTANCES_* and GANTRY_SHARED_RUNTIMES_INTERVAL (docs/apps.md).
+	AppInstances AppInstancesConfig
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher

@@ -99,6 +99,9 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, in SeedInput) (Seeded, error)
 	if err := seedCatalog(ctx, pool, in, &s.out); err != nil {
 		return Seeded{}, fmt.Errorf("seed: %w", err)
 	}
+	if err := seedApps(ctx, pool, in, &s.out); err != nil {
+		return Seeded{}, fmt.Errorf("seed: %w", err)
+	}
 	return s.out, nil
 }
 

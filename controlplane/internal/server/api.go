@@ -2,6 +2,11 @@ package server
 
 import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/proxy"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/sharedruntimes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
@@ -59,6 +64,14 @@ type API struct {
 	*ObservabilityAPI
 	// NodeMetricsAPI: node agents' metrics through the fabric, and their discovery.
 	*NodeMetricsAPI
+	// Apps (docs/apps.md): the catalog and its administration, app instances, the
+	// app-proxy exchange, shared runtimes and artifacts. The proxy itself
+	// (ANY /api/v1/app-proxy/{app_instance_id}/*) is mounted beside the operations.
+	*AppsAPI
+	*AppInstancesAPI
+	*AppProxyAPI
+	*SharedRuntimesAPI
+	*AppArtifactsAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -85,6 +98,11 @@ type (
 	PlatformOpsAPI        = platformops.Handlers
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
+	AppsAPI               = apps.Handlers
+	AppInstancesAPI       = instances.Handlers
+	AppProxyAPI           = proxy.Handlers
+	SharedRuntimesAPI     = sharedruntimes.Handlers
+	AppArtifactsAPI       = artifacts.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

@@ -25,8 +25,9 @@ func TestDeadlinesSpareOnlyStreams(t *testing.T) {
 		}
 	}
 	sort.Strings(streaming)
-	want := []string{"GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /api/v1/storage/buckets/{bucket_id}/object",
-		"GET /ws/notifications", "GET /ws/ssh/{allocation_id}", "GET /ws/terminal/{allocation_id}", "PUT /api/v1/storage/buckets/{bucket_id}/object"}
+	want := []string{"GET /api/v1/app-artifacts/{artifact_id}/files", "GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /api/v1/storage/buckets/{bucket_id}/object",
+		"GET /ws/notifications", "GET /ws/ssh/{allocation_id}", "GET /ws/terminal/{allocation_id}",
+		"PUT /api/v1/app-artifacts/{artifact_id}/files", "PUT /api/v1/storage/buckets/{bucket_id}/object"}
 	if len(streaming) != len(want) {
 		t.Fatalf("operations without a deadline: %v, want %v", streaming, want)
 	}

@@ -181,10 +181,11 @@ func (s *Service) verifyRelay(tok string, allocationID uuid.UUID) (relayClaims, 
 	return c, nil
 }
 
-// relayable: the stream kinds the relay carries (the terminal's and SSH's; both are
-// plain byte streams once open).
+// relayable: the stream kinds the relay carries (the terminal's, SSH's and the app
+// proxy's; all are plain byte streams once open).
 func relayable(k fabricv1.StreamKind) bool {
-	return k == fabricv1.StreamKind_STREAM_KIND_TERMINAL || k == fabricv1.StreamKind_STREAM_KIND_SSH
+	return k == fabricv1.StreamKind_STREAM_KIND_TERMINAL || k == fabricv1.StreamKind_STREAM_KIND_SSH ||
+		k == fabricv1.StreamKind_STREAM_KIND_APP_PROXY
 }
 
 // nonceCache remembers relay token nonces until their tokens expire.

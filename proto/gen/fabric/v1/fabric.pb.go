@@ -205,7 +205,12 @@ const (
 	StreamKind_STREAM_KIND_UNSPECIFIED StreamKind = 0
 	// An interactive terminal in an allocation's workload.
 	StreamKind_STREAM_KIND_TERMINAL StreamKind = 1
-	// A TCP connection to a port of an app instance / allocation on the node.
+	// A TCP connection to an app instance's port on the node (the app proxy): the preamble
+	// names app_instance_id (and allocation_id); target_port is 0 or the instance's port.
+	// The agent connects to 127.0.0.1:<the instance's port> only while the instance is
+	// "starting", "running" or "unhealthy" and its allocation is live; otherwise it
+	// replies error_code "target_not_found" (unknown to this node) or "app_not_running".
+	// The payload is the TCP connection's bytes, client first.
 	StreamKind_STREAM_KIND_APP_PROXY StreamKind = 2
 	// An SSH connection into an allocation (docs/ssh.md): the payload is the SSH
 	// protocol's bytes, client first. The agent hands them to the host's sshd on loopback
@@ -1253,8 +1258,10 @@ type ControllerReport struct {
 	// Controller-specific details, JSON.
 	DetailsJson []byte `protobuf:"bytes,5,opt,name=details_json,json=detailsJson,proto3" json:"details_json,omitempty"`
 	// Increases with every change the controller observes for this object.
-	Generation    uint64                 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
-	ObservedAt    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	Generation uint64                 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	ObservedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	// Controller "app_instance": what the agent's app supervisor knows (nodeagent/apps).
+	AppInstance   *AppInstanceStatus `protobuf:"bytes,8,opt,name=app_instance,json=appInstance,proto3" json:"app_instance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1338,6 +1345,134 @@ func (x *ControllerReport) GetObservedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ControllerReport) GetAppInstance() *AppInstanceStatus {
+	if x != nil {
+		return x.AppInstance
+	}
+	return nil
+}
+
+// AppInstanceStatus details a ControllerReport of controller "app_instance" (object_id is
+// the app instance id). The report's state is one of (proto/fabric/apptask):
+//
+//	"starting"   the process is started and has not passed its health check yet
+//	"running"    the health check passes
+//	"unhealthy"  it passed once, and now fails (or the process exited and is being
+//	             restarted with backoff)
+//	"stopped"    stopped by an app.stop task, or because its allocation stopped or was
+//	             released on this node, or the agent knows nothing of the instance
+//	"failed"     given up: never healthy within the startup timeout, crash loop,
+//	             command not startable; reason says which
+//
+// Reports are resent on every new tunnel and periodically: a report whose state and
+// generation repeat what the control plane has is a heartbeat, not a change.
+type AppInstanceStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The allocation the instance runs in (UUID).
+	AllocationId string `protobuf:"bytes,1,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// The loopback port the app serves on this node (what APP_PROXY streams connect to).
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// Restarts since the app.start (each process exit is restarted, with backoff).
+	Restarts uint32 `protobuf:"varint,3,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	// The last process exit: its code (-1 when ended by a signal) and when; unset before.
+	LastExitCode int32                  `protobuf:"varint,4,opt,name=last_exit_code,json=lastExitCode,proto3" json:"last_exit_code,omitempty"`
+	LastExitAt   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_exit_at,json=lastExitAt,proto3" json:"last_exit_at,omitempty"`
+	// When the current process started and when it last passed its health check.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	HealthyAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=healthy_at,json=healthyAt,proto3" json:"healthy_at,omitempty"`
+	// Machine-readable cause of "failed" or "stopped" (apptask.Reason*): "never_healthy",
+	// "crash_loop", "start_failed", "stopped", "allocation_inactive", "unknown_instance".
+	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppInstanceStatus) Reset() {
+	*x = AppInstanceStatus{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppInstanceStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppInstanceStatus) ProtoMessage() {}
+
+func (x *AppInstanceStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppInstanceStatus.ProtoReflect.Descriptor instead.
+func (*AppInstanceStatus) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AppInstanceStatus) GetAllocationId() string {
+	if x != nil {
+		return x.AllocationId
+	}
+	return ""
+}
+
+func (x *AppInstanceStatus) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *AppInstanceStatus) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *AppInstanceStatus) GetLastExitCode() int32 {
+	if x != nil {
+		return x.LastExitCode
+	}
+	return 0
+}
+
+func (x *AppInstanceStatus) GetLastExitAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastExitAt
+	}
+	return nil
+}
+
+func (x *AppInstanceStatus) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *AppInstanceStatus) GetHealthyAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HealthyAt
+	}
+	return nil
+}
+
+func (x *AppInstanceStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type ControlMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -1353,7 +1488,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1500,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[13]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1513,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{13}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ControlMessage) GetMsg() isControlMessage_Msg {
@@ -1466,7 +1601,7 @@ type TaskResultAck struct {
 
 func (x *TaskResultAck) Reset() {
 	*x = TaskResultAck{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1613,7 @@ func (x *TaskResultAck) String() string {
 func (*TaskResultAck) ProtoMessage() {}
 
 func (x *TaskResultAck) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[14]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1626,7 @@ func (x *TaskResultAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResultAck.ProtoReflect.Descriptor instead.
 func (*TaskResultAck) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{14}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TaskResultAck) GetTaskId() string {
@@ -1516,7 +1651,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1528,7 +1663,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[15]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1541,7 +1676,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{15}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Welcome) GetNodeId() string {
@@ -1596,7 +1731,7 @@ type HeartbeatConfig struct {
 
 func (x *HeartbeatConfig) Reset() {
 	*x = HeartbeatConfig{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1743,7 @@ func (x *HeartbeatConfig) String() string {
 func (*HeartbeatConfig) ProtoMessage() {}
 
 func (x *HeartbeatConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[16]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1756,7 @@ func (x *HeartbeatConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatConfig.ProtoReflect.Descriptor instead.
 func (*HeartbeatConfig) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{16}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeartbeatConfig) GetInterval() *durationpb.Duration {
@@ -1651,7 +1786,9 @@ type TaskDispatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// UUID.
 	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	// e.g. "allocation.provision", "allocation.release".
+	// e.g. "allocation.provision", "allocation.release" (JSON payloads, shared/alloctask),
+	// "app.start" (AppStartTask), "app.stop" (AppStopTask) (protobuf payloads,
+	// proto/fabric/apptask).
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// The kind's input; content_type says how it is encoded.
 	Payload []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
@@ -1670,7 +1807,7 @@ type TaskDispatch struct {
 
 func (x *TaskDispatch) Reset() {
 	*x = TaskDispatch{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1819,7 @@ func (x *TaskDispatch) String() string {
 func (*TaskDispatch) ProtoMessage() {}
 
 func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[17]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1832,7 @@ func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskDispatch.ProtoReflect.Descriptor instead.
 func (*TaskDispatch) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{17}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TaskDispatch) GetTaskId() string {
@@ -1778,7 +1915,7 @@ type StreamPreamble struct {
 
 func (x *StreamPreamble) Reset() {
 	*x = StreamPreamble{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1927,7 @@ func (x *StreamPreamble) String() string {
 func (*StreamPreamble) ProtoMessage() {}
 
 func (x *StreamPreamble) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[18]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1940,7 @@ func (x *StreamPreamble) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamPreamble.ProtoReflect.Descriptor instead.
 func (*StreamPreamble) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{18}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *StreamPreamble) GetKind() StreamKind {
@@ -1879,7 +2016,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +2028,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[19]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2041,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{19}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TerminalSize) GetCols() uint32 {
@@ -1935,7 +2072,7 @@ type StreamReply struct {
 
 func (x *StreamReply) Reset() {
 	*x = StreamReply{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2084,7 @@ func (x *StreamReply) String() string {
 func (*StreamReply) ProtoMessage() {}
 
 func (x *StreamReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[20]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2097,7 @@ func (x *StreamReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamReply.ProtoReflect.Descriptor instead.
 func (*StreamReply) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{20}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StreamReply) GetOk() bool {
@@ -1995,7 +2132,7 @@ type ForwardedDispatch struct {
 
 func (x *ForwardedDispatch) Reset() {
 	*x = ForwardedDispatch{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[21]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2144,7 @@ func (x *ForwardedDispatch) String() string {
 func (*ForwardedDispatch) ProtoMessage() {}
 
 func (x *ForwardedDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[21]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2157,7 @@ func (x *ForwardedDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardedDispatch.ProtoReflect.Descriptor instead.
 func (*ForwardedDispatch) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{21}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForwardedDispatch) GetNodeId() string {
@@ -2050,7 +2187,7 @@ type ForwardedDispatchReply struct {
 
 func (x *ForwardedDispatchReply) Reset() {
 	*x = ForwardedDispatchReply{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[22]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2199,7 @@ func (x *ForwardedDispatchReply) String() string {
 func (*ForwardedDispatchReply) ProtoMessage() {}
 
 func (x *ForwardedDispatchReply) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[22]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2212,7 @@ func (x *ForwardedDispatchReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardedDispatchReply.ProtoReflect.Descriptor instead.
 func (*ForwardedDispatchReply) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{22}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ForwardedDispatchReply) GetAck() *TaskAck {
@@ -2115,7 +2252,7 @@ type StorageObjectInfo struct {
 
 func (x *StorageObjectInfo) Reset() {
 	*x = StorageObjectInfo{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[23]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2127,7 +2264,7 @@ func (x *StorageObjectInfo) String() string {
 func (*StorageObjectInfo) ProtoMessage() {}
 
 func (x *StorageObjectInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[23]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2140,7 +2277,7 @@ func (x *StorageObjectInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageObjectInfo.ProtoReflect.Descriptor instead.
 func (*StorageObjectInfo) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{23}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StorageObjectInfo) GetPath() string {
@@ -2196,7 +2333,7 @@ type StorageListRequest struct {
 
 func (x *StorageListRequest) Reset() {
 	*x = StorageListRequest{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[24]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2345,7 @@ func (x *StorageListRequest) String() string {
 func (*StorageListRequest) ProtoMessage() {}
 
 func (x *StorageListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[24]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2358,7 @@ func (x *StorageListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageListRequest.ProtoReflect.Descriptor instead.
 func (*StorageListRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{24}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StorageListRequest) GetAttachmentId() string {
@@ -2273,7 +2410,7 @@ type StorageListResponse struct {
 
 func (x *StorageListResponse) Reset() {
 	*x = StorageListResponse{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[25]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2422,7 @@ func (x *StorageListResponse) String() string {
 func (*StorageListResponse) ProtoMessage() {}
 
 func (x *StorageListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[25]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2435,7 @@ func (x *StorageListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageListResponse.ProtoReflect.Descriptor instead.
 func (*StorageListResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{25}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StorageListResponse) GetEntries() []*StorageObjectInfo {
@@ -2332,7 +2469,7 @@ type StorageStatRequest struct {
 
 func (x *StorageStatRequest) Reset() {
 	*x = StorageStatRequest{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[26]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2481,7 @@ func (x *StorageStatRequest) String() string {
 func (*StorageStatRequest) ProtoMessage() {}
 
 func (x *StorageStatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[26]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2494,7 @@ func (x *StorageStatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageStatRequest.ProtoReflect.Descriptor instead.
 func (*StorageStatRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{26}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StorageStatRequest) GetAttachmentId() string {
@@ -2391,7 +2528,7 @@ type StorageReadRequest struct {
 
 func (x *StorageReadRequest) Reset() {
 	*x = StorageReadRequest{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[27]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2403,7 +2540,7 @@ func (x *StorageReadRequest) String() string {
 func (*StorageReadRequest) ProtoMessage() {}
 
 func (x *StorageReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[27]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2416,7 +2553,7 @@ func (x *StorageReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageReadRequest.ProtoReflect.Descriptor instead.
 func (*StorageReadRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{27}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StorageReadRequest) GetAttachmentId() string {
@@ -2466,7 +2603,7 @@ type StorageReadChunk struct {
 
 func (x *StorageReadChunk) Reset() {
 	*x = StorageReadChunk{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[28]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2615,7 @@ func (x *StorageReadChunk) String() string {
 func (*StorageReadChunk) ProtoMessage() {}
 
 func (x *StorageReadChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[28]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2628,7 @@ func (x *StorageReadChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageReadChunk.ProtoReflect.Descriptor instead.
 func (*StorageReadChunk) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{28}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StorageReadChunk) GetInfo() *StorageObjectInfo {
@@ -2521,7 +2658,7 @@ type StorageWriteRequest struct {
 
 func (x *StorageWriteRequest) Reset() {
 	*x = StorageWriteRequest{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[29]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2670,7 @@ func (x *StorageWriteRequest) String() string {
 func (*StorageWriteRequest) ProtoMessage() {}
 
 func (x *StorageWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[29]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2683,7 @@ func (x *StorageWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageWriteRequest.ProtoReflect.Descriptor instead.
 func (*StorageWriteRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{29}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StorageWriteRequest) GetMsg() isStorageWriteRequest_Msg {
@@ -2607,7 +2744,7 @@ type StorageWriteHeader struct {
 
 func (x *StorageWriteHeader) Reset() {
 	*x = StorageWriteHeader{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[30]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2756,7 @@ func (x *StorageWriteHeader) String() string {
 func (*StorageWriteHeader) ProtoMessage() {}
 
 func (x *StorageWriteHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[30]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2769,7 @@ func (x *StorageWriteHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageWriteHeader.ProtoReflect.Descriptor instead.
 func (*StorageWriteHeader) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{30}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StorageWriteHeader) GetAttachmentId() string {
@@ -2673,7 +2810,7 @@ type StorageDeleteRequest struct {
 
 func (x *StorageDeleteRequest) Reset() {
 	*x = StorageDeleteRequest{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[31]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2822,7 @@ func (x *StorageDeleteRequest) String() string {
 func (*StorageDeleteRequest) ProtoMessage() {}
 
 func (x *StorageDeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[31]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2835,7 @@ func (x *StorageDeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageDeleteRequest.ProtoReflect.Descriptor instead.
 func (*StorageDeleteRequest) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{31}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StorageDeleteRequest) GetAttachmentId() string {
@@ -2723,7 +2860,7 @@ type StorageDeleteResponse struct {
 
 func (x *StorageDeleteResponse) Reset() {
 	*x = StorageDeleteResponse{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[32]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2872,7 @@ func (x *StorageDeleteResponse) String() string {
 func (*StorageDeleteResponse) ProtoMessage() {}
 
 func (x *StorageDeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[32]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2885,371 @@ func (x *StorageDeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StorageDeleteResponse.ProtoReflect.Descriptor instead.
 func (*StorageDeleteResponse) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{32}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{33}
+}
+
+// AppStartTask is the payload of "app.start": run an app version's process inside an
+// allocation's runtime on this node (as the allocation's user, with only its GPUs), keep
+// it running (restart with backoff) and report its state as ControllerReports
+// (controller "app_instance"). Redelivery and a repeated start of a supervised instance
+// are harmless. The result (TaskResult.result) is an AppStartResult.
+type AppStartTask struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UUIDs.
+	AppInstanceId string `protobuf:"bytes,1,opt,name=app_instance_id,json=appInstanceId,proto3" json:"app_instance_id,omitempty"`
+	AllocationId  string `protobuf:"bytes,2,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// For logs and the process's environment.
+	AppSlug string `protobuf:"bytes,3,opt,name=app_slug,json=appSlug,proto3" json:"app_slug,omitempty"`
+	Version string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	// The command and its arguments (command[0] resolved against the environment's PATH).
+	// Every element and every env value is templated: {port}, {gpu_ids} (comma-separated
+	// indices, "" without GPUs), {gpu_uuids}, {gpu_count}, {home} (the allocation's home),
+	// {instance_dir} (a directory of this instance under it), {base_path} (below),
+	// {app_instance_id}, {allocation_id}. Other braces are left alone.
+	Command []string `protobuf:"bytes,5,rep,name=command,proto3" json:"command,omitempty"`
+	// Extra environment (the allocation's own environment, with CUDA_VISIBLE_DEVICES, is
+	// always there; these cannot override it).
+	Env map[string]string `protobuf:"bytes,6,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The loopback port the app serves. 0: the agent picks a free one ({port}).
+	Port uint32 `protobuf:"varint,7,opt,name=port,proto3" json:"port,omitempty"`
+	// The URL path the app is reached under through the proxy, e.g.
+	// "/api/v1/app-proxy/<app_instance_id>/" (apps such as Jupyter need it as base URL).
+	BasePath    string          `protobuf:"bytes,8,opt,name=base_path,json=basePath,proto3" json:"base_path,omitempty"`
+	HealthCheck *AppHealthCheck `protobuf:"bytes,9,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
+	// Never healthy this long after the first start: failed, reason "never_healthy".
+	// 0: 120 s.
+	StartupTimeout *durationpb.Duration `protobuf:"bytes,10,opt,name=startup_timeout,json=startupTimeout,proto3" json:"startup_timeout,omitempty"`
+	// Consecutive restarts without becoming healthy before the agent gives up (failed,
+	// reason "crash_loop"). 0: 5.
+	MaxRestarts uint32 `protobuf:"varint,11,opt,name=max_restarts,json=maxRestarts,proto3" json:"max_restarts,omitempty"`
+	// The delay before restart n is backoff_min * 2^(n-1), at most backoff_max.
+	// 0: 1 s and 60 s.
+	BackoffMin *durationpb.Duration `protobuf:"bytes,12,opt,name=backoff_min,json=backoffMin,proto3" json:"backoff_min,omitempty"`
+	BackoffMax *durationpb.Duration `protobuf:"bytes,13,opt,name=backoff_max,json=backoffMax,proto3" json:"backoff_max,omitempty"`
+	// The GPUs the version needs at least; the start fails ("insufficient_gpus") when the
+	// allocation has fewer.
+	MinGpus       uint32 `protobuf:"varint,14,opt,name=min_gpus,json=minGpus,proto3" json:"min_gpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppStartTask) Reset() {
+	*x = AppStartTask{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppStartTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppStartTask) ProtoMessage() {}
+
+func (x *AppStartTask) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppStartTask.ProtoReflect.Descriptor instead.
+func (*AppStartTask) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *AppStartTask) GetAppInstanceId() string {
+	if x != nil {
+		return x.AppInstanceId
+	}
+	return ""
+}
+
+func (x *AppStartTask) GetAllocationId() string {
+	if x != nil {
+		return x.AllocationId
+	}
+	return ""
+}
+
+func (x *AppStartTask) GetAppSlug() string {
+	if x != nil {
+		return x.AppSlug
+	}
+	return ""
+}
+
+func (x *AppStartTask) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *AppStartTask) GetCommand() []string {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *AppStartTask) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *AppStartTask) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *AppStartTask) GetBasePath() string {
+	if x != nil {
+		return x.BasePath
+	}
+	return ""
+}
+
+func (x *AppStartTask) GetHealthCheck() *AppHealthCheck {
+	if x != nil {
+		return x.HealthCheck
+	}
+	return nil
+}
+
+func (x *AppStartTask) GetStartupTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.StartupTimeout
+	}
+	return nil
+}
+
+func (x *AppStartTask) GetMaxRestarts() uint32 {
+	if x != nil {
+		return x.MaxRestarts
+	}
+	return 0
+}
+
+func (x *AppStartTask) GetBackoffMin() *durationpb.Duration {
+	if x != nil {
+		return x.BackoffMin
+	}
+	return nil
+}
+
+func (x *AppStartTask) GetBackoffMax() *durationpb.Duration {
+	if x != nil {
+		return x.BackoffMax
+	}
+	return nil
+}
+
+func (x *AppStartTask) GetMinGpus() uint32 {
+	if x != nil {
+		return x.MinGpus
+	}
+	return 0
+}
+
+// AppHealthCheck says how the agent decides that the app serves. Unset: TCP connect to
+// the port.
+type AppHealthCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "http" (GET http://127.0.0.1:<port><http_path>, healthy on 2xx or 3xx) or "tcp".
+	Type     string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	HttpPath string `protobuf:"bytes,2,opt,name=http_path,json=httpPath,proto3" json:"http_path,omitempty"`
+	// 0: 2 s, 1 s.
+	Interval *durationpb.Duration `protobuf:"bytes,3,opt,name=interval,proto3" json:"interval,omitempty"`
+	Timeout  *durationpb.Duration `protobuf:"bytes,4,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// Consecutive failures of a running app before it is "unhealthy". 0: 3.
+	FailureThreshold uint32 `protobuf:"varint,5,opt,name=failure_threshold,json=failureThreshold,proto3" json:"failure_threshold,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *AppHealthCheck) Reset() {
+	*x = AppHealthCheck{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppHealthCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppHealthCheck) ProtoMessage() {}
+
+func (x *AppHealthCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppHealthCheck.ProtoReflect.Descriptor instead.
+func (*AppHealthCheck) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AppHealthCheck) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *AppHealthCheck) GetHttpPath() string {
+	if x != nil {
+		return x.HttpPath
+	}
+	return ""
+}
+
+func (x *AppHealthCheck) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *AppHealthCheck) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *AppHealthCheck) GetFailureThreshold() uint32 {
+	if x != nil {
+		return x.FailureThreshold
+	}
+	return 0
+}
+
+// AppStartResult is the result of a succeeded "app.start": the process is started (not
+// yet healthy; reports follow).
+type AppStartResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppStartResult) Reset() {
+	*x = AppStartResult{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppStartResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppStartResult) ProtoMessage() {}
+
+func (x *AppStartResult) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppStartResult.ProtoReflect.Descriptor instead.
+func (*AppStartResult) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AppStartResult) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+// AppStopTask is the payload of "app.stop": stop the instance's process (SIGTERM to its
+// process group, SIGKILL after grace) and stop supervising it. Stopping an instance the
+// node does not know succeeds (and reports "stopped", reason "unknown_instance").
+type AppStopTask struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AppInstanceId string                 `protobuf:"bytes,1,opt,name=app_instance_id,json=appInstanceId,proto3" json:"app_instance_id,omitempty"`
+	AllocationId  string                 `protobuf:"bytes,2,opt,name=allocation_id,json=allocationId,proto3" json:"allocation_id,omitempty"`
+	// 0: 10 s.
+	Grace         *durationpb.Duration `protobuf:"bytes,3,opt,name=grace,proto3" json:"grace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppStopTask) Reset() {
+	*x = AppStopTask{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppStopTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppStopTask) ProtoMessage() {}
+
+func (x *AppStopTask) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppStopTask.ProtoReflect.Descriptor instead.
+func (*AppStopTask) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AppStopTask) GetAppInstanceId() string {
+	if x != nil {
+		return x.AppInstanceId
+	}
+	return ""
+}
+
+func (x *AppStopTask) GetAllocationId() string {
+	if x != nil {
+		return x.AllocationId
+	}
+	return ""
+}
+
+func (x *AppStopTask) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
 }
 
 var File_fabric_v1_fabric_proto protoreflect.FileDescriptor
@@ -2835,7 +3336,7 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"error_code\x18\x04 \x01(\tR\terrorCode\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12;\n" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"finishedAt\"\xff\x01\n" +
+	"finishedAt\"\xc7\x02\n" +
 	"\x10ControllerReport\x12\x1e\n" +
 	"\n" +
 	"controller\x18\x01 \x01(\tR\n" +
@@ -2848,7 +3349,20 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12;\n" +
 	"\vobserved_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"observedAt\"\x96\x02\n" +
+	"observedAt\x12F\n" +
+	"\fapp_instance\x18\b \x01(\v2#.gantry.fabric.v1.AppInstanceStatusR\vappInstance\"\xda\x02\n" +
+	"\x11AppInstanceStatus\x12#\n" +
+	"\rallocation_id\x18\x01 \x01(\tR\fallocationId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1a\n" +
+	"\brestarts\x18\x03 \x01(\rR\brestarts\x12$\n" +
+	"\x0elast_exit_code\x18\x04 \x01(\x05R\flastExitCode\x12<\n" +
+	"\flast_exit_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastExitAt\x129\n" +
+	"\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x129\n" +
+	"\n" +
+	"healthy_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\thealthyAt\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"\x96\x02\n" +
 	"\x0eControlMessage\x125\n" +
 	"\awelcome\x18\x01 \x01(\v2\x19.gantry.fabric.v1.WelcomeH\x00R\awelcome\x12N\n" +
 	"\x10heartbeat_config\x18\x02 \x01(\v2!.gantry.fabric.v1.HeartbeatConfigH\x00R\x0fheartbeatConfig\x124\n" +
@@ -2949,7 +3463,40 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x14StorageDeleteRequest\x12#\n" +
 	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"\x17\n" +
-	"\x15StorageDeleteResponse*l\n" +
+	"\x15StorageDeleteResponse\"\x8d\x05\n" +
+	"\fAppStartTask\x12&\n" +
+	"\x0fapp_instance_id\x18\x01 \x01(\tR\rappInstanceId\x12#\n" +
+	"\rallocation_id\x18\x02 \x01(\tR\fallocationId\x12\x19\n" +
+	"\bapp_slug\x18\x03 \x01(\tR\aappSlug\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\tR\aversion\x12\x18\n" +
+	"\acommand\x18\x05 \x03(\tR\acommand\x129\n" +
+	"\x03env\x18\x06 \x03(\v2'.gantry.fabric.v1.AppStartTask.EnvEntryR\x03env\x12\x12\n" +
+	"\x04port\x18\a \x01(\rR\x04port\x12\x1b\n" +
+	"\tbase_path\x18\b \x01(\tR\bbasePath\x12C\n" +
+	"\fhealth_check\x18\t \x01(\v2 .gantry.fabric.v1.AppHealthCheckR\vhealthCheck\x12B\n" +
+	"\x0fstartup_timeout\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x0estartupTimeout\x12!\n" +
+	"\fmax_restarts\x18\v \x01(\rR\vmaxRestarts\x12:\n" +
+	"\vbackoff_min\x18\f \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"backoffMin\x12:\n" +
+	"\vbackoff_max\x18\r \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"backoffMax\x12\x19\n" +
+	"\bmin_gpus\x18\x0e \x01(\rR\aminGpus\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x01\n" +
+	"\x0eAppHealthCheck\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1b\n" +
+	"\thttp_path\x18\x02 \x01(\tR\bhttpPath\x125\n" +
+	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x123\n" +
+	"\atimeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12+\n" +
+	"\x11failure_threshold\x18\x05 \x01(\rR\x10failureThreshold\"$\n" +
+	"\x0eAppStartResult\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\"\x8b\x01\n" +
+	"\vAppStopTask\x12&\n" +
+	"\x0fapp_instance_id\x18\x01 \x01(\tR\rappInstanceId\x12#\n" +
+	"\rallocation_id\x18\x02 \x01(\tR\fallocationId\x12/\n" +
+	"\x05grace\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05grace*l\n" +
 	"\aMIGMode\x12\x18\n" +
 	"\x14MIG_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11MIG_MODE_DISABLED\x10\x01\x12\x14\n" +
@@ -2993,7 +3540,7 @@ func file_fabric_v1_fabric_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_v1_fabric_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_fabric_v1_fabric_proto_goTypes = []any{
 	(MIGMode)(0),                   // 0: gantry.fabric.v1.MIGMode
 	(TaskAckStatus)(0),             // 1: gantry.fabric.v1.TaskAckStatus
@@ -3012,28 +3559,34 @@ var file_fabric_v1_fabric_proto_goTypes = []any{
 	(*TaskAck)(nil),                // 14: gantry.fabric.v1.TaskAck
 	(*TaskResult)(nil),             // 15: gantry.fabric.v1.TaskResult
 	(*ControllerReport)(nil),       // 16: gantry.fabric.v1.ControllerReport
-	(*ControlMessage)(nil),         // 17: gantry.fabric.v1.ControlMessage
-	(*TaskResultAck)(nil),          // 18: gantry.fabric.v1.TaskResultAck
-	(*Welcome)(nil),                // 19: gantry.fabric.v1.Welcome
-	(*HeartbeatConfig)(nil),        // 20: gantry.fabric.v1.HeartbeatConfig
-	(*TaskDispatch)(nil),           // 21: gantry.fabric.v1.TaskDispatch
-	(*StreamPreamble)(nil),         // 22: gantry.fabric.v1.StreamPreamble
-	(*TerminalSize)(nil),           // 23: gantry.fabric.v1.TerminalSize
-	(*StreamReply)(nil),            // 24: gantry.fabric.v1.StreamReply
-	(*ForwardedDispatch)(nil),      // 25: gantry.fabric.v1.ForwardedDispatch
-	(*ForwardedDispatchReply)(nil), // 26: gantry.fabric.v1.ForwardedDispatchReply
-	(*StorageObjectInfo)(nil),      // 27: gantry.fabric.v1.StorageObjectInfo
-	(*StorageListRequest)(nil),     // 28: gantry.fabric.v1.StorageListRequest
-	(*StorageListResponse)(nil),    // 29: gantry.fabric.v1.StorageListResponse
-	(*StorageStatRequest)(nil),     // 30: gantry.fabric.v1.StorageStatRequest
-	(*StorageReadRequest)(nil),     // 31: gantry.fabric.v1.StorageReadRequest
-	(*StorageReadChunk)(nil),       // 32: gantry.fabric.v1.StorageReadChunk
-	(*StorageWriteRequest)(nil),    // 33: gantry.fabric.v1.StorageWriteRequest
-	(*StorageWriteHeader)(nil),     // 34: gantry.fabric.v1.StorageWriteHeader
-	(*StorageDeleteRequest)(nil),   // 35: gantry.fabric.v1.StorageDeleteRequest
-	(*StorageDeleteResponse)(nil),  // 36: gantry.fabric.v1.StorageDeleteResponse
-	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 38: google.protobuf.Duration
+	(*AppInstanceStatus)(nil),      // 17: gantry.fabric.v1.AppInstanceStatus
+	(*ControlMessage)(nil),         // 18: gantry.fabric.v1.ControlMessage
+	(*TaskResultAck)(nil),          // 19: gantry.fabric.v1.TaskResultAck
+	(*Welcome)(nil),                // 20: gantry.fabric.v1.Welcome
+	(*HeartbeatConfig)(nil),        // 21: gantry.fabric.v1.HeartbeatConfig
+	(*TaskDispatch)(nil),           // 22: gantry.fabric.v1.TaskDispatch
+	(*StreamPreamble)(nil),         // 23: gantry.fabric.v1.StreamPreamble
+	(*TerminalSize)(nil),           // 24: gantry.fabric.v1.TerminalSize
+	(*StreamReply)(nil),            // 25: gantry.fabric.v1.StreamReply
+	(*ForwardedDispatch)(nil),      // 26: gantry.fabric.v1.ForwardedDispatch
+	(*ForwardedDispatchReply)(nil), // 27: gantry.fabric.v1.ForwardedDispatchReply
+	(*StorageObjectInfo)(nil),      // 28: gantry.fabric.v1.StorageObjectInfo
+	(*StorageListRequest)(nil),     // 29: gantry.fabric.v1.StorageListRequest
+	(*StorageListResponse)(nil),    // 30: gantry.fabric.v1.StorageListResponse
+	(*StorageStatRequest)(nil),     // 31: gantry.fabric.v1.StorageStatRequest
+	(*StorageReadRequest)(nil),     // 32: gantry.fabric.v1.StorageReadRequest
+	(*StorageReadChunk)(nil),       // 33: gantry.fabric.v1.StorageReadChunk
+	(*StorageWriteRequest)(nil),    // 34: gantry.fabric.v1.StorageWriteRequest
+	(*StorageWriteHeader)(nil),     // 35: gantry.fabric.v1.StorageWriteHeader
+	(*StorageDeleteRequest)(nil),   // 36: gantry.fabric.v1.StorageDeleteRequest
+	(*StorageDeleteResponse)(nil),  // 37: gantry.fabric.v1.StorageDeleteResponse
+	(*AppStartTask)(nil),           // 38: gantry.fabric.v1.AppStartTask
+	(*AppHealthCheck)(nil),         // 39: gantry.fabric.v1.AppHealthCheck
+	(*AppStartResult)(nil),         // 40: gantry.fabric.v1.AppStartResult
+	(*AppStopTask)(nil),            // 41: gantry.fabric.v1.AppStopTask
+	nil,                            // 42: gantry.fabric.v1.AppStartTask.EnvEntry
+	(*timestamppb.Timestamp)(nil),  // 43: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 44: google.protobuf.Duration
 }
 var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	7,  // 0: gantry.fabric.v1.AgentMessage.hello:type_name -> gantry.fabric.v1.Hello
@@ -3047,48 +3600,60 @@ var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	8,  // 8: gantry.fabric.v1.Hello.workloads:type_name -> gantry.fabric.v1.HeldWorkload
 	10, // 9: gantry.fabric.v1.Inventory.gpus:type_name -> gantry.fabric.v1.GPU
 	0,  // 10: gantry.fabric.v1.GPU.mig_mode:type_name -> gantry.fabric.v1.MIGMode
-	37, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	43, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	13, // 12: gantry.fabric.v1.Telemetry.gpus:type_name -> gantry.fabric.v1.GPUMetrics
-	37, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
+	43, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
 	1,  // 14: gantry.fabric.v1.TaskAck.status:type_name -> gantry.fabric.v1.TaskAckStatus
 	2,  // 15: gantry.fabric.v1.TaskResult.status:type_name -> gantry.fabric.v1.TaskResultStatus
-	37, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
-	37, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
-	19, // 18: gantry.fabric.v1.ControlMessage.welcome:type_name -> gantry.fabric.v1.Welcome
-	20, // 19: gantry.fabric.v1.ControlMessage.heartbeat_config:type_name -> gantry.fabric.v1.HeartbeatConfig
-	21, // 20: gantry.fabric.v1.ControlMessage.task:type_name -> gantry.fabric.v1.TaskDispatch
-	18, // 21: gantry.fabric.v1.ControlMessage.result_ack:type_name -> gantry.fabric.v1.TaskResultAck
-	20, // 22: gantry.fabric.v1.Welcome.heartbeat:type_name -> gantry.fabric.v1.HeartbeatConfig
-	37, // 23: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	38, // 24: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
-	38, // 25: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
-	38, // 26: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
-	37, // 27: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
-	3,  // 28: gantry.fabric.v1.StreamPreamble.kind:type_name -> gantry.fabric.v1.StreamKind
-	23, // 29: gantry.fabric.v1.StreamPreamble.terminal_size:type_name -> gantry.fabric.v1.TerminalSize
-	21, // 30: gantry.fabric.v1.ForwardedDispatch.task:type_name -> gantry.fabric.v1.TaskDispatch
-	14, // 31: gantry.fabric.v1.ForwardedDispatchReply.ack:type_name -> gantry.fabric.v1.TaskAck
-	37, // 32: gantry.fabric.v1.StorageObjectInfo.updated_at:type_name -> google.protobuf.Timestamp
-	27, // 33: gantry.fabric.v1.StorageListResponse.entries:type_name -> gantry.fabric.v1.StorageObjectInfo
-	27, // 34: gantry.fabric.v1.StorageReadChunk.info:type_name -> gantry.fabric.v1.StorageObjectInfo
-	34, // 35: gantry.fabric.v1.StorageWriteRequest.header:type_name -> gantry.fabric.v1.StorageWriteHeader
-	6,  // 36: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
-	28, // 37: gantry.fabric.v1.StorageFabric.List:input_type -> gantry.fabric.v1.StorageListRequest
-	30, // 38: gantry.fabric.v1.StorageFabric.Stat:input_type -> gantry.fabric.v1.StorageStatRequest
-	31, // 39: gantry.fabric.v1.StorageFabric.Read:input_type -> gantry.fabric.v1.StorageReadRequest
-	33, // 40: gantry.fabric.v1.StorageFabric.Write:input_type -> gantry.fabric.v1.StorageWriteRequest
-	35, // 41: gantry.fabric.v1.StorageFabric.Delete:input_type -> gantry.fabric.v1.StorageDeleteRequest
-	17, // 42: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
-	29, // 43: gantry.fabric.v1.StorageFabric.List:output_type -> gantry.fabric.v1.StorageListResponse
-	27, // 44: gantry.fabric.v1.StorageFabric.Stat:output_type -> gantry.fabric.v1.StorageObjectInfo
-	32, // 45: gantry.fabric.v1.StorageFabric.Read:output_type -> gantry.fabric.v1.StorageReadChunk
-	27, // 46: gantry.fabric.v1.StorageFabric.Write:output_type -> gantry.fabric.v1.StorageObjectInfo
-	36, // 47: gantry.fabric.v1.StorageFabric.Delete:output_type -> gantry.fabric.v1.StorageDeleteResponse
-	42, // [42:48] is the sub-list for method output_type
-	36, // [36:42] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	43, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
+	43, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
+	17, // 18: gantry.fabric.v1.ControllerReport.app_instance:type_name -> gantry.fabric.v1.AppInstanceStatus
+	43, // 19: gantry.fabric.v1.AppInstanceStatus.last_exit_at:type_name -> google.protobuf.Timestamp
+	43, // 20: gantry.fabric.v1.AppInstanceStatus.started_at:type_name -> google.protobuf.Timestamp
+	43, // 21: gantry.fabric.v1.AppInstanceStatus.healthy_at:type_name -> google.protobuf.Timestamp
+	20, // 22: gantry.fabric.v1.ControlMessage.welcome:type_name -> gantry.fabric.v1.Welcome
+	21, // 23: gantry.fabric.v1.ControlMessage.heartbeat_config:type_name -> gantry.fabric.v1.HeartbeatConfig
+	22, // 24: gantry.fabric.v1.ControlMessage.task:type_name -> gantry.fabric.v1.TaskDispatch
+	19, // 25: gantry.fabric.v1.ControlMessage.result_ack:type_name -> gantry.fabric.v1.TaskResultAck
+	21, // 26: gantry.fabric.v1.Welcome.heartbeat:type_name -> gantry.fabric.v1.HeartbeatConfig
+	43, // 27: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	44, // 28: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
+	44, // 29: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
+	44, // 30: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
+	43, // 31: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
+	3,  // 32: gantry.fabric.v1.StreamPreamble.kind:type_name -> gantry.fabric.v1.StreamKind
+	24, // 33: gantry.fabric.v1.StreamPreamble.terminal_size:type_name -> gantry.fabric.v1.TerminalSize
+	22, // 34: gantry.fabric.v1.ForwardedDispatch.task:type_name -> gantry.fabric.v1.TaskDispatch
+	14, // 35: gantry.fabric.v1.ForwardedDispatchReply.ack:type_name -> gantry.fabric.v1.TaskAck
+	43, // 36: gantry.fabric.v1.StorageObjectInfo.updated_at:type_name -> google.protobuf.Timestamp
+	28, // 37: gantry.fabric.v1.StorageListResponse.entries:type_name -> gantry.fabric.v1.StorageObjectInfo
+	28, // 38: gantry.fabric.v1.StorageReadChunk.info:type_name -> gantry.fabric.v1.StorageObjectInfo
+	35, // 39: gantry.fabric.v1.StorageWriteRequest.header:type_name -> gantry.fabric.v1.StorageWriteHeader
+	42, // 40: gantry.fabric.v1.AppStartTask.env:type_name -> gantry.fabric.v1.AppStartTask.EnvEntry
+	39, // 41: gantry.fabric.v1.AppStartTask.health_check:type_name -> gantry.fabric.v1.AppHealthCheck
+	44, // 42: gantry.fabric.v1.AppStartTask.startup_timeout:type_name -> google.protobuf.Duration
+	44, // 43: gantry.fabric.v1.AppStartTask.backoff_min:type_name -> google.protobuf.Duration
+	44, // 44: gantry.fabric.v1.AppStartTask.backoff_max:type_name -> google.protobuf.Duration
+	44, // 45: gantry.fabric.v1.AppHealthCheck.interval:type_name -> google.protobuf.Duration
+	44, // 46: gantry.fabric.v1.AppHealthCheck.timeout:type_name -> google.protobuf.Duration
+	44, // 47: gantry.fabric.v1.AppStopTask.grace:type_name -> google.protobuf.Duration
+	6,  // 48: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
+	29, // 49: gantry.fabric.v1.StorageFabric.List:input_type -> gantry.fabric.v1.StorageListRequest
+	31, // 50: gantry.fabric.v1.StorageFabric.Stat:input_type -> gantry.fabric.v1.StorageStatRequest
+	32, // 51: gantry.fabric.v1.StorageFabric.Read:input_type -> gantry.fabric.v1.StorageReadRequest
+	34, // 52: gantry.fabric.v1.StorageFabric.Write:input_type -> gantry.fabric.v1.StorageWriteRequest
+	36, // 53: gantry.fabric.v1.StorageFabric.Delete:input_type -> gantry.fabric.v1.StorageDeleteRequest
+	18, // 54: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
+	30, // 55: gantry.fabric.v1.StorageFabric.List:output_type -> gantry.fabric.v1.StorageListResponse
+	28, // 56: gantry.fabric.v1.StorageFabric.Stat:output_type -> gantry.fabric.v1.StorageObjectInfo
+	33, // 57: gantry.fabric.v1.StorageFabric.Read:output_type -> gantry.fabric.v1.StorageReadChunk
+	28, // 58: gantry.fabric.v1.StorageFabric.Write:output_type -> gantry.fabric.v1.StorageObjectInfo
+	37, // 59: gantry.fabric.v1.StorageFabric.Delete:output_type -> gantry.fabric.v1.StorageDeleteResponse
+	54, // [54:60] is the sub-list for method output_type
+	48, // [48:54] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_fabric_v1_fabric_proto_init() }
@@ -3105,13 +3670,13 @@ func file_fabric_v1_fabric_proto_init() {
 		(*AgentMessage_TaskResult)(nil),
 		(*AgentMessage_ControllerReport)(nil),
 	}
-	file_fabric_v1_fabric_proto_msgTypes[13].OneofWrappers = []any{
+	file_fabric_v1_fabric_proto_msgTypes[14].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_HeartbeatConfig)(nil),
 		(*ControlMessage_Task)(nil),
 		(*ControlMessage_ResultAck)(nil),
 	}
-	file_fabric_v1_fabric_proto_msgTypes[29].OneofWrappers = []any{
+	file_fabric_v1_fabric_proto_msgTypes[30].OneofWrappers = []any{
 		(*StorageWriteRequest_Header)(nil),
 		(*StorageWriteRequest_Data)(nil),
 	}
@@ -3121,7 +3686,7 @@ func file_fabric_v1_fabric_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_v1_fabric_proto_rawDesc), len(file_fabric_v1_fabric_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   33,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
