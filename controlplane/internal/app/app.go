@@ -25,6 +25,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/accounts"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
@@ -289,18 +290,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, err
 	}
 	handlers := &server.API{
-		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
-		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
-		TenancyAPI:     tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
-		SSHKeysAPI:     sshkeys.NewHandlers(a.SSHKeys, cursors),
-		AuditAPI:       &audit.Handlers{Pool: a.Pool, Cursors: cursors},
-		BillingAPI:     billing.NewHandlers(a.Billing, cursors),
-		BudgetsAPI:     budgets.NewHandlers(a.Budgets),
-		PaymentsAPI:    payments.NewHandlers(a.Payments, cursors),
-		NodesAPI:       nodes.NewHandlers(a.Nodes, cursors),
-		CatalogAPI:     catalog.NewHandlers(cat, cursors),
-		AllocationsAPI: allocations.NewHandlers(a.Allocations, cursors),
-		TerminalAPI:    a.Terminal.Handlers(),
+		HealthAPI:          &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
+		AuthAPI:            auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
+		TenancyAPI:         tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
+		SSHKeysAPI:         sshkeys.NewHandlers(a.SSHKeys, cursors),
+		AuditAPI:           &audit.Handlers{Pool: a.Pool, Cursors: cursors},
+		BillingAPI:         billing.NewHandlers(a.Billing, cursors),
+		BudgetsAPI:         budgets.NewHandlers(a.Budgets),
+		BillingAccountsAPI: accounts.NewHandlers(),
+		PaymentsAPI:        payments.NewHandlers(a.Payments, cursors),
+		NodesAPI:           nodes.NewHandlers(a.Nodes, cursors),
+		CatalogAPI:         catalog.NewHandlers(cat, cursors),
+		AllocationsAPI:     allocations.NewHandlers(a.Allocations, cursors),
+		TerminalAPI:        a.Terminal.Handlers(),
 		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).

@@ -5,6 +5,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/accounts"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
@@ -59,6 +60,10 @@ type API struct {
 	*ObservabilityAPI
 	// NodeMetricsAPI: node agents' metrics through the fabric, and their discovery.
 	*NodeMetricsAPI
+	// BillingAccountsAPI: billing accounts and tenant pricing plans (docs/billing-accounts.md).
+	*BillingAccountsAPI
+	// Invoices (issue 24): 501 until the invoices package is wired.
+	PendingInvoicesAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -85,6 +90,7 @@ type (
 	PlatformOpsAPI        = platformops.Handlers
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
+	BillingAccountsAPI    = accounts.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
