@@ -109,7 +109,10 @@ func TestIssuePayAndEveryRefusedMove(t *testing.T) {
 		"void":      func() error { _, err := f.svc.Void(f.ctx, d.ID, ""); return err },
 		"write_off": func() error { _, err := f.svc.WriteOff(f.ctx, d.ID, ""); return err },
 		"issue":     func() error { _, err := f.svc.Issue(f.ctx, d.ID); return err },
-		"pay":       func() error { _, err := f.svc.Pay(f.ctx, invoices.Payment{InvoiceID: d.ID, Amount: 1, Currency: "USD", Reference: "p3"}); return err },
+		"pay": func() error {
+			_, err := f.svc.Pay(f.ctx, invoices.Payment{InvoiceID: d.ID, Amount: 1, Currency: "USD", Reference: "p3"})
+			return err
+		},
 	} {
 		e := wantErr(t, try(), apierr.InvalidRequest, 409, "invoice_state_invalid")
 		if e.Details["status"] != "paid" {
