@@ -128,9 +128,10 @@ func (s *Service) Issue(ctx context.Context, id uuid.UUID) (Invoice, error) {
 
 // Void cancels an invoice that has taken no payment since it was issued (draft, issued
 // or due). What the prepaid wallet paid of its charges is re-credited exactly, in the
-// same transaction (reference invoice-void:<id>). A partially paid or paid invoice is
-// refused: refund its payments first.
-func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string) (Invoice, error) {
+// same transaction (reference invoice-void:<id>); the caller must ask for it (recredit),
+// otherwise an invoice with a prepaid part is refused (409 void_requires_recredit). A
+// partially paid or paid invoice is refused: refund its payments first.
+func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string, recredit bool) (Invoice, error) {
 	if len(reason) > 500 {
 		return Invoice{}, apierr.Validation("reason", "reason is longer than 500 characters").With("reason", "too_long")
 	}
@@ -148,8 +149,12 @@ func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string) (Invoic
 		if inv.Paid != 0 {
 			return stateInvalid(from, EvVoid).With("paid_minor", inv.Paid)
 		}
+		if inv.Totals.Prepaid > 0 && !recredit {
+			return conflict("void_requires_recredit", "the prepaid balance paid %s of this invoice: void it with recredit",
+				FormatMoney(inv.Totals.Prepaid, inv.Currency)).With("prepaid_minor", inv.Totals.Prepaid).With("status", from)
+		}
 		now := s.Clock.Now()
-		var recredit uuid.NullUUID
+		var recreditTxn uuid.NullUUID
 		if inv.Totals.Prepaid > 0 {
 			posted, err := s.Ledger.Post(ctx, tx, billing.Posting{
 				Kind: billing.TxnAdjustment, TenantID: inv.TenantID, Reference: "invoice-void:" + id.String(),
@@ -162,7 +167,7 @@ func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string) (Invoic
 			if err != nil {
 				return err
 			}
-			recredit = uuid.NullUUID{UUID: posted.TxnID, Valid: true}
+			recreditTxn = uuid.NullUUID{UUID: posted.TxnID, Valid: true}
 			// The re-credit belongs to this invoice, not to the next one's payments.
 			if _, err := tx.Exec(ctx, `INSERT INTO billing_invoice_txn_claims (ledger_txn_id, invoice_id) VALUES ($1, $2)
 				ON CONFLICT DO NOTHING`, posted.TxnID, id); err != nil {
@@ -175,7 +180,7 @@ func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string) (Invoic
 		}
 		inv.VoidedAt, inv.UpdatedAt = &now, now
 		if _, err := tx.Exec(ctx, `UPDATE billing_invoices SET status = 'void', voided_at = $2, void_reason = $3, recredit_txn_id = $4,
-			updated_at = $2 WHERE id = $1`, id, now, why, recredit); err != nil {
+			updated_at = $2 WHERE id = $1`, id, now, why, recreditTxn); err != nil {
 			return fmt.Errorf("void invoice: %w", err)
 		}
 		if err := s.transition(ctx, tx, id, from, StatusVoid, EvVoid, now); err != nil {

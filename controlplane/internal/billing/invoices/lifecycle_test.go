@@ -95,7 +95,7 @@ func TestIssuePayAndEveryRefusedMove(t *testing.T) {
 	_, err = f.svc.Pay(f.ctx, invoices.Payment{InvoiceID: d.ID, Amount: 8, Currency: "USD", Reference: "p1"})
 	wantErr(t, err, apierr.InvalidRequest, 409, "reference_conflict")
 	// Partially paid cannot be voided (refund first).
-	_, err = f.svc.Void(f.ctx, d.ID, "")
+	_, err = f.svc.Void(f.ctx, d.ID, "", true)
 	e = wantErr(t, err, apierr.InvalidRequest, 409, "invoice_state_invalid")
 	if e.Details["status"] != "partially_paid" {
 		t.Fatalf("void refusal names %v", e.Details)
@@ -106,7 +106,7 @@ func TestIssuePayAndEveryRefusedMove(t *testing.T) {
 	}
 	// paid is final: void, write-off, pay and issue are refused naming "paid".
 	for name, try := range map[string]func() error{
-		"void":      func() error { _, err := f.svc.Void(f.ctx, d.ID, ""); return err },
+		"void":      func() error { _, err := f.svc.Void(f.ctx, d.ID, "", true); return err },
 		"write_off": func() error { _, err := f.svc.WriteOff(f.ctx, d.ID, ""); return err },
 		"issue":     func() error { _, err := f.svc.Issue(f.ctx, d.ID); return err },
 		"pay": func() error {
@@ -154,7 +154,7 @@ func TestWriteOffFromDueAndPartiallyPaid(t *testing.T) {
 		if e.Details["status"] != "write_off" {
 			t.Fatalf("names %v", e.Details)
 		}
-		_, err = f.svc.Void(f.ctx, d.ID, "")
+		_, err = f.svc.Void(f.ctx, d.ID, "", true)
 		wantErr(t, err, apierr.InvalidRequest, 409, "invoice_state_invalid")
 	}
 	if n := f.count(`SELECT count(*) FROM audit_events WHERE action = 'billing.invoice.write_off'`); n != 2 {
@@ -179,14 +179,19 @@ func TestVoidPrepaidRecreditsExactly(t *testing.T) {
 	if before != 1000-231 {
 		t.Fatalf("wallet %d", before)
 	}
-	inv, err = f.svc.Void(f.ctx, d.ID, "billed in error")
+	_, err = f.svc.Void(f.ctx, d.ID, "billed in error", false)
+	wantErr(t, err, apierr.InvalidRequest, 409, "void_requires_recredit")
+	if w := f.wallet(tenant, "USD"); w != before {
+		t.Fatalf("a refused void moved the wallet: %d", w)
+	}
+	inv, err = f.svc.Void(f.ctx, d.ID, "billed in error", true)
 	if err != nil || inv.Status != invoices.StatusVoid {
 		t.Fatalf("void: %v", err)
 	}
 	if w := f.wallet(tenant, "USD"); w != before+231 {
 		t.Fatalf("wallet after void %d, want %d", w, before+231)
 	}
-	_, err = f.svc.Void(f.ctx, d.ID, "")
+	_, err = f.svc.Void(f.ctx, d.ID, "", true)
 	e := wantErr(t, err, apierr.InvalidRequest, 409, "invoice_state_invalid")
 	if e.Details["status"] != "void" {
 		t.Fatalf("names %v", e.Details)
@@ -206,7 +211,7 @@ func TestVoidPrepaidRecreditsExactly(t *testing.T) {
 	}
 	// A draft voids too (nothing numbered).
 	d2 := f.dueDraft()
-	if inv, err := f.svc.Void(f.ctx, d2.ID, ""); err != nil || inv.Number != nil {
+	if inv, err := f.svc.Void(f.ctx, d2.ID, "", true); err != nil || inv.Number != nil {
 		t.Fatalf("void draft: %v", err)
 	}
 }
