@@ -26,6 +26,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing/accounts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/invoices"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
@@ -104,6 +105,10 @@ type App struct {
 	Billing *billing.Service
 	// Budgets is budget posture, evaluation and the launch decision (DecideLaunch).
 	Budgets *budgets.Service
+	// Accounts are the billing accounts (tenant, reseller, end customer).
+	Accounts *accounts.Service
+	// Invoices builds, issues and settles invoices.
+	Invoices *invoices.Service
 	// Allocations is GPU allocations (docs/allocations.md); it tells Nodes and the
 	// catalog which GPUs and SKUs live allocations hold.
 	Allocations *allocations.Service
@@ -217,6 +222,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, err
 	}
 	a.Billing = billing.New(a.Pool, a.Clock, a.IDs, cfg.Billing.service())
+	// Billing accounts and invoices (docs/billing-accounts.md, docs/invoices.md): the
+	// invoice builder asks the accounts who sells to whom under which tax profile; the
+	// period close runs as River jobs.
+	a.Accounts = accounts.New(a.Pool, a.Clock, a.IDs)
+	if a.Invoices, err = invoices.New(a.Pool, a.Clock, a.IDs, a.Billing.Ledger, a.Accounts, a.Metrics.Registry); err != nil {
+		return nil, fmt.Errorf("invoices: %w", err)
+	}
+	a.Invoices.Register(a.Jobs, 0)
 
 	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
@@ -305,7 +318,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		AuditAPI:           &audit.Handlers{Pool: a.Pool, Cursors: cursors},
 		BillingAPI:         billing.NewHandlers(a.Billing, cursors),
 		BudgetsAPI:         budgets.NewHandlers(a.Budgets),
-		BillingAccountsAPI: accounts.NewHandlers(),
+		BillingAccountsAPI: accounts.NewHandlers(a.Accounts, cursors),
+		InvoicesAPI:        invoices.NewHandlers(a.Invoices, cursors),
 		PaymentsAPI:        payments.NewHandlers(a.Payments, cursors),
 		NodesAPI:           nodes.NewHandlers(a.Nodes, cursors),
 		CatalogAPI:         catalog.NewHandlers(cat, cursors),
@@ -339,7 +353,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware, nodeMetrics.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware, nodeMetrics.StrictMiddleware, handlers.InvoicesAPI.StrictMiddleware},
 	})
 	ok = true
 	return a, nil

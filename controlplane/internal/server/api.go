@@ -6,6 +6,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing/accounts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/invoices"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
@@ -62,8 +63,9 @@ type API struct {
 	*NodeMetricsAPI
 	// BillingAccountsAPI: billing accounts and tenant pricing plans (docs/billing-accounts.md).
 	*BillingAccountsAPI
-	// Invoices (issue 24): 501 until the invoices package is wired.
-	PendingInvoicesAPI
+	// InvoicesAPI: tenant and admin invoices (docs/invoices.md); the PDF answer reads
+	// Accept in its StrictMiddleware.
+	*InvoicesAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -91,6 +93,7 @@ type (
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
 	BillingAccountsAPI    = accounts.Handlers
+	InvoicesAPI           = invoices.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
