@@ -77,6 +77,13 @@ func TestIssuePayAndEveryRefusedMove(t *testing.T) {
 	if _, err := f.pool.Exec(f.ctx, `UPDATE billing_invoices SET total_minor = 1, subtotal_minor = -18 WHERE id = $1`, d.ID); err == nil {
 		t.Fatal("the total of an issued invoice was changed")
 	}
+	if _, err := f.pool.Exec(f.ctx, `DELETE FROM billing_invoice_lines WHERE invoice_id = $1`, d.ID); err == nil {
+		t.Fatal("a line of an issued invoice was deleted")
+	}
+	if _, err := f.pool.Exec(f.ctx, `INSERT INTO billing_invoice_lines (id, invoice_id, position, line_type, description, currency, amount_minor, tax_evidence, created_at)
+		VALUES (gen_random_uuid(), $1, 99, 'fee', 'late fee', 'USD', 1, '{}', now())`, d.ID); err == nil {
+		t.Fatal("a line was added to an issued invoice")
+	}
 
 	// Currency mismatch and overpayment are refused; nothing is applied.
 	_, err = f.svc.Pay(f.ctx, invoices.Payment{InvoiceID: d.ID, Amount: 5, Currency: "EUR", Reference: "p-eur"})

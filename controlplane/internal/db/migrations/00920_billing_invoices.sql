@@ -132,13 +132,14 @@ CREATE TABLE billing_invoice_transitions (
 CREATE INDEX billing_invoice_transitions_invoice_idx ON billing_invoice_transitions (invoice_id, created_at);
 
 -- Lines of an invoice that left draft never change, and neither do its amounts, tax
--- fields, period or number.
+-- fields, period or number. Inserts are checked once per statement (a close writes all
+-- of a draft's lines in one), updates and deletes per row.
 -- +goose StatementBegin
 CREATE FUNCTION billing_invoice_lines_frozen() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE st text;
 BEGIN
-    SELECT status INTO st FROM billing_invoices WHERE id = COALESCE(NEW.invoice_id, OLD.invoice_id);
+    SELECT status INTO st FROM billing_invoices WHERE id = OLD.invoice_id;
     IF st IS DISTINCT FROM 'draft' THEN
         RAISE EXCEPTION 'lines of a % invoice are immutable: % refused', st, TG_OP
             USING ERRCODE = 'insufficient_privilege';
@@ -147,8 +148,23 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
-CREATE TRIGGER billing_invoice_lines_frozen BEFORE INSERT OR UPDATE OR DELETE ON billing_invoice_lines
+CREATE TRIGGER billing_invoice_lines_frozen BEFORE UPDATE OR DELETE ON billing_invoice_lines
     FOR EACH ROW EXECUTE FUNCTION billing_invoice_lines_frozen();
+
+-- +goose StatementBegin
+CREATE FUNCTION billing_invoice_lines_added() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM added a JOIN billing_invoices i ON i.id = a.invoice_id WHERE i.status <> 'draft') THEN
+        RAISE EXCEPTION 'lines cannot be added to an invoice that left draft'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER billing_invoice_lines_added AFTER INSERT ON billing_invoice_lines
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION billing_invoice_lines_added();
 
 -- +goose StatementBegin
 CREATE FUNCTION billing_invoices_frozen() RETURNS trigger
@@ -190,3 +206,4 @@ DROP TABLE billing_invoices;
 DROP TABLE billing_invoice_sequences;
 DROP FUNCTION billing_invoices_frozen();
 DROP FUNCTION billing_invoice_lines_frozen();
+DROP FUNCTION billing_invoice_lines_added();
