@@ -273,3 +273,24 @@ func TestGaplessNumberingUnderConcurrentIssuers(t *testing.T) {
 		t.Fatalf("sequence at %d", n)
 	}
 }
+
+// The counters are on the registry, lint-clean, and count what happened.
+func TestMetrics(t *testing.T) {
+	f := newFixture(t)
+	d := f.dueDraft()
+	if _, err := f.svc.Issue(f.ctx, d.ID); err != nil {
+		t.Fatal(err)
+	}
+	problems, err := testutil.GatherAndLint(f.reg)
+	if err != nil || len(problems) != 0 {
+		t.Fatalf("lint: %v %v", err, problems)
+	}
+	if v := testutil.ToFloat64(f.svc.Metrics.Closed); v != 1 {
+		t.Fatalf("closed %v", v)
+	}
+	for st, want := range map[string]float64{"issued": 1, "due": 1, "paid": 0} {
+		if v := testutil.ToFloat64(f.svc.Metrics.Transitions.WithLabelValues(st)); v != want {
+			t.Fatalf("%s: %v, want %v", st, v, want)
+		}
+	}
+}
