@@ -51,6 +51,8 @@ func (p Period) validate(now time.Time) error {
 type Closed struct {
 	Invoice Invoice
 	Created bool // false: the period was closed before and this is that invoice
+
+	entered []string // statuses entered by invoices the close's settlements paid
 }
 
 // Close builds the draft invoice of p, or returns the one an earlier close of the same
@@ -80,6 +82,7 @@ func (s *Service) Close(ctx context.Context, p Period) (Closed, error) {
 	if out.Created {
 		s.Metrics.Closed.Inc()
 	}
+	s.counted(out.entered...)
 	return out, nil
 }
 
@@ -121,6 +124,10 @@ func (s *Service) closeTx(ctx context.Context, tx pgx.Tx, p Period) (Closed, err
 	if err != nil {
 		return Closed{}, err
 	}
+	entered, err := s.applySettlements(ctx, tx, p, d.settlements)
+	if err != nil {
+		return Closed{}, err
+	}
 	err = s.Audit.Record(ctx, tx, audit.Entry{
 		Action: "billing.invoice.close", TargetType: "invoice", TargetID: inv.ID.String(), TenantID: inv.TenantID,
 		ActorType: audit.ActorSystem,
@@ -132,7 +139,45 @@ func (s *Service) closeTx(ctx context.Context, tx pgx.Tx, p Period) (Closed, err
 	if err != nil {
 		return Closed{}, err
 	}
-	return Closed{Invoice: inv, Created: true}, nil
+	return Closed{Invoice: inv, Created: true, entered: entered}, nil
+}
+
+// applySettlements pays the tenant's open invoices (due, partially paid; oldest first)
+// with arrears that money settled: the receivable they were owed on is paid. Each part
+// is idempotent (reference arrears:<ledger txn>:<invoice>).
+func (s *Service) applySettlements(ctx context.Context, tx pgx.Tx, p Period, settlements []settlement) ([]string, error) {
+	if len(settlements) == 0 {
+		return nil, nil
+	}
+	open, err := s.OpenInvoices(ctx, tx, p.TenantID, p.Currency)
+	if err != nil {
+		return nil, err
+	}
+	var entered []string
+	for _, st := range settlements {
+		left := st.amount
+		for i := range open {
+			due := open[i].AmountDue()
+			if left == 0 {
+				break
+			}
+			if due == 0 {
+				continue
+			}
+			pay := min(due, left)
+			inv, to, err := s.ApplyPayment(ctx, tx, Payment{InvoiceID: open[i].ID, Amount: pay, Currency: p.Currency,
+				Reference: fmt.Sprintf("arrears:%s:%s", st.txnID, open[i].ID)})
+			if err != nil {
+				return nil, err
+			}
+			open[i] = inv
+			left -= pay
+			if to != "" {
+				entered = append(entered, to)
+			}
+		}
+	}
+	return entered, nil
 }
 
 // draft is an invoice being built: its lines in order and what they claim.
@@ -143,6 +188,14 @@ type draft struct {
 	prepaid   int64       // what the wallet already paid of the charges
 	notes     []string
 	corrected int // late usage lines from before the period
+	// Arrears settled by money that arrived (receivable credits): applied to the
+	// tenant's open invoices, oldest first, when the draft is written.
+	settlements []settlement
+}
+
+type settlement struct {
+	txnID  uuid.UUID
+	amount int64
 }
 
 func (d *draft) add(l Line) int {
@@ -244,28 +297,33 @@ func (s *Service) collect(ctx context.Context, tx pgx.Tx, p Period, acct Account
 		}
 	}
 
-	// Ledger movements of the tenant's wallet in this currency, not yet on an invoice.
+	// Ledger movements of the tenant in this currency, not yet on an invoice (usage
+	// postings are the rated lines above). Money arriving settles arrears first
+	// (billing.Ledger.ArrearsFirst): its receivable leg is money received too.
 	trows, err := tx.Query(ctx, `SELECT t.id, t.kind, t.reference, t.memo,
 			COALESCE(sum(e.amount_minor) FILTER (WHERE a.kind = 'tenant_wallet' AND a.tenant_id = $1), 0),
-			COALESCE(sum(e.amount_minor) FILTER (WHERE a.kind = 'platform_revenue'), 0)
+			COALESCE(sum(e.amount_minor) FILTER (WHERE a.kind = 'tenant_receivable' AND a.tenant_id = $1), 0),
+			COALESCE(sum(e.amount_minor) FILTER (WHERE a.kind = 'platform_revenue'), 0),
+			count(*) FILTER (WHERE a.kind = 'adjustments') > 0
 		FROM billing_ledger_transactions t
 		JOIN billing_ledger_entries e ON e.txn_id = t.id
 		JOIN billing_ledger_accounts a ON a.id = e.account_id
-		WHERE t.tenant_id = $1 AND t.kind IN ('top_up', 'adjustment', 'reversal') AND t.created_at < $3 AND e.currency = $2
+		WHERE t.tenant_id = $1 AND t.kind <> 'usage' AND t.created_at < $3 AND e.currency = $2
 		  AND NOT EXISTS (SELECT 1 FROM billing_invoice_txn_claims c WHERE c.ledger_txn_id = t.id)
 		GROUP BY t.id ORDER BY min(t.created_at), t.id`, p.TenantID, p.Currency, p.End)
 	if err != nil {
 		return nil, fmt.Errorf("close ledger: %w", err)
 	}
 	type txnRow struct {
-		id              uuid.UUID
-		kind, ref, memo string
-		wallet, revenue int64
+		id                          uuid.UUID
+		kind, ref, memo             string
+		wallet, receivable, revenue int64
+		adjustments                 bool
 	}
 	var txns []txnRow
 	for trows.Next() {
 		var r txnRow
-		if err := trows.Scan(&r.id, &r.kind, &r.ref, &r.memo, &r.wallet, &r.revenue); err != nil {
+		if err := trows.Scan(&r.id, &r.kind, &r.ref, &r.memo, &r.wallet, &r.receivable, &r.revenue, &r.adjustments); err != nil {
 			trows.Close()
 			return nil, err
 		}
@@ -275,18 +333,25 @@ func (s *Service) collect(ctx context.Context, tx pgx.Tx, p Period, acct Account
 	if err := trows.Err(); err != nil {
 		return nil, fmt.Errorf("close ledger: %w", err)
 	}
+	received := func(desc string, r txnRow) Line {
+		if r.receivable > 0 {
+			desc += fmt.Sprintf(" (%s settled arrears)", FormatMoney(r.receivable, p.Currency))
+		}
+		return Line{Type: LinePayment, Description: desc, Currency: p.Currency, Amount: r.wallet + r.receivable, TaxEvidence: map[string]any{}}
+	}
 	for _, r := range txns {
 		memo := r.memo
+		in := r.wallet + r.receivable
 		switch {
-		case r.kind == "top_up" && r.wallet > 0:
-			l := Line{Type: LinePayment, Description: "Payment received", Currency: p.Currency, Amount: r.wallet, TaxEvidence: map[string]any{}}
+		case r.kind == "top_up" && in > 0:
+			l := received("Payment received", r)
 			if id, err := uuid.Parse(strings.TrimPrefix(r.ref, "payment:")); err == nil && strings.HasPrefix(r.ref, "payment:") {
 				l.PaymentSessionID = uuid.NullUUID{UUID: id, Valid: true}
 			}
 			d.add(l)
-		case r.kind == "adjustment" && r.wallet > 0:
-			d.add(Line{Type: LinePayment, Description: orDefault(memo, "Balance credit"), Currency: p.Currency, Amount: r.wallet, TaxEvidence: map[string]any{}})
-		case r.kind == "adjustment" && r.wallet < 0:
+		case r.kind == "adjustment" && r.adjustments && in > 0:
+			d.add(received(orDefault(memo, "Balance credit"), r))
+		case r.kind == "adjustment" && r.adjustments && r.wallet < 0:
 			// An admin debit is a charge the wallet paid at once.
 			d.add(charge(LineAdjustment, orDefault(memo, "Adjustment"), "adjustment", -r.wallet))
 			d.prepaid += -r.wallet
@@ -295,10 +360,15 @@ func (s *Service) collect(ctx context.Context, tx pgx.Tx, p Period, acct Account
 			// back to the wallet is no longer prepaid.
 			d.add(Line{Type: LineCredit, Description: orDefault(memo, "Usage reversal"), Currency: p.Currency, Amount: -r.revenue, TaxEvidence: map[string]any{}})
 			d.prepaid -= max(r.wallet, 0)
-		default:
-			continue // not an invoice matter (a top-up reversal, a refund)
+		case r.receivable > 0:
+			// Arrears settled by some other movement.
+			d.add(received(orDefault(memo, "Arrears settled"), r))
 		}
+		// Claimed whether or not it is a line (refunds, conversions): considered once.
 		d.txnIDs = append(d.txnIDs, r.id)
+		if r.receivable > 0 {
+			d.settlements = append(d.settlements, settlement{txnID: r.id, amount: r.receivable})
+		}
 	}
 	if d.prepaid < 0 {
 		d.prepaid = 0

@@ -1,8 +1,13 @@
 package invoices_test
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing/invoices"
@@ -209,4 +214,51 @@ func TestCloseReverseChargeAndExempt(t *testing.T) {
 		t.Fatalf("exempt invoice %+v", ex)
 	}
 	_ = uuid.Nil
+}
+
+// Usage the wallet could not cover is due on the invoice; money that later settles the
+// arrears (a receivable credit) is shown as received on the next invoice and pays the
+// open one.
+func TestArrearsAreDueAndSettledByTheNextClose(t *testing.T) {
+	f := newFixture(t)
+	tenant, proj := f.tenant()
+	f.topUp(tenant, "USD", 30)
+	f.usage(tenant, proj, "USD", 1, midMarch, midMarch.Add(100*time.Second)) // 100: 30 from the wallet, 70 owed
+	f.clk.Set(april.Add(time.Hour))
+	mar := f.close(tenant, "USD", march, april).Invoice
+	if mar.Totals.Total != 100 || mar.Totals.Prepaid != 30 {
+		t.Fatalf("March %+v", mar.Totals)
+	}
+	inv, err := f.svc.Issue(f.ctx, mar.ID)
+	if err != nil || inv.Status != invoices.StatusDue || inv.AmountDue() != 70 {
+		t.Fatalf("issue: %v %s %d", err, inv.Status, inv.AmountDue())
+	}
+	// Money arrives in April and settles the 70 first (as billing's arrears-first credit
+	// does), the rest reaching the wallet.
+	err = db.InTx(f.ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.billing.Ledger.Post(f.ctx, tx, billing.Posting{Kind: billing.TxnTopUp, TenantID: tenant, Reference: "payment:" + uuid.NewString(),
+			Legs: []billing.Leg{
+				{Account: billing.AccountKey{Kind: billing.AccountReceivable, TenantID: tenant, Currency: "USD"}, Amount: 70},
+				{Account: billing.AccountKey{Kind: billing.AccountWallet, TenantID: tenant, Currency: "USD"}, Amount: 30},
+				{Account: billing.AccountKey{Kind: billing.AccountPaymentClearing, Currency: "USD"}, Amount: -100},
+			}})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.clk.Set(may.Add(time.Hour))
+	apr := f.get(f.close(tenant, "USD", april, may).Invoice.ID)
+	pay := linesOf(apr, invoices.LinePayment)
+	if len(pay) != 1 || pay[0].Amount != 100 || !strings.Contains(pay[0].Description, "0.70 USD settled arrears") {
+		t.Fatalf("April payment lines %+v", pay)
+	}
+	if got := f.get(mar.ID); got.Status != invoices.StatusPaid || got.Paid != 70 {
+		t.Fatalf("March after settlement: %s paid %d", got.Status, got.Paid)
+	}
+	// Closing April again applies nothing twice.
+	f.close(tenant, "USD", april, may)
+	if n := f.count(`SELECT count(*) FROM billing_invoice_payments`); n != 1 {
+		t.Fatalf("%d invoice payments", n)
+	}
 }

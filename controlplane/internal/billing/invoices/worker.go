@@ -91,9 +91,8 @@ func (w *ClosePeriodWorker) Work(ctx context.Context, j *river.Job[ClosePeriodAr
 	return nil
 }
 
-// Pending is every (tenant, currency) with rated usage or an adjustment, reversal or
-// top-up before end that no invoice claims, and no invoice for a period overlapping
-// [start, end).
+// Pending is every (tenant, currency) with rated usage or a non-usage ledger transaction
+// before end that no invoice claims, and no invoice for a period overlapping [start, end).
 func (s *Service) Pending(ctx context.Context, start, end time.Time) ([]Period, error) {
 	rows, err := s.Pool.Query(ctx, `
 		WITH candidates AS (
@@ -102,7 +101,7 @@ func (s *Service) Pending(ctx context.Context, start, end time.Time) ([]Period, 
 			UNION
 			SELECT DISTINCT t.tenant_id, e.currency FROM billing_ledger_transactions t
 			JOIN billing_ledger_entries e ON e.txn_id = t.id
-			WHERE t.tenant_id IS NOT NULL AND t.kind IN ('top_up', 'adjustment', 'reversal') AND t.created_at < $2
+			WHERE t.tenant_id IS NOT NULL AND t.kind <> 'usage' AND t.created_at < $2
 			  AND NOT EXISTS (SELECT 1 FROM billing_invoice_txn_claims c WHERE c.ledger_txn_id = t.id))
 		SELECT c.tenant_id, c.currency FROM candidates c
 		WHERE NOT EXISTS (SELECT 1 FROM billing_invoices i WHERE i.tenant_id = c.tenant_id AND i.currency = c.currency
