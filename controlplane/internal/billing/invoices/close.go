@@ -183,7 +183,6 @@ func (s *Service) applySettlements(ctx context.Context, tx pgx.Tx, p Period, set
 // draft is an invoice being built: its lines in order and what they claim.
 type draft struct {
 	lines     []Line
-	usageIDs  []uuid.UUID // rated usage lines claimed
 	txnIDs    []uuid.UUID // ledger transactions claimed
 	prepaid   int64       // what the wallet already paid of the charges
 	notes     []string
@@ -229,7 +228,7 @@ func (s *Service) collect(ctx context.Context, tx pgx.Tx, p Period, acct Account
 		FROM billing_rated_usage_lines l
 		LEFT JOIN billing_ledger_entries e ON e.id = l.ledger_entry_id
 		WHERE l.tenant_id = $1 AND l.currency = $2 AND l.bill_from < $3
-		  AND NOT EXISTS (SELECT 1 FROM billing_invoice_usage_claims c WHERE c.rated_usage_line_id = l.id)
+		  AND NOT EXISTS (SELECT 1 FROM billing_invoice_lines c WHERE c.rated_usage_line_id = l.id)
 		ORDER BY l.bill_from, l.id`, p.TenantID, p.Currency, p.End)
 	if err != nil {
 		return nil, fmt.Errorf("close usage: %w", err)
@@ -285,7 +284,6 @@ func (s *Service) collect(ctx context.Context, tx pgx.Tx, p Period, acct Account
 		l.RatedUsageLineID = uuid.NullUUID{UUID: u.id, Valid: true}
 		l.LedgerEntryID = u.entryID
 		d.add(l)
-		d.usageIDs = append(d.usageIDs, u.id)
 		if u.txnID.Valid {
 			left, seen := walletLeft[u.txnID.UUID]
 			if !seen {
@@ -486,12 +484,6 @@ func (s *Service) writeDraft(ctx context.Context, tx pgx.Tx, p Period, acct Acco
 	}
 	if err := s.insertLines(ctx, tx, inv.ID, d.lines, now); err != nil {
 		return Invoice{}, err
-	}
-	if len(d.usageIDs) > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO billing_invoice_usage_claims (rated_usage_line_id, invoice_id)
-			SELECT unnest($1::uuid[]), $2`, d.usageIDs, inv.ID); err != nil {
-			return Invoice{}, fmt.Errorf("claim usage: %w", err)
-		}
 	}
 	if len(d.txnIDs) > 0 {
 		if _, err := tx.Exec(ctx, `INSERT INTO billing_invoice_txn_claims (ledger_txn_id, invoice_id)

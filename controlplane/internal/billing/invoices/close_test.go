@@ -186,7 +186,7 @@ func TestCloseReverseChargeAndExempt(t *testing.T) {
 	f.tax = standard(10001)
 	_, err = f.svc.Close(f.ctx, invoices.Period{TenantID: tenant, Currency: "USD", Start: march, End: april})
 	wantErr(t, err, apierr.ValidationError, 422, "tax_rate_out_of_range")
-	if n := f.count(`SELECT count(*) FROM billing_invoices`) + f.count(`SELECT count(*) FROM billing_invoice_usage_claims`); n != 0 {
+	if n := f.count(`SELECT count(*) FROM billing_invoices`) + f.count(`SELECT count(*) FROM billing_invoice_lines`); n != 0 {
 		t.Fatalf("%d rows after refusals", n)
 	}
 

@@ -97,7 +97,7 @@ func (s *Service) Pending(ctx context.Context, start, end time.Time) ([]Period, 
 	rows, err := s.Pool.Query(ctx, `
 		WITH candidates AS (
 			SELECT DISTINCT l.tenant_id, l.currency FROM billing_rated_usage_lines l
-			WHERE l.bill_from < $2 AND NOT EXISTS (SELECT 1 FROM billing_invoice_usage_claims c WHERE c.rated_usage_line_id = l.id)
+			WHERE l.bill_from < $2 AND NOT EXISTS (SELECT 1 FROM billing_invoice_lines c WHERE c.rated_usage_line_id = l.id)
 			UNION
 			SELECT DISTINCT t.tenant_id, e.currency FROM billing_ledger_transactions t
 			JOIN billing_ledger_entries e ON e.txn_id = t.id

@@ -93,14 +93,9 @@ CREATE TABLE billing_invoice_lines (
     CHECK ((line_type = 'tax') = (tax_subject_line_id IS NOT NULL))
 );
 CREATE INDEX billing_invoice_lines_invoice_idx ON billing_invoice_lines (invoice_id, position);
-
--- A rated usage line is invoiced once: the close claims it for its invoice (the claim
--- survives a void: voided charges are cancelled, not billed again).
-CREATE TABLE billing_invoice_usage_claims (
-    rated_usage_line_id uuid PRIMARY KEY REFERENCES billing_rated_usage_lines (id),
-    invoice_id          uuid NOT NULL REFERENCES billing_invoices (id)
-);
-CREATE INDEX billing_invoice_usage_claims_invoice_idx ON billing_invoice_usage_claims (invoice_id);
+-- A rated usage line is invoiced once: its invoice line claims it (a voided invoice keeps
+-- its lines, so voided charges are cancelled, not billed again).
+CREATE UNIQUE INDEX billing_invoice_lines_rated_once ON billing_invoice_lines (rated_usage_line_id) WHERE rated_usage_line_id IS NOT NULL;
 
 -- Ledger adjustments (admin credits and debits) and reversals, claimed like usage.
 CREATE TABLE billing_invoice_txn_claims (
@@ -200,7 +195,6 @@ CREATE TRIGGER billing_invoices_frozen BEFORE UPDATE OR DELETE ON billing_invoic
 DROP TABLE billing_invoice_transitions;
 DROP TABLE billing_invoice_payments;
 DROP TABLE billing_invoice_txn_claims;
-DROP TABLE billing_invoice_usage_claims;
 DROP TABLE billing_invoice_lines;
 DROP TABLE billing_invoices;
 DROP TABLE billing_invoice_sequences;
