@@ -294,3 +294,28 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// Each seller numbers on its own: a reseller's invoices do not take the platform's
+// numbers.
+func TestNumbersPerSeller(t *testing.T) {
+	f := newFixture(t)
+	reseller := uuid.MustParse("0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")
+	a := f.dueDraft()
+	b := f.dueDraft()
+	f.svc.Accounts = accountsFunc(func(tenantID uuid.UUID) (invoices.Account, error) {
+		return invoices.Account{TenantID: tenantID, SellerKey: "reseller:" + reseller.String(), SellerName: "Reseller Ltd",
+			CustomerName: "End customer", PaymentTermsDays: 30, Tax: invoices.TaxProfile{Treatment: invoices.TreatmentNotConfigured}}, nil
+	})
+	c := f.dueDraft()
+	var got []string
+	for _, id := range []uuid.UUID{a.ID, c.ID, b.ID} {
+		inv, err := f.svc.Issue(f.ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, *inv.Number)
+	}
+	if want := []string{"GNT-000001", "R0193A1B2-000001", "GNT-000002"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("numbers %v, want %v", got, want)
+	}
+}
