@@ -142,12 +142,19 @@ type Decision struct {
 	UnitPrice   string
 	PlanID      uuid.UUID
 	PlanVersion int32
+	// Arrears is what the tenant's receivable in Currency owes: a tenant in arrears
+	// cannot launch until money settles them.
+	Arrears int64
 }
 
 // Err is nil when allowed, else insufficient_balance (402) with the figures in details.
 func (d Decision) Err() error {
 	if d.Allowed {
 		return nil
+	}
+	if d.Arrears > 0 {
+		return apierr.New(apierr.InsufficientBalance, "the tenant is in arrears: %d minor units of %s usage are unpaid; a top-up settles them first", d.Arrears, d.Currency).
+			With("reason", "arrears").With("currency", d.Currency).With("arrears_minor", d.Arrears)
 	}
 	return apierr.New(apierr.InsufficientBalance, "the %s balance does not cover the minimum runway of %s", d.Currency, d.MinRunway).
 		With("currency", d.Currency).With("available_minor", d.Available).With("required_minor", d.Required).
@@ -207,7 +214,10 @@ func (s *Service) CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, 
 		Required: need(&total, s.Config.MinRunway, exponents[currency]), Runway: rw.Duration(&extra), MinRunway: s.Config.MinRunway,
 		UnitPrice: lp.UnitPrice, PlanID: lp.PlanID, PlanVersion: lp.PlanVersion,
 	}
-	d.Allowed = d.Available >= d.Required && d.Available >= 0
+	if d.Arrears, err = s.Ledger.Arrears(ctx, s.Pool, tenantID, currency); err != nil {
+		return Decision{}, fmt.Errorf("arrears: %w", err)
+	}
+	d.Allowed = d.Available >= d.Required && d.Available >= 0 && d.Arrears == 0
 	return d, nil
 }
 
