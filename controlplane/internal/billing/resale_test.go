@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/shared/apierr"
 )
 
 // endCustomer makes customer an end customer of reseller (billing accounts written as
@@ -18,7 +20,7 @@ func (f *fixture) endCustomer(reseller, customer, plan uuid.UUID, owner string) 
 	}
 	if _, err := f.pool.Exec(f.ctx, `INSERT INTO billing_accounts (id, tenant_id, account_type, parent_billing_account_id,
 			reseller_tenant_id, wholesale_pricing_plan_id, credit_risk_owner, tax_responsibility, created_at, updated_at)
-		VALUES ($1, $2, 'end_customer', $3, $4, $5, $6, 'reseller', now(), now())`, uuid.New(), customer, rid, reseller, plan, owner); err != nil {
+		VALUES ($1, $2, 'end_customer', $3, $4, $5, $6, 'reseller', now(), now())`, uuid.New(), customer, rid, reseller, nullUUID(plan), owner); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -158,4 +160,33 @@ func TestResellerRatingTwoLinesRightWallet(t *testing.T) {
 		t.Fatalf("platform risk wallets: customer %d reseller %d", f.wallet(customer, "USD"), f.wallet(reseller, "USD"))
 	}
 	f.checkInvariants()
+}
+
+// An end customer whose reseller carries the credit risk launches on the reseller's
+// wallet: an empty end-customer wallet does not stop it, the reseller's arrears do.
+func TestResellerRiskLaunchesOnResellerWallet(t *testing.T) {
+	f := newFixture(t)
+	f.defaultPlan()
+	reseller, rproject := f.tenant("USD")
+	customer, project := f.tenant("USD")
+	f.endCustomer(reseller, customer, uuid.Nil, RiskReseller)
+	d, err := f.svc.CanLaunch(f.ctx, customer, project, "gpu.h100", 1, "")
+	if err != nil || d.Allowed {
+		t.Fatalf("unfunded reseller: %+v %v", d, err)
+	}
+	f.topUp(reseller, "USD", 10000)
+	d, err = f.svc.CanLaunch(f.ctx, customer, project, "gpu.h100", 1, "")
+	if err != nil || !d.Allowed || d.Balance != 10000 {
+		t.Fatalf("funded reseller: %+v %v", d, err)
+	}
+	// The reseller runs up arrears on its own usage: its end customer is refused too.
+	rec := f.start(reseller, rproject, 8, t0)
+	if _, err := f.svc.StopUsage(f.ctx, nil, SourceAllocation, rec.SourceID, t0.Add(6*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	d, err = f.svc.CanLaunch(f.ctx, customer, project, "gpu.h100", 1, "")
+	if err != nil || d.Allowed || d.Arrears != 2000 {
+		t.Fatalf("reseller in arrears: %+v %v", d, err)
+	}
+	wantCode(t, d.Err(), apierr.InsufficientBalance, "arrears")
 }

@@ -200,8 +200,17 @@ func (s *Service) CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, 
 		return Decision{}, fmt.Errorf("stored price %q: %w", lp.UnitPrice, err)
 	}
 	rw := Runway{TenantID: tenantID, Currency: currency, Balance: lp.BalanceMinor, Burn: apd.New(0, 0), Available: lp.BalanceMinor}
-	if lp.OpenUsage {
-		if rw, err = s.runwayOf(ctx, q, newPricer(q), tenantID, currency, now); err != nil {
+	// The wallet that pays: an end customer whose reseller carries the credit risk
+	// launches on its reseller's wallet (docs/billing-accounts.md), priced here at the
+	// customer's price, never below the wholesale one.
+	payer := tenantID
+	if err := s.Pool.QueryRow(ctx, `SELECT reseller_tenant_id FROM billing_accounts
+		WHERE tenant_id = $1 AND account_type = 'end_customer' AND credit_risk_owner = 'reseller' AND status <> 'deleted'`,
+		tenantID).Scan(&payer); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Decision{}, fmt.Errorf("credit risk owner: %w", err)
+	}
+	if lp.OpenUsage || payer != tenantID {
+		if rw, err = s.runwayOf(ctx, q, newPricer(q), payer, currency, now); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -214,7 +223,7 @@ func (s *Service) CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, 
 		Required: need(&total, s.Config.MinRunway, exponents[currency]), Runway: rw.Duration(&extra), MinRunway: s.Config.MinRunway,
 		UnitPrice: lp.UnitPrice, PlanID: lp.PlanID, PlanVersion: lp.PlanVersion,
 	}
-	if d.Arrears, err = s.Ledger.Arrears(ctx, s.Pool, tenantID, currency); err != nil {
+	if d.Arrears, err = s.Ledger.Arrears(ctx, s.Pool, payer, currency); err != nil {
 		return Decision{}, fmt.Errorf("arrears: %w", err)
 	}
 	d.Allowed = d.Available >= d.Required && d.Available >= 0 && d.Arrears == 0
