@@ -5,6 +5,7 @@ import (
 	"context"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -60,11 +61,9 @@ func wantsPDF(ctx context.Context) bool {
 				continue
 			}
 			q := 1.0
-			if s, ok := params["q"]; ok {
-				if s == "0" || strings.HasPrefix(s, "0.0") && strings.Trim(s, "0.") == "" {
-					q = 0
-				} else if strings.HasPrefix(s, "0.") {
-					q = 0.5
+			if v, ok := params["q"]; ok {
+				if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f <= 1 {
+					q = f
 				}
 			}
 			switch mt {

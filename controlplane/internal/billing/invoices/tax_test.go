@@ -1,6 +1,7 @@
 package invoices
 
 import (
+	"context"
 	"errors"
 	"math/big"
 	"math/rand/v2"
@@ -247,6 +248,26 @@ func TestBpsPercent(t *testing.T) {
 	for bps, want := range map[int]string{1900: "19", 1950: "19.5", 725: "7.25", 0: "0", 10000: "100", 5: "0.05"} {
 		if got := bpsPercent(bps); got != want {
 			t.Errorf("bpsPercent(%d) = %q, want %q", bps, got, want)
+		}
+	}
+}
+
+func TestWantsPDF(t *testing.T) {
+	for _, c := range []struct {
+		accept []string
+		want   bool
+	}{
+		{nil, false},
+		{[]string{"*/*"}, false},
+		{[]string{"application/json"}, false},
+		{[]string{"application/pdf"}, true},
+		{[]string{"application/json;q=0.5, application/pdf"}, true},
+		{[]string{"application/pdf;q=0.4, application/json"}, false},
+		{[]string{"application/pdf;q=0"}, false},
+		{[]string{"text/html", "application/pdf;q=0.9"}, true},
+	} {
+		if got := wantsPDF(WithAccept(context.Background(), c.accept...)); got != c.want {
+			t.Errorf("Accept %q: pdf %v, want %v", c.accept, got, c.want)
 		}
 	}
 }
