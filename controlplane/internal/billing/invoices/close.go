@@ -444,7 +444,7 @@ func (s *Service) writeDraft(ctx context.Context, tx pgx.Tx, p Period, acct Acco
 	// wallet paid of its charges.
 	totals := lineTotals
 	totals.Prepaid = d.prepaid
-	if err := Check(Totals{Subtotal: totals.Subtotal, Tax: totals.Tax, Credits: totals.Credits, Prepaid: lineTotals.Prepaid, Total: totals.Total}, amounted(d.lines)); err != nil {
+	if err := Check(totals, amounted(d.lines)); err != nil {
 		return Invoice{}, err
 	}
 	now := s.Clock.Now()
@@ -453,7 +453,7 @@ func (s *Service) writeDraft(ctx context.Context, tx pgx.Tx, p Period, acct Acco
 		"treatment": t.Treatment, "jurisdiction": t.Jurisdiction, "rates_bps": t.Rates, "default_rate_bps": t.DefaultRateBps,
 		"seller_tax_registration": t.SellerRegistration, "customer_tax_registration": t.CustomerRegistration,
 		"exempt_reason": t.ExemptReason, "evidence": t.Evidence, "rounding": "half_away_from_zero, once per (category, rate) line",
-		"corrections": d.corrected, "received_minor": lineTotals.Prepaid,
+		"corrections": d.corrected, "received_minor": lineTotals.Received,
 	}
 	var note *string
 	if len(d.notes) > 0 {
@@ -470,12 +470,12 @@ func (s *Service) writeDraft(ctx context.Context, tx pgx.Tx, p Period, acct Acco
 	_, err = tx.Exec(ctx, `INSERT INTO billing_invoices (id, tenant_id, billing_account_id, seller_key, currency, period_start, period_end,
 			status, subtotal_minor, tax_total_minor, credits_minor, total_minor, prepaid_minor, tax_jurisdiction, tax_treatment,
 			seller_tax_registration, customer_tax_registration, tax_snapshot, seller_name, customer_name, legal_note,
-			payment_terms_days, created_at, updated_at)
-		VALUES ($1,$2,$3,$4,$5,$6,$7,'draft',$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22)`,
+			payment_terms_days, created_at, updated_at, received_minor)
+		VALUES ($1,$2,$3,$4,$5,$6,$7,'draft',$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$22,$23)`,
 		inv.ID, inv.TenantID, inv.BillingAccountID, inv.SellerKey, inv.Currency, inv.PeriodStart, inv.PeriodEnd,
 		totals.Subtotal, totals.Tax, totals.Credits, totals.Total, totals.Prepaid, inv.TaxJurisdiction, inv.TaxTreatment,
 		inv.SellerTaxRegistration, inv.CustomerTaxRegistration, jsonOf(snapshot), inv.SellerName, inv.CustomerName, note,
-		inv.PaymentTermsDays, now)
+		inv.PaymentTermsDays, now, totals.Received)
 	if db.IsUniqueViolation(err, "billing_invoices_period_key") {
 		return Invoice{}, conflict("invoice_period_overlap", "the period is already invoiced")
 	}

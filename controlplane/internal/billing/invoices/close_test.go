@@ -52,7 +52,7 @@ func TestCloseBuildsDraftOnceAndRefusesOverlaps(t *testing.T) {
 	if tx := linesOf(inv, invoices.LineTax); len(tx) != 0 {
 		t.Fatalf("not_configured has tax lines %+v", tx)
 	}
-	want := invoices.Totals{Subtotal: 7200, Tax: 0, Credits: 0, Prepaid: 7200, Total: 7200}
+	want := invoices.Totals{Subtotal: 7200, Tax: 0, Credits: 0, Received: 10000, Prepaid: 7200, Total: 7200}
 	if inv.Totals != want || inv.AmountDue() != 0 {
 		t.Fatalf("totals %+v (due %d), want %+v", inv.Totals, inv.AmountDue(), want)
 	}
@@ -159,7 +159,7 @@ func TestCloseStandardTaxReferencesSubjects(t *testing.T) {
 		byCat["compute"].TaxSubjectLineID.UUID != usage[0].ID {
 		t.Fatalf("subjects %v, usage %v %v", subjects, usage[0].ID, usage[1].ID)
 	}
-	if inv.Totals != (invoices.Totals{Subtotal: 22, Tax: 4, Credits: 0, Prepaid: 22, Total: 26}) || inv.AmountDue() != 4 {
+	if inv.Totals != (invoices.Totals{Subtotal: 22, Tax: 4, Credits: 0, Received: 1500, Prepaid: 22, Total: 26}) || inv.AmountDue() != 4 {
 		t.Fatalf("totals %+v", inv.Totals)
 	}
 	if *inv.TaxJurisdiction != "DE" || *inv.SellerTaxRegistration != "DE999999999" {

@@ -70,13 +70,8 @@ func (s *Service) Issue(ctx context.Context, id uuid.UUID) (Invoice, error) {
 		if inv.Lines, err = s.lines(ctx, tx, id); err != nil {
 			return err
 		}
-		lineTotals, err := Sum(amounted(inv.Lines))
-		if err != nil {
-			return err
-		}
-		if lineTotals.Subtotal != inv.Totals.Subtotal || lineTotals.Tax != inv.Totals.Tax ||
-			lineTotals.Credits != inv.Totals.Credits || lineTotals.Total != inv.Totals.Total {
-			return fmt.Errorf("invoices: %s totals differ from its lines", id)
+		if err := Check(inv.Totals, amounted(inv.Lines)); err != nil {
+			return fmt.Errorf("invoices: %s: %w", id, err)
 		}
 		var seq int64
 		err = tx.QueryRow(ctx, `INSERT INTO billing_invoice_sequences (seller_key, prefix, last_number) VALUES ($1, $2, 1)

@@ -14,7 +14,7 @@ import (
 )
 
 const invoiceColumns = `id, tenant_id, billing_account_id, seller_key, currency, period_start, period_end, status, number,
-	subtotal_minor, tax_total_minor, credits_minor, total_minor, prepaid_minor, paid_minor, tax_jurisdiction, tax_treatment,
+	subtotal_minor, tax_total_minor, credits_minor, total_minor, prepaid_minor, received_minor, paid_minor, tax_jurisdiction, tax_treatment,
 	seller_tax_registration, customer_tax_registration, tax_snapshot, seller_name, customer_name, legal_note,
 	payment_terms_days, issued_at, due_at, finalized_at, paid_at, voided_at, written_off_at, created_at, updated_at`
 
@@ -25,7 +25,7 @@ func scanInvoice(r scanner) (Invoice, error) {
 	var snap []byte
 	err := r.Scan(&inv.ID, &inv.TenantID, &inv.BillingAccountID, &inv.SellerKey, &inv.Currency, &inv.PeriodStart, &inv.PeriodEnd,
 		&inv.Status, &inv.Number, &inv.Totals.Subtotal, &inv.Totals.Tax, &inv.Totals.Credits, &inv.Totals.Total, &inv.Totals.Prepaid,
-		&inv.Paid, &inv.TaxJurisdiction, &inv.TaxTreatment, &inv.SellerTaxRegistration, &inv.CustomerTaxRegistration, &snap,
+		&inv.Totals.Received, &inv.Paid, &inv.TaxJurisdiction, &inv.TaxTreatment, &inv.SellerTaxRegistration, &inv.CustomerTaxRegistration, &snap,
 		&inv.SellerName, &inv.CustomerName, &inv.LegalNote, &inv.PaymentTermsDays, &inv.IssuedAt, &inv.DueAt, &inv.FinalizedAt,
 		&inv.PaidAt, &inv.VoidedAt, &inv.WrittenOffAt, &inv.CreatedAt, &inv.UpdatedAt)
 	if err != nil {

@@ -218,7 +218,7 @@ func TestTotalOracle(t *testing.T) {
 		}
 		want := new(big.Rat).Add(sumCharges, new(big.Rat).SetInt(wantTax))
 		want.Sub(want, sumCredits)
-		if !want.IsInt() || want.Num().Int64() != got.Total || wantTax.Int64() != got.Tax || sumPaid.Num().Int64() != got.Prepaid {
+		if !want.IsInt() || want.Num().Int64() != got.Total || wantTax.Int64() != got.Tax || sumPaid.Num().Int64() != got.Received {
 			t.Fatalf("case %d: got %+v, oracle total %s tax %s", i, got, want.RatString(), wantTax)
 		}
 		if err := Check(got, lines); err != nil {

@@ -31,8 +31,11 @@ type Totals struct {
 	Subtotal int64 // Σ charges: rated usage, fees, adjustments
 	Tax      int64 // Σ tax lines
 	Credits  int64 // Σ credits (amounts taken off, >= 0)
-	Prepaid  int64 // Σ payment lines (what the wallet already paid); not in Total
+	Received int64 // Σ payment lines (money received in the period); not in Total
 	Total    int64
+	// Prepaid is what the wallet already paid of the charges when they were rated. It
+	// is not a sum of lines (Sum leaves it 0, Check ignores it) and not in Total.
+	Prepaid int64
 }
 
 // Amounted is a line as totals see it.
@@ -57,7 +60,7 @@ func Sum(lines []Amounted) (Totals, error) {
 		case LineCredit:
 			dst = &t.Credits
 		case LinePayment:
-			dst = &t.Prepaid
+			dst = &t.Received
 		default:
 			return Totals{}, fmt.Errorf("invoices: line %d has unknown type %q", i, l.Type)
 		}
@@ -77,12 +80,14 @@ func Sum(lines []Amounted) (Totals, error) {
 	return t, nil
 }
 
-// Check recomputes the totals of lines and refuses figures that differ from them.
+// Check recomputes the totals of lines and refuses figures that differ from them
+// (Prepaid aside).
 func Check(t Totals, lines []Amounted) error {
 	got, err := Sum(lines)
 	if err != nil {
 		return err
 	}
+	got.Prepaid = t.Prepaid
 	if got != t {
 		return fmt.Errorf("invoices: totals %+v differ from the lines' %+v", t, got)
 	}

@@ -35,6 +35,8 @@ CREATE TABLE billing_invoices (
     -- What the prepaid wallet already paid of the charges when they were rated (the
     -- payment lines), and payments applied after issue.
     prepaid_minor             bigint NOT NULL CHECK (prepaid_minor >= 0),
+    -- Σ payment lines: money received in the period (not in the total).
+    received_minor            bigint NOT NULL CHECK (received_minor >= 0),
     paid_minor                bigint NOT NULL DEFAULT 0 CHECK (paid_minor >= 0),
     tax_jurisdiction          text,
     tax_treatment             text NOT NULL CHECK (tax_treatment IN ('not_configured', 'standard', 'tax_exempt', 'reverse_charge')),
@@ -172,12 +174,12 @@ BEGIN
         RETURN OLD;
     END IF;
     IF OLD.status <> 'draft' AND (
-        NEW.subtotal_minor, NEW.tax_total_minor, NEW.credits_minor, NEW.total_minor, NEW.prepaid_minor,
+        NEW.subtotal_minor, NEW.tax_total_minor, NEW.credits_minor, NEW.total_minor, NEW.prepaid_minor, NEW.received_minor,
         NEW.tenant_id, NEW.currency, NEW.period_start, NEW.period_end, NEW.seller_key,
         NEW.tax_treatment, NEW.tax_jurisdiction, NEW.seller_tax_registration, NEW.customer_tax_registration,
         NEW.tax_snapshot, NEW.sequence_number, NEW.number, NEW.issued_at, NEW.due_at
     ) IS DISTINCT FROM (
-        OLD.subtotal_minor, OLD.tax_total_minor, OLD.credits_minor, OLD.total_minor, OLD.prepaid_minor,
+        OLD.subtotal_minor, OLD.tax_total_minor, OLD.credits_minor, OLD.total_minor, OLD.prepaid_minor, OLD.received_minor,
         OLD.tenant_id, OLD.currency, OLD.period_start, OLD.period_end, OLD.seller_key,
         OLD.tax_treatment, OLD.tax_jurisdiction, OLD.seller_tax_registration, OLD.customer_tax_registration,
         OLD.tax_snapshot, OLD.sequence_number, OLD.number, OLD.issued_at, OLD.due_at
