@@ -726,6 +726,16 @@ func (s *Service) InvoiceAccount(ctx context.Context, tx pgx.Tx, tenantID uuid.U
 			out.SellerKey, out.SellerName = "reseller:"+a.ResellerTenantID.String(), name
 		}
 	}
+	// Tax only where tax_responsibility says: the seller charges tax only when it is the
+	// responsible party; otherwise a standard profile yields no tax lines (the other
+	// treatments charge none anyway and keep their notes and evidence).
+	seller := PartyPlatform
+	if out.SellerKey != invoices.PlatformSeller {
+		seller = PartyReseller
+	}
+	if a.TaxResponsibility != seller && out.Tax.Treatment == invoices.TreatmentStandard {
+		out.Tax = invoices.TaxProfile{Treatment: invoices.TreatmentNotConfigured, Jurisdiction: a.Tax.Jurisdiction}
+	}
 	if currency != "" && a.Invoice.Currency != currency {
 		return invoices.Account{}, invalid("currency", "currency_mismatch",
 			"the account invoices in %s; %s usage is not mixed into its invoices", a.Invoice.Currency, currency)

@@ -147,6 +147,30 @@ func TestAccountsAPI(t *testing.T) {
 		ia.Tax.Treatment != "reverse_charge" || *ia.Tax.CustomerRegistration != "FR12345678901" {
 		t.Fatalf("invoice account: %+v %v", ia, err)
 	}
+	// Tax only where tax_responsibility says: standard tax on an invoice the reseller
+	// issues while the platform is responsible gives no tax lines; the reseller's own
+	// responsibility keeps them.
+	std := map[string]any{"treatment": "standard", "jurisdiction": "FR", "tax_rates": []map[string]any{{"tax_category": "compute", "tax_rate_bps": 2000}}}
+	a = env.Call(t, "PATCH", accountsPath+"/"+ecAcct, root, map[string]any{"tax_profile": std, "tax_responsibility": "platform"}, "")
+	want(t, a, 200, "", "")
+	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
+		var err error
+		ia, err = env.App.Accounts.InvoiceAccount(ctx, tx, customerT.ID, "USD")
+		return err
+	})
+	if err != nil || ia.Tax.Treatment != "not_configured" {
+		t.Fatalf("platform responsible, reseller sells: %+v %v", ia.Tax, err)
+	}
+	a = env.Call(t, "PATCH", accountsPath+"/"+ecAcct, root, map[string]any{"tax_responsibility": "reseller"}, "")
+	want(t, a, 200, "", "")
+	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
+		var err error
+		ia, err = env.App.Accounts.InvoiceAccount(ctx, tx, customerT.ID, "USD")
+		return err
+	})
+	if err != nil || ia.Tax.Treatment != "standard" || ia.Tax.RateFor("compute") != 2000 {
+		t.Fatalf("reseller responsible and selling: %+v %v", ia.Tax, err)
+	}
 	err = pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
 		_, err := env.App.Accounts.InvoiceAccount(ctx, tx, customerT.ID, "EUR")
 		return err
@@ -184,7 +208,7 @@ func TestAccountsAPI(t *testing.T) {
 	a = env.Call(t, "PATCH", accountsPath+"/"+ecAcct, root, map[string]any{"tax_profile": map[string]any{"treatment": "tax_exempt"}}, "")
 	want(t, a, 422, "validation_error", "tax_exempt_requires_evidence")
 	a = env.Call(t, "GET", accountsPath+"/"+ecAcct, root, nil, "")
-	if tp, _ := a.Body["tax_profile"].(map[string]any); tp["treatment"] != "reverse_charge" {
+	if tp, _ := a.Body["tax_profile"].(map[string]any); tp["treatment"] != "standard" {
 		t.Fatalf("refused patch changed the profile: %s", a.Raw)
 	}
 	a = env.Call(t, "PATCH", accountsPath+"/"+resellerAcct, root, map[string]any{"status": "deleted"}, "")
