@@ -1,0 +1,75 @@
+package accounts_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/invoices"
+)
+
+// From accounts to invoices: an end customer's usage, rated for both sides, closes into
+// the end customer's invoice sold by its reseller (customer prices, reverse charge) and
+// the reseller's invoice sold by the platform (wholesale prices, prepaid by the
+// reseller's wallet, standard tax).
+func TestResellerUsageInvoicedOnBothSides(t *testing.T) {
+	env := apitest.New(t)
+	ctx := context.Background()
+	_, root := env.PlatformAdmin(t)
+	resellerT := env.NewTenant(t, root, "Reseller Ltd")
+	customerT := env.NewTenant(t, root, "End Customer GmbH")
+
+	eff := "2026-01-01T00:00:00Z"
+	std := env.Call(t, "POST", "/api/v1/admin/billing/pricing-plans", root, map[string]any{"name": "list", "is_default": true,
+		"effective_from": eff, "prices": []map[string]any{{"usage_unit": "gpu.h100", "currency": "USD", "unit_price": "0.000694444444"}}}, "")
+	want(t, std, 201, "", "")
+	ws := env.Call(t, "POST", "/api/v1/admin/billing/pricing-plans", root, map[string]any{"name": "wholesale",
+		"effective_from": eff, "prices": []map[string]any{{"usage_unit": "gpu.h100", "currency": "USD", "unit_price": "0.0005"}}}, "")
+	want(t, ws, 201, "", "")
+	ra := env.Call(t, "POST", accountsPath, root, map[string]any{"tenant_id": resellerT.ID, "account_type": "reseller", "name": "Reseller Ltd",
+		"tax_profile": map[string]any{"treatment": "standard", "jurisdiction": "DE", "default_tax_rate_bps": 1900}}, "")
+	want(t, ra, 201, "", "")
+	ec := env.Call(t, "POST", accountsPath, root, map[string]any{"tenant_id": customerT.ID, "account_type": "end_customer",
+		"name": "End Customer GmbH", "parent_billing_account_id": ra.Str("billing_account_id"), "wholesale_pricing_plan_id": ws.Str("id"),
+		"tax_profile": map[string]any{"treatment": "reverse_charge", "customer_tax_registration": "FR12345678901",
+			"tax_evidence": map[string]any{"vies_check": "ok"}}}, "")
+	want(t, ec, 201, "", "")
+	if _, err := env.App.Billing.Adjust(ctx, billing.Adjustment{TenantID: resellerT.ID, Money: billing.Money{AmountMinor: 10000, Currency: "USD"}, Reason: "float"}); err != nil {
+		t.Fatal(err)
+	}
+
+	from := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
+	src := uuid.New()
+	if _, err := env.App.Billing.StartUsage(ctx, nil, billing.UsageStart{Source: billing.SourceAllocation, SourceID: src, TenantID: customerT.ID,
+		ProjectID: customerT.DefaultProject, UserID: customerT.AdminID, Unit: "gpu.h100", Quantity: 1, StartedAt: from}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.App.Billing.StopUsage(ctx, nil, billing.SourceAllocation, src, from.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+
+	start, end := invoices.MonthOf(from)
+	cust, err := env.App.Invoices.Close(ctx, invoices.Period{TenantID: customerT.ID, Currency: "USD", Start: start, End: end})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci := cust.Invoice
+	if ci.SellerKey != "reseller:"+resellerT.ID.String() || ci.SellerName != "Reseller Ltd" || ci.TaxTreatment != "reverse_charge" ||
+		ci.Totals.Total != 250 || ci.Totals.Tax != 0 || ci.Totals.Prepaid != 0 {
+		t.Fatalf("end customer invoice: %+v", ci)
+	}
+	res, err := env.App.Invoices.Close(ctx, invoices.Period{TenantID: resellerT.ID, Currency: "USD", Start: start, End: end})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri := res.Invoice
+	// 180 wholesale + 19% = 34.2 -> 34 tax; the wallet paid the 180 when it was rated.
+	if ri.SellerKey != invoices.PlatformSeller || ri.TaxTreatment != "standard" || ri.Totals.Subtotal != 180 || ri.Totals.Tax != 34 ||
+		ri.Totals.Prepaid != 180 {
+		t.Fatalf("reseller invoice: %+v", ri)
+	}
+}
