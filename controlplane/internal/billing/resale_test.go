@@ -179,13 +179,25 @@ func TestResellerRiskLaunchesOnResellerWallet(t *testing.T) {
 	if err != nil || !d.Allowed || d.Balance != 10000 {
 		t.Fatalf("funded reseller: %+v %v", d, err)
 	}
+	// The runway watcher never blocks the end customer for its own (unused) empty wallet.
+	run := f.start(customer, project, 8, t0)
+	f.clock.Set(t0.Add(time.Minute))
+	if blocked, _, err := f.svc.WatchRunway(f.ctx); err != nil || blocked != 0 {
+		t.Fatalf("watcher blocked %d: %v", blocked, err)
+	}
+	if _, err := f.svc.StopUsage(f.ctx, nil, SourceAllocation, run.SourceID, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if f.wallet(reseller, "USD") != 10000-33 || f.wallet(customer, "USD") != 0 {
+		t.Fatalf("the minute of 8 GPUs: reseller %d customer %d", f.wallet(reseller, "USD"), f.wallet(customer, "USD"))
+	}
 	// The reseller runs up arrears on its own usage: its end customer is refused too.
 	rec := f.start(reseller, rproject, 8, t0)
 	if _, err := f.svc.StopUsage(f.ctx, nil, SourceAllocation, rec.SourceID, t0.Add(6*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	d, err = f.svc.CanLaunch(f.ctx, customer, project, "gpu.h100", 1, "")
-	if err != nil || d.Allowed || d.Arrears != 2000 {
+	if err != nil || d.Allowed || d.Arrears != 12000-(10000-33) {
 		t.Fatalf("reseller in arrears: %+v %v", d, err)
 	}
 	wantCode(t, d.Err(), apierr.InsufficientBalance, "arrears")

@@ -279,6 +279,17 @@ func (s *Service) WatchRunway(ctx context.Context) (blocked, restored int, err e
 
 func (s *Service) blockIfExhausted(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, currency string) (bool, error) {
 	q := billingdb.New(tx)
+	// An end customer whose reseller carries the credit risk never pays from its own
+	// wallet (docs/billing-accounts.md): its empty wallet is no reason to stop it; the
+	// reseller owes its usage.
+	var resellerRisk bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM billing_accounts WHERE tenant_id = $1
+		AND account_type = 'end_customer' AND credit_risk_owner = 'reseller' AND status <> 'deleted')`, tenantID).Scan(&resellerRisk); err != nil {
+		return false, fmt.Errorf("credit risk owner: %w", err)
+	}
+	if resellerRisk {
+		return false, nil
+	}
 	rw, err := s.runwayOf(ctx, q, newPricer(q), tenantID, currency, s.Clock.Now())
 	if err != nil {
 		return false, err
