@@ -503,37 +503,25 @@ func (s *Service) writeDraft(ctx context.Context, tx pgx.Tx, p Period, acct Acco
 }
 
 func (s *Service) insertLines(ctx context.Context, tx pgx.Tx, invoiceID uuid.UUID, lines []Line, now time.Time) error {
-	n := len(lines)
-	if n == 0 {
+	if len(lines) == 0 {
 		return nil
 	}
-	var (
-		ids, rated, entries, payments, subjects = make([]uuid.UUID, n), make([]uuid.NullUUID, n), make([]uuid.NullUUID, n), make([]uuid.NullUUID, n), make([]uuid.NullUUID, n)
-		pos, rates                              = make([]int32, n), make([]*int32, n)
-		types, descs, currencies                = make([]string, n), make([]string, n), make([]string, n)
-		amounts                                 = make([]int64, n)
-		cats, juris, exempt, reverse            = make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
-		evidence                                = make([]string, n)
-	)
+	// COPY: one round trip, no statement to plan, the immutability check once.
+	rows := make([][]any, len(lines))
 	for i, l := range lines {
-		ids[i], rated[i], entries[i], payments[i], subjects[i] = l.ID, l.RatedUsageLineID, l.LedgerEntryID, l.PaymentSessionID, l.TaxSubjectLineID
-		pos[i] = int32(l.Position)
+		var rate *int32
 		if l.TaxRateBps != nil {
 			r := int32(*l.TaxRateBps)
-			rates[i] = &r
+			rate = &r
 		}
-		types[i], descs[i], currencies[i], amounts[i] = l.Type, l.Description, l.Currency, l.Amount
-		cats[i], juris[i], exempt[i], reverse[i] = l.TaxCategory, l.TaxJurisdiction, l.TaxExemptReason, l.ReverseChargeReason
-		evidence[i] = string(jsonOf(l.TaxEvidence))
+		rows[i] = []any{l.ID, invoiceID, int32(l.Position), l.Type, l.Description, l.Currency, l.Amount, l.RatedUsageLineID,
+			l.LedgerEntryID, l.PaymentSessionID, l.TaxCategory, rate, l.TaxJurisdiction, l.TaxSubjectLineID, l.TaxExemptReason,
+			l.ReverseChargeReason, jsonOf(l.TaxEvidence), now}
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO billing_invoice_lines (id, invoice_id, position, line_type, description, currency, amount_minor,
-			rated_usage_line_id, ledger_entry_id, payment_session_id, tax_category, tax_rate_bps, tax_jurisdiction,
-			tax_subject_line_id, tax_exempt_reason, reverse_charge_reason, tax_evidence, created_at)
-		SELECT u.id, $1, u.pos, u.typ, u.descr, u.cur, u.amt, u.rated, u.entry, u.pay, u.cat, u.rate, u.juris, u.subj, u.exempt, u.rev, u.ev::jsonb, $2
-		FROM unnest($3::uuid[], $4::int[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::uuid[], $10::uuid[], $11::uuid[],
-			$12::text[], $13::int[], $14::text[], $15::uuid[], $16::text[], $17::text[], $18::text[])
-			AS u(id, pos, typ, descr, cur, amt, rated, entry, pay, cat, rate, juris, subj, exempt, rev, ev)`,
-		invoiceID, now, ids, pos, types, descs, currencies, amounts, rated, entries, payments, cats, rates, juris, subjects, exempt, reverse, evidence)
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"billing_invoice_lines"}, []string{"id", "invoice_id", "position", "line_type",
+		"description", "currency", "amount_minor", "rated_usage_line_id", "ledger_entry_id", "payment_session_id", "tax_category",
+		"tax_rate_bps", "tax_jurisdiction", "tax_subject_line_id", "tax_exempt_reason", "reverse_charge_reason", "tax_evidence",
+		"created_at"}, pgx.CopyFromRows(rows))
 	if err != nil {
 		return fmt.Errorf("insert invoice lines: %w", err)
 	}
