@@ -2,6 +2,8 @@ package accounts_test
 
 import (
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,5 +73,36 @@ func TestResellerUsageInvoicedOnBothSides(t *testing.T) {
 	if ri.SellerKey != invoices.PlatformSeller || ri.TaxTreatment != "standard" || ri.Totals.Subtotal != 180 || ri.Totals.Tax != 34 ||
 		ri.Totals.Prepaid != 180 {
 		t.Fatalf("reseller invoice: %+v", ri)
+	}
+
+	// Through the real server (contract-validated): drafts are not shown to tenants; the
+	// admin issues; each tenant sees only its own invoice, as JSON and as PDF.
+	list := env.Call(t, "GET", "/api/v1/billing/invoices", customerT.AdminToken, nil, "")
+	want(t, list, 200, "", "")
+	if items := list.Body["items"].([]any); len(items) != 0 {
+		t.Fatalf("a draft is shown to the tenant: %s", list.Raw)
+	}
+	iss := env.Call(t, "POST", "/api/v1/admin/billing/invoices/"+ci.ID.String()+"/issue", customerT.AdminToken, nil, "")
+	want(t, iss, 403, "admin_required", "")
+	iss = env.Call(t, "POST", "/api/v1/admin/billing/invoices/"+ci.ID.String()+"/issue", root, nil, "")
+	want(t, iss, 200, "", "")
+	if iss.Str("status") != "due" || iss.Str("invoice_number") == "" {
+		t.Fatalf("issued: %s", iss.Raw)
+	}
+	list = env.Call(t, "GET", "/api/v1/billing/invoices?status=due", customerT.AdminToken, nil, "")
+	if items := list.Body["items"].([]any); len(items) != 1 || items[0].(map[string]any)["id"] != ci.ID.String() {
+		t.Fatalf("tenant list: %s", list.Raw)
+	}
+	got := env.Call(t, "GET", "/api/v1/billing/invoices/"+ci.ID.String(), resellerT.AdminToken, nil, "")
+	if got.Status != 404 {
+		t.Fatalf("the reseller sees its end customer's invoice: %d %s", got.Status, got.Raw)
+	}
+	req := env.Request("GET", "/api/v1/billing/invoices/"+ci.ID.String(), customerT.AdminToken, "")
+	req.Header.Set("Accept", "application/pdf")
+	resp := env.Do(req)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/pdf" || !strings.HasPrefix(string(body), "%PDF-") {
+		t.Fatalf("PDF: %d %s %.40q", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 	}
 }
