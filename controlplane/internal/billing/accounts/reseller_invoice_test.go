@@ -106,3 +106,45 @@ func TestResellerUsageInvoicedOnBothSides(t *testing.T) {
 		t.Fatalf("PDF: %d %s %.40q", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 	}
 }
+
+// The admin view shows what a tenant owes; an admin credit settles it before the
+// balance grows, and the launch check refuses while it is owed.
+func TestAdminViewShowsArrears(t *testing.T) {
+	env := apitest.New(t)
+	ctx := context.Background()
+	_, root := env.PlatformAdmin(t)
+	tn := env.NewTenant(t, root, "Owes Co")
+	plan := env.Call(t, "POST", "/api/v1/admin/billing/pricing-plans", root, map[string]any{"name": "list", "is_default": true,
+		"effective_from": "2026-01-01T00:00:00Z", "prices": []map[string]any{{"usage_unit": "gpu.h100", "currency": "USD", "unit_price": "0.000694444444"}}}, "")
+	want(t, plan, 201, "", "")
+	acct := env.Call(t, "PUT", "/api/v1/admin/tenants/"+tn.ID.String()+"/pricing-plan", root, map[string]any{"pricing_plan_id": plan.Str("id")}, "")
+	want(t, acct, 200, "", "")
+	from := time.Date(2026, 10, 5, 10, 0, 0, 0, time.UTC)
+	src := uuid.New()
+	if _, err := env.App.Billing.StartUsage(ctx, nil, billing.UsageStart{Source: billing.SourceAllocation, SourceID: src, TenantID: tn.ID,
+		ProjectID: tn.DefaultProject, UserID: tn.AdminID, Unit: "gpu.h100", Quantity: 1, StartedAt: from}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.App.Billing.StopUsage(ctx, nil, billing.SourceAllocation, src, from.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	a := env.Call(t, "GET", accountsPath+"/"+acct.Str("billing_account_id"), root, nil, "")
+	arrears, _ := a.Body["arrears"].([]any)
+	if len(arrears) != 1 || arrears[0].(map[string]any)["amount_minor"] != float64(250) {
+		t.Fatalf("arrears: %s", a.Raw)
+	}
+	d, err := env.App.Billing.CanLaunch(ctx, tn.ID, tn.DefaultProject, "gpu.h100", 1, "")
+	if err != nil || d.Allowed || d.Arrears != 250 {
+		t.Fatalf("launch decision: %+v %v", d, err)
+	}
+	credit := env.Call(t, "POST", "/api/v1/admin/billing/adjustments", root, map[string]any{"tenant_id": tn.ID,
+		"amount": map[string]any{"amount_minor": 300, "currency": "USD"}, "reason": "settle"}, "")
+	want(t, credit, 201, "", "")
+	if b := credit.Body["balance"].(map[string]any); b["amount_minor"] != float64(50) {
+		t.Fatalf("the credit grew the balance before settling: %s", credit.Raw)
+	}
+	a = env.Call(t, "GET", accountsPath+"/"+acct.Str("billing_account_id"), root, nil, "")
+	if arrears, _ := a.Body["arrears"].([]any); len(arrears) != 0 {
+		t.Fatalf("arrears after the credit: %s", a.Raw)
+	}
+}
