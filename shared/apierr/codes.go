@@ -109,9 +109,10 @@ var statusOf = map[Code]int{
 	TokenMissing: 401, TokenInvalid: 401, TokenExpired: 401, TokenScopeInvalid: 401,
 	AuthPersonalDisabled: 403, AuthEnterpriseRequired: 403, AuthPersonalRequired: 403,
 	InsufficientPermissions: 403, AdminRequired: 403, OwnershipRequired: 403, StepUpRequired: 403, AppNotEntitled: 403,
-	// A full storage quota is not a rate: retrying will not help until something is deleted
-	// (docs/storage.md; an object over the per-PUT limit is 413 where it is refused).
-	StorageQuotaExceeded: 403,
+	// ARCHITECTURE §3 puts the quotas with the limits at 429 (no Retry-After: waiting
+	// alone does not free a storage quota); an object over the per-PUT limit is 413 where
+	// it is refused (docs/storage.md).
+	StorageQuotaExceeded: 429,
 	InvalidRequest:       400, PaymentSignatureInvalid: 400, StoragePathTraversal: 400,
 	ValidationError:     422,
 	AllocationNotActive: 409, AllocationAlreadyReleasing: 409, NodeOffline: 409, NodeInUse: 409,

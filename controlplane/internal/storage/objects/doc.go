@@ -13,7 +13,7 @@
 //     checked against the current object (409/412) — all before reading the body.
 //  2. Quota is reserved in PostgreSQL (storage.Service): the whole Content-Length up
 //     front, or for a chunked body step by step as bytes arrive, ahead of them; a step
-//     the quota cannot hold ends the upload (413 quota_exhausted).
+//     the quota cannot hold ends the upload (429 quota_exhausted).
 //  3. The bytes stream into a fresh blob key (one per PUT), hashed on the way (the ETag
 //     is the quoted sha256 hex).
 //  4. One transaction commits: it locks the bucket (still active) and the object row,
@@ -36,8 +36,8 @@
 //   - 412 invalid_request (details.reason precondition_failed) for If-Match that does
 //     not hold; 304 for a read whose If-None-Match matches.
 //   - 413 storage_quota_exceeded (details.reason object_too_large) over the per-PUT
-//     limit, (quota_exhausted) for a chunked body past the quota; 403 for a
-//     Content-Length the quota cannot hold (storage.Service decides).
+//     limit; 429 (quota_exhausted, details.chunked) for a Content-Length the quota
+//     cannot hold, a full object count, or a chunked body that grows past the quota.
 //   - 416 invalid_request (details.reason range_not_satisfiable) with Content-Range
 //     bytes */size.
 //   - 400 invalid_request (details.reason body_length_mismatch) for a body shorter than

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,8 +32,7 @@ type reservation struct {
 
 // reserve opens the upload's reservation of bytes and one object in one transaction:
 // the conditional UPDATE of the project's usage and the storage_uploads row. chunked
-// tells which refusal applies: a chunked body past the quota is 413 quota_exhausted, a
-// Content-Length the quota cannot hold (or a full object count) 403.
+// is reported in the refusal's details (both are 429 quota_exhausted).
 func (s *Store) reserve(ctx context.Context, b Bucket, id uuid.UUID, blobKey string, bytes int64, chunked bool) (*reservation, error) {
 	ctx, cancel := s.step(ctx)
 	defer cancel()
@@ -65,12 +63,10 @@ func (s *Store) reserveIn(ctx context.Context, q *objectsdb.Queries, b Bucket, b
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.Metrics.QuotaRefused()
-		e := apierr.New(apierr.StorageQuotaExceeded, "the project's storage quota cannot hold this upload").
-			With("reason", "quota_exhausted").With("requested_bytes", bytes)
-		if chunked {
-			return e.WithStatus(http.StatusRequestEntityTooLarge)
-		}
-		return e.WithStatus(http.StatusForbidden)
+		// 429 whether the size was declared or a chunked body grew past the quota
+		// (ARCHITECTURE §3); chunked says which in details.
+		return apierr.New(apierr.StorageQuotaExceeded, "the project's storage quota cannot hold this upload").
+			With("reason", "quota_exhausted").With("requested_bytes", bytes).With("chunked", chunked)
 	}
 	if err != nil {
 		return fmt.Errorf("reserve quota: %w", err)

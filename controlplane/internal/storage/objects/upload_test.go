@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
 	"github.com/gantry-gpu/gantry/controlplane/internal/app"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/objects"
 )
@@ -168,7 +169,7 @@ func TestConcurrentUploadsAgainstQuota(t *testing.T) {
 		switch s {
 		case 200:
 			ok++
-		case 403, 413:
+		case 429:
 		default:
 			t.Errorf("upload %d: %d", i, s)
 		}
@@ -180,5 +181,50 @@ func TestConcurrentUploadsAgainstQuota(t *testing.T) {
 	}
 	if got := len(files(t, w.root)); got != ok {
 		t.Fatalf("%d blobs for %d objects", got, ok)
+	}
+}
+
+// A full quota refuses with 429 storage_quota_exceeded (ARCHITECTURE §3), reason
+// quota_exhausted, whether the size was declared, the body was chunked, or the object
+// count is full; nothing of a refused upload is kept.
+func TestFullQuotaIs429(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	if _, err := w.env.Pool.Exec(ctx, `INSERT INTO storage_tenant_quotas (tenant_id, max_bytes, max_objects, updated_at) VALUES ($1, 1000, 2, now())`,
+		w.tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	put := func(path string, n int, chunked bool) apitest.Answer {
+		r := w.req(t, http.MethodPut, w.bucket, pathQuery(path), bytes.NewReader(bytes.Repeat([]byte{'q'}, n)), nil)
+		if chunked {
+			r.ContentLength = -1
+			r.Body = io.NopCloser(bytes.NewReader(bytes.Repeat([]byte{'q'}, n)))
+		}
+		return w.env.Send(t, r)
+	}
+	if a := put("first", 600, false); a.Status != 200 {
+		t.Fatalf("first upload: %d %s", a.Status, a.Raw)
+	}
+	declared := put("declared", 600, false)
+	wantErr(t, declared, 429, "storage_quota_exceeded", "quota_exhausted")
+	if d, _ := declared.Body["details"].(map[string]any); d["chunked"] != false {
+		t.Fatalf("declared refusal details: %v", d)
+	}
+	chunked := put("chunked", 600, true)
+	wantErr(t, chunked, 429, "storage_quota_exceeded", "quota_exhausted")
+	if d, _ := chunked.Body["details"].(map[string]any); d["chunked"] != true {
+		t.Fatalf("chunked refusal details: %v", d)
+	}
+	if a := put("second", 100, false); a.Status != 200 {
+		t.Fatalf("an upload that fits: %d %s", a.Status, a.Raw)
+	}
+	wantErr(t, put("third", 1, false), 429, "storage_quota_exceeded", "quota_exhausted") // two objects is the limit
+	if n := w.env.Count(t, `SELECT count(*) FROM storage_objects WHERE path IN ('declared', 'chunked', 'third')`); n != 0 {
+		t.Fatalf("%d refused uploads were kept", n)
+	}
+	u := w.waitSettled(t, w.project)
+	u.exact(t)
+	if u.usedBytes != 700 || u.usedObjects != 2 {
+		t.Fatalf("usage %+v, want 700 bytes in 2 objects", u)
 	}
 }
