@@ -3,4 +3,4 @@
 package api
 
 // SpecSHA256 is the SHA-256 of the proto/openapi/openapi.yaml this package was generated from.
-const SpecSHA256 = "eca9264541573bf958c2a59eabe8e53ca2c7e68c598d9b33d01c43d15373b5f1"
+const SpecSHA256 = "eabdcde565622b32a715d3661e4861c6404764203bca78ddc038ddce13ee040b"

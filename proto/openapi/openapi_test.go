@@ -34,6 +34,7 @@ var freeForm = map[string]bool{
 	schemasPrefix + "BillingInvoiceSummary/properties/tax_snapshot":          true,
 	schemasPrefix + "BillingInvoiceDetail/properties/tax_snapshot":           true,
 	schemasPrefix + "BillingInvoiceLine/properties/tax_evidence":             true,
+	schemasPrefix + "BillingTaxProfile/properties/tax_evidence":              true,
 	schemasPrefix + "BillingRatedUsageLine/properties/pricing_snapshot":      true,
 	schemasPrefix + "BillingShadowRatingRequest/properties/pricing_snapshot": true,
 	schemasPrefix + "BillingShadowRatingLine/properties/pricing_snapshot":    true,

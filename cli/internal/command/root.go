@@ -100,7 +100,7 @@ terminal and ssh exit with the remote command's status.`,
 	})
 
 	root.AddCommand(a.loginCmd(), a.logoutCmd(), a.whoamiCmd(), a.projectCmd(), a.sshKeyCmd(), a.skuCmd(),
-		a.allocCmd(), a.appCmd(), a.balanceCmd(), a.usageCmd(), a.budgetCmd(), a.terminalCmd(), a.sshCmd(), a.sshConfigCmd(), a.sshProxyCmd(), a.completionCmd(),
+		a.allocCmd(), a.appCmd(), a.balanceCmd(), a.invoiceCmd(), a.usageCmd(), a.budgetCmd(), a.terminalCmd(), a.sshCmd(), a.sshConfigCmd(), a.sshProxyCmd(), a.completionCmd(),
 		a.bucketCmd(), a.lsCmd(), a.cpCmd(), a.quotaCmd())
 	root.CompletionOptions.DisableDefaultCmd = true
 	markUsageErrors(root)

@@ -31,6 +31,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/accounts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/invoices"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/contract"
@@ -110,6 +112,10 @@ type App struct {
 	Billing *billing.Service
 	// Budgets is budget posture, evaluation and the launch decision (DecideLaunch).
 	Budgets *budgets.Service
+	// Accounts are the billing accounts (tenant, reseller, end customer).
+	Accounts *accounts.Service
+	// Invoices builds, issues and settles invoices.
+	Invoices *invoices.Service
 	// Allocations is GPU allocations (docs/allocations.md); it tells Nodes and the
 	// catalog which GPUs and SKUs live allocations hold.
 	Allocations *allocations.Service
@@ -239,6 +245,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, err
 	}
 	a.Billing = billing.New(a.Pool, a.Clock, a.IDs, cfg.Billing.service())
+	// Billing accounts and invoices (docs/billing-accounts.md, docs/invoices.md): the
+	// invoice builder asks the accounts who sells to whom under which tax profile; the
+	// period close runs as River jobs.
+	a.Accounts = accounts.New(a.Pool, a.Clock, a.IDs)
+	if a.Invoices, err = invoices.New(a.Pool, a.Clock, a.IDs, a.Billing.Ledger, a.Accounts, a.Metrics.Registry); err != nil {
+		return nil, fmt.Errorf("invoices: %w", err)
+	}
+	a.Invoices.Register(a.Jobs, 0)
 
 	a.Budgets = budgets.New(a.Pool, a.Clock, a.IDs, a.Billing, a.Tenancy)
 
@@ -345,18 +359,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		return nil, err
 	}
 	handlers := &server.API{
-		HealthAPI:      &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
-		AuthAPI:        auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
-		TenancyAPI:     tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
-		SSHKeysAPI:     sshkeys.NewHandlers(a.SSHKeys, cursors),
-		AuditAPI:       &audit.Handlers{Pool: a.Pool, Cursors: cursors},
-		BillingAPI:     billing.NewHandlers(a.Billing, cursors),
-		BudgetsAPI:     budgets.NewHandlers(a.Budgets),
-		PaymentsAPI:    payments.NewHandlers(a.Payments, cursors),
-		NodesAPI:       nodes.NewHandlers(a.Nodes, cursors),
-		CatalogAPI:     catalog.NewHandlers(cat, cursors),
-		AllocationsAPI: allocations.NewHandlers(a.Allocations, cursors),
-		TerminalAPI:    a.Terminal.Handlers(),
+		HealthAPI:          &health.Handlers{Pool: a.Pool, NATS: a.NATS, Gatherer: a.Metrics.Registry, Clock: a.Clock},
+		AuthAPI:            auth.NewHandlers(a.Auth, a.Keys, cfg.Auth, a.Tenancy).WithCursors(cursors),
+		TenancyAPI:         tenancy.NewHandlers(a.Tenancy, a.Billing, cursors),
+		SSHKeysAPI:         sshkeys.NewHandlers(a.SSHKeys, cursors),
+		AuditAPI:           &audit.Handlers{Pool: a.Pool, Cursors: cursors},
+		BillingAPI:         billing.NewHandlers(a.Billing, cursors),
+		BudgetsAPI:         budgets.NewHandlers(a.Budgets),
+		BillingAccountsAPI: accounts.NewHandlers(a.Accounts, cursors),
+		InvoicesAPI:        invoices.NewHandlers(a.Invoices, cursors),
+		PaymentsAPI:        payments.NewHandlers(a.Payments, cursors),
+		NodesAPI:           nodes.NewHandlers(a.Nodes, cursors),
+		CatalogAPI:         catalog.NewHandlers(cat, cursors),
+		AllocationsAPI:     allocations.NewHandlers(a.Allocations, cursors),
+		TerminalAPI:        a.Terminal.Handlers(),
 		// The upgrade runs in NotificationsAPI.StrictMiddleware (below).
 		NotificationsAPI: notifications.NewHandlers(a.Notifications, auth.NewAuthenticator(a.Keys, cfg.Auth, a.Clock), a.Denials, log),
 		// Service accounts, access credentials, POST /api/v1/auth/token (docs/api.md).
@@ -390,7 +406,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		Tracer:            tracer,
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		RequestTimeout:    cfg.RequestTimeout,
-		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware, nodeMetrics.StrictMiddleware},
+		StrictMiddlewares: []api.StrictMiddlewareFunc{handlers.AuthAPI.StrictMiddleware, handlers.MachineIdentitiesAPI.StrictMiddleware, handlers.NotificationsAPI.StrictMiddleware, a.Terminal.StrictMiddleware, handlers.StorageObjectsAPI.StrictMiddleware, handlers.ObservabilityAPI.StrictMiddleware, nodeMetrics.StrictMiddleware, handlers.InvoicesAPI.StrictMiddleware},
 	})
 	ok = true
 	return a, nil

@@ -150,6 +150,18 @@ var Operations = map[string]Requirement{
 	"listBillingPricingPlans":         PlatformAdmin(),
 	"createBillingPricingPlan":        PlatformAdmin(),
 	"createBillingPricingPlanVersion": PlatformAdmin(),
+	// Billing accounts, tenant pricing plans and invoices (issue 24).
+	"listBillingInvoices":      TenantMember(),
+	"getBillingInvoice":        TenantMember(),
+	"listBillingAccounts":      PlatformAdmin(),
+	"createBillingAccount":     PlatformAdmin(),
+	"getAdminBillingAccount":   PlatformAdmin(),
+	"updateBillingAccount":     PlatformAdmin(),
+	"assignTenantPricingPlan":  PlatformAdmin(),
+	"listAdminBillingInvoices": PlatformAdmin(),
+	"issueBillingInvoice":      PlatformAdmin(),
+	"voidBillingInvoice":       PlatformAdmin(),
+	"writeOffBillingInvoice":   PlatformAdmin(),
 
 	// Catalog.
 	"listAdminSkus":       PlatformAdmin(),

@@ -82,25 +82,7 @@ func apiFX(s FXSnapshot) api.BillingFXSnapshot {
 		Provider: s.Provider, ProviderRateID: s.ProviderRateID, CapturedAt: s.CapturedAt}
 }
 
-// GetBillingAccount implements GET /api/v1/billing/account.
-func (h *Handlers) GetBillingAccount(ctx context.Context, _ api.GetBillingAccountRequestObject) (api.GetBillingAccountResponseObject, error) {
-	_, tenant, err := tenantOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	a, err := h.Svc.Account(ctx, tenant)
-	if err != nil {
-		return nil, err
-	}
-	out := api.BillingAccountResponse{
-		BillingAccountID: a.ID, TenantID: tenant, AccountType: api.BillingAccountType(a.Type), Name: a.Name, DisplayName: a.Name,
-		DefaultCurrency: a.DefaultCurrency, CustomerPricingPlanID: a.PricingPlanID,
-		TaxResponsibility: api.BillingAccountResponseTaxResponsibility("platform"),
-		CreditRiskOwner:   api.BillingAccountResponseCreditRiskOwner("platform"),
-		Status:            api.BillingAccountResponseStatus(a.Status),
-	}
-	return api.GetBillingAccount200JSONResponse{Body: out}, nil
-}
+// GET /api/v1/billing/account is the accounts package's (controlplane/internal/billing/accounts).
 
 type usageCursor struct {
 	T  time.Time `json:"t,omitempty"`

@@ -312,17 +312,59 @@ func (l *Ledger) CreditTopUp(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID,
 	if err := checkPositive("amount_minor", amountMinor); err != nil {
 		return uuid.Nil, err
 	}
+	legs, err := l.ArrearsFirst(ctx, tx, tenantID, currency, amountMinor)
+	if err != nil {
+		return uuid.Nil, err
+	}
 	p, err := l.Post(ctx, tx, Posting{
 		Kind: TxnTopUp, TenantID: tenantID, Reference: "payment:" + paymentID.String(),
-		Legs: []Leg{
-			{Account: AccountKey{Kind: AccountWallet, TenantID: tenantID, Currency: currency}, Amount: amountMinor},
-			{Account: AccountKey{Kind: AccountPaymentClearing, Currency: currency}, Amount: -amountMinor},
-		},
+		Legs: append(legs, Leg{Account: AccountKey{Kind: AccountPaymentClearing, Currency: currency}, Amount: -amountMinor}),
 	})
 	if err == nil && !p.Replayed && l.afterCredit != nil {
 		err = l.afterCredit(ctx, tx, tenantID, currency)
 	}
 	return p.TxnID, err
+}
+
+// ArrearsFirst is the tenant side of money arriving (amountMinor > 0 in currency): what
+// the tenant owes on its receivable (usage the wallet could not cover) is settled first,
+// and only the rest reaches the wallet. It locks the wallet and then the receivable
+// (rating's order: wallets first) in tx, so that concurrent credits never settle the same
+// arrears twice. The caller adds the counter leg of amountMinor.
+func (l *Ledger) ArrearsFirst(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, currency string, amountMinor int64) ([]Leg, error) {
+	wallet := AccountKey{Kind: AccountWallet, TenantID: tenantID, Currency: currency}
+	recv := AccountKey{Kind: AccountReceivable, TenantID: tenantID, Currency: currency}
+	q := billingdb.New(tx)
+	ids, err := l.accountIDs(ctx, q, []AccountKey{wallet, recv})
+	if err != nil {
+		return nil, err
+	}
+	var owed int64
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM billing_ledger_accounts WHERE id = $1 FOR UPDATE`, ids[wallet]); err != nil {
+		return nil, fmt.Errorf("lock wallet: %w", err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT -balance_minor FROM billing_ledger_accounts WHERE id = $1 FOR UPDATE`, ids[recv]).Scan(&owed); err != nil {
+		return nil, fmt.Errorf("lock receivable: %w", err)
+	}
+	settle := min(max(owed, 0), amountMinor)
+	var legs []Leg
+	if settle > 0 {
+		legs = append(legs, Leg{Account: recv, Amount: settle})
+	}
+	if rest := amountMinor - settle; rest > 0 {
+		legs = append(legs, Leg{Account: wallet, Amount: rest})
+	}
+	return legs, nil
+}
+
+// Arrears is what the tenant's receivable in currency owes (>= 0).
+func (l *Ledger) Arrears(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, tenantID uuid.UUID, currency string) (int64, error) {
+	var owed int64
+	err := q.QueryRow(ctx, `SELECT COALESCE(max(-balance_minor), 0) FROM billing_ledger_accounts
+		WHERE kind = 'tenant_receivable' AND tenant_id = $1 AND currency = $2`, tenantID, currency).Scan(&owed)
+	return max(owed, 0), err
 }
 
 // DebitRefund debits the tenant's wallet in currency with amountMinor (> 0) towards the

@@ -332,6 +332,26 @@ func (p *pricer) forTenant(ctx context.Context, tenantID uuid.UUID) (*schedule, 
 		}
 		p.tenants[tenantID] = planID
 	}
+	return p.plan(ctx, planID)
+}
+
+// forPlanOrDefault is the schedule of planID, or of the default plan when planID is
+// not valid (an end customer's wholesale plan left unset).
+func (p *pricer) forPlanOrDefault(ctx context.Context, planID uuid.NullUUID) (*schedule, error) {
+	if planID.Valid {
+		return p.plan(ctx, planID.UUID)
+	}
+	def, err := p.q.DefaultPricingPlan(ctx)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, apierr.Validation("usage_unit", "no pricing plan applies").With("reason", "no_pricing_plan").Wrap(ErrNoPrice)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("default plan: %w", err)
+	}
+	return p.plan(ctx, def.ID)
+}
+
+func (p *pricer) plan(ctx context.Context, planID uuid.UUID) (*schedule, error) {
 	if sc, ok := p.plans[planID]; ok {
 		return sc, nil
 	}

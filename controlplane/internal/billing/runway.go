@@ -142,12 +142,19 @@ type Decision struct {
 	UnitPrice   string
 	PlanID      uuid.UUID
 	PlanVersion int32
+	// Arrears is what the tenant's receivable in Currency owes: a tenant in arrears
+	// cannot launch until money settles them.
+	Arrears int64
 }
 
 // Err is nil when allowed, else insufficient_balance (402) with the figures in details.
 func (d Decision) Err() error {
 	if d.Allowed {
 		return nil
+	}
+	if d.Arrears > 0 {
+		return apierr.New(apierr.InsufficientBalance, "the tenant is in arrears: %d minor units of %s usage are unpaid; a top-up settles them first", d.Arrears, d.Currency).
+			With("reason", "arrears").With("currency", d.Currency).With("arrears_minor", d.Arrears)
 	}
 	return apierr.New(apierr.InsufficientBalance, "the %s balance does not cover the minimum runway of %s", d.Currency, d.MinRunway).
 		With("currency", d.Currency).With("available_minor", d.Available).With("required_minor", d.Required).
@@ -193,8 +200,17 @@ func (s *Service) CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, 
 		return Decision{}, fmt.Errorf("stored price %q: %w", lp.UnitPrice, err)
 	}
 	rw := Runway{TenantID: tenantID, Currency: currency, Balance: lp.BalanceMinor, Burn: apd.New(0, 0), Available: lp.BalanceMinor}
-	if lp.OpenUsage {
-		if rw, err = s.runwayOf(ctx, q, newPricer(q), tenantID, currency, now); err != nil {
+	// The wallet that pays: an end customer whose reseller carries the credit risk
+	// launches on its reseller's wallet (docs/billing-accounts.md), priced here at the
+	// customer's price, never below the wholesale one.
+	payer := tenantID
+	if err := s.Pool.QueryRow(ctx, `SELECT reseller_tenant_id FROM billing_accounts
+		WHERE tenant_id = $1 AND account_type = 'end_customer' AND credit_risk_owner = 'reseller' AND status <> 'deleted'`,
+		tenantID).Scan(&payer); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Decision{}, fmt.Errorf("credit risk owner: %w", err)
+	}
+	if lp.OpenUsage || payer != tenantID {
+		if rw, err = s.runwayOf(ctx, q, newPricer(q), payer, currency, now); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -207,7 +223,10 @@ func (s *Service) CanLaunch(ctx context.Context, tenantID, projectID uuid.UUID, 
 		Required: need(&total, s.Config.MinRunway, exponents[currency]), Runway: rw.Duration(&extra), MinRunway: s.Config.MinRunway,
 		UnitPrice: lp.UnitPrice, PlanID: lp.PlanID, PlanVersion: lp.PlanVersion,
 	}
-	d.Allowed = d.Available >= d.Required && d.Available >= 0
+	if d.Arrears, err = s.Ledger.Arrears(ctx, s.Pool, payer, currency); err != nil {
+		return Decision{}, fmt.Errorf("arrears: %w", err)
+	}
+	d.Allowed = d.Available >= d.Required && d.Available >= 0 && d.Arrears == 0
 	return d, nil
 }
 
@@ -260,6 +279,17 @@ func (s *Service) WatchRunway(ctx context.Context) (blocked, restored int, err e
 
 func (s *Service) blockIfExhausted(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, currency string) (bool, error) {
 	q := billingdb.New(tx)
+	// An end customer whose reseller carries the credit risk never pays from its own
+	// wallet (docs/billing-accounts.md): its empty wallet is no reason to stop it; the
+	// reseller owes its usage.
+	var resellerRisk bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM billing_accounts WHERE tenant_id = $1
+		AND account_type = 'end_customer' AND credit_risk_owner = 'reseller' AND status <> 'deleted')`, tenantID).Scan(&resellerRisk); err != nil {
+		return false, fmt.Errorf("credit risk owner: %w", err)
+	}
+	if resellerRisk {
+		return false, nil
+	}
 	rw, err := s.runwayOf(ctx, q, newPricer(q), tenantID, currency, s.Clock.Now())
 	if err != nil {
 		return false, err

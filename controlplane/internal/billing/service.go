@@ -196,13 +196,18 @@ func (s *Service) Adjust(ctx context.Context, a Adjustment) (Posted, error) {
 	}
 	var out Posted
 	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+		legs := []Leg{{Account: AccountKey{Kind: AccountWallet, TenantID: a.TenantID, Currency: a.Money.Currency}, Amount: a.Money.AmountMinor}}
+		if a.Money.AmountMinor > 0 {
+			// A credit settles the tenant's arrears first (docs/billing-accounts.md).
+			var err error
+			if legs, err = s.Ledger.ArrearsFirst(ctx, tx, a.TenantID, a.Money.Currency, a.Money.AmountMinor); err != nil {
+				return err
+			}
+		}
 		var err error
 		out, err = s.Ledger.Post(ctx, tx, Posting{
 			Kind: TxnAdjustment, TenantID: a.TenantID, Reference: "adjustment:" + ref, Memo: a.Reason, ActorUserID: a.ActorID,
-			Legs: []Leg{
-				{Account: AccountKey{Kind: AccountWallet, TenantID: a.TenantID, Currency: a.Money.Currency}, Amount: a.Money.AmountMinor},
-				{Account: AccountKey{Kind: AccountAdjustments, Currency: a.Money.Currency}, Amount: -a.Money.AmountMinor},
-			},
+			Legs: append(legs, Leg{Account: AccountKey{Kind: AccountAdjustments, Currency: a.Money.Currency}, Amount: -a.Money.AmountMinor}),
 		})
 		if err != nil || out.Replayed {
 			return err

@@ -43,15 +43,19 @@ type UsageRecord = billingdb.BillingUsageRecord
 
 // RateResult says what one rating did.
 type RateResult struct {
-	RecordID   uuid.UUID
-	RatingKey  string
-	Through    time.Time
-	Lines      int
-	Amount     int64 // minor units booked by this rating (0 on a replay)
-	Uncovered  int64 // part of Amount the wallet could not cover (booked as receivable)
-	LedgerTxn  uuid.UUID
-	Replayed   bool
-	QuantityMs int64 // cumulative metered quantity rated
+	RecordID  uuid.UUID
+	RatingKey string
+	Through   time.Time
+	Lines     int
+	Amount    int64 // minor units booked by this rating (0 on a replay)
+	Uncovered int64 // part of the paid amount the wallet could not cover (booked as receivable)
+	// Wholesale is the wholesale amount rated for the reseller of an end customer (in
+	// WholesaleLines lines); with reseller credit risk it is what was paid, not Amount.
+	Wholesale      int64
+	WholesaleLines int
+	LedgerTxn      uuid.UUID
+	Replayed       bool
+	QuantityMs     int64 // cumulative metered quantity rated
 }
 
 // StartUsage opens a run. It is idempotent per open (Source, SourceID): starting a run
@@ -243,6 +247,10 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	for i := range recs {
 		byID[recs[i].ID] = &recs[i]
 	}
+	resales, err := loadResales(ctx, tx, recs)
+	if err != nil {
+		return nil, err
+	}
 	events, err := q.RatingEvents(ctx, ratingKeys)
 	if err != nil {
 		return nil, fmt.Errorf("rating events: %w", err)
@@ -259,6 +267,7 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 		state  runState
 		qty    int64
 		total  int64
+		rs     *resale // the wholesale side of an end customer's usage
 	}
 	results := make([]RateResult, len(jobs))
 	var work []computed
@@ -322,6 +331,23 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 		for _, p := range pieces {
 			c.total += p.amount
 		}
+		if rs, ok := resales[rec.ID]; ok {
+			wsc, err := pr.forPlanOrDefault(ctx, rs.plan)
+			if err == nil {
+				rs.pieces, rs.st, err = ratePieces(rec.BillFrom, rec.Quantity, exp, rs.st, st.ratedThrough, wsc.priceAt(rec.UsageUnit, rec.Currency))
+			}
+			if err != nil {
+				if err := fail(i, err); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			rs.total = 0
+			for _, p := range rs.pieces {
+				rs.total += p.amount
+			}
+			c.rs = rs
+		}
 		work = append(work, c)
 		results[i] = RateResult{RecordID: rec.ID, RatingKey: j.key, Through: through, Lines: len(pieces), Amount: c.total, QuantityMs: qty}
 	}
@@ -330,14 +356,24 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	}
 
 	// Wallets: resolve and lock in id order, then cover each run's amount in job order.
+	// The paying side: the tenant's own usage, or for an end customer the credit risk
+	// owner's (the reseller pays the wholesale amount; the platform's risk has the end
+	// customer pay the customer amount).
+	payer := func(c computed) (uuid.UUID, int64, bool) {
+		if c.rs != nil && c.rs.owner == RiskReseller {
+			return c.rs.reseller, c.rs.total, true
+		}
+		return c.rec.TenantID, c.total, false
+	}
 	var keys []AccountKey
 	for _, c := range work {
-		if c.total == 0 {
+		who, amount, _ := payer(c)
+		if amount == 0 {
 			continue
 		}
 		keys = append(keys,
-			AccountKey{Kind: AccountWallet, TenantID: c.rec.TenantID, Currency: c.rec.Currency},
-			AccountKey{Kind: AccountReceivable, TenantID: c.rec.TenantID, Currency: c.rec.Currency},
+			AccountKey{Kind: AccountWallet, TenantID: who, Currency: c.rec.Currency},
+			AccountKey{Kind: AccountReceivable, TenantID: who, Currency: c.rec.Currency},
 			AccountKey{Kind: AccountRevenue, Currency: c.rec.Currency})
 	}
 	walletOf, err := s.Ledger.accountIDs(ctx, q, keys)
@@ -368,7 +404,8 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	deltas := map[uuid.UUID]int64{}
 	evs := billingdb.InsertRatingEventsParams{CreatedAt: now}
 	upd := billingdb.UpdateRatedRecordsParams{Now: now}
-	var lines []billingdb.CopyRatedLinesParams
+	var lines, wsLines []billingdb.CopyRatedLinesParams
+	var wsState wholesaleState
 	addEntry := func(txn, account uuid.UUID, currency string, amount int64) uuid.UUID {
 		id := s.IDs.New()
 		entries.Ids = append(entries.Ids, id)
@@ -381,34 +418,72 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 	for _, c := range work {
 		rec, j := c.rec, jobs[c.job]
 		var txnID uuid.UUID
-		var lineEntries []uuid.UUID
-		if c.total > 0 {
+		var lineEntries, wsEntries []uuid.UUID
+		who, payTotal, wholesalePays := payer(c)
+		if payTotal > 0 {
 			txnID = s.IDs.New()
 			txns.Ids = append(txns.Ids, txnID)
-			txns.TenantIds = append(txns.TenantIds, rec.TenantID)
+			txns.TenantIds = append(txns.TenantIds, who)
 			txns.Refs = append(txns.Refs, "rating:"+j.key)
-			wallet := walletOf[AccountKey{Kind: AccountWallet, TenantID: rec.TenantID, Currency: rec.Currency}]
-			recv := walletOf[AccountKey{Kind: AccountReceivable, TenantID: rec.TenantID, Currency: rec.Currency}]
+			wallet := walletOf[AccountKey{Kind: AccountWallet, TenantID: who, Currency: rec.Currency}]
+			recv := walletOf[AccountKey{Kind: AccountReceivable, TenantID: who, Currency: rec.Currency}]
 			revenue := walletOf[AccountKey{Kind: AccountRevenue, Currency: rec.Currency}]
-			covered := min(c.total, balance[wallet])
+			covered := min(payTotal, balance[wallet])
 			balance[wallet] -= covered
 			if covered > 0 {
 				addEntry(txnID, wallet, rec.Currency, -covered)
 				deltas[wallet] -= covered
 			}
-			if rest := c.total - covered; rest > 0 {
+			if rest := payTotal - covered; rest > 0 {
 				addEntry(txnID, recv, rec.Currency, -rest)
 				deltas[recv] -= rest
 				results[c.job].Uncovered = rest
 			}
-			for _, p := range c.pieces {
+			paid := c.pieces
+			if wholesalePays {
+				paid = c.rs.pieces
+			}
+			var es []uuid.UUID
+			for _, p := range paid {
 				var e uuid.UUID
 				if p.amount != 0 {
 					e = addEntry(txnID, revenue, rec.Currency, p.amount)
 				}
-				lineEntries = append(lineEntries, e)
+				es = append(es, e)
+			}
+			if wholesalePays {
+				wsEntries = es
+			} else {
+				lineEntries = es
 			}
 			results[c.job].LedgerTxn = txnID
+		}
+		if c.rs != nil {
+			results[c.job].Wholesale, results[c.job].WholesaleLines = c.rs.total, len(c.rs.pieces)
+			for n, p := range c.rs.pieces {
+				var entryID uuid.UUID
+				if wsEntries != nil {
+					entryID = wsEntries[n]
+				}
+				version := strconv.Itoa(int(p.price.version))
+				snap, _ := json.Marshal(map[string]any{
+					"rating_role": "wholesale", "plan_id": p.price.planID.String(), "plan_name": p.price.planName,
+					"plan_version": p.price.version, "version_effective_from": p.price.effectiveFrom, "usage_unit": rec.UsageUnit,
+					"currency": rec.Currency, "unit_price": p.price.priceText, "quantity": rec.Quantity, "amount_exact": p.exact.Text('f'),
+					"segment_from": p.segFrom, "cumulative_units": p.cumUnits, "cumulative_amount_minor": p.cumAmount,
+					"credit_risk_owner": c.rs.owner,
+				})
+				wsLines = append(wsLines, billingdb.CopyRatedLinesParams{
+					ID: s.IDs.New(), UsageRecordID: rec.ID, TenantID: c.rs.reseller, RequestedByUserID: uuid.Nil,
+					UsageSource: rec.Source, UsageUnit: rec.UsageUnit, SegmentFrom: p.segFrom, BillFrom: p.from, BillTo: p.to,
+					UnitQuantityMillis: p.quantityMillis, Units: p.units, CumulativeUnits: p.cumUnits, Currency: rec.Currency,
+					UnitPrice: p.price.priceText, AmountMinor: p.amount, AmountExact: p.exact.Text('f'), CumulativeAmountMinor: p.cumAmount,
+					PricingSource: "wholesale_plan", PricingPlanID: nullUUID(p.price.planID), PricingPlanVersion: &version,
+					PricingSnapshot: snap, RatingEventKey: j.key, RatingKey: j.key + "/wholesale/" + strconv.Itoa(n),
+					LedgerEntryID: nullUUID(entryID), CreatedAt: now,
+				})
+			}
+			wsState.add(rec.ID, c.rs.st)
 		}
 		evs.Keys = append(evs.Keys, j.key)
 		evs.RecordIds = append(evs.RecordIds, rec.ID)
@@ -474,8 +549,14 @@ func (s *Service) rateBatch(ctx context.Context, tx pgx.Tx, jobs []rateJob, stri
 			return nil, fmt.Errorf("rated lines: %w", err)
 		}
 	}
+	if err := copyWholesaleLines(ctx, tx, wsLines); err != nil {
+		return nil, err
+	}
 	if err := q.UpdateRatedRecords(ctx, upd); err != nil {
 		return nil, fmt.Errorf("usage state: %w", err)
+	}
+	if err := wsState.write(ctx, tx); err != nil {
+		return nil, err
 	}
 	return results, nil
 }

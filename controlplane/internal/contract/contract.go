@@ -157,10 +157,16 @@ func (o *Op) needsValidation(r *http.Request) bool {
 // binary of any length (schema type string, format binary), the object upload and
 // download. A body declared without a schema (the payment webhooks' */*) is not one:
 // it stays capped and buffered like every JSON body.
+// maxDocumentBytes bounds a binary body that is a document rather than a stream.
+const maxDocumentBytes = 64 << 20
+
 func streams(op *openapi3.Operation) bool {
 	has := func(c openapi3.Content) bool {
 		for _, mt := range c {
-			if mt != nil && mt.Schema != nil && mt.Schema.Value != nil && mt.Schema.Value.Format == "binary" {
+			// A binary bounded to a document's size (an invoice PDF, maxLength <= 64 MiB) is
+			// rendered and sent within the request deadline; only unbounded ones stream.
+			if mt != nil && mt.Schema != nil && mt.Schema.Value != nil && mt.Schema.Value.Format == "binary" &&
+				(mt.Schema.Value.MaxLength == nil || *mt.Schema.Value.MaxLength > maxDocumentBytes) {
 				return true
 			}
 		}

@@ -19,14 +19,18 @@ var (
 	// budgetEvents are the budget event types that are pushed: a threshold crossed and a
 	// suspension asked for (BillingBudgetEvent). Budget settings changes are not.
 	budgetEvents = map[string]bool{"budget.threshold_crossed": true, "budget.suspend_requested": true}
+	// invoiceEvents reach the tenant when an invoice is issued, paid or voided
+	// (docs/invoices.md); drafts and write-offs are the platform's business.
+	invoiceFields = []string{"invoice_id", "number", "status", "currency", "total_minor", "amount_due_minor", "period_start", "period_end"}
+	invoiceEvents = map[string]bool{"invoice.issued": true, "invoice.paid": true, "invoice.voided": true}
 )
 
 // eventSubjects are the events-stream subjects (after the events prefix) a hub listens to.
-var eventSubjects = []string{"allocation.>", "budget.>"}
+var eventSubjects = []string{"allocation.>", "budget.>", "invoice.>"}
 
 // fromEvent is the notification a domain event of type typ becomes, if any. Allocation
-// status changes (allocation.<status>) and budget events go to their tenant's channel,
-// limited to the project's members when they belong to a project.
+// status changes (allocation.<status>), budget events and invoice events go to their
+// tenant's channel, limited to the project's members when they belong to a project.
 func fromEvent(typ string, payload []byte) (Notification, bool) {
 	var fields []string
 	switch {
@@ -34,6 +38,8 @@ func fromEvent(typ string, payload []byte) (Notification, bool) {
 		fields = allocationFields
 	case budgetEvents[typ]:
 		fields = budgetFields
+	case invoiceEvents[typ]:
+		fields = invoiceFields
 	default:
 		return Notification{}, false
 	}

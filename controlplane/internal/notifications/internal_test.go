@@ -82,7 +82,19 @@ func TestFromEvent(t *testing.T) {
 		t.Error("a field outside the allowlist was copied")
 	}
 
+	invoice := `{"invoice_id":"` + uuid.NewString() + `","tenant_id":"` + tenant.String() + `","status":"due","currency":"USD",` +
+		`"total_minor":4321,"amount_due_minor":4321,"number":"GNT-000007","period_start":"2026-01-01T00:00:00Z","period_end":"2026-02-01T00:00:00Z","seller_key":"s"}`
+	n, ok = fromEvent("invoice.issued", []byte(invoice))
+	if !ok || n.Channel != OrgChannel(tenant) || n.Project != uuid.Nil || n.Data["number"] != "GNT-000007" || n.Data["total_minor"] != float64(4321) {
+		t.Fatalf("invoice.issued -> %+v %v", n, ok)
+	}
+	if _, leaked := n.Data["seller_key"]; leaked {
+		t.Error("an invoice field outside the allowlist was copied")
+	}
+
 	for _, tc := range []struct{ typ, payload string }{
+		{"invoice.created", invoice},
+		{"invoice.written_off", invoice},
 		{"allocation.active", strings.Replace(allocation, `"status":"active"`, `"status":"failed"`, 1)}, // type and status disagree
 		{"allocation.active", strings.Replace(allocation, tenant.String(), "nope", 1)},
 		{"allocation.active", strings.Replace(allocation, project.String(), "nope", 1)},

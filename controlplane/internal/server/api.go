@@ -10,6 +10,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/accounts"
+	"github.com/gantry-gpu/gantry/controlplane/internal/billing/invoices"
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
@@ -72,6 +74,11 @@ type API struct {
 	*AppProxyAPI
 	*SharedRuntimesAPI
 	*AppArtifactsAPI
+	// BillingAccountsAPI: billing accounts and tenant pricing plans (docs/billing-accounts.md).
+	*BillingAccountsAPI
+	// InvoicesAPI: tenant and admin invoices (docs/invoices.md); the PDF answer reads
+	// Accept in its StrictMiddleware.
+	*InvoicesAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -103,6 +110,8 @@ type (
 	AppProxyAPI           = proxy.Handlers
 	SharedRuntimesAPI     = sharedruntimes.Handlers
 	AppArtifactsAPI       = artifacts.Handlers
+	BillingAccountsAPI    = accounts.Handlers
+	InvoicesAPI           = invoices.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

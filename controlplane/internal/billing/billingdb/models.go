@@ -9,16 +9,36 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type BillingAccount struct {
-	ID                    uuid.UUID
-	TenantID              uuid.UUID
-	AccountType           string
-	CustomerPricingPlanID uuid.NullUUID
-	Status                string
-	CreatedAt             time.Time
-	UpdatedAt             time.Time
+	ID                       uuid.UUID
+	TenantID                 uuid.UUID
+	AccountType              string
+	CustomerPricingPlanID    uuid.NullUUID
+	Status                   string
+	CreatedAt                time.Time
+	UpdatedAt                time.Time
+	Name                     *string
+	ParentBillingAccountID   uuid.NullUUID
+	ResellerTenantID         uuid.NullUUID
+	InvoiceRecipientTenantID uuid.NullUUID
+	DefaultCurrency          *string
+	WholesalePricingPlanID   uuid.NullUUID
+	TaxResponsibility        string
+	CreditRiskOwner          string
+	TaxTreatment             string
+	TaxJurisdiction          *string
+	SellerTaxRegistration    *string
+	CustomerTaxRegistration  *string
+	TaxRates                 json.RawMessage
+	DefaultTaxRateBps        pgtype.Int4
+	TaxExemptReason          *string
+	TaxEvidence              json.RawMessage
+	InvoiceCurrency          *string
+	InvoicePeriod            string
+	PaymentTermsDays         int32
 }
 
 type BillingCurrency struct {
@@ -101,6 +121,7 @@ type BillingRatedUsageLine struct {
 	RatingKey             string
 	LedgerEntryID         uuid.NullUUID
 	CreatedAt             time.Time
+	RatingRole            string
 }
 
 type BillingRatingEvent struct {
@@ -138,4 +159,8 @@ type BillingUsageRecord struct {
 	SegAmountMinor      int64
 	CreatedAt           time.Time
 	UpdatedAt           time.Time
+	WsRatedThrough      *time.Time
+	WsSegFrom           *time.Time
+	WsSegUnits          int64
+	WsSegAmountMinor    int64
 }

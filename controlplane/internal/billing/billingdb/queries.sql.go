@@ -71,7 +71,7 @@ func (q *Queries) ClearDefaultPlan(ctx context.Context, arg ClearDefaultPlanPara
 const closeUsageRecord = `-- name: CloseUsageRecord :one
 UPDATE billing_usage_records SET bill_to = $1, updated_at = $2
 WHERE id = $3 AND bill_to IS NULL AND rated_through <= $1
-RETURNING id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at
+RETURNING id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at, ws_rated_through, ws_seg_from, ws_seg_units, ws_seg_amount_minor
 `
 
 type CloseUsageRecordParams struct {
@@ -102,6 +102,10 @@ func (q *Queries) CloseUsageRecord(ctx context.Context, arg CloseUsageRecordPara
 		&i.SegAmountMinor,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.WsRatedThrough,
+		&i.WsSegFrom,
+		&i.WsSegUnits,
+		&i.WsSegAmountMinor,
 	)
 	return i, err
 }
@@ -288,7 +292,7 @@ func (q *Queries) FindAccount(ctx context.Context, arg FindAccountParams) (FindA
 }
 
 const getBillingAccount = `-- name: GetBillingAccount :one
-SELECT id, tenant_id, account_type, customer_pricing_plan_id, status, created_at, updated_at FROM billing_accounts WHERE tenant_id = $1
+SELECT id, tenant_id, account_type, customer_pricing_plan_id, status, created_at, updated_at, name, parent_billing_account_id, reseller_tenant_id, invoice_recipient_tenant_id, default_currency, wholesale_pricing_plan_id, tax_responsibility, credit_risk_owner, tax_treatment, tax_jurisdiction, seller_tax_registration, customer_tax_registration, tax_rates, default_tax_rate_bps, tax_exempt_reason, tax_evidence, invoice_currency, invoice_period, payment_terms_days FROM billing_accounts WHERE tenant_id = $1
 `
 
 func (q *Queries) GetBillingAccount(ctx context.Context, tenantID uuid.UUID) (BillingAccount, error) {
@@ -302,6 +306,25 @@ func (q *Queries) GetBillingAccount(ctx context.Context, tenantID uuid.UUID) (Bi
 		&i.Status,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Name,
+		&i.ParentBillingAccountID,
+		&i.ResellerTenantID,
+		&i.InvoiceRecipientTenantID,
+		&i.DefaultCurrency,
+		&i.WholesalePricingPlanID,
+		&i.TaxResponsibility,
+		&i.CreditRiskOwner,
+		&i.TaxTreatment,
+		&i.TaxJurisdiction,
+		&i.SellerTaxRegistration,
+		&i.CustomerTaxRegistration,
+		&i.TaxRates,
+		&i.DefaultTaxRateBps,
+		&i.TaxExemptReason,
+		&i.TaxEvidence,
+		&i.InvoiceCurrency,
+		&i.InvoicePeriod,
+		&i.PaymentTermsDays,
 	)
 	return i, err
 }
@@ -685,7 +708,7 @@ INSERT INTO billing_usage_records (id, tenant_id, project_id, requested_by_user_
                                    quantity, currency, bill_from, bill_to, rated_through, seg_from, created_at, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $10, $10, $12, $12)
 ON CONFLICT (source, source_id) WHERE bill_to IS NULL DO NOTHING
-RETURNING id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at
+RETURNING id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at, ws_rated_through, ws_seg_from, ws_seg_units, ws_seg_amount_minor
 `
 
 type InsertUsageRecordParams struct {
@@ -738,6 +761,10 @@ func (q *Queries) InsertUsageRecord(ctx context.Context, arg InsertUsageRecordPa
 		&i.SegAmountMinor,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.WsRatedThrough,
+		&i.WsSegFrom,
+		&i.WsSegUnits,
+		&i.WsSegAmountMinor,
 	)
 	return i, err
 }
@@ -858,7 +885,7 @@ func (q *Queries) ListCurrencies(ctx context.Context) ([]BillingCurrency, error)
 }
 
 const listLinesCostAsc = `-- name: ListLinesCostAsc :many
-SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at FROM billing_rated_usage_lines
+SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at, rating_role FROM billing_rated_usage_lines
 WHERE tenant_id = $1 AND bill_from >= $2 AND bill_from < $3
   AND (NOT $4::boolean OR (amount_minor, id) > ($5::bigint, $6::uuid))
 ORDER BY amount_minor, id LIMIT $7
@@ -919,6 +946,7 @@ func (q *Queries) ListLinesCostAsc(ctx context.Context, arg ListLinesCostAscPara
 			&i.RatingKey,
 			&i.LedgerEntryID,
 			&i.CreatedAt,
+			&i.RatingRole,
 		); err != nil {
 			return nil, err
 		}
@@ -931,7 +959,7 @@ func (q *Queries) ListLinesCostAsc(ctx context.Context, arg ListLinesCostAscPara
 }
 
 const listLinesCostDesc = `-- name: ListLinesCostDesc :many
-SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at FROM billing_rated_usage_lines
+SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at, rating_role FROM billing_rated_usage_lines
 WHERE tenant_id = $1 AND bill_from >= $2 AND bill_from < $3
   AND (NOT $4::boolean OR (amount_minor, id) < ($5::bigint, $6::uuid))
 ORDER BY amount_minor DESC, id DESC LIMIT $7
@@ -992,6 +1020,7 @@ func (q *Queries) ListLinesCostDesc(ctx context.Context, arg ListLinesCostDescPa
 			&i.RatingKey,
 			&i.LedgerEntryID,
 			&i.CreatedAt,
+			&i.RatingRole,
 		); err != nil {
 			return nil, err
 		}
@@ -1004,7 +1033,7 @@ func (q *Queries) ListLinesCostDesc(ctx context.Context, arg ListLinesCostDescPa
 }
 
 const listLinesStartAsc = `-- name: ListLinesStartAsc :many
-SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at FROM billing_rated_usage_lines
+SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at, rating_role FROM billing_rated_usage_lines
 WHERE tenant_id = $1 AND bill_from >= $2 AND bill_from < $3
   AND (NOT $4::boolean OR (bill_from, id) > ($5::timestamptz, $6::uuid))
 ORDER BY bill_from, id LIMIT $7
@@ -1065,6 +1094,7 @@ func (q *Queries) ListLinesStartAsc(ctx context.Context, arg ListLinesStartAscPa
 			&i.RatingKey,
 			&i.LedgerEntryID,
 			&i.CreatedAt,
+			&i.RatingRole,
 		); err != nil {
 			return nil, err
 		}
@@ -1077,7 +1107,7 @@ func (q *Queries) ListLinesStartAsc(ctx context.Context, arg ListLinesStartAscPa
 }
 
 const listLinesStartDesc = `-- name: ListLinesStartDesc :many
-SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at FROM billing_rated_usage_lines
+SELECT id, usage_record_id, tenant_id, project_id, requested_by_user_id, usage_source, usage_unit, segment_from, bill_from, bill_to, unit_quantity_millis, units, cumulative_units, currency, unit_price, amount_minor, amount_exact, cumulative_amount_minor, pricing_source, pricing_plan_id, pricing_plan_version, pricing_snapshot, fx_snapshot_id, rating_event_key, rating_key, ledger_entry_id, created_at, rating_role FROM billing_rated_usage_lines
 WHERE tenant_id = $1 AND bill_from >= $2 AND bill_from < $3
   AND (NOT $4::boolean OR (bill_from, id) < ($5::timestamptz, $6::uuid))
 ORDER BY bill_from DESC, id DESC LIMIT $7
@@ -1138,6 +1168,7 @@ func (q *Queries) ListLinesStartDesc(ctx context.Context, arg ListLinesStartDesc
 			&i.RatingKey,
 			&i.LedgerEntryID,
 			&i.CreatedAt,
+			&i.RatingRole,
 		); err != nil {
 			return nil, err
 		}
@@ -1210,7 +1241,7 @@ func (q *Queries) LockAccounts(ctx context.Context, ids []uuid.UUID) ([]LockAcco
 }
 
 const lockUsageRecords = `-- name: LockUsageRecords :many
-SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at FROM billing_usage_records WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE
+SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at, ws_rated_through, ws_seg_from, ws_seg_units, ws_seg_amount_minor FROM billing_usage_records WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE
 `
 
 func (q *Queries) LockUsageRecords(ctx context.Context, ids []uuid.UUID) ([]BillingUsageRecord, error) {
@@ -1241,6 +1272,10 @@ func (q *Queries) LockUsageRecords(ctx context.Context, ids []uuid.UUID) ([]Bill
 			&i.SegAmountMinor,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.WsRatedThrough,
+			&i.WsSegFrom,
+			&i.WsSegUnits,
+			&i.WsSegAmountMinor,
 		); err != nil {
 			return nil, err
 		}
@@ -1253,7 +1288,7 @@ func (q *Queries) LockUsageRecords(ctx context.Context, ids []uuid.UUID) ([]Bill
 }
 
 const openUsage = `-- name: OpenUsage :many
-SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at FROM billing_usage_records WHERE tenant_id = $1 AND currency = $2 AND bill_to IS NULL
+SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at, ws_rated_through, ws_seg_from, ws_seg_units, ws_seg_amount_minor FROM billing_usage_records WHERE tenant_id = $1 AND currency = $2 AND bill_to IS NULL
 `
 
 type OpenUsageParams struct {
@@ -1290,6 +1325,10 @@ func (q *Queries) OpenUsage(ctx context.Context, arg OpenUsageParams) ([]Billing
 			&i.SegAmountMinor,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.WsRatedThrough,
+			&i.WsSegFrom,
+			&i.WsSegUnits,
+			&i.WsSegAmountMinor,
 		); err != nil {
 			return nil, err
 		}
@@ -1302,7 +1341,7 @@ func (q *Queries) OpenUsage(ctx context.Context, arg OpenUsageParams) ([]Billing
 }
 
 const openUsageBySource = `-- name: OpenUsageBySource :one
-SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at FROM billing_usage_records WHERE source = $1 AND source_id = $2 AND bill_to IS NULL
+SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at, ws_rated_through, ws_seg_from, ws_seg_units, ws_seg_amount_minor FROM billing_usage_records WHERE source = $1 AND source_id = $2 AND bill_to IS NULL
 `
 
 type OpenUsageBySourceParams struct {
@@ -1332,6 +1371,10 @@ func (q *Queries) OpenUsageBySource(ctx context.Context, arg OpenUsageBySourcePa
 		&i.SegAmountMinor,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.WsRatedThrough,
+		&i.WsSegFrom,
+		&i.WsSegUnits,
+		&i.WsSegAmountMinor,
 	)
 	return i, err
 }
@@ -1473,7 +1516,7 @@ func (q *Queries) RecordLineTotals(ctx context.Context, ids []uuid.UUID) ([]Reco
 }
 
 const recordsByID = `-- name: RecordsByID :many
-SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at FROM billing_usage_records WHERE tenant_id = $1 AND id = ANY($2::uuid[]) ORDER BY id
+SELECT id, tenant_id, project_id, requested_by_user_id, source, source_id, usage_unit, quantity, currency, bill_from, bill_to, rated_through, rated_quantity_millis, seg_from, seg_units, seg_amount_minor, created_at, updated_at, ws_rated_through, ws_seg_from, ws_seg_units, ws_seg_amount_minor FROM billing_usage_records WHERE tenant_id = $1 AND id = ANY($2::uuid[]) ORDER BY id
 `
 
 type RecordsByIDParams struct {
@@ -1509,6 +1552,10 @@ func (q *Queries) RecordsByID(ctx context.Context, arg RecordsByIDParams) ([]Bil
 			&i.SegAmountMinor,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.WsRatedThrough,
+			&i.WsSegFrom,
+			&i.WsSegUnits,
+			&i.WsSegAmountMinor,
 		); err != nil {
 			return nil, err
 		}
