@@ -32,6 +32,13 @@ func (s *Service) Release(ctx context.Context, p *principal.Principal, proj proj
 	return s.apply(ctx, id, &proj.ID, lifecycle.Release, Actor{Type: ActorUser, ID: p.UserID.String()}, "released by user")
 }
 
+// ReleaseAsSystem releases an allocation of projectID on the platform's own account, for a
+// feature that launched it on a user's behalf and whose workload ended without the user
+// (an app instance that failed, docs/apps.md): the same move as Release, by ActorSystem.
+func (s *Service) ReleaseAsSystem(ctx context.Context, projectID, id uuid.UUID, reason string) (Allocation, error) {
+	return s.apply(ctx, id, &projectID, lifecycle.Release, Actor{Type: ActorSystem}, reason)
+}
+
 // ForceRelease is the admin's way out of any non-final status: straight to released,
 // GPUs freed, billing stopped, and the allocation flagged for node cleanup.
 func (s *Service) ForceRelease(ctx context.Context, p *principal.Principal, id uuid.UUID) (Allocation, error) {

@@ -67,6 +67,8 @@ type allocs struct {
 	node     uuid.UUID
 	sawTx    bool
 	released []uuid.UUID
+	// releasedBySystem: allocations released because the instance launched on them failed.
+	releasedBySystem []uuid.UUID
 }
 
 func (a *allocs) Get(_ context.Context, projectID, id uuid.UUID) (allocations.Allocation, error) {
@@ -113,6 +115,19 @@ func (a *allocs) Release(_ context.Context, _ *principal.Principal, proj project
 		return allocations.Allocation{}, apierr.NotFound(apierr.AllocationNotFound, "allocation")
 	}
 	a.released = append(a.released, id)
+	x.Status = "releasing"
+	a.m[id] = x
+	return x, nil
+}
+
+func (a *allocs) ReleaseAsSystem(_ context.Context, projectID, id uuid.UUID, _ string) (allocations.Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	x, ok := a.m[id]
+	if !ok || x.ProjectID != projectID {
+		return allocations.Allocation{}, apierr.NotFound(apierr.AllocationNotFound, "allocation")
+	}
+	a.releasedBySystem = append(a.releasedBySystem, id)
 	x.Status = "releasing"
 	a.m[id] = x
 	return x, nil

@@ -430,3 +430,46 @@ func TestOrphanOnTheNodeIsStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An instance that fails releases the allocation launched for it (on the platform's
+// account: no user asked), so its GPUs and billing do not outlive the app; an instance
+// on an allocation the user brought leaves that allocation alone.
+func TestFailedInstanceReleasesItsLaunchedAllocation(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, instances.Config{})
+	ctx := context.Background()
+	i, err := w.launch(instances.LaunchSpec{AppSlug: "web", Version: "1.0", SKU: "h100.1x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.allocs.set(i.AllocationID, "active")
+	if err := w.svc.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.get(i.ID); got.State != lifecycle.Starting {
+		t.Fatalf("after delivery: %s", got.State)
+	}
+	if _, err := w.svc.ApplyReport(ctx, w.nodeID, instances.Report{InstanceID: i.ID, State: "failed", Reason: "crash_loop", Message: "exited 1 five times"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.get(i.ID); got.State != lifecycle.Failed {
+		t.Fatalf("state %s", got.State)
+	}
+	w.allocs.mu.Lock()
+	bySystem, byUser := append([]uuid.UUID(nil), w.allocs.releasedBySystem...), len(w.allocs.released)
+	w.allocs.mu.Unlock()
+	if len(bySystem) != 1 || bySystem[0] != i.AllocationID || byUser != 0 {
+		t.Fatalf("released by the system %v, by a user %d; want the launched allocation once, by the system", bySystem, byUser)
+	}
+
+	// On the user's own allocation: the failure leaves it running.
+	own := w.started("web", "1.0")
+	if _, err := w.svc.ApplyReport(ctx, w.nodeID, instances.Report{InstanceID: own.ID, State: "failed", Reason: "crash_loop", Message: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	w.allocs.mu.Lock()
+	defer w.allocs.mu.Unlock()
+	if len(w.allocs.releasedBySystem) != 1 {
+		t.Fatalf("the user's own allocation was released: %v", w.allocs.releasedBySystem)
+	}
+}

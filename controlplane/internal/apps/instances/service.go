@@ -79,6 +79,9 @@ type Allocations interface {
 	Get(ctx context.Context, projectID, id uuid.UUID) (allocations.Allocation, error)
 	Create(ctx context.Context, p *principal.Principal, proj projectctx.Project, spec allocations.CreateSpec) (allocations.Allocation, error)
 	Release(ctx context.Context, p *principal.Principal, proj projectctx.Project, id uuid.UUID) (allocations.Allocation, error)
+	// ReleaseAsSystem releases the allocation launched for an instance that failed: no
+	// user asked, and it must not keep its GPUs and billing.
+	ReleaseAsSystem(ctx context.Context, projectID, id uuid.UUID, reason string) (allocations.Allocation, error)
 }
 
 // Artifacts checks that a launch's artifacts are the project's (implemented by the

@@ -11,9 +11,11 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances/lifecycle"
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/outbox"
 	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -109,6 +111,22 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, i Instance, m move)
 	case out.From == lifecycle.Requested && lifecycle.IsFinal(out.To):
 		if err := s.cancelStart(ctx, tx, i); err != nil {
 			return i, out, err
+		}
+	}
+	// An allocation launched for the instance ends with it: a stop releases it as the
+	// user (Stop), a failure on the platform's account here, so a failed app does not
+	// keep its GPUs and billing running.
+	if out.To == lifecycle.Failed && i.AllocationCreated {
+		reason := "the app instance it was launched for failed"
+		if i.StateReason != nil {
+			reason += ": " + truncate(*i.StateReason, 200)
+		}
+		_, err := s.Allocations.ReleaseAsSystem(db.WithTx(ctx, tx), i.ProjectID, i.AllocationID, reason)
+		if e, ok := apierr.As(err); ok && (e.Code == apierr.AllocationAlreadyReleasing || e.Code == apierr.AllocationNotActive) {
+			err = nil // on its way out already
+		}
+		if err != nil {
+			return i, out, fmt.Errorf("release the allocation of a failed app instance: %w", err)
 		}
 	}
 	meta := map[string]any{"from_state": string(out.From), "state": string(out.To), "event": string(m.event),
