@@ -3,4 +3,4 @@
 package api
 
 // SpecSHA256 is the SHA-256 of the proto/openapi/openapi.yaml this package was generated from.
-const SpecSHA256 = "0d6b44110152dc82edd4ea397c2b030941c81a1142e4090b680a5bce33264694"
+const SpecSHA256 = "280faedf70ba30ed022327d19b070a95f5b9c3dd478da68c36c35a824f58e39b"
