@@ -3,4 +3,4 @@
 package api
 
 // SpecSHA256 is the SHA-256 of the proto/openapi/openapi.yaml this package was generated from.
-const SpecSHA256 = "eabdcde565622b32a715d3661e4861c6404764203bca78ddc038ddce13ee040b"
+const SpecSHA256 = "701c289b29ec2a98de511f4f8db56b2b3ee87e063bb344b2b115f605cd52e0cc"

@@ -25,11 +25,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/server"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
@@ -188,7 +191,17 @@ func listingBench(ctx context.Context, fx *fixture, bucketUUID uuid.UUID, do fun
 			cursor = *page.Pagination.NextCursor
 		}
 	}
+	// A first walk warms the connections, the prepared statements and the caches; the
+	// measured one follows, its CPU cost read around it (and profiled when
+	// GANTRY_BENCH_LISTING_CPUPROFILE names a file).
+	if _, _, err := walk("page_size=200"); err != nil {
+		return err
+	}
+	c0 := readCost(ctx, fx)
+	stopProfile := startProfile("GANTRY_BENCH_LISTING_CPUPROFILE")
 	flat, n, err := walk("page_size=200")
+	stopProfile()
+	flatCost := readCost(ctx, fx).since(c0, len(flat))
 	if err != nil {
 		return err
 	}
@@ -203,6 +216,12 @@ func listingBench(ctx context.Context, fx *fixture, bucketUUID uuid.UUID, do fun
 	// The raw SQL of one flat page, the same number of times.
 	var raw []time.Duration
 	after := ""
+	c0 = readCost(ctx, fx)
+	defer func() {
+		rawCost := readCost(ctx, fx).since(c0, len(raw))
+		fmt.Printf("    CPU per flat page (this process: bench client and server; PostgreSQL backends): through the API %s; raw SQL %s; API/raw this process %.1fx (load average %s)\n",
+			flatCost, rawCost, flatCost.proc/max(rawCost.proc, 1e-9), loadavg())
+	}()
 	for range len(flat) {
 		t := time.Now()
 		rows, err := fx.pool.Query(ctx, `SELECT path, size_bytes, etag, content_type, updated_at FROM storage_objects
@@ -230,6 +249,53 @@ func listingBench(ctx context.Context, fx *fixture, bucketUUID uuid.UUID, do fun
 	fmt.Printf("    top level folded (100 common prefixes over 100,000 objects), %d entries in %d page(s): p99 %s\n", nt, len(top), pct(top, 99))
 	fmt.Printf("    for reference: the raw SQL of one page (201 rows, in-process): p50 %s, p99 %s\n", pct(raw, 50), pct(raw, 99))
 	return nil
+}
+
+// pageCost is what one listing page cost on average: CPU milliseconds of this process
+// (getrusage) and of the PostgreSQL backends of the bench database (/proc, 10 ms ticks:
+// meaningful over hundreds of pages), and the Go heap allocations of this process.
+type pageCost struct {
+	proc, pg      float64 // ms
+	allocs, bytes float64
+}
+
+func (c pageCost) String() string {
+	return fmt.Sprintf("%.2f ms CPU + PostgreSQL %.2f ms, %.0f allocs / %.0f KiB", c.proc, c.pg, c.allocs, c.bytes/1024)
+}
+
+type costReading struct {
+	proc, pg      time.Duration
+	allocs, bytes uint64
+}
+
+func readCost(ctx context.Context, fx *fixture) costReading {
+	var c costReading
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		c.proc = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if rows, err := fx.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`); err == nil {
+		pids, _ := pgx.CollectRows(rows, pgx.RowTo[int32])
+		for _, pid := range pids {
+			c.pg += procCPU(int(pid))
+		}
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	c.allocs, c.bytes = ms.Mallocs, ms.TotalAlloc
+	return c
+}
+
+// since is the cost per page of n pages between c0 and c (PostgreSQL backends that
+// ended in between are not counted; the pool keeps its connections).
+func (c costReading) since(c0 costReading, n int) pageCost {
+	if n == 0 {
+		return pageCost{}
+	}
+	f := float64(n)
+	return pageCost{proc: float64(c.proc-c0.proc) / float64(time.Millisecond) / f,
+		pg:     max(0, float64(c.pg-c0.pg)/float64(time.Millisecond)/f),
+		allocs: float64(c.allocs-c0.allocs) / f, bytes: float64(c.bytes-c0.bytes) / f}
 }
 
 // bareGet serves key from d with a bare net/http handler (no middleware, no

@@ -98,6 +98,7 @@ func (h *Handlers) CreateAllocationGroup(ctx context.Context, req api.CreateAllo
 	if b.OsImageID != nil {
 		spec.OSImageID = uuid.NullUUID{UUID: *b.OsImageID, Valid: true}
 	}
+	spec.Attachments = attachmentSpecs(b.StorageAttachments)
 	g, err := h.Svc.CreateGroup(ctx, p, proj, spec, b.Count)
 	if err != nil {
 		return nil, err

@@ -58,6 +58,9 @@ func groupNotFound() error {
 // inserts the group, its members as requested (each with its GPUs, status event, task,
 // outbox event and audit row), the group's outbox event and its audit row. If any member
 // does not fit, the whole transaction rolls back: sku_unavailable, nothing persisted.
+// storage_attachments are checked and authorised once after checkLaunch, as for a
+// single launch (a refusal creates nothing), and recorded for every member in that
+// transaction: each member has its own attachments, started when it becomes active.
 func (s *Service) CreateGroup(ctx context.Context, p *principal.Principal, proj projectctx.Project, spec CreateSpec, count int) (GroupView, error) {
 	name, err := checkName(spec, maxGroupNameLen)
 	if err != nil {
@@ -67,6 +70,12 @@ func (s *Service) CreateGroup(ctx context.Context, p *principal.Principal, proj 
 		return GroupView{}, apierr.Validation("count", "count must be 1..%d", MaxGroupMembers).With("reason", "out_of_range")
 	}
 	l, err := s.checkLaunch(ctx, p, proj, spec, count, true)
+	if err != nil {
+		return GroupView{}, err
+	}
+	// The storage attachments are checked and authorised once, as for a single launch,
+	// before anything is written; every member gets its own copy of them below.
+	recordAttachments, err := s.prepareAttachments(ctx, p, proj, spec.Attachments)
 	if err != nil {
 		return GroupView{}, err
 	}
@@ -95,6 +104,11 @@ func (s *Service) CreateGroup(ctx context.Context, p *principal.Principal, proj 
 			a, err := s.insertMember(ctx, tx, p, proj, l, spec, member{name: name + "-" + strconv.Itoa(i+1), place: pl, groupID: gid}, now)
 			if err != nil {
 				return err
+			}
+			if recordAttachments != nil {
+				if err := recordAttachments(ctx, tx, a.ID); err != nil {
+					return err
+				}
 			}
 			out.Members = append(out.Members, a)
 		}

@@ -237,3 +237,84 @@ func TestAllocationGroupIdempotency(t *testing.T) {
 		t.Fatalf("groups: %d", n)
 	}
 }
+
+// TestAllocationGroupStorageAttachments: a group create may name storage_attachments, as
+// a single create does. They are checked and authorised once before anything is written
+// (no such bucket, another tenant's, a traversing mount path, two at one mount path:
+// the attachment API's errors, no group, member or attachment stored); an accepted
+// group gives every member its own attachments, waiting (attaching, no task yet) for
+// the member to become active, each audited, and a replay with the same
+// Idempotency-Key adds none.
+func TestAllocationGroupStorageAttachments(t *testing.T) {
+	w := newWorld(t, 1000)
+	w.node(t, "a", 8)
+	proj := w.Acme.DefaultProject
+	for _, b := range []string{"data", "out"} {
+		if a := w.Call(t, "POST", "/api/v1/storage/buckets", w.Acme.AdminToken, map[string]any{"bucket_id": b}, proj.String()); a.Status != 201 {
+			t.Fatalf("create bucket %s: %d %s", b, a.Status, a.Raw)
+		}
+	}
+	_, root := w.PlatformAdmin(t)
+	other := w.NewTenant(t, root, "Other")
+	if a := w.Call(t, "POST", "/api/v1/storage/buckets", other.AdminToken, map[string]any{"bucket_id": "data"}, other.DefaultProject.String()); a.Status != 201 {
+		t.Fatalf("create the other tenant's bucket: %d %s", a.Status, a.Raw)
+	}
+	attachments := func() int { return w.count(t, `SELECT count(*) FROM storage_attachments`) }
+	sa := func(bucket string, mode api.StorageAttachmentMode, mount string, owner *uuid.UUID) api.CreateStorageAttachmentRequest {
+		r := api.CreateStorageAttachmentRequest{BucketID: bucket, Mode: mode, BucketProjectID: owner}
+		if mount != "" {
+			r.MountPath = &mount
+		}
+		return r
+	}
+	before := w.groupWrites(t)
+	refused := []struct {
+		name   string
+		list   []api.CreateStorageAttachmentRequest
+		status int
+		code   string
+	}{
+		{"no such bucket", []api.CreateStorageAttachmentRequest{sa("data", "ro", "", nil), sa("nope", "ro", "", nil)}, 404, "storage_object_not_found"},
+		{"another tenant's bucket", []api.CreateStorageAttachmentRequest{sa("data", "ro", "", &other.DefaultProject)}, 404, "storage_object_not_found"},
+		{"traversing mount path", []api.CreateStorageAttachmentRequest{sa("data", "ro", "../x", nil)}, 400, "storage_path_traversal"},
+		{"two at one mount path", []api.CreateStorageAttachmentRequest{sa("data", "ro", "", nil), sa("data", "rw", "", nil)}, 409, "storage_already_exists"},
+	}
+	for _, c := range refused {
+		r := w.createGroup(w.Alice, proj, "", api.CreateAllocationGroupJSONRequestBody{Name: "gang", Sku: sku1x, Count: 2, StorageAttachments: c.list})
+		if r.StatusCode() != c.status {
+			t.Errorf("%s: %d %s, want %d %s", c.name, r.StatusCode(), r.Body, c.status, c.code)
+			continue
+		}
+		wantError(t, r.Body, r.StatusCode(), c.status, c.code, "")
+	}
+	if after := w.groupWrites(t); after != before {
+		t.Fatalf("refused groups wrote: %v -> %v", before, after)
+	}
+	if n := attachments(); n != 0 {
+		t.Fatalf("refused groups stored %d attachments", n)
+	}
+
+	body := api.CreateAllocationGroupJSONRequestBody{Name: "gang", Sku: sku1x, Count: 3, StorageAttachments: []api.CreateStorageAttachmentRequest{
+		sa("data", "ro", "", nil), sa("out", "rw", "results", nil)}}
+	r := w.createGroup(w.Alice, proj, "gang-key", body)
+	if r.StatusCode() != 201 || len(r.JSON201.Members) != 3 {
+		t.Fatalf("create group with storage_attachments: %d %s", r.StatusCode(), r.Body)
+	}
+	for _, m := range r.JSON201.Members {
+		got := w.count(t, `SELECT count(*) FROM storage_attachments WHERE allocation_id = $1 AND state = 'attaching' AND task_id IS NULL
+			AND ((bucket_id = 'data' AND mode = 'ro') OR (bucket_id = 'out' AND mode = 'rw' AND mount_path = 'results'))`, m.ID)
+		if got != 2 {
+			t.Fatalf("member %s has %d of its 2 waiting attachments", m.Name, got)
+		}
+	}
+	if n := attachments(); n != 6 {
+		t.Fatalf("%d attachments for 3 members of 2, want 6", n)
+	}
+	if n := w.count(t, `SELECT count(*) FROM audit_events WHERE action = 'storage_attachment.create'`); n != 6 {
+		t.Fatalf("%d storage_attachment.create audit rows, want 6", n)
+	}
+	again := w.createGroup(w.Alice, proj, "gang-key", body)
+	if again.StatusCode() != 201 || again.JSON201.ID != r.JSON201.ID || attachments() != 6 {
+		t.Fatalf("replay: %d %s, %d attachments", again.StatusCode(), again.Body, attachments())
+	}
+}

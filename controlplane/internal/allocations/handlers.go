@@ -176,16 +176,7 @@ func (h *Handlers) CreateAllocation(ctx context.Context, req api.CreateAllocatio
 	if b.OsImageID != nil {
 		spec.OSImageID = uuid.NullUUID{UUID: *b.OsImageID, Valid: true}
 	}
-	for _, sa := range b.StorageAttachments {
-		as := AttachmentSpec{BucketID: sa.BucketID, Mode: string(sa.Mode)}
-		if sa.BucketProjectID != nil {
-			as.BucketProject = *sa.BucketProjectID
-		}
-		if sa.MountPath != nil {
-			as.MountPath = *sa.MountPath
-		}
-		spec.Attachments = append(spec.Attachments, as)
-	}
+	spec.Attachments = attachmentSpecs(b.StorageAttachments)
 	a, err := h.Svc.Create(ctx, p, proj, spec)
 	if err != nil {
 		return nil, err
@@ -195,6 +186,22 @@ func (h *Handlers) CreateAllocation(ctx context.Context, req api.CreateAllocatio
 		return nil, err
 	}
 	return api.CreateAllocation201JSONResponse{Body: v}, nil
+}
+
+// attachmentSpecs is a launch's storage_attachments (single create and group create).
+func attachmentSpecs(in []api.CreateStorageAttachmentRequest) []AttachmentSpec {
+	var out []AttachmentSpec
+	for _, sa := range in {
+		as := AttachmentSpec{BucketID: sa.BucketID, Mode: string(sa.Mode)}
+		if sa.BucketProjectID != nil {
+			as.BucketProject = *sa.BucketProjectID
+		}
+		if sa.MountPath != nil {
+			as.MountPath = *sa.MountPath
+		}
+		out = append(out, as)
+	}
+	return out
 }
 
 // GetAllocation implements GET /api/v1/allocations/{allocation_id}.

@@ -69,7 +69,14 @@ func BucketNotFound(bucketID string) *apierr.Error {
 // insufficient_permissions. storage/objects and storage/attach call it before they read
 // a body or change anything.
 func (s *Service) Authorize(ctx context.Context, caller *principal.Principal, ownerProject uuid.UUID, bucketID string, need Access) (Bucket, error) {
-	b, err := s.resolve(ctx, caller, ownerProject, bucketID)
+	return s.authorize(ctx, caller, ownerProject, bucketID, need, nil)
+}
+
+// authorize is Authorize; role, when not nil, is the caller's role in ownerProject as
+// the chain already resolved it (tenancy.Access: membership raised to admin for a
+// tenant admin, a machine's token role), which spares a second probe of the same row.
+func (s *Service) authorize(ctx context.Context, caller *principal.Principal, ownerProject uuid.UUID, bucketID string, need Access, role *string) (Bucket, error) {
+	b, err := s.resolve(ctx, caller, ownerProject, bucketID, role)
 	if err != nil {
 		return Bucket{}, err
 	}
@@ -84,7 +91,10 @@ func (s *Service) Authorize(ctx context.Context, caller *principal.Principal, ow
 }
 
 // FromContext is Authorize for a request that passed the chain: the project context
-// names the owner project (X-Project-ID) and carries the caller's role or grant there.
+// names the owner project (X-Project-ID) and carries the caller's role there (the
+// chain's tenancy.Access read it in this request; "" for a grantee who is no member),
+// so only the bucket and the caller's grants are read here, in one query. Grants are
+// read afresh on every request: a revoked grant stops access at once.
 func (s *Service) FromContext(ctx context.Context, bucketID string, need Access) (Bucket, error) {
 	p, ok := principal.From(ctx)
 	if !ok {
@@ -94,11 +104,14 @@ func (s *Service) FromContext(ctx context.Context, bucketID string, need Access)
 	if !ok {
 		return Bucket{}, BucketNotFound(bucketID)
 	}
-	return s.Authorize(ctx, p, proj.ID, bucketID, need)
+	role := proj.Role
+	return s.authorize(ctx, p, proj.ID, bucketID, need, &role)
 }
 
-// resolve loads the bucket with the caller's access (Access "" when none).
-func (s *Service) resolve(ctx context.Context, caller *principal.Principal, ownerProject uuid.UUID, bucketID string) (Bucket, error) {
+// resolve loads the bucket with the caller's access (Access "" when none). known, when
+// not nil, is the caller's role in ownerProject already resolved in this request;
+// otherwise a person's is read (memberRole).
+func (s *Service) resolve(ctx context.Context, caller *principal.Principal, ownerProject uuid.UUID, bucketID string, known *string) (Bucket, error) {
 	if caller == nil || caller.TenantID == uuid.Nil { // no tenant, no bucket (platform staff act through admin paths)
 		return Bucket{}, BucketNotFound(bucketID)
 	}
@@ -122,7 +135,10 @@ func (s *Service) resolve(ctx context.Context, caller *principal.Principal, owne
 		return Bucket{}, fmt.Errorf("bucket access: %w", err)
 	}
 	b := bucketOf(row)
-	if caller.Machine == nil {
+	switch {
+	case known != nil:
+		role = *known
+	case caller.Machine == nil:
 		if role, err = s.memberRole(ctx, caller, ownerProject); err != nil {
 			return Bucket{}, err
 		}
@@ -161,7 +177,7 @@ func bucketOf(r storagedb.BucketAccessRow) Bucket {
 // BucketNotFound for a caller with no role and no grant. A member whose role and grant
 // both fall short keeps their context; the chain then refuses them 403.
 func (s *Service) GrantedProject(ctx context.Context, p *principal.Principal, projectID uuid.UUID, bucketID string, member projectctx.Project) (projectctx.Project, error) {
-	b, err := s.resolve(ctx, p, projectID, bucketID)
+	b, err := s.resolve(ctx, p, projectID, bucketID, &member.Role) // member.Role: the chain's tenancy.Access ("" for a non-member)
 	var ae *apierr.Error
 	if errors.As(err, &ae) && ae.Code == apierr.StorageObjectNotFound && member.ID != uuid.Nil {
 		return member, nil // a member asking for a bucket that is not there: the handler says so

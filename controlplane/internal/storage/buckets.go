@@ -88,7 +88,7 @@ func (s *Service) ListBuckets(ctx context.Context, projectID uuid.UUID, after st
 // GetBucket is one bucket the caller may read, with its size and count. Owner-project
 // members also see a bucket that is being force-deleted.
 func (s *Service) GetBucket(ctx context.Context, caller *principal.Principal, ownerProject uuid.UUID, bucketID string) (BucketView, error) {
-	b, err := s.resolve(ctx, caller, ownerProject, bucketID)
+	b, err := s.resolve(ctx, caller, ownerProject, bucketID, nil)
 	if err != nil {
 		return BucketView{}, err
 	}

@@ -273,3 +273,57 @@ func TestViewerWithGrant(t *testing.T) {
 		t.Fatalf("viewer get: %d %s", a.Status, a.Raw)
 	}
 }
+
+// TestRoleChangeTakesEffectAtOnce: object operations take the caller's role in the owner
+// project from the request's own project check (no second lookup, no cache), so a
+// demotion, a removal and a re-admission each apply from the next request: a member
+// writes, a viewer only reads, a removed member is told the bucket does not exist, and
+// one re-added as a member writes again.
+func TestRoleChangeTakesEffectAtOnce(t *testing.T) {
+	e := apitest.New(t)
+	_, root := e.PlatformAdmin(t)
+	ten := e.NewTenant(t, root, "Roles")
+	uID, uTok := e.NewUser(t, ten.AdminToken, "member")
+	owner := ten.DefaultProject.String()
+	members := "/api/v1/projects/" + owner + "/members"
+	if a := e.Call(t, "POST", members, ten.AdminToken, map[string]any{"user_id": uID, "role": "member"}, ""); a.Status != 201 {
+		t.Fatalf("add member: %d %s", a.Status, a.Raw)
+	}
+	if a := e.Call(t, "POST", buckets, ten.AdminToken, map[string]any{"bucket_id": "team"}, owner); a.Status != 201 {
+		t.Fatalf("create bucket: %d %s", a.Status, a.Raw)
+	}
+	put := func(name string) apitest.Answer {
+		req := e.Request("PUT", bucketPath("team")+"/object?path="+name, uTok, "")
+		req.Body = http.NoBody
+		req.Header.Set("X-Project-ID", owner)
+		return e.Send(t, req)
+	}
+	list := func() apitest.Answer { return e.Call(t, "GET", bucketPath("team")+"/objects", uTok, nil, owner) }
+	if a := put("one.txt"); a.Status != 200 {
+		t.Fatalf("member put: %d %s", a.Status, a.Raw)
+	}
+	if a := e.Call(t, "PATCH", members+"/"+uID.String(), ten.AdminToken, map[string]any{"role": "viewer"}, ""); a.Status != 200 {
+		t.Fatalf("demote: %d %s", a.Status, a.Raw)
+	}
+	if a := put("two.txt"); a.Status != 403 || a.Code() != "insufficient_permissions" {
+		t.Fatalf("viewer put right after the demotion: %d %s", a.Status, a.Raw)
+	}
+	if a := list(); a.Status != 200 || len(a.Body["objects"].([]any)) != 1 {
+		t.Fatalf("viewer list: %d %s", a.Status, a.Raw)
+	}
+	if a := e.Call(t, "DELETE", members+"/"+uID.String(), ten.AdminToken, nil, ""); a.Status != 204 {
+		t.Fatalf("remove: %d %s", a.Status, a.Raw)
+	}
+	if a := list(); a.Status != 404 || a.Code() != "storage_object_not_found" {
+		t.Fatalf("list right after the removal: %d %s", a.Status, a.Raw)
+	}
+	if a := e.Call(t, "POST", members, ten.AdminToken, map[string]any{"user_id": uID, "role": "member"}, ""); a.Status != 201 {
+		t.Fatalf("re-add: %d %s", a.Status, a.Raw)
+	}
+	if a := put("three.txt"); a.Status != 200 {
+		t.Fatalf("member put after re-admission: %d %s", a.Status, a.Raw)
+	}
+	if n := e.Count(t, `SELECT count(*) FROM storage_objects`); n != 2 {
+		t.Fatalf("%d objects stored, want 2", n)
+	}
+}

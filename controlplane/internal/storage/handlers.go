@@ -157,7 +157,7 @@ func (h *Handlers) ownBucket(ctx context.Context, bucketID string, active bool) 
 	if err != nil {
 		return Bucket{}, err
 	}
-	b, err := h.Svc.resolve(ctx, p, proj.ID, bucketID)
+	b, err := h.Svc.resolve(ctx, p, proj.ID, bucketID, nil)
 	if err != nil {
 		return Bucket{}, err
 	}

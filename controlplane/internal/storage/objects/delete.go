@@ -75,8 +75,8 @@ func (s *Store) List(ctx context.Context, b Bucket, prefix, delimiter string, fr
 			return nil, fmt.Errorf("list objects: %w", err)
 		}
 		out := make([]ObjectInfo, len(rows))
-		for i, r := range rows {
-			out[i] = info(r)
+		for i, r := range rows { // a listing's entries carry what it answers, no blob key
+			out[i] = ObjectInfo{Path: r.Path, SizeBytes: r.SizeBytes, ETag: r.Etag, ContentType: r.ContentType, UpdatedAt: r.UpdatedAt}
 		}
 		return out, nil
 	}

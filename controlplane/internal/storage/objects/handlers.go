@@ -203,7 +203,14 @@ func (h *Handlers) ListStorageObjects(ctx context.Context, req api.ListStorageOb
 	if err != nil {
 		return nil, err
 	}
-	out := api.StorageObjectListResponse{Objects: []api.StorageObject{}, CommonPrefixes: []string{}, Pagination: api.Pagination{PageSize: size}}
+	objects := 0
+	for _, e := range pg.Entries {
+		if !e.Prefix {
+			objects++
+		}
+	}
+	out := api.StorageObjectListResponse{Objects: make([]api.StorageObject, 0, objects), CommonPrefixes: make([]string, 0, len(pg.Entries)-objects),
+		Pagination: api.Pagination{PageSize: size}}
 	for _, e := range pg.Entries {
 		if e.Prefix {
 			out.CommonPrefixes = append(out.CommonPrefixes, e.Path)
@@ -216,7 +223,7 @@ func (h *Handlers) ListStorageObjects(ctx context.Context, req api.ListStorageOb
 			return nil, err
 		}
 	}
-	return api.ListStorageObjects200JSONResponse{Body: out}, nil
+	return listAnswer{body: out}, nil
 }
 
 // listSort binds a listing cursor to its bucket, prefix and delimiter (a cursor from

@@ -32,7 +32,7 @@ type world struct {
 	bucket  string
 }
 
-func newWorld(t *testing.T, opts ...func(*app.Config)) *world {
+func newWorld(t testing.TB, opts ...func(*app.Config)) *world {
 	t.Helper()
 	parent := t.TempDir()
 	root := filepath.Join(parent, "root")
@@ -51,7 +51,7 @@ func newWorld(t *testing.T, opts ...func(*app.Config)) *world {
 
 // newBucket creates an active bucket row (the bucket API is the storage package's; the
 // object tests need only the row).
-func (w *world) newBucket(t *testing.T, tenant, project uuid.UUID, bucketID string) string {
+func (w *world) newBucket(t testing.TB, tenant, project uuid.UUID, bucketID string) string {
 	t.Helper()
 	_, err := w.env.Pool.Exec(context.Background(), `INSERT INTO storage_buckets (id, tenant_id, project_id, bucket_id, state, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, 'active', now(), now())`, uuid.New(), tenant, project, bucketID)

@@ -10,6 +10,8 @@ import (
 type Entry struct {
 	Prefix bool
 	Path   string // the object's path, or the common prefix (ending in the delimiter)
+	// Object is what a listing answers of the object: path, size, ETag, content type and
+	// update time (a flat listing reads no more; never the blob key).
 	Object ObjectInfo
 }
 
@@ -43,7 +45,7 @@ const listBatch = 256
 // COLLATE "C" on UTF-8).
 func list(ctx context.Context, fetch rowsFrom, prefix, delimiter string, from *Position, limit int) (ListPage, error) {
 	start, inclusive := startOf(prefix, from)
-	var page ListPage
+	page := ListPage{Entries: make([]Entry, 0, min(limit, listBatch))}
 	for len(page.Entries) < limit {
 		want := min(listBatch, limit-len(page.Entries)+1)
 		rows, err := fetch(ctx, start, inclusive, prefix, want)

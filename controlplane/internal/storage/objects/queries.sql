@@ -26,8 +26,9 @@ DELETE FROM storage_objects WHERE bucket = $1 AND path = $2;
 -- name: ListObjects :many
 -- A page of paths from start (and past it when skip names it) that begin with the
 -- prefix: path >= start and path < prefix_end bound one range scan of the primary key
--- (an OR around the start would make it read the bucket from its first row).
-SELECT * FROM storage_objects
+-- (an OR around the start would make it read the bucket from its first row). Only what a
+-- listing answers is read (no blob key, creator or creation time): a page is 200 rows.
+SELECT path, size_bytes, etag, content_type, updated_at FROM storage_objects
 WHERE bucket = sqlc.arg('bucket')
   AND path >= sqlc.arg('start')
   AND (sqlc.narg('prefix_end')::text IS NULL OR path < sqlc.narg('prefix_end')::text COLLATE "C")

@@ -202,7 +202,7 @@ func (q *Queries) InsertUpload(ctx context.Context, arg InsertUploadParams) erro
 }
 
 const listObjects = `-- name: ListObjects :many
-SELECT bucket, path, project_id, blob_key, size_bytes, etag, content_type, created_by, created_at, updated_at FROM storage_objects
+SELECT path, size_bytes, etag, content_type, updated_at FROM storage_objects
 WHERE bucket = $1
   AND path >= $2
   AND ($3::text IS NULL OR path < $3::text COLLATE "C")
@@ -221,10 +221,19 @@ type ListObjectsParams struct {
 	Lim       int32
 }
 
+type ListObjectsRow struct {
+	Path        string
+	SizeBytes   int64
+	Etag        string
+	ContentType string
+	UpdatedAt   time.Time
+}
+
 // A page of paths from start (and past it when skip names it) that begin with the
 // prefix: path >= start and path < prefix_end bound one range scan of the primary key
-// (an OR around the start would make it read the bucket from its first row).
-func (q *Queries) ListObjects(ctx context.Context, arg ListObjectsParams) ([]StorageObject, error) {
+// (an OR around the start would make it read the bucket from its first row). Only what a
+// listing answers is read (no blob key, creator or creation time): a page is 200 rows.
+func (q *Queries) ListObjects(ctx context.Context, arg ListObjectsParams) ([]ListObjectsRow, error) {
 	rows, err := q.db.Query(ctx, listObjects,
 		arg.Bucket,
 		arg.Start,
@@ -237,19 +246,14 @@ func (q *Queries) ListObjects(ctx context.Context, arg ListObjectsParams) ([]Sto
 		return nil, err
 	}
 	defer rows.Close()
-	var items []StorageObject
+	var items []ListObjectsRow
 	for rows.Next() {
-		var i StorageObject
+		var i ListObjectsRow
 		if err := rows.Scan(
-			&i.Bucket,
 			&i.Path,
-			&i.ProjectID,
-			&i.BlobKey,
 			&i.SizeBytes,
 			&i.Etag,
 			&i.ContentType,
-			&i.CreatedBy,
-			&i.CreatedAt,
 			&i.UpdatedAt,
 		); err != nil {
 			return nil, err
