@@ -35,6 +35,10 @@ func (allocs) Release(context.Context, *principal.Principal, projectctx.Project,
 	return allocations.Allocation{}, nil
 }
 
+func (allocs) ReleaseAsSystem(context.Context, uuid.UUID, uuid.UUID, string) (allocations.Allocation, error) {
+	return allocations.Allocation{}, nil
+}
+
 // The workers of a runtime are real app instances of the owner project, launched with
 // the instances service's checks in the runtime's transaction: a launch refused on one
 // allocation leaves neither runtime nor instance.
