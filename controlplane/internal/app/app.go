@@ -32,6 +32,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
@@ -312,6 +313,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		PlatformOpsAPI:        &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
 		NodeMetricsAPI:        nodeMetrics,
+		MaasAPI:               &maas.Handlers{},
+		NodeAgentPackageAPI:   &maas.PackageStub{},
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

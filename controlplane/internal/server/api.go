@@ -8,6 +8,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
@@ -59,6 +60,10 @@ type API struct {
 	*ObservabilityAPI
 	// NodeMetricsAPI: node agents' metrics through the fabric, and their discovery.
 	*NodeMetricsAPI
+	// MaasAPI: MAAS sites, onboarding profiles, onboardings and decommissions (docs/maas.md).
+	*MaasAPI
+	// NodeAgentPackageAPI serves the node agent's Debian package to cloud-init.
+	*NodeAgentPackageAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -85,6 +90,8 @@ type (
 	PlatformOpsAPI        = platformops.Handlers
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
+	MaasAPI               = maas.Handlers
+	NodeAgentPackageAPI   = maas.PackageStub
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
