@@ -23,6 +23,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/app"
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
+	"github.com/gantry-gpu/gantry/controlplane/internal/jobs"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
 	"github.com/gantry-gpu/gantry/proto/api"
 	"github.com/gantry-gpu/gantry/shared/obs"
@@ -73,6 +74,8 @@ func New(t testing.TB, opts ...Option) *Env {
 		Auth:                 authCfg,
 		// Object bytes go to a directory of the test's own (never .dev/storage).
 		Blob: blob.Config{Driver: "fs", FSRoot: t.TempDir()},
+		// Background jobs are fetched promptly (insert notifications still wake it first).
+		Jobs: jobs.Config{FetchPollInterval: 50 * time.Millisecond, StopTimeout: 5 * time.Second},
 	}
 	var o app.Options
 	o.Pool = pool

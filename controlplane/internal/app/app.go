@@ -32,6 +32,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/fabric"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
+	"github.com/gantry-gpu/gantry/controlplane/internal/jobs"
 	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
@@ -129,6 +130,9 @@ type App struct {
 	// Attachments is buckets attached into allocations (docs/storage.md, Attachments);
 	// its delivery sweep runs in Run.
 	Attachments *attach.Service
+	// Jobs is the replica's River client (docs/jobs.md): features register workers and
+	// insert jobs in their transactions while New assembles them; it runs in Run.
+	Jobs *jobs.Runner
 
 	ownPool bool
 	redis   *redis.Client
@@ -169,6 +173,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		a.ownPool = true
 	}
 	var err error
+	// Background jobs first: features register their workers while they are assembled.
+	if a.Jobs, err = jobs.New(a.Pool, cfg.Jobs, log); err != nil {
+		return nil, err
+	}
 	a.NATS, err = nats.Connect(cfg.NATSURL, nats.Name(server.ServiceName), nats.MaxReconnects(-1))
 	if err != nil {
 		return nil, fmt.Errorf("connect nats: %w", err)
@@ -444,8 +452,15 @@ func (a *App) Run(ctx context.Context, ln net.Listener) error {
 	srv := server.NewHTTPServer(a.Handler, server.HTTPOptions{Log: a.Log})
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); _ = a.Relay.Run(bg) }()
+	// Background jobs (docs/jobs.md); with no worker registered there is nothing to run.
+	go func() {
+		defer wg.Done()
+		if err := a.Jobs.Run(bg); err != nil && !errors.Is(err, jobs.ErrNoWorkers) {
+			a.Log.ErrorContext(bg, "background jobs stopped", "err", err)
+		}
+	}()
 	go func() { defer wg.Done(); a.Billing.Run(bg, a.Log) }()
 	go func() { defer wg.Done(); a.maintain(bg) }()
 	// Denied requests (docs/api.md, Audit): aggregated rows every window, the rest at stop.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/auth"
 	"github.com/gantry-gpu/gantry/controlplane/internal/billing"
+	"github.com/gantry-gpu/gantry/controlplane/internal/jobs"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes/probe"
@@ -81,6 +82,9 @@ type Config struct {
 	Provisioning ProvisioningConfig
 	// Storage is GANTRY_STORAGE_* quota and sweeper settings (docs/storage.md).
 	Storage storage.Config
+	// Jobs tunes the River client that runs background jobs (docs/jobs.md); zero values
+	// are its defaults.
+	Jobs jobs.Config
 	// Blob is GANTRY_STORAGE_DRIVER, GANTRY_STORAGE_FS_ROOT and GANTRY_STORAGE_S3_* (the
 	// object bytes' backend, docs/storage.md).
 	Blob blob.Config

@@ -11,9 +11,17 @@ import (
 	"sort"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
 )
+
+// riverRevision is part of SchemaVersion: River's own tables (background jobs,
+// controlplane/internal/jobs) are migrated by the River release go.mod pins, so test
+// templates are rebuilt when it changes.
+const riverRevision = "river-v0.51.2"
 
 //go:embed migrations/*.sql
 var migrations embed.FS
@@ -54,6 +62,25 @@ func migrateSchema(ctx context.Context, url string) error {
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrate up: %w", err)
 	}
+	return migrateRiver(ctx, url)
+}
+
+// migrateRiver applies River's own migrations (its job, leader and queue tables) after
+// ours: background jobs are inserted in the same transactions as our rows, so both live
+// in the one database and are migrated by the one command.
+func migrateRiver(ctx context.Context, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return fmt.Errorf("open for river migrate: %w", err)
+	}
+	defer pool.Close()
+	m, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return fmt.Errorf("river migrator: %w", err)
+	}
+	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("river migrate up: %w", err)
+	}
 	return nil
 }
 
@@ -73,6 +100,7 @@ func SchemaVersion() string {
 		h.Write(b)
 	}
 	h.Write([]byte(grantsRevision))
+	h.Write([]byte(riverRevision))
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 

@@ -608,3 +608,34 @@ func (w *world) secondReplica(t testing.TB, id string) (*app.App, *httptest.Serv
 	t.Cleanup(srv.Close)
 	return a, srv
 }
+
+// metricValue is the value of the counter or gauge name{label=value} in a's registry (0
+// when absent).
+func metricValue(t testing.TB, a *app.App, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := a.Metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := label == ""
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					match = true
+				}
+			}
+			if !match {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}

@@ -13,6 +13,13 @@ type metrics struct {
 	consumedOK     prometheus.Counter
 	replayRejected prometheus.Counter
 	attached       prometheus.Gauge
+
+	// SSH streams (/ws/ssh): connections by outcome (opened: bridged to the node's SSH
+	// server; open_failed: the node could not be reached or refused the stream), the
+	// live ones, and the bytes carried each way.
+	sshConnections *prometheus.CounterVec
+	sshActive      prometheus.Gauge
+	sshBytes       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -29,11 +36,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "terminal_websockets_active",
 			Help: "Terminal WebSockets bridged by this replica now.",
 		}),
+		sshConnections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ssh_connections_total",
+			Help: "SSH WebSocket connections admitted with a valid token, by outcome (opened, open_failed).",
+		}, []string{"outcome"}),
+		sshActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ssh_websockets_active",
+			Help: "SSH WebSockets bridged to a node by this replica now.",
+		}),
+		sshBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ssh_bytes_total",
+			Help: "Bytes carried on SSH streams, by direction (to_node, from_node).",
+		}, []string{"direction"}),
+	}
+	for _, o := range []string{"opened", "open_failed"} {
+		m.sshConnections.WithLabelValues(o)
+	}
+	for _, d := range []string{"to_node", "from_node"} {
+		m.sshBytes.WithLabelValues(d)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.consumedOK, m.replayRejected, m.attached} {
+	for _, c := range []prometheus.Collector{m.consumedOK, m.replayRejected, m.attached, m.sshConnections, m.sshActive, m.sshBytes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

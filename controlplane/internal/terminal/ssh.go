@@ -9,6 +9,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
@@ -97,8 +98,10 @@ func (s *Service) openSSH(ctx context.Context, w http.ResponseWriter, r *http.Re
 	st, err := s.openRaw(octx, bctx, alloc, pre)
 	ocancel()
 	if err != nil {
+		s.metrics.sshConnections.WithLabelValues("open_failed").Inc()
 		return err
 	}
+	s.metrics.sshConnections.WithLabelValues("opened").Inc()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{SSHSubprotocol}, OriginPatterns: s.cfg.AllowedOrigins})
 	if err != nil {
 		_ = st.Close()
@@ -119,11 +122,19 @@ func (s *Service) openSSH(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return nil
 	}
 	defer s.untrackPipe(p)
+	s.metrics.sshActive.Inc()
+	defer s.metrics.sshActive.Dec()
 	nc := websocket.NetConn(bctx, ws, websocket.MessageBinary)
 	const fromClient, fromAgent = 1, 2
 	done := make(chan int, 2)
-	go func() { _, _ = io.Copy(st, nc); done <- fromClient }()
-	go func() { _, _ = io.Copy(nc, st); done <- fromAgent }()
+	go func() {
+		_, _ = io.Copy(countingWriter{st, s.metrics.sshBytes.WithLabelValues("to_node")}, nc)
+		done <- fromClient
+	}()
+	go func() {
+		_, _ = io.Copy(countingWriter{nc, s.metrics.sshBytes.WithLabelValues("from_node")}, st)
+		done <- fromAgent
+	}()
 	if <-done == fromAgent {
 		// The SSH server ended the connection: a closing handshake lets the client read
 		// everything sent before it (the exit status is in the last bytes).
@@ -165,4 +176,17 @@ func (s *Service) untrackPipe(p *relayPipe) {
 	delete(s.pipes, p)
 	s.mu.Unlock()
 	s.wg.Done()
+}
+
+// countingWriter counts the bytes written through it as they go, so a long-lived SSH
+// connection's traffic shows in the counter while it lasts, not only when it ends.
+type countingWriter struct {
+	w io.Writer
+	c prometheus.Counter
+}
+
+func (cw countingWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	cw.c.Add(float64(n))
+	return n, err
 }

@@ -65,8 +65,25 @@ func TestSSHAcrossReplicas(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitStatus() != 4 || !strings.Contains(string(out), "via-6-rb") {
 		t.Fatalf("across replicas: %v %q", err, out)
 	}
+	// The replica that took the WebSocket counts the connection and its bytes while it
+	// lasts; the one that only holds the tunnel counts none.
+	if v := metricValue(t, b, "ssh_websockets_active", "", ""); v != 1 {
+		t.Fatalf("rb ssh_websockets_active %v during the connection, want 1", v)
+	}
 	_ = client.Close()
 	if n := w.count(t, `SELECT count(*) FROM audit_events WHERE action = 'allocation.ssh.connect' AND target_id = $1`, a.ID.String()); n != 1 {
 		t.Fatalf("audited %d times, want 1", n)
 	}
+	if v := metricValue(t, b, "ssh_connections_total", "outcome", "opened"); v != 1 {
+		t.Fatalf("rb ssh_connections_total{opened} = %v, want 1", v)
+	}
+	if v := metricValue(t, w.App, "ssh_connections_total", "outcome", "opened"); v != 0 {
+		t.Fatalf("ra ssh_connections_total{opened} = %v, want 0 (it only holds the tunnel)", v)
+	}
+	for _, dir := range []string{"to_node", "from_node"} {
+		if v := metricValue(t, b, "ssh_bytes_total", "direction", dir); v < 100 {
+			t.Fatalf("rb ssh_bytes_total{%s} = %v, want the SSH handshake's bytes at least", dir, v)
+		}
+	}
+	eventually(t, "rb's ssh_websockets_active back to 0", func() bool { return metricValue(t, b, "ssh_websockets_active", "", "") == 0 })
 }
