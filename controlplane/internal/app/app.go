@@ -34,6 +34,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/jobs"
 	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas/packages"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
@@ -133,6 +134,9 @@ type App struct {
 	// Jobs is the replica's River client (docs/jobs.md): features register workers and
 	// insert jobs in their transactions while New assembles them; it runs in Run.
 	Jobs *jobs.Runner
+	// Maas is the bare-metal lifecycle through MAAS (docs/maas.md); its workflow steps
+	// and scheduled sync are River jobs.
+	Maas *maas.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -230,6 +234,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.Tenancy.ProjectInUse = a.Allocations.ProjectInUse // a project with live allocations is not deleted
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
+	if a.Maas, err = a.maas(cat); err != nil {
+		return nil, err
+	}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
 	if a.Denials, err = audit.NewDenials(a.Pool, a.Clock, a.IDs, log, audit.DenialConfig{}, a.Metrics.Registry); err != nil {
 		return nil, err
@@ -321,8 +328,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		PlatformOpsAPI:        &platformops.Handlers{Svc: a.platformOps(a.Allocations.Config.ProvisioningTimeout, obsSvc.Prom)},
 		ObservabilityAPI:      observability.NewHandlers(obsSvc, drills, cursors),
 		NodeMetricsAPI:        nodeMetrics,
-		MaasAPI:               &maas.Handlers{},
-		NodeAgentPackageAPI:   &maas.PackageStub{},
+		MaasAPI:               maas.NewHandlers(a.Maas, cursors),
+		NodeAgentPackageAPI:   packages.New(cfg.Maas.PackagePath),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

@@ -11,6 +11,8 @@ type Metrics struct {
 	Started  *prometheus.CounterVec
 	Outcomes *prometheus.CounterVec
 	Steps    *prometheus.HistogramVec
+	// StepAge is how long the oldest running workflow has been in its current step.
+	StepAge *prometheus.GaugeVec
 }
 
 // NewMetrics returns unregistered metrics; Register adds them to a registry.
@@ -23,12 +25,15 @@ func NewMetrics() *Metrics {
 		Steps: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gantry_maas_step_duration_seconds",
 			Help:    "Duration of MAAS workflow steps from start to end, by result.",
 			Buckets: []float64{0.1, 1, 5, 15, 60, 300, 900, 1800, 3600}}, []string{"workflow", "step", "result"}),
+		StepAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gantry_maas_step_age_seconds",
+			Help: "Seconds the oldest running MAAS workflow has spent in its current step (refreshed with the scheduled sync)."},
+			[]string{"workflow", "step"}),
 	}
 }
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.Started, m.Outcomes, m.Steps} {
+	for _, c := range []prometheus.Collector{m.Started, m.Outcomes, m.Steps, m.StepAge} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

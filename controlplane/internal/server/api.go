@@ -9,6 +9,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas/packages"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
@@ -91,7 +92,7 @@ type (
 	ObservabilityAPI      = observability.Handlers
 	NodeMetricsAPI        = nodemetrics.Handlers
 	MaasAPI               = maas.Handlers
-	NodeAgentPackageAPI   = maas.PackageStub
+	NodeAgentPackageAPI   = packages.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)
