@@ -246,7 +246,7 @@ func (s *Service) CreateSite(ctx context.Context, spec SiteSpec) (Site, error) {
 			return fmt.Errorf("insert maas credential: %w", err)
 		}
 		return s.changed(ctx, tx, "maas.site.create", "maas_site", siteID.String(), "maas.site.created",
-			map[string]any{"name": spec.Name, "region": spec.Region, "api_url": spec.APIURL, "credential_id": credID.String()})
+			map[string]any{"name": spec.Name, "region": spec.Region, "api_url": spec.APIURL, "key_id": credID.String()})
 	})
 	if err != nil {
 		return Site{}, err
@@ -502,7 +502,7 @@ func (s *Service) promote(ctx context.Context, st Site, credID uuid.UUID) error 
 			return fmt.Errorf("activate maas credential: %w", err)
 		}
 		return s.changed(ctx, tx, "maas.site.credential.activate", "maas_site", st.ID.String(), "maas.site.credential_activated",
-			map[string]any{"credential_id": credID.String(), "retired_credential_id": st.CredentialID.String()})
+			map[string]any{"key_id": credID.String(), "retired_key_id": st.CredentialID.String()})
 	})
 }
 
@@ -530,7 +530,7 @@ func (s *Service) RotateCredential(ctx context.Context, siteID uuid.UUID, key st
 			return fmt.Errorf("insert maas credential: %w", err)
 		}
 		return s.changed(ctx, tx, "maas.site.credential.rotate", "maas_site", siteID.String(), "maas.site.credential_rotated",
-			map[string]any{"credential_id": credID.String()})
+			map[string]any{"key_id": credID.String()})
 	})
 	if err != nil {
 		return Credential{}, err
