@@ -10,8 +10,10 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
+	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/shared/clock"
 )
 
 // maas assembles the MAAS lifecycle and registers its workers and periodic sync.
@@ -35,7 +37,7 @@ func (a *App) maas(cat *catalog.Service) (*maas.Service, error) {
 	}
 	svc := maas.New(a.Pool, a.Clock, a.IDs, a.Nodes, cat, a.Config.Auth.MasterKey.Derive("gantry/maas-secrets"), cfg, a.Log)
 	svc.Jobs = a.Jobs
-	svc.Allocations = maasAllocations{svc: a.Allocations}
+	svc.Allocations = maasAllocations{svc: a.Allocations, clock: a.Clock}
 	if err := svc.Metrics.Register(a.Metrics.Registry); err != nil {
 		return nil, fmt.Errorf("maas metrics: %w", err)
 	}
@@ -44,7 +46,10 @@ func (a *App) maas(cat *catalog.Service) (*maas.Service, error) {
 }
 
 // maasAllocations is what decommissioning needs of the allocations feature.
-type maasAllocations struct{ svc *allocations.Service }
+type maasAllocations struct {
+	svc   *allocations.Service
+	clock clock.Clock
+}
 
 func (m maasAllocations) NodeInUse(ctx context.Context, nodeID uuid.UUID) (bool, error) {
 	return m.svc.NodeInUse(ctx, nodeID)
@@ -75,4 +80,20 @@ func (m maasAllocations) ForceReleaseNode(ctx context.Context, nodeID uuid.UUID)
 		n++
 	}
 	return n, nil
+}
+
+// LiveOnNode counts the node's allocations that hold GPUs and have not ended.
+func (m maasAllocations) LiveOnNode(ctx context.Context, nodeID uuid.UUID) (int, error) {
+	var n int
+	err := db.Querier(ctx, m.svc.Pool).QueryRow(ctx, `SELECT count(DISTINCT a.id) FROM allocations a JOIN allocation_gpus g ON g.allocation_id = a.id
+		WHERE g.node_id = $1 AND g.released_at IS NULL AND a.status NOT IN ('released', 'failed', 'completed')`, nodeID).Scan(&n)
+	return n, err
+}
+
+// NodeWiped frees the GPUs ended allocations hold on a node whose machine MAAS released
+// with disk erase: no workload survives that, so the cleanup confirmation is moot.
+func (m maasAllocations) NodeWiped(ctx context.Context, nodeID uuid.UUID) error {
+	_, err := db.Querier(ctx, m.svc.Pool).Exec(ctx, `UPDATE allocation_gpus g SET released_at = $2 FROM allocations a
+		WHERE g.allocation_id = a.id AND g.node_id = $1 AND g.released_at IS NULL AND a.status IN ('released', 'failed', 'completed')`, nodeID, m.clock.Now().UTC())
+	return err
 }

@@ -173,10 +173,16 @@ func (s *Service) decommissionStep(ctx context.Context, id uuid.UUID, step strin
 			if err != nil {
 				return Outcome{}, err
 			}
-			if err := s.Nodes.SettleDrain(ctx, d.NodeID); err != nil {
+			live, err := s.Allocations.LiveOnNode(ctx, d.NodeID)
+			if err != nil {
 				return Outcome{}, err
 			}
-			return waiting(fmt.Sprintf("drain deadline passed: force-released %d allocation(s)", k)), nil
+			if live == 0 {
+				// Force-released allocations keep their GPUs until the node confirms the
+				// workload gone; the machine's erase is that confirmation (retire step).
+				return Outcome{Done: true, Reason: fmt.Sprintf("drain deadline passed: force-released %d allocation(s)", k)}, nil
+			}
+			return waiting(fmt.Sprintf("drain deadline passed: force-releasing %d allocation(s)", live)), nil
 		}
 		if err := s.Nodes.SettleDrain(ctx, d.NodeID); err != nil {
 			return Outcome{}, err
@@ -224,7 +230,13 @@ func (s *Service) decommissionStep(ctx context.Context, id uuid.UUID, step strin
 		})
 		return out, err
 	case StepRetire:
+		erased := d.Steps[stepIndex(d.Steps, StepRelease)].State == StateSucceeded
 		return Outcome{Done: true, Apply: func(ctx context.Context, _ pgx.Tx) error {
+			if erased && s.Allocations != nil {
+				if err := s.Allocations.NodeWiped(ctx, d.NodeID); err != nil {
+					return err
+				}
+			}
 			err := s.Nodes.Delete(ctx, d.NodeID)
 			if apierr.CodeOf(err) == apierr.NodeNotFound {
 				return nil

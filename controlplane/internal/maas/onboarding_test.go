@@ -23,17 +23,24 @@ type fixture struct {
 
 // setup runs a control plane (with its River jobs) and a MAAS simulator with zero-length
 // steps, and registers a site, a region, an H100 SKU, an OS image and a profile.
-func setup(t *testing.T) *fixture {
+func setup(t *testing.T) *fixture { return setupWith(t, nil) }
+
+// setupWith is setup with a simulator whose deployed machines boot with booter (nil: nothing).
+func setupWith(t *testing.T, booter func(*apitest.Env) maastest.Booter) *fixture {
 	t.Helper()
 	e := apitest.New(t, apitest.WithConfig(func(c *app.Config) {
 		c.Maas.PollInterval = 20 * time.Millisecond
 		c.Maas.ControlPlaneURL = "http://127.0.0.1:1"
-	}))
+	}), apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = okDialer{} }))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = e.App.Jobs.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	sim := maastest.New(maastest.Config{})
+	cfg := maastest.Config{}
+	if booter != nil {
+		cfg.Booter = booter(e)
+	}
+	sim := maastest.New(cfg)
 	sim.Start(false)
 	t.Cleanup(sim.Close)
 	_, tok := e.PlatformAdmin(t)

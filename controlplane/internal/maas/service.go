@@ -73,6 +73,11 @@ type Allocations interface {
 	NodeInUse(ctx context.Context, nodeID uuid.UUID) (bool, error)
 	// ForceReleaseNode force-releases every live allocation on the node and says how many.
 	ForceReleaseNode(ctx context.Context, nodeID uuid.UUID) (int, error)
+	// LiveOnNode counts the allocations on the node that have not ended.
+	LiveOnNode(ctx context.Context, nodeID uuid.UUID) (int, error)
+	// NodeWiped frees the GPUs that ended allocations still hold on the node, waiting for
+	// a cleanup the node will never confirm: its machine was released with disk erase.
+	NodeWiped(ctx context.Context, nodeID uuid.UUID) error
 }
 
 // NodeInventory is what onboarding needs to see of an enrolled node.
