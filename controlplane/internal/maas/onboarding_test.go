@@ -3,6 +3,7 @@ package maas_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 type fixture struct {
 	e       *apitest.Env
+	stop    func() // stops the control plane's job runner
 	sim     *maastest.Server
 	admin   *api.ClientWithResponses
 	site    api.MaasSite
@@ -27,6 +29,11 @@ func setup(t *testing.T) *fixture { return setupWith(t, nil) }
 
 // setupWith is setup with a simulator whose deployed machines boot with booter (nil: nothing).
 func setupWith(t *testing.T, booter func(*apitest.Env) maastest.Booter) *fixture {
+	return setupSim(t, booter, maastest.Durations{}, nil)
+}
+
+// setupSim is setupWith with step durations and the site's MAAS behind wrap (nil: direct).
+func setupSim(t *testing.T, booter func(*apitest.Env) maastest.Booter, durs maastest.Durations, wrap func(http.Handler) http.Handler) *fixture {
 	t.Helper()
 	e := apitest.New(t, apitest.WithConfig(func(c *app.Config) {
 		c.Maas.PollInterval = 20 * time.Millisecond
@@ -35,14 +42,22 @@ func setupWith(t *testing.T, booter func(*apitest.Env) maastest.Booter) *fixture
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = e.App.Jobs.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	cfg := maastest.Config{}
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	cfg := maastest.Config{Durations: durs}
 	if booter != nil {
 		cfg.Booter = booter(e)
 	}
 	sim := maastest.New(cfg)
 	sim.Start(false)
 	t.Cleanup(sim.Close)
+	siteURL := sim.URL()
+	if wrap != nil {
+		front := httptest.NewServer(wrap(sim.Handler()))
+		t.Cleanup(front.Close)
+		siteURL = front.URL + "/MAAS"
+	}
 	_, tok := e.PlatformAdmin(t)
 	c := e.Client(tok)
 	bg := context.Background()
@@ -58,7 +73,7 @@ func setupWith(t *testing.T, booter func(*apitest.Env) maastest.Booter) *fixture
 	if err != nil || img.StatusCode() != 201 {
 		t.Fatalf("image: %v %s", err, img.Body)
 	}
-	f := &fixture{e: e, sim: sim, admin: c}
+	f := &fixture{e: e, sim: sim, admin: c, stop: stop}
 	// A wrong key: 502 upstream_error naming the refusal, nothing stored.
 	bad, err := c.CreateMaasSiteWithResponse(bg, &api.CreateMaasSiteParams{}, api.CreateMaasSiteJSONRequestBody{Name: "dc1", Region: "rack-a",
 		APIURL: sim.URL(), APIKey: "wrong:wrong:wrong"})
@@ -69,7 +84,7 @@ func setupWith(t *testing.T, booter func(*apitest.Env) maastest.Booter) *fixture
 		t.Fatalf("a refused site was stored (%d rows)", n)
 	}
 	site, err := c.CreateMaasSiteWithResponse(bg, &api.CreateMaasSiteParams{}, api.CreateMaasSiteJSONRequestBody{Name: "dc1", Region: "rack-a",
-		APIURL: sim.URL(), APIKey: sim.APIKey()})
+		APIURL: siteURL, APIKey: sim.APIKey()})
 	if err != nil || site.StatusCode() != 201 {
 		t.Fatalf("site: %v %s", err, site.Body)
 	}
@@ -126,10 +141,11 @@ func atStep(step string) func(api.MaasOnboarding) bool {
 	return func(o api.MaasOnboarding) bool { return o.CurrentStep != nil && *o.CurrentStep == step }
 }
 
+// deploys counts the deploy calls MAAS received for the machine.
 func deploys(sim *maastest.Server, systemID string) int {
 	n := 0
 	for _, c := range sim.Calls() {
-		if c.Op == "deploy" && c.SystemID == systemID && c.Status < 300 {
+		if c.Op == "deploy" && c.SystemID == systemID { // attempts, refused ones too
 			n++
 		}
 	}
