@@ -432,9 +432,7 @@ func TestBooterLifecycle(t *testing.T) {
 	if _, err := c.Machine.PowerOff(id, &entity.MachinePowerOffParams{}); err != nil {
 		t.Fatal(err)
 	}
-	if inst.stops.Load() != 1 {
-		t.Fatalf("stops %d", inst.stops.Load())
-	}
+	eventually(t, func() bool { return inst.stops.Load() == 1 })
 	if _, err := c.Machine.PowerOn(id, &entity.MachinePowerOnParams{}); err != nil {
 		t.Fatal(err)
 	}
@@ -443,9 +441,7 @@ func TestBooterLifecycle(t *testing.T) {
 	if _, err := c.Machine.Release(id, &entity.MachineReleaseParams{}); err != nil {
 		t.Fatal(err)
 	}
-	if inst.stops.Load() != 2 {
-		t.Fatalf("stops after release %d", inst.stops.Load())
-	}
+	eventually(t, func() bool { return inst.stops.Load() == 2 })
 	if m := wait(t, s, id, StatusReady); m.Booted {
 		t.Fatal("still booted after release")
 	}

@@ -279,7 +279,8 @@ func (s *Server) action(id, op string, form url.Values) (any, error) {
 	}
 	s.mu.Unlock()
 	if stop != nil {
-		_ = stop.Stop()
+		// The machine powers off in the background, as MAAS answers before the BMC acts.
+		go func() { _ = stop.Stop() }()
 	}
 	if err != nil {
 		return nil, err
