@@ -568,6 +568,9 @@ func (s *Service) stepCreateNode(ctx context.Context, o Onboarding) (Outcome, er
 	}}, nil
 }
 
+// deployRequested marks a deploy step whose attempt has called MAAS's deploy.
+const deployRequested = "deploy requested"
+
 // UserData renders the cloud-init user data (base64) for an onboarding's machine.
 func (s *Service) UserData(o Onboarding) (string, error) {
 	if o.sealedToken == nil {
@@ -590,10 +593,24 @@ func (s *Service) stepDeploy(ctx context.Context, o Onboarding) (Outcome, error)
 		if err != nil {
 			return err
 		}
+		i := stepIndex(o.Steps, StepDeploy)
+		ours := o.Steps[i].Attempts <= 1 || o.Steps[i].Intent == deployRequested
 		switch m.Status {
-		case node.StatusDeploying, node.StatusDeployed:
-			// Deployed by this step before a restart: no second deploy.
+		case node.StatusDeployed:
 			out = done()
+			return nil
+		case node.StatusDeploying:
+			if ours {
+				// Deployed by this attempt before a restart: no second deploy.
+				out = done()
+				return nil
+			}
+			// A deployment left over from a failed attempt (the machine went missing
+			// mid-deploy, say): stop it and deploy afresh.
+			if _, err := c.Machine.Abort(*o.SystemID, "gantry: redeploy after a failed attempt"); err != nil {
+				return err
+			}
+			out = waiting("stopping the deployment of the failed attempt")
 			return nil
 		case node.StatusFailedDeployment:
 			// A retry: MAAS redeploys only after a release and a new allocation.
@@ -617,6 +634,11 @@ func (s *Service) stepDeploy(ctx context.Context, o Onboarding) (Outcome, error)
 		}
 		ud, err := s.UserData(o)
 		if err != nil {
+			return err
+		}
+		// Intent first: a re-run of this attempt (after a crash) then knows a Deploying
+		// machine is its own.
+		if err := s.markStep(ctx, KindOnboarding, o.ID, StepDeploy, o.Steps[i].Attempts, deployRequested); err != nil {
 			return err
 		}
 		if _, err := c.Machine.Deploy(*o.SystemID, &entity.MachineDeployParams{UserData: ud, DistroSeries: o.Recipe.DistroSeries,

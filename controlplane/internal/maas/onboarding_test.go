@@ -2,8 +2,10 @@ package maas_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,7 +126,7 @@ func (f *fixture) waitFor(t *testing.T, id api.MaasOnboarding, cond func(api.Maa
 			return *r.JSON200
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("onboarding stuck: state %s step %v reason %v steps %+v", r.JSON200.State, deref(r.JSON200.CurrentStep), deref(r.JSON200.FailureReason), r.JSON200.Steps)
+			t.Fatalf("onboarding stuck: state %s step %v reason %v steps %s", r.JSON200.State, deref(r.JSON200.CurrentStep), deref(r.JSON200.FailureReason), stepsText(r.JSON200.Steps))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -268,4 +270,12 @@ func TestFailedDeploymentRetry(t *testing.T) {
 	if rr, _ := f.admin.RetryMaasOnboardingWithResponse(context.Background(), o.ID, &api.RetryMaasOnboardingParams{}); rr.StatusCode() != http.StatusConflict {
 		t.Errorf("retry of a running onboarding: %d", rr.StatusCode())
 	}
+}
+
+func stepsText(steps []api.MaasWorkflowStep) string {
+	var b strings.Builder
+	for _, s := range steps {
+		fmt.Fprintf(&b, "[%s %s #%d %q] ", s.Name, s.State, s.Attempts, deref(s.Reason))
+	}
+	return b.String()
 }

@@ -80,6 +80,9 @@ type Step struct {
 	FinishedAt *time.Time `json:"finished_at"`
 	DeadlineAt *time.Time `json:"deadline_at"`
 	Reason     *string    `json:"reason"`
+	// Intent is a write-ahead note of the current attempt (not shown in the API): what
+	// it asked MAAS to do, so that a re-run after a crash recognises its own request.
+	Intent string `json:"intent,omitempty"`
 }
 
 func newSteps(names []string) []Step {
@@ -108,6 +111,7 @@ func start(steps []Step, i int, now time.Time, timeout time.Duration) {
 	steps[i].FinishedAt = nil
 	steps[i].DeadlineAt = &dl
 	steps[i].Reason = nil
+	steps[i].Intent = ""
 }
 
 func finish(steps []Step, i int, state string, now time.Time, reason string) {
