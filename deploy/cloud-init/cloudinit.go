@@ -56,6 +56,9 @@ type Params struct {
 	Hostname string
 	// Transport is auto, quic or tcp (optional).
 	Transport string
+	// Runtime is the agent's allocation runtime: auto, process or linux-user (optional;
+	// written to /etc/gantry/nodeagent.env as GANTRY_NODEAGENT_RUNTIME).
+	Runtime string
 }
 
 var (
@@ -116,6 +119,11 @@ func (p Params) validate() error {
 	case "", "auto", "quic", "tcp":
 	default:
 		return errors.New("cloudinit: the transport must be auto, quic or tcp")
+	}
+	switch p.Runtime {
+	case "", "auto", "process", "linux-user":
+	default:
+		return errors.New("cloudinit: the runtime must be auto, process or linux-user")
 	}
 	if p.ServerCAPEM != "" {
 		rest := []byte(p.ServerCAPEM)

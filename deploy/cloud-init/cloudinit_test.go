@@ -93,7 +93,7 @@ func TestRenderPassesCloudInitSchema(t *testing.T) {
 	for name, p := range map[string]Params{
 		"minimal": {ControlPlaneURL: "https://cp.example", EnrollmentToken: "gnt_enroll_abc"},
 		"full": {ControlPlaneURL: "https://cp.example:8443/", ServerCAPEM: ca, EnrollmentToken: "gnt_enroll_abc.DEF-123",
-			LogGatewayURL: "https://logs.cp.example", Hostname: "gpu-rack1-07", Transport: "tcp",
+			LogGatewayURL: "https://logs.cp.example", Hostname: "gpu-rack1-07", Transport: "tcp", Runtime: "linux-user",
 			PackageSHA256: strings.Repeat("ab", 32)},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -165,6 +165,7 @@ func TestRenderRefusesBadValues(t *testing.T) {
 		"bad hostname":     func(p *Params) { p.Hostname = "gpu 1" },
 		"hostname quote":   func(p *Params) { p.Hostname = "a'b" },
 		"bad transport":    func(p *Params) { p.Transport = "udp" },
+		"bad runtime":      func(p *Params) { p.Runtime = "docker; reboot" },
 		"bad sha":          func(p *Params) { p.PackageSHA256 = "ABC" },
 		"ca not pem":       func(p *Params) { p.ServerCAPEM = "hello" },
 		"ca with key":      func(p *Params) { p.ServerCAPEM = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n" },
@@ -280,6 +281,21 @@ func TestBootstrapScriptInSandbox(t *testing.T) {
 		}
 		if strings.Contains(out, p.EnrollmentToken) {
 			t.Error("the token appears in the bootstrap output")
+		}
+		if env, _ := os.ReadFile(filepath.Join(root, "etc/gantry/nodeagent.env")); strings.Contains(string(env), "\nGANTRY_NODEAGENT_RUNTIME=") {
+			t.Errorf("a runtime was written although none was given:\n%s", env)
+		}
+	})
+	t.Run("runtime", func(t *testing.T) {
+		q := p
+		q.Runtime = "linux-user"
+		root, out, err := boot(t, q)
+		if err != nil {
+			t.Fatalf("bootstrap: %v\n%s", err, out)
+		}
+		env, _ := os.ReadFile(filepath.Join(root, "etc/gantry/nodeagent.env"))
+		if !strings.HasSuffix(string(env), "\nGANTRY_NODEAGENT_RUNTIME=linux-user\n") || !strings.HasPrefix(string(env), "# Environment for gantry-nodeagent.service") {
+			t.Errorf("nodeagent.env:\n%s", env)
 		}
 	})
 	t.Run("pinned checksum matches", func(t *testing.T) {

@@ -47,6 +47,11 @@ if [ -n "$root" ]; then
 else
 	DEBIAN_FRONTEND=noninteractive dpkg -i "$work/gantry-nodeagent.deb"
 fi
+# The allocation runtime goes to the unit's environment file (a conffile of the package:
+# appended after installing, so dpkg never finds a foreign file in its place).
+if [ -n "$GANTRY_RUNTIME" ]; then
+	printf 'GANTRY_NODEAGENT_RUNTIME=%s\n' "$GANTRY_RUNTIME" >>"$etc/nodeagent.env"
+fi
 log "installed $(dpkg-deb -f "$work/gantry-nodeagent.deb" Package) $(dpkg-deb -f "$work/gantry-nodeagent.deb" Version)"
 
 args=(enroll --config "$etc/nodeagent.conf" --server "$GANTRY_SERVER_URL")

@@ -195,6 +195,7 @@ func (b *AgentBooter) Boot(ctx context.Context, req BootRequest) (Instance, stri
 		}
 	}
 	env := b.env(dir, req)
+	bootEnv := append(env[:len(env):len(env)], b.Env...)
 	logf, err := os.OpenFile(filepath.Join(logDir, "cloud-init-output.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, dir, err
@@ -230,7 +231,7 @@ func (b *AgentBooter) Boot(ctx context.Context, req BootRequest) (Instance, stri
 		default:
 			return nil, dir, fmt.Errorf("runcmd[%d]: not a string or list", i)
 		}
-		cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, env, logf, logf
+		cmd.Dir, cmd.Env, cmd.Stdout, cmd.Stderr = dir, bootEnv, logf, logf
 		if err := cmd.Run(); err != nil {
 			return nil, dir, fmt.Errorf("runcmd[%d] failed: %v (see %s)", i, err, logf.Name())
 		}
@@ -240,7 +241,12 @@ func (b *AgentBooter) Boot(ctx context.Context, req BootRequest) (Instance, stri
 	if _, err := os.Stat(conf); err != nil {
 		return nil, dir, fmt.Errorf("cloud-init ran but left no agent configuration: %w", err)
 	}
-	inst := &agentProcess{bin: bin, conf: conf, env: env, log: filepath.Join(logDir, "gantry-nodeagent.log"), stopTimeout: b.StopTimeout}
+	// The unit's EnvironmentFile, then the simulation's own settings: the machines share
+	// this host, so the agent never runs the linux-user runtime (real accounts) here.
+	agentEnv := append(append(env[:len(env):len(env)], readEnvFile(filepath.Join(dir, "etc/gantry/nodeagent.env"))...),
+		"GANTRY_NODEAGENT_RUNTIME=process")
+	agentEnv = append(agentEnv, b.Env...)
+	inst := &agentProcess{bin: bin, conf: conf, env: agentEnv, log: filepath.Join(logDir, "gantry-nodeagent.log"), stopTimeout: b.StopTimeout}
 	if inst.stopTimeout == 0 {
 		inst.stopTimeout = 15 * time.Second
 	}
@@ -264,7 +270,33 @@ func (b *AgentBooter) env(dir string, req BootRequest) []string {
 	if req.GPUBackend != "" {
 		env = append(env, "GANTRY_NODEAGENT_GPU_BACKEND="+req.GPUBackend)
 	}
-	return append(env, b.Env...)
+	return env
+}
+
+// readEnvFile reads KEY=VALUE lines as systemd's EnvironmentFile does (comments and
+// blank lines skipped, one level of quotes removed); a missing file is empty.
+func readEnvFile(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+			v = v[1 : len(v)-1]
+		}
+		out = append(out, strings.TrimSpace(k)+"="+v)
+	}
+	return out
 }
 
 // sandboxPath maps an absolute path of the machine into dir, refusing escapes.

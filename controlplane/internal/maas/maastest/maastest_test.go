@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"mime/multipart"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -460,5 +461,19 @@ func eventually(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 30s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestReadEnvFile(t *testing.T) {
+	p := t.TempDir() + "/env"
+	if err := os.WriteFile(p, []byte("# comment\n\nA=1\n B = two \nC=\"quoted value\"\nD='x'\n;also comment\nnoequals\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(readEnvFile(p), "|")
+	if want := "A=1|B=two|C=quoted value|D=x"; got != want {
+		t.Fatalf("readEnvFile = %q, want %q", got, want)
+	}
+	if readEnvFile(p+".missing") != nil {
+		t.Fatal("a missing file is not empty")
 	}
 }
