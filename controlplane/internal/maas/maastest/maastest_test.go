@@ -3,6 +3,8 @@ package maastest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"fmt"
 	"mime/multipart"
@@ -475,5 +477,33 @@ func TestReadEnvFile(t *testing.T) {
 	}
 	if readEnvFile(p+".missing") != nil {
 		t.Fatal("a missing file is not empty")
+	}
+}
+
+// TestTLS: Start(true) serves HTTPS; a client trusting the server's CA works, one with
+// system roots only is refused (what a site without its CA bundle sees).
+func TestTLS(t *testing.T) {
+	s := New(Config{})
+	url := s.Start(true)
+	t.Cleanup(s.Close)
+	if !strings.HasPrefix(url, "https://") {
+		t.Fatalf("url %s", url)
+	}
+	s.AddMachine(MachineSpec{})
+	pool := x509.NewCertPool()
+	pool.AddCert(s.TLSServer().Certificate())
+	good, err := client.GetTLSClient(url, s.APIKey(), "2.0", &tls.Config{RootCAs: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms, err := good.Machines.Get(&entity.MachinesParams{}); err != nil || len(ms) != 1 {
+		t.Fatalf("with the CA: %v %v", ms, err)
+	}
+	bad, err := client.GetTLSClient(url, s.APIKey(), "2.0", &tls.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.Machines.Get(&entity.MachinesParams{}); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("without the CA: %v", err)
 	}
 }
