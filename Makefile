@@ -30,6 +30,8 @@ test:
 # Benchmarks print their ratio against a baseline measured in the same run.
 bench:
 	$(GO) run ./controlplane/cmd/gantry-bench
+	@echo; echo "MAAS lifecycle (100 concurrent onboardings to succeeded against the simulator vs bare gomaasclient sequences, same run):"
+	@$(GO) run ./controlplane/cmd/gantry-bench -only maas
 	$(GO) run ./loggateway/cmd/gantry-loggateway-bench
 	@echo; echo "browser terminal (keystroke echo through WebSocket -> control plane -> tunnel -> agent PTY; added = vs pty-direct in the same run):"
 	@{ $(GO) test -run '^$$' -bench 'BenchmarkTerminalEcho' -benchtime 2000x ./controlplane/internal/terminal; \

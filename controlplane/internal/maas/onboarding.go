@@ -634,7 +634,9 @@ func (s *Service) stepDeploy(ctx context.Context, o Onboarding) (Outcome, error)
 		}
 		ud, err := s.UserData(o)
 		if err != nil {
-			return err
+			// Configuration, not MAAS: retrying does not help (our own words only).
+			out = fail("cannot render the cloud-init user data: " + err.Error())
+			return nil
 		}
 		// Intent first: a re-run of this attempt (after a crash) then knows a Deploying
 		// machine is its own.
