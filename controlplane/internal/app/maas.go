@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/clock"
 )
 
@@ -74,7 +74,11 @@ func (m maasAllocations) ForceReleaseNode(ctx context.Context, nodeID uuid.UUID)
 	rows.Close()
 	n := 0
 	for _, id := range ids {
-		if _, err := m.svc.ForceRelease(ctx, &principal.Principal{}, id); err != nil && !strings.Contains(err.Error(), "not") {
+		if _, err := m.svc.ForceRelease(ctx, &principal.Principal{}, id); err != nil {
+			// Ended meanwhile (released, failed): nothing to force.
+			if ae, ok := apierr.As(err); ok && (ae.HTTPStatus() == 404 || ae.HTTPStatus() == 409) {
+				continue
+			}
 			return n, err
 		}
 		n++

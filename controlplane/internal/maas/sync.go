@@ -199,8 +199,9 @@ func (w *SyncWorker) Work(ctx context.Context, _ *river.Job[SyncArgs]) error {
 // observeStuck sets the age of the oldest running step per workflow and step (the
 // alert GantryMaasOnboardingStuck fires on it).
 func (s *Service) observeStuck(ctx context.Context) error {
-	rows, err := s.Pool.Query(ctx, `SELECT 'onboarding', current_step, min(updated_at) FROM maas_onboardings WHERE state = 'running' GROUP BY current_step
-		UNION ALL SELECT 'decommission', current_step, min(updated_at) FROM maas_decommissions WHERE state = 'running' GROUP BY current_step`)
+	const started = `(SELECT (e->>'started_at')::timestamptz FROM jsonb_array_elements(steps) e WHERE e->>'name' = current_step)`
+	rows, err := s.Pool.Query(ctx, `SELECT 'onboarding', current_step, min(`+started+`) FROM maas_onboardings WHERE state = 'running' GROUP BY current_step
+		UNION ALL SELECT 'decommission', current_step, min(`+started+`) FROM maas_decommissions WHERE state = 'running' GROUP BY current_step`)
 	if err != nil {
 		return err
 	}
@@ -208,11 +209,13 @@ func (s *Service) observeStuck(ctx context.Context) error {
 	s.Metrics.StepAge.Reset()
 	for rows.Next() {
 		var wf, step string
-		var since time.Time
+		var since *time.Time
 		if err := rows.Scan(&wf, &step, &since); err != nil {
 			return err
 		}
-		s.Metrics.StepAge.WithLabelValues(wf, step).Set(s.now().Sub(since).Seconds())
+		if since != nil {
+			s.Metrics.StepAge.WithLabelValues(wf, step).Set(s.now().Sub(*since).Seconds())
+		}
 	}
 	return rows.Err()
 }
