@@ -243,6 +243,9 @@ func (s *Service) advance(ctx context.Context, a StepArgs, out Outcome) error {
 		if err := s.changed(ctx, tx, "maas."+a.Workflow+".step", "maas_"+a.Workflow, a.ID.String(), "maas."+a.Workflow+".step_finished", meta); err != nil {
 			return err
 		}
+		if s.CrashBeforeCommit != nil && s.CrashBeforeCommit(a.Workflow, a.Step) {
+			return errCrash
+		}
 		if finishedWF {
 			return s.changed(ctx, tx, "maas."+a.Workflow+".succeed", "maas_"+a.Workflow, a.ID.String(), "maas."+a.Workflow+".succeeded", nil)
 		}
@@ -338,6 +341,9 @@ func (s *Service) retry(ctx context.Context, kind string, id uuid.UUID, restartA
 		return s.changed(ctx, tx, "maas."+kind+".retry", "maas_"+kind, id.String(), "maas."+kind+".retried", map[string]any{"step": step})
 	})
 }
+
+// errCrash is CrashBeforeCommit's simulated crash.
+var errCrash = errors.New("maas: simulated crash before commit")
 
 func wfNotFound(kind string) error {
 	return apierr.New(apierr.InvalidRequest, "%s not found", kind).With("reason", "not_found").WithStatus(404)

@@ -101,6 +101,10 @@ type Service struct {
 	Metrics     *Metrics
 	Log         *slog.Logger
 
+	// CrashBeforeCommit, when set (tests only), is asked inside each step's closing
+	// transaction after the step's writes; true rolls it back as a crash there would.
+	CrashBeforeCommit func(workflow, step string) bool
+
 	seal sealer
 }
 
