@@ -392,8 +392,20 @@ func (s *Service) stepAllocate(ctx context.Context, o Onboarding) (Outcome, erro
 	var out Outcome
 	err := s.withClient(ctx, o.SiteID, func(c *client.Client) error {
 		if o.SystemID == nil {
-			// Constraints: MAAS chooses a Ready machine.
-			cons := o.Constraints
+			// Constraints: MAAS chooses a Ready machine; the site's default pool, zone
+			// and tags fill what the constraints leave open.
+			cons := *o.Constraints
+			if site, err := s.GetSite(ctx, o.SiteID); err == nil {
+				if cons.Pool == "" && site.DefaultPool != nil {
+					cons.Pool = *site.DefaultPool
+				}
+				if cons.Zone == "" && site.DefaultZone != nil {
+					cons.Zone = *site.DefaultZone
+				}
+				if len(cons.Tags) == 0 {
+					cons.Tags = site.DefaultTags
+				}
+			}
 			m, err := c.Machines.Allocate(&entity.MachineAllocateParams{AgentName: "gantry", Comment: "gantry onboarding " + o.ID.String(),
 				Tags: cons.Tags, NotTags: cons.NotTags, Pool: cons.Pool, Zone: cons.Zone, CPUCount: cons.CPUCount, Mem: cons.MemoryMiB})
 			if err != nil {

@@ -279,3 +279,32 @@ func stepsText(steps []api.MaasWorkflowStep) string {
 	}
 	return b.String()
 }
+
+// With constraints MAAS chooses the machine; the onboarding records it and carries on.
+func TestOnboardingByConstraints(t *testing.T) {
+	f := setup(t)
+	f.sim.AddMachine(maastest.MachineSpec{Tags: []string{"spare"}})
+	tagged := f.sim.AddMachine(maastest.MachineSpec{Tags: []string{"h100", "rack-a"}})
+	r, err := f.admin.CreateMaasOnboardingWithResponse(context.Background(), f.site.ID, &api.CreateMaasOnboardingParams{},
+		api.CreateMaasOnboardingJSONRequestBody{ProfileID: f.profile.ID, Constraints: &api.MaasMachineConstraints{Tags: []string{"h100"}}})
+	if err != nil || r.StatusCode() != http.StatusAccepted {
+		t.Fatalf("onboard: %v %s", err, r.Body)
+	}
+	o := f.waitFor(t, *r.JSON202, atStep("wait_enrolled"))
+	if deref(o.SystemID) != tagged {
+		t.Fatalf("MAAS chose %s, want the tagged %s", deref(o.SystemID), tagged)
+	}
+	if o.Steps[1].State != api.MaasWorkflowStepStateSkipped {
+		t.Errorf("commission: %s", o.Steps[1].State)
+	}
+	// Nothing else matches now: a second one fails at allocate with the reason.
+	r, err = f.admin.CreateMaasOnboardingWithResponse(context.Background(), f.site.ID, &api.CreateMaasOnboardingParams{},
+		api.CreateMaasOnboardingJSONRequestBody{ProfileID: f.profile.ID, Constraints: &api.MaasMachineConstraints{Tags: []string{"h100"}}})
+	if err != nil || r.StatusCode() != http.StatusAccepted {
+		t.Fatalf("onboard: %v %s", err, r.Body)
+	}
+	o = f.waitFor(t, *r.JSON202, func(o api.MaasOnboarding) bool { return o.State == api.MaasWorkflowStateFailed })
+	if deref(o.CurrentStep) != "allocate" || !strings.Contains(deref(o.FailureReason), "no machine") {
+		t.Errorf("failed at %s: %s", deref(o.CurrentStep), deref(o.FailureReason))
+	}
+}
