@@ -348,22 +348,3 @@ var errCrash = errors.New("maas: simulated crash before commit")
 func wfNotFound(kind string) error {
 	return apierr.New(apierr.InvalidRequest, "%s not found", kind).With("reason", "not_found").WithStatus(404)
 }
-
-// markStep records intent on a running step of the given attempt (a write-ahead note the
-// step reads back when it runs again), before the step asks MAAS for it.
-func (s *Service) markStep(ctx context.Context, kind string, id uuid.UUID, step string, attempt int, intent string) error {
-	r, err := loadRow(ctx, s.Pool, kind, id, false)
-	if err != nil {
-		return err
-	}
-	i := stepIndex(r.Steps, step)
-	if i < 0 || r.Steps[i].Attempts != attempt {
-		return fmt.Errorf("maas: step %s moved on", step)
-	}
-	tag, err := s.Pool.Exec(ctx, `UPDATE `+table(kind)+` SET steps = jsonb_set(steps, $2, to_jsonb($3::text)), updated_at = $4
-		WHERE id = $1 AND current_step = $5 AND (steps->($6::int)->>'attempts')::int = $7`, id, []string{fmt.Sprint(i), "intent"}, intent, s.now(), step, i, attempt)
-	if err == nil && tag.RowsAffected() != 1 {
-		err = fmt.Errorf("maas: step %s moved on", step)
-	}
-	return err
-}

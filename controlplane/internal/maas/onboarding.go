@@ -566,16 +566,9 @@ func (s *Service) stepCreateNode(ctx context.Context, o Onboarding) (Outcome, er
 		if _, err := s.Nodes.ChangeSchedule(ctx, n.ID, nodes.ActionCordon); err != nil {
 			return err
 		}
-		tok, err := s.Nodes.IssueEnrollmentToken(ctx, n.ID)
-		if err != nil {
-			return err
-		}
-		sealed, err := s.seal.seal([]byte(tok.Token), "enrollment", o.ID)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `UPDATE maas_onboardings SET node_id = $2, enrollment_sealed = $3, hostname = COALESCE(hostname, $4) WHERE id = $1`,
-			o.ID, n.ID, sealed, host)
+		// The enrollment token is issued by the deploy step, so that its lifetime
+		// starts when the machine starts installing.
+		_, err = tx.Exec(ctx, `UPDATE maas_onboardings SET node_id = $2, hostname = COALESCE(hostname, $3) WHERE id = $1`, o.ID, n.ID, host)
 		return err
 	}}, nil
 }
@@ -583,19 +576,42 @@ func (s *Service) stepCreateNode(ctx context.Context, o Onboarding) (Outcome, er
 // deployRequested marks a deploy step whose attempt has called MAAS's deploy.
 const deployRequested = "deploy requested"
 
-// UserData renders the cloud-init user data (base64) for an onboarding's machine.
-func (s *Service) UserData(o Onboarding) (string, error) {
-	if o.sealedToken == nil {
-		return "", errors.New("maas: no enrollment token to deploy with")
-	}
-	tok, err := s.seal.open(o.sealedToken, "enrollment", o.ID)
-	if err != nil {
-		return "", err
-	}
+// userData renders the cloud-init user data (base64) for an onboarding's machine.
+func (s *Service) userData(o Onboarding, token string) (string, error) {
 	return cloudinit.UserData(cloudinit.Params{
-		ControlPlaneURL: s.Config.ControlPlaneURL, ServerCAPEM: s.Config.ServerCAPEM, EnrollmentToken: string(tok),
+		ControlPlaneURL: s.Config.ControlPlaneURL, ServerCAPEM: s.Config.ServerCAPEM, EnrollmentToken: token,
 		LogGatewayURL: s.Config.LogGatewayURL, Hostname: nodeName(o),
 	})
+}
+
+// issueDeployToken mints the node's one-time enrollment token (superseding any earlier
+// one) and records, in the same transaction, the token (sealed) and the deploy step's
+// intent: a re-run of this attempt after a crash knows a Deploying machine is its own.
+func (s *Service) issueDeployToken(ctx context.Context, o Onboarding, attempt int) (string, error) {
+	var token string
+	err := db.InTx(ctx, s.Pool, func(tx pgx.Tx) error {
+		tok, err := s.Nodes.IssueEnrollmentToken(db.WithTx(ctx, tx), *o.NodeID)
+		if err != nil {
+			return err
+		}
+		sealed, err := s.seal.seal([]byte(tok.Token), "enrollment", o.ID)
+		if err != nil {
+			return err
+		}
+		i := stepIndex(o.Steps, StepDeploy)
+		tag, err := tx.Exec(ctx, `UPDATE maas_onboardings SET enrollment_sealed = $2, steps = jsonb_set(steps, $3, to_jsonb($4::text)), updated_at = $5
+			WHERE id = $1 AND state = 'running' AND current_step = 'deploy' AND (steps->($6::int)->>'attempts')::int = $7`,
+			o.ID, sealed, []string{fmt.Sprint(i), "intent"}, deployRequested, s.now(), i, attempt)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return errors.New("maas: the deploy step moved on")
+		}
+		token = tok.Token
+		return nil
+	})
+	return token, err
 }
 
 func (s *Service) stepDeploy(ctx context.Context, o Onboarding) (Outcome, error) {
@@ -644,15 +660,18 @@ func (s *Service) stepDeploy(ctx context.Context, o Onboarding) (Outcome, error)
 			out = fail(fmt.Sprintf("machine is %s in MAAS; it cannot be deployed", m.StatusName))
 			return nil
 		}
-		ud, err := s.UserData(o)
-		if err != nil {
-			// Configuration, not MAAS: retrying does not help (our own words only).
+		// Configuration, not MAAS: a user data that cannot be rendered fails the step
+		// (checked before a token is minted; our own words only).
+		if _, err := s.userData(o, "gne_"+strings.Repeat("x", 43)); err != nil {
 			out = fail("cannot render the cloud-init user data: " + err.Error())
 			return nil
 		}
-		// Intent first: a re-run of this attempt (after a crash) then knows a Deploying
-		// machine is its own.
-		if err := s.markStep(ctx, KindOnboarding, o.ID, StepDeploy, o.Steps[i].Attempts, deployRequested); err != nil {
+		token, err := s.issueDeployToken(ctx, o, o.Steps[i].Attempts)
+		if err != nil {
+			return err
+		}
+		ud, err := s.userData(o, token)
+		if err != nil {
 			return err
 		}
 		if _, err := c.Machine.Deploy(*o.SystemID, &entity.MachineDeployParams{UserData: ud, DistroSeries: o.Recipe.DistroSeries,
