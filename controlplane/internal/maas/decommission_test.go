@@ -231,3 +231,26 @@ func TestDecommissionIdleNodeWithoutMAAS(t *testing.T) {
 func nodesSpec(name, addr string, region *string) nodes.Spec {
 	return nodes.Spec{Name: name, Address: addr, Region: region}
 }
+
+// Quick erase by default; secure erase on request (what MAAS was asked for is checked).
+func TestDecommissionEraseModes(t *testing.T) {
+	f := setupWith(t, enrollingBooter)
+	for _, tc := range []struct {
+		erase *api.CreateDecommissionRequestErase
+		want  string
+	}{{nil, "quick"}, {ptrTo(api.CreateDecommissionRequestEraseSecure), "secure"}} {
+		o, sys := f.onboarded(t)
+		r := f.decommission(t, *o.NodeID, api.CreateNodeDecommissionJSONRequestBody{Erase: tc.erase})
+		if r.StatusCode() != http.StatusAccepted {
+			t.Fatalf("decommission: %d %s", r.StatusCode(), r.Body)
+		}
+		if d := f.waitDecommission(t, r.JSON202.ID); d.State != api.MaasWorkflowStateSucceeded || string(d.Erase) != tc.want {
+			t.Fatalf("decommission %s erase %s: %s", d.State, d.Erase, deref(d.FailureReason))
+		}
+		if m, _ := f.sim.Machine(sys); m.LastErase != tc.want || m.Status != maastest.StatusReady {
+			t.Errorf("MAAS erased %q (status %s), want %q", m.LastErase, m.Status, tc.want)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
