@@ -53,6 +53,13 @@ func TestCrashBeforeEachCommitResumes(t *testing.T) {
 	if o.State != api.MaasWorkflowStateSucceeded {
 		t.Errorf("state %s", o.State)
 	}
+	// Domain events commit with their step: one per step end (the crashed ones rolled
+	// back with their transaction), plus started and succeeded.
+	for typ, want := range map[string]int{"maas.onboarding.started": 1, "maas.onboarding.step_finished": 6, "maas.onboarding.succeeded": 1} {
+		if c := f.e.Count(t, `SELECT count(*) FROM outbox_events WHERE event_type = $1 AND payload->>'maas_onboarding_id' = $2`, typ, o.ID.String()); c != want {
+			t.Errorf("%d %s events, want %d", c, typ, want)
+		}
+	}
 
 	// The same for every decommission step.
 	r := f.decommission(t, *o.NodeID, api.CreateNodeDecommissionJSONRequestBody{})
