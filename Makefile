@@ -2,13 +2,13 @@
 # test against real PostgreSQL, NATS and Redis (see shared/testenv for how they are found).
 GO       ?= go
 SQLC     ?= $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
-PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/... ./cli/...
+PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggateway/... ./cli/... ./deploy/...
 # go-nvml (cgo, needed even for its mocks) includes nvml.h, whose deprecated functions
 # make gcc print pages of warnings on every rebuild.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 TESTFLAGS ?= -race -count=1 -timeout 12m
 
-.PHONY: dev test bench generate check-generate lint build
+.PHONY: dev test bench generate check-generate lint build package
 
 # Built first and then run, so Ctrl-C reaches the control plane itself (which drains and
 # exits 0) rather than `go run`.
@@ -30,6 +30,8 @@ test:
 # Benchmarks print their ratio against a baseline measured in the same run.
 bench:
 	$(GO) run ./controlplane/cmd/gantry-bench
+	@echo; echo "MAAS lifecycle (100 concurrent onboardings to succeeded against the simulator vs bare gomaasclient sequences, same run):"
+	@$(GO) run ./controlplane/cmd/gantry-bench -only maas
 	$(GO) run ./loggateway/cmd/gantry-loggateway-bench
 	@echo; echo "browser terminal (keystroke echo through WebSocket -> control plane -> tunnel -> agent PTY; added = vs pty-direct in the same run):"
 	@{ $(GO) test -run '^$$' -bench 'BenchmarkTerminalEcho' -benchtime 2000x ./controlplane/internal/terminal; \
@@ -43,6 +45,12 @@ bench:
 
 build:
 	$(GO) build -o bin/ ./controlplane/cmd/... ./nodeagent/cmd/... ./loggateway/cmd/... ./cli/cmd/...
+
+# The node agent's Debian package and its .sha256 (deploy/packaging), for the control
+# plane to serve to machines MAAS deploys (GANTRY_NODEAGENT_PACKAGE).
+VERSION ?= 0.0.0-dev
+package:
+	$(GO) run ./deploy/cmd/gantry-package -version $(VERSION) -out bin
 
 generate:
 	$(GO) generate ./proto/...

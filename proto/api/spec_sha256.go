@@ -3,4 +3,4 @@
 package api
 
 // SpecSHA256 is the SHA-256 of the proto/openapi/openapi.yaml this package was generated from.
-const SpecSHA256 = "701c289b29ec2a98de511f4f8db56b2b3ee87e063bb344b2b115f605cd52e0cc"
+const SpecSHA256 = "d992587b467b34cecccaeaecaac93bab04784c3251c98da9952ea77d9e9b3aa7"

@@ -61,6 +61,9 @@ var publicOperations = map[string]bool{
 	// Enterprise sign-in (OIDC): the browser is not signed in yet; the provider's code,
 	// the single-use state and the flow cookie are the credential.
 	"startOIDCSignIn": true, "finishOIDCSignIn": true,
+	// The node agent's Debian package and its checksum, fetched by cloud-init on a machine
+	// MAAS is deploying (before it has any credential); they hold no secret.
+	"getNodeAgentPackage": true, "getNodeAgentPackageChecksum": true,
 }
 
 // nonEnvelopeErrors are error statuses whose body is deliberately not the ErrorResponse.

@@ -49,7 +49,7 @@ func main() {
 	agents := flag.Int("fabric-agents", envInt("GANTRY_BENCH_FABRIC_AGENTS", 10000), "simulated agents for the fabric capacity run (env GANTRY_BENCH_FABRIC_AGENTS)")
 	transport := flag.String("fabric-transport", envStr("GANTRY_BENCH_FABRIC_TRANSPORT", "tcp"), "transport of the simulated agents: tcp, quic or auto")
 	spread := flag.Duration("fabric-reconnect-spread", 10*time.Second, "spread the simulated agents' reconnects over this long when the whole fleet lost its tunnels at once (fabrictest.Agent.ReconnectSpread; 0: 250-500 ms, like the real agent)")
-	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"invoices\", \"fabric\", \"allocations\", \"storage\", \"readmodels\" or \"appproxy\" (default: everything)")
+	only := flag.String("only", os.Getenv("GANTRY_BENCH_ONLY"), "run only \"http\", \"billing\", \"invoices\", \"fabric\", \"allocations\", \"storage\", \"readmodels\", \"appproxy\" or \"maas\" (default: everything)")
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	serverChild := flag.Bool("fabric-server-child", false, "internal: run the fabric server that the capacity run kills with SIGKILL")
 	flag.Parse()
@@ -126,6 +126,9 @@ func run(dur time.Duration, rounds, conc int) error {
 	}
 	if benchOnly == "appproxy" {
 		return runAppProxy(ctx, fx, rounds)
+	}
+	if benchOnly == "maas" {
+		return runMaas(ctx, fx)
 	}
 	if err := runHTTP(ctx, fx, dur, rounds, conc); err != nil {
 		return err

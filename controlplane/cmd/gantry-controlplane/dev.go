@@ -82,6 +82,7 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 	}
 	os.Setenv("DATABASE_URL", env.DatabaseURL)
 	os.Setenv("NATS_URL", env.NATSURL)
+	defer startDevMaas(ctx, dir, notef)() // GANTRY_DEV_MAAS=1: simulated MAAS + agent package (devmaas.go)
 	cfg, err := app.LoadConfig(true)
 	if err != nil {
 		return err

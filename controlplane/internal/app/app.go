@@ -41,6 +41,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
 	"github.com/gantry-gpu/gantry/controlplane/internal/idempotency"
 	"github.com/gantry-gpu/gantry/controlplane/internal/jobs"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas/packages"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/metrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
@@ -160,6 +162,9 @@ type App struct {
 	// SharedRuntimes is shared runtimes: workers, attachments, operations, and the
 	// metering of attached projects' calls through the app proxy (docs/apps.md).
 	SharedRuntimes *sharedruntimes.Service
+	// Maas is the bare-metal lifecycle through MAAS (docs/maas.md); its workflow steps
+	// and scheduled sync are River jobs.
+	Maas *maas.Service
 
 	ownPool bool
 	redis   *redis.Client
@@ -277,6 +282,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	a.SharedRuntimes = sharedruntimes.New(a.Pool, a.Clock, a.IDs, a.Apps, sharedruntimes.InstanceWorkers{Svc: a.Instances}, a.Tenancy, a.Billing, log)
 
 	cursors := pagination.Codec{Key: a.cursorKey()}
+	if a.Maas, err = a.maas(cat); err != nil {
+		return nil, err
+	}
 	a.Idem = &idempotency.Store{Pool: a.Pool, Clock: a.Clock, Metrics: a.Metrics, Retention: cfg.IdempotencyRetention}
 	if a.Denials, err = audit.NewDenials(a.Pool, a.Clock, a.IDs, log, audit.DenialConfig{}, a.Metrics.Registry); err != nil {
 		return nil, err
@@ -389,6 +397,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		AppProxyAPI:           a.AppProxy.Handlers(),
 		SharedRuntimesAPI:     sharedruntimes.NewHandlers(a.SharedRuntimes, cursors),
 		AppArtifactsAPI:       artifacts.NewHandlers(a.Artifacts, cursors),
+		MaasAPI:               maas.NewHandlers(a.Maas, cursors),
+		NodeAgentPackageAPI:   packages.New(cfg.Maas.PackagePath),
 	}
 	a.Handler = server.New(server.Deps{
 		Logger:            log,

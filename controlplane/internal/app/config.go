@@ -99,6 +99,8 @@ type Config struct {
 	AppProxy proxy.Config
 	// AppInstances is GANTRY_APP_INSTANCES_* and GANTRY_SHARED_RUNTIMES_INTERVAL (docs/apps.md).
 	AppInstances AppInstancesConfig
+	// Maas is GANTRY_MAAS_*: the bare-metal lifecycle through MAAS (docs/maas.md).
+	Maas MaasConfig
 }
 
 // ProvisioningConfig configures the provisioning stream and dispatcher
@@ -317,4 +319,42 @@ func (c Config) Level() slog.Level {
 		return slog.LevelInfo
 	}
 	return l
+}
+
+// MaasConfig is GANTRY_MAAS_* and GANTRY_NODEAGENT_PACKAGE (docs/maas.md).
+type MaasConfig struct {
+	// ControlPlaneURL is the URL machines MAAS deploys reach the control plane at
+	// (default: http:// + GANTRY_HTTP_ADDR).
+	ControlPlaneURL string `env:"GANTRY_MAAS_CONTROL_PLANE_URL"`
+	// ServerCAFile pins the control plane's HTTPS CA on deployed machines (PEM file).
+	ServerCAFile string `env:"GANTRY_MAAS_SERVER_CA_FILE"`
+	// LogGatewayURL is where node agents ship their logs.
+	LogGatewayURL string `env:"GANTRY_MAAS_LOG_GATEWAY_URL"`
+	// SyncInterval is the scheduled sync of every site.
+	SyncInterval time.Duration `env:"GANTRY_MAAS_SYNC_INTERVAL" envDefault:"5m"`
+	// PollInterval is how often waiting workflow steps look again.
+	PollInterval time.Duration `env:"GANTRY_MAAS_POLL_INTERVAL" envDefault:"5s"`
+	// CallTimeout bounds one MAAS API call.
+	CallTimeout time.Duration `env:"GANTRY_MAAS_CALL_TIMEOUT" envDefault:"30s"`
+	// StepTimeouts overrides step timeouts: "deploy=10m,wait_deployed=45m".
+	StepTimeouts string `env:"GANTRY_MAAS_STEP_TIMEOUTS"`
+	// PackagePath is the node agent .deb served at /api/v1/node-agent/package.
+	PackagePath string `env:"GANTRY_NODEAGENT_PACKAGE"`
+}
+
+// stepTimeouts parses StepTimeouts.
+func (m MaasConfig) stepTimeouts() (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	for _, kv := range strings.Split(m.StepTimeouts, ",") {
+		if strings.TrimSpace(kv) == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if !ok || err != nil || d < 0 {
+			return nil, fmt.Errorf("GANTRY_MAAS_STEP_TIMEOUTS: %q is not step=duration", kv)
+		}
+		out[strings.TrimSpace(k)] = d
+	}
+	return out, nil
 }

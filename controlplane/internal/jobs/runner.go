@@ -36,6 +36,12 @@ type Config struct {
 	// StopTimeout is how long Run waits for jobs in flight when its context ends before
 	// cancelling them (default 10 s); a cancelled job is retried by River later.
 	StopTimeout time.Duration
+	// RescueStuckJobsAfter is how long a job may stay running before River takes it for
+	// lost (its replica was killed) and runs it again (default 5 min; River's own default
+	// is an hour, which left a MAAS workflow step of a SIGKILLed replica waiting that long).
+	// It must exceed every worker's Timeout (the longest today: a MAAS step, 3 min), or a
+	// slow attempt would be run twice at once.
+	RescueStuckJobsAfter time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -50,6 +56,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 10 * time.Second
+	}
+	if c.RescueStuckJobsAfter <= 0 {
+		c.RescueStuckJobsAfter = max(5*time.Minute, 2*c.JobTimeout)
 	}
 	return c
 }
@@ -75,12 +84,13 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger) (*Runner, error) {
 	r := &Runner{cfg: cfg, log: log, workers: river.NewWorkers()}
 	var err error
 	r.client, err = river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
-		Workers:           r.workers,
-		FetchPollInterval: cfg.FetchPollInterval,
-		FetchCooldown:     min(cfg.FetchPollInterval, 100*time.Millisecond),
-		JobTimeout:        cfg.JobTimeout,
-		Logger:            log.With("component", "jobs"),
+		Queues:               map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.MaxWorkers}},
+		Workers:              r.workers,
+		FetchPollInterval:    cfg.FetchPollInterval,
+		FetchCooldown:        min(cfg.FetchPollInterval, 100*time.Millisecond),
+		JobTimeout:           cfg.JobTimeout,
+		RescueStuckJobsAfter: cfg.RescueStuckJobsAfter,
+		Logger:               log.With("component", "jobs"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("jobs: river client: %w", err)

@@ -15,6 +15,8 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/budgets"
 	"github.com/gantry-gpu/gantry/controlplane/internal/catalog"
 	"github.com/gantry-gpu/gantry/controlplane/internal/health"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas"
+	"github.com/gantry-gpu/gantry/controlplane/internal/maas/packages"
 	"github.com/gantry-gpu/gantry/controlplane/internal/machineid"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodemetrics"
 	"github.com/gantry-gpu/gantry/controlplane/internal/nodes"
@@ -79,6 +81,10 @@ type API struct {
 	// InvoicesAPI: tenant and admin invoices (docs/invoices.md); the PDF answer reads
 	// Accept in its StrictMiddleware.
 	*InvoicesAPI
+	// MaasAPI: MAAS sites, onboarding profiles, onboardings and decommissions (docs/maas.md).
+	*MaasAPI
+	// NodeAgentPackageAPI serves the node agent's Debian package to cloud-init.
+	*NodeAgentPackageAPI
 }
 
 // Aliases give each embedded slice its own field name.
@@ -112,6 +118,8 @@ type (
 	AppArtifactsAPI       = artifacts.Handlers
 	BillingAccountsAPI    = accounts.Handlers
 	InvoicesAPI           = invoices.Handlers
+	MaasAPI               = maas.Handlers
+	NodeAgentPackageAPI   = packages.Handlers
 )
 
 var _ api.StrictServerInterface = (*API)(nil)

@@ -11,7 +11,8 @@ import (
 
 // Every operation gets the request deadline except the WebSocket ones (those the
 // contract answers 101), whose request lives as long as the session, and the object
-// upload and download, whose bytes take as long as the client's connection needs.
+// upload and download and the node agent package download (a machine being deployed
+// fetches it), whose bytes take as long as the client's connection needs.
 func TestDeadlinesSpareOnlyStreams(t *testing.T) {
 	c := contract.MustLoad()
 	d := newDeadlines(c, 3*time.Second)
@@ -25,8 +26,8 @@ func TestDeadlinesSpareOnlyStreams(t *testing.T) {
 		}
 	}
 	sort.Strings(streaming)
-	want := []string{"GET /api/v1/app-artifacts/{artifact_id}/files", "GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /api/v1/storage/buckets/{bucket_id}/object",
-		"GET /ws/notifications", "GET /ws/ssh/{allocation_id}", "GET /ws/terminal/{allocation_id}",
+	want := []string{"GET /api/v1/app-artifacts/{artifact_id}/files", "GET /api/v1/internal/terminal/relay/{allocation_id}", "GET /api/v1/node-agent/package",
+		"GET /api/v1/storage/buckets/{bucket_id}/object", "GET /ws/notifications", "GET /ws/ssh/{allocation_id}", "GET /ws/terminal/{allocation_id}",
 		"PUT /api/v1/app-artifacts/{artifact_id}/files", "PUT /api/v1/storage/buckets/{bucket_id}/object"}
 	if len(streaming) != len(want) {
 		t.Fatalf("operations without a deadline: %v, want %v", streaming, want)
