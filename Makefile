@@ -6,7 +6,9 @@ PKGS     := ./shared/... ./proto/... ./controlplane/... ./nodeagent/... ./loggat
 # go-nvml (cgo, needed even for its mocks) includes nvml.h, whose deprecated functions
 # make gcc print pages of warnings on every rebuild.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
-TESTFLAGS ?= -race -count=1 -timeout 12m
+# Three test binaries at once on two cores: most packages wait on PostgreSQL, NATS or a
+# child process rather than compute, and -p 2 (GOMAXPROCS) left the budget unused.
+TESTFLAGS ?= -race -count=1 -timeout 12m -p 3
 
 .PHONY: dev test bench generate check-generate lint build package
 
