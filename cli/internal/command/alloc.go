@@ -146,55 +146,86 @@ func releasedOrStuck(s api.V3WorkloadStatus) bool {
 // waitFor polls the allocation until done(status), drawing a live status line on a
 // terminal (a line per change otherwise). Ctrl-C (the context) stops the wait only.
 func (a *app) waitFor(ctx context.Context, s *apiclient.Session, project uuid.UUID, alloc *api.Allocation, timeout time.Duration, done func(api.V3WorkloadStatus) bool) (*api.Allocation, error) {
+	return waitUntil(ctx, a, alloc, timeout, waitSpec[*api.Allocation]{
+		noun: "allocation",
+		show: func(al *api.Allocation) (string, string, string) { return al.Name, al.ID.String(), string(al.Status) },
+		done: func(al *api.Allocation) bool { return done(al.Status) },
+		get: func(ctx context.Context) (*api.Allocation, error) {
+			res, err := s.API.GetAllocationWithResponse(ctx, alloc.ID, &api.GetAllocationParams{XProjectID: project})
+			if err != nil {
+				return nil, err
+			}
+			if err := ok(res.HTTPResponse, res.Body); err != nil {
+				return nil, err
+			}
+			return res.JSON200, nil
+		},
+		left: func(al *api.Allocation) string {
+			return fmt.Sprintf("gantry alloc get %s; gantry alloc release %s", al.ID, al.ID)
+		},
+	})
+}
+
+// waitSpec says how waitUntil reads and shows one kind of thing being waited for.
+type waitSpec[T any] struct {
+	noun string                           // "allocation", "app instance"
+	show func(T) (name, id, state string) // what the status line shows
+	done func(T) bool                     // the wait is over
+	get  func(context.Context) (T, error) // a fresh read
+	left func(T) string                   // how to go on after Ctrl-C
+}
+
+// waitUntil polls until spec.done, drawing a live status line on a terminal (a line per
+// change otherwise). Ctrl-C (the context) stops the wait only: the thing keeps going and
+// the command exits 130; the timeout leaves it as it is with exit 1.
+func waitUntil[T any](ctx context.Context, a *app, cur T, timeout time.Duration, spec waitSpec[T]) (T, error) {
+	var zero T
 	live := false
 	if f, isFile := a.errOut.(*os.File); isFile && tty.IsTerminal(int(f.Fd())) {
 		live = true
 	}
 	start := time.Now()
 	deadline := start.Add(timeout)
-	last := api.V3WorkloadStatus("")
+	last := ""
 	spin := []string{"|", "/", "-", "\\"}
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
-	for i := 0; ; i++ {
+	endLine := func() {
 		if live {
-			fmt.Fprintf(a.errOut, "\r\033[K%s %s %s: %s (%s)", spin[i%len(spin)], alloc.Name, alloc.ID, alloc.Status, time.Since(start).Truncate(time.Second))
-		} else if alloc.Status != last {
-			fmt.Fprintf(a.errOut, "%s %s: %s\n", alloc.Name, alloc.ID, alloc.Status)
+			fmt.Fprintln(a.errOut)
 		}
-		last = alloc.Status
-		if done(alloc.Status) {
-			if live {
-				fmt.Fprintln(a.errOut)
-			}
-			return alloc, nil
+	}
+	for i := 0; ; i++ {
+		name, id, state := spec.show(cur)
+		if live {
+			fmt.Fprintf(a.errOut, "\r\033[K%s %s %s: %s (%s)", spin[i%len(spin)], name, id, state, time.Since(start).Truncate(time.Second))
+		} else if state != last {
+			fmt.Fprintf(a.errOut, "%s %s: %s\n", name, id, state)
+		}
+		last = state
+		if spec.done(cur) {
+			endLine()
+			return cur, nil
 		}
 		select {
 		case <-ctx.Done():
-			if live {
-				fmt.Fprintln(a.errOut)
-			}
-			fmt.Fprintf(a.errOut, "Stopped waiting: allocation %s is %s and keeps going (gantry alloc get %s; gantry alloc release %s).\n", alloc.ID, alloc.Status, alloc.ID, alloc.ID)
-			return nil, &exitError{code: ExitInterrupted, quiet: true}
+			endLine()
+			fmt.Fprintf(a.errOut, "Stopped waiting: %s %s is %s and keeps going (%s).\n", spec.noun, id, state, spec.left(cur))
+			return zero, &exitError{code: ExitInterrupted, quiet: true}
 		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
-			if live {
-				fmt.Fprintln(a.errOut)
-			}
-			return nil, &exitError{code: ExitError, err: fmt.Errorf("allocation %s still %s after %s; it is left as it is", alloc.ID, alloc.Status, timeout)}
+			endLine()
+			return zero, &exitError{code: ExitError, err: fmt.Errorf("%s %s still %s after %s; it is left as it is", spec.noun, id, state, timeout)}
 		}
-		res, err := s.API.GetAllocationWithResponse(ctx, alloc.ID, &api.GetAllocationParams{XProjectID: project})
+		next, err := spec.get(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				continue // Ctrl-C during the read: the select above reports it
 			}
-			return nil, err
+			return zero, err
 		}
-		if err := ok(res.HTTPResponse, res.Body); err != nil {
-			return nil, err
-		}
-		alloc = res.JSON200
+		cur = next
 	}
 }
 

@@ -3,7 +3,6 @@ package command
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	"github.com/gantry-gpu/gantry/cli/internal/apiclient"
 	"github.com/gantry-gpu/gantry/cli/internal/output"
-	"github.com/gantry-gpu/gantry/cli/internal/tty"
 	"github.com/gantry-gpu/gantry/proto/api"
 )
 
@@ -210,56 +208,24 @@ func (a *app) waitForInstance(ctx context.Context, s *apiclient.Session, project
 }
 
 func (a *app) pollInstance(ctx context.Context, s *apiclient.Session, project uuid.UUID, inst *api.AppInstance, timeout time.Duration, done func(api.AppInstanceState) bool) (*api.AppInstance, error) {
-	live := false
-	if f, isFile := a.errOut.(*os.File); isFile && tty.IsTerminal(int(f.Fd())) {
-		live = true
-	}
-	start := time.Now()
-	deadline := start.Add(timeout)
-	last := api.AppInstanceState("")
-	spin := []string{"|", "/", "-", "\\"}
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for i := 0; ; i++ {
-		if live {
-			fmt.Fprintf(a.errOut, "\r\033[K%s %s %s: %s (%s)", spin[i%len(spin)], inst.Name, inst.ID, inst.State, time.Since(start).Truncate(time.Second))
-		} else if inst.State != last {
-			fmt.Fprintf(a.errOut, "%s %s: %s\n", inst.Name, inst.ID, inst.State)
-		}
-		last = inst.State
-		if done(inst.State) {
-			if live {
-				fmt.Fprintln(a.errOut)
+	return waitUntil(ctx, a, inst, timeout, waitSpec[*api.AppInstance]{
+		noun: "app instance",
+		show: func(in *api.AppInstance) (string, string, string) { return in.Name, in.ID.String(), string(in.State) },
+		done: func(in *api.AppInstance) bool { return done(in.State) },
+		get: func(ctx context.Context) (*api.AppInstance, error) {
+			res, err := s.API.GetAppInstanceWithResponse(ctx, inst.ID, &api.GetAppInstanceParams{XProjectID: project})
+			if err != nil {
+				return nil, err
 			}
-			return inst, nil
-		}
-		select {
-		case <-ctx.Done():
-			if live {
-				fmt.Fprintln(a.errOut)
+			if err := ok(res.HTTPResponse, res.Body); err != nil {
+				return nil, err
 			}
-			fmt.Fprintf(a.errOut, "Stopped waiting: app instance %s is %s and keeps going (gantry app get %s; gantry app stop %s).\n", inst.ID, inst.State, inst.ID, inst.ID)
-			return nil, &exitError{code: ExitInterrupted, quiet: true}
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			if live {
-				fmt.Fprintln(a.errOut)
-			}
-			return nil, &exitError{code: ExitError, err: fmt.Errorf("app instance %s still %s after %s; it is left as it is", inst.ID, inst.State, timeout)}
-		}
-		res, err := s.API.GetAppInstanceWithResponse(ctx, inst.ID, &api.GetAppInstanceParams{XProjectID: project})
-		if err != nil {
-			if ctx.Err() != nil {
-				continue // Ctrl-C during the read: the select above reports it
-			}
-			return nil, err
-		}
-		if err := ok(res.HTTPResponse, res.Body); err != nil {
-			return nil, err
-		}
-		inst = res.JSON200
-	}
+			return res.JSON200, nil
+		},
+		left: func(in *api.AppInstance) string {
+			return fmt.Sprintf("gantry app get %s; gantry app stop %s", in.ID, in.ID)
+		},
+	})
 }
 
 func listInstances(ctx context.Context, s *apiclient.Session, project uuid.UUID) ([]api.AppInstance, error) {
