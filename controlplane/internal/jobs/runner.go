@@ -166,3 +166,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// atLeast passes on only records at min or above.
+type atLeast struct {
+	h   slog.Handler
+	min slog.Level
+}
+
+func (a atLeast) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= a.min && a.h.Enabled(ctx, l)
+}
+func (a atLeast) Handle(ctx context.Context, r slog.Record) error { return a.h.Handle(ctx, r) }
+func (a atLeast) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return atLeast{h: a.h.WithAttrs(attrs), min: a.min}
+}
+func (a atLeast) WithGroup(name string) slog.Handler {
+	return atLeast{h: a.h.WithGroup(name), min: a.min}
+}
