@@ -262,3 +262,63 @@ func TestArrearsAreDueAndSettledByTheNextClose(t *testing.T) {
 		t.Fatalf("%d invoice payments", n)
 	}
 }
+
+// A write-off takes what the tenant still owed off its receivable (as a loss), and a void
+// undoes the charge on the receivable too: in neither case does money that arrives later
+// settle the forgiven debt first, and no later close reads the posting as a payment.
+func TestWriteOffAndVoidClearTheReceivable(t *testing.T) {
+	f := newFixture(t)
+	arrears := func(tenant uuid.UUID) int64 {
+		t.Helper()
+		owed, err := f.billing.Ledger.Arrears(f.ctx, f.pool, tenant, "USD")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return owed
+	}
+	issuedWithArrears := func() (uuid.UUID, invoices.Invoice) {
+		t.Helper()
+		tenant, proj := f.tenant()
+		f.topUp(tenant, "USD", 30)
+		f.usage(tenant, proj, "USD", 1, midMarch, midMarch.Add(100*time.Second)) // 30 from the wallet, 70 owed
+		f.clk.Set(april.Add(time.Hour))
+		mar := f.close(tenant, "USD", march, april).Invoice
+		inv, err := f.svc.Issue(f.ctx, mar.ID)
+		if err != nil || inv.AmountDue() != 70 || arrears(tenant) != 70 {
+			t.Fatalf("issue: %v due %d owed %d", err, inv.AmountDue(), arrears(tenant))
+		}
+		return tenant, inv
+	}
+
+	tenant, inv := issuedWithArrears()
+	if _, err := f.svc.WriteOff(f.ctx, inv.ID, "uncollectable"); err != nil {
+		t.Fatal(err)
+	}
+	if owed := arrears(tenant); owed != 0 {
+		t.Fatalf("after the write-off the tenant still owes %d", owed)
+	}
+	// Money arriving now all reaches the wallet: nothing is left to settle.
+	f.topUp(tenant, "USD", 50)
+	if owed := arrears(tenant); owed != 0 {
+		t.Fatalf("owed %d after a top-up", owed)
+	}
+	f.clk.Set(may.Add(time.Hour))
+	apr := f.get(f.close(tenant, "USD", april, may).Invoice.ID)
+	for _, l := range linesOf(apr, invoices.LinePayment) {
+		if strings.Contains(l.Description, "arrears") {
+			t.Fatalf("the write-off was read as money settling arrears: %+v", l)
+		}
+	}
+
+	tenant2, inv2 := issuedWithArrears()
+	if _, err := f.svc.Void(f.ctx, inv2.ID, "billed in error", true); err != nil {
+		t.Fatal(err)
+	}
+	if owed := arrears(tenant2); owed != 0 {
+		t.Fatalf("after the void the tenant still owes %d", owed)
+	}
+	if n := f.count(`SELECT count(*) FROM audit_events WHERE action IN ('billing.invoice.write_off', 'billing.invoice.void')
+		AND (metadata->>'receivable_cleared_minor')::int = 70`); n != 2 {
+		t.Fatalf("%d audit rows record the 70 cleared, want 2", n)
+	}
+}

@@ -169,6 +169,13 @@ func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string, recredi
 				return fmt.Errorf("claim re-credit: %w", err)
 			}
 		}
+		// The charge is undone: what the wallet could not cover comes off the receivable
+		// too, or a later top-up would still settle it first.
+		cleared, err := s.clearReceivable(ctx, tx, inv, billing.AccountRevenue, "invoice-void-receivable:",
+			"Receivable of voided invoice ")
+		if err != nil {
+			return err
+		}
 		var why *string
 		if strings.TrimSpace(reason) != "" {
 			why = &reason
@@ -183,7 +190,8 @@ func (s *Service) Void(ctx context.Context, id uuid.UUID, reason string, recredi
 		}
 		if err := s.Audit.Record(ctx, tx, audit.Entry{
 			Action: "billing.invoice.void", TargetType: "invoice", TargetID: id.String(), TenantID: inv.TenantID,
-			Metadata: map[string]any{"from_status": from, "recredit_minor": inv.Totals.Prepaid, "currency": inv.Currency, "reason": reason},
+			Metadata: map[string]any{"from_status": from, "recredit_minor": inv.Totals.Prepaid, "receivable_cleared_minor": cleared,
+				"currency": inv.Currency, "reason": reason},
 		}); err != nil {
 			return err
 		}
@@ -212,6 +220,13 @@ func (s *Service) WriteOff(ctx context.Context, id uuid.UUID, reason string) (In
 		if inv.Status, err = Next(from, EvWriteOff); err != nil {
 			return err
 		}
+		// Given up: the tenant no longer owes it, so it comes off the receivable as a loss
+		// (the adjustments account), or a later top-up would still settle it first.
+		cleared, err := s.clearReceivable(ctx, tx, inv, billing.AccountAdjustments, "invoice-write-off:",
+			"Write-off of invoice ")
+		if err != nil {
+			return err
+		}
 		now := s.Clock.Now()
 		inv.WrittenOffAt, inv.UpdatedAt = &now, now
 		if _, err := tx.Exec(ctx, `UPDATE billing_invoices SET status = 'write_off', written_off_at = $2, updated_at = $2 WHERE id = $1`, id, now); err != nil {
@@ -222,7 +237,8 @@ func (s *Service) WriteOff(ctx context.Context, id uuid.UUID, reason string) (In
 		}
 		return s.Audit.Record(ctx, tx, audit.Entry{
 			Action: "billing.invoice.write_off", TargetType: "invoice", TargetID: id.String(), TenantID: inv.TenantID,
-			Metadata: map[string]any{"from_status": from, "written_off_minor": inv.AmountDue(), "currency": inv.Currency, "reason": reason},
+			Metadata: map[string]any{"from_status": from, "written_off_minor": inv.AmountDue(), "receivable_cleared_minor": cleared,
+				"currency": inv.Currency, "reason": reason},
 		})
 	})
 	if err != nil {
@@ -230,6 +246,48 @@ func (s *Service) WriteOff(ctx context.Context, id uuid.UUID, reason string) (In
 	}
 	s.counted(StatusWriteOff)
 	return inv, nil
+}
+
+// clearReceivable takes what is still due on inv off the tenant's receivable, against
+// counterpart, in tx: at most the amount due and at most what the receivable owes now
+// (money that arrived since may already have settled part of it; the next close applies
+// that to the invoice). The receivable is locked first, so two invoices cleared at once
+// never take it past zero. The posting is claimed by inv, so no close reads it as a
+// payment. It returns the amount cleared.
+func (s *Service) clearReceivable(ctx context.Context, tx pgx.Tx, inv Invoice, counterpart, refPrefix, memo string) (int64, error) {
+	due := inv.AmountDue()
+	if due <= 0 {
+		return 0, nil
+	}
+	var balance int64
+	err := tx.QueryRow(ctx, `SELECT balance_minor FROM billing_ledger_accounts
+		WHERE kind = $1 AND tenant_id = $2 AND currency = $3 FOR UPDATE`, billing.AccountReceivable, inv.TenantID, inv.Currency).Scan(&balance)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil // nothing was ever booked as owed
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lock receivable: %w", err)
+	}
+	amount := min(due, max(-balance, 0))
+	if amount == 0 {
+		return 0, nil
+	}
+	posted, err := s.Ledger.Post(ctx, tx, billing.Posting{
+		Kind: billing.TxnAdjustment, TenantID: inv.TenantID, Reference: refPrefix + inv.ID.String(),
+		Memo: memo + deref(inv.Number, inv.ID.String()),
+		Legs: []billing.Leg{
+			{Account: billing.AccountKey{Kind: billing.AccountReceivable, TenantID: inv.TenantID, Currency: inv.Currency}, Amount: amount},
+			{Account: billing.AccountKey{Kind: counterpart, Currency: inv.Currency}, Amount: -amount},
+		},
+	})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO billing_invoice_txn_claims (ledger_txn_id, invoice_id) VALUES ($1, $2)
+		ON CONFLICT DO NOTHING`, posted.TxnID, inv.ID); err != nil {
+		return 0, fmt.Errorf("claim receivable posting: %w", err)
+	}
+	return amount, nil
 }
 
 // Payment is money applied to an issued invoice.
