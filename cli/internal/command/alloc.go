@@ -239,15 +239,23 @@ func (a *app) resolveAlloc(ctx context.Context, s *apiclient.Session, project uu
 	if err != nil {
 		return uuid.Nil, err
 	}
-	var live, ended []api.Allocation
-	for _, al := range all {
-		if al.Name != ref {
-			continue
-		}
-		if al.EndedAt == nil {
-			live = append(live, al)
-		} else {
-			ended = append(ended, al)
+	return pickByName(all, ref, "allocation", "gantry alloc list",
+		func(al api.Allocation) (string, uuid.UUID, bool) { return al.Name, uuid.UUID(al.ID), al.EndedAt == nil })
+}
+
+// pickByName finds the one item named ref: a live one wins over ended ones of the same
+// name; none is not found (exit 5), several is a usage error asking for the id. view
+// gives an item's name, id and whether it is live.
+func pickByName[T any](items []T, ref, noun, listCmd string, view func(T) (name string, id uuid.UUID, live bool)) (uuid.UUID, error) {
+	var live, ended []uuid.UUID
+	for _, it := range items {
+		name, id, isLive := view(it)
+		switch {
+		case name != ref:
+		case isLive:
+			live = append(live, id)
+		default:
+			ended = append(ended, id)
 		}
 	}
 	pick := live
@@ -256,11 +264,11 @@ func (a *app) resolveAlloc(ctx context.Context, s *apiclient.Session, project uu
 	}
 	switch len(pick) {
 	case 0:
-		return uuid.Nil, notFoundErr(fmt.Errorf("no allocation named %q in the project (gantry alloc list)", ref))
+		return uuid.Nil, notFoundErr(fmt.Errorf("no %s named %q in the project (%s)", noun, ref, listCmd))
 	case 1:
-		return uuid.UUID(pick[0].ID), nil
+		return pick[0], nil
 	}
-	return uuid.Nil, usageErr(fmt.Errorf("%d allocations are named %q: use the id", len(pick), ref))
+	return uuid.Nil, usageErr(fmt.Errorf("%d %ss are named %q: use the id", len(pick), noun, ref))
 }
 
 func listAllocs(ctx context.Context, s *apiclient.Session, project uuid.UUID) ([]api.Allocation, error) {

@@ -264,28 +264,14 @@ func (a *app) resolveInstance(ctx context.Context, ref string) (*apiclient.Sessi
 	if err != nil {
 		return nil, uuid.Nil, uuid.Nil, err
 	}
-	var live, ended []api.AppInstance
-	for _, in := range all {
-		if in.Name != ref {
-			continue
-		}
-		if instanceEnded(in.State) {
-			ended = append(ended, in)
-		} else {
-			live = append(live, in)
-		}
+	id, err := pickByName(all, ref, "app instance", "gantry app list",
+		func(in api.AppInstance) (string, uuid.UUID, bool) {
+			return in.Name, uuid.UUID(in.ID), !instanceEnded(in.State)
+		})
+	if err != nil {
+		return nil, uuid.Nil, uuid.Nil, err
 	}
-	pick := live
-	if len(pick) == 0 {
-		pick = ended
-	}
-	switch len(pick) {
-	case 0:
-		return nil, uuid.Nil, uuid.Nil, notFoundErr(fmt.Errorf("no app instance named %q in the project (gantry app list)", ref))
-	case 1:
-		return s, project, uuid.UUID(pick[0].ID), nil
-	}
-	return nil, uuid.Nil, uuid.Nil, usageErr(fmt.Errorf("%d app instances are named %q: use the id", len(pick), ref))
+	return s, project, id, nil
 }
 
 func (a *app) appListCmd() *cobra.Command {
