@@ -40,8 +40,8 @@ FROM app_instances WHERE id = $1`, id).Scan(&t.TenantID, &t.ProjectID, &t.Alloca
 }
 
 // UsesProxyPath reports whether a run spec (its JSON, or a command line) hands the app
-// its proxy path ({{proxy_path}}, or the agent's {base_path}): such an app serves under
+// its proxy path (the {base_path} placeholder, proto/fabric/apptask): such an app serves under
 // the path and gets requests with it; any other app gets them with the prefix removed.
 func UsesProxyPath(spec string) bool {
-	return strings.Contains(spec, "{{proxy_path}}") || strings.Contains(spec, "{base_path}")
+	return strings.Contains(spec, "{base_path}")
 }
