@@ -329,32 +329,54 @@ func (r *Reader) start() error {
 
 // Read implements io.Reader.
 func (r *Reader) Read(p []byte) (int, error) {
-	for len(r.buf) == 0 {
-		if r.done || (r.end >= 0 && r.off >= r.end) {
-			return 0, io.EOF
-		}
-		m, err := r.stream.Recv()
-		if errors.Is(err, io.EOF) {
-			r.done = true
-			return 0, io.EOF
-		}
-		if retriable(r.ctx, err) {
-			// The tunnel dropped mid-object: continue where we are, same version.
-			r.cancel()
-			if err := r.start(); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		r.buf = m.GetData()
+	if err := r.fill(); err != nil {
+		return 0, err
 	}
 	n := copy(p, r.buf)
 	r.buf = r.buf[n:]
 	r.off += int64(n)
 	return n, nil
+}
+
+// Next returns the next bytes of the range as they arrived (one message's data, at
+// most ChunkSize), or io.EOF after the last. The slice is the caller's: a prefetcher
+// keeps it instead of copying it once more.
+func (r *Reader) Next() ([]byte, error) {
+	if err := r.fill(); err != nil {
+		return nil, err
+	}
+	b := r.buf
+	r.buf = nil
+	r.off += int64(len(b))
+	return b, nil
+}
+
+// fill makes r.buf non-empty: the next message, resuming a stream broken by the
+// tunnel, or io.EOF.
+func (r *Reader) fill() error {
+	for len(r.buf) == 0 {
+		if r.done || (r.end >= 0 && r.off >= r.end) {
+			return io.EOF
+		}
+		m, err := r.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			r.done = true
+			return io.EOF
+		}
+		if retriable(r.ctx, err) {
+			// The tunnel dropped mid-object: continue where we are, same version.
+			r.cancel()
+			if err := r.start(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		r.buf = m.GetData()
+	}
+	return nil
 }
 
 // Close ends the stream.

@@ -23,12 +23,7 @@ import (
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 )
 
-// Readahead bounds: a file read sequentially asks for ranges that double from the
-// minimum to the maximum, so a stream never holds more than one range in flight and
-// a random read costs one small range.
 const (
-	minReadRange = 1 << 20
-	maxReadRange = 64 << 20
 	// attrFresh is how long a file's metadata is trusted before Getattr asks again
 	// (the kernel caches it for as long too).
 	attrFresh = time.Second
@@ -580,7 +575,7 @@ func (f *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		return nil, 0, errno(err)
 	}
 	f.setInfo(info)
-	return &readHandle{f: f, etag: info.GetEtag(), size: info.GetSize()}, 0, 0
+	return newReadHandle(f, info.GetEtag(), info.GetSize()), 0, 0
 }
 
 // openWrite gives a handle on the file's spool, creating it (with the bucket's content
@@ -766,85 +761,3 @@ func uploadRetrying(ctx context.Context, c *Client, att, p string, src func() (i
 	}
 }
 
-// readHandle streams an object: sequential reads continue one Read stream over a range
-// that doubles up to maxReadRange, a seek starts a new small one. Every range is pinned
-// to the etag seen at open, so a file replaced meanwhile fails with ESTALE instead of
-// mixing versions.
-type readHandle struct {
-	f    *fileNode
-	etag string
-	size int64
-
-	mu     sync.Mutex
-	r      *Reader
-	pos    int64 // next byte r yields
-	rEnd   int64 // end of r's range
-	window int64
-}
-
-var (
-	_ fs.FileReader   = (*readHandle)(nil)
-	_ fs.FileReleaser = (*readHandle)(nil)
-)
-
-func (h *readHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	filled := 0
-	for filled < len(dest) && off+int64(filled) < h.size {
-		at := off + int64(filled)
-		if h.r == nil || h.pos != at {
-			if e := h.openRange(at); e != 0 {
-				return nil, e
-			}
-		}
-		n, err := h.r.Read(dest[filled:])
-		filled += n
-		h.pos += int64(n)
-		if errors.Is(err, io.EOF) {
-			_ = h.r.Close()
-			h.r = nil
-			if n == 0 && h.pos < h.rEnd {
-				break // the object is shorter than it was at open
-			}
-			continue
-		}
-		if err != nil {
-			_ = h.r.Close()
-			h.r = nil
-			return nil, errno(err)
-		}
-	}
-	return fuse.ReadResultData(dest[:filled]), 0
-}
-
-func (h *readHandle) openRange(at int64) syscall.Errno {
-	if h.r != nil {
-		_ = h.r.Close()
-		h.r = nil
-	}
-	switch {
-	case h.window == 0 || at != h.rEnd:
-		h.window = minReadRange
-	default:
-		h.window = min(h.window*2, maxReadRange)
-	}
-	// The stream belongs to the handle, not to one FUSE request: it outlives the
-	// request that opened it and ends with the mount.
-	r, err := h.f.b.c.Open(h.f.b.ctx, h.f.b.att, h.f.path, at, h.window, h.etag)
-	if err != nil {
-		return errno(err)
-	}
-	h.r, h.pos, h.rEnd = r, at, at+h.window
-	return 0
-}
-
-func (h *readHandle) Release(ctx context.Context) syscall.Errno {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.r != nil {
-		_ = h.r.Close()
-		h.r = nil
-	}
-	return 0
-}

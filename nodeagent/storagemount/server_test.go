@@ -37,6 +37,8 @@ type memStore struct {
 	reads       []readReq
 	breakReads  int // break this many read streams after their first chunk (UNAVAILABLE)
 	writes      int
+	// readsLive is the number of Read streams being served; readsPeak its highest.
+	readsLive, readsPeak int
 }
 
 type memObject struct {
@@ -216,7 +218,14 @@ func (s *memStore) Read(r *fabricv1.StorageReadRequest, st fabricv1.StorageFabri
 	if brk {
 		s.breakReads--
 	}
+	s.readsLive++
+	s.readsPeak = max(s.readsPeak, s.readsLive)
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.readsLive--
+		s.mu.Unlock()
+	}()
 	if !ok {
 		return status.Error(codes.NotFound, "no such object")
 	}

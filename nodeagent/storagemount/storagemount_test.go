@@ -362,9 +362,10 @@ func peakHeap(f func()) uint64 {
 const largeSize = 64 << 20
 
 // TestFUSELargeFileStreamed: a 64 MiB object read through the mount arrives intact
-// (hash = etag) while the agent never asks for more than one readahead range per
-// stream nor holds the object in memory; a stream broken mid-object (the tunnel
-// dropped) is resumed where it stopped, from the same version.
+// (hash = etag) while the agent asks for bounded prefetch blocks, never more of them
+// at once than PrefetchBlocks (plus one a read may straddle), and never holds the
+// object in memory; a stream broken mid-object (the tunnel dropped) is resumed where
+// it stopped, from the same version.
 func TestFUSELargeFileStreamed(t *testing.T) {
 	requireFUSE(t)
 	e := newEnv(t, ModeFUSE)
@@ -392,18 +393,24 @@ func TestFUSELargeFileStreamed(t *testing.T) {
 	e.store.mu.Lock()
 	reads := append([]readReq(nil), e.store.reads...)
 	e.store.mu.Unlock()
-	// Ranges double while the file is read in order: 1+2+...+32 MiB covers 64 MiB in
-	// 7 streams, plus one for each broken stream resumed. Dozens would mean reordered
-	// or restarted reads.
-	if len(reads) < 3 || len(reads) > 12 {
-		t.Fatalf("%d read streams for %d bytes", len(reads), largeSize)
+	// Blocks grow 1, 2, 4 MiB and stay at PrefetchBlock: 64 MiB in about 18 streams,
+	// plus one for each broken stream resumed. Many more would mean reordered or
+	// restarted reads.
+	if min, max := largeSize/PrefetchBlock, 2*largeSize/PrefetchBlock+4; len(reads) < min || len(reads) > max {
+		t.Fatalf("%d read streams for %d bytes, want %d..%d", len(reads), largeSize, min, max)
 	}
 	for _, r := range reads {
-		if r.length <= 0 || r.length > maxReadRange {
+		if r.length <= 0 || r.length > PrefetchBlock {
 			t.Fatalf("a read asked for %d bytes at %d (whole object or unbounded)", r.length, r.off)
 		}
 	}
-	t.Logf("%d read streams; heap grew by at most %d MiB", len(reads), grew>>20)
+	e.store.mu.Lock()
+	peak := e.store.readsPeak
+	e.store.mu.Unlock()
+	if peak > PrefetchBlocks+1 {
+		t.Fatalf("%d read streams at once, bound %d", peak, PrefetchBlocks+1)
+	}
+	t.Logf("%d read streams, at most %d at once; heap grew by at most %d MiB", len(reads), peak, grew>>20)
 	if grew >= largeSize {
 		t.Fatalf("heap grew by %d bytes while streaming a %d-byte file", grew, largeSize)
 	}
