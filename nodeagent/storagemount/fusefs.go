@@ -760,4 +760,3 @@ func uploadRetrying(ctx context.Context, c *Client, att, p string, src func() (i
 		}
 	}
 }
-
