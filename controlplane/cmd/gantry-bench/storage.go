@@ -14,7 +14,8 @@ package main
 //     usage set to match: the listing is a metadata read and never opens a blob.
 //
 // GANTRY_BENCH_STORAGE_BYTES overrides the 1 GiB; GANTRY_STORAGE_DRIVER and friends pick
-// the backend (fs in a temporary directory by default).
+// the backend (fs in a temporary directory by default); GANTRY_BENCH_STORAGE_GET<round>_CPUPROFILE
+// (round 0 or 1) profiles that round's API GET.
 
 import (
 	"context"
@@ -119,6 +120,7 @@ func runStorage(ctx context.Context, fx *fixture, rounds int) error {
 		putGrowth = max(putGrowth, peak()-before)
 
 		before = resetPeak()
+		stopProfile := startProfile(fmt.Sprintf("GANTRY_BENCH_STORAGE_GET%d_CPUPROFILE", r))
 		c0 = processCPU()
 		t0 = time.Now()
 		resp, err = do(http.MethodGet, "/object?path=big.bin", nil, 0)
@@ -132,6 +134,7 @@ func runStorage(ctx context.Context, fx *fixture, rounds int) error {
 		}
 		getAPI = append(getAPI, mibps(size, time.Since(t0)))
 		cpuAPI = append(cpuAPI, (processCPU()-c0).Seconds()/gib)
+		stopProfile()
 		getGrowth = max(getGrowth, peak()-before)
 	}
 	streamReport("PUT", median(putDrv), median(putAPI))
