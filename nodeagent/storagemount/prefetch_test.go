@@ -16,7 +16,7 @@ import (
 	"github.com/gantry-gpu/gantry/shared/alloctask"
 )
 
-// prefetchEnv is a read handle on a synthetic object of the test StorageFabric server,
+// prefetchHandle is a read handle on a synthetic object of the test StorageFabric server,
 // without the kernel in between, so the test decides every offset and size the
 // handle sees (through a mount the page cache would reshape them).
 func prefetchHandle(t *testing.T, e *env, name string, size int64) *readHandle {
@@ -55,7 +55,7 @@ func readAt(t *testing.T, h *readHandle, n int, off int64) []byte {
 // prefetched blocks), all give the object's bytes; the last read of the object
 // ends at its size; streams never exceed the per-file bound, and Release ends them all.
 func TestPrefetchRandomOffsets(t *testing.T) {
-	const size = 40<<20 + 12345 // not a multiple of any block or chunk
+	const size = 24<<20 + 12345 // not a multiple of any block or chunk
 	e := newEnv(t, ModeCopy)
 	e.store.putSynthetic("big.bin", size)
 	e.store.breakReads = 3
@@ -73,7 +73,7 @@ func TestPrefetchRandomOffsets(t *testing.T) {
 			t.Fatalf("read %d at %d: %d bytes, differ from the object's (want %d)", n, off, len(got), len(w))
 		}
 	}
-	for range 60 {
+	for range 40 {
 		off := rng.Int64N(size + 1<<20) // sometimes past the end
 		switch rng.IntN(3) {
 		case 0: // one random read
@@ -159,7 +159,7 @@ func TestFUSEPrefetchThroughMount(t *testing.T) {
 	}
 	defer f.Close()
 	rng := rand.New(rand.NewPCG(7, 11))
-	for range 200 {
+	for range 100 {
 		off := rng.Int64N(size)
 		n := 1 + rng.IntN(2<<20)
 		got := make([]byte, n)
