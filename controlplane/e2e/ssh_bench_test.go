@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -10,7 +11,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +39,7 @@ func TestSSHBench(t *testing.T) {
 	}
 	w := newSSHWorld(t, "tcp")
 	dir := t.TempDir()
-	sshdPort := startSSHD(t, dir, w.keyFile)
+	sshdPort, sshdPID := startSSHD(t, dir, w.keyFile)
 
 	src := filepath.Join(dir, "bench.bin")
 	f, err := os.Create(src)
@@ -50,12 +53,22 @@ func TestSSHBench(t *testing.T) {
 	want := fileHash(t, src)
 
 	limit := 20 * time.Minute
+	// The servers' CPU time per transfer: the agent's (TLS, yamux, SSH, SFTP) and the
+	// control plane's (this process: WebSocket, yamux, TLS) against the local sshd's
+	// (its connection processes, counted once it has reaped them). Unlike the rates,
+	// these hardly depend on what else the machine runs.
+	var agentCPU, cpCPU, sshdCPU time.Duration
 	toTunnel := func() time.Duration {
+		a0, _ := procCPU(t, w.agentPID)
+		c0 := selfCPU(t)
 		start := time.Now()
 		if out, code := w.command(t, limit, "scp", append(w.sshOpts(w.keyFile), src, w.host()+":bench.bin")...); code != 0 {
 			t.Fatalf("scp through the tunnel: %d %s", code, out)
 		}
 		d := time.Since(start)
+		a1, _ := procCPU(t, w.agentPID)
+		agentCPU += a1 - a0
+		cpCPU += selfCPU(t) - c0
 		if fileHash(t, filepath.Join(w.home, "bench.bin")) != want {
 			t.Fatal("the file through the tunnel differs")
 		}
@@ -64,6 +77,7 @@ func TestSSHBench(t *testing.T) {
 	}
 	direct := filepath.Join(dir, "direct.bin")
 	toLoopback := func() time.Duration {
+		_, s0 := procCPU(t, sshdPID)
 		start := time.Now()
 		args := []string{"-F", "/dev/null", "-i", w.keyFile, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
 			"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-P", fmt.Sprint(sshdPort),
@@ -72,6 +86,9 @@ func TestSSHBench(t *testing.T) {
 			t.Fatalf("scp to the local sshd: %v %s", err, out)
 		}
 		d := time.Since(start)
+		eventually(t, "sshd reaped the connection", func() bool { return !hasChildren(t, sshdPID) })
+		_, s1 := procCPU(t, sshdPID)
+		sshdCPU += s1 - s0
 		if fileHash(t, direct) != want {
 			t.Fatal("the file to the local sshd differs")
 		}
@@ -90,6 +107,9 @@ func TestSSHBench(t *testing.T) {
 	rate := func(d time.Duration) float64 { return float64(2*mib) / d.Seconds() }
 	fmt.Printf("ssh: scp %d MiB through the tunnel %.1f MiB/s, to local sshd on loopback %.1f MiB/s, ratio %.2fx (goal >= 0.5x; twice each, mirrored order: %.2fx then %.2fx)\n",
 		mib, rate(tunnel), rate(loop), rate(tunnel)/rate(loop), l1.Seconds()/t1.Seconds(), l2.Seconds()/t2.Seconds())
+	perGiB := func(d time.Duration) float64 { return d.Seconds() / float64(2*mib) * 1024 }
+	fmt.Printf("ssh: server CPU per GiB of scp: agent %.2fs + control plane %.2fs = %.2fs through the tunnel, local sshd %.2fs\n",
+		perGiB(agentCPU), perGiB(cpCPU), perGiB(agentCPU+cpCPU), perGiB(sshdCPU))
 
 	// Keystroke echo on a PTY.
 	signer := mustSigner(t, w.keyFile)
@@ -206,9 +226,50 @@ func percentiles(lat []time.Duration) (p99, p50 time.Duration) {
 	return lat[len(lat)*99/100], lat[len(lat)/2]
 }
 
+// procCPU reads a process's CPU time (user and system) and that of the children it has
+// waited for, from /proc/PID/stat (fields 14-17, in clock ticks of 10 ms).
+func procCPU(t *testing.T, pid int) (self, children time.Duration) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces; the fields after it do not.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	tick := func(i int) time.Duration {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		return time.Duration(v) * 10 * time.Millisecond
+	}
+	// f[0] is field 3 (state): utime, stime, cutime, cstime are f[11] to f[14].
+	return tick(11) + tick(12), tick(13) + tick(14)
+}
+
+// selfCPU is this process's CPU time (the control plane runs in it).
+func selfCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// hasChildren reports whether the process has live children.
+func hasChildren(t *testing.T, pid int) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(bytes.TrimSpace(b)) > 0
+}
+
 // startSSHD runs the Debian OpenSSH server on a free loopback port with its own host
 // key and config, trusting key's public half for root, until the test ends.
-func startSSHD(t *testing.T, dir, key string) int {
+func startSSHD(t *testing.T, dir, key string) (port, pid int) {
 	t.Helper()
 	if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
 		t.Fatalf("the bench needs /usr/sbin/sshd: %v", err)
@@ -226,7 +287,7 @@ func startSSHD(t *testing.T, dir, key string) int {
 	if err := os.WriteFile(auth, pub, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port = freePort(t)
 	cfg := filepath.Join(dir, "sshd_config")
 	conf := fmt.Sprintf("Port %d\nListenAddress 127.0.0.1\nHostKey %s\nAuthorizedKeysFile %s\nPidFile none\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n", port, hostKey, auth)
 	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
@@ -244,5 +305,5 @@ func startSSHD(t *testing.T, dir, key string) int {
 		}
 		return err == nil
 	})
-	return port
+	return port, cmd.Process.Pid
 }
