@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"slices"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -27,6 +28,12 @@ import (
 // gcmCiphers are offered alone to a client that offers one of them in both directions.
 var gcmCiphers = []string{ssh.CipherAES128GCM, ssh.CipherAES256GCM}
 
+// kexInitWait is how long the server waits for the client's KEXINIT before it offers its
+// default list anyway. RFC 4253 has both sides send KEXINIT without waiting for the
+// other's, and OpenSSH, PuTTY and x/crypto/ssh do; a client that waited for the
+// server's first would otherwise sit out the handshake timeout.
+const kexInitWait = 2 * time.Second
+
 // maxKexInit bounds the client's first packet (x/crypto/ssh's own packet limit).
 const maxKexInit = 256 << 10
 
@@ -38,25 +45,39 @@ const msgKexInit = 20
 // server to client) together with a connection that gives x/crypto/ssh exactly the byte
 // stream it would have seen: what was read is read again, and the server's version line,
 // which NewServerConn writes first, is not sent twice. Lists are nil when the client's
-// first bytes are not a well-formed KEXINIT; x/crypto/ssh then reports the failure
-// itself. Only an I/O error of c is returned as an error.
+// first bytes are not a well-formed KEXINIT (x/crypto/ssh then reports the failure
+// itself) or do not come within kexInitWait. Only an I/O error of c is returned as an
+// error.
 func peekClientCiphers(c net.Conn, serverVersion string) (conn net.Conn, c2s, s2c []string, err error) {
 	line := []byte(serverVersion + "\r\n")
 	if _, err := c.Write(line); err != nil {
 		return nil, nil, nil, err
 	}
+	// The caller sets the handshake's deadline again afterwards.
+	_ = c.SetReadDeadline(time.Now().Add(kexInitWait))
 	var got []byte
 	buf := make([]byte, 4096)
+	var waited bool
 	fill := func() error {
 		n, err := c.Read(buf)
 		got = append(got, buf[:n]...)
 		if n > 0 {
 			return nil
 		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			waited = true
+		}
 		return err
 	}
 	done := func(c2s, s2c []string) (net.Conn, []string, []string, error) {
 		return &replayConn{Conn: c, pending: got, sent: line}, c2s, s2c, nil
+	}
+	fail := func(err error) (net.Conn, []string, []string, error) {
+		if waited {
+			return done(nil, nil)
+		}
+		return nil, nil, nil, err
 	}
 	// The client's version line; x/crypto/ssh allows a few other lines before it, so
 	// skip whole lines until one starts with "SSH-".
@@ -68,7 +89,7 @@ func peekClientCiphers(c net.Conn, serverVersion string) (conn net.Conn, c2s, s2
 				return done(nil, nil)
 			}
 			if err := fill(); err != nil {
-				return nil, nil, nil, err
+				return fail(err)
 			}
 			continue
 		}
@@ -81,7 +102,7 @@ func peekClientCiphers(c net.Conn, serverVersion string) (conn net.Conn, c2s, s2
 	// The KEXINIT packet: uint32 length, byte padding length, payload, padding.
 	for len(got)-off < 4 {
 		if err := fill(); err != nil {
-			return nil, nil, nil, err
+			return fail(err)
 		}
 	}
 	plen := int(binary.BigEndian.Uint32(got[off:]))
@@ -90,7 +111,7 @@ func peekClientCiphers(c net.Conn, serverVersion string) (conn net.Conn, c2s, s2
 	}
 	for len(got)-off < 4+plen {
 		if err := fill(); err != nil {
-			return nil, nil, nil, err
+			return fail(err)
 		}
 	}
 	pkt := got[off+4 : off+4+plen]

@@ -1,6 +1,7 @@
 package sshserver_test
 
 import (
+	"bufio"
 	"io"
 	"os"
 	"path/filepath"
@@ -94,5 +95,35 @@ func TestMalformedFirstPacketEndsConnection(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(b), "SSH-2.0-gantry-nodeagent\r\n") {
 		t.Fatalf("read %q", b)
+	}
+}
+
+// TestClientThatWaitsForServerKexInit: a client that sends its version line and then
+// waits for the server's KEXINIT before sending its own gets it (after kexInitWait, with
+// the default list) rather than waiting out the handshake timeout.
+func TestClientThatWaitsForServerKexInit(t *testing.T) {
+	env := sshserver.Env{AllocationID: allocID, User: "gantry-a1", Dir: t.TempDir(), Shell: "/bin/sh",
+		AuthorizedKeys: filepath.Join(t.TempDir(), "none")}
+	c, err := open(t, world(t, env, true, ""), sshPre())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Well inside the server's 30 s handshake timeout.
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := c.Write([]byte("SSH-2.0-waiter\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil || line != "SSH-2.0-gantry-nodeagent\r\n" {
+		t.Fatalf("version line %q: %v", line, err)
+	}
+	var hdr [6]byte // packet length, padding length, message number
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		t.Fatalf("no KEXINIT from the server: %v", err)
+	}
+	if hdr[5] != 20 {
+		t.Fatalf("first packet is message %d, want KEXINIT (20)", hdr[5])
 	}
 }
