@@ -55,8 +55,8 @@ func TestSSHBench(t *testing.T) {
 	limit := 20 * time.Minute
 	// The servers' CPU time per transfer: the agent's (TLS, yamux, SSH, SFTP) and the
 	// control plane's (this process: WebSocket, yamux, TLS) against the local sshd's
-	// (its connection processes, counted once it has reaped them). Unlike the rates,
-	// these hardly depend on what else the machine runs.
+	// (its connection processes, counted once it has reaped them). These move far less
+	// with what else the machine runs than the rates do (about 15 % between runs).
 	var agentCPU, cpCPU, sshdCPU time.Duration
 	toTunnel := func() time.Duration {
 		a0, _ := procCPU(t, w.agentPID)
