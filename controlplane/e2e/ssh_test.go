@@ -60,6 +60,8 @@ type sshWorld struct {
 	keyFile  string
 	home     string
 	proxyEnv []string
+	// agentPID is the gantry-nodeagent process (the SSH bench reads its CPU time).
+	agentPID int
 }
 
 func newSSHWorld(t *testing.T, transport string) *sshWorld {
@@ -133,6 +135,7 @@ func newSSHWorld(t *testing.T, transport string) *sshWorld {
 	w := &sshWorld{
 		c: c, alloc: a, project: tenant.DefaultProject, token: tenant.AdminToken, user: alloctask.UserName(id.String()),
 		keyFile: keyFile, home: filepath.Join(e.cfg.StateDir, "allocations", id.String(), "home"),
+		agentPID: run.Process.Pid,
 	}
 	w.proxyEnv = append(os.Environ(), "GANTRY_E2E_SSH_PROXY=1", "GANTRY_E2E_URL="+c.url, "GANTRY_E2E_TOKEN="+w.token,
 		"GANTRY_E2E_PROJECT="+w.project.String(), "GANTRY_E2E_ALLOCATION="+id.String())

@@ -47,8 +47,17 @@ func (s *Server) serveInProcess(ctx context.Context, log *slog.Logger, env Env, 
 		ServerVersion: "SSH-2.0-gantry-nodeagent",
 	}
 	cfg.AddHostKey(s.o.HostKey)
-	_ = st.SetDeadline(time.Now().Add(authTimeout))
-	conn, chans, reqs, err := ssh.NewServerConn(st, cfg)
+	handshakeBy := time.Now().Add(authTimeout)
+	_ = st.SetDeadline(handshakeBy)
+	// AES-GCM for a client that speaks it (ciphers.go).
+	pc, c2s, s2c, err := peekClientCiphers(st, cfg.ServerVersion)
+	if err != nil {
+		log.Info("ssh: handshake failed", "err", err)
+		return
+	}
+	_ = st.SetDeadline(handshakeBy)
+	cfg.Ciphers = serverCiphers(c2s, s2c)
+	conn, chans, reqs, err := ssh.NewServerConn(pc, cfg)
 	if err != nil {
 		log.Info("ssh: handshake or authentication failed", "err", err)
 		return

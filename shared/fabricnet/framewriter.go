@@ -112,9 +112,14 @@ func (c *corkConn) Write(p []byte) (int, error) {
 // next frame: frame after frame, one of the two cores sat idle during the handoffs
 // (a single stream used 1.3 cores where a bare TLS connection used 1.7). With the frame
 // copied and queued, the send loop takes the next frame while the previous one is sealed
-// and written. At most maxQueued frames wait, so a slow peer still blocks the send loop
-// (and with it the streams' writers); the drain goroutine exists only while frames are
-// queued, so an idle tunnel costs no goroutine.
+// and written. At most maxQueuedBytes of frames wait (or one frame of any size), so a
+// slow peer still blocks the send loop (and with it the streams' writers); the drain
+// goroutine exists only while frames are queued, so an idle tunnel costs no goroutine.
+//
+// The drain goroutine takes every frame queued while it was writing and writes them
+// under one cork: small frames (an SSH server's replies to an SFTP upload, one per
+// 32 KiB received, window updates) then share a socket write, and the peer one wakeup,
+// where each took its own before.
 type frameConn struct {
 	*tls.Conn
 	raw *corkConn
@@ -123,13 +128,17 @@ type frameConn struct {
 	held bool
 
 	mu      sync.Mutex
-	space   sync.Cond // a queued frame was taken, or the writer failed or closed
+	space   sync.Cond // queued frames were taken, or the writer failed or closed
 	queue   []*[]byte
+	queued  int // bytes in queue
 	running bool
 	err     error
+	batch   []*[]byte // the drain goroutine's frames being written
 }
 
-const maxQueued = 2
+// maxQueuedBytes bounds what waits for the drain goroutine: two 64 KiB frames of a bulk
+// stream, as the two frames the queue held before, or many small ones.
+const maxQueuedBytes = 128 << 10
 
 // newFrameConn wraps tcp in TLS (client or server side) for a yamux session.
 func newFrameConn(tcp net.Conn, conf *tls.Config, server bool) *frameConn {
@@ -171,7 +180,7 @@ func (f *frameConn) Write(p []byte) (int, error) {
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for len(f.queue) >= maxQueued && f.err == nil {
+	for len(f.queue) > 0 && f.queued+len(*bp) > maxQueuedBytes && f.err == nil {
 		f.space.Wait()
 	}
 	if f.err != nil {
@@ -179,6 +188,7 @@ func (f *frameConn) Write(p []byte) (int, error) {
 		return 0, f.err
 	}
 	f.queue = append(f.queue, bp)
+	f.queued += len(*bp)
 	if !f.running {
 		f.running = true
 		go f.drain()
@@ -186,8 +196,8 @@ func (f *frameConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// drain writes the queued frames in order, each under one cork, and ends when the queue
-// is empty.
+// drain writes the queued frames in order, all that are queued at a time under one
+// cork, and ends when the queue is empty.
 func (f *frameConn) drain() {
 	for {
 		f.mu.Lock()
@@ -196,18 +206,25 @@ func (f *frameConn) drain() {
 			f.mu.Unlock()
 			return
 		}
-		bp := f.queue[0]
-		f.queue[0] = nil
-		f.queue = f.queue[1:]
+		batch := append(f.batch[:0], f.queue...)
+		clear(f.queue)
+		f.queue, f.queued = f.queue[:0], 0
 		f.space.Broadcast()
 		f.mu.Unlock()
 
 		f.raw.cork()
-		_, err := f.Conn.Write(*bp)
+		var err error
+		for _, bp := range batch {
+			if err == nil {
+				_, err = f.Conn.Write(*bp)
+			}
+			putBuffer(bp)
+		}
 		if ferr := f.raw.uncork(); err == nil {
 			err = ferr
 		}
-		putBuffer(bp)
+		clear(batch)
+		f.batch = batch[:0]
 		if err != nil {
 			f.fail(err)
 		}
@@ -222,7 +239,7 @@ func (f *frameConn) fail(err error) {
 	for _, bp := range f.queue {
 		putBuffer(bp)
 	}
-	f.queue = nil
+	f.queue, f.queued = nil, 0
 	f.space.Broadcast()
 	f.mu.Unlock()
 	_ = f.raw.Conn.Close()

@@ -153,3 +153,64 @@ func TestFrameConnReportsAFailedConnection(t *testing.T) {
 	}
 	t.Fatal("writes kept succeeding after the peer closed")
 }
+
+// Frames queued while the drain goroutine is writing go to the socket together: here the
+// first frame's write blocks until the peer reads, and the ten small frames queued
+// meanwhile take one socket write between them, not ten.
+func TestFrameConnBatchesQueuedFrames(t *testing.T) {
+	srvConf, cliConf := selfSigned(t)
+	a, b := net.Pipe()
+	counted := &countingConn{Conn: a}
+	fc := newFrameConn(counted, cliConf, false)
+	peer := tls.Server(b, srvConf)
+	gate := make(chan struct{})
+	got := make(chan []byte, 1)
+	go func() {
+		if err := peer.Handshake(); err != nil {
+			got <- nil
+			return
+		}
+		<-gate
+		data, _ := io.ReadAll(peer)
+		got <- data
+	}()
+	if err := fc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	frame := func(body []byte) {
+		for _, p := range [][]byte{dataHeader(uint32(len(body))), body} {
+			if _, err := fc.Write(p); err != nil {
+				t.Error(err)
+				return
+			}
+			want = append(want, p...)
+		}
+	}
+	before := counted.writes.Load()
+	frame([]byte("first"))
+	// The drain goroutine is now blocked in the first frame's socket write (net.Pipe
+	// does not buffer), or about to be: the next frames queue behind it.
+	queued := make(chan struct{})
+	go func() {
+		defer close(queued)
+		for i := range 10 {
+			frame([]byte{byte('a' + i)})
+		}
+	}()
+	select {
+	case <-queued:
+	case <-time.After(10 * time.Second):
+		close(gate)
+		t.Fatal("small frames could not queue behind a blocked write")
+	}
+	close(gate)
+	settle(t, fc)
+	if w := counted.writes.Load() - before; w > 2 {
+		t.Fatalf("11 frames took %d socket writes, want at most 2 (the first, then the rest together)", w)
+	}
+	_ = fc.Close()
+	if data := <-got; !bytes.Equal(data, want) {
+		t.Fatalf("peer read %q, want %q", data, want)
+	}
+}

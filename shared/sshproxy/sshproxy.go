@@ -32,8 +32,12 @@ const Subprotocol = "gantry.ssh.v1"
 // stdinGrace is how long the stream stays open after stdin ends.
 const stdinGrace = 2 * time.Second
 
-// chunk is the most one WebSocket message carries (the server reads up to 1 MiB).
-const chunk = 32 << 10
+// chunk is the most one WebSocket message carries (the server reads up to 1 MiB). It is
+// larger than a pipe holds (64 KiB), so one read takes everything ssh has written: at
+// 32 KiB, an SSH packet of 32 KiB of data plus its framing went out as a 32 KiB message
+// and a sliver of a few dozen bytes, and every hop after (WebSocket, yamux frame, TLS
+// record, write) paid for the sliver as for a whole message.
+const chunk = 128 << 10
 
 // Options say which allocation to reach and how to call the API.
 type Options struct {

@@ -39,9 +39,14 @@ const (
 	// RouteSSH is the operation's path (details.route).
 	RouteSSH = "/ws/ssh/{allocation_id}"
 	// sshReadLimit bounds one WebSocket message from the client; ssh-proxy sends at
-	// most 32 KiB per message.
+	// most 128 KiB per message.
 	sshReadLimit = 1 << 20
-	opOpenSSH    = "openSsh"
+	// sshCopyBuffer is each direction's copy buffer. A read from the WebSocket returns
+	// at most one message and a write to the stream is one yamux frame, so a buffer
+	// smaller than ssh-proxy's messages (up to a pipe's 64 KiB) split each into a full
+	// frame and a sliver, as io.Copy's 32 KiB did to SSH packets of 32 KiB plus framing.
+	sshCopyBuffer = 64 << 10
+	opOpenSSH     = "openSsh"
 )
 
 var sshEndpoint = endpoint{route: RouteSSH, operationID: opOpenSSH, actorType: audit.ActorUser, credential: offersToken}
@@ -128,11 +133,11 @@ func (s *Service) openSSH(ctx context.Context, w http.ResponseWriter, r *http.Re
 	const fromClient, fromAgent = 1, 2
 	done := make(chan int, 2)
 	go func() {
-		_, _ = io.Copy(countingWriter{st, s.metrics.sshBytes.WithLabelValues("to_node")}, nc)
+		_, _ = io.CopyBuffer(countingWriter{st, s.metrics.sshBytes.WithLabelValues("to_node")}, nc, make([]byte, sshCopyBuffer))
 		done <- fromClient
 	}()
 	go func() {
-		_, _ = io.Copy(countingWriter{nc, s.metrics.sshBytes.WithLabelValues("from_node")}, st)
+		_, _ = io.CopyBuffer(countingWriter{nc, s.metrics.sshBytes.WithLabelValues("from_node")}, st, make([]byte, sshCopyBuffer))
 		done <- fromAgent
 	}()
 	if <-done == fromAgent {
