@@ -74,12 +74,21 @@ type Grants interface {
 	ProxyGrant(ctx context.Context, p *principal.Principal, t Target) (projectID uuid.UUID, ok bool, err error)
 }
 
-// Meter is told of every call the proxy carries to an app (one HTTP request, or one
-// WebSocket), after access was decided and before the request is sent: shared runtimes
-// meter attached projects' calls as app_runtime usage. An error refuses the call.
+// Meter is told of every call the proxy carried to an app that the app answered with
+// a billable status (Billable: one HTTP request, or one WebSocket whose upgrade the app
+// accepted), after the app's response head arrived and before it is passed on: shared
+// runtimes meter attached projects' calls as app_runtime usage. A call the proxy
+// answers itself (502/503/504: node offline, app unreachable, no answer in time) never
+// reaches it. An error withholds the app's answer (the caller gets the error's
+// envelope).
 type Meter interface {
 	ProxiedCall(ctx context.Context, c Call) error
 }
+
+// Billable reports whether an app's answer with status is metered: everything below
+// 500. An app's own 5xx is its failure to serve the call, not a service rendered (an
+// inference server that crashed mid-request answers 500), so it is not billed either.
+func Billable(status int) bool { return status < 500 }
 
 // Call is one proxied call, as Meter sees it.
 type Call struct {

@@ -29,8 +29,20 @@ const appHostSuffix = ".app.gantry"
 
 type targetKey struct{}
 
-func withTarget(ctx context.Context, t Target) context.Context {
-	return context.WithValue(ctx, targetKey{}, t)
+// proxied is what a proxied request's context carries: where it goes, and the call to
+// meter once the app answers (nil: nothing to meter).
+type proxied struct {
+	target Target
+	call   *Call
+}
+
+func withTarget(ctx context.Context, t Target, call *Call) context.Context {
+	return context.WithValue(ctx, targetKey{}, proxied{target: t, call: call})
+}
+
+func targetOf(ctx context.Context) (Target, bool) {
+	rt, ok := ctx.Value(targetKey{}).(proxied)
+	return rt.target, ok
 }
 
 func appHost(t Target) string {
@@ -57,7 +69,7 @@ func (s *Service) newTransport() *http.Transport {
 // keys the pool (and must agree with the target, so a pooled connection is never
 // handed to another instance's request).
 func (s *Service) dial(ctx context.Context, _, addr string) (net.Conn, error) {
-	t, ok := ctx.Value(targetKey{}).(Target)
+	t, ok := targetOf(ctx)
 	if !ok || addr != appHost(t) {
 		return nil, errors.New("app proxy: dial without its target")
 	}
