@@ -153,6 +153,8 @@ type App struct {
 	// operation of the contract, so Handler does not route it; Run serves
 	// AppProxy.Mount(Handler).
 	AppProxy *proxy.Service
+	// Limiter is the API's rate limiter; the app proxy checks its app_proxy group.
+	Limiter *ratelimit.Limiter
 	// Artifacts is app artifacts: file sets whose bytes go through Blob (docs/apps.md).
 	Artifacts *artifacts.Service
 	// Instances is app instances (docs/apps.md), driven by the agents' controller
@@ -293,6 +295,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if err != nil {
 		return nil, err
 	}
+	a.Limiter = limiter
 	a.Relay = &outbox.Relay{
 		Pool: a.Pool, JS: a.JS, Clock: a.Clock, Logger: log,
 		Stream: cfg.EventsStream, SubjectPrefix: cfg.EventsSubjectPrefix,
@@ -363,6 +366,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		CookieKey: cfg.Auth.MasterKey.Derive("gantry/app-proxy-cookie"), Denials: a.Denials,
 		// Attached projects of a shared runtime get through to its workers and pay per call.
 		Grants: a.SharedRuntimes, Meter: a.SharedRuntimes,
+		// The API's limiter (Redis-backed, fail-open to memory), its app_proxy group per
+		// principal: the proxy is mounted in front of the API chain.
+		Limiter:  limiter,
 		Registry: a.Metrics.Registry, Clock: a.Clock, Log: log}); err != nil {
 		return nil, err
 	}

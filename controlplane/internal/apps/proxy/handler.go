@@ -157,6 +157,11 @@ func (s *Service) proxy(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 		s.deny(w, r, nil, err, byCookie)
 		return
 	}
+	if e := s.limit(ctx, p); e != nil {
+		s.metrics.requests.WithLabelValues("rate_limited").Inc()
+		s.fail(w, r, e)
+		return
+	}
 	a, cached := s.admitted.get(p, id, s.now())
 	if !cached {
 		if a, err = s.admit(ctx, p, id); err != nil {
@@ -196,6 +201,18 @@ func (s *Service) proxy(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 	} else if !rw.failed {
 		s.metrics.requests.WithLabelValues("ok").Inc()
 	}
+}
+
+// limit counts the request against the caller's app_proxy limit: per principal (a
+// user, or a machine identity's own user row), whichever instance it calls, so one
+// client cannot starve the replica by spreading over instances. It runs after
+// authentication (a request without a valid principal is refused before it costs a
+// store round trip) and before admission (which may read the database).
+func (s *Service) limit(ctx context.Context, p *principal.Principal) *apierr.Error {
+	if s.limitGroup.PerMinute <= 0 {
+		return nil
+	}
+	return s.deps.Limiter.Check(ctx, s.limitGroup, "user:"+p.UserID.String())
 }
 
 func isUpgrade(r *http.Request) bool {

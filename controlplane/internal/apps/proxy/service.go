@@ -18,7 +18,9 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/clock"
 )
 
@@ -100,6 +102,13 @@ type Call struct {
 	At        time.Time
 }
 
+// Limiter counts the proxy's requests (implemented by *ratelimit.Limiter, the API's:
+// Redis-backed, shared by the replicas, counting in memory while Redis is down).
+type Limiter interface {
+	Group(name string) (ratelimit.Group, bool)
+	Check(ctx context.Context, g ratelimit.Group, client string) *apierr.Error
+}
+
 // Streams opens raw streams to node agents, relayed to the replica holding the node's
 // tunnel (terminal.Service.OpenStream).
 type Streams interface {
@@ -119,10 +128,14 @@ type Deps struct {
 	CookieKey []byte
 	Grants    Grants // nil: members only
 	Meter     Meter  // nil: nothing metered
-	Denials   audit.Observer
-	Registry  prometheus.Registerer
-	Clock     clock.Clock
-	Log       *slog.Logger
+	// Limiter limits requests per principal (group ratelimit.AppProxyGroup); nil:
+	// unlimited. The proxy sits in front of the API chain, so the API's limiter does not
+	// see its requests.
+	Limiter  Limiter
+	Denials  audit.Observer
+	Registry prometheus.Registerer
+	Clock    clock.Clock
+	Log      *slog.Logger
 }
 
 // Service is the app proxy of one replica.
@@ -134,6 +147,8 @@ type Service struct {
 	rp        *httputil.ReverseProxy
 	codes     *codeStore
 	admitted  *admissions
+	// limitGroup is the Limiter's app_proxy group (PerMinute 0: unlimited).
+	limitGroup ratelimit.Group
 
 	// life is the context of the streams kept alive between requests (pooled
 	// connections, relayed hops); Close ends it.
@@ -170,6 +185,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		codes:    &codeStore{js: deps.JS, bucket: cfg.CodeBucket, ttl: cfg.ExchangeTTL},
 		admitted: &admissions{ttl: cfg.AccessCacheTTL},
 		upgrade:  map[*upgraded]struct{}{}}
+	if deps.Limiter != nil {
+		s.limitGroup, _ = deps.Limiter.Group(ratelimit.AppProxyGroup)
+	}
 	s.transport = s.newTransport()
 	s.rp = s.reverseProxy()
 	return s, nil
