@@ -280,6 +280,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	// the fabric was given (fabric.Deps.OnControllerReport).
 	a.Instances = instances.New(a.Pool, a.Clock, a.IDs, cfg.AppInstances.service(), instances.AppsCatalog{Apps: a.Apps}, a.Allocations, a.Fabric, log)
 	a.Instances.Artifacts = a.Artifacts
+	// Agents fetch the artifacts of their app instances over their own tunnels.
+	a.Fabric.RegisterService(&fabricv1.AppArtifactFabric_ServiceDesc, &artifacts.FabricServer{Svc: a.Artifacts, NodeOf: fabric.NodeID})
 	a.AppReports.Handle(apptask.Controller, a.Instances)
 	a.SharedRuntimes = sharedruntimes.New(a.Pool, a.Clock, a.IDs, a.Apps, sharedruntimes.InstanceWorkers{Svc: a.Instances}, a.Tenancy, a.Billing, log)
 

@@ -203,6 +203,19 @@ func (s *Service) enqueueStart(ctx context.Context, tx pgx.Tx, i Instance) (uuid
 	if err != nil {
 		return uuid.Nil, err
 	}
+	// The artifacts' files and digests are pinned now: the agent places exactly these
+	// bytes, and a file changed since fails the start (artifact_digest_mismatch).
+	if len(i.ArtifactIDs) > 0 {
+		if s.Artifacts == nil {
+			return uuid.Nil, apierr.Validation("artifact_ids", "artifacts are not available").With("reason", "artifact_not_found")
+		}
+		if t.Artifacts, err = s.Artifacts.Mounts(db.WithTx(ctx, tx), i.ProjectID, i.ArtifactIDs); err != nil {
+			return uuid.Nil, err
+		}
+		if err := apptask.ValidateStart(t); err != nil {
+			return uuid.Nil, fmt.Errorf("app.start payload of %s: %w", i.ID, err)
+		}
+	}
 	return s.enqueueTask(ctx, tx, i, TaskStart, t)
 }
 
