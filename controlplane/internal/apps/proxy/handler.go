@@ -381,6 +381,7 @@ func secureRequest(r *http.Request) bool {
 func (s *Service) reverseProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:      s.transport,
+		BufferPool:     copyBuffers,
 		Rewrite:        s.rewrite,
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

