@@ -170,7 +170,9 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 	// App instances (nodeagent/apps): app.start/app.stop run the apps' processes inside
 	// the allocations; their records under the state directory let the next agent adopt
 	// the processes a restart leaves running, and their reports go to the control plane.
-	appSup, err := apps.New(apps.Options{Envs: rt, StateDir: opts.StateDir, Logger: log})
+	appSup, err := apps.New(apps.Options{Envs: rt, StateDir: opts.StateDir, Logger: log,
+		// Artifacts come from the control plane over the current tunnel.
+		Artifacts: apps.FabricArtifacts{Conn: conns.Wait}})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gantry-gpu/gantry/nodeagent/runtime"
 	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 )
@@ -170,6 +171,20 @@ func (in *instance) first() (int, string, error) {
 	in.mu.Lock()
 	in.rec = record{InstanceID: spec.GetAppInstanceId(), AllocationID: spec.GetAllocationId(), Spec: raw, Port: uint32(port), FirstStartAt: now}
 	in.mu.Unlock()
+	if err := in.artifacts(env); err != nil {
+		var ae *artifactError
+		code := apptask.CodeStartFailed
+		if errors.As(err, &ae) {
+			code = ae.code
+		}
+		reason := apptask.ReasonStartFailed
+		if code == apptask.CodeArtifactDigestMismatch || code == apptask.CodeArtifactUnavailable {
+			reason = code
+		}
+		in.setState(apptask.StateFailed, reason, err.Error())
+		close(in.done)
+		return port, code, err
+	}
 	p, err := in.spawn(env)
 	if err != nil {
 		in.setState(apptask.StateFailed, apptask.ReasonStartFailed, err.Error())
@@ -182,6 +197,24 @@ func (in *instance) first() (int, string, error) {
 	go in.superviseProc(s.ctx, p)
 	return port, "", nil
 }
+
+// artifacts places the instance's artifacts (placeArtifacts) before its first process.
+func (in *instance) artifacts(env runtime.SessionEnv) error {
+	if len(in.spec.GetArtifacts()) == 0 {
+		return nil
+	}
+	dir, err := in.dir(env)
+	if err != nil {
+		return err
+	}
+	// Bounded: with no tunnel the fetch would wait for one forever.
+	ctx, cancel := context.WithTimeout(in.s.ctx, ArtifactTimeout)
+	defer cancel()
+	return placeArtifacts(ctx, in.s.o.Artifacts, in.spec, dir)
+}
+
+// ArtifactTimeout bounds fetching an instance's artifacts (artifact_unavailable past it).
+const ArtifactTimeout = 30 * time.Minute
 
 // supervise resumes a restored instance: adopts its process when alive, else treats it
 // as exited.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gantry-gpu/gantry/nodeagent/runtime"
+	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 )
 
 // proc is a process the supervisor watches: its own child, or one adopted after a
@@ -137,6 +138,7 @@ func (in *instance) vars(env runtime.SessionEnv, instanceDir string) *strings.Re
 		"{gpu_count}", strconv.Itoa(len(uuids)),
 		"{home}", env.Dir,
 		"{instance_dir}", instanceDir,
+		"{artifacts_dir}", filepath.Join(instanceDir, apptask.ArtifactsDir),
 		"{base_path}", spec.GetBasePath(),
 		"{app_instance_id}", spec.GetAppInstanceId(),
 		"{allocation_id}", spec.GetAllocationId(),
@@ -147,16 +149,9 @@ func (in *instance) vars(env runtime.SessionEnv, instanceDir string) *strings.Re
 // plus the version's, its own process group, the allocation's user (and slice).
 func (in *instance) command(env runtime.SessionEnv) (*exec.Cmd, error) {
 	spec := in.spec
-	home := env.Dir
-	if home == "" {
-		home = lookupEnv(env.Env, "HOME")
-	}
-	if home == "" || !filepath.IsAbs(home) {
-		return nil, fmt.Errorf("the allocation has no absolute home directory (%q)", home)
-	}
-	instanceDir := instanceDir(home, spec.GetAppInstanceId())
-	if err := makeInstanceDir(home, instanceDir, env); err != nil {
-		return nil, fmt.Errorf("instance directory: %w", err)
+	instanceDir, err := in.dir(env)
+	if err != nil {
+		return nil, err
 	}
 	rep := in.vars(env, instanceDir)
 	in.mu.Lock()
@@ -234,6 +229,23 @@ func (in *instance) command(env runtime.SessionEnv) (*exec.Cmd, error) {
 		attr.Credential = cred
 	}
 	return &exec.Cmd{Path: path, Args: args, Env: environ, Dir: instanceDir, SysProcAttr: attr}, nil
+}
+
+// dir makes (when missing) and returns the instance's directory in its allocation's
+// home.
+func (in *instance) dir(env runtime.SessionEnv) (string, error) {
+	home := env.Dir
+	if home == "" {
+		home = lookupEnv(env.Env, "HOME")
+	}
+	if home == "" || !filepath.IsAbs(home) {
+		return "", fmt.Errorf("the allocation has no absolute home directory (%q)", home)
+	}
+	dir := instanceDir(home, in.spec.GetAppInstanceId())
+	if err := makeInstanceDir(home, dir, env); err != nil {
+		return "", fmt.Errorf("instance directory: %w", err)
+	}
+	return dir, nil
 }
 
 // instanceDir is an instance's directory in its allocation's home.

@@ -52,8 +52,11 @@ type Options struct {
 	ReportInterval time.Duration
 	// ProcDir is /proc (tests may not change it; it exists for symmetry with runtime).
 	ProcDir string
-	Clock   clock.Clock
-	Logger  *slog.Logger
+	// Artifacts reads the files of instances' artifacts from the control plane
+	// (FabricArtifacts over the agent's tunnel); nil refuses a start that has any.
+	Artifacts ArtifactSource
+	Clock     clock.Clock
+	Logger    *slog.Logger
 }
 
 // Supervisor runs the app instances of one node. Register its task kinds, give the
@@ -311,7 +314,7 @@ func (s *Supervisor) Start(spec *fabricv1.AppStartTask) (int, string, error) {
 	s.mu.Unlock()
 	port, code, err := in.first()
 	close(in.starting)
-	if err != nil && code != apptask.CodeStartFailed {
+	if err != nil && code != apptask.CodeStartFailed && code != apptask.CodeArtifactDigestMismatch && code != apptask.CodeArtifactUnavailable {
 		// Nothing was started or recorded: forget the reservation.
 		close(in.done)
 		s.mu.Lock()

@@ -45,6 +45,12 @@ func (c *Conns) current() (grpc.ClientConnInterface, <-chan struct{}) {
 	return c.cc, c.changed
 }
 
+// Wait returns the current tunnel's connection, waiting for one until ctx ends (other
+// services on the tunnel use it: the app supervisor fetches artifacts with it).
+func (c *Conns) Wait(ctx context.Context) (grpc.ClientConnInterface, error) {
+	return c.get(ctx, nil, 0)
+}
+
 // get waits for a connection other than not (nil: any) or for ctx to end. A tunnel that
 // is up but was seen failing is retried after backoff, since the agent may not have
 // noticed the failure yet (or the control plane's storage backend was briefly down).

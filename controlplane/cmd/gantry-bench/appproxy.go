@@ -280,6 +280,8 @@ VALUES ($1, $2, $3, $4, 'bench', 'bench-app', '1', 'Bench app', $5, $6, $7, 'run
 		Instances: proxy.DBInstances{Pool: fx.pool}, Auth: auth.NewAuthenticator(a.Keys, a.Config.Auth, a.Clock),
 		Projects: a.Tenancy, Streams: a.Terminal, JS: js, CookieKey: a.Config.Auth.MasterKey.Derive("gantry/app-proxy-cookie"),
 		Registry: reg, Clock: a.Clock,
+		// As deployed: every request is counted by the API's limiter (Redis when set).
+		Limiter: a.Limiter,
 	})
 	if err != nil {
 		return err

@@ -153,6 +153,8 @@ type App struct {
 	// operation of the contract, so Handler does not route it; Run serves
 	// AppProxy.Mount(Handler).
 	AppProxy *proxy.Service
+	// Limiter is the API's rate limiter; the app proxy checks its app_proxy group.
+	Limiter *ratelimit.Limiter
 	// Artifacts is app artifacts: file sets whose bytes go through Blob (docs/apps.md).
 	Artifacts *artifacts.Service
 	// Instances is app instances (docs/apps.md), driven by the agents' controller
@@ -278,6 +280,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	// the fabric was given (fabric.Deps.OnControllerReport).
 	a.Instances = instances.New(a.Pool, a.Clock, a.IDs, cfg.AppInstances.service(), instances.AppsCatalog{Apps: a.Apps}, a.Allocations, a.Fabric, log)
 	a.Instances.Artifacts = a.Artifacts
+	// Agents fetch the artifacts of their app instances over their own tunnels.
+	a.Fabric.RegisterService(&fabricv1.AppArtifactFabric_ServiceDesc, &artifacts.FabricServer{Svc: a.Artifacts, NodeOf: fabric.NodeID})
 	a.AppReports.Handle(apptask.Controller, a.Instances)
 	a.SharedRuntimes = sharedruntimes.New(a.Pool, a.Clock, a.IDs, a.Apps, sharedruntimes.InstanceWorkers{Svc: a.Instances}, a.Tenancy, a.Billing, log)
 
@@ -293,6 +297,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 	if err != nil {
 		return nil, err
 	}
+	a.Limiter = limiter
 	a.Relay = &outbox.Relay{
 		Pool: a.Pool, JS: a.JS, Clock: a.Clock, Logger: log,
 		Stream: cfg.EventsStream, SubjectPrefix: cfg.EventsSubjectPrefix,
@@ -363,6 +368,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, opt Options) (*App, 
 		CookieKey: cfg.Auth.MasterKey.Derive("gantry/app-proxy-cookie"), Denials: a.Denials,
 		// Attached projects of a shared runtime get through to its workers and pay per call.
 		Grants: a.SharedRuntimes, Meter: a.SharedRuntimes,
+		// The API's limiter (Redis-backed, fail-open to memory), its app_proxy group per
+		// principal: the proxy is mounted in front of the API chain.
+		Limiter:  limiter,
 		Registry: a.Metrics.Registry, Clock: a.Clock, Log: log}); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ package apptask
 import (
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -63,6 +64,11 @@ const (
 	ReasonStopped            = "stopped"
 	ReasonAllocationInactive = "allocation_inactive"
 	ReasonUnknownInstance    = "unknown_instance"
+	// ReasonArtifactDigestMismatch: an artifact file's bytes did not match the SHA-256
+	// pinned at launch (or the control plane's stored digest); the app never started.
+	ReasonArtifactDigestMismatch = "artifact_digest_mismatch"
+	// ReasonArtifactUnavailable: an artifact file could not be fetched.
+	ReasonArtifactUnavailable = "artifact_unavailable"
 )
 
 // Task error codes (TaskResult.error_code of a failed app task).
@@ -74,6 +80,10 @@ const (
 	CodeAllocationMismatch  = "app_instance_allocation_mismatch"
 	CodeStartFailed         = "start_failed"
 	CodeStopFailed          = "stop_failed"
+	// CodeArtifactDigestMismatch / CodeArtifactUnavailable fail an app.start whose
+	// artifacts could not be placed (the reasons of the same names).
+	CodeArtifactDigestMismatch = ReasonArtifactDigestMismatch
+	CodeArtifactUnavailable    = ReasonArtifactUnavailable
 )
 
 // Stream refusal codes (StreamReply.error_code of an APP_PROXY stream).
@@ -102,7 +112,15 @@ const (
 	// The catalog allows health checks every 1..300 s with a 1..60 s timeout.
 	MaxHealthInterval = 5 * time.Minute
 	MaxHealthTimeout  = time.Minute
+	// Artifacts of one start: at most MaxArtifacts, MaxArtifactFiles files in all.
+	MaxArtifacts     = 16
+	MaxArtifactFiles = 1000
+	MaxArtifactPath  = 1024
 )
+
+// ArtifactsDir is {artifacts_dir} under an instance's directory: artifact <name> is at
+// ArtifactsDir/<name>.
+const ArtifactsDir = "artifacts"
 
 // Defaults for unset payload fields.
 const (
@@ -123,8 +141,9 @@ const (
 )
 
 var (
-	uuidRE   = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	artifactNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$`)
+	uuidRE         = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	envKeyRE       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 // IsUUID reports whether s is a lowercase UUID (the ids in app payloads).
@@ -198,6 +217,7 @@ func ValidateStart(t *fabricv1.AppStartTask) error {
 	if t.GetMinGpus() > 64 {
 		add("min_gpus %d above 64", t.GetMinGpus())
 	}
+	validateArtifacts(t.GetArtifacts(), add)
 	return errors.Join(errs...)
 }
 
@@ -306,4 +326,75 @@ func (b BootstrapSSH) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateArtifacts checks the artifacts of a start: bounded, distinct names that are
+// safe directory names, canonical relative paths (nothing can land outside its
+// artifact's directory), sizes and digests well formed.
+func validateArtifacts(arts []*fabricv1.AppArtifactMount, add func(string, ...any)) {
+	if len(arts) > MaxArtifacts {
+		add("%d artifacts (at most %d)", len(arts), MaxArtifacts)
+		return
+	}
+	names := map[string]bool{}
+	files := 0
+	for i, a := range arts {
+		if !IsUUID(a.GetArtifactId()) {
+			add("artifacts[%d].artifact_id %q is not a lowercase UUID", i, a.GetArtifactId())
+		}
+		if !artifactNameRE.MatchString(a.GetName()) {
+			add("artifacts[%d].name %q is not an artifact name", i, a.GetName())
+		} else if names[a.GetName()] {
+			add("artifacts[%d].name %q appears twice", i, a.GetName())
+		}
+		names[a.GetName()] = true
+		files += len(a.GetFiles())
+		if files > MaxArtifactFiles {
+			add("more than %d artifact files", MaxArtifactFiles)
+			return
+		}
+		paths := map[string]bool{}
+		for j, f := range a.GetFiles() {
+			if !CleanArtifactPath(f.GetPath()) || paths[f.GetPath()] {
+				add("artifacts[%d].files[%d].path %q is not a canonical relative path, or repeats", i, j, f.GetPath())
+			}
+			paths[f.GetPath()] = true
+			if f.GetSizeBytes() < 0 || len(f.GetSha256()) != 64 || strings.Trim(f.GetSha256(), "0123456789abcdef") != "" {
+				add("artifacts[%d].files[%d]: size or sha256 malformed", i, j)
+			}
+		}
+	}
+	// A file path that is a directory of another would fail on the node; the
+	// control plane's object path rules forbid neither, so it is refused here.
+	for i, a := range arts {
+		paths := map[string]bool{}
+		for _, f := range a.GetFiles() {
+			paths[f.GetPath()] = true
+		}
+		for _, f := range a.GetFiles() {
+			if !CleanArtifactPath(f.GetPath()) {
+				continue // refused above; path.Dir of an absolute path never reaches "."
+			}
+			for d := path.Dir(f.GetPath()); d != "." && d != "/"; d = path.Dir(d) {
+				if paths[d] {
+					add("artifacts[%d]: %q is both a file and a directory", i, d)
+				}
+			}
+		}
+	}
+}
+
+// CleanArtifactPath reports whether p is a canonical relative path: not empty, no
+// leading slash, no "." or ".." elements, no empty elements, no NUL, at most
+// MaxArtifactPath bytes.
+func CleanArtifactPath(p string) bool {
+	if p == "" || len(p) > MaxArtifactPath || strings.IndexByte(p, 0) >= 0 || strings.HasPrefix(p, "/") {
+		return false
+	}
+	for _, e := range strings.Split(p, "/") {
+		if e == "" || e == "." || e == ".." {
+			return false
+		}
+	}
+	return true
 }

@@ -118,3 +118,40 @@ func TestDecodeRoundTripAndStop(t *testing.T) {
 		t.Fatal("state predicates")
 	}
 }
+
+// Artifacts of a start: names are safe directory names and distinct, paths cannot leave
+// their artifact's directory, digests are well formed, and the counts are bounded.
+func TestValidateStartArtifacts(t *testing.T) {
+	base := func() *fabricv1.AppStartTask {
+		return &fabricv1.AppStartTask{AppInstanceId: "0192a0a0-0000-7000-8000-000000000001", AllocationId: "0192a0a0-0000-7000-8000-000000000002",
+			Command: []string{"app"}, Artifacts: []*fabricv1.AppArtifactMount{{ArtifactId: "0192a0a0-0000-7000-8000-000000000003", Name: "weights",
+				Files: []*fabricv1.AppArtifactFile{{Path: "a/b.bin", SizeBytes: 3, Sha256: strings.Repeat("ab", 32)}}}}}
+	}
+	if err := apptask.ValidateStart(base()); err != nil {
+		t.Fatalf("valid: %v", err)
+	}
+	for name, edit := range map[string]func(t *fabricv1.AppStartTask){
+		"dot-dot path":    func(t *fabricv1.AppStartTask) { t.Artifacts[0].Files[0].Path = "../x" },
+		"absolute path":   func(t *fabricv1.AppStartTask) { t.Artifacts[0].Files[0].Path = "/etc/passwd" },
+		"empty element":   func(t *fabricv1.AppStartTask) { t.Artifacts[0].Files[0].Path = "a//b" },
+		"name with slash": func(t *fabricv1.AppStartTask) { t.Artifacts[0].Name = "a/b" },
+		"name dot-dot":    func(t *fabricv1.AppStartTask) { t.Artifacts[0].Name = ".." },
+		"bad digest":      func(t *fabricv1.AppStartTask) { t.Artifacts[0].Files[0].Sha256 = strings.Repeat("AB", 32) },
+		"negative size":   func(t *fabricv1.AppStartTask) { t.Artifacts[0].Files[0].SizeBytes = -1 },
+		"duplicate name":  func(t *fabricv1.AppStartTask) { t.Artifacts = append(t.Artifacts, t.Artifacts[0]) },
+		"file is also dir": func(t *fabricv1.AppStartTask) {
+			t.Artifacts[0].Files = append(t.Artifacts[0].Files, &fabricv1.AppArtifactFile{Path: "a", Sha256: strings.Repeat("ab", 32)})
+		},
+		"17 artifacts": func(t *fabricv1.AppStartTask) {
+			for i := 0; i < 16; i++ {
+				t.Artifacts = append(t.Artifacts, &fabricv1.AppArtifactMount{ArtifactId: t.Artifacts[0].ArtifactId, Name: "n" + strings.Repeat("x", i)})
+			}
+		},
+	} {
+		task := base()
+		edit(task)
+		if err := apptask.ValidateStart(task); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/db"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
+	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/clock"
 	"github.com/gantry-gpu/gantry/shared/ids"
@@ -427,34 +428,61 @@ func (v *verifier) fail() {
 
 func (v *verifier) Close() error { return v.r.Close() }
 
-// CheckProjectArtifacts is nil when every id is an artifact of the project (the
-// instances launch check); otherwise 422 validation_error, reason artifact_not_found,
-// naming the first that is not.
+// CheckProjectArtifacts is nil when every id is an artifact of the project and the set
+// can be placed on a node together (the instances launch check); otherwise 422
+// validation_error naming the first offender: reason artifact_not_found (not the
+// project's, or not there), duplicate_artifact_name (two artifacts of one name: each is
+// placed in a directory of its name), too_many_files (more than
+// apptask.MaxArtifactFiles files in all).
 func (s *Service) CheckProjectArtifacts(ctx context.Context, projectID uuid.UUID, ids []uuid.UUID) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := db.Querier(ctx, s.Pool).Query(ctx, `SELECT id FROM app_artifacts WHERE project_id = $1 AND id = ANY($2)`, projectID, ids)
+	rows, err := db.Querier(ctx, s.Pool).Query(ctx, `SELECT a.id, a.name,
+		(SELECT count(*) FROM app_artifact_files f WHERE f.artifact_id = a.id)
+		FROM app_artifacts a WHERE a.project_id = $1 AND a.id = ANY($2)`, projectID, ids)
 	if err != nil {
 		return fmt.Errorf("check artifacts: %w", err)
 	}
 	defer rows.Close()
-	found := map[uuid.UUID]bool{}
+	type found struct {
+		name  string
+		files int64
+	}
+	byID := map[uuid.UUID]found{}
 	for rows.Next() {
 		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
+		var f found
+		if err := rows.Scan(&id, &f.name, &f.files); err != nil {
 			return err
 		}
-		found[id] = true
+		byID[id] = f
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	names := map[string]uuid.UUID{}
+	var files int64
 	for _, id := range ids {
-		if !found[id] {
+		f, ok := byID[id]
+		if !ok {
 			return apierr.Validation("artifact_ids", "artifact %s is not an artifact of this project", id).
 				With("reason", "artifact_not_found").With("artifact_id", id.String())
 		}
+		if other, dup := names[f.name]; dup && other != id {
+			return apierr.Validation("artifact_ids", "two artifacts are named %s; an instance places each in a directory of its name", f.name).
+				With("reason", "duplicate_artifact_name").With("artifact_id", id.String())
+		}
+		if _, dup := names[f.name]; dup {
+			return apierr.Validation("artifact_ids", "artifact %s is named twice", id).
+				With("reason", "duplicate_artifact_id").With("artifact_id", id.String())
+		}
+		names[f.name] = id
+		files += f.files
+	}
+	if files > apptask.MaxArtifactFiles {
+		return apierr.Validation("artifact_ids", "the artifacts have %d files; an instance mounts at most %d", files, apptask.MaxArtifactFiles).
+			With("reason", "too_many_files")
 	}
 	return nil
 }

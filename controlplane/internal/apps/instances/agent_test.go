@@ -24,6 +24,7 @@ import (
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/allocations"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apitest"
+	"github.com/gantry-gpu/gantry/controlplane/internal/apps/artifacts"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/instances/lifecycle"
 	"github.com/gantry-gpu/gantry/controlplane/internal/apps/reports"
@@ -35,6 +36,7 @@ import (
 	nodeapps "github.com/gantry-gpu/gantry/nodeagent/apps"
 	"github.com/gantry-gpu/gantry/nodeagent/gpu"
 	"github.com/gantry-gpu/gantry/nodeagent/runtime"
+	"github.com/gantry-gpu/gantry/nodeagent/storagemount"
 	"github.com/gantry-gpu/gantry/proto/fabric/apptask"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/alloctask"
@@ -109,6 +111,8 @@ func newField(t *testing.T, cfg instances.Config, versions map[string]instances.
 		cancel()
 		t.Fatal(err)
 	}
+	// Agents fetch their instances' artifacts over their tunnels (as app.New registers it).
+	srv.RegisterService(&fabricv1.AppArtifactFabric_ServiceDesc, &artifacts.FabricServer{Svc: a.Artifacts, NodeOf: fabric.NodeID})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; srv.Close() })
@@ -148,6 +152,7 @@ func newField(t *testing.T, cfg instances.Config, versions map[string]instances.
 	// ports the kernel says are free rather than the fixed default range.
 	cfg.PortBase, cfg.PortCount = freePort(t), 1
 	f.svc = instances.New(a.Pool, clock.Real{}, ids.V7{}, cfg, cat, f.allocs, srv, nil)
+	f.svc.Artifacts = a.Artifacts
 	return f
 }
 
@@ -165,7 +170,9 @@ func (f *field) startAgent(t *testing.T) *agentRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := nodeapps.New(nodeapps.Options{Envs: rt, StateDir: f.dir, ReportInterval: 200 * time.Millisecond})
+	conns := storagemount.NewConns()
+	sup, err := nodeapps.New(nodeapps.Options{Envs: rt, StateDir: f.dir, ReportInterval: 200 * time.Millisecond,
+		Artifacts: nodeapps.FabricArtifacts{Conn: conns.Wait}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +188,7 @@ func (f *field) startAgent(t *testing.T) *agentRun {
 	ag, err := agent.New(agent.Options{
 		Addr: f.srv.ListenAddr().String(), Transport: fabricnet.ModeTCP, TLS: &tls.Config{RootCAs: pool},
 		Token: func() (string, error) { return f.token, nil }, AgentVersion: "test/1", Hostname: "gpu-host", GPU: f.gpus,
-		Executor: mux, StateDir: f.dir, Workloads: rt.Held, Reports: sup, Streams: nodeapps.Streams{Apps: sup},
+		Executor: mux, StateDir: f.dir, Workloads: rt.Held, Reports: sup, Streams: nodeapps.Streams{Apps: sup}, OnConnection: conns.Set,
 		Backoff: agent.Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

@@ -473,3 +473,57 @@ func TestFailedInstanceReleasesItsLaunchedAllocation(t *testing.T) {
 		t.Fatalf("the user's own allocation was released: %v", w.allocs.releasedBySystem)
 	}
 }
+
+// An instance the agent alone ends (its process gone with nobody restarting it, no
+// DELETE) releases the allocation launched for it on the platform's account, once; the
+// DELETE path releases it as the user and the agent's later "stopped" report releases
+// nothing more.
+func TestAgentAloneStopReleasesLaunchedAllocation(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, instances.Config{})
+	ctx := context.Background()
+	launchRunning := func() instances.Instance {
+		i, err := w.launch(instances.LaunchSpec{AppSlug: "web", Version: "1.0", SKU: "h100.1x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.allocs.set(i.AllocationID, "active")
+		if err := w.svc.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.svc.ApplyReport(ctx, w.nodeID, instances.Report{InstanceID: i.ID, State: "running"}); err != nil {
+			t.Fatal(err)
+		}
+		return i
+	}
+	i := launchRunning()
+	if _, err := w.svc.ApplyReport(ctx, w.nodeID, instances.Report{InstanceID: i.ID, State: "stopped", Reason: "stopped", Message: "the process ended"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.get(i.ID); !lifecycle.IsFinal(got.State) {
+		t.Fatalf("state %s after the agent's stopped report", got.State)
+	}
+	w.allocs.mu.Lock()
+	bySystem, byUser := append([]uuid.UUID(nil), w.allocs.releasedBySystem...), len(w.allocs.released)
+	w.allocs.mu.Unlock()
+	if len(bySystem) != 1 || bySystem[0] != i.AllocationID || byUser != 0 {
+		t.Fatalf("released by the system %v, by a user %d; want the launched allocation once, by the system", bySystem, byUser)
+	}
+
+	// DELETE, then the agent's stopped report: the user's release only.
+	j := launchRunning()
+	if _, err := w.svc.Stop(w.ctx, w.caller, w.proj, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.svc.ApplyReport(ctx, w.nodeID, instances.Report{InstanceID: j.ID, State: "stopped", Reason: "stopped"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.get(j.ID); got.State != lifecycle.Stopped {
+		t.Fatalf("state %s after DELETE and the stopped report", got.State)
+	}
+	w.allocs.mu.Lock()
+	defer w.allocs.mu.Unlock()
+	if len(w.allocs.releasedBySystem) != 1 || len(w.allocs.released) != 1 || w.allocs.released[0] != j.AllocationID {
+		t.Fatalf("released by the system %v, by the user %v", w.allocs.releasedBySystem, w.allocs.released)
+	}
+}

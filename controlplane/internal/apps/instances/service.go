@@ -89,6 +89,9 @@ type Allocations interface {
 // launch that names artifacts is refused the same way.
 type Artifacts interface {
 	CheckProjectArtifacts(ctx context.Context, projectID uuid.UUID, ids []uuid.UUID) error
+	// Mounts is the app.start list of the artifacts (files, sizes, SHA-256s), in ids'
+	// order.
+	Mounts(ctx context.Context, projectID uuid.UUID, ids []uuid.UUID) ([]*fabricv1.AppArtifactMount, error)
 }
 
 // Dispatcher delivers a task to a node's agent (implemented by *fabric.Server).

@@ -113,11 +113,14 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, i Instance, m move)
 			return i, out, err
 		}
 	}
-	// An allocation launched for the instance ends with it: a stop releases it as the
-	// user (Stop), a failure on the platform's account here, so a failed app does not
-	// keep its GPUs and billing running.
-	if out.To == lifecycle.Failed && i.AllocationCreated {
-		reason := "the app instance it was launched for failed"
+	// An allocation launched for the instance ends with it: the DELETE releases it as
+	// the user (Stop; a stopping instance was released by it already); every other end
+	// the node or the reconcile pass decides (a failure, a process the agent reports
+	// gone, a stop nobody asked for) releases it here on the platform's account, so the
+	// allocation does not keep its GPUs and billing running. An allocation that ended
+	// by itself (AllocationEnded) is its owner's business.
+	if releasesLaunched(m.event, out) && i.AllocationCreated {
+		reason := "the app instance it was launched for " + string(out.To)
 		if i.StateReason != nil {
 			reason += ": " + truncate(*i.StateReason, 200)
 		}
@@ -147,6 +150,12 @@ func (s *Service) transition(ctx context.Context, tx pgx.Tx, i Instance, m move)
 		return i, out, err
 	}
 	return i, out, nil
+}
+
+// releasesLaunched reports whether move out (made by event e) ends the instance
+// without the user's DELETE, so the allocation launched for it must be released here.
+func releasesLaunched(e lifecycle.Event, out lifecycle.Outcome) bool {
+	return lifecycle.IsFinal(out.To) && e != lifecycle.Stop && e != lifecycle.AllocationEnded && out.From != lifecycle.Stopping
 }
 
 // publish enqueues app_instance.<state> (identifiers only).
@@ -193,6 +202,19 @@ func (s *Service) enqueueStart(ctx context.Context, tx pgx.Tx, i Instance) (uuid
 	t, err := s.StartTask(i)
 	if err != nil {
 		return uuid.Nil, err
+	}
+	// The artifacts' files and digests are pinned now: the agent places exactly these
+	// bytes, and a file changed since fails the start (artifact_digest_mismatch).
+	if len(i.ArtifactIDs) > 0 {
+		if s.Artifacts == nil {
+			return uuid.Nil, apierr.Validation("artifact_ids", "artifacts are not available").With("reason", "artifact_not_found")
+		}
+		if t.Artifacts, err = s.Artifacts.Mounts(db.WithTx(ctx, tx), i.ProjectID, i.ArtifactIDs); err != nil {
+			return uuid.Nil, err
+		}
+		if err := apptask.ValidateStart(t); err != nil {
+			return uuid.Nil, fmt.Errorf("app.start payload of %s: %w", i.ID, err)
+		}
 	}
 	return s.enqueueTask(ctx, tx, i, TaskStart, t)
 }

@@ -157,6 +157,11 @@ func (s *Service) proxy(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 		s.deny(w, r, nil, err, byCookie)
 		return
 	}
+	if e := s.limit(ctx, p); e != nil {
+		s.metrics.requests.WithLabelValues("rate_limited").Inc()
+		s.fail(w, r, e)
+		return
+	}
 	a, cached := s.admitted.get(p, id, s.now())
 	if !cached {
 		if a, err = s.admit(ctx, p, id); err != nil {
@@ -178,12 +183,10 @@ func (s *Service) proxy(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 		return
 	}
 	upgrade := isUpgrade(r)
+	var call *Call
 	if s.deps.Meter != nil {
-		if err := s.deps.Meter.ProxiedCall(ctx, Call{Target: t, UserID: p.UserID, ProjectID: a.project,
-			CallID: uuid.New(), WebSocket: upgrade, At: s.now()}); err != nil {
-			s.fail(w, r, err)
-			return
-		}
+		// Metered in modifyResponse, once the app has answered (billable).
+		call = &Call{Target: t, UserID: p.UserID, ProjectID: a.project, CallID: uuid.New(), WebSocket: upgrade, At: s.now()}
 	}
 	// A proxied body may take longer than the server's read timeout (a large upload, a
 	// long download, a WebSocket): the app's own pace decides.
@@ -191,13 +194,25 @@ func (s *Service) proxy(w http.ResponseWriter, r *http.Request, id uuid.UUID) {
 	_ = rc.SetReadDeadline(time.Time{})
 	_ = rc.SetWriteDeadline(time.Time{})
 	rw := &trackingWriter{ResponseWriter: w, s: s}
-	r = r.WithContext(withTarget(ctx, t))
+	r = r.WithContext(withTarget(ctx, t, call))
 	s.rp.ServeHTTP(rw, r)
 	if upgrade && rw.hijacked {
 		s.metrics.requests.WithLabelValues("websocket").Inc()
 	} else if !rw.failed {
 		s.metrics.requests.WithLabelValues("ok").Inc()
 	}
+}
+
+// limit counts the request against the caller's app_proxy limit: per principal (a
+// user, or a machine identity's own user row), whichever instance it calls, so one
+// client cannot starve the replica by spreading over instances. It runs after
+// authentication (a request without a valid principal is refused before it costs a
+// store round trip) and before admission (which may read the database).
+func (s *Service) limit(ctx context.Context, p *principal.Principal) *apierr.Error {
+	if s.limitGroup.PerMinute <= 0 {
+		return nil
+	}
+	return s.deps.Limiter.Check(ctx, s.limitGroup, "user:"+p.UserID.String())
 }
 
 func isUpgrade(r *http.Request) bool {
@@ -366,6 +381,7 @@ func secureRequest(r *http.Request) bool {
 func (s *Service) reverseProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport:      s.transport,
+		BufferPool:     copyBuffers,
 		Rewrite:        s.rewrite,
 		ModifyResponse: s.modifyResponse,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -373,6 +389,9 @@ func (s *Service) reverseProxy() *httputil.ReverseProxy {
 				tw.failed = true
 			}
 			e := roundTripError(err)
+			if ae, ok := apierr.As(err); ok {
+				e = ae // modifyResponse's (a call the meter refused)
+			}
 			if errors.Is(e, context.Canceled) {
 				return // the client went away
 			}
@@ -384,7 +403,7 @@ func (s *Service) reverseProxy() *httputil.ReverseProxy {
 }
 
 func (s *Service) rewrite(pr *httputil.ProxyRequest) {
-	t, _ := pr.In.Context().Value(targetKey{}).(Target)
+	t, _ := targetOf(pr.In.Context())
 	prefix := strings.TrimSuffix(InstancePath(t.InstanceID), "/")
 	out := pr.Out
 	out.URL.Scheme = "http"
@@ -456,10 +475,19 @@ func isGantryCookie(name string) bool {
 	return strings.HasPrefix(n, "gantry") || strings.HasPrefix(n, "__host-gantry") || strings.HasPrefix(n, "__secure-gantry")
 }
 
-// modifyResponse keeps the app inside its proxy path: redirects and cookies that name
-// "/" mean the instance's path, and the app may not set Gantry's cookies.
+// modifyResponse meters the call the app answered and keeps the app inside its proxy
+// path: redirects and cookies that name "/" mean the instance's path, and the app may
+// not set Gantry's cookies.
 func (s *Service) modifyResponse(resp *http.Response) error {
-	t, _ := resp.Request.Context().Value(targetKey{}).(Target)
+	rt, _ := resp.Request.Context().Value(targetKey{}).(proxied)
+	t := rt.target
+	if rt.call != nil && Billable(resp.StatusCode) {
+		// A refusal (the project was detached meanwhile) withholds the app's answer: a
+		// call is never served unpaid. The ErrorHandler writes the envelope.
+		if err := s.deps.Meter.ProxiedCall(resp.Request.Context(), *rt.call); err != nil {
+			return err
+		}
+	}
 	prefix := strings.TrimSuffix(InstancePath(t.InstanceID), "/")
 	if loc := resp.Header.Get("Location"); loc != "" {
 		resp.Header.Set("Location", rewriteLocation(loc, prefix, t))

@@ -97,13 +97,23 @@ func (w *world) proxyFor(t testing.TB, a *app.App, _ string) (*proxy.Service, st
 
 func (w *world) newProxy(t testing.TB, a *app.App, cfg proxy.Config, clk clock.Clock) *proxy.Service {
 	t.Helper()
+	return w.newProxyWith(t, a, cfg, clk, nil)
+}
+
+// newProxyWith is newProxy with deps adjusted by edit (a Meter, a Limiter).
+func (w *world) newProxyWith(t testing.TB, a *app.App, cfg proxy.Config, clk clock.Clock, edit func(*proxy.Deps)) *proxy.Service {
+	t.Helper()
 	testenv.CleanupKV(t, w.JS, a.Config.EventsStream+"_APP_PROXY_CODES")
 	cfg.CodeBucket = a.Config.EventsStream + "_APP_PROXY_CODES"
-	p, err := proxy.New(cfg, proxy.Deps{
+	deps := proxy.Deps{
 		Instances: proxy.DBInstances{Pool: w.Pool}, Auth: auth.NewAuthenticator(a.Keys, a.Config.Auth, a.Clock),
 		Projects: a.Tenancy, Streams: a.Terminal, JS: w.JS, CookieKey: a.Config.Auth.MasterKey.Derive("gantry/app-proxy-cookie"),
 		Denials: a.Denials, Registry: prometheus.NewRegistry(), Clock: clk,
-	})
+	}
+	if edit != nil {
+		edit(&deps)
+	}
+	p, err := proxy.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}

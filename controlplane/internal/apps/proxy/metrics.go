@@ -18,7 +18,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "app_proxy_requests_total",
-			Help: "Requests to the app proxy by outcome (ok, websocket, denied, not_found, not_running, upstream_error)."}, []string{"outcome"}),
+			Help: "Requests to the app proxy by outcome (ok, websocket, denied, not_found, not_running, rate_limited, upstream_error)."}, []string{"outcome"}),
 		streamsOpened: prometheus.NewCounter(prometheus.CounterOpts{Name: "app_proxy_streams_opened_total",
 			Help: "Fabric streams opened to apps (connections; kept alive across requests)."}),
 		openFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "app_proxy_stream_open_failed_total",

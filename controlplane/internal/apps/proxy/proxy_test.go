@@ -67,6 +67,8 @@ func appHandler() http.Handler {
 			http.SetCookie(w, &http.Cookie{Name: "gantry_app_proxy", Value: "forged", Path: "/"})
 			w.Header().Set("Content-Type", "text/plain")
 			_, _ = io.WriteString(w, "hello from the app at "+r.URL.Path)
+		case "/fail":
+			http.Error(w, "the app failed", http.StatusInternalServerError)
 		case "/redirect":
 			http.Redirect(w, r, "/hello?x=1", http.StatusFound)
 		case "/echo":

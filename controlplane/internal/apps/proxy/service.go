@@ -18,7 +18,9 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/audit"
 	"github.com/gantry-gpu/gantry/controlplane/internal/principal"
 	"github.com/gantry-gpu/gantry/controlplane/internal/projectctx"
+	"github.com/gantry-gpu/gantry/controlplane/internal/ratelimit"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/apierr"
 	"github.com/gantry-gpu/gantry/shared/clock"
 )
 
@@ -74,12 +76,21 @@ type Grants interface {
 	ProxyGrant(ctx context.Context, p *principal.Principal, t Target) (projectID uuid.UUID, ok bool, err error)
 }
 
-// Meter is told of every call the proxy carries to an app (one HTTP request, or one
-// WebSocket), after access was decided and before the request is sent: shared runtimes
-// meter attached projects' calls as app_runtime usage. An error refuses the call.
+// Meter is told of every call the proxy carried to an app that the app answered with
+// a billable status (Billable: one HTTP request, or one WebSocket whose upgrade the app
+// accepted), after the app's response head arrived and before it is passed on: shared
+// runtimes meter attached projects' calls as app_runtime usage. A call the proxy
+// answers itself (502/503/504: node offline, app unreachable, no answer in time) never
+// reaches it. An error withholds the app's answer (the caller gets the error's
+// envelope).
 type Meter interface {
 	ProxiedCall(ctx context.Context, c Call) error
 }
+
+// Billable reports whether an app's answer with status is metered: everything below
+// 500. An app's own 5xx is its failure to serve the call, not a service rendered (an
+// inference server that crashed mid-request answers 500), so it is not billed either.
+func Billable(status int) bool { return status < 500 }
 
 // Call is one proxied call, as Meter sees it.
 type Call struct {
@@ -89,6 +100,13 @@ type Call struct {
 	CallID    uuid.UUID // unique per call (idempotent metering)
 	WebSocket bool
 	At        time.Time
+}
+
+// Limiter counts the proxy's requests (implemented by *ratelimit.Limiter, the API's:
+// Redis-backed, shared by the replicas, counting in memory while Redis is down).
+type Limiter interface {
+	Group(name string) (ratelimit.Group, bool)
+	Check(ctx context.Context, g ratelimit.Group, client string) *apierr.Error
 }
 
 // Streams opens raw streams to node agents, relayed to the replica holding the node's
@@ -110,10 +128,14 @@ type Deps struct {
 	CookieKey []byte
 	Grants    Grants // nil: members only
 	Meter     Meter  // nil: nothing metered
-	Denials   audit.Observer
-	Registry  prometheus.Registerer
-	Clock     clock.Clock
-	Log       *slog.Logger
+	// Limiter limits requests per principal (group ratelimit.AppProxyGroup); nil:
+	// unlimited. The proxy sits in front of the API chain, so the API's limiter does not
+	// see its requests.
+	Limiter  Limiter
+	Denials  audit.Observer
+	Registry prometheus.Registerer
+	Clock    clock.Clock
+	Log      *slog.Logger
 }
 
 // Service is the app proxy of one replica.
@@ -125,6 +147,8 @@ type Service struct {
 	rp        *httputil.ReverseProxy
 	codes     *codeStore
 	admitted  *admissions
+	// limitGroup is the Limiter's app_proxy group (PerMinute 0: unlimited).
+	limitGroup ratelimit.Group
 
 	// life is the context of the streams kept alive between requests (pooled
 	// connections, relayed hops); Close ends it.
@@ -161,6 +185,9 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		codes:    &codeStore{js: deps.JS, bucket: cfg.CodeBucket, ttl: cfg.ExchangeTTL},
 		admitted: &admissions{ttl: cfg.AccessCacheTTL},
 		upgrade:  map[*upgraded]struct{}{}}
+	if deps.Limiter != nil {
+		s.limitGroup, _ = deps.Limiter.Group(ratelimit.AppProxyGroup)
+	}
 	s.transport = s.newTransport()
 	s.rp = s.reverseProxy()
 	return s, nil

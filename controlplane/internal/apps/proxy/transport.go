@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,8 +30,20 @@ const appHostSuffix = ".app.gantry"
 
 type targetKey struct{}
 
-func withTarget(ctx context.Context, t Target) context.Context {
-	return context.WithValue(ctx, targetKey{}, t)
+// proxied is what a proxied request's context carries: where it goes, and the call to
+// meter once the app answers (nil: nothing to meter).
+type proxied struct {
+	target Target
+	call   *Call
+}
+
+func withTarget(ctx context.Context, t Target, call *Call) context.Context {
+	return context.WithValue(ctx, targetKey{}, proxied{target: t, call: call})
+}
+
+func targetOf(ctx context.Context) (Target, bool) {
+	rt, ok := ctx.Value(targetKey{}).(proxied)
+	return rt.target, ok
 }
 
 func appHost(t Target) string {
@@ -57,7 +70,7 @@ func (s *Service) newTransport() *http.Transport {
 // keys the pool (and must agree with the target, so a pooled connection is never
 // handed to another instance's request).
 func (s *Service) dial(ctx context.Context, _, addr string) (net.Conn, error) {
-	t, ok := ctx.Value(targetKey{}).(Target)
+	t, ok := targetOf(ctx)
 	if !ok || addr != appHost(t) {
 		return nil, errors.New("app proxy: dial without its target")
 	}
@@ -130,4 +143,30 @@ func roundTripError(err error) error {
 		return apierr.New(apierr.UpstreamError, "%s in time", msg).With("reason", "timeout").Wrap(err)
 	}
 	return apierr.New(apierr.UpstreamError, "%s", msg).With("reason", "app_connection_failed").Wrap(err)
+}
+
+// copyBuffers lends ReverseProxy its body copy buffers. Without a pool it allocates a
+// fresh 32 KiB buffer for every response (a profile of small proxied GETs: 29 KiB of the
+// 47 KiB allocated per request), which the garbage collector then has to chase at 200
+// requests a second per client.
+var copyBuffers = &bufferPool{}
+
+// copyBufferSize is ReverseProxy's own default.
+const copyBufferSize = 32 << 10
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, copyBufferSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if cap(buf) != copyBufferSize {
+		return
+	}
+	buf = buf[:copyBufferSize]
+	b.p.Put(&buf)
 }

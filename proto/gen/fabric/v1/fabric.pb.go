@@ -2928,7 +2928,14 @@ type AppStartTask struct {
 	BackoffMax *durationpb.Duration `protobuf:"bytes,13,opt,name=backoff_max,json=backoffMax,proto3" json:"backoff_max,omitempty"`
 	// The GPUs the version needs at least; the start fails ("insufficient_gpus") when the
 	// allocation has fewer.
-	MinGpus       uint32 `protobuf:"varint,14,opt,name=min_gpus,json=minGpus,proto3" json:"min_gpus,omitempty"`
+	MinGpus uint32 `protobuf:"varint,14,opt,name=min_gpus,json=minGpus,proto3" json:"min_gpus,omitempty"`
+	// Artifacts the instance was launched with (app instance artifact_ids, at most 16,
+	// distinct names, at most 1000 files in all). Before the first process starts the
+	// agent fetches every file through AppArtifactFabric.Read (never from anywhere else),
+	// checks its size and SHA-256 against this list, and places it read-only under
+	// {artifacts_dir}/<name>/<path> ({artifacts_dir} is {instance_dir}/artifacts). A file
+	// whose bytes do not match fails the start with code "artifact_digest_mismatch".
+	Artifacts     []*AppArtifactMount `protobuf:"bytes,15,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3061,6 +3068,206 @@ func (x *AppStartTask) GetMinGpus() uint32 {
 	return 0
 }
 
+func (x *AppStartTask) GetArtifacts() []*AppArtifactMount {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+// AppArtifactMount is one artifact of an app.start: the files pinned at launch.
+type AppArtifactMount struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ArtifactId string                 `protobuf:"bytes,1,opt,name=artifact_id,json=artifactId,proto3" json:"artifact_id,omitempty"`
+	// The artifact's name (^[A-Za-z0-9][A-Za-z0-9._-]{0,119}$): its directory.
+	Name          string             `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Version       string             `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	Files         []*AppArtifactFile `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppArtifactMount) Reset() {
+	*x = AppArtifactMount{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppArtifactMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppArtifactMount) ProtoMessage() {}
+
+func (x *AppArtifactMount) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppArtifactMount.ProtoReflect.Descriptor instead.
+func (*AppArtifactMount) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AppArtifactMount) GetArtifactId() string {
+	if x != nil {
+		return x.ArtifactId
+	}
+	return ""
+}
+
+func (x *AppArtifactMount) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AppArtifactMount) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *AppArtifactMount) GetFiles() []*AppArtifactFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type AppArtifactFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Relative, canonical ("a/b.txt": no leading slash, no "." or ".." elements).
+	Path      string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	SizeBytes int64  `protobuf:"varint,2,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// Lower-case hex SHA-256 of the file's bytes.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppArtifactFile) Reset() {
+	*x = AppArtifactFile{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppArtifactFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppArtifactFile) ProtoMessage() {}
+
+func (x *AppArtifactFile) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppArtifactFile.ProtoReflect.Descriptor instead.
+func (*AppArtifactFile) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AppArtifactFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *AppArtifactFile) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *AppArtifactFile) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+// AppArtifactReadRequest names one file of an artifact of an app instance.
+type AppArtifactReadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AppInstanceId string                 `protobuf:"bytes,1,opt,name=app_instance_id,json=appInstanceId,proto3" json:"app_instance_id,omitempty"`
+	ArtifactId    string                 `protobuf:"bytes,2,opt,name=artifact_id,json=artifactId,proto3" json:"artifact_id,omitempty"`
+	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppArtifactReadRequest) Reset() {
+	*x = AppArtifactReadRequest{}
+	mi := &file_fabric_v1_fabric_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppArtifactReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppArtifactReadRequest) ProtoMessage() {}
+
+func (x *AppArtifactReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fabric_v1_fabric_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppArtifactReadRequest.ProtoReflect.Descriptor instead.
+func (*AppArtifactReadRequest) Descriptor() ([]byte, []int) {
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AppArtifactReadRequest) GetAppInstanceId() string {
+	if x != nil {
+		return x.AppInstanceId
+	}
+	return ""
+}
+
+func (x *AppArtifactReadRequest) GetArtifactId() string {
+	if x != nil {
+		return x.ArtifactId
+	}
+	return ""
+}
+
+func (x *AppArtifactReadRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
 // AppHealthCheck says how the agent decides that the app serves. Unset: TCP connect to
 // the port.
 type AppHealthCheck struct {
@@ -3079,7 +3286,7 @@ type AppHealthCheck struct {
 
 func (x *AppHealthCheck) Reset() {
 	*x = AppHealthCheck{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[35]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3091,7 +3298,7 @@ func (x *AppHealthCheck) String() string {
 func (*AppHealthCheck) ProtoMessage() {}
 
 func (x *AppHealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[35]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3104,7 +3311,7 @@ func (x *AppHealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppHealthCheck.ProtoReflect.Descriptor instead.
 func (*AppHealthCheck) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{35}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AppHealthCheck) GetType() string {
@@ -3153,7 +3360,7 @@ type AppStartResult struct {
 
 func (x *AppStartResult) Reset() {
 	*x = AppStartResult{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[36]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3165,7 +3372,7 @@ func (x *AppStartResult) String() string {
 func (*AppStartResult) ProtoMessage() {}
 
 func (x *AppStartResult) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[36]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3178,7 +3385,7 @@ func (x *AppStartResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppStartResult.ProtoReflect.Descriptor instead.
 func (*AppStartResult) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{36}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AppStartResult) GetPort() uint32 {
@@ -3203,7 +3410,7 @@ type AppStopTask struct {
 
 func (x *AppStopTask) Reset() {
 	*x = AppStopTask{}
-	mi := &file_fabric_v1_fabric_proto_msgTypes[37]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3215,7 +3422,7 @@ func (x *AppStopTask) String() string {
 func (*AppStopTask) ProtoMessage() {}
 
 func (x *AppStopTask) ProtoReflect() protoreflect.Message {
-	mi := &file_fabric_v1_fabric_proto_msgTypes[37]
+	mi := &file_fabric_v1_fabric_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3228,7 +3435,7 @@ func (x *AppStopTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppStopTask.ProtoReflect.Descriptor instead.
 func (*AppStopTask) Descriptor() ([]byte, []int) {
-	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{37}
+	return file_fabric_v1_fabric_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AppStopTask) GetAppInstanceId() string {
@@ -3463,7 +3670,7 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x14StorageDeleteRequest\x12#\n" +
 	"\rattachment_id\x18\x01 \x01(\tR\fattachmentId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"\x17\n" +
-	"\x15StorageDeleteResponse\"\x8d\x05\n" +
+	"\x15StorageDeleteResponse\"\xcf\x05\n" +
 	"\fAppStartTask\x12&\n" +
 	"\x0fapp_instance_id\x18\x01 \x01(\tR\rappInstanceId\x12#\n" +
 	"\rallocation_id\x18\x02 \x01(\tR\fallocationId\x12\x19\n" +
@@ -3481,10 +3688,27 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"backoffMin\x12:\n" +
 	"\vbackoff_max\x18\r \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"backoffMax\x12\x19\n" +
-	"\bmin_gpus\x18\x0e \x01(\rR\aminGpus\x1a6\n" +
+	"\bmin_gpus\x18\x0e \x01(\rR\aminGpus\x12@\n" +
+	"\tartifacts\x18\x0f \x03(\v2\".gantry.fabric.v1.AppArtifactMountR\tartifacts\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xda\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x01\n" +
+	"\x10AppArtifactMount\x12\x1f\n" +
+	"\vartifact_id\x18\x01 \x01(\tR\n" +
+	"artifactId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x127\n" +
+	"\x05files\x18\x04 \x03(\v2!.gantry.fabric.v1.AppArtifactFileR\x05files\"\\\n" +
+	"\x0fAppArtifactFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x02 \x01(\x03R\tsizeBytes\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"u\n" +
+	"\x16AppArtifactReadRequest\x12&\n" +
+	"\x0fapp_instance_id\x18\x01 \x01(\tR\rappInstanceId\x12\x1f\n" +
+	"\vartifact_id\x18\x02 \x01(\tR\n" +
+	"artifactId\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\"\xda\x01\n" +
 	"\x0eAppHealthCheck\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1b\n" +
 	"\thttp_path\x18\x02 \x01(\tR\bhttpPath\x125\n" +
@@ -3525,7 +3749,9 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x04Stat\x12$.gantry.fabric.v1.StorageStatRequest\x1a#.gantry.fabric.v1.StorageObjectInfo\x12R\n" +
 	"\x04Read\x12$.gantry.fabric.v1.StorageReadRequest\x1a\".gantry.fabric.v1.StorageReadChunk0\x01\x12U\n" +
 	"\x05Write\x12%.gantry.fabric.v1.StorageWriteRequest\x1a#.gantry.fabric.v1.StorageObjectInfo(\x01\x12Y\n" +
-	"\x06Delete\x12&.gantry.fabric.v1.StorageDeleteRequest\x1a'.gantry.fabric.v1.StorageDeleteResponseB;Z9github.com/gantry-gpu/gantry/proto/gen/fabric/v1;fabricv1b\x06proto3"
+	"\x06Delete\x12&.gantry.fabric.v1.StorageDeleteRequest\x1a'.gantry.fabric.v1.StorageDeleteResponse2k\n" +
+	"\x11AppArtifactFabric\x12V\n" +
+	"\x04Read\x12(.gantry.fabric.v1.AppArtifactReadRequest\x1a\".gantry.fabric.v1.StorageReadChunk0\x01B;Z9github.com/gantry-gpu/gantry/proto/gen/fabric/v1;fabricv1b\x06proto3"
 
 var (
 	file_fabric_v1_fabric_proto_rawDescOnce sync.Once
@@ -3540,7 +3766,7 @@ func file_fabric_v1_fabric_proto_rawDescGZIP() []byte {
 }
 
 var file_fabric_v1_fabric_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_fabric_v1_fabric_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_fabric_v1_fabric_proto_goTypes = []any{
 	(MIGMode)(0),                   // 0: gantry.fabric.v1.MIGMode
 	(TaskAckStatus)(0),             // 1: gantry.fabric.v1.TaskAckStatus
@@ -3581,12 +3807,15 @@ var file_fabric_v1_fabric_proto_goTypes = []any{
 	(*StorageDeleteRequest)(nil),   // 36: gantry.fabric.v1.StorageDeleteRequest
 	(*StorageDeleteResponse)(nil),  // 37: gantry.fabric.v1.StorageDeleteResponse
 	(*AppStartTask)(nil),           // 38: gantry.fabric.v1.AppStartTask
-	(*AppHealthCheck)(nil),         // 39: gantry.fabric.v1.AppHealthCheck
-	(*AppStartResult)(nil),         // 40: gantry.fabric.v1.AppStartResult
-	(*AppStopTask)(nil),            // 41: gantry.fabric.v1.AppStopTask
-	nil,                            // 42: gantry.fabric.v1.AppStartTask.EnvEntry
-	(*timestamppb.Timestamp)(nil),  // 43: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 44: google.protobuf.Duration
+	(*AppArtifactMount)(nil),       // 39: gantry.fabric.v1.AppArtifactMount
+	(*AppArtifactFile)(nil),        // 40: gantry.fabric.v1.AppArtifactFile
+	(*AppArtifactReadRequest)(nil), // 41: gantry.fabric.v1.AppArtifactReadRequest
+	(*AppHealthCheck)(nil),         // 42: gantry.fabric.v1.AppHealthCheck
+	(*AppStartResult)(nil),         // 43: gantry.fabric.v1.AppStartResult
+	(*AppStopTask)(nil),            // 44: gantry.fabric.v1.AppStopTask
+	nil,                            // 45: gantry.fabric.v1.AppStartTask.EnvEntry
+	(*timestamppb.Timestamp)(nil),  // 46: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 47: google.protobuf.Duration
 }
 var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	7,  // 0: gantry.fabric.v1.AgentMessage.hello:type_name -> gantry.fabric.v1.Hello
@@ -3600,60 +3829,64 @@ var file_fabric_v1_fabric_proto_depIdxs = []int32{
 	8,  // 8: gantry.fabric.v1.Hello.workloads:type_name -> gantry.fabric.v1.HeldWorkload
 	10, // 9: gantry.fabric.v1.Inventory.gpus:type_name -> gantry.fabric.v1.GPU
 	0,  // 10: gantry.fabric.v1.GPU.mig_mode:type_name -> gantry.fabric.v1.MIGMode
-	43, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	46, // 11: gantry.fabric.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	13, // 12: gantry.fabric.v1.Telemetry.gpus:type_name -> gantry.fabric.v1.GPUMetrics
-	43, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
+	46, // 13: gantry.fabric.v1.GPUMetrics.sampled_at:type_name -> google.protobuf.Timestamp
 	1,  // 14: gantry.fabric.v1.TaskAck.status:type_name -> gantry.fabric.v1.TaskAckStatus
 	2,  // 15: gantry.fabric.v1.TaskResult.status:type_name -> gantry.fabric.v1.TaskResultStatus
-	43, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
-	43, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
+	46, // 16: gantry.fabric.v1.TaskResult.finished_at:type_name -> google.protobuf.Timestamp
+	46, // 17: gantry.fabric.v1.ControllerReport.observed_at:type_name -> google.protobuf.Timestamp
 	17, // 18: gantry.fabric.v1.ControllerReport.app_instance:type_name -> gantry.fabric.v1.AppInstanceStatus
-	43, // 19: gantry.fabric.v1.AppInstanceStatus.last_exit_at:type_name -> google.protobuf.Timestamp
-	43, // 20: gantry.fabric.v1.AppInstanceStatus.started_at:type_name -> google.protobuf.Timestamp
-	43, // 21: gantry.fabric.v1.AppInstanceStatus.healthy_at:type_name -> google.protobuf.Timestamp
+	46, // 19: gantry.fabric.v1.AppInstanceStatus.last_exit_at:type_name -> google.protobuf.Timestamp
+	46, // 20: gantry.fabric.v1.AppInstanceStatus.started_at:type_name -> google.protobuf.Timestamp
+	46, // 21: gantry.fabric.v1.AppInstanceStatus.healthy_at:type_name -> google.protobuf.Timestamp
 	20, // 22: gantry.fabric.v1.ControlMessage.welcome:type_name -> gantry.fabric.v1.Welcome
 	21, // 23: gantry.fabric.v1.ControlMessage.heartbeat_config:type_name -> gantry.fabric.v1.HeartbeatConfig
 	22, // 24: gantry.fabric.v1.ControlMessage.task:type_name -> gantry.fabric.v1.TaskDispatch
 	19, // 25: gantry.fabric.v1.ControlMessage.result_ack:type_name -> gantry.fabric.v1.TaskResultAck
 	21, // 26: gantry.fabric.v1.Welcome.heartbeat:type_name -> gantry.fabric.v1.HeartbeatConfig
-	43, // 27: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	44, // 28: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
-	44, // 29: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
-	44, // 30: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
-	43, // 31: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
+	46, // 27: gantry.fabric.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	47, // 28: gantry.fabric.v1.HeartbeatConfig.interval:type_name -> google.protobuf.Duration
+	47, // 29: gantry.fabric.v1.HeartbeatConfig.ttl:type_name -> google.protobuf.Duration
+	47, // 30: gantry.fabric.v1.HeartbeatConfig.telemetry_interval:type_name -> google.protobuf.Duration
+	46, // 31: gantry.fabric.v1.TaskDispatch.deadline:type_name -> google.protobuf.Timestamp
 	3,  // 32: gantry.fabric.v1.StreamPreamble.kind:type_name -> gantry.fabric.v1.StreamKind
 	24, // 33: gantry.fabric.v1.StreamPreamble.terminal_size:type_name -> gantry.fabric.v1.TerminalSize
 	22, // 34: gantry.fabric.v1.ForwardedDispatch.task:type_name -> gantry.fabric.v1.TaskDispatch
 	14, // 35: gantry.fabric.v1.ForwardedDispatchReply.ack:type_name -> gantry.fabric.v1.TaskAck
-	43, // 36: gantry.fabric.v1.StorageObjectInfo.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 36: gantry.fabric.v1.StorageObjectInfo.updated_at:type_name -> google.protobuf.Timestamp
 	28, // 37: gantry.fabric.v1.StorageListResponse.entries:type_name -> gantry.fabric.v1.StorageObjectInfo
 	28, // 38: gantry.fabric.v1.StorageReadChunk.info:type_name -> gantry.fabric.v1.StorageObjectInfo
 	35, // 39: gantry.fabric.v1.StorageWriteRequest.header:type_name -> gantry.fabric.v1.StorageWriteHeader
-	42, // 40: gantry.fabric.v1.AppStartTask.env:type_name -> gantry.fabric.v1.AppStartTask.EnvEntry
-	39, // 41: gantry.fabric.v1.AppStartTask.health_check:type_name -> gantry.fabric.v1.AppHealthCheck
-	44, // 42: gantry.fabric.v1.AppStartTask.startup_timeout:type_name -> google.protobuf.Duration
-	44, // 43: gantry.fabric.v1.AppStartTask.backoff_min:type_name -> google.protobuf.Duration
-	44, // 44: gantry.fabric.v1.AppStartTask.backoff_max:type_name -> google.protobuf.Duration
-	44, // 45: gantry.fabric.v1.AppHealthCheck.interval:type_name -> google.protobuf.Duration
-	44, // 46: gantry.fabric.v1.AppHealthCheck.timeout:type_name -> google.protobuf.Duration
-	44, // 47: gantry.fabric.v1.AppStopTask.grace:type_name -> google.protobuf.Duration
-	6,  // 48: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
-	29, // 49: gantry.fabric.v1.StorageFabric.List:input_type -> gantry.fabric.v1.StorageListRequest
-	31, // 50: gantry.fabric.v1.StorageFabric.Stat:input_type -> gantry.fabric.v1.StorageStatRequest
-	32, // 51: gantry.fabric.v1.StorageFabric.Read:input_type -> gantry.fabric.v1.StorageReadRequest
-	34, // 52: gantry.fabric.v1.StorageFabric.Write:input_type -> gantry.fabric.v1.StorageWriteRequest
-	36, // 53: gantry.fabric.v1.StorageFabric.Delete:input_type -> gantry.fabric.v1.StorageDeleteRequest
-	18, // 54: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
-	30, // 55: gantry.fabric.v1.StorageFabric.List:output_type -> gantry.fabric.v1.StorageListResponse
-	28, // 56: gantry.fabric.v1.StorageFabric.Stat:output_type -> gantry.fabric.v1.StorageObjectInfo
-	33, // 57: gantry.fabric.v1.StorageFabric.Read:output_type -> gantry.fabric.v1.StorageReadChunk
-	28, // 58: gantry.fabric.v1.StorageFabric.Write:output_type -> gantry.fabric.v1.StorageObjectInfo
-	37, // 59: gantry.fabric.v1.StorageFabric.Delete:output_type -> gantry.fabric.v1.StorageDeleteResponse
-	54, // [54:60] is the sub-list for method output_type
-	48, // [48:54] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	45, // 40: gantry.fabric.v1.AppStartTask.env:type_name -> gantry.fabric.v1.AppStartTask.EnvEntry
+	42, // 41: gantry.fabric.v1.AppStartTask.health_check:type_name -> gantry.fabric.v1.AppHealthCheck
+	47, // 42: gantry.fabric.v1.AppStartTask.startup_timeout:type_name -> google.protobuf.Duration
+	47, // 43: gantry.fabric.v1.AppStartTask.backoff_min:type_name -> google.protobuf.Duration
+	47, // 44: gantry.fabric.v1.AppStartTask.backoff_max:type_name -> google.protobuf.Duration
+	39, // 45: gantry.fabric.v1.AppStartTask.artifacts:type_name -> gantry.fabric.v1.AppArtifactMount
+	40, // 46: gantry.fabric.v1.AppArtifactMount.files:type_name -> gantry.fabric.v1.AppArtifactFile
+	47, // 47: gantry.fabric.v1.AppHealthCheck.interval:type_name -> google.protobuf.Duration
+	47, // 48: gantry.fabric.v1.AppHealthCheck.timeout:type_name -> google.protobuf.Duration
+	47, // 49: gantry.fabric.v1.AppStopTask.grace:type_name -> google.protobuf.Duration
+	6,  // 50: gantry.fabric.v1.Fabric.Control:input_type -> gantry.fabric.v1.AgentMessage
+	29, // 51: gantry.fabric.v1.StorageFabric.List:input_type -> gantry.fabric.v1.StorageListRequest
+	31, // 52: gantry.fabric.v1.StorageFabric.Stat:input_type -> gantry.fabric.v1.StorageStatRequest
+	32, // 53: gantry.fabric.v1.StorageFabric.Read:input_type -> gantry.fabric.v1.StorageReadRequest
+	34, // 54: gantry.fabric.v1.StorageFabric.Write:input_type -> gantry.fabric.v1.StorageWriteRequest
+	36, // 55: gantry.fabric.v1.StorageFabric.Delete:input_type -> gantry.fabric.v1.StorageDeleteRequest
+	41, // 56: gantry.fabric.v1.AppArtifactFabric.Read:input_type -> gantry.fabric.v1.AppArtifactReadRequest
+	18, // 57: gantry.fabric.v1.Fabric.Control:output_type -> gantry.fabric.v1.ControlMessage
+	30, // 58: gantry.fabric.v1.StorageFabric.List:output_type -> gantry.fabric.v1.StorageListResponse
+	28, // 59: gantry.fabric.v1.StorageFabric.Stat:output_type -> gantry.fabric.v1.StorageObjectInfo
+	33, // 60: gantry.fabric.v1.StorageFabric.Read:output_type -> gantry.fabric.v1.StorageReadChunk
+	28, // 61: gantry.fabric.v1.StorageFabric.Write:output_type -> gantry.fabric.v1.StorageObjectInfo
+	37, // 62: gantry.fabric.v1.StorageFabric.Delete:output_type -> gantry.fabric.v1.StorageDeleteResponse
+	33, // 63: gantry.fabric.v1.AppArtifactFabric.Read:output_type -> gantry.fabric.v1.StorageReadChunk
+	57, // [57:64] is the sub-list for method output_type
+	50, // [50:57] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_fabric_v1_fabric_proto_init() }
@@ -3686,9 +3919,9 @@ func file_fabric_v1_fabric_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fabric_v1_fabric_proto_rawDesc), len(file_fabric_v1_fabric_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   39,
+			NumMessages:   42,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_fabric_v1_fabric_proto_goTypes,
 		DependencyIndexes: file_fabric_v1_fabric_proto_depIdxs,

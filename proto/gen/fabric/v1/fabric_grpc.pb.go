@@ -453,3 +453,134 @@ var StorageFabric_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "fabric/v1/fabric.proto",
 }
+
+const (
+	AppArtifactFabric_Read_FullMethodName = "/gantry.fabric.v1.AppArtifactFabric/Read"
+)
+
+// AppArtifactFabricClient is the client API for AppArtifactFabric service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// AppArtifactFabric: app instances' artifacts, served by the control plane next to
+// Fabric on agent-opened streams (like StorageFabric); the node is the tunnel's node.
+// A file is served only for a live app instance placed on this node whose artifact_ids
+// name the artifact (PERMISSION_DENIED otherwise, the same answer whether or not it
+// exists). gRPC status codes:
+//
+//	NOT_FOUND         the artifact has no such file
+//	DATA_LOSS         the stored bytes do not match the file's SHA-256 (the stream ends
+//	                  before the last chunk)
+//	UNAVAILABLE       transient (the artifact store, the control plane restarting): retry
+type AppArtifactFabricClient interface {
+	// Read streams one file in chunks of at most 1 MiB; the first message carries the
+	// file's info (path, size, etag the quoted SHA-256 hex as StorageObjectInfo has it).
+	Read(ctx context.Context, in *AppArtifactReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StorageReadChunk], error)
+}
+
+type appArtifactFabricClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewAppArtifactFabricClient(cc grpc.ClientConnInterface) AppArtifactFabricClient {
+	return &appArtifactFabricClient{cc}
+}
+
+func (c *appArtifactFabricClient) Read(ctx context.Context, in *AppArtifactReadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StorageReadChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AppArtifactFabric_ServiceDesc.Streams[0], AppArtifactFabric_Read_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AppArtifactReadRequest, StorageReadChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AppArtifactFabric_ReadClient = grpc.ServerStreamingClient[StorageReadChunk]
+
+// AppArtifactFabricServer is the server API for AppArtifactFabric service.
+// All implementations must embed UnimplementedAppArtifactFabricServer
+// for forward compatibility.
+//
+// AppArtifactFabric: app instances' artifacts, served by the control plane next to
+// Fabric on agent-opened streams (like StorageFabric); the node is the tunnel's node.
+// A file is served only for a live app instance placed on this node whose artifact_ids
+// name the artifact (PERMISSION_DENIED otherwise, the same answer whether or not it
+// exists). gRPC status codes:
+//
+//	NOT_FOUND         the artifact has no such file
+//	DATA_LOSS         the stored bytes do not match the file's SHA-256 (the stream ends
+//	                  before the last chunk)
+//	UNAVAILABLE       transient (the artifact store, the control plane restarting): retry
+type AppArtifactFabricServer interface {
+	// Read streams one file in chunks of at most 1 MiB; the first message carries the
+	// file's info (path, size, etag the quoted SHA-256 hex as StorageObjectInfo has it).
+	Read(*AppArtifactReadRequest, grpc.ServerStreamingServer[StorageReadChunk]) error
+	mustEmbedUnimplementedAppArtifactFabricServer()
+}
+
+// UnimplementedAppArtifactFabricServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedAppArtifactFabricServer struct{}
+
+func (UnimplementedAppArtifactFabricServer) Read(*AppArtifactReadRequest, grpc.ServerStreamingServer[StorageReadChunk]) error {
+	return status.Error(codes.Unimplemented, "method Read not implemented")
+}
+func (UnimplementedAppArtifactFabricServer) mustEmbedUnimplementedAppArtifactFabricServer() {}
+func (UnimplementedAppArtifactFabricServer) testEmbeddedByValue()                           {}
+
+// UnsafeAppArtifactFabricServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to AppArtifactFabricServer will
+// result in compilation errors.
+type UnsafeAppArtifactFabricServer interface {
+	mustEmbedUnimplementedAppArtifactFabricServer()
+}
+
+func RegisterAppArtifactFabricServer(s grpc.ServiceRegistrar, srv AppArtifactFabricServer) {
+	// If the following call panics, it indicates UnimplementedAppArtifactFabricServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&AppArtifactFabric_ServiceDesc, srv)
+}
+
+func _AppArtifactFabric_Read_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AppArtifactReadRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AppArtifactFabricServer).Read(m, &grpc.GenericServerStream[AppArtifactReadRequest, StorageReadChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AppArtifactFabric_ReadServer = grpc.ServerStreamingServer[StorageReadChunk]
+
+// AppArtifactFabric_ServiceDesc is the grpc.ServiceDesc for AppArtifactFabric service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var AppArtifactFabric_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "gantry.fabric.v1.AppArtifactFabric",
+	HandlerType: (*AppArtifactFabricServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Read",
+			Handler:       _AppArtifactFabric_Read_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "fabric/v1/fabric.proto",
+}
