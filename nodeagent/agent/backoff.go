@@ -21,13 +21,41 @@ type Backoff struct {
 	// crash on QUIC the agents learn of it one by one (stateless reset, idle timeout)
 	// and retry after Delay(0) as after any other end.
 	Spread time.Duration
+	// RecentMax caps the backoff, instead of Max, for attempts within RecentWindow of
+	// the end of an established tunnel. The control plane was there a moment ago: it is
+	// restarting or shedding load, and an agent that escalated to a 30 s wait while it
+	// was saturated comes back long after the storm has passed (the graceful restart of
+	// 10,000 agents, docs/fabric.md). Zero: no cap.
+	RecentMax    time.Duration
+	RecentWindow time.Duration
 	// Rand returns a uniform value in [0, 1). nil means math/rand/v2.
 	Rand func() float64
 }
 
-// DefaultBackoff is 500 ms doubling to 30 s, and a 10 s spread after a fleet-wide end.
+// DefaultBackoff is 500 ms doubling to 30 s (10 s within 2 minutes of an established
+// tunnel's end), and a 10 s spread after a fleet-wide end or a busy refusal.
 func DefaultBackoff() Backoff {
-	return Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second, Spread: 10 * time.Second}
+	return Backoff{Min: 500 * time.Millisecond, Max: 30 * time.Second, Spread: 10 * time.Second,
+		RecentMax: 10 * time.Second, RecentWindow: 2 * time.Minute}
+}
+
+// Retry is how long to wait after failed attempt n (0-based, counting only attempts
+// that escalate). sinceEstablished is how long ago the agent's last established tunnel
+// ended (negative: it never had one); busy says the control plane refused the attempt
+// because it was busy (fabricnet.ServerBusy). A busy refusal waits within the spread,
+// without escalating: the refusal cost the server a packet, and it admits again as soon
+// as handshakes complete, so the fleet's retries are spread rather than pushed back.
+// Within RecentWindow of an established tunnel the ceiling is RecentMax.
+func (b Backoff) Retry(n int, sinceEstablished time.Duration, busy bool) time.Duration {
+	if busy && b.Spread > 0 {
+		return b.SpreadDelay()
+	}
+	if b.RecentMax > 0 && sinceEstablished >= 0 && sinceEstablished < b.RecentWindow {
+		capped := b
+		capped.Max = min(b.Max, b.RecentMax)
+		return capped.Delay(n)
+	}
+	return b.Delay(n)
 }
 
 // Ceiling is the most attempt n can wait: min(Min·2ⁿ, Max).

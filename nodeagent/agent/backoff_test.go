@@ -68,3 +68,52 @@ func TestBackoffSpreadDelay(t *testing.T) {
 		t.Fatalf("SpreadDelay without Spread = %v, want Delay(0) = 750ms", got)
 	}
 }
+
+// Within RecentWindow of an established tunnel's end the ceiling is RecentMax (10 s),
+// not Max (30 s): an agent does not sleep 30 s through a control-plane restart.
+func TestBackoffRetryCappedAfterAnEstablishedTunnel(t *testing.T) {
+	b := DefaultBackoff()
+	b.Rand = func() float64 { return 0.999999999 }
+	for _, c := range []struct {
+		n     int
+		since time.Duration
+		hi    time.Duration
+	}{
+		{10, 5 * time.Second, 10 * time.Second},    // recent: capped
+		{10, 119 * time.Second, 10 * time.Second},  // still inside the window
+		{10, 2 * time.Minute, 30 * time.Second},    // window over: Max again
+		{10, -1, 30 * time.Second},                 // never established: Max
+		{2, 5 * time.Second, 2 * time.Second},      // below the cap: unchanged
+		{1000, time.Millisecond, 10 * time.Second}, // no overflow
+	} {
+		got := b.Retry(c.n, c.since, false)
+		if got > c.hi || got < c.hi-time.Millisecond {
+			t.Errorf("Retry(%d, %v, false) = %v, want just under %v", c.n, c.since, got, c.hi)
+		}
+	}
+	b.Rand = func() float64 { return 0 }
+	if got := b.Retry(10, time.Second, false); got != 5*time.Second { // equal jitter: [c/2, c]
+		t.Errorf("Retry(10, 1s, false) with rand 0 = %v, want 5s", got)
+	}
+}
+
+// A busy refusal waits a random time within the spread whatever the attempt count: it
+// neither escalates nor synchronises the fleet.
+func TestBackoffRetryAfterABusyRefusalStaysWithinTheSpread(t *testing.T) {
+	for r, want := range map[float64]time.Duration{0: 0, 0.5: 5 * time.Second, 0.9: 9 * time.Second} {
+		b := DefaultBackoff()
+		b.Rand = func() float64 { return r }
+		for _, n := range []int{0, 3, 50} {
+			for _, since := range []time.Duration{-1, time.Second, time.Hour} {
+				if got := b.Retry(n, since, true); got != want {
+					t.Errorf("Retry(%d, %v, busy) with rand %v = %v, want %v", n, since, r, got, want)
+				}
+			}
+		}
+	}
+	// Without a spread a busy refusal backs off like any failure.
+	b := Backoff{Min: time.Second, Max: time.Minute, Rand: func() float64 { return 0 }}
+	if got := b.Retry(3, -1, true); got != 4*time.Second {
+		t.Errorf("Retry(3, never, busy) without a spread = %v, want 4s", got)
+	}
+}

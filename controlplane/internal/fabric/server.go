@@ -177,6 +177,10 @@ func (s *Server) Addr() string { return s.addr }
 // ListenAddr is the address actually bound (UDP and TCP share its port number).
 func (s *Server) ListenAddr() net.Addr { return s.ln.Addr() }
 
+// QUICRefused is how many QUIC connection attempts the listener refused while its
+// bound of handshakes in progress was reached (fabricnet.Listener.QUICRefused).
+func (s *Server) QUICRefused() int64 { return s.ln.QUICRefused() }
+
 // PKI is the fabric CA and server certificate.
 func (s *Server) PKI() *PKI { return s.pki }
 

@@ -46,6 +46,11 @@ type Agent struct {
 	// the fleet comes back spread over the keep-alive interval already, and a spread
 	// on top only makes the last agents later.
 	ReconnectSpread time.Duration
+	// OnRetry, when set, is called before every wait between two attempts: established
+	// says whether the attempt reached a Welcome, ended why its tunnel ended (nil when it
+	// never came up), err why the attempt failed, delay how long the agent now waits (the
+	// bench's histogram of attempts and backoff).
+	OnRetry func(established bool, ended, err error, delay time.Duration)
 	// HeartbeatOverride, when set, replaces the interval the server hands out.
 	HeartbeatOverride time.Duration
 	// NoHeartbeats stops sending heartbeats (to test the TTL).
@@ -151,6 +156,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		// Jitter: anywhere in [backoff/2, backoff).
 		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
+		busy := !established && fabricnet.ServerBusy(err)
+		if busy && a.ReconnectSpread > 0 {
+			// Refused by a busy control plane: within the spread, not escalating (like
+			// the real agent's Backoff.Retry).
+			d = time.Duration(rand.Int64N(int64(a.ReconnectSpread)))
+		}
 		if established {
 			backoff = minB
 			d = minB/2 + time.Duration(rand.Int64N(int64(minB/2)+1))
@@ -158,11 +169,16 @@ func (a *Agent) Run(ctx context.Context) error {
 				d = time.Duration(rand.Int64N(int64(a.ReconnectSpread)))
 			}
 		}
+		if a.OnRetry != nil {
+			a.OnRetry(established, ended, err, d)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(d):
 		}
-		backoff = min(backoff*2, maxB)
+		if !busy {
+			backoff = min(backoff*2, maxB)
+		}
 	}
 	return ctx.Err()
 }
