@@ -254,6 +254,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// lastEnd is when the last established tunnel ended (zero: none yet); it caps the
 	// backoff while the control plane restarts (Backoff.Retry).
 	var lastEnd time.Time
+	busyStreak := 0 // consecutive attempts refused as busy (Backoff.BusyDelay)
 	for {
 		established, ended, err := a.session(ctx)
 		if ctx.Err() != nil {
@@ -265,8 +266,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		if !lastEnd.IsZero() {
 			since = a.o.Clock.Now().Sub(lastEnd)
 		}
-		busy := fabricnet.ServerBusy(err)
-		delay := a.o.Backoff.Retry(attempt, since, busy)
+		busy := !established && fabricnet.ServerBusy(err)
+		delay := a.o.Backoff.Retry(attempt, since)
+		if busy {
+			delay = a.o.Backoff.BusyDelay(busyStreak)
+			busyStreak++
+		} else {
+			busyStreak = 0
+		}
 		if established {
 			lastEnd = a.o.Clock.Now()
 			attempt = 0
@@ -292,8 +299,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		if a.o.OnRetry != nil {
 			a.o.OnRetry(attempt, delay, err)
 		}
-		if !busy || established {
-			attempt++ // a busy refusal does not escalate the backoff (Backoff.Retry)
+		if !busy {
+			attempt++ // a busy refusal does not escalate the backoff (Backoff.BusyDelay)
 		}
 		a.mu.Lock()
 		a.reconnects++

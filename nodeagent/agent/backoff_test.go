@@ -86,34 +86,37 @@ func TestBackoffRetryCappedAfterAnEstablishedTunnel(t *testing.T) {
 		{2, 5 * time.Second, 2 * time.Second},      // below the cap: unchanged
 		{1000, time.Millisecond, 10 * time.Second}, // no overflow
 	} {
-		got := b.Retry(c.n, c.since, false)
+		got := b.Retry(c.n, c.since)
 		if got > c.hi || got < c.hi-time.Millisecond {
-			t.Errorf("Retry(%d, %v, false) = %v, want just under %v", c.n, c.since, got, c.hi)
+			t.Errorf("Retry(%d, %v) = %v, want just under %v", c.n, c.since, got, c.hi)
 		}
 	}
 	b.Rand = func() float64 { return 0 }
-	if got := b.Retry(10, time.Second, false); got != 5*time.Second { // equal jitter: [c/2, c]
-		t.Errorf("Retry(10, 1s, false) with rand 0 = %v, want 5s", got)
+	if got := b.Retry(10, time.Second); got != 5*time.Second { // equal jitter: [c/2, c]
+		t.Errorf("Retry(10, 1s) with rand 0 = %v, want 5s", got)
 	}
 }
 
-// A busy refusal waits a random time within the spread whatever the attempt count: it
-// neither escalates nor synchronises the fleet.
-func TestBackoffRetryAfterABusyRefusalStaysWithinTheSpread(t *testing.T) {
-	for r, want := range map[float64]time.Duration{0: 0, 0.5: 5 * time.Second, 0.9: 9 * time.Second} {
-		b := DefaultBackoff()
-		b.Rand = func() float64 { return r }
-		for _, n := range []int{0, 3, 50} {
-			for _, since := range []time.Duration{-1, time.Second, time.Hour} {
-				if got := b.Retry(n, since, true); got != want {
-					t.Errorf("Retry(%d, %v, busy) with rand %v = %v, want %v", n, since, r, got, want)
-				}
-			}
+// After busy refusals the wait is random within a window that starts at BusyMin and
+// doubles per consecutive refusal, never past the spread.
+func TestBackoffBusyDelayGrowsWithinTheSpread(t *testing.T) {
+	b := DefaultBackoff()
+	b.Rand = func() float64 { return 0.5 }
+	for k, want := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
+		if got := b.BusyDelay(k); got != want {
+			t.Errorf("BusyDelay(%d) with rand 0.5 = %v, want %v", k, got, want)
 		}
 	}
+	if got := b.BusyDelay(1 << 20); got != 5*time.Second { // no overflow
+		t.Errorf("BusyDelay(huge) = %v, want 5s", got)
+	}
+	b.Rand = func() float64 { return 0 }
+	if got := b.BusyDelay(3); got != 0 {
+		t.Errorf("BusyDelay(3) with rand 0 = %v, want 0", got)
+	}
 	// Without a spread a busy refusal backs off like any failure.
-	b := Backoff{Min: time.Second, Max: time.Minute, Rand: func() float64 { return 0 }}
-	if got := b.Retry(3, -1, true); got != 4*time.Second {
-		t.Errorf("Retry(3, never, busy) without a spread = %v, want 4s", got)
+	nb := Backoff{Min: time.Second, Max: time.Minute, Rand: func() float64 { return 0 }}
+	if got := nb.BusyDelay(3); got != 4*time.Second {
+		t.Errorf("BusyDelay(3) without a spread = %v, want 4s", got)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // needs: no timing.
 func TestQUICHandshakesOverTheBoundAreRefused(t *testing.T) {
 	srvTLS, cliTLS := certs(t)
-	ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, &fabricnet.ListenOptions{DisableTCP: true, MaxConcurrentQUICHandshakes: 1})
+	ln, err := fabricnet.Listen("127.0.0.1:0", srvTLS, &fabricnet.ListenOptions{MaxConcurrentQUICHandshakes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +62,16 @@ func TestQUICHandshakesOverTheBoundAreRefused(t *testing.T) {
 	if !fabricnet.ServerBusy(err) {
 		t.Fatalf("second dial while one handshake is in progress: %v, want CONNECTION_REFUSED", err)
 	}
+	// auto does not go around the bound over TCP (which the listener also serves here):
+	// the control plane answered on UDP, it is busy.
+	s, err := fabricnet.Dial(ctx, addr, fabricnet.ModeAuto, cliTLS, nil)
+	if err == nil {
+		_ = s.Close("done")
+		t.Fatalf("auto dial while busy fell back to %s", s.Transport())
+	}
+	if !fabricnet.ServerBusy(err) {
+		t.Fatalf("auto dial while busy: %v, want CONNECTION_REFUSED", err)
+	}
 	// At least one: a ClientHello with a post-quantum key share spans two Initial
 	// packets, and each packet of a refused attempt is refused on its own.
 	if got := ln.QUICRefused(); got < 1 {
@@ -73,7 +83,7 @@ func TestQUICHandshakesOverTheBoundAreRefused(t *testing.T) {
 		t.Fatalf("first dial: %v", err)
 	}
 	<-accepted // the server's side of the handshake completed: its slot is free
-	s, err := fabricnet.Dial(ctx, addr, fabricnet.ModeQUIC, cliTLS, nil)
+	s, err = fabricnet.Dial(ctx, addr, fabricnet.ModeQUIC, cliTLS, nil)
 	if err != nil {
 		t.Fatalf("dial after the handshake in progress completed: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"runtime"
 	"strconv"
@@ -36,7 +37,8 @@ type ListenOptions struct {
 	// authentication and idle timeouts and start over, which adds load. An attempt over
 	// the bound is refused at its first packet with CONNECTION_REFUSED, before any
 	// cryptography (a refusal costs the server a packet), and the agent retries later
-	// (ServerBusy); the admitted ones complete in a fraction of a second.
+	// (ServerBusy); the admitted ones complete in a fraction of a second. Negative:
+	// unbounded (quic-go's own behaviour; for comparisons).
 	MaxConcurrentQUICHandshakes int
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
@@ -94,8 +96,11 @@ func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, e
 		l.opts.MaxConcurrentHandshakes = 4 * runtime.GOMAXPROCS(0)
 	}
 	l.handshakes = make(chan struct{}, l.opts.MaxConcurrentHandshakes)
-	if l.opts.MaxConcurrentQUICHandshakes <= 0 {
+	switch {
+	case l.opts.MaxConcurrentQUICHandshakes == 0:
 		l.opts.MaxConcurrentQUICHandshakes = 32 * runtime.GOMAXPROCS(0)
+	case l.opts.MaxConcurrentQUICHandshakes < 0:
+		l.opts.MaxConcurrentQUICHandshakes = math.MaxInt32 // unbounded (comparisons only)
 	}
 	l.quicGate = newHandshakeGate(l.opts.MaxConcurrentQUICHandshakes)
 	if err := l.bind(addr); err != nil {

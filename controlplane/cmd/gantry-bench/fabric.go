@@ -328,7 +328,16 @@ func capacityConfig(fx *fixture) fabric.Config {
 		SubjectPrefix: strings.TrimSuffix(fx.app.Config.EventsSubjectPrefix, "events.") + "fabriccap.",
 		// Heartbeats flow during the run: fleet-scaled to at most 1000/s, at least every 5s.
 		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
+		MaxConcurrentQUICHandshakes: quicHandshakeBound(),
 	}
+}
+
+// quicHandshakeBound is $GANTRY_BENCH_FABRIC_QUIC_HANDSHAKES: the fabric server's bound
+// of QUIC handshakes in progress (0 or unset: the default, 32 per CPU; -1: unbounded,
+// as before the bound), for comparing the two in the same build.
+func quicHandshakeBound() int {
+	n, _ := strconv.Atoi(os.Getenv("GANTRY_BENCH_FABRIC_QUIC_HANDSHAKES"))
+	return n
 }
 
 func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
@@ -399,7 +408,13 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	after := liveBytes()
 	// Signed: with a handful of agents the heap can end below where it started.
 	per := (float64(after) - float64(before)) / float64(max(connected, 1))
-	fmt.Printf("  agent capacity (%s, %d simulated agents in a child process, GOMAXPROCS=%d):\n", o.transport, n, runtime.GOMAXPROCS(0))
+	bound := "32 per CPU"
+	if b := quicHandshakeBound(); b < 0 {
+		bound = "unbounded"
+	} else if b > 0 {
+		bound = strconv.Itoa(b)
+	}
+	fmt.Printf("  agent capacity (%s, %d simulated agents in a child process, GOMAXPROCS=%d, QUIC handshakes in progress %s):\n", o.transport, n, runtime.GOMAXPROCS(0), bound)
 	fmt.Printf("    connected %d/%d in %.1fs; control-plane memory %.1f KiB per agent (heap+stacks, goal <= 100 KiB)\n",
 		connected, n, tConnect.Seconds(), per/1024)
 	fmt.Printf("    directory calls while connected: online %d, offline %d (heartbeats write nothing)\n", hb0, dir.offline.Load())
@@ -721,6 +736,7 @@ func fabricServerChild() error {
 		Addr: os.Getenv("BENCH_FABRIC_ADDR"), ReplicaID: "bench", Bucket: os.Getenv("BENCH_FABRIC_BUCKET"),
 		SubjectPrefix:        os.Getenv("BENCH_FABRIC_SUBJECTS"),
 		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
+		MaxConcurrentQUICHandshakes: quicHandshakeBound(),
 	}
 	deps := fabric.Deps{Pool: pool, SealKey: seal, NATS: nc, JS: js, Directory: dir, Log: slog.New(slog.DiscardHandler)}
 	var srv *fabric.Server

@@ -26,6 +26,10 @@ type Config struct {
 	SubjectPrefix string
 	// DisableUDP serves TLS+yamux only.
 	DisableUDP bool
+	// MaxConcurrentQUICHandshakes bounds QUIC handshakes in progress; attempts over it
+	// are refused as busy (fabricnet.ListenOptions; 0: 32 per CPU; negative: unbounded,
+	// the behaviour before the bound, for the bench's comparison).
+	MaxConcurrentQUICHandshakes int
 
 	// MinHeartbeatInterval is the shortest heartbeat interval handed out (default 10s).
 	MinHeartbeatInterval time.Duration

@@ -130,7 +130,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
 	// The reset key comes from the CA, so it survives a crash: the restarted replica
 	// resets the tunnels its predecessor held and their agents reconnect at once.
 	resetKey := quic.StatelessResetKey(pki.ResetKey)
-	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP, StatelessResetKey: &resetKey})
+	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP, StatelessResetKey: &resetKey, MaxConcurrentQUICHandshakes: cfg.MaxConcurrentQUICHandshakes})
 	if err != nil {
 		return nil, err
 	}

@@ -148,6 +148,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		maxB = 5 * time.Second
 	}
 	backoff := minB
+	busyStreak := 0
 	for ctx.Err() == nil {
 		established, ended, err := a.once(ctx)
 		if errors.Is(err, fabricnet.ErrTokenRefused) {
@@ -158,9 +159,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
 		busy := !established && fabricnet.ServerBusy(err)
 		if busy && a.ReconnectSpread > 0 {
-			// Refused by a busy control plane: within the spread, not escalating (like
-			// the real agent's Backoff.Retry).
-			d = time.Duration(rand.Int64N(int64(a.ReconnectSpread)))
+			// Refused by a busy control plane: a random wait within 1 s, 2 s, 4 s ...
+			// up to the spread, the backoff not escalating (the real agent's
+			// Backoff.BusyDelay).
+			w := min(time.Second<<min(busyStreak, 16), a.ReconnectSpread)
+			d = time.Duration(rand.Int64N(int64(w)))
+			busyStreak++
+		} else {
+			busyStreak = 0
 		}
 		if established {
 			backoff = minB
