@@ -996,22 +996,22 @@ func (l *tunnelLog) report(since time.Time) string {
 			}
 			ended = append(ended, e.at.Sub(since))
 			causes[e.cause]++
-			n, waited, prev := 0, time.Duration(0), time.Time{}
+			n, waited, prev, lastWait := 0, time.Duration(0), time.Time{}, time.Duration(0)
 			for _, u := range evs[k+1:] {
 				if u.up {
 					back = append(back, u.at.Sub(e.at))
-					// The last attempt: from the end, less the waits, less the failed
-					// attempts' own time (approximated by their end times).
-					last := u.at.Sub(e.at) - l.spreadWait[i] - waited
+					// The successful attempt: from the end of the wait before it (after
+					// the last failure, or after the tunnel's end) to the Welcome.
+					last := u.at.Sub(e.at) - l.spreadWait[i]
 					if n > 0 {
-						last = u.at.Sub(prev) - waited
+						last = u.at.Sub(prev) - lastWait
 					}
 					lastAttempt = append(lastAttempt, last)
 					spreads = append(spreads, l.spreadWait[i])
 					break
 				}
 				if u.retry {
-					prev = u.at
+					prev, lastWait = u.at, u.wait
 					n++
 					waited += u.wait
 					maxWait = max(maxWait, u.wait)
