@@ -30,15 +30,16 @@ type ListenOptions struct {
 	// most of them time out; bounded, they complete in turn while the rest wait in the
 	// kernel's accept queue.
 	MaxConcurrentHandshakes int
-	// MaxConcurrentQUICHandshakes bounds QUIC handshakes in progress (default 32 per
-	// CPU). quic-go starts a handshake for every connection attempt at once; when a
-	// whole fleet reconnects, thousands of handshakes then share the CPU, every one of
-	// them finishes near the end of the storm, and the slowest run into their handshake,
-	// authentication and idle timeouts and start over, which adds load. An attempt over
-	// the bound is refused at its first packet with CONNECTION_REFUSED, before any
-	// cryptography (a refusal costs the server a packet), and the agent retries later
-	// (ServerBusy); the admitted ones complete in a fraction of a second. Negative:
-	// unbounded (quic-go's own behaviour; for comparisons).
+	// MaxConcurrentQUICHandshakes, when positive, bounds QUIC handshakes in progress
+	// (zero or negative: unbounded, quic-go's own behaviour and the default). quic-go
+	// starts a handshake for every connection attempt at once; when a whole fleet
+	// reconnects faster than the CPU completes handshakes, they all share it, each
+	// finishes near the end of the storm, and the slowest run into their timeouts and
+	// start over. An attempt over the bound is refused at its first packet with
+	// CONNECTION_REFUSED, before any cryptography, and the agent retries later
+	// (ServerBusy). Off by default: measured, the refused agents' retries (a new
+	// ClientHello each) cost more than the collapse they avoid at 10,000 agents on a
+	// small machine (docs/fabric.md, "Reconnect storms").
 	MaxConcurrentQUICHandshakes int
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
@@ -96,11 +97,8 @@ func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, e
 		l.opts.MaxConcurrentHandshakes = 4 * runtime.GOMAXPROCS(0)
 	}
 	l.handshakes = make(chan struct{}, l.opts.MaxConcurrentHandshakes)
-	switch {
-	case l.opts.MaxConcurrentQUICHandshakes == 0:
-		l.opts.MaxConcurrentQUICHandshakes = 32 * runtime.GOMAXPROCS(0)
-	case l.opts.MaxConcurrentQUICHandshakes < 0:
-		l.opts.MaxConcurrentQUICHandshakes = math.MaxInt32 // unbounded (comparisons only)
+	if l.opts.MaxConcurrentQUICHandshakes <= 0 {
+		l.opts.MaxConcurrentQUICHandshakes = math.MaxInt32 // unbounded (the default)
 	}
 	l.quicGate = newHandshakeGate(l.opts.MaxConcurrentQUICHandshakes)
 	if err := l.bind(addr); err != nil {

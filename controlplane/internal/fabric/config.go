@@ -26,9 +26,9 @@ type Config struct {
 	SubjectPrefix string
 	// DisableUDP serves TLS+yamux only.
 	DisableUDP bool
-	// MaxConcurrentQUICHandshakes bounds QUIC handshakes in progress; attempts over it
-	// are refused as busy (fabricnet.ListenOptions; 0: 32 per CPU; negative: unbounded,
-	// the behaviour before the bound, for the bench's comparison).
+	// MaxConcurrentQUICHandshakes, when positive, bounds QUIC handshakes in progress;
+	// attempts over it are refused as busy (fabricnet.ListenOptions). Zero: unbounded,
+	// the default (docs/fabric.md, "Reconnect storms").
 	MaxConcurrentQUICHandshakes int
 
 	// MinHeartbeatInterval is the shortest heartbeat interval handed out (default 10s).
