@@ -251,6 +251,10 @@ func (a *Agent) Executions() int { return a.once.Executions() }
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.tasksWG.Wait()
 	attempt := 0
+	// lastEnd is when the last established tunnel ended (zero: none yet); it caps the
+	// backoff while the control plane restarts (Backoff.Retry).
+	var lastEnd time.Time
+	busyStreak := 0 // consecutive attempts refused as busy (Backoff.BusyDelay)
 	for {
 		established, ended, err := a.session(ctx)
 		if ctx.Err() != nil {
@@ -258,8 +262,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Info("agent stopped")
 			return nil
 		}
-		delay := a.o.Backoff.Delay(attempt)
+		since := time.Duration(-1)
+		if !lastEnd.IsZero() {
+			since = a.o.Clock.Now().Sub(lastEnd)
+		}
+		busy := !established && fabricnet.ServerBusy(err)
+		delay := a.o.Backoff.Retry(attempt, since)
+		if busy {
+			delay = a.o.Backoff.BusyDelay(busyStreak)
+			busyStreak++
+		} else {
+			busyStreak = 0
+		}
 		if established {
+			lastEnd = a.o.Clock.Now()
 			attempt = 0
 			delay = a.o.Backoff.Delay(0)
 			if fabricnet.FleetWideEnd(ended) {
@@ -283,7 +299,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		if a.o.OnRetry != nil {
 			a.o.OnRetry(attempt, delay, err)
 		}
-		attempt++
+		if !busy {
+			attempt++ // a busy refusal does not escalate the backoff (Backoff.BusyDelay)
+		}
 		a.mu.Lock()
 		a.reconnects++
 		a.st.Attempts = attempt

@@ -68,3 +68,55 @@ func TestBackoffSpreadDelay(t *testing.T) {
 		t.Fatalf("SpreadDelay without Spread = %v, want Delay(0) = 750ms", got)
 	}
 }
+
+// Within RecentWindow of an established tunnel's end the ceiling is RecentMax (10 s),
+// not Max (30 s): an agent does not sleep 30 s through a control-plane restart.
+func TestBackoffRetryCappedAfterAnEstablishedTunnel(t *testing.T) {
+	b := DefaultBackoff()
+	b.Rand = func() float64 { return 0.999999999 }
+	for _, c := range []struct {
+		n     int
+		since time.Duration
+		hi    time.Duration
+	}{
+		{10, 5 * time.Second, 10 * time.Second},    // recent: capped
+		{10, 119 * time.Second, 10 * time.Second},  // still inside the window
+		{10, 2 * time.Minute, 30 * time.Second},    // window over: Max again
+		{10, -1, 30 * time.Second},                 // never established: Max
+		{2, 5 * time.Second, 2 * time.Second},      // below the cap: unchanged
+		{1000, time.Millisecond, 10 * time.Second}, // no overflow
+	} {
+		got := b.Retry(c.n, c.since)
+		if got > c.hi || got < c.hi-time.Millisecond {
+			t.Errorf("Retry(%d, %v) = %v, want just under %v", c.n, c.since, got, c.hi)
+		}
+	}
+	b.Rand = func() float64 { return 0 }
+	if got := b.Retry(10, time.Second); got != 5*time.Second { // equal jitter: [c/2, c]
+		t.Errorf("Retry(10, 1s) with rand 0 = %v, want 5s", got)
+	}
+}
+
+// After busy refusals the wait is random within a window that starts at BusyMin and
+// doubles per consecutive refusal, never past the spread.
+func TestBackoffBusyDelayGrowsWithinTheSpread(t *testing.T) {
+	b := DefaultBackoff()
+	b.Rand = func() float64 { return 0.5 }
+	for k, want := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
+		if got := b.BusyDelay(k); got != want {
+			t.Errorf("BusyDelay(%d) with rand 0.5 = %v, want %v", k, got, want)
+		}
+	}
+	if got := b.BusyDelay(1 << 20); got != 5*time.Second { // no overflow
+		t.Errorf("BusyDelay(huge) = %v, want 5s", got)
+	}
+	b.Rand = func() float64 { return 0 }
+	if got := b.BusyDelay(3); got != 0 {
+		t.Errorf("BusyDelay(3) with rand 0 = %v, want 0", got)
+	}
+	// Without a spread a busy refusal backs off like any failure.
+	nb := Backoff{Min: time.Second, Max: time.Minute, Rand: func() float64 { return 0 }}
+	if got := nb.BusyDelay(3); got != 4*time.Second {
+		t.Errorf("BusyDelay(3) without a spread = %v, want 4s", got)
+	}
+}

@@ -76,6 +76,12 @@ func Dial(ctx context.Context, addr string, mode Mode, tlsConf *tls.Config, opts
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if ServerBusy(qerr) {
+			// UDP reaches the control plane; it is shedding load. Falling back to TCP
+			// would only take the attempt around the bound (Listener's
+			// MaxConcurrentQUICHandshakes) and leave the agent on the slower transport.
+			return nil, qerr
+		}
 		s, terr := dialTCP(ctx, addr, tc, o.Yamux)
 		if terr != nil {
 			return nil, errors.Join(fmt.Errorf("quic: %w", qerr), fmt.Errorf("tcp: %w", terr))

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"runtime"
 	"strconv"
@@ -29,6 +30,17 @@ type ListenOptions struct {
 	// most of them time out; bounded, they complete in turn while the rest wait in the
 	// kernel's accept queue.
 	MaxConcurrentHandshakes int
+	// MaxConcurrentQUICHandshakes, when positive, bounds QUIC handshakes in progress
+	// (zero or negative: unbounded, quic-go's own behaviour and the default). quic-go
+	// starts a handshake for every connection attempt at once; when a whole fleet
+	// reconnects faster than the CPU completes handshakes, they all share it, each
+	// finishes near the end of the storm, and the slowest run into their timeouts and
+	// start over. An attempt over the bound is refused at its first packet with
+	// CONNECTION_REFUSED, before any cryptography, and the agent retries later
+	// (ServerBusy). Off by default: measured, the refused agents' retries (a new
+	// ClientHello each) cost more than the collapse they avoid at 10,000 agents on a
+	// small machine (docs/fabric.md, "Reconnect storms").
+	MaxConcurrentQUICHandshakes int
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
 	Yamux *yamux.Config
@@ -52,6 +64,8 @@ type Listener struct {
 	sessions chan Session
 	// handshakes is the semaphore of TCP TLS handshakes in progress.
 	handshakes chan struct{}
+	// quicGate admits QUIC handshakes (MaxConcurrentQUICHandshakes).
+	quicGate *handshakeGate
 
 	// live holds the QUIC tunnels accepted and not yet ended. They cannot outlive the
 	// UDP socket, and the transport's own close drops them without a word to the peer
@@ -83,11 +97,15 @@ func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, e
 		l.opts.MaxConcurrentHandshakes = 4 * runtime.GOMAXPROCS(0)
 	}
 	l.handshakes = make(chan struct{}, l.opts.MaxConcurrentHandshakes)
+	if l.opts.MaxConcurrentQUICHandshakes <= 0 {
+		l.opts.MaxConcurrentQUICHandshakes = math.MaxInt32 // unbounded (the default)
+	}
+	l.quicGate = newHandshakeGate(l.opts.MaxConcurrentQUICHandshakes)
 	if err := l.bind(addr); err != nil {
 		return nil, err
 	}
 	if l.udp != nil {
-		l.quicTr = &quic.Transport{Conn: l.udp, StatelessResetKey: l.opts.StatelessResetKey}
+		l.quicTr = &quic.Transport{Conn: l.udp, StatelessResetKey: l.opts.StatelessResetKey, ConnContext: l.quicGate.admit}
 		ln, err := l.quicTr.Listen(l.tlsConf, quicConfig(l.opts.QUIC))
 		if err != nil {
 			l.Close()
@@ -149,6 +167,11 @@ func (l *Listener) bindPort(host string, port int) error {
 	return nil
 }
 
+// QUICRefused is how many QUIC connection attempts the listener refused because
+// MaxConcurrentQUICHandshakes were in progress (counted per packet: an attempt whose
+// first flight spans two packets counts twice).
+func (l *Listener) QUICRefused() int64 { return l.quicGate.refused.Load() }
+
 // Addr is the address tunnels dial: the TCP address, whose port number the UDP socket
 // shares (the UDP address when TCP is disabled).
 func (l *Listener) Addr() net.Addr {
@@ -192,6 +215,8 @@ func (l *Listener) acceptQUIC() {
 		if err != nil {
 			return
 		}
+		// The handshake is complete: its slot goes to the next attempt.
+		l.quicGate.done(c.Context())
 		l.liveMu.Lock()
 		if l.live == nil { // Close took the set: nobody will end this one
 			l.liveMu.Unlock()

@@ -328,7 +328,16 @@ func capacityConfig(fx *fixture) fabric.Config {
 		SubjectPrefix: strings.TrimSuffix(fx.app.Config.EventsSubjectPrefix, "events.") + "fabriccap.",
 		// Heartbeats flow during the run: fleet-scaled to at most 1000/s, at least every 5s.
 		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
+		MaxConcurrentQUICHandshakes: quicHandshakeBound(),
 	}
+}
+
+// quicHandshakeBound is $GANTRY_BENCH_FABRIC_QUIC_HANDSHAKES: the fabric server's bound
+// of QUIC handshakes in progress (unset or 0: unbounded, the default; e.g. 64), for
+// comparing the two in the same build.
+func quicHandshakeBound() int {
+	n, _ := strconv.Atoi(os.Getenv("GANTRY_BENCH_FABRIC_QUIC_HANDSHAKES"))
+	return n
 }
 
 func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
@@ -390,6 +399,7 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	}
 	defer func() { _ = stdin.Close(); _ = child.Wait() }()
 	agents := &agentsChild{in: stdin, out: bufio.NewScanner(stdout)}
+	agentsPID = child.Process.Pid
 	connected := waitSessions(srv, n, 5*time.Minute)
 	tConnect := time.Since(t0)
 	hb0 := dir.online.Load()
@@ -398,7 +408,11 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	after := liveBytes()
 	// Signed: with a handful of agents the heap can end below where it started.
 	per := (float64(after) - float64(before)) / float64(max(connected, 1))
-	fmt.Printf("  agent capacity (%s, %d simulated agents in a child process, GOMAXPROCS=%d):\n", o.transport, n, runtime.GOMAXPROCS(0))
+	bound := "unbounded"
+	if b := quicHandshakeBound(); b > 0 {
+		bound = strconv.Itoa(b)
+	}
+	fmt.Printf("  agent capacity (%s, %d simulated agents in a child process, GOMAXPROCS=%d, QUIC handshakes in progress %s):\n", o.transport, n, runtime.GOMAXPROCS(0), bound)
 	fmt.Printf("    connected %d/%d in %.1fs; control-plane memory %.1f KiB per agent (heap+stacks, goal <= 100 KiB)\n",
 		connected, n, tConnect.Seconds(), per/1024)
 	fmt.Printf("    directory calls while connected: online %d, offline %d (heartbeats write nothing)\n", hb0, dir.offline.Load())
@@ -410,6 +424,11 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 			defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 		}
 	}
+	cpu0 := sampleCPU(os.Getpid())
+	agentsProfile := os.Getenv("GANTRY_BENCH_AGENTS_CPUPROFILE")
+	if agentsProfile != "" {
+		_, _ = fmt.Fprintf(stdin, "cpuprofile %s\n", agentsProfile)
+	}
 	dumpSlowStop(os.Getenv("GANTRY_BENCH_STOP_DUMP"), 5*time.Second, stop)
 	tStop := time.Since(t1)
 	srv2, stop2, err := start(addr)
@@ -418,9 +437,21 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	}
 	defer stop2()
 	tUp := time.Since(t1)
+	var tAccepting atomic.Int64
+	go func() {
+		if srv2.WaitPresence(ctx) == nil {
+			tAccepting.Store(int64(time.Since(t1)))
+		}
+	}()
 	re := waitSessions(srv2, n, 3*time.Minute)
 	fmt.Printf("    after a graceful fabric server restart: %d/%d reconnected in %.1fs (goal: all within 30s; stop took %.1fs, serving again after %.1fs); offline marks %d\n",
 		re, n, time.Since(t1).Seconds(), tStop.Seconds(), tUp.Seconds(), dir.offline.Load())
+	fmt.Println(cpu0.report(sampleCPU(os.Getpid()), re, n))
+	if agentsProfile != "" {
+		_, _ = fmt.Fprintln(stdin, "cpuprofile stop")
+	}
+	fmt.Printf("      the new server's presence mirror was ready (it accepts from then) %.1fs after the stop began; QUIC attempts refused as busy %d\n",
+		time.Duration(tAccepting.Load()).Seconds(), srv2.QUICRefused())
 	agents.report(t1)
 	stop2()
 	if err := killedRestart(ctx, fx, o, addr); err != nil {
@@ -432,6 +463,43 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 
 // tKill is when killedRestart killed the server child (for the agents' report).
 var tKill time.Time
+
+// agentsPID is the simulated agents' process, whose CPU the reconnect runs count.
+var agentsPID int
+
+// cpuSample is the CPU used so far by the fabric server's process, the agents' process
+// and the whole machine (every process, other engineers' included), from /proc.
+type cpuSample struct {
+	at                   time.Time
+	server, agents, busy time.Duration
+	cores                int
+}
+
+// sampleCPU reads the CPU counters; serverPID -1 means a server that has not started.
+func sampleCPU(serverPID int) cpuSample {
+	c := cpuSample{at: time.Now(), agents: procCPU(agentsPID), busy: machineBusy(), cores: runtime.NumCPU()}
+	if serverPID > 0 {
+		c.server = procCPU(serverPID)
+	}
+	return c
+}
+
+// report prints the CPU one reconnect cost (server and agent sides together, from their
+// processes' counters) and the bound it implies: the fleet cannot come back faster than
+// its reconnects' CPU divided by the machine's cores, whatever the backoff does.
+func (c cpuSample) report(end cpuSample, back, fleet int) string {
+	server, agents := end.server-c.server, end.agents-c.agents
+	wall := end.at.Sub(c.at)
+	busy := end.busy - c.busy
+	per := (server + agents) / time.Duration(max(back, 1))
+	bound := time.Duration(float64(per) * float64(fleet) / float64(c.cores))
+	return fmt.Sprintf("      CPU in the reconnect (%.1fs): fabric server %.1fs, agents %.1fs = %.2f ms per reconnect (server %.2f, agent %.2f); "+
+		"machine busy %.1f of %.1f core-seconds (others' work included); %d reconnects need >= %.1fs on %d cores at that cost",
+		wall.Seconds(), server.Seconds(), agents.Seconds(), ms(per), ms(server/time.Duration(max(back, 1))), ms(agents/time.Duration(max(back, 1))),
+		busy.Seconds(), wall.Seconds()*float64(c.cores), fleet, bound.Seconds(), c.cores)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // agentsChild talks to the simulated agents' process: "report <unix ns>" asks it how
 // its agents' tunnels ended since then and how soon they were back; it answers with
@@ -476,6 +544,7 @@ func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) 
 	t0 := time.Now()
 	tKill = t0
 	first.kill()
+	cpu0 := sampleCPU(-1)
 	second, err := startServerChild(ctx, env, o.agents)
 	if err != nil {
 		return err
@@ -488,9 +557,12 @@ func killedRestart(ctx context.Context, fx *fixture, o fabricOpts, addr string) 
 	if err != nil {
 		back = second.online
 	}
+	// The second server's whole life is its CPU in the reconnect (it started at 0).
+	cpu1 := sampleCPU(second.cmd.Process.Pid)
 	fmt.Printf("    after SIGKILL of the fabric server and a restart: %d/%d reconnected in %.1fs (goal: all within 30s; serving again after %.1fs); offline marks %d\n",
 		back, target, time.Since(t0).Seconds(), tUp.Seconds(), offline)
-	fmt.Printf("      back after the kill: %s; peak %s\n", second.progress(target), second.peakRate())
+	fmt.Println(cpu0.report(cpu1, back, o.agents))
+	fmt.Printf("      back after the kill: %s; peak %s; QUIC attempts refused as busy %d\n", second.progress(target), second.peakRate(), second.refused)
 	return nil
 }
 
@@ -500,6 +572,8 @@ type serverChild struct {
 	lines  chan string
 	agents int // the agents there are
 	online int // sessions on the child at its last report
+	// refused is how many QUIC attempts the child refused as busy (reported with "all").
+	refused int64
 	// since and seen: when set, the time from since at which the session count first
 	// reached each count reported (the reconnect's progress).
 	since time.Time
@@ -590,6 +664,9 @@ func (c *serverChild) waitAll(target int, limit time.Duration) (int64, error) {
 			}
 			var k int
 			var offline int64
+			if _, err := fmt.Sscanf(l, "refused %d", &c.refused); err == nil {
+				continue
+			}
 			if _, err := fmt.Sscanf(l, "all %d offline %d", &k, &offline); err == nil {
 				c.online = k
 				c.mark(k)
@@ -657,6 +734,7 @@ func fabricServerChild() error {
 		Addr: os.Getenv("BENCH_FABRIC_ADDR"), ReplicaID: "bench", Bucket: os.Getenv("BENCH_FABRIC_BUCKET"),
 		SubjectPrefix:        os.Getenv("BENCH_FABRIC_SUBJECTS"),
 		MinHeartbeatInterval: 5 * time.Second, MaxHeartbeatsPerSecond: 1000, StartupTTL: 2 * time.Minute,
+		MaxConcurrentQUICHandshakes: quicHandshakeBound(),
 	}
 	deps := fabric.Deps{Pool: pool, SealKey: seal, NATS: nc, JS: js, Directory: dir, Log: slog.New(slog.DiscardHandler)}
 	var srv *fabric.Server
@@ -678,6 +756,7 @@ func fabricServerChild() error {
 	for {
 		k := srv.LocalSessions()
 		if k >= n && onlineHere(srv) >= n {
+			fmt.Printf("refused %d\n", srv.QUICRefused())
 			fmt.Printf("all %d offline %d\n", n, dir.offline.Load())
 			select {} // until killed
 		}
@@ -739,6 +818,16 @@ func fabricChild() error {
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
 			var since int64
+			var path string
+			if _, err := fmt.Sscanf(sc.Text(), "cpuprofile %s", &path); err == nil {
+				// The agents' side of a reconnect (GANTRY_BENCH_AGENTS_CPUPROFILE).
+				if path == "stop" {
+					pprof.StopCPUProfile()
+				} else if f, err := os.Create(path); err == nil {
+					_ = pprof.StartCPUProfile(f)
+				}
+				continue
+			}
 			if _, err := fmt.Sscanf(sc.Text(), "report %d", &since); err == nil {
 				fmt.Print(log.report(time.Unix(0, since)))
 				fmt.Println("end")
@@ -755,6 +844,7 @@ func fabricChild() error {
 		// to 30 s), as in the runs docs/fabric.md compares with.
 		a.BackoffMin, a.BackoffMax = 200*time.Millisecond, 5*time.Second
 		a.ReconnectSpread = spread
+		a.OnRetry = func(established bool, _, err error, d time.Duration) { log.retry(i, established, err, d) }
 		a.Sessions = make(chan fabrictest.Connection, 1)
 		wg.Add(1)
 		sem <- struct{}{}
@@ -798,15 +888,65 @@ func fabricChild() error {
 type tunnelLog struct {
 	mu     sync.Mutex
 	events [][]tunnelEvent
+	// spreadWait is each agent's last wait after an established tunnel ended.
+	spreadWait []time.Duration
 }
 
 type tunnelEvent struct {
 	at    time.Time
 	up    bool
-	cause string // for an end
+	cause string // for an end; for a retry, why the attempt failed
+	// retry marks a failed attempt (no Welcome) and wait the backoff chosen after it.
+	retry bool
+	wait  time.Duration
 }
 
-func newTunnelLog(n int) *tunnelLog { return &tunnelLog{events: make([][]tunnelEvent, n)} }
+// retry records a failed attempt (one that reached no Welcome) and the wait after it.
+func (l *tunnelLog) retry(i int, established bool, err error, wait time.Duration) {
+	l.mu.Lock()
+	if established {
+		// The wait after an established tunnel (the spread, or Delay(0)) joins the record
+		// of its end, which down may not have written yet.
+		l.spreadWait[i] = wait
+		l.mu.Unlock()
+		return
+	}
+	l.events[i] = append(l.events[i], tunnelEvent{at: time.Now(), retry: true, cause: attemptCause(err), wait: wait})
+	l.mu.Unlock()
+}
+
+// attemptCause names why an attempt failed, in classes worth counting.
+func attemptCause(err error) string {
+	var te *quic.TransportError
+	var hs *quic.HandshakeTimeoutError
+	var idle *quic.IdleTimeoutError
+	var app *quic.ApplicationError
+	switch {
+	case errors.As(err, &te) && te.ErrorCode == quic.ConnectionRefused:
+		return "CONNECTION_REFUSED"
+	case errors.As(err, &hs):
+		return "handshake timeout"
+	case errors.As(err, &idle):
+		return "idle timeout"
+	case errors.As(err, &app) && app.Remote:
+		return "closed by the server"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, fabricnet.ErrTokenRefused):
+		return "token refused"
+	case err == nil:
+		return "none"
+	}
+	msg := err.Error()
+	if len(msg) > 48 {
+		msg = msg[:48]
+	}
+	return msg
+}
+
+func newTunnelLog(n int) *tunnelLog {
+	return &tunnelLog{events: make([][]tunnelEvent, n), spreadWait: make([]time.Duration, n)}
+}
 
 func (l *tunnelLog) up(i int) {
 	l.mu.Lock()
@@ -841,21 +981,43 @@ func (l *tunnelLog) down(i int, err error) {
 func (l *tunnelLog) report(since time.Time) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var ended, back []time.Duration
+	var ended, back, waits []time.Duration
 	causes := map[string]int{}
-	for _, evs := range l.events {
+	failed := map[string]int{}
+	var attempts [6]int // failed attempts before the next Welcome: 0..4, 5 or more
+	var maxWait time.Duration
+	var lastAttempt, spreads []time.Duration
+	for i, evs := range l.events {
 		for k, e := range evs {
-			if e.up || e.at.Before(since) {
+			if e.up || e.retry || e.at.Before(since) {
 				continue
 			}
 			ended = append(ended, e.at.Sub(since))
 			causes[e.cause]++
+			n, waited, prev, lastWait := 0, time.Duration(0), time.Time{}, time.Duration(0)
 			for _, u := range evs[k+1:] {
 				if u.up {
 					back = append(back, u.at.Sub(e.at))
+					// The successful attempt: from the end of the wait before it (after
+					// the last failure, or after the tunnel's end) to the Welcome.
+					last := u.at.Sub(e.at) - l.spreadWait[i]
+					if n > 0 {
+						last = u.at.Sub(prev) - lastWait
+					}
+					lastAttempt = append(lastAttempt, last)
+					spreads = append(spreads, l.spreadWait[i])
 					break
 				}
+				if u.retry {
+					prev, lastWait = u.at, u.wait
+					n++
+					waited += u.wait
+					maxWait = max(maxWait, u.wait)
+					failed[u.cause]++
+				}
 			}
+			attempts[min(n, len(attempts)-1)]++
+			waits = append(waits, waited)
 			break // the first end after since only
 		}
 	}
@@ -864,8 +1026,22 @@ func (l *tunnelLog) report(since time.Time) string {
 		by = append(by, fmt.Sprintf("%s %d", c, k))
 	}
 	slices.Sort(by)
-	return fmt.Sprintf("      agents' view: %d tunnels ended (%s) after %s; from the end to the next Welcome %s\n",
-		len(ended), strings.Join(by, ", "), percentiles(ended), percentiles(back))
+	var fails []string
+	for c, k := range failed {
+		fails = append(fails, fmt.Sprintf("%s %d", c, k))
+	}
+	slices.Sort(fails)
+	hist := make([]string, len(attempts))
+	for k, c := range attempts {
+		hist[k] = fmt.Sprintf("%d: %d", k, c)
+	}
+	hist[len(hist)-1] = fmt.Sprintf("%d+: %d", len(hist)-1, attempts[len(hist)-1])
+	return fmt.Sprintf("      agents' view: %d tunnels ended (%s) after %s; from the end to the next Welcome %s\n"+
+		"      failed attempts before the next Welcome (agents by count) %s; failures: %s; backoff waited after failures %s (longest single wait %.1fs)\n"+
+		"      wait after the end (spread) %s; the successful attempt itself (dial to Welcome) %s\n",
+		len(ended), strings.Join(by, ", "), percentiles(ended), percentiles(back),
+		strings.Join(hist, ", "), strings.Join(fails, ", "), percentiles(waits), maxWait.Seconds(),
+		percentiles(spreads), percentiles(lastAttempt))
 }
 
 // percentiles prints the 50th, 90th, 99th percentile and the maximum of ds.

@@ -26,6 +26,10 @@ type Config struct {
 	SubjectPrefix string
 	// DisableUDP serves TLS+yamux only.
 	DisableUDP bool
+	// MaxConcurrentQUICHandshakes, when positive, bounds QUIC handshakes in progress;
+	// attempts over it are refused as busy (fabricnet.ListenOptions). Zero: unbounded,
+	// the default (docs/fabric.md, "Reconnect storms").
+	MaxConcurrentQUICHandshakes int
 
 	// MinHeartbeatInterval is the shortest heartbeat interval handed out (default 10s).
 	MinHeartbeatInterval time.Duration

@@ -130,7 +130,7 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
 	// The reset key comes from the CA, so it survives a crash: the restarted replica
 	// resets the tunnels its predecessor held and their agents reconnect at once.
 	resetKey := quic.StatelessResetKey(pki.ResetKey)
-	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP, StatelessResetKey: &resetKey})
+	s.ln, err = fabricnet.Listen(cfg.Addr, tlsConf, &fabricnet.ListenOptions{DisableUDP: cfg.DisableUDP, StatelessResetKey: &resetKey, MaxConcurrentQUICHandshakes: cfg.MaxConcurrentQUICHandshakes})
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +182,10 @@ func (s *Server) Addr() string { return s.addr }
 
 // ListenAddr is the address actually bound (UDP and TCP share its port number).
 func (s *Server) ListenAddr() net.Addr { return s.ln.Addr() }
+
+// QUICRefused is how many QUIC connection attempts the listener refused while its
+// bound of handshakes in progress was reached (fabricnet.Listener.QUICRefused).
+func (s *Server) QUICRefused() int64 { return s.ln.QUICRefused() }
 
 // PKI is the fabric CA and server certificate.
 func (s *Server) PKI() *PKI { return s.pki }

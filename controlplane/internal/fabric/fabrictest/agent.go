@@ -46,6 +46,11 @@ type Agent struct {
 	// the fleet comes back spread over the keep-alive interval already, and a spread
 	// on top only makes the last agents later.
 	ReconnectSpread time.Duration
+	// OnRetry, when set, is called before every wait between two attempts: established
+	// says whether the attempt reached a Welcome, ended why its tunnel ended (nil when it
+	// never came up), err why the attempt failed, delay how long the agent now waits (the
+	// bench's histogram of attempts and backoff).
+	OnRetry func(established bool, ended, err error, delay time.Duration)
 	// HeartbeatOverride, when set, replaces the interval the server hands out.
 	HeartbeatOverride time.Duration
 	// NoHeartbeats stops sending heartbeats (to test the TTL).
@@ -143,6 +148,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		maxB = 5 * time.Second
 	}
 	backoff := minB
+	busyStreak := 0
 	for ctx.Err() == nil {
 		established, ended, err := a.once(ctx)
 		if errors.Is(err, fabricnet.ErrTokenRefused) {
@@ -151,6 +157,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		// Jitter: anywhere in [backoff/2, backoff).
 		d := backoff/2 + time.Duration(rand.Int64N(int64(backoff/2)+1))
+		busy := !established && fabricnet.ServerBusy(err)
+		if busy && a.ReconnectSpread > 0 {
+			// Refused by a busy control plane: a random wait within 1 s, 2 s, 4 s ...
+			// up to the spread, the backoff not escalating (the real agent's
+			// Backoff.BusyDelay).
+			w := min(time.Second<<min(busyStreak, 16), a.ReconnectSpread)
+			d = time.Duration(rand.Int64N(int64(w)))
+			busyStreak++
+		} else {
+			busyStreak = 0
+		}
 		if established {
 			backoff = minB
 			d = minB/2 + time.Duration(rand.Int64N(int64(minB/2)+1))
@@ -158,11 +175,16 @@ func (a *Agent) Run(ctx context.Context) error {
 				d = time.Duration(rand.Int64N(int64(a.ReconnectSpread)))
 			}
 		}
+		if a.OnRetry != nil {
+			a.OnRetry(established, ended, err, d)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(d):
 		}
-		backoff = min(backoff*2, maxB)
+		if !busy {
+			backoff = min(backoff*2, maxB)
+		}
 	}
 	return ctx.Err()
 }
