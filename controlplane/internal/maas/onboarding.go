@@ -580,7 +580,9 @@ func (s *Service) stepCreateNode(ctx context.Context, o Onboarding) (Outcome, er
 		region = *o.Recipe.Region
 	}
 	return Outcome{Done: true, Apply: func(ctx context.Context, tx pgx.Tx) error {
-		n, err := s.Nodes.Create(ctx, nodes.Spec{Name: nodeName(o), Address: addr, Region: &region})
+		// The profile's labels, as the onboarding recorded it, in the same transaction as
+		// the node: a node never exists without them.
+		n, err := s.Nodes.Create(ctx, nodes.Spec{Name: nodeName(o), Address: addr, Region: &region, Labels: o.Recipe.Labels})
 		if err != nil {
 			return err
 		}
