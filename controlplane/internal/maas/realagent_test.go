@@ -32,10 +32,13 @@ func TestOnboardingToActiveAllocationWithTheRealAgent(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
+	start := time.Now()
+	phase := func(what string) { t.Logf("%s after %s", what, time.Since(start).Round(time.Millisecond)) }
 	deb, err := maastest.BuildAgentPackage(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	phase("agent package built")
 	// The control plane is served on a listener taken first, so that its URL can go in
 	// the configuration the user data is rendered from.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -65,6 +68,7 @@ func TestOnboardingToActiveAllocationWithTheRealAgent(t *testing.T) {
 	go func() { _ = f.e.App.Relay.Run(bg); done <- struct{}{} }()
 	go func() { _ = f.e.App.Provisioning.Run(bg); done <- struct{}{} }()
 	t.Cleanup(func() { stopBG(); <-done; <-done; <-done })
+	phase("control plane up")
 
 	sys := f.sim.AddMachine(maastest.MachineSpec{Hostname: "gpu-real-1"})
 	r := f.onboard(t, sys)
@@ -83,6 +87,7 @@ func TestOnboardingToActiveAllocationWithTheRealAgent(t *testing.T) {
 		}
 		return o.State == api.MaasWorkflowStateSucceeded
 	})
+	phase("onboarding succeeded")
 	m, _ := f.sim.Machine(sys)
 	if !m.Booted || m.BootError != "" {
 		t.Fatalf("the machine did not boot the agent: %+v", m)
@@ -107,6 +112,7 @@ func TestOnboardingToActiveAllocationWithTheRealAgent(t *testing.T) {
 		}
 		return g.JSON200.Status == "active" && g.JSON200.NodeID == node.ID
 	})
+	phase("allocation active")
 }
 
 // waitUntil polls cond until it holds; at the bound it fails with the machine's boot logs.
