@@ -3,4 +3,4 @@
 package api
 
 // SpecSHA256 is the SHA-256 of the proto/openapi/openapi.yaml this package was generated from.
-const SpecSHA256 = "d992587b467b34cecccaeaecaac93bab04784c3251c98da9952ea77d9e9b3aa7"
+const SpecSHA256 = "452342f978ae68efbf92842c43f49682ac55e0613b56fc9315190734fba6893b"

@@ -83,8 +83,8 @@ type Config struct {
 	Provisioning ProvisioningConfig
 	// Storage is GANTRY_STORAGE_* quota and sweeper settings (docs/storage.md).
 	Storage storage.Config
-	// Jobs tunes the River client that runs background jobs (docs/jobs.md); zero values
-	// are its defaults.
+	// Jobs tunes the River client that runs background jobs (docs/jobs.md):
+	// GANTRY_JOBS_MAX_WORKERS and GANTRY_JOBS_RESCUE_STUCK_AFTER; zero values are its defaults.
 	Jobs jobs.Config
 	// Blob is GANTRY_STORAGE_DRIVER, GANTRY_STORAGE_FS_ROOT and GANTRY_STORAGE_S3_* (the
 	// object bytes' backend, docs/storage.md).
@@ -284,7 +284,28 @@ func LoadConfig(dev bool) (Config, error) {
 	if _, err := cfg.RateLimitGroups(); err != nil {
 		return Config{}, err
 	}
+	if err := cfg.checkJobRescue(); err != nil {
+		return Config{}, err
+	}
 	return cfg, nil
+}
+
+// checkJobRescue refuses a rescue delay River would refuse or never honour: a running job is left
+// alone until its worker's timeout passed too, so a MAAS step of a killed replica resumes
+// only after max(rescue, attempt timeout) whatever is set (docs/jobs.md).
+func (c Config) checkJobRescue() error {
+	r := c.Jobs.RescueStuckJobsAfter
+	if r <= 0 {
+		return nil
+	}
+	if r <= c.Maas.StepAttemptTimeout {
+		return fmt.Errorf("GANTRY_JOBS_RESCUE_STUCK_AFTER (%s) must exceed GANTRY_MAAS_STEP_ATTEMPT_TIMEOUT (%s)", r, c.Maas.StepAttemptTimeout)
+	}
+	// River refuses a rescue delay below the default job timeout (1m unless set).
+	if jt := c.Jobs.JobTimeout; r < jt || jt <= 0 && r < time.Minute {
+		return fmt.Errorf("GANTRY_JOBS_RESCUE_STUCK_AFTER (%s) must be at least GANTRY_JOBS_JOB_TIMEOUT (default 1m)", r)
+	}
+	return nil
 }
 
 // RateLimitGroups applies GANTRY_RATE_LIMITS over the default groups.
@@ -336,6 +357,9 @@ type MaasConfig struct {
 	PollInterval time.Duration `env:"GANTRY_MAAS_POLL_INTERVAL" envDefault:"5s"`
 	// CallTimeout bounds one MAAS API call.
 	CallTimeout time.Duration `env:"GANTRY_MAAS_CALL_TIMEOUT" envDefault:"30s"`
+	// StepAttemptTimeout bounds one run of a step's job; GANTRY_JOBS_RESCUE_STUCK_AFTER
+	// must exceed it (docs/jobs.md).
+	StepAttemptTimeout time.Duration `env:"GANTRY_MAAS_STEP_ATTEMPT_TIMEOUT" envDefault:"3m"`
 	// StepTimeouts overrides step timeouts: "deploy=10m,wait_deployed=45m".
 	StepTimeouts string `env:"GANTRY_MAAS_STEP_TIMEOUTS"`
 	// PackagePath is the node agent .deb served at /api/v1/node-agent/package.

@@ -24,7 +24,8 @@ func (a *App) maas(cat *catalog.Service) (*maas.Service, error) {
 		return nil, err
 	}
 	cfg := maas.Config{ControlPlaneURL: mc.ControlPlaneURL, LogGatewayURL: mc.LogGatewayURL, SyncInterval: mc.SyncInterval,
-		PollInterval: mc.PollInterval, CallTimeout: mc.CallTimeout, StepTimeouts: timeouts}
+		PollInterval: mc.PollInterval, CallTimeout: mc.CallTimeout, StepTimeouts: timeouts,
+		StepAttemptTimeout: mc.StepAttemptTimeout}
 	if cfg.ControlPlaneURL == "" {
 		cfg.ControlPlaneURL = "http://" + a.Config.HTTPAddr
 	}

@@ -27,21 +27,25 @@ import (
 // Config tunes the one River client of a control-plane replica.
 type Config struct {
 	// MaxWorkers is how many jobs this replica works at once (default 20).
-	MaxWorkers int
+	MaxWorkers int `env:"GANTRY_JOBS_MAX_WORKERS"`
 	// FetchPollInterval is how often the client polls for jobs when no insert
 	// notification arrived (default River's 1 s; tests shorten it).
 	FetchPollInterval time.Duration
 	// JobTimeout bounds one attempt of a job (default 1 min; a worker may set its own).
-	JobTimeout time.Duration
+	JobTimeout time.Duration `env:"GANTRY_JOBS_JOB_TIMEOUT"`
 	// StopTimeout is how long Run waits for jobs in flight when its context ends before
 	// cancelling them (default 10 s); a cancelled job is retried by River later.
 	StopTimeout time.Duration
 	// RescueStuckJobsAfter is how long a job may stay running before River takes it for
 	// lost (its replica was killed) and runs it again (default 5 min; River's own default
 	// is an hour, which left a MAAS workflow step of a SIGKILLed replica waiting that long).
-	// It must exceed every worker's Timeout (the longest today: a MAAS step, 3 min), or a
-	// slow attempt would be run twice at once.
-	RescueStuckJobsAfter time.Duration
+	// It must exceed every worker's Timeout (the longest today: a MAAS step attempt,
+	// GANTRY_MAAS_STEP_ATTEMPT_TIMEOUT, 3 min): River leaves a running job alone until
+	// both have passed, and a shorter value would not rescue sooner anyway. Shorter
+	// means a killed replica's work resumes sooner; too short (below how long an attempt
+	// can really take) runs a slow attempt twice at once, which the MAAS steps tolerate
+	// (each is idempotent) but other workers may not (docs/jobs.md).
+	RescueStuckJobsAfter time.Duration `env:"GANTRY_JOBS_RESCUE_STUCK_AFTER"`
 }
 
 func (c Config) withDefaults() Config {

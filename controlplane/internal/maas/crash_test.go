@@ -1,8 +1,12 @@
 package maas_test
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/gantry-gpu/gantry/proto/api"
 )
@@ -15,14 +19,14 @@ func TestCrashBeforeEachCommitResumes(t *testing.T) {
 	f := setupWith(t, enrollingBooter)
 	var mu sync.Mutex
 	crashed := map[string]bool{}
-	f.e.App.Maas.CrashBeforeCommit = func(workflow, step string) bool {
+	f.e.App.Maas.BeforeCommit = func(_ context.Context, _ string, _ uuid.UUID, step string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if crashed[step] {
-			return false
+			return nil
 		}
 		crashed[step] = true
-		return true
+		return errors.New("simulated crash before commit")
 	}
 	o, sys := f.onboarded(t)
 	mu.Lock()

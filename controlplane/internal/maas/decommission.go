@@ -212,6 +212,15 @@ func (s *Service) decommissionStep(ctx context.Context, id uuid.UUID, step strin
 				out = done()
 			case node.StatusReleasing, node.StatusDiskErasing:
 				out = waiting("MAAS is releasing and erasing the machine")
+			case node.StatusFailedReleasing, node.StatusFailedDiskErasing:
+				if d.Steps[stepIndex(d.Steps, StepRelease)].Reason != nil {
+					// This attempt released the machine and MAAS says it failed.
+					out = fail(machineFailed(m))
+					return nil
+				}
+				// A fresh attempt (a re-run after an earlier decommission failed here):
+				// MAAS releases a machine from these states again, erasing it anew.
+				fallthrough
 			case node.StatusDeployed, node.StatusAllocated, node.StatusDeploying, node.StatusFailedDeployment, node.StatusReserved:
 				p := &entity.MachineReleaseParams{Comment: "gantry decommission " + d.ID.String(), Erase: true, QuickErase: d.Erase == "quick",
 					SecureErase: d.Erase == "secure"}

@@ -115,7 +115,6 @@ func (f *fixture) waitDecommission(t *testing.T, id uuid.UUID) api.MaasDecommiss
 // machine released with quick erase back to Ready in MAAS, and the node retired.
 func TestOnboardAllocateDecommission(t *testing.T) {
 	f := setupWith(t, enrollingBooter)
-	ctx := context.Background()
 	o, sys := f.onboarded(t)
 	if n := f.e.Count(t, `SELECT count(*) FROM nodes WHERE id = $1 AND schedule_state = 'schedulable' AND status = 'online'`, *o.NodeID); n != 1 {
 		t.Fatal("onboarded node is not online and schedulable")
@@ -126,38 +125,8 @@ func TestOnboardAllocateDecommission(t *testing.T) {
 		}
 	}
 
-	// An allocation runs on it.
-	sku1 := "h100-80gb.1x"
-	if r, err := f.admin.CreateSkuWithResponse(ctx, &api.CreateSkuParams{}, api.CreateSkuJSONRequestBody{ID: sku1, GpuModel: "NVIDIA H100 80GB HBM3",
-		GpuCount: 1, Vcpu: 8, MemoryGib: 64, DiskGib: 200, UsageUnit: "gpu_second.h100", Regions: []string{"rack-a"}}); err != nil || r.StatusCode() != 201 {
-		t.Fatalf("sku: %v %s", err, r.Body)
-	}
-	isDefault := true
-	if r, err := f.admin.CreateBillingPricingPlanWithResponse(ctx, &api.CreateBillingPricingPlanParams{}, api.BillingPricingPlanCreateRequest{
-		Name: "standard", IsDefault: &isDefault, Prices: []api.BillingPrice{{UsageUnit: "gpu_second.h100", Currency: "USD", UnitPrice: "0.001"}},
-	}); err != nil || r.StatusCode() != 201 {
-		t.Fatalf("plan: %v %s", err, r.Body)
-	}
-	_, rootTok := f.e.PlatformAdmin(t)
-	acme := f.e.NewTenant(t, rootTok, "Acme")
-	alice := f.e.Client(acme.AdminToken)
-	if r, err := f.admin.CreateBillingAdjustmentWithResponse(ctx, &api.CreateBillingAdjustmentParams{},
-		api.BillingAdjustmentRequest{TenantID: acme.ID, Amount: api.Money{AmountMinor: 1_000_000, Currency: "USD"}, Reason: "test credit"}); err != nil || r.StatusCode() != 201 {
-		t.Fatalf("credit: %v %s", err, r.Body)
-	}
-	pub, _, _ := ed25519.GenerateKey(rand.Reader)
-	sp, _ := ssh.NewPublicKey(pub)
-	if r, err := alice.CreateSSHKeyWithResponse(ctx, &api.CreateSSHKeyParams{}, api.CreateSSHKeyJSONRequestBody{Name: "laptop",
-		PublicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp)))}); err != nil || r.StatusCode() != 201 {
-		t.Fatalf("ssh key: %v %s", err, r.Body)
-	}
-	ar, err := alice.CreateAllocationWithResponse(ctx, &api.CreateAllocationParams{XProjectID: acme.DefaultProject}, api.CreateAllocationJSONRequestBody{Name: "train", Sku: sku1})
-	if err != nil || ar.StatusCode() != 201 {
-		t.Fatalf("allocation: %v %s", err, ar.Body)
-	}
-	if n := f.e.Count(t, `SELECT count(*) FROM allocation_gpus WHERE node_id = $1 AND released_at IS NULL`, *o.NodeID); n != 1 {
-		t.Fatalf("the allocation is not on the onboarded node (%d GPUs held there)", n)
-	}
+	// An allocation is placed on it.
+	placeAllocation(t, f, *o.NodeID)
 
 	// Running allocations and no deadline: 409 node_in_use, nothing stored.
 	r := f.decommission(t, *o.NodeID, api.CreateNodeDecommissionJSONRequestBody{})
@@ -254,3 +223,43 @@ func TestDecommissionEraseModes(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// placeAllocation creates a 1-GPU SKU, a pricing plan and a tenant with credit and an
+// SSH key, and an allocation that must land on nodeID (the only node with GPUs).
+func placeAllocation(t *testing.T, f *fixture, nodeID uuid.UUID) (*api.ClientWithResponses, api.Allocation) {
+	t.Helper()
+	ctx := context.Background()
+	sku1 := "h100-80gb.1x"
+	if r, err := f.admin.CreateSkuWithResponse(ctx, &api.CreateSkuParams{}, api.CreateSkuJSONRequestBody{ID: sku1, GpuModel: "NVIDIA H100 80GB HBM3",
+		GpuCount: 1, Vcpu: 8, MemoryGib: 64, DiskGib: 200, UsageUnit: "gpu_second.h100", Regions: []string{"rack-a"}}); err != nil || r.StatusCode() != 201 {
+		t.Fatalf("sku: %v %s", err, r.Body)
+	}
+	isDefault := true
+	if r, err := f.admin.CreateBillingPricingPlanWithResponse(ctx, &api.CreateBillingPricingPlanParams{}, api.BillingPricingPlanCreateRequest{
+		Name: "standard", IsDefault: &isDefault, Prices: []api.BillingPrice{{UsageUnit: "gpu_second.h100", Currency: "USD", UnitPrice: "0.001"}},
+	}); err != nil || r.StatusCode() != 201 {
+		t.Fatalf("plan: %v %s", err, r.Body)
+	}
+	_, rootTok := f.e.PlatformAdmin(t)
+	acme := f.e.NewTenant(t, rootTok, "Acme")
+	alice := f.e.Client(acme.AdminToken)
+	if r, err := f.admin.CreateBillingAdjustmentWithResponse(ctx, &api.CreateBillingAdjustmentParams{},
+		api.BillingAdjustmentRequest{TenantID: acme.ID, Amount: api.Money{AmountMinor: 1_000_000, Currency: "USD"}, Reason: "test credit"}); err != nil || r.StatusCode() != 201 {
+		t.Fatalf("credit: %v %s", err, r.Body)
+	}
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	sp, _ := ssh.NewPublicKey(pub)
+	if r, err := alice.CreateSSHKeyWithResponse(ctx, &api.CreateSSHKeyParams{}, api.CreateSSHKeyJSONRequestBody{Name: "laptop",
+		PublicKey: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(sp)))}); err != nil || r.StatusCode() != 201 {
+		t.Fatalf("ssh key: %v %s", err, r.Body)
+	}
+	ar, err := alice.CreateAllocationWithResponse(ctx, &api.CreateAllocationParams{XProjectID: acme.DefaultProject}, api.CreateAllocationJSONRequestBody{Name: "train", Sku: sku1})
+	if err != nil || ar.StatusCode() != 201 {
+		t.Fatalf("allocation: %v %s", err, ar.Body)
+	}
+	if n := f.e.Count(t, `SELECT count(*) FROM allocation_gpus WHERE node_id = $1 AND released_at IS NULL`, nodeID); n != 1 {
+		t.Fatalf("the allocation is not on the onboarded node (%d GPUs held there)", n)
+	}
+
+	return alice, *ar.JSON201
+}

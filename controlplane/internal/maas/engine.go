@@ -44,8 +44,14 @@ func (w *StepWorker) Work(ctx context.Context, job *river.Job[StepArgs]) error {
 	return w.Svc.RunStep(ctx, job.Args)
 }
 
-// Timeout bounds one attempt: a few MAAS calls.
-func (w *StepWorker) Timeout(*river.Job[StepArgs]) time.Duration { return 3 * time.Minute }
+// Timeout bounds one attempt: a few MAAS calls (Config.StepAttemptTimeout). River's
+// rescuer also waits this long before it takes a killed replica's running job for lost.
+func (w *StepWorker) Timeout(*river.Job[StepArgs]) time.Duration {
+	if d := w.Svc.Config.StepAttemptTimeout; d > 0 {
+		return d
+	}
+	return DefaultStepAttemptTimeout
+}
 
 func table(kind string) string {
 	if kind == KindDecommission {
@@ -243,8 +249,10 @@ func (s *Service) advance(ctx context.Context, a StepArgs, out Outcome) error {
 		if err := s.changed(ctx, tx, "maas."+a.Workflow+".step", "maas_"+a.Workflow, a.ID.String(), "maas."+a.Workflow+".step_finished", meta); err != nil {
 			return err
 		}
-		if s.CrashBeforeCommit != nil && s.CrashBeforeCommit(a.Workflow, a.Step) {
-			return errCrash
+		if s.BeforeCommit != nil {
+			if err := s.BeforeCommit(ctx, a.Workflow, a.ID, a.Step); err != nil {
+				return err
+			}
 		}
 		if finishedWF {
 			return s.changed(ctx, tx, "maas."+a.Workflow+".succeed", "maas_"+a.Workflow, a.ID.String(), "maas."+a.Workflow+".succeeded", nil)
@@ -341,9 +349,6 @@ func (s *Service) retry(ctx context.Context, kind string, id uuid.UUID, restartA
 		return s.changed(ctx, tx, "maas."+kind+".retry", "maas_"+kind, id.String(), "maas."+kind+".retried", map[string]any{"step": step})
 	})
 }
-
-// errCrash is CrashBeforeCommit's simulated crash.
-var errCrash = errors.New("maas: simulated crash before commit")
 
 func wfNotFound(kind string) error {
 	return apierr.New(apierr.InvalidRequest, "%s not found", kind).With("reason", "not_found").WithStatus(404)

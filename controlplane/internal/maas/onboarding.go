@@ -392,8 +392,11 @@ func (s *Service) stepAllocate(ctx context.Context, o Onboarding) (Outcome, erro
 	var out Outcome
 	err := s.withClient(ctx, o.SiteID, func(c *client.Client) error {
 		if o.SystemID == nil {
-			// Constraints: MAAS chooses a Ready machine; the site's default pool, zone
-			// and tags fill what the constraints leave open.
+			// Constraints: MAAS chooses a Ready machine (a dry run: nothing is taken yet);
+			// the site's default pool, zone and tags fill what the constraints leave open.
+			// The choice is recorded before anything is done to the machine, so a re-run
+			// after a crash goes on with the same machine instead of taking a second one,
+			// and the layout can be set while the machine is still Ready.
 			cons := *o.Constraints
 			if site, err := s.GetSite(ctx, o.SiteID); err == nil {
 				if cons.Pool == "" && site.DefaultPool != nil {
@@ -406,8 +409,8 @@ func (s *Service) stepAllocate(ctx context.Context, o Onboarding) (Outcome, erro
 					cons.Tags = site.DefaultTags
 				}
 			}
-			m, err := c.Machines.Allocate(&entity.MachineAllocateParams{AgentName: "gantry", Comment: "gantry onboarding " + o.ID.String(),
-				Tags: cons.Tags, NotTags: cons.NotTags, Pool: cons.Pool, Zone: cons.Zone, CPUCount: cons.CPUCount, Mem: cons.MemoryMiB})
+			m, err := c.Machines.Allocate(&entity.MachineAllocateParams{DryRun: true, Tags: cons.Tags, NotTags: cons.NotTags,
+				Pool: cons.Pool, Zone: cons.Zone, CPUCount: cons.CPUCount, Mem: cons.MemoryMiB})
 			if err != nil {
 				if Classify(err) == FailConflict {
 					out = fail("no machine in MAAS matches the constraints")
@@ -415,15 +418,19 @@ func (s *Service) stepAllocate(ctx context.Context, o Onboarding) (Outcome, erro
 				}
 				return err
 			}
-			sysID, host := m.SystemID, m.Hostname
-			out = Outcome{Done: true, Next: StepCreateNode, Reason: "MAAS allocated " + sysID, Apply: func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `UPDATE maas_onboardings SET system_id = $2, hostname = $3 WHERE id = $1`, o.ID, sysID, host)
-				if isUnique(err) {
-					return machineUnavailable("machine %s is already being onboarded", sysID)
-				}
+			tag, err := s.Pool.Exec(ctx, `UPDATE maas_onboardings SET system_id = $2, hostname = $3, updated_at = $4
+				WHERE id = $1 AND system_id IS NULL AND state = 'running' AND current_step = 'allocate'`, o.ID, m.SystemID, m.Hostname, s.now())
+			if isUnique(err) {
+				out = waiting("the machine MAAS chose is being onboarded already; choosing again")
+				return nil
+			}
+			if err != nil {
 				return err
-			}}
-			return nil
+			}
+			if tag.RowsAffected() != 1 {
+				return errors.New("maas: the allocate step moved on")
+			}
+			o.SystemID, o.Hostname = &m.SystemID, &m.Hostname
 		}
 		m, err := c.Machine.Get(*o.SystemID)
 		if err != nil {
@@ -435,9 +442,12 @@ func (s *Service) stepAllocate(ctx context.Context, o Onboarding) (Outcome, erro
 			// onboarding holds it through the unique index).
 			out = Outcome{Done: true, Next: StepCreateNode}
 		case node.StatusReady:
-			if _, err := c.Machines.Allocate(&entity.MachineAllocateParams{SystemID: *o.SystemID, AgentName: "gantry",
-				Comment: "gantry onboarding " + o.ID.String()}); err != nil {
+			if err := allocateWithLayout(c, o); err != nil {
 				if Classify(err) == FailConflict {
+					if o.Constraints != nil {
+						// Taken between the dry run and now: let MAAS choose again.
+						return s.forgetChoice(ctx, o, &out)
+					}
 					out = fail("MAAS refused to allocate the machine (it is in use)")
 					return nil
 				}
@@ -447,11 +457,24 @@ func (s *Service) stepAllocate(ctx context.Context, o Onboarding) (Outcome, erro
 		case node.StatusNew, node.StatusFailedCommissioning, node.StatusFailedTesting, node.StatusCommissioning, node.StatusTesting:
 			out = Outcome{Done: true, Reason: "the machine must be commissioned before MAAS can allocate it"}
 		default:
+			if o.Constraints != nil {
+				// The machine MAAS chose went elsewhere before we allocated it.
+				return s.forgetChoice(ctx, o, &out)
+			}
 			out = fail(fmt.Sprintf("machine is %s in MAAS; it cannot be allocated", m.StatusName))
 		}
 		return nil
 	})
 	return out, err
+}
+
+// forgetChoice drops the machine a constraints onboarding's dry run chose (someone else
+// took it before the allocation) so that the next run lets MAAS choose again.
+func (s *Service) forgetChoice(ctx context.Context, o Onboarding, out *Outcome) error {
+	_, err := s.Pool.Exec(ctx, `UPDATE maas_onboardings SET system_id = NULL, hostname = NULL, updated_at = $2
+		WHERE id = $1 AND state = 'running' AND current_step = 'allocate'`, o.ID, s.now())
+	*out = waiting("the machine MAAS chose was taken meanwhile; choosing again")
+	return err
 }
 
 func (s *Service) stepCommission(ctx context.Context, o Onboarding) (Outcome, error) {
@@ -486,8 +509,7 @@ func (s *Service) stepCommission(ctx context.Context, o Onboarding) (Outcome, er
 				out = fail(fmt.Sprintf("GPU mismatch: the machine has %s; the profile's SKUs need more", describeGPUs(gpus)))
 				return nil
 			}
-			if _, err := c.Machines.Allocate(&entity.MachineAllocateParams{SystemID: *o.SystemID, AgentName: "gantry",
-				Comment: "gantry onboarding " + o.ID.String()}); err != nil {
+			if err := allocateWithLayout(c, o); err != nil {
 				if Classify(err) == FailConflict {
 					out = fail("MAAS refused to allocate the machine (it is in use)")
 					return nil
@@ -558,7 +580,9 @@ func (s *Service) stepCreateNode(ctx context.Context, o Onboarding) (Outcome, er
 		region = *o.Recipe.Region
 	}
 	return Outcome{Done: true, Apply: func(ctx context.Context, tx pgx.Tx) error {
-		n, err := s.Nodes.Create(ctx, nodes.Spec{Name: nodeName(o), Address: addr, Region: &region})
+		// The profile's labels, as the onboarding recorded it, in the same transaction as
+		// the node: a node never exists without them.
+		n, err := s.Nodes.Create(ctx, nodes.Spec{Name: nodeName(o), Address: addr, Region: &region, Labels: o.Recipe.Labels})
 		if err != nil {
 			return err
 		}
@@ -651,8 +675,7 @@ func (s *Service) stepDeploy(ctx context.Context, o Onboarding) (Outcome, error)
 			out = waiting("releasing the machine before deploying it again")
 			return nil
 		case node.StatusReady:
-			if _, err := c.Machines.Allocate(&entity.MachineAllocateParams{SystemID: *o.SystemID, AgentName: "gantry",
-				Comment: "gantry onboarding " + o.ID.String()}); err != nil {
+			if err := allocateWithLayout(c, o); err != nil {
 				return err
 			}
 		case node.StatusAllocated:

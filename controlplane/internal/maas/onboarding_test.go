@@ -37,13 +37,37 @@ func setupWith(t *testing.T, booter func(*apitest.Env) maastest.Booter) *fixture
 // setupSim is setupWith with step durations and the site's MAAS behind wrap (nil: direct).
 func setupSim(t *testing.T, booter func(*apitest.Env) maastest.Booter, durs maastest.Durations, wrap func(http.Handler) http.Handler) *fixture {
 	t.Helper()
+	return newFixture(t, fixtureOpts{booter: booter, durs: durs, wrap: wrap, runJobs: true})
+}
+
+type fixtureOpts struct {
+	booter func(*apitest.Env) maastest.Booter
+	durs   maastest.Durations
+	wrap   func(http.Handler) http.Handler
+	// runJobs runs the job runner in the test process; without it the steps run only
+	// in a replica the test starts (sigkill_test.go).
+	runJobs bool
+	// config edits the control plane's configuration after the fixture's own settings.
+	config func(*app.Config)
+}
+
+func newFixture(t *testing.T, fo fixtureOpts) *fixture {
+	t.Helper()
+	booter, durs, wrap := fo.booter, fo.durs, fo.wrap
 	e := apitest.New(t, apitest.WithConfig(func(c *app.Config) {
 		c.Maas.PollInterval = 20 * time.Millisecond
 		c.Maas.ControlPlaneURL = "http://127.0.0.1:1"
+		if fo.config != nil {
+			fo.config(c)
+		}
 	}), apitest.WithOptions(func(o *app.Options) { o.NodeProbeDialer = okDialer{} }))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = e.App.Jobs.Run(ctx) }()
+	if fo.runJobs {
+		go func() { defer close(done); _ = e.App.Jobs.Run(ctx) }()
+	} else {
+		close(done)
+	}
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	t.Cleanup(stop)

@@ -36,6 +36,10 @@ type Config struct {
 	PollInterval time.Duration
 	// CallTimeout bounds one MAAS API call.
 	CallTimeout time.Duration
+	// StepAttemptTimeout bounds one run of a step's job (default 3 min: a few MAAS calls).
+	// River does not rescue a job from a killed replica before this has passed, so the
+	// jobs' RescueStuckJobsAfter must exceed it (docs/jobs.md).
+	StepAttemptTimeout time.Duration
 }
 
 // Defaults.
@@ -43,6 +47,8 @@ const (
 	DefaultSyncInterval = 5 * time.Minute
 	DefaultPollInterval = 5 * time.Second
 	DefaultStepTimeout  = 10 * time.Minute
+	// DefaultStepAttemptTimeout bounds one run of a step (Config.StepAttemptTimeout).
+	DefaultStepAttemptTimeout = 3 * time.Minute
 )
 
 // DefaultStepTimeouts follow MAAS's own node_timeout (30 minutes for commissioning and
@@ -101,9 +107,11 @@ type Service struct {
 	Metrics     *Metrics
 	Log         *slog.Logger
 
-	// CrashBeforeCommit, when set (tests only), is asked inside each step's closing
-	// transaction after the step's writes; true rolls it back as a crash there would.
-	CrashBeforeCommit func(workflow, step string) bool
+	// BeforeCommit, when set (tests only), runs inside each step's closing transaction
+	// after the step's MAAS calls and writes: an error rolls it back as a crash there
+	// would (crash_test.go); blocking parks the step at its most fragile point so a test
+	// can SIGKILL the process there (sigkill_test.go).
+	BeforeCommit func(ctx context.Context, workflow string, id uuid.UUID, step string) error
 
 	seal sealer
 }
@@ -117,6 +125,9 @@ func New(pool *pgxpool.Pool, clk clock.Clock, idSrc ids.Source, nodeSvc *nodes.S
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.StepAttemptTimeout <= 0 {
+		cfg.StepAttemptTimeout = DefaultStepAttemptTimeout
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

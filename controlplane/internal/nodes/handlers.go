@@ -70,7 +70,10 @@ func apiNode(n Node) api.Node {
 		ScheduleState: api.NodeScheduleState(n.ScheduleState), Status: api.NodeStatus(n.Status),
 		StatusChangedAt: n.StatusChangedAt, LastSeenAt: n.LastSeenAt, Hostname: n.Hostname,
 		AgentVersion: n.AgentVersion, EnrolledAt: n.EnrolledAt, CreatedAt: n.CreatedAt, UpdatedAt: n.UpdatedAt,
-		Gpus: make([]api.NodeGPUCount, 0, len(n.GPUs)),
+		Gpus: make([]api.NodeGPUCount, 0, len(n.GPUs)), Labels: n.Labels,
+	}
+	if out.Labels == nil {
+		out.Labels = []string{}
 	}
 	for _, g := range n.GPUs {
 		out.Gpus = append(out.Gpus, api.NodeGPUCount{Model: g.Model, Count: g.Count})

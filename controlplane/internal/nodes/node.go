@@ -48,6 +48,8 @@ type Spec struct {
 	Address   string
 	ProbePort *int
 	Region    *string
+	// Labels are `key=value` pairs, given only by a MAAS onboarding (its profile's).
+	Labels []string
 }
 
 // Patch changes some fields of a node; nil leaves a field as it is.
@@ -75,6 +77,25 @@ func validateName(name string) error {
 func validateRegion(r *string) error {
 	if r != nil && !regionRE.MatchString(*r) {
 		return apierr.Validation("region", "region must be lowercase letters, digits and hyphens").With("reason", "invalid_region")
+	}
+	return nil
+}
+
+// labelRE is the profile's label pattern (openapi MaasProfileCreate.labels): the node
+// takes its labels from the profile, so the two must accept the same strings.
+var labelRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._/-]{0,62}=[A-Za-z0-9._-]{0,63}$`)
+
+// maxLabels is the profile's bound, kept by the nodes table as well.
+const maxLabels = 32
+
+func validateLabels(ls []string) error {
+	if len(ls) > maxLabels {
+		return apierr.Validation("labels", "at most %d labels", maxLabels).With("reason", "too_many_labels")
+	}
+	for _, l := range ls {
+		if !labelRE.MatchString(l) {
+			return apierr.Validation("labels", "label %q is not key=value", l).With("reason", "invalid_label")
+		}
 	}
 	return nil
 }
@@ -134,6 +155,13 @@ func (s *Service) Create(ctx context.Context, spec Spec) (Node, error) {
 	if err := validateRegion(spec.Region); err != nil {
 		return Node{}, err
 	}
+	if err := validateLabels(spec.Labels); err != nil {
+		return Node{}, err
+	}
+	labels := spec.Labels
+	if labels == nil {
+		labels = []string{} // the column is NOT NULL
+	}
 	port, err := s.port(spec.ProbePort)
 	if err != nil {
 		return Node{}, err
@@ -148,7 +176,7 @@ func (s *Service) Create(ctx context.Context, spec Spec) (Node, error) {
 		out, err = nodesdb.New(tx).InsertNode(ctx, nodesdb.InsertNodeParams{
 			ID: s.IDs.New(), Name: spec.Name, Address: res.Target, ProbePort: int32(port), Region: spec.Region,
 			LastProbeAt: at, LastProbeReachable: reachable, LastProbeLatencyUs: latency, LastProbeError: errText,
-			CreatedAt: s.now(),
+			CreatedAt: s.now(), Labels: labels,
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return alreadyExists(nil)
@@ -158,7 +186,7 @@ func (s *Service) Create(ctx context.Context, spec Spec) (Node, error) {
 		}
 		if err := s.Audit.Record(ctx, tx, audit.Entry{
 			Action: "node.create", TargetType: "node", TargetID: out.ID.String(),
-			Metadata: map[string]any{"name": out.Name, "address": out.Address, "probe_port": port, "reachable": res.Reachable},
+			Metadata: map[string]any{"name": out.Name, "address": out.Address, "probe_port": port, "reachable": res.Reachable, "labels": labels},
 		}); err != nil {
 			return err
 		}

@@ -1,8 +1,8 @@
 -- name: InsertNode :one
 -- ON CONFLICT keeps the transaction usable when the name or address is taken.
 INSERT INTO nodes (id, name, address, probe_port, region, last_probe_at, last_probe_reachable,
-                   last_probe_latency_us, last_probe_error, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)
+                   last_probe_latency_us, last_probe_error, created_at, updated_at, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, sqlc.arg('labels')::text[])
 ON CONFLICT DO NOTHING
 RETURNING *;
 

@@ -90,16 +90,17 @@ type machine struct {
 	distroSeries  string
 	hweKernel     string
 	userData      []byte
+	storageLayout string
 	failures      map[Failure]bool
 	gen           int // bumped by every new action: a pending timer of an older one does nothing
 	timer         *time.Timer
 
-	deploys, allocations, commissions, releases, powerOns int
-	lastErase                                             string
-	boot                                                  Instance // the booted OS (kept across power cycles)
-	running                                               bool     // boot is up (powered on and started)
-	bootErr                                               string
-	bootDir                                               string
+	deploys, allocations, commissions, releases, powerOns, layoutSets int
+	lastErase                                                         string
+	boot                                                              Instance // the booted OS (kept across power cycles)
+	running                                                           bool     // boot is up (powered on and started)
+	bootErr                                                           string
+	bootDir                                                           string
 }
 
 // Machine is a snapshot of a simulated machine, for tests.
@@ -115,6 +116,10 @@ type Machine struct {
 	UserData []byte
 	// Counts of accepted actions since the machine was added.
 	Deploys, Allocations, Commissions, Releases, PowerOns int
+	// StorageLayout is the layout the next deploy installs (DefaultStorageLayout until
+	// set_storage_layout changed it); LayoutSets counts accepted set_storage_layout calls.
+	StorageLayout string
+	LayoutSets    int
 	// LastErase is the erase mode of the last release: "quick", "secure", "full" or "".
 	LastErase string
 	// Booted reports a running boot (AgentBooter: the agent process); BootError is the
@@ -130,6 +135,7 @@ func (m *machine) snapshot() Machine {
 		PowerState: m.power, Owner: m.owner, AgentName: m.agentName, OSystem: m.osystem, DistroSeries: m.distroSeries,
 		UserData: append([]byte(nil), m.userData...), Deploys: m.deploys, Allocations: m.allocations,
 		Commissions: m.commissions, Releases: m.releases, PowerOns: m.powerOns, LastErase: m.lastErase,
+		StorageLayout: m.storageLayout, LayoutSets: m.layoutSets,
 		Booted: m.running, BootError: m.bootErr, BootDir: m.bootDir,
 	}
 }

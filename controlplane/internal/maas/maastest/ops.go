@@ -228,6 +228,10 @@ func (s *Server) action(id, op string, form url.Values) (any, error) {
 		s.mu.Unlock()
 		return nil, errf(http.StatusBadRequest, "Unrecognised signature: method=POST op=%s", op)
 	}
+	if op == "set_storage_layout" && !allowed(op, m.status) {
+		s.mu.Unlock() // MAAS's NodeStateViolation, word for word
+		return nil, errf(http.StatusConflict, "Cannot change the storage layout on a machine that is not Ready.")
+	}
 	if !allowed(op, m.status) {
 		st := m.status
 		s.mu.Unlock()
@@ -244,6 +248,14 @@ func (s *Server) action(id, op string, form url.Values) (any, error) {
 		stop = s.release(m, form)
 	case "abort":
 		stop = s.abort(m)
+	case "set_storage_layout":
+		layout := form.Get("storage_layout")
+		if !StorageLayouts[layout] {
+			err = errf(http.StatusBadRequest, `{"storage_layout": ["Select a valid choice. %s is not one of the available choices."]}`, layout)
+			break
+		}
+		m.storageLayout = layout
+		m.layoutSets++
 	case "mark_broken":
 		m.gen++
 		m.before = m.status
@@ -287,6 +299,12 @@ func (s *Server) action(id, op string, form url.Values) (any, error) {
 	}
 	return res, nil
 }
+
+// DefaultStorageLayout is MAAS's default_storage_layout setting out of the box.
+const DefaultStorageLayout = "flat"
+
+// StorageLayouts are the layouts MAAS's set_storage_layout accepts.
+var StorageLayouts = map[string]bool{"flat": true, "lvm": true, "bcache": true, "vmfs6": true, "vmfs7": true, "custom": true, "blank": true}
 
 func pastTense(op string) string {
 	switch op {

@@ -233,7 +233,8 @@ func (s *Server) AddMachine(spec MachineSpec) string {
 	if spec.New {
 		status = StatusNew
 	}
-	s.machines[spec.SystemID] = &machine{spec: spec, status: status, power: "off", commissioned: !spec.New, failures: map[Failure]bool{}}
+	s.machines[spec.SystemID] = &machine{spec: spec, status: status, power: "off", commissioned: !spec.New, failures: map[Failure]bool{},
+		storageLayout: DefaultStorageLayout}
 	return spec.SystemID
 }
 

@@ -58,8 +58,11 @@ var actionableFrom = map[string][]Status{
 	"mark_broken": {StatusNew, StatusCommissioning, StatusFailedCommissioning, StatusReady, StatusAllocated, StatusDeploying, StatusDeployed, StatusFailedDeployment, StatusTesting, StatusFailedTesting, StatusFailedReleasing, StatusFailedDiskErasing},
 	"mark_fixed":  {StatusBroken},
 	"allocate":    {StatusReady},
-	"power_on":    {StatusNew, StatusReady, StatusAllocated, StatusDeployed, StatusBroken, StatusFailedCommissioning, StatusFailedDeployment, StatusFailedTesting, StatusFailedReleasing, StatusFailedDiskErasing},
-	"power_off":   {StatusNew, StatusReady, StatusAllocated, StatusDeployed, StatusDeploying, StatusBroken, StatusCommissioning, StatusTesting, StatusFailedCommissioning, StatusFailedDeployment, StatusFailedTesting, StatusFailedReleasing, StatusFailedDiskErasing},
+	// MAAS's set_storage_layout checks `machine.status != NODE_STATUS.READY` (its old
+	// docstring's "allocated" is not what the code does).
+	"set_storage_layout": {StatusReady},
+	"power_on":           {StatusNew, StatusReady, StatusAllocated, StatusDeployed, StatusBroken, StatusFailedCommissioning, StatusFailedDeployment, StatusFailedTesting, StatusFailedReleasing, StatusFailedDiskErasing},
+	"power_off":          {StatusNew, StatusReady, StatusAllocated, StatusDeployed, StatusDeploying, StatusBroken, StatusCommissioning, StatusTesting, StatusFailedCommissioning, StatusFailedDeployment, StatusFailedTesting, StatusFailedReleasing, StatusFailedDiskErasing},
 }
 
 func allowed(action string, s Status) bool {

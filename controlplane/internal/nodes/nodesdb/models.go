@@ -30,6 +30,7 @@ type Node struct {
 	LastProbeError     *string
 	CreatedAt          time.Time
 	UpdatedAt          time.Time
+	Labels             []string
 }
 
 type NodeEnrollmentToken struct {

@@ -58,7 +58,7 @@ func (q *Queries) AllGPUs(ctx context.Context) ([]NodeGpu, error) {
 }
 
 const allNodesByID = `-- name: AllNodesByID :many
-SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at FROM nodes ORDER BY id
+SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels FROM nodes ORDER BY id
 `
 
 func (q *Queries) AllNodesByID(ctx context.Context) ([]Node, error) {
@@ -89,6 +89,7 @@ func (q *Queries) AllNodesByID(ctx context.Context) ([]Node, error) {
 			&i.LastProbeError,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Labels,
 		); err != nil {
 			return nil, err
 		}
@@ -225,7 +226,7 @@ func (q *Queries) GPUCounts(ctx context.Context, nodeIds []uuid.UUID) ([]GPUCoun
 }
 
 const getNode = `-- name: GetNode :one
-SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at FROM nodes WHERE id = $1
+SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels FROM nodes WHERE id = $1
 `
 
 func (q *Queries) GetNode(ctx context.Context, id uuid.UUID) (Node, error) {
@@ -250,6 +251,7 @@ func (q *Queries) GetNode(ctx context.Context, id uuid.UUID) (Node, error) {
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
@@ -290,10 +292,10 @@ func (q *Queries) InsertEnrollmentToken(ctx context.Context, arg InsertEnrollmen
 
 const insertNode = `-- name: InsertNode :one
 INSERT INTO nodes (id, name, address, probe_port, region, last_probe_at, last_probe_reachable,
-                   last_probe_latency_us, last_probe_error, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)
+                   last_probe_latency_us, last_probe_error, created_at, updated_at, labels)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11::text[])
 ON CONFLICT DO NOTHING
-RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at
+RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels
 `
 
 type InsertNodeParams struct {
@@ -307,6 +309,7 @@ type InsertNodeParams struct {
 	LastProbeLatencyUs pgtype.Int8
 	LastProbeError     *string
 	CreatedAt          time.Time
+	Labels             []string
 }
 
 // ON CONFLICT keeps the transaction usable when the name or address is taken.
@@ -322,6 +325,7 @@ func (q *Queries) InsertNode(ctx context.Context, arg InsertNodeParams) (Node, e
 		arg.LastProbeLatencyUs,
 		arg.LastProbeError,
 		arg.CreatedAt,
+		arg.Labels,
 	)
 	var i Node
 	err := row.Scan(
@@ -343,6 +347,7 @@ func (q *Queries) InsertNode(ctx context.Context, arg InsertNodeParams) (Node, e
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
@@ -378,7 +383,7 @@ func (q *Queries) InsertNodeToken(ctx context.Context, arg InsertNodeTokenParams
 }
 
 const listNodes = `-- name: ListNodes :many
-SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at FROM nodes
+SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels FROM nodes
 WHERE ($2::uuid IS NULL OR id > $2::uuid)
 ORDER BY id
 LIMIT $1
@@ -417,6 +422,7 @@ func (q *Queries) ListNodes(ctx context.Context, arg ListNodesParams) ([]Node, e
 			&i.LastProbeError,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Labels,
 		); err != nil {
 			return nil, err
 		}
@@ -465,7 +471,7 @@ func (q *Queries) LockLiveNodeToken(ctx context.Context, nodeID uuid.UUID) (Node
 }
 
 const lockNode = `-- name: LockNode :one
-SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at FROM nodes WHERE id = $1 FOR UPDATE
+SELECT id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels FROM nodes WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) LockNode(ctx context.Context, id uuid.UUID) (Node, error) {
@@ -490,6 +496,7 @@ func (q *Queries) LockNode(ctx context.Context, id uuid.UUID) (Node, error) {
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
@@ -674,7 +681,7 @@ func (q *Queries) SetNodeIdentity(ctx context.Context, arg SetNodeIdentityParams
 const setNodeStatus = `-- name: SetNodeStatus :one
 UPDATE nodes SET status = $2, status_changed_at = $3, last_seen_at = $3
 WHERE id = $1 AND status <> $2
-RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at
+RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels
 `
 
 type SetNodeStatusParams struct {
@@ -706,6 +713,7 @@ func (q *Queries) SetNodeStatus(ctx context.Context, arg SetNodeStatusParams) (N
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
@@ -714,7 +722,7 @@ const setProbeResult = `-- name: SetProbeResult :one
 UPDATE nodes SET last_probe_at = $2, last_probe_reachable = $3, last_probe_latency_us = $4,
                  last_probe_error = $5, updated_at = $2
 WHERE id = $1
-RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at
+RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels
 `
 
 type SetProbeResultParams struct {
@@ -753,12 +761,13 @@ func (q *Queries) SetProbeResult(ctx context.Context, arg SetProbeResultParams) 
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
 
 const setScheduleState = `-- name: SetScheduleState :one
-UPDATE nodes SET schedule_state = $2, updated_at = $3 WHERE id = $1 RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at
+UPDATE nodes SET schedule_state = $2, updated_at = $3 WHERE id = $1 RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels
 `
 
 type SetScheduleStateParams struct {
@@ -789,6 +798,7 @@ func (q *Queries) SetScheduleState(ctx context.Context, arg SetScheduleStatePara
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
@@ -862,7 +872,7 @@ func (q *Queries) StoreTelemetry(ctx context.Context, arg StoreTelemetryParams) 
 const updateNodeSpec = `-- name: UpdateNodeSpec :one
 UPDATE nodes SET name = $2, address = $3, probe_port = $4, region = $5, updated_at = $6
 WHERE id = $1
-RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at
+RETURNING id, name, address, probe_port, region, schedule_state, status, status_changed_at, last_seen_at, hostname, agent_version, enrolled_at, last_probe_at, last_probe_reachable, last_probe_latency_us, last_probe_error, created_at, updated_at, labels
 `
 
 type UpdateNodeSpecParams struct {
@@ -903,6 +913,7 @@ func (q *Queries) UpdateNodeSpec(ctx context.Context, arg UpdateNodeSpecParams) 
 		&i.LastProbeError,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Labels,
 	)
 	return i, err
 }
