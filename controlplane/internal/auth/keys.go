@@ -201,8 +201,16 @@ func (k *Keyring) insertKey(ctx context.Context, q *authdb.Queries) (string, err
 // Reload replaces the in-memory set with the published keys of the database: the
 // active key (whose private half it decrypts) and the retired keys not yet expired.
 func (k *Keyring) Reload(ctx context.Context) error {
+	return k.reload(ctx, authdb.New(k.pool))
+}
+
+// reload is Reload through q: a caller inside a transaction passes its own, so a stale
+// set is read on the connection it already holds rather than a second one from the
+// pool (concurrent sign-ins of one user queue on a row lock, each holding a connection;
+// the one holding the lock must not wait for a free connection to sign its token).
+func (k *Keyring) reload(ctx context.Context, q *authdb.Queries) error {
 	now := k.clock.Now()
-	rows, err := authdb.New(k.pool).ListPublishedSigningKeys(ctx, &now)
+	rows, err := q.ListPublishedSigningKeys(ctx, &now)
 	if err != nil {
 		return fmt.Errorf("load signing keys: %w", err)
 	}
@@ -242,18 +250,31 @@ func (k *Keyring) Reload(ctx context.Context) error {
 
 // reloadIfStale reloads when the set is older than keyCacheMaxAge.
 func (k *Keyring) reloadIfStale(ctx context.Context) error {
+	return k.reloadIfStaleWith(ctx, nil)
+}
+
+// reloadIfStaleWith is reloadIfStale through q (nil: the pool).
+func (k *Keyring) reloadIfStaleWith(ctx context.Context, q *authdb.Queries) error {
 	k.mu.RLock()
 	fresh := !k.loadedAt.IsZero() && k.clock.Now().Sub(k.loadedAt) < keyCacheMaxAge
 	k.mu.RUnlock()
 	if fresh {
 		return nil
 	}
-	return k.Reload(ctx)
+	if q == nil {
+		q = authdb.New(k.pool)
+	}
+	return k.reload(ctx, q)
 }
 
 // signer is the active key, reloading a stale set first.
 func (k *Keyring) signer(ctx context.Context) (*activeKey, error) {
-	if err := k.reloadIfStale(ctx); err != nil {
+	return k.signerWith(ctx, nil)
+}
+
+// signerWith is signer reading a stale set through q (nil: the pool); see reload.
+func (k *Keyring) signerWith(ctx context.Context, q *authdb.Queries) (*activeKey, error) {
+	if err := k.reloadIfStaleWith(ctx, q); err != nil {
 		return nil, err
 	}
 	k.mu.RLock()

@@ -89,7 +89,7 @@ func (s *Service) StepUp(ctx context.Context, code string) (StepUpTokens, error)
 			return err
 		}
 		proof := &mfaProof{amr: []string{"pwd", "otp"}, authTime: now.Truncate(time.Second)}
-		token, exp, err := s.signAccessWith(ctx, ident, proof)
+		token, exp, err := s.signAccessWith(ctx, q, ident, proof)
 		if err != nil {
 			return err
 		}

@@ -245,7 +245,8 @@ func (s *Service) issueTx(ctx context.Context, tx pgx.Tx, userID, family uuid.UU
 	if err != nil {
 		return AuthTokens{}, err
 	}
-	access, accessExp, err := s.signAccess(ctx, ident)
+	// Signed through tx: a stale key set is read on this transaction's connection.
+	access, accessExp, err := s.signAccessWith(ctx, q, ident, nil)
 	if err != nil {
 		return AuthTokens{}, err
 	}
@@ -290,12 +291,13 @@ func isActive(userStatus string, tenantStatus *string) bool {
 
 // signAccess signs an access token for ident with the active key.
 func (s *Service) signAccess(ctx context.Context, ident Identity) (string, time.Time, error) {
-	return s.signAccessWith(ctx, ident, nil)
+	return s.signAccessWith(ctx, nil, ident, nil)
 }
 
 // signAccessWith signs an access token; proof, when not nil, adds amr and auth_time
 // (only stepup.go passes one, after verifying a code).
-func (s *Service) signAccessWith(ctx context.Context, ident Identity, proof *mfaProof) (string, time.Time, error) {
+// q, when not nil, is the caller's transaction (a stale key set is read through it).
+func (s *Service) signAccessWith(ctx context.Context, q *authdb.Queries, ident Identity, proof *mfaProof) (string, time.Time, error) {
 	claims := accessClaims{
 		Subject:  ident.UserID.String(),
 		Username: ident.Username, TenantRole: ident.TenantRole,
@@ -308,13 +310,18 @@ func (s *Service) signAccessWith(ctx context.Context, ident Identity, proof *mfa
 		at := proof.authTime.Unix()
 		claims.AMR, claims.AuthTime = proof.amr, &at
 	}
-	return s.signToken(ctx, claims, s.cfg.AccessTokenTTL)
+	return s.signTokenWith(ctx, q, claims, s.cfg.AccessTokenTTL)
 }
 
 // signToken fills in what every access token carries (issuer, audience, scope, times,
 // a fresh jti) for ttl and signs claims with the active key.
 func (s *Service) signToken(ctx context.Context, claims accessClaims, ttl time.Duration) (string, time.Time, error) {
-	key, err := s.keys.signer(ctx)
+	return s.signTokenWith(ctx, nil, claims, ttl)
+}
+
+// signTokenWith is signToken reading a stale key set through q (nil: the pool).
+func (s *Service) signTokenWith(ctx context.Context, q *authdb.Queries, claims accessClaims, ttl time.Duration) (string, time.Time, error) {
+	key, err := s.keys.signerWith(ctx, q)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("access token: %w", err)
 	}

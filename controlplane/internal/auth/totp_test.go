@@ -91,7 +91,7 @@ func TestRequireStepUpWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stepped, _, err := f.svc.signAccessWith(ctx, ident, &mfaProof{amr: []string{"pwd", "otp"}, authTime: f.clock.Now()})
+	stepped, _, err := f.svc.signAccessWith(ctx, nil, ident, &mfaProof{amr: []string{"pwd", "otp"}, authTime: f.clock.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
