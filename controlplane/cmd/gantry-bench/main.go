@@ -206,6 +206,7 @@ type fixture struct {
 	tenantID  uuid.UUID
 	adminID   uuid.UUID
 	token     string
+	cfg       app.Config // the app's, for a second app on the same database
 	closers   []func()
 	servers   []*http.Server
 }
@@ -278,7 +279,7 @@ func setup(ctx context.Context) (*fixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	fx.app = a
+	fx.app, fx.cfg = a, cfg
 	fx.closers = append(fx.closers, a.Close)
 	fx.pool = a.Pool
 

@@ -15,7 +15,7 @@ import (
 func TestMain(m *testing.M) {
 	testenv.MainThen(m, func() error {
 		return goleak.Find(
-			goleak.IgnoreAnyFunction("github.com/gantry-gpu/gantry/controlplane/internal/storage/blob/s3test.start.func1"),
+			goleak.IgnoreAnyFunction("github.com/gantry-gpu/gantry/controlplane/internal/storage/blob/s3server.Start.func1"),
 			goleak.IgnoreAnyFunction("os/exec.(*Cmd).Start.func2"))
 	})
 }

@@ -1,57 +1,28 @@
 // Package s3test runs a real S3 API server for tests: versitygw v1.8.0 (STACK.md) over a
-// temporary directory, on a free loopback port. The binary is found on PATH or in
-// $(go env GOPATH)/bin, where .ci/run installs it with `go install`. Without it a test
-// skips with the reason, except under CI=true, where it fails (shared/testenv/ci).
+// temporary directory, on a free loopback port (package s3server starts it). The binary
+// is found on PATH or in $(go env GOPATH)/bin, where .ci/run installs it with
+// `go install`. Without it a test skips with the reason, except under CI=true, where it
+// fails (shared/testenv/ci).
 //
 // One server is started per test process, on first use, and stopped (its directory
 // removed) by Main; each caller gets a bucket of its own, so tests run in parallel.
 package s3test
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/minio/minio-go/v7"
-	"github.com/minio/minio-go/v7/pkg/credentials"
-
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob"
+	"github.com/gantry-gpu/gantry/controlplane/internal/storage/blob/s3server"
 	"github.com/gantry-gpu/gantry/shared/testenv/ci"
 )
 
-const (
-	binary    = "versitygw"
-	accessKey = "gantrytest"
-	secretKey = "gantrytest-secret-key"
-	// startTimeout covers a cold start on a loaded two-core machine.
-	startTimeout = 60 * time.Second
-)
-
 // Server is a running versitygw.
-type Server struct {
-	// Endpoint is host:port (plain HTTP).
-	Endpoint  string
-	AccessKey string
-	SecretKey string
-
-	cmd    *exec.Cmd
-	dir    string
-	log    *lockedWriter
-	client *minio.Client
-	done   chan error
-}
+type Server struct{ *s3server.Server }
 
 var (
 	once    sync.Once
@@ -68,42 +39,25 @@ var (
 func Main(m *testing.M) {
 	code := m.Run()
 	if shared != nil {
-		shared.stop()
+		shared.Stop()
 	}
 	os.Exit(code)
 }
 
 // Find returns the versitygw binary's path: PATH first, then $GOPATH/bin.
-func Find() (string, error) {
-	if p, err := exec.LookPath(binary); err == nil {
-		return p, nil
-	}
-	gopath := os.Getenv("GOPATH")
-	if gopath == "" {
-		if out, err := exec.Command("go", "env", "GOPATH").Output(); err == nil {
-			gopath = string(bytes.TrimSpace(out))
-		}
-	}
-	if gopath == "" {
-		if home, err := os.UserHomeDir(); err == nil {
-			gopath = filepath.Join(home, "go")
-		}
-	}
-	for _, dir := range filepath.SplitList(gopath) {
-		p := filepath.Join(dir, "bin", binary)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not on PATH nor in $GOPATH/bin (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)", binary)
-}
+func Find() (string, error) { return s3server.Find() }
 
 // Shared returns the process's server, starting it on first use.
 func Shared(t testing.TB) *Server {
 	t.Helper()
-	once.Do(func() { shared, sharedE = start() })
+	once.Do(func() {
+		var s *s3server.Server
+		if s, sharedE = s3server.Start(); sharedE == nil {
+			shared = &Server{s}
+		}
+	})
 	if sharedE != nil {
-		if errors.Is(sharedE, errNoBinary) {
+		if errors.Is(sharedE, s3server.ErrNoBinary) {
 			ci.Missing(t, sharedE.Error())
 		}
 		t.Fatalf("s3test: %v", sharedE)
@@ -111,146 +65,22 @@ func Shared(t testing.TB) *Server {
 	return shared
 }
 
-var errNoBinary = errors.New("S3 test server")
-
-func start() (*Server, error) {
-	bin, err := Find()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errNoBinary, err)
-	}
-	dir, err := os.MkdirTemp("", "gantry-s3test-")
-	if err != nil {
-		return nil, err
-	}
-	// A port is picked by binding :0 and released for the server; a race with another
-	// process taking it in between is retried with a new port.
-	var lastErr error
-	for range 3 {
-		port, err := freePort()
-		if err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-		s := &Server{
-			Endpoint:  fmt.Sprintf("127.0.0.1:%d", port),
-			AccessKey: accessKey,
-			SecretKey: secretKey,
-			dir:       dir,
-			log:       &lockedWriter{},
-			done:      make(chan error, 1),
-		}
-		s.cmd = exec.Command(bin, "--access", accessKey, "--secret", secretKey, "--port", s.Endpoint, "--quiet", "posix", dir)
-		s.cmd.Stdout = s.log
-		s.cmd.Stderr = s.cmd.Stdout
-		if runtime.GOOS == "linux" {
-			s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		}
-		if err := s.cmd.Start(); err != nil {
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("start %s: %w", bin, err)
-		}
-		go func() { s.done <- s.cmd.Wait() }()
-		s.client, err = minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(accessKey, secretKey, "")})
-		if err != nil {
-			s.kill()
-			os.RemoveAll(dir)
-			return nil, err
-		}
-		if lastErr = s.waitReady(); lastErr == nil {
-			return s, nil
-		}
-		s.kill()
-	}
-	os.RemoveAll(dir)
-	return nil, lastErr
-}
-
-// waitReady polls the S3 API itself (ListBuckets, signed) until it answers.
-func (s *Server) waitReady() error {
-	deadline := time.Now().Add(startTimeout)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-s.done:
-			s.done <- err
-			return fmt.Errorf("versitygw exited (%v): %s", err, s.log.String())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := s.client.ListBuckets(ctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("versitygw not ready after %s: %s", startTimeout, s.log.String())
-}
-
-func (s *Server) kill() {
-	if s.cmd.Process != nil {
-		_ = s.cmd.Process.Kill()
-		<-s.done
-		s.done <- nil
-	}
-}
-
-func (s *Server) stop() {
-	if s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.done:
-		case <-time.After(10 * time.Second):
-			_ = s.cmd.Process.Kill()
-			<-s.done
-		}
-	}
-	os.RemoveAll(s.dir)
-}
-
-// Client is a minio-go client for the server, for checks a test makes behind a driver.
-func (s *Server) Client() *minio.Client { return s.client }
-
 // NewBucket creates a bucket of the test's own and removes it (with what is left in it)
 // when the test ends.
 func (s *Server) NewBucket(t testing.TB) string {
 	t.Helper()
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	name := "gantry-test-" + hex.EncodeToString(rnd[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.client.MakeBucket(ctx, name, minio.MakeBucketOptions{}); err != nil {
-		t.Fatalf("s3test: make bucket: %v", err)
+	name, err := s.MakeBucket(ctx)
+	if err != nil {
+		t.Fatalf("s3test: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		_ = s.client.RemoveBucketWithOptions(ctx, name, minio.RemoveBucketOptions{ForceDelete: true})
-		// versitygw's posix backend may not support ForceDelete: empty it by hand too.
-		for o := range s.client.ListObjects(ctx, name, minio.ListObjectsOptions{Recursive: true}) {
-			if o.Err == nil {
-				_ = s.client.RemoveObject(ctx, name, o.Key, minio.RemoveObjectOptions{})
-			}
-		}
-		for u := range s.client.ListIncompleteUploads(ctx, name, "", true) {
-			if u.Err == nil {
-				_ = s.client.RemoveIncompleteUpload(ctx, name, u.Key)
-			}
-		}
-		_ = s.client.RemoveBucket(ctx, name)
+		s.RemoveBucket(ctx, name)
 	})
 	return name
-}
-
-// Config is the driver configuration for bucket on this server.
-func (s *Server) Config(bucket string) blob.S3Config {
-	return blob.S3Config{
-		Endpoint:  s.Endpoint,
-		Bucket:    bucket,
-		AccessKey: s.AccessKey,
-		SecretKey: s.SecretKey,
-		Insecure:  true,
-	}
 }
 
 // NewDriver returns an S3 driver on a fresh bucket of the shared server.
@@ -262,34 +92,4 @@ func NewDriver(t testing.TB) *blob.S3 {
 		t.Fatalf("s3test: %v", err)
 	}
 	return d
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// lockedWriter keeps the server's output for the error that explains a failed start.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  bytes.Buffer
-}
-
-func (l *lockedWriter) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.String()
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.w.Len() > 1<<20 {
-		return len(p), nil // enough to explain a failure; never grow without bound
-	}
-	return l.w.Write(p)
 }
