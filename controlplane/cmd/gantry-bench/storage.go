@@ -56,6 +56,10 @@ type apiDo func(method, path string, body io.Reader, n int64) (*http.Response, e
 func runStorage(ctx context.Context, fx *fixture, rounds int) error {
 	size := int64(envInt("GANTRY_BENCH_STORAGE_BYTES", 1<<30))
 	rounds = max(1, min(rounds, 2))
+	// The s3 backend needs versitygw: say so before minutes of the fs backend's streams.
+	if _, err := s3server.Find(); err != nil {
+		return fmt.Errorf("storage bench, s3 backend: %w", err)
+	}
 	bucketUUID := uuid.New()
 	if _, err := fx.pool.Exec(ctx, `INSERT INTO storage_buckets (id, tenant_id, project_id, bucket_id, state, created_at, updated_at)
 		VALUES ($1, $2, $3, 'bench', 'active', now(), now())`, bucketUUID, fx.tenantID, fx.projectID); err != nil {
