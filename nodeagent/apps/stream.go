@@ -67,10 +67,14 @@ func refuse(st net.Conn, code, msg string) {
 func pipe(a, b net.Conn) {
 	done := make(chan struct{}, 2)
 	cp := func(dst, src net.Conn) {
-		// io.Copy: the TCP side's WriteTo/ReadFrom copy through one 32 KiB buffer per
-		// direction. (A pooled 256 KiB buffer was never used by them yet held 512 KiB of
-		// heap per stream; a 16→256 KiB adaptive loop was slower under load.)
-		_, _ = io.Copy(dst, src)
+		if tc, ok := src.(*net.TCPConn); ok {
+			// From the app: through buffers held only while bytes wait (copy.go).
+			_ = copyFromApp(dst, tc)
+		} else {
+			// Toward the app (requests, uploads): io.Copy, whose TCP side's ReadFrom
+			// copies through one 32 KiB buffer.
+			_, _ = io.Copy(dst, src)
+		}
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		} else {

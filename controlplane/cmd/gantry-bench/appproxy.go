@@ -312,22 +312,59 @@ VALUES ($1, $2, $3, $4, 'bench', 'bench-app', '1', 'Bench app', $5, $6, $7, 'run
 		appRate, appLatencyTime, d50, d99, p50, p99, p99-d99, goalVerdict(p99-d99 <= 2*time.Millisecond))
 	fmt.Printf("    %.0f fabric streams opened for %d proxied requests (kept-alive streams carry the rest)\n", opened, rounds*(appRate*int(appLatencyTime.Seconds())+50))
 
-	// 1 GiB download.
-	var dr, pr []float64
+	// 1 GiB download: straight, through the proxy, and through the bare chain of the same
+	// hops (appproxy_ceiling.go), interleaved; the CPU of this process and of the app.
+	appPID := childPID("appproxy-app")
+	chains := make([]*bareChain, len(chainBuffers))
+	for i, size := range chainBuffers {
+		if chains[i], err = newBareChain(fmt.Sprintf("127.0.0.1:%d", port), size); err != nil {
+			return err
+		}
+		defer chains[i].Close()
+	}
+	var dr, pr []transfer
+	cr := make([][]transfer, len(chains))
 	for i := 0; i < rounds; i++ {
-		x, err := download(direct+"big", "")
+		x, err := measuredDownload(direct+"big", "", appPID)
 		if err != nil {
 			return err
 		}
-		y, err := download(through+"big", fx.token)
+		stopProfile := startProfile(fmt.Sprintf("GANTRY_BENCH_APPPROXY_DOWNLOAD%d_CPUPROFILE", i))
+		y, err := measuredDownload(through+"big", fx.token, appPID)
+		stopProfile()
 		if err != nil {
 			return err
 		}
 		dr, pr = append(dr, x), append(pr, y)
+		for j, c := range chains {
+			z, err := measuredDownload("http://"+c.Addr()+"/big", "", appPID)
+			if err != nil {
+				return err
+			}
+			cr[j] = append(cr[j], z)
+		}
 	}
-	dm, pm := median(dr), median(pr)
+	dm, pm := medianTransfer(dr), medianTransfer(pr)
 	fmt.Printf("  1 GiB download: direct %.0f MB/s, proxy %.0f MB/s, ratio %.2fx (goal ≥ 0.5x: %s)\n",
-		dm/1e6, pm/1e6, pm/dm, goalVerdict(pm/dm >= 0.5))
+		dm.bps/1e6, pm.bps/1e6, pm.bps/dm.bps, goalVerdict(pm.bps/dm.bps >= 0.5))
+	fmt.Printf("    CPU of this process (client, control plane, agent) and the app, on %d cores:\n", runtimeCPUs())
+	fmt.Printf("      direct:  %s\n      proxy:   %s\n", dm, pm)
+	// The ceiling: the bare chain at whichever copy size costs less.
+	var cm transfer
+	for j, size := range chainBuffers {
+		m := medianTransfer(cr[j])
+		fmt.Printf("      bare chain, %3d KiB copies: %s\n", size>>10, m)
+		if j == 0 || m.cpuPerGiB < cm.cpuPerGiB {
+			cm = m
+		}
+	}
+	fmt.Printf("    bare chain (the same hops with bare code: client → TCP relay → TLS over loopback → app; the cheaper copy size) %.2fx of direct; the proxy reaches %.2fx of its rate at %.2fx its CPU per GiB\n",
+		cm.bps/dm.bps, pm.bps/cm.bps, pm.cpuPerGiB/cm.cpuPerGiB)
+	// With every core busy a path moves cores/cost; direct's cost against the cheaper of
+	// the chain's and the proxy's is then the most this chain can reach of direct.
+	best := min(cm.cpuPerGiB, pm.cpuPerGiB)
+	fmt.Printf("    CPU bound: a proxied GiB costs %.2fx a direct one (bare chain %.2fx), so with the cores saturated for both this chain moves at most %.2fx of direct; more only while direct leaves cores idle (it kept %.2f of %d busy)\n",
+		pm.cpuPerGiB/dm.cpuPerGiB, cm.cpuPerGiB/dm.cpuPerGiB, dm.cpuPerGiB/best, dm.cores, runtimeCPUs())
 
 	// RSS per 1,000 proxied WebSockets, held by a child process.
 	debug.FreeOSMemory() // the downloads' buffers must not hide in the baseline
