@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -91,20 +92,23 @@ func benchAttachmentRead(b *testing.B, size int64) {
 
 	// Attachment: timed inside the allocation, so the terminal stream's setup is not in it.
 	stopProfile := startCPUProfile(b, os.Getenv("GANTRY_BENCH_ATTACH_CPUPROFILE"))
-	cpu0 := processCPU()
-	out, code := w.shell(b, `s=$(date +%s%N); cat "$HOME/buckets/data/big.bin" > /dev/null || exit 7; e=$(date +%s%N); echo "ns=$((e-s))"`)
+	cpu0, mach0 := processCPU(), machineCPU()
+	// times: the shell's children (the cat: its read syscalls, with the kernel's FUSE
+	// copies in them) on the second line.
+	out, code := w.shell(b, `s=$(date +%s%N); cat "$HOME/buckets/data/big.bin" > /dev/null || exit 7; e=$(date +%s%N); echo "ns=$((e-s))"; echo "times:"; times`)
 	var ns int64
 	if i := strings.Index(out, "ns="); code != 0 || i < 0 {
 		b.Fatalf("reading through the attachment: exit %d %q", code, out)
 	} else if _, err := fmt.Sscanf(out[i:], "ns=%d", &ns); err != nil || ns <= 0 {
 		b.Fatalf("reading through the attachment: %q", out)
 	}
-	attachCPU := processCPU() - cpu0
+	attachCPU, attachMach := processCPU()-cpu0, machineCPU()-mach0
+	catCPU := childTimes(out)
 	stopProfile()
 	attachRead := time.Duration(ns)
 
 	// API GET of the same object, same run.
-	cpu0 = processCPU()
+	cpu0, mach0 = processCPU(), machineCPU()
 	start = time.Now()
 	req, _ = http.NewRequest(http.MethodGet, w.c.url+"/api/v1/storage/buckets/data/object?path=big.bin", nil)
 	req.Header.Set("Authorization", "Bearer "+w.token)
@@ -116,7 +120,7 @@ func benchAttachmentRead(b *testing.B, size int64) {
 	n, err := io.Copy(io.Discard, res.Body)
 	res.Body.Close()
 	apiRead := time.Since(start)
-	apiCPU := processCPU() - cpu0
+	apiCPU, apiMach := processCPU()-cpu0, machineCPU()-mach0
 	if err != nil || n != size {
 		b.Fatalf("API GET read %d bytes: %v", n, err)
 	}
@@ -130,6 +134,23 @@ func benchAttachmentRead(b *testing.B, size int64) {
 	gib := float64(size) / (1 << 30)
 	fmt.Printf("  CPU of this process per GiB: attachment %.2f s, API GET %.2f s (load average %s)\n",
 		attachCPU.Seconds()/gib, apiCPU.Seconds()/gib, loadAverage())
+	// The reader's side: the cat's CPU (its read(2) calls carry the kernel's FUSE copy)
+	// for the attachment; the GET's client is in this process already.
+	attachPath := attachCPU + catCPU
+	fmt.Printf("  CPU per GiB with the reader: attachment %.2f s (cat %.2f s), API GET %.2f s\n",
+		attachPath.Seconds()/gib, catCPU.Seconds()/gib, apiCPU.Seconds()/gib)
+	// The whole machine's busy CPU over each read (every process, other work on a shared
+	// machine included: under load it only bounds the path's cost from above).
+	fmt.Printf("  whole machine busy CPU per GiB while reading: attachment %.2f s, API GET %.2f s\n",
+		attachMach.Seconds()/gib, apiMach.Seconds()/gib)
+	// What the CPU cost alone allows: a path that needs c CPU seconds per GiB cannot go
+	// faster than cores/c GiB/s, and with both paths CPU-bound on the same cores the ratio
+	// cannot exceed the inverse ratio of their costs.
+	cores := float64(runtime.NumCPU())
+	if attachPath > 0 && apiCPU > 0 {
+		fmt.Printf("  CPU bound on %d cores: attachment <= %.0f MiB/s, API GET <= %.0f MiB/s, ratio <= %.2fx\n",
+			runtime.NumCPU(), cores*1024/(attachPath.Seconds()/gib), cores*1024/(apiCPU.Seconds()/gib), apiCPU.Seconds()/attachPath.Seconds())
+	}
 	b.ReportMetric(attachRate/apiRate, "ratio")
 }
 
@@ -140,6 +161,51 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// machineCPU is the busy CPU time of the whole machine so far (/proc/stat: every
+// state but idle and iowait, over all CPUs).
+func machineCPU() time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0
+	}
+	var busy int64
+	for i, v := range f[1:] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		if i == 3 || i == 4 || i >= 7 { // idle, iowait; guest times are in user already
+			continue
+		}
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / 100 // USER_HZ
+}
+
+// childTimes parses the second line after "times:" in a shell's output (the POSIX
+// times builtin: the children's user and system time, as "0m1.230s 0m0.450s").
+func childTimes(out string) time.Duration {
+	_, rest, ok := strings.Cut(out, "times:")
+	if !ok {
+		return 0
+	}
+	lines := strings.Fields(rest)
+	if len(lines) < 4 {
+		return 0
+	}
+	var total time.Duration
+	for _, v := range lines[2:4] {
+		var m int
+		var sec float64
+		if _, err := fmt.Sscanf(v, "%dm%fs", &m, &sec); err == nil {
+			total += time.Duration(float64(m)*float64(time.Minute) + sec*float64(time.Second))
+		}
+	}
+	return total
 }
 
 func loadAverage() string {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -316,6 +318,7 @@ func (w *storageWorld) fabricRefusals(t testing.TB, attachmentID uuid.UUID) {
 	if _, err := own.Stat(ctx, &fabricv1.StorageStatRequest{AttachmentId: attachmentID.String(), Path: "../escape"}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("a traversal path over the fabric: %v, want InvalidArgument", err)
 	}
+	w.rawReadsOnOneStream(t, own, attachmentID)
 	for _, id := range []string{attachmentID.String(), uuid.NewString(), "not-a-uuid"} {
 		_, err := sf.Stat(ctx, &fabricv1.StorageStatRequest{AttachmentId: id, Path: "hello.txt"})
 		if status.Code(err) != codes.PermissionDenied {
@@ -328,6 +331,61 @@ func (w *storageWorld) fabricRefusals(t testing.TB, attachmentID uuid.UUID) {
 		if status.Code(err) != codes.PermissionDenied {
 			t.Fatalf("another node's Read of attachment %s: %v, want PermissionDenied", id, err)
 		}
+		// The raw read stream (the agent's bulk path) runs the same checks.
+		st, err := fabricnet.OpenAgentStream(ctx, conn.Session, fabricnet.AgentStreamStorageRead, &fabricv1.StorageReadRequest{AttachmentId: id, Path: "hello.txt"})
+		var ref *fabricnet.StreamRefusedError
+		if !errors.As(err, &ref) || ref.Code != codes.PermissionDenied.String() {
+			if st != nil {
+				st.Close()
+			}
+			t.Fatalf("another node's raw read of attachment %s: %v, want PERMISSION_DENIED", id, err)
+		}
+	}
+}
+
+// rawReadsOnOneStream: the control plane's raw read stream serves one range after
+// another, each checked on its own (a refused one leaves the stream usable), and owes
+// exactly the range's bytes.
+func (w *storageWorld) rawReadsOnOneStream(t testing.TB, own *attach.FabricServer, attachmentID uuid.UUID) {
+	t.Helper()
+	agentEnd, cpEnd := net.Pipe()
+	defer agentEnd.Close()
+	go func() {
+		defer cpEnd.Close()
+		// The fabric server has read the stream's kind before it calls the handler.
+		own.ServeRawRead(context.Background(), cpEnd)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = agentEnd.SetDeadline(time.Now().Add(30 * time.Second))
+	read := func(off, n int64) string {
+		t.Helper()
+		req := &fabricv1.StorageReadRequest{AttachmentId: attachmentID.String(), Path: "hello.txt", Offset: off, Length: n}
+		if err := fabricnet.AgentStreamRequest(ctx, agentEnd, req); err != nil {
+			t.Fatalf("raw read %d+%d: %v", off, n, err)
+		}
+		var info fabricv1.StorageObjectInfo
+		if err := fabricnet.ReadFrame(agentEnd, &info); err != nil {
+			t.Fatal(err)
+		}
+		want := min(n, info.GetSize()-off)
+		buf := make([]byte, want)
+		if _, err := io.ReadFull(agentEnd, buf); err != nil {
+			t.Fatalf("raw read %d+%d: %v", off, n, err)
+		}
+		return string(buf)
+	}
+	whole := read(0, 1<<20)
+	if len(whole) < 4 {
+		t.Fatalf("raw read of hello.txt: %q, want at least 4 bytes", whole)
+	}
+	err := fabricnet.AgentStreamRequest(ctx, agentEnd, &fabricv1.StorageReadRequest{AttachmentId: attachmentID.String(), Path: "../escape"})
+	var ref *fabricnet.StreamRefusedError
+	if !errors.As(err, &ref) || ref.Code != codes.InvalidArgument.String() {
+		t.Fatalf("raw read of a traversal path: %v, want INVALID_ARGUMENT", err)
+	}
+	if got := read(1, 3); got != whole[1:4] {
+		t.Fatalf("second range on the stream: %q, want %q", got, whole[1:4])
 	}
 }
 

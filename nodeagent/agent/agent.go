@@ -93,6 +93,9 @@ type Options struct {
 	// (after the Welcome) and nil when that tunnel ends, so other services on the
 	// tunnel (StorageFabric, nodeagent/storagemount) always call through the current one.
 	OnConnection func(cc grpc.ClientConnInterface)
+	// OnTunnel is OnConnection with the tunnel's session too (nil, nil when it ends):
+	// StorageFabric reads open raw streams on it (storagemount.Conns.SetTunnel).
+	OnTunnel func(cc grpc.ClientConnInterface, sess fabricnet.Session)
 	// LogStats, when set, reports the log shipper's counters for the agent's metrics.
 	LogStats func() logship.Stats
 	// Backoff spaces reconnects; the zero value means DefaultBackoff.
@@ -440,6 +443,10 @@ func (a *Agent) session(ctx context.Context) (established bool, ended error, err
 	if a.o.OnConnection != nil {
 		a.o.OnConnection(cc)
 		defer a.o.OnConnection(nil)
+	}
+	if a.o.OnTunnel != nil {
+		a.o.OnTunnel(cc, sess)
+		defer a.o.OnTunnel(nil, nil)
 	}
 
 	hb, tel := a.o.HeartbeatInterval, a.o.TelemetryInterval

@@ -124,7 +124,7 @@ func RunConfig(ctx context.Context, cfg config.Config, agentVersion string, log 
 	// Buckets attached into allocations (storage.attach / storage.detach); their bytes
 	// travel over the current tunnel's StorageFabric, and a release detaches them first.
 	conns := storagemount.NewConns()
-	opts.OnConnection = conns.Set
+	opts.OnTunnel = conns.SetTunnel
 	storage, err := storagemount.New(storagemount.Options{
 		StateDir: opts.StateDir, Client: storagemount.NewClient(conns), Accounts: rt,
 		Mode: cfg.StorageMode, SyncInterval: cfg.StorageSyncInterval, Logger: log,

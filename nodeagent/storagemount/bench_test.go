@@ -12,17 +12,19 @@ import (
 
 // BenchmarkReadAttached reads one 256 MiB object through a ro FUSE attachment and, for
 // comparison, straight from the same StorageFabric server with the client (what the
-// mount adds: the kernel round trips and the readahead ranges).
+// mount adds: the kernel round trips and the readahead ranges), each over raw read
+// streams and over StorageFabric.Read (in-memory pipes: no tunnel, no TLS).
 //
 //	go test -run '^$' -bench ReadAttached -benchtime 3x ./nodeagent/storagemount
 func BenchmarkReadAttached(b *testing.B) {
 	const size = 256 << 20
-	for _, how := range []string{"fuse", "client"} {
-		b.Run(how, func(b *testing.B) {
+	for _, run := range []struct{ how, via string }{{"fuse", viaRaw}, {"fuse", viaGRPC}, {"client", viaRaw}, {"client", viaGRPC}} {
+		how := run.how
+		b.Run(how+"-"+run.via, func(b *testing.B) {
 			if !fuseUsable("/dev/fuse") && how == "fuse" {
 				b.Skip("/dev/fuse is not usable here")
 			}
-			e := newBenchEnv(b)
+			e := newBenchEnv(b, run.via)
 			e.store.putSynthetic("big.bin", size)
 			var read func() (int64, error)
 			if how == "fuse" {

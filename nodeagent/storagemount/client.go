@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
 // ChunkSize is the largest data message Write sends (the protocol allows 1 MiB).
@@ -22,39 +25,65 @@ const ChunkSize = 1 << 20
 // while the tunnel is down waits for the next one instead of failing on a dead one.
 type Conns struct {
 	mu      sync.Mutex
-	cc      grpc.ClientConnInterface
+	cur     *tunnel       // nil while down
 	changed chan struct{} // closed and replaced on every Set
+}
+
+// tunnel is one established tunnel: its gRPC connection and, when the agent gave it
+// (SetTunnel), the session itself, on which reads open raw streams.
+type tunnel struct {
+	cc   grpc.ClientConnInterface
+	sess fabricnet.Session
+	// noRaw is set once this tunnel's control plane turned a raw stream away as
+	// unknown (an older control plane): its reads go through gRPC from then on.
+	noRaw atomic.Bool
+
+	idleMu sync.Mutex
+	idle   []idleStream // raw read streams that finished a range, for the next
 }
 
 // NewConns returns an empty holder (no tunnel yet).
 func NewConns() *Conns { return &Conns{changed: make(chan struct{})} }
 
-// Set records the current tunnel's connection; nil means the tunnel is down.
-func (c *Conns) Set(cc grpc.ClientConnInterface) {
+// Set records the current tunnel's connection; nil means the tunnel is down. Reads
+// then use gRPC only (SetTunnel gives them the raw path).
+func (c *Conns) Set(cc grpc.ClientConnInterface) { c.SetTunnel(cc, nil) }
+
+// SetTunnel records the current tunnel's connection and session (agent.Options.OnTunnel);
+// a nil cc means the tunnel is down. With a session, reads fetch their bytes over raw
+// streams (fabricnet.AgentStreamStorageRead) instead of StorageFabric.Read.
+func (c *Conns) SetTunnel(cc grpc.ClientConnInterface, sess fabricnet.Session) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cc = cc
+	c.cur = nil
+	if cc != nil {
+		c.cur = &tunnel{cc: cc, sess: sess}
+	}
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
 
-// current returns the connection (nil when down) and a channel closed when it changes.
-func (c *Conns) current() (grpc.ClientConnInterface, <-chan struct{}) {
+// current returns the tunnel (nil when down) and a channel closed when it changes.
+func (c *Conns) current() (*tunnel, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cc, c.changed
+	return c.cur, c.changed
 }
 
 // Wait returns the current tunnel's connection, waiting for one until ctx ends (other
 // services on the tunnel use it: the app supervisor fetches artifacts with it).
 func (c *Conns) Wait(ctx context.Context) (grpc.ClientConnInterface, error) {
-	return c.get(ctx, nil, 0)
+	t, err := c.get(ctx, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	return t.cc, nil
 }
 
-// get waits for a connection other than not (nil: any) or for ctx to end. A tunnel that
+// get waits for a tunnel other than not (nil: any) or for ctx to end. A tunnel that
 // is up but was seen failing is retried after backoff, since the agent may not have
 // noticed the failure yet (or the control plane's storage backend was briefly down).
-func (c *Conns) get(ctx context.Context, not grpc.ClientConnInterface, backoff time.Duration) (grpc.ClientConnInterface, error) {
+func (c *Conns) get(ctx context.Context, not *tunnel, backoff time.Duration) (*tunnel, error) {
 	var timer <-chan time.Time
 	if not != nil {
 		t := time.NewTimer(backoff)
@@ -62,9 +91,9 @@ func (c *Conns) get(ctx context.Context, not grpc.ClientConnInterface, backoff t
 		timer = t.C
 	}
 	for {
-		cc, changed := c.current()
-		if cc != nil && (not == nil || cc != not) {
-			return cc, nil
+		t, changed := c.current()
+		if t != nil && (not == nil || t != not) {
+			return t, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -103,12 +132,17 @@ func NewClient(conns *Conns) *Client {
 // idempotent runs call until it succeeds, fails with something other than
 // UNAVAILABLE, or RetryFor has passed. While no tunnel is up, it waits (within RetryFor).
 func (c *Client) idempotent(ctx context.Context, call func(fabricv1.StorageFabricClient) error) error {
+	return c.idempotentOn(ctx, func(t *tunnel) error { return call(fabricv1.NewStorageFabricClient(t.cc)) })
+}
+
+// idempotentOn is idempotent for calls that need the tunnel itself (raw streams).
+func (c *Client) idempotentOn(ctx context.Context, call func(*tunnel) error) error {
 	rctx, cancel := context.WithTimeout(ctx, c.RetryFor)
 	defer cancel()
-	var bad grpc.ClientConnInterface
+	var bad *tunnel
 	var last error
 	for {
-		cc, err := c.conns.get(rctx, bad, c.Backoff)
+		t, err := c.conns.get(rctx, bad, c.Backoff)
 		if err != nil {
 			if ctx.Err() == nil && last != nil {
 				return last
@@ -118,11 +152,11 @@ func (c *Client) idempotent(ctx context.Context, call func(fabricv1.StorageFabri
 			}
 			return err
 		}
-		err = call(fabricv1.NewStorageFabricClient(cc))
+		err = call(t)
 		if !retriable(ctx, err) {
 			return err
 		}
-		bad, last = cc, err
+		bad, last = t, err
 	}
 }
 
@@ -144,14 +178,14 @@ func retriable(ctx context.Context, err error) bool {
 func (c *Client) once(ctx context.Context) (fabricv1.StorageFabricClient, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.RetryFor)
 	defer cancel()
-	cc, err := c.conns.get(rctx, nil, 0)
+	t, err := c.conns.get(rctx, nil, 0)
 	if err != nil {
 		if ctx.Err() == nil {
 			return nil, status.Error(codes.Unavailable, "storage: no fabric tunnel")
 		}
 		return nil, err
 	}
-	return fabricv1.NewStorageFabricClient(cc), nil
+	return fabricv1.NewStorageFabricClient(t.cc), nil
 }
 
 // List returns one page of objects under prefix ("/" delimiter: one folder level).
@@ -265,6 +299,11 @@ func recvErr(st fabricv1.StorageFabric_WriteClient, err error) error {
 // Reader streams [off, off+n) of one object. A stream broken by UNAVAILABLE is resumed
 // at the byte where it stopped, pinned to the first stream's etag, so the bytes never
 // mix two versions of the object.
+//
+// On a tunnel the agent gave with its session (Conns.SetTunnel) the bytes come over a
+// raw stream (fabricnet.AgentStreamStorageRead: the same request and checks, no gRPC
+// framing or protobuf copies); a control plane that does not know raw streams is read
+// through StorageFabric.Read.
 type Reader struct {
 	c            *Client
 	ctx          context.Context
@@ -274,11 +313,36 @@ type Reader struct {
 	etag         string
 	info         *fabricv1.StorageObjectInfo
 
-	stream fabricv1.StorageFabric_ReadClient
-	cancel context.CancelFunc
-	buf    []byte
-	done   bool
+	stream  fabricv1.StorageFabric_ReadClient
+	raw     net.Conn    // the raw stream, instead of stream
+	rawTun  *tunnel     // raw's tunnel (its idle streams)
+	rawStop func() bool // stops raw's close on the context's end
+	left    int64       // bytes the raw stream still owes
+	stuck   int         // raw streams in a row that broke before yielding a byte
+	cancel  context.CancelFunc
+	buf     []byte
+	done    bool
 }
+
+// rawChunk is how many bytes Next returns at most from a raw stream: small enough
+// that a prefetched block is readable as it arrives, large enough that the per-call
+// cost is nothing. Chunks come from chunkPool; ReleaseChunk gives them back.
+const rawChunk = 256 << 10
+
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, rawChunk); return &b }}
+
+// ReleaseChunk gives back a slice Next returned, once the caller is done with it (a
+// prefetcher, after copying it out); only raw stream chunks are reused.
+func ReleaseChunk(b []byte) {
+	if cap(b) == rawChunk {
+		b = b[:rawChunk]
+		chunkPool.Put(&b)
+	}
+}
+
+// maxStuck bounds resuming a raw stream that keeps breaking before its first byte
+// (the tunnel is fine but the object store is not).
+const maxStuck = 3
 
 // Open starts reading n bytes (n <= 0: to the end) at off. ifMatch, when set, pins the
 // object version. The first message (with the object's info) has arrived when Open
@@ -306,21 +370,24 @@ func (r *Reader) start() error {
 			return nil
 		}
 	}
-	return r.c.idempotent(r.ctx, func(sc fabricv1.StorageFabricClient) error {
+	req := &fabricv1.StorageReadRequest{AttachmentId: r.attachmentID, Path: r.path, Offset: r.off, Length: length, IfMatch: r.etag}
+	return r.c.idempotentOn(r.ctx, func(t *tunnel) error {
+		if t.sess != nil && !t.noRaw.Load() {
+			err := r.startRaw(t, req)
+			if !errors.Is(err, errNoRaw) {
+				return err
+			}
+			t.noRaw.Store(true)
+		}
 		sctx, cancel := context.WithCancel(r.ctx)
-		st, err := sc.Read(sctx, &fabricv1.StorageReadRequest{AttachmentId: r.attachmentID, Path: r.path, Offset: r.off, Length: length, IfMatch: r.etag})
+		st, err := fabricv1.NewStorageFabricClient(t.cc).Read(sctx, req)
 		if err == nil {
 			var first *fabricv1.StorageReadChunk
 			if first, err = st.Recv(); err == nil {
 				if first.GetInfo() == nil {
 					err = status.Error(codes.Internal, "storage: read stream without object info")
 				} else {
-					if r.info == nil {
-						r.info = first.GetInfo()
-					}
-					if r.etag == "" {
-						r.etag = first.GetInfo().GetEtag()
-					}
+					r.gotInfo(first.GetInfo())
 					r.stream, r.cancel, r.buf = st, cancel, first.GetData()
 					return nil
 				}
@@ -333,8 +400,183 @@ func (r *Reader) start() error {
 	})
 }
 
+func (r *Reader) gotInfo(info *fabricv1.StorageObjectInfo) {
+	if r.info == nil {
+		r.info = info
+	}
+	if r.etag == "" {
+		r.etag = info.GetEtag()
+	}
+}
+
+// errNoRaw says the control plane does not serve raw read streams.
+var errNoRaw = errors.New("storage: no raw read streams on this tunnel")
+
+// startRaw sends req on an idle raw read stream of the tunnel, or a new one, and reads
+// the info. Its errors are gRPC statuses (the control plane's code, or UNAVAILABLE for
+// a broken tunnel), or errNoRaw.
+func (r *Reader) startRaw(t *tunnel, req *fabricv1.StorageReadRequest) error {
+	var st net.Conn
+	for st == nil {
+		idle := t.takeIdle(time.Now())
+		var err error
+		if idle != nil {
+			if err = fabricnet.AgentStreamRequest(r.ctx, idle, req); err == nil {
+				st = idle
+				break
+			}
+		} else if st, err = fabricnet.OpenAgentStream(r.ctx, t.sess, fabricnet.AgentStreamStorageRead, req); err == nil {
+			break
+		}
+		if ctxErr := r.ctx.Err(); ctxErr != nil {
+			if idle != nil {
+				_ = idle.Close()
+			}
+			return status.FromContextError(ctxErr).Err()
+		}
+		var ref *fabricnet.StreamRefusedError
+		if errors.As(err, &ref) {
+			if ref.Code == codes.Unimplemented.String() {
+				return errNoRaw
+			}
+			if idle != nil {
+				t.putIdle(idle, time.Now()) // a refusal leaves the stream usable
+			}
+			return status.Error(codeOf(ref.Code), ref.Message)
+		}
+		if idle != nil {
+			// The control plane closed it meanwhile (idle too long): take another.
+			_ = idle.Close()
+			continue
+		}
+		select {
+		case <-t.sess.Done():
+			return status.Errorf(codes.Unavailable, "storage: tunnel ended: %v", err)
+		default:
+		}
+		// The tunnel is up but a new stream ended without an answer: a control plane
+		// that predates raw streams gave it to its gRPC server, which dropped it.
+		return errNoRaw
+	}
+	var info fabricv1.StorageObjectInfo
+	if err := fabricnet.ReadFrame(st, &info); err != nil {
+		_ = st.Close()
+		return status.Errorf(codes.Unavailable, "storage: raw read stream: %v", err)
+	}
+	r.gotInfo(&info)
+	// What the stream owes: the requested range, cut at the object's end.
+	end := info.GetSize()
+	if r.end >= 0 {
+		end = min(end, r.end)
+	}
+	r.raw, r.rawTun, r.left, r.stream = st, t, max(end-r.off, 0), nil
+	// A raw stream's reads do not watch the context: ending it (a prefetched block
+	// dropped, the mount going) closes the stream, so the control plane stops sending.
+	r.rawStop = context.AfterFunc(r.ctx, func() { _ = st.Close() })
+	if r.left == 0 {
+		r.finishRaw()
+		r.done = true
+	}
+	return nil
+}
+
+// took counts n bytes read from the raw stream; a stream that delivered its whole range
+// goes back to the tunnel for the next read.
+func (r *Reader) took(n int) {
+	r.off += int64(n)
+	r.left -= int64(n)
+	if n > 0 {
+		r.stuck = 0
+	}
+	if r.left == 0 {
+		// A Reader's range is its stream's range (a resumed one ends at the same end).
+		r.finishRaw()
+		r.done = true
+	}
+}
+
+// finishRaw gives a raw stream that owes nothing back to its tunnel's idle streams,
+// unless the context closed it meanwhile.
+func (r *Reader) finishRaw() {
+	if r.raw == nil {
+		return
+	}
+	if r.rawStop() {
+		r.rawTun.putIdle(r.raw, time.Now())
+	} else {
+		_ = r.raw.Close()
+	}
+	r.raw = nil
+}
+
+// idleRaw bounds the raw read streams a tunnel keeps for reuse (a file's prefetch
+// uses PrefetchBlocks at once), and rawIdleFor how long one is kept: less than the
+// control plane keeps it (30 s), so a stream taken from the pool is seldom closed
+// under the request.
+const (
+	idleRaw    = PrefetchBlocks + 1
+	rawIdleFor = 15 * time.Second
+)
+
+type idleStream struct {
+	st    net.Conn
+	since time.Time
+}
+
+// takeIdle returns an idle raw stream of the tunnel (nil: none), closing stale ones.
+func (t *tunnel) takeIdle(now time.Time) net.Conn {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	for len(t.idle) > 0 {
+		last := t.idle[len(t.idle)-1]
+		t.idle = t.idle[:len(t.idle)-1]
+		if now.Sub(last.since) < rawIdleFor {
+			return last.st
+		}
+		_ = last.st.Close()
+	}
+	return nil
+}
+
+// putIdle keeps st for the next read, or closes it when the pool is full or the tunnel
+// has ended.
+func (t *tunnel) putIdle(st net.Conn, now time.Time) {
+	t.idleMu.Lock()
+	defer t.idleMu.Unlock()
+	select {
+	case <-t.sess.Done():
+		_ = st.Close()
+		return
+	default:
+	}
+	if len(t.idle) >= idleRaw {
+		_ = st.Close()
+		return
+	}
+	t.idle = append(t.idle, idleStream{st: st, since: now})
+}
+
+// codeOf is the gRPC code named name (codes.Code.String), UNKNOWN if none.
+func codeOf(name string) codes.Code {
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	return codes.Unknown
+}
+
 // Read implements io.Reader.
 func (r *Reader) Read(p []byte) (int, error) {
+	if len(r.buf) == 0 && r.raw != nil && len(p) > 0 {
+		// Straight from the stream into p: no chunk in between.
+		return r.readRaw(p)
+	}
+	return r.readBuffered(p)
+}
+
+// readBuffered is Read from r.buf (a gRPC message, or a chunk fill read).
+func (r *Reader) readBuffered(p []byte) (int, error) {
 	if err := r.fill(); err != nil {
 		return 0, err
 	}
@@ -344,10 +586,67 @@ func (r *Reader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// readRaw reads into p what the raw stream yields next (up to what it owes), resuming
+// a stream that broke.
+func (r *Reader) readRaw(p []byte) (int, error) {
+	for {
+		if r.done || r.left <= 0 || (r.end >= 0 && r.off >= r.end) {
+			r.done = true
+			return 0, io.EOF
+		}
+		if r.raw == nil {
+			// Resumed on a tunnel whose control plane reads through gRPC only.
+			return r.readBuffered(p)
+		}
+		n, err := io.ReadAtLeast(r.raw, p[:min(int64(len(p)), r.left)], 1)
+		if n > 0 {
+			r.took(n)
+			return n, nil
+		}
+		if rerr := r.resumeRaw(err); rerr != nil {
+			return 0, rerr
+		}
+	}
+}
+
+// resumeRaw replaces a raw stream that ended owing bytes (err: how it ended) with a new
+// stream from r.off, pinned to the same version.
+func (r *Reader) resumeRaw(err error) error {
+	r.rawStop()
+	_ = r.raw.Close()
+	r.raw = nil
+	if ctxErr := r.ctx.Err(); ctxErr != nil {
+		return status.FromContextError(ctxErr).Err()
+	}
+	if r.stuck++; r.stuck > maxStuck {
+		return status.Errorf(codes.Unavailable, "storage: read of %s keeps breaking: %v", r.path, err)
+	}
+	return r.start()
+}
+
 // Next returns the next bytes of the range as they arrived (one message's data, at
 // most ChunkSize), or io.EOF after the last. The slice is the caller's: a prefetcher
-// keeps it instead of copying it once more.
+// keeps it instead of copying it once more (and may give it back, ReleaseChunk).
 func (r *Reader) Next() ([]byte, error) {
+	if len(r.buf) == 0 && r.raw != nil {
+		bp := chunkPool.Get().(*[]byte)
+		n, err := r.readRaw((*bp)[:min(int64(rawChunk), max(r.left, 1))])
+		if n == 0 {
+			chunkPool.Put(bp)
+			return nil, err
+		}
+		// Fill the chunk as far as the stream has bytes at hand, so chunks are seldom
+		// small; readRaw returned what one Read gave.
+		for n < rawChunk && r.left > 0 && r.raw != nil {
+			k, err := r.raw.Read((*bp)[n:min(int64(rawChunk), int64(n)+r.left)])
+			n += k
+			r.took(k)
+			if err != nil || k == 0 {
+				break // the next call resumes or ends
+			}
+		}
+		return (*bp)[:n], nil
+	}
 	if err := r.fill(); err != nil {
 		return nil, err
 	}
@@ -363,6 +662,16 @@ func (r *Reader) fill() error {
 	for len(r.buf) == 0 {
 		if r.done || (r.end >= 0 && r.off >= r.end) {
 			return io.EOF
+		}
+		if r.raw != nil {
+			// A raw stream fills no message buffer: one chunk is r.buf.
+			b, err := r.Next()
+			if err != nil {
+				return err
+			}
+			r.off -= int64(len(b)) // Read and Next count it as they consume it
+			r.buf = b
+			continue
 		}
 		m, err := r.stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -389,6 +698,12 @@ func (r *Reader) fill() error {
 func (r *Reader) Close() error {
 	if r.cancel != nil {
 		r.cancel()
+	}
+	if r.raw != nil {
+		// Owing bytes still: the stream cannot serve another range.
+		r.rawStop()
+		_ = r.raw.Close()
+		r.raw = nil
 	}
 	r.done = true
 	return nil

@@ -252,6 +252,7 @@ func (b *block) copyOut(p []byte, pos int64) int {
 func (b *block) consume(pos int64) {
 	for len(b.chunks) > 0 && b.base+int64(len(b.chunks[0])) <= pos {
 		b.base += int64(len(b.chunks[0]))
+		ReleaseChunk(b.chunks[0])
 		b.chunks[0] = nil
 		b.chunks = b.chunks[1:]
 	}

@@ -55,8 +55,14 @@ func readAt(t *testing.T, h *readHandle, n int, off int64) []byte {
 // prefetched blocks), all give the object's bytes; the last read of the object
 // ends at its size; streams never exceed the per-file bound, and Release ends them all.
 func TestPrefetchRandomOffsets(t *testing.T) {
+	for _, via := range []string{viaRaw, viaGRPC} {
+		t.Run(via, func(t *testing.T) { testPrefetchRandomOffsets(t, via) })
+	}
+}
+
+func testPrefetchRandomOffsets(t *testing.T, via string) {
 	const size = 24<<20 + 12345 // not a multiple of any block or chunk
-	e := newEnv(t, ModeCopy)
+	e := newEnvVia(t, ModeCopy, via)
 	e.store.putSynthetic("big.bin", size)
 	e.store.breakReads = 3
 	h := prefetchHandle(t, e, "big.bin", size)
@@ -119,8 +125,14 @@ func TestPrefetchRandomOffsets(t *testing.T) {
 // (detached, or the grant behind it revoked), a file being read sequentially fails
 // with EACCES within the blocks already fetched, instead of streaming on.
 func TestPrefetchStopsOnRevocation(t *testing.T) {
+	for _, via := range []string{viaRaw, viaGRPC} {
+		t.Run(via, func(t *testing.T) { testPrefetchStopsOnRevocation(t, via) })
+	}
+}
+
+func testPrefetchStopsOnRevocation(t *testing.T, via string) {
 	const size = 64 << 20
-	e := newEnv(t, ModeCopy)
+	e := newEnvVia(t, ModeCopy, via)
 	e.store.putSynthetic("big.bin", size)
 	h := prefetchHandle(t, e, "big.bin", size)
 	off := int64(0)

@@ -35,6 +35,8 @@ type memStore struct {
 	attachments map[string]bool // attachment id -> rw
 	quota       int64           // bytes; 0 = unlimited
 	reads       []readReq
+	rawReads    int // reads served over raw streams (raw_test.go)
+	rawStreams  int // raw streams opened
 	breakReads  int // break this many read streams after their first chunk (UNAVAILABLE)
 	writes      int
 	// readsLive is the number of Read streams being served; readsPeak its highest.

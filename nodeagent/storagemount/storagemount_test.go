@@ -52,16 +52,24 @@ func requireFUSE(t *testing.T) {
 	}
 }
 
-func newEnv(t *testing.T, mode string) *env { return newTBEnv(t, mode) }
+func newEnv(t *testing.T, mode string) *env { return newTBEnv(t, mode, viaRaw) }
 
-func newBenchEnv(b *testing.B) *env { return newTBEnv(b, ModeFUSE) }
+// newEnvVia is newEnv with the agent reaching the server via viaRaw, viaGRPC or
+// viaOldCP (raw_test.go).
+func newEnvVia(t *testing.T, mode, via string) *env { return newTBEnv(t, mode, via) }
 
-func newTBEnv(t testing.TB, mode string) *env {
+func newBenchEnv(b *testing.B, via string) *env { return newTBEnv(b, ModeFUSE, via) }
+
+func newTBEnv(t testing.TB, mode, via string) *env {
 	t.Helper()
 	e := &env{t: t, store: newMemStore(), conns: NewConns(), state: t.TempDir(), mode: mode}
 	e.store.attachments[attRW] = true
 	e.store.attachments[attRO] = false
-	e.conns.Set(e.store.serve(t))
+	if via == viaGRPC {
+		e.conns.Set(e.store.serve(t))
+	} else {
+		e.conns.SetTunnel(e.store.serveTunnel(t, via == viaRaw))
+	}
 	backend, err := gpu.Open(gpu.BackendMockH100, gpu.Options{MockSeed: "storagemount-test"})
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,10 @@
 //     an AuthRequest frame and reads the AuthResponse.
 //   - Further streams the agent opens carry gRPC: GRPCClient turns a Session into a
 //     grpc.ClientConn for fabricv1.FabricClient; the server feeds accepted streams to a
-//     grpc.Server through a StreamListener.
+//     grpc.Server through a StreamListener. Or they are raw streams for bulk bytes
+//     (OpenAgentStream: a four-byte AgentStreamKind starting with 0x00, which no HTTP/2
+//     preface does, then a request frame); the server tells them apart with
+//     PeekAgentStream.
 //   - Streams the control plane opens are raw byte streams that begin with a
 //     StreamPreamble frame (OpenRaw on the server; ReadPreamble / WriteReply on the
 //     agent). quic-go only shows a new stream to the peer once a byte is written: the

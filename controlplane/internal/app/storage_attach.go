@@ -14,6 +14,7 @@ import (
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/attach"
 	"github.com/gantry-gpu/gantry/controlplane/internal/storage/objects"
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
 // attachments assembles storage attachments (docs/storage.md, Attachments) over the
@@ -26,9 +27,10 @@ func (a *App) attachments(store *objects.Store, cursors pagination.Codec) *attac
 	a.Attachments = attach.New(a.Pool, a.Clock, a.IDs, attach.StorageBuckets{Svc: a.Storage}, a.Fabric, attach.Config{}, a.Log)
 	a.Allocations.Ended = a.Attachments.AllocationEnded
 	a.Allocations.Attachments = launchAttachments{a.Attachments}
-	a.Fabric.RegisterService(&fabricv1.StorageFabric_ServiceDesc, &attach.FabricServer{
-		Svc: a.Attachments, Objects: attach.StoreObjects{Store: store, Cursors: cursors}, NodeOf: fabric.NodeID,
-	})
+	fs := &attach.FabricServer{Svc: a.Attachments, Objects: attach.StoreObjects{Store: store, Cursors: cursors}, NodeOf: fabric.NodeID}
+	a.Fabric.RegisterService(&fabricv1.StorageFabric_ServiceDesc, fs)
+	// Bulk reads skip gRPC: a raw stream per block (docs/storage.md, data path).
+	a.Fabric.HandleRawStream(fabricnet.AgentStreamStorageRead, fs.ServeRawRead)
 	return attach.NewHandlers(a.Attachments, cursors)
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 
 	"github.com/gantry-gpu/gantry/controlplane/internal/fleet"
 	"github.com/gantry-gpu/gantry/controlplane/internal/loop"
@@ -66,6 +67,7 @@ type Server struct {
 	ln        *fabricnet.Listener
 	grpcLn    *fabricnet.StreamListener
 	grpc      *grpc.Server
+	raw       map[fabricnet.AgentStreamKind]RawStreamHandler // set before Run
 	kv        jetstream.KeyValue
 	subs      []*nats.Subscription
 	startedAt time.Time
@@ -350,10 +352,42 @@ func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
 			ss.close(endLost, "tunnel closed")
 			return
 		}
-		if !s.grpcLn.Push(ctx, &sessionConn{Conn: st, ss: ss}) {
-			return
-		}
+		go s.routeStream(ctx, ss, st)
 	}
+}
+
+// routeStream hands an agent-opened stream to the gRPC server or, for a raw stream
+// (fabricnet.PeekAgentStream), to the handler of its kind. It runs off the accept loop:
+// telling them apart waits for the stream's first byte.
+func (s *Server) routeStream(ctx context.Context, ss *session, st net.Conn) {
+	conn, kind, raw, err := fabricnet.PeekAgentStream(st)
+	if err != nil {
+		_ = st.Close()
+		return
+	}
+	if !raw {
+		s.grpcLn.Push(ctx, &sessionConn{Conn: conn, ss: ss})
+		return
+	}
+	h := s.raw[kind]
+	if h == nil {
+		_ = fabricnet.WriteReply(st, &fabricv1.StreamReply{Ok: false, ErrorCode: "UNIMPLEMENTED", Message: "unknown raw stream kind"})
+		_ = st.Close()
+		return
+	}
+	// The handler's context ends with the tunnel, and carries the session as a gRPC
+	// call's does, so NodeID works the same for both.
+	hctx, cancel := context.WithCancel(peer.NewContext(ctx, &peer.Peer{Addr: sessionAddr{ss}}))
+	defer cancel()
+	go func() {
+		select {
+		case <-ss.done:
+			cancel()
+		case <-hctx.Done():
+		}
+	}()
+	defer st.Close()
+	h(hctx, st)
 }
 
 func (s *Server) authenticate(ctx context.Context, fs fabricnet.Session) (uuid.UUID, net.Conn, error) {

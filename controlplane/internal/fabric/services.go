@@ -2,9 +2,12 @@ package fabric
 
 import (
 	"context"
+	"net"
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
+
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
 // RegisterService adds a gRPC service to the ones agents reach on the streams they open
@@ -23,4 +26,20 @@ func NodeID(ctx context.Context) (uuid.UUID, bool) {
 		return uuid.Nil, false
 	}
 	return ss.nodeID, true
+}
+
+// RawStreamHandler serves one agent-opened raw stream (fabricnet.OpenAgentStream): it
+// reads the request frame, answers with a StreamReply and owns the stream until it
+// returns (the stream is closed after). ctx ends with the tunnel; NodeID(ctx) is the
+// stream's node, as for a gRPC call.
+type RawStreamHandler func(ctx context.Context, st net.Conn)
+
+// HandleRawStream serves agent-opened raw streams of kind with h, for bulk transfers
+// that gRPC's framing and copies make costly (StorageFabric reads). It must be called
+// before Run.
+func (s *Server) HandleRawStream(kind fabricnet.AgentStreamKind, h RawStreamHandler) {
+	if s.raw == nil {
+		s.raw = map[fabricnet.AgentStreamKind]RawStreamHandler{}
+	}
+	s.raw[kind] = h
 }

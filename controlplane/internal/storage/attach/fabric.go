@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
 	"github.com/gantry-gpu/gantry/shared/alloctask"
 	"github.com/gantry-gpu/gantry/shared/apierr"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
 // ObjectInfo is one object's metadata as the fabric returns it.
@@ -223,43 +225,59 @@ func (f *FabricServer) Stat(ctx context.Context, r *fabricv1.StorageStatRequest)
 	return protoInfo(o), nil
 }
 
-// Read implements StorageFabric.Read: the info first, then the range in chunks of at most
-// ChunkSize, straight from the object store's reader (never the whole object in memory).
-func (f *FabricServer) Read(r *fabricv1.StorageReadRequest, stream fabricv1.StorageFabric_ReadServer) error {
-	ctx := stream.Context()
+// openRange runs a read's checks (the attachment is the calling node's and live, the
+// path is clean, the version matches) and opens [offset, offset+n) of the object; rc is
+// nil when the range is empty (offset at or past the end). Both Read and the raw read
+// stream (ServeRawRead) go through it, so each block a node fetches is authorised the
+// same way whichever carries it.
+func (f *FabricServer) openRange(ctx context.Context, r *fabricv1.StorageReadRequest) (rc io.ReadCloser, info ObjectInfo, n int64, err error) {
 	a, err := f.attachment(ctx, r.GetAttachmentId(), false)
 	if err != nil {
-		return err
+		return nil, ObjectInfo{}, 0, err
 	}
 	p, err := cleanPath(r.GetPath())
 	if err != nil {
-		return err
+		return nil, ObjectInfo{}, 0, err
 	}
 	if r.GetOffset() < 0 {
-		return status.Error(codes.InvalidArgument, "offset must be >= 0")
+		return nil, ObjectInfo{}, 0, status.Error(codes.InvalidArgument, "offset must be >= 0")
 	}
 	st, err := f.Objects.Stat(ctx, a.bucket, p)
 	if err != nil {
-		return grpcError(err)
+		return nil, ObjectInfo{}, 0, grpcError(err)
 	}
 	if m := r.GetIfMatch(); m != "" && m != st.ETag {
-		return status.Error(codes.FailedPrecondition, "the object changed")
+		return nil, ObjectInfo{}, 0, status.Error(codes.FailedPrecondition, "the object changed")
 	}
 	off, n := r.GetOffset(), r.GetLength()
 	if off >= st.Size {
-		return stream.Send(&fabricv1.StorageReadChunk{Info: protoInfo(st)})
+		return nil, st, 0, nil
 	}
 	if n <= 0 || off+n > st.Size {
 		n = st.Size - off
 	}
-	rc, info, err := f.Objects.Open(ctx, a.bucket, p, off, n)
+	rc, info, err = f.Objects.Open(ctx, a.bucket, p, off, n)
 	if err != nil {
-		return grpcError(err)
+		return nil, ObjectInfo{}, 0, grpcError(err)
+	}
+	if m := r.GetIfMatch(); m != "" && m != info.ETag {
+		rc.Close()
+		return nil, ObjectInfo{}, 0, status.Error(codes.FailedPrecondition, "the object changed")
+	}
+	return rc, info, n, nil
+}
+
+// Read implements StorageFabric.Read: the info first, then the range in chunks of at most
+// ChunkSize, straight from the object store's reader (never the whole object in memory).
+func (f *FabricServer) Read(r *fabricv1.StorageReadRequest, stream fabricv1.StorageFabric_ReadServer) error {
+	rc, info, n, err := f.openRange(stream.Context(), r)
+	if err != nil {
+		return err
+	}
+	if rc == nil {
+		return stream.Send(&fabricv1.StorageReadChunk{Info: protoInfo(info)})
 	}
 	defer rc.Close()
-	if m := r.GetIfMatch(); m != "" && m != info.ETag {
-		return status.Error(codes.FailedPrecondition, "the object changed")
-	}
 	first := &fabricv1.StorageReadChunk{Info: protoInfo(info)}
 	// One buffer for the whole stream: Send encodes the message into gRPC's own
 	// buffers before it returns (a stats handler's OutPayload.Payload is documented as
@@ -293,6 +311,78 @@ func (f *FabricServer) Read(r *fabricv1.StorageReadRequest, stream fabricv1.Stor
 		return stream.Send(first)
 	}
 	return nil
+}
+
+// rawWriteChunk is the most bytes one write to a raw read stream carries: large writes
+// keep the tunnel's per-write work (framing, records, syscalls) per byte small.
+const rawWriteChunk = 256 << 10
+
+// rawReadTimeout bounds one range on a raw read stream: a block is at most a few MiB,
+// so a range still unsent after this is stuck (an agent that stopped reading).
+const rawReadTimeout = 5 * time.Minute
+
+// rawIdleTimeout is how long a raw read stream waits for its next request before the
+// control plane closes it (the agent keeps idle streams for less).
+const rawIdleTimeout = 30 * time.Second
+
+// ServeRawRead serves one raw read stream (fabricnet.AgentStreamStorageRead), the
+// agent's bulk path for StorageFabric.Read: the same request and the same checks
+// (openRange) for every range it asks on the stream, but the bytes go from the object
+// store's reader to the stream as they are, with no protobuf message, HTTP/2 frame or
+// gRPC buffer in between. Each answer is a StreamReply (error_code: the gRPC code's
+// name, message: the status message), then, when ok, the object's info as a frame and
+// exactly the range's bytes; then the next request, until the agent closes the stream or
+// leaves it idle for rawIdleTimeout. A failure after the info ends the stream: the agent
+// sees fewer bytes than the info promised, never a short read taken for the object's end.
+func (f *FabricServer) ServeRawRead(ctx context.Context, st net.Conn) {
+	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	for first := true; ; first = false {
+		if !first {
+			_ = st.SetDeadline(time.Now().Add(rawIdleTimeout))
+		}
+		var req fabricv1.StorageReadRequest
+		if err := fabricnet.ReadFrame(st, &req); err != nil {
+			return
+		}
+		_ = st.SetDeadline(time.Now().Add(rawReadTimeout))
+		if ctx.Err() != nil || !f.serveRawRange(ctx, st, &req) {
+			return
+		}
+	}
+}
+
+// serveRawRange answers one request on a raw read stream; false: the stream is done for.
+func (f *FabricServer) serveRawRange(ctx context.Context, st net.Conn, req *fabricv1.StorageReadRequest) bool {
+	rc, info, n, err := f.openRange(ctx, req)
+	if err != nil {
+		s := status.Convert(err)
+		return fabricnet.WriteReply(st, &fabricv1.StreamReply{Ok: false, ErrorCode: s.Code().String(), Message: s.Message()}) == nil
+	}
+	if rc != nil {
+		defer rc.Close()
+	}
+	if fabricnet.WriteReply(st, &fabricv1.StreamReply{Ok: true}) != nil || fabricnet.WriteFrame(st, protoInfo(info)) != nil {
+		return false
+	}
+	if rc == nil {
+		return true
+	}
+	buf := readBuffers.Get().(*[]byte)
+	defer readBuffers.Put(buf)
+	for left := n; left > 0; {
+		k, rerr := io.ReadFull(rc, (*buf)[:min(left, rawWriteChunk)])
+		if k > 0 {
+			if _, err := st.Write((*buf)[:k]); err != nil {
+				return false
+			}
+			left -= int64(k)
+		}
+		if rerr != nil && left > 0 {
+			return false // short: the agent sees fewer bytes than promised
+		}
+	}
+	return true
 }
 
 // writeStream is a Write call's data messages as an io.Reader.
