@@ -32,9 +32,13 @@ func TestPoolExhaustedAnswers503(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	// The deadline also bounds the setup's requests below (admin, tenant) on this
+	// one-connection pool: 300 ms was too short for them under a loaded make test
+	// (a tenant create answered 503 before the pool was ever held). 3 s costs the two
+	// exhausted requests 3 s each and leaves the setup room.
 	e := apitest.New(t,
 		apitest.WithOptions(func(o *app.Options) { o.Pool = pool }),
-		apitest.WithConfig(func(c *app.Config) { c.RequestTimeout = 300 * time.Millisecond }))
+		apitest.WithConfig(func(c *app.Config) { c.RequestTimeout = 3 * time.Second }))
 	e.Pool = pool
 	_, adminTok := e.PlatformAdmin(t)
 	ten := e.NewTenant(t, adminTok, "Pool")
