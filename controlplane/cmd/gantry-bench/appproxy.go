@@ -314,7 +314,9 @@ VALUES ($1, $2, $3, $4, 'bench', 'bench-app', '1', 'Bench app', $5, $6, $7, 'run
 
 	// 1 GiB download: straight, through the proxy, and through the bare chain of the same
 	// hops (appproxy_ceiling.go), interleaved; the CPU of this process and of the app.
-	appPID := childPID("appproxy-app")
+	// The app's pid as its supervisor recorded it (the app process is the agent's child).
+	inst, _ := sup.Get(instanceID.String())
+	appPID := inst.PID
 	chains := make([]*bareChain, len(chainBuffers))
 	for i, size := range chainBuffers {
 		if chains[i], err = newBareChain(fmt.Sprintf("127.0.0.1:%d", port), size); err != nil {

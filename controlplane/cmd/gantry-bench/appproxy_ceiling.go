@@ -22,10 +22,6 @@ import (
 	"io"
 	"math/big"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -207,29 +203,6 @@ func selfSignedCert() (tls.Certificate, error) {
 		return tls.Certificate{}, err
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
-}
-
-// childPID is the pid of this process's child whose command line has arg (the app that
-// the agent's supervisor started), 0 when there is none.
-func childPID(arg string) int {
-	self := strconv.Itoa(os.Getpid())
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		stat, err := os.ReadFile(filepath.Join(d, "stat"))
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(stat), ')')
-		if f := strings.Fields(string(stat[i+1:])); len(f) < 2 || f[1] != self {
-			continue
-		}
-		cmd, _ := os.ReadFile(filepath.Join(d, "cmdline"))
-		if strings.Contains(string(cmd), arg) {
-			pid, _ := strconv.Atoi(filepath.Base(d))
-			return pid
-		}
-	}
-	return 0
 }
 
 // transfer is one download: its rate, and the CPU it cost this process (client, control

@@ -49,7 +49,9 @@ type Server struct {
 	dir    string
 	log    *lockedWriter
 	client *minio.Client
-	done   chan error
+	// exited is closed once the process has been waited for; waitErr is then its exit.
+	exited  chan struct{}
+	waitErr error
 }
 
 // Find returns the versitygw binary's path: PATH first, then $GOPATH/bin.
@@ -104,7 +106,7 @@ func Start() (*Server, error) {
 			SecretKey: secretKey,
 			dir:       dir,
 			log:       &lockedWriter{},
-			done:      make(chan error, 1),
+			exited:    make(chan struct{}),
 		}
 		s.cmd = exec.Command(bin, "--access", accessKey, "--secret", secretKey, "--port", s.Endpoint, "--quiet", "posix", dir)
 		s.cmd.Stdout = s.log
@@ -116,7 +118,7 @@ func Start() (*Server, error) {
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("start %s: %w", bin, err)
 		}
-		go func() { s.done <- s.cmd.Wait() }()
+		go func() { s.waitErr = s.cmd.Wait(); close(s.exited) }()
 		s.client, err = minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(accessKey, secretKey, "")})
 		if err != nil {
 			s.kill()
@@ -137,9 +139,8 @@ func (s *Server) waitReady() error {
 	deadline := time.Now().Add(startTimeout)
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-s.done:
-			s.done <- err
-			return fmt.Errorf("versitygw exited (%v): %s", err, s.log.String())
+		case <-s.exited:
+			return fmt.Errorf("versitygw exited (%v): %s", s.waitErr, s.log.String())
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -156,8 +157,7 @@ func (s *Server) waitReady() error {
 func (s *Server) kill() {
 	if s.cmd.Process != nil {
 		_ = s.cmd.Process.Kill()
-		<-s.done
-		s.done <- nil
+		<-s.exited
 	}
 }
 
@@ -166,10 +166,10 @@ func (s *Server) Stop() {
 	if s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-s.done:
+		case <-s.exited:
 		case <-time.After(10 * time.Second):
 			_ = s.cmd.Process.Kill()
-			<-s.done
+			<-s.exited
 		}
 	}
 	os.RemoveAll(s.dir)
