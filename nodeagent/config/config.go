@@ -422,7 +422,11 @@ func (c Config) TLSConfig() (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{RootCAs: pool, ServerName: c.FabricServerName, MinVersion: tls.VersionTLS13}, nil
+	// The session cache lets a reconnect resume the last tunnel's TLS session instead
+	// of verifying the server's certificate chain again (docs/fabric.md, reconnects):
+	// every dial clones this config, and the clones share the cache.
+	return &tls.Config{RootCAs: pool, ServerName: c.FabricServerName, MinVersion: tls.VersionTLS13,
+		ClientSessionCache: tls.NewLRUClientSessionCache(4)}, nil
 }
 
 func parseCA(pem []byte) (*x509.CertPool, error) {

@@ -208,6 +208,10 @@ func TestCAAndTLSConfig(t *testing.T) {
 	if tc.RootCAs == nil || tc.ServerName != "fabric.gantry.internal" {
 		t.Fatalf("tls config %+v", tc)
 	}
+	// Reconnects resume the last tunnel's TLS session (docs/fabric.md, "Reconnect CPU").
+	if tc.ClientSessionCache == nil {
+		t.Fatal("no TLS session cache: every reconnect would verify the certificate chain again")
+	}
 }
 
 func selfSigned(t *testing.T) []byte {

@@ -62,6 +62,7 @@ func runFabric(ctx context.Context, fx *fixture, o fabricOpts) error {
 		return err
 	}
 	serverTLS := &tls.Config{Certificates: []tls.Certificate{pki.Server}}
+	serverTLS.SetSessionTicketKeys([][32]byte{pki.TicketKey}) // as fabric.New does
 	clientTLS := &tls.Config{RootCAs: pki.CertPool(), ServerName: "127.0.0.1"}
 
 	fmt.Printf("\nnode fabric (loopback, %d rounds x %s):\n", o.rounds, o.dur)
@@ -145,18 +146,32 @@ func runFabric(ctx context.Context, fx *fixture, o fabricOpts) error {
 			return err
 		})
 	}))
+	// A reconnecting agent resumes its TLS session (fabric.PKI.TicketKey): the same
+	// handshakes with a session cache, against full ones, in the same rounds.
+	resuming := clientTLS.Clone()
+	resuming.ClientSessionCache = tls.NewLRUClientSessionCache(1)
 	for _, m := range []fabricnet.Mode{fabricnet.ModeTCP, fabricnet.ModeQUIC} {
-		v := median(repeat(o.rounds, func() float64 {
-			return throughputN(o.dur, 4, func() error {
-				s, err := fabricnet.Dial(ctx, addr, m, clientTLS, nil)
-				if err == nil {
-					_ = s.Close("bench")
-				}
-				return err
-			})
-		}))
-		fmt.Printf("  %-44s %-5s %8.0f /s    vs bare TLS/TCP handshakes %6.0f /s    = %.2fx\n",
-			"tunnel handshakes", m, v, hsBase, v/hsBase)
+		for _, c := range []struct {
+			what string
+			tls  *tls.Config
+		}{{"tunnel handshakes", clientTLS}, {"tunnel handshakes, TLS session resumed", resuming}} {
+			cpu0 := procCPU(os.Getpid())
+			var done float64
+			v := median(repeat(o.rounds, func() float64 {
+				r := throughputN(o.dur, 4, func() error {
+					s, err := fabricnet.Dial(ctx, addr, m, c.tls, nil)
+					if err == nil {
+						_ = s.Close("bench")
+					}
+					return err
+				})
+				done += r * o.dur.Seconds()
+				return r
+			}))
+			per := (procCPU(os.Getpid()) - cpu0) / time.Duration(max(done, 1))
+			fmt.Printf("  %-44s %-5s %8.0f /s    vs bare TLS/TCP handshakes %6.0f /s    = %.2fx; CPU %.0f us per handshake (both ends)\n",
+				c.what, m, v, hsBase, v/hsBase, float64(per)/float64(time.Microsecond))
+		}
 	}
 
 	return agentCapacity(ctx, fx, o)
@@ -412,7 +427,11 @@ func agentCapacity(ctx context.Context, fx *fixture, o fabricOpts) error {
 	if b := quicHandshakeBound(); b > 0 {
 		bound = strconv.Itoa(b)
 	}
-	fmt.Printf("  agent capacity (%s, %d simulated agents in a child process, GOMAXPROCS=%d, QUIC handshakes in progress %s):\n", o.transport, n, runtime.GOMAXPROCS(0), bound)
+	resumption := "on"
+	if os.Getenv("GANTRY_BENCH_FABRIC_NO_RESUMPTION") == "1" {
+		resumption = "off (GANTRY_BENCH_FABRIC_NO_RESUMPTION=1)"
+	}
+	fmt.Printf("  agent capacity (%s, %d simulated agents in a child process, GOMAXPROCS=%d, QUIC handshakes in progress %s, TLS session resumption %s, control plane GC percent %d):\n", o.transport, n, runtime.GOMAXPROCS(0), bound, resumption, gcPercent)
 	fmt.Printf("    connected %d/%d in %.1fs; control-plane memory %.1f KiB per agent (heap+stacks, goal <= 100 KiB)\n",
 		connected, n, tConnect.Seconds(), per/1024)
 	fmt.Printf("    directory calls while connected: online %d, offline %d (heartbeats write nothing)\n", hb0, dir.offline.Load())
@@ -811,6 +830,7 @@ func fabricChild() error {
 		return err
 	}
 	spread, _ := time.ParseDuration(os.Getenv("BENCH_FABRIC_SPREAD"))
+	noResumption := os.Getenv("GANTRY_BENCH_FABRIC_NO_RESUMPTION") == "1"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := newTunnelLog(n)
@@ -846,6 +866,7 @@ func fabricChild() error {
 		a.ReconnectSpread = spread
 		a.OnRetry = func(established bool, _, err error, d time.Duration) { log.retry(i, established, err, d) }
 		a.Sessions = make(chan fabrictest.Connection, 1)
+		a.NoResumption = noResumption
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -865,7 +886,7 @@ func fabricChild() error {
 						if !ok {
 							return
 						}
-						log.up(i)
+						log.up(i, c.Session.TLS().DidResume)
 						<-c.Session.Done()
 						log.down(i, c.Session.Err())
 					case <-first:
@@ -893,9 +914,11 @@ type tunnelLog struct {
 }
 
 type tunnelEvent struct {
-	at    time.Time
-	up    bool
-	cause string // for an end; for a retry, why the attempt failed
+	at time.Time
+	up bool
+	// resumed: the tunnel that came up resumed a TLS session (no certificate chain).
+	resumed bool
+	cause   string // for an end; for a retry, why the attempt failed
 	// retry marks a failed attempt (no Welcome) and wait the backoff chosen after it.
 	retry bool
 	wait  time.Duration
@@ -948,9 +971,9 @@ func newTunnelLog(n int) *tunnelLog {
 	return &tunnelLog{events: make([][]tunnelEvent, n), spreadWait: make([]time.Duration, n)}
 }
 
-func (l *tunnelLog) up(i int) {
+func (l *tunnelLog) up(i int, resumed bool) {
 	l.mu.Lock()
-	l.events[i] = append(l.events[i], tunnelEvent{at: time.Now(), up: true})
+	l.events[i] = append(l.events[i], tunnelEvent{at: time.Now(), up: true, resumed: resumed})
 	l.mu.Unlock()
 }
 
@@ -987,6 +1010,7 @@ func (l *tunnelLog) report(since time.Time) string {
 	var attempts [6]int // failed attempts before the next Welcome: 0..4, 5 or more
 	var maxWait time.Duration
 	var lastAttempt, spreads []time.Duration
+	resumed := 0
 	for i, evs := range l.events {
 		for k, e := range evs {
 			if e.up || e.retry || e.at.Before(since) {
@@ -998,6 +1022,9 @@ func (l *tunnelLog) report(since time.Time) string {
 			for _, u := range evs[k+1:] {
 				if u.up {
 					back = append(back, u.at.Sub(e.at))
+					if u.resumed {
+						resumed++
+					}
 					// The successful attempt: from the end of the wait before it (after
 					// the last failure, or after the tunnel's end) to the Welcome.
 					last := u.at.Sub(e.at) - l.spreadWait[i]
@@ -1036,10 +1063,10 @@ func (l *tunnelLog) report(since time.Time) string {
 		hist[k] = fmt.Sprintf("%d: %d", k, c)
 	}
 	hist[len(hist)-1] = fmt.Sprintf("%d+: %d", len(hist)-1, attempts[len(hist)-1])
-	return fmt.Sprintf("      agents' view: %d tunnels ended (%s) after %s; from the end to the next Welcome %s\n"+
+	return fmt.Sprintf("      agents' view: %d tunnels ended (%s) after %s; from the end to the next Welcome %s; %d of the %d next tunnels resumed their TLS session\n"+
 		"      failed attempts before the next Welcome (agents by count) %s; failures: %s; backoff waited after failures %s (longest single wait %.1fs)\n"+
 		"      wait after the end (spread) %s; the successful attempt itself (dial to Welcome) %s\n",
-		len(ended), strings.Join(by, ", "), percentiles(ended), percentiles(back),
+		len(ended), strings.Join(by, ", "), percentiles(ended), percentiles(back), resumed, len(back),
 		strings.Join(hist, ", "), strings.Join(fails, ", "), percentiles(waits), maxWait.Seconds(),
 		percentiles(spreads), percentiles(lastAttempt))
 }

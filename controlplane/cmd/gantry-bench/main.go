@@ -53,6 +53,13 @@ func main() {
 	child := flag.Bool("fabric-child", false, "internal: run simulated agents (the capacity run's child process)")
 	serverChild := flag.Bool("fabric-server-child", false, "internal: run the fabric server that the capacity run kills with SIGKILL")
 	flag.Parse()
+	if !*child {
+		// The processes that hold a control plane (this one, and the fabric server child
+		// of the SIGKILL run) collect garbage as gantry-controlplane serve does
+		// (GANTRY_GC_PERCENT, default 200; GOGC wins); the simulated agents' process
+		// keeps Go's default.
+		gcPercent = app.ApplyGCPercent(benchGCPercent())
+	}
 	if *serverChild {
 		if err := fabricServerChild(); err != nil {
 			fmt.Fprintln(os.Stderr, "gantry-bench server child:", err)
@@ -83,7 +90,18 @@ func main() {
 var (
 	benchOnly     string
 	fabricOptions fabricOpts
+	// gcPercent is the garbage collector target of the control plane's processes.
+	gcPercent int
 )
+
+// benchGCPercent is GANTRY_GC_PERCENT as the control plane reads it (default 200, 0:
+// Go's default).
+func benchGCPercent() int {
+	if v, err := strconv.Atoi(os.Getenv("GANTRY_GC_PERCENT")); err == nil {
+		return v
+	}
+	return 200
+}
 
 func envInt(k string, def int) int {
 	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {

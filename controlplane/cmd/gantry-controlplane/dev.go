@@ -88,6 +88,7 @@ func runDev(ctx context.Context, dir string, stdout, stderr io.Writer) (err erro
 		return err
 	}
 	log := obs.NewLogger(stderr, server.ServiceName, cfg.Level())
+	app.ApplyGCPercent(cfg.GCPercent)
 
 	a, err := app.New(ctx, cfg, log, app.Options{})
 	if err != nil {

@@ -72,7 +72,7 @@ func serve(ctx context.Context, cfg app.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.HTTPAddr, err)
 	}
-	log.Info("serving", "addr", ln.Addr().String())
+	log.Info("serving", "addr", ln.Addr().String(), "gc_percent", app.ApplyGCPercent(cfg.GCPercent))
 	return a.Run(ctx, ln)
 }
 

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +43,43 @@ func TestJobRescueFromEnvironment(t *testing.T) {
 		if _, err := LoadConfig(true); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("rescue %s attempt %s job %q: %v, want an error naming %s", c.rescue, c.attempt, c.job, err, c.want)
 		}
+	}
+}
+
+// GANTRY_GC_PERCENT defaults to 200, accepts 0 (Go's default) and 50-1000 and refuses
+// the rest at load; ApplyGCPercent sets it unless GOGC is set.
+func TestGCPercent(t *testing.T) {
+	t.Setenv("GOGC", "")
+	cfg, err := LoadConfig(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.GCPercent != 200 {
+		t.Fatalf("default GC percent %d", cfg.GCPercent)
+	}
+	for v, ok := range map[string]bool{"0": true, "50": true, "1000": true, "49": false, "1001": false, "-1": false} {
+		t.Setenv("GANTRY_GC_PERCENT", v)
+		_, err := LoadConfig(true)
+		if (err == nil) != ok {
+			t.Errorf("GANTRY_GC_PERCENT=%s: %v", v, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "GANTRY_GC_PERCENT") {
+			t.Errorf("GANTRY_GC_PERCENT=%s: the error does not name the variable: %v", v, err)
+		}
+	}
+
+	before := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(before)
+	if got := ApplyGCPercent(300); got != 300 || debug.SetGCPercent(300) != 300 {
+		t.Fatalf("ApplyGCPercent(300) = %d", got)
+	}
+	if got := ApplyGCPercent(0); got != 300 {
+		t.Fatalf("ApplyGCPercent(0) changed the target: reports %d", got)
+	}
+	// GOGC wins: its value stays in force.
+	t.Setenv("GOGC", "150")
+	debug.SetGCPercent(150) // what the runtime read from GOGC at start
+	if got := ApplyGCPercent(400); got != 150 || debug.SetGCPercent(150) != 150 {
+		t.Fatalf("with GOGC=150 ApplyGCPercent(400) = %d", got)
 	}
 }

@@ -56,10 +56,29 @@ type PKI struct {
 	// ResetKey is the QUIC stateless reset key of the fabric listener, derived from the
 	// CA's private key (resetKey).
 	ResetKey [32]byte
+	// TicketKey encrypts the fabric listener's TLS session tickets, derived from the
+	// CA's private key like ResetKey (ticketKey).
+	TicketKey [32]byte
 }
 
 // resetKeyLabel names what the CA key is stretched into; a new label, a new key.
 const resetKeyLabel = "gantry fabric: QUIC stateless reset key v1"
+
+// ticketKeyLabel names the session ticket key stretched from the CA key.
+const ticketKeyLabel = "gantry fabric: TLS session ticket key v1"
+
+// ticketKey derives the key of the fabric's TLS session tickets from the CA's private
+// key. An agent that reconnects presents the ticket of its last tunnel and the
+// handshake resumes: the server neither sends its certificate chain nor signs, and the
+// agent verifies neither (the two ECDSA verifications were a tenth of an agent's CPU
+// in a fleet reconnect, docs/fabric.md). A per-process random key (crypto/tls's
+// default) would be lost with the process, and a restart is exactly when the whole
+// fleet reconnects; every replica sharing the CA derives the same key, so a ticket
+// from one is good at another. Resumption in TLS 1.3 as crypto/tls does it (psk_dhe_ke)
+// still runs a fresh key exchange, so whoever learns this key cannot read recorded
+// tunnels; they could impersonate the control plane to an agent holding a ticket, which
+// the CA key they learned it from lets them do anyway.
+func ticketKey(ca *ecdsa.PrivateKey) ([32]byte, error) { return deriveKey(ca, ticketKeyLabel) }
 
 // resetKey derives the QUIC stateless reset key from the CA's private key with
 // HKDF-SHA256. A reset token is an HMAC of a connection id under this key, and an agent
@@ -70,13 +89,17 @@ const resetKeyLabel = "gantry fabric: QUIC stateless reset key v1"
 // rather than stored: nothing new to keep secret, rotate or migrate, and it is as
 // secret as the CA key it comes from (whoever holds that can impersonate the control
 // plane anyway). It changes only with the CA.
-func resetKey(ca *ecdsa.PrivateKey) ([32]byte, error) {
+func resetKey(ca *ecdsa.PrivateKey) ([32]byte, error) { return deriveKey(ca, resetKeyLabel) }
+
+// deriveKey stretches the CA's private key into a 32-byte key named by label
+// (HKDF-SHA256).
+func deriveKey(ca *ecdsa.PrivateKey, label string) ([32]byte, error) {
 	var k [32]byte
 	ek, err := ca.ECDH()
 	if err != nil {
 		return k, err
 	}
-	b, err := hkdf.Key(sha256.New, ek.Bytes(), nil, resetKeyLabel, len(k))
+	b, err := hkdf.Key(sha256.New, ek.Bytes(), nil, label, len(k))
 	if err != nil {
 		return k, err
 	}
@@ -143,10 +166,15 @@ func LoadPKI(ctx context.Context, pool *pgxpool.Pool, sealKey []byte, names []st
 		if err != nil {
 			return fmt.Errorf("fabric reset key: %w", err)
 		}
+		tk, err := ticketKey(caKey)
+		if err != nil {
+			return fmt.Errorf("fabric session ticket key: %w", err)
+		}
 		out = &PKI{
-			ResetKey: rk,
-			CAPEM:    []byte(caRow.CertPem),
-			CA:       caCert,
+			ResetKey:  rk,
+			TicketKey: tk,
+			CAPEM:     []byte(caRow.CertPem),
+			CA:        caCert,
 			Server: tls.Certificate{
 				Certificate: [][]byte{srvCert.Raw, caCert.Raw},
 				PrivateKey:  srvKey,

@@ -129,6 +129,9 @@ func New(ctx context.Context, cfg Config, deps Deps) (*Server, error) {
 	// Every handshake takes the current certificate: RenewCertificate replaces it
 	// while the listener runs.
 	tlsConf := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Load(), nil }}
+	// Session tickets under a key derived from the CA (PKI.TicketKey): a reconnecting
+	// agent resumes, even at a replica that was restarted or is not the one it left.
+	tlsConf.SetSessionTicketKeys([][32]byte{pki.TicketKey})
 	// The reset key comes from the CA, so it survives a crash: the restarted replica
 	// resets the tunnels its predecessor held and their agents reconnect at once.
 	resetKey := quic.StatelessResetKey(pki.ResetKey)

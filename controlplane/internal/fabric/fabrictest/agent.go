@@ -55,6 +55,10 @@ type Agent struct {
 	HeartbeatOverride time.Duration
 	// NoHeartbeats stops sending heartbeats (to test the TTL).
 	NoHeartbeats atomic.Bool
+	// NoResumption dials every tunnel with a full TLS handshake. By default the agent
+	// keeps a session cache across its reconnects and resumes, as the real agent does
+	// (nodeagent/config TLSConfig).
+	NoResumption bool
 
 	// Sessions receives one Connection per established session (Welcome received).
 	Sessions chan Connection
@@ -69,6 +73,20 @@ type Agent struct {
 	results    map[string]*fabricv1.TaskResult    // sent after every Welcome until acknowledged
 	acked      []string
 	heartbeats atomic.Int64
+	tlsOnce    sync.Once
+	tlsConf    *tls.Config
+}
+
+// tls is the agent's TLS configuration, the same across its reconnects so that they
+// share the session cache.
+func (a *Agent) tls() *tls.Config {
+	a.tlsOnce.Do(func() {
+		a.tlsConf = &tls.Config{RootCAs: a.CA}
+		if !a.NoResumption {
+			a.tlsConf.ClientSessionCache = tls.NewLRUClientSessionCache(1)
+		}
+	})
+	return a.tlsConf
 }
 
 // Connection describes one established session.
@@ -194,7 +212,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // agent stopped while the tunnel was up).
 func (a *Agent) once(ctx context.Context) (established bool, ended error, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	sess, err := fabricnet.Dial(dctx, a.Addr, a.Mode, &tls.Config{RootCAs: a.CA}, a.Dial)
+	sess, err := fabricnet.Dial(dctx, a.Addr, a.Mode, a.tls(), a.Dial)
 	cancel()
 	if err != nil {
 		return false, nil, err
