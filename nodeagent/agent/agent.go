@@ -98,9 +98,6 @@ type Options struct {
 	// side, when not nil, opens a bulk side session beside it: given for a QUIC
 	// tunnel whose control plane offers them (bulkSideDialer).
 	OnTunnel func(cc grpc.ClientConnInterface, sess fabricnet.Session, side fabricnet.SideDialer)
-	// NoBulkSide keeps bulk streams on the tunnel even where a TLS+TCP bulk side
-	// session could carry them (OnTunnel then gets no side dialer).
-	NoBulkSide bool
 	// LogStats, when set, reports the log shipper's counters for the agent's metrics.
 	LogStats func() logship.Stats
 	// Backoff spaces reconnects; the zero value means DefaultBackoff.
@@ -475,14 +472,14 @@ func (a *Agent) session(ctx context.Context) (established bool, ended error, err
 }
 
 // bulkSideDialer returns how bulk streams reach a TLS+TCP side session beside sess
-// (fabricnet.SideDialer), or nil when they stay on sess: a TLS+TCP tunnel already, a
-// control plane that does not offer side sessions, or NoBulkSide. quic-go costs about
-// 2.4 times the CPU per byte of TLS+TCP, which kept attachment reads over a QUIC tunnel
-// near 0.2x of an API GET (docs/storage.md). The side session dials the tunnel's
+// (fabricnet.SideDialer), or nil when they stay on sess: a TLS+TCP tunnel already, or a
+// control plane that does not offer side sessions. quic-go costs about 2.4 times the
+// CPU per byte of TLS+TCP, which kept attachment reads over a QUIC tunnel near 0.2x of
+// an API GET (docs/storage.md). The side session dials the tunnel's
 // address over TCP with the same TLS settings and node token (re-read, in case it was
 // rotated on disk), naming the tunnel's session.
 func (a *Agent) bulkSideDialer(sess fabricnet.Session, auth *fabricv1.AuthResponse, tok string) fabricnet.SideDialer {
-	if a.o.NoBulkSide || sess.Transport() != fabricnet.TransportQUIC || !auth.GetBulkSideSessions() || auth.GetSessionId() == "" {
+	if sess.Transport() != fabricnet.TransportQUIC || !auth.GetBulkSideSessions() || auth.GetSessionId() == "" {
 		return nil
 	}
 	return func(ctx context.Context) (fabricnet.Session, error) {

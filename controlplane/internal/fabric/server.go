@@ -75,9 +75,9 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[uuid.UUID]*session // live sessions on this replica, by node
+	ending   sync.WaitGroup
 	// bulkStreams counts the raw streams served on bulk side sessions (BulkStreams).
 	bulkStreams atomic.Int64
-	ending   sync.WaitGroup
 
 	presence *presenceMirror
 
