@@ -386,7 +386,10 @@ func TestRawReadsTakeTheBulkSide(t *testing.T) {
 		cc, sess, _ := e.store.serveTunnel(t, true)
 		read(t, c)
 		e.conns.SetTunnel(cc, sess, d.dial)
-		for !e.conns.BulkStats().Up {
+		for deadline := time.Now().Add(10 * time.Second); !e.conns.BulkStats().Up; {
+			if time.Now().After(deadline) {
+				t.Fatal("the new tunnel's side session not up")
+			}
 			read(t, c)
 		}
 		e.conns.SetTunnel(nil, nil, nil)
