@@ -136,6 +136,8 @@ func (l *rawLane) idleSince() (bool, time.Time) {
 // that breaks, leaves reads on the tunnel for bulkRetry.
 type bulkSide struct {
 	dial fabricnet.SideDialer
+	// idleAfter and retryAfter are bulkIdle and bulkRetry (tests shorten them).
+	idleAfter, retryAfter time.Duration
 
 	ctx    context.Context // ends with the tunnel: cancels a dial under way
 	cancel context.CancelFunc
@@ -152,7 +154,7 @@ type bulkSide struct {
 
 func newBulkSide(dial fabricnet.SideDialer) *bulkSide {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &bulkSide{dial: dial, ctx: ctx, cancel: cancel}
+	return &bulkSide{dial: dial, idleAfter: bulkIdle, retryAfter: bulkRetry, ctx: ctx, cancel: cancel}
 }
 
 // current returns the side session's lane, or nil while there is none: then it starts
@@ -168,7 +170,7 @@ func (b *bulkSide) current() *rawLane {
 		case <-l.sess.Done():
 			// Broken (or closed by the control plane, whose main session ended): the
 			// tunnel carries reads until the retry time.
-			b.lane, b.retryAt = nil, time.Now().Add(bulkRetry)
+			b.lane, b.retryAt = nil, time.Now().Add(b.retryAfter)
 			b.failures++
 		default:
 			return l
@@ -190,7 +192,7 @@ func (b *bulkSide) dialSide() {
 	defer b.mu.Unlock()
 	b.dialing = false
 	if err != nil {
-		b.retryAt = time.Now().Add(bulkRetry)
+		b.retryAt = time.Now().Add(b.retryAfter)
 		b.failures++
 		return
 	}
@@ -199,7 +201,7 @@ func (b *bulkSide) dialSide() {
 		return
 	}
 	b.lane = &rawLane{sess: s, lastUse: time.Now()}
-	b.armIdle(b.lane, bulkIdle)
+	b.armIdle(b.lane, b.idleAfter)
 }
 
 // armIdle schedules l's idle check; b.mu held.
@@ -207,7 +209,7 @@ func (b *bulkSide) armIdle(l *rawLane, d time.Duration) {
 	b.timer = time.AfterFunc(d, func() { b.checkIdle(l) })
 }
 
-// checkIdle closes the side session l when no stream of it was in use for bulkIdle.
+// checkIdle closes the side session l when no stream of it was in use for idleAfter.
 func (b *bulkSide) checkIdle(l *rawLane) {
 	b.mu.Lock()
 	if b.lane != l || b.closed {
@@ -215,9 +217,9 @@ func (b *bulkSide) checkIdle(l *rawLane) {
 		return
 	}
 	idle, since := l.idleSince()
-	if wait := bulkIdle - time.Since(since); !idle || wait > 0 {
+	if wait := b.idleAfter - time.Since(since); !idle || wait > 0 {
 		if !idle {
-			wait = bulkIdle
+			wait = b.idleAfter
 		}
 		b.armIdle(l, wait)
 		b.mu.Unlock()
@@ -233,7 +235,7 @@ func (b *bulkSide) checkIdle(l *rawLane) {
 func (b *bulkSide) failed(l *rawLane) {
 	b.mu.Lock()
 	if b.lane == l {
-		b.lane, b.retryAt = nil, time.Now().Add(bulkRetry)
+		b.lane, b.retryAt = nil, time.Now().Add(b.retryAfter)
 		b.failures++
 	}
 	b.mu.Unlock()

@@ -318,7 +318,8 @@ func TestRawReadResumesAndFallsBack(t *testing.T) {
 // offers bulk side sessions), raw reads move to the side session once it is up, with
 // the object's bytes; a dial that fails (TCP blocked) leaves them on the tunnel, and is
 // not tried again on every read; a side session that breaks sends reads back to the
-// tunnel; a new tunnel closes the old tunnel's side session.
+// tunnel; one left idle is closed and dialled again by the next read; a new tunnel
+// closes the old tunnel's side session.
 func TestRawReadsTakeTheBulkSide(t *testing.T) {
 	const size = 5<<20 + 77
 	want := make([]byte, size)
@@ -398,6 +399,35 @@ func TestRawReadsTakeTheBulkSide(t *testing.T) {
 		case <-all[len(all)-1].Done():
 		default:
 			t.Fatal("the side session outlived its tunnel")
+		}
+	})
+
+	t.Run("idle", func(t *testing.T) {
+		e, c, d := setup(t, false)
+		// Shortened: a side session with no stream in use for this long is closed.
+		e.conns.cur.bulk.idleAfter = 200 * time.Millisecond
+		waitFor := func(what string, cond func() bool) {
+			t.Helper()
+			for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("timed out waiting for %s", what)
+				}
+			}
+		}
+		read(t, c)
+		waitFor("side session up", func() bool { return e.conns.BulkStats().Up })
+		read(t, c)
+		waitFor("side session closed when idle", func() bool { return !e.conns.BulkStats().Up })
+		select {
+		case <-d.sessions()[0].Done():
+		default:
+			t.Fatal("the idle side session was forgotten but not closed")
+		}
+		// Idle is no failure: the next read dials again at once.
+		read(t, c)
+		waitFor("a new side session", func() bool { return e.conns.BulkStats().Up })
+		if st := e.conns.BulkStats(); st.Dials != 2 || st.Failures != 0 {
+			t.Fatalf("bulk stats %+v, want two dials, no failure", st)
 		}
 	})
 
