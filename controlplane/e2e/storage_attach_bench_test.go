@@ -93,6 +93,7 @@ func benchAttachmentRead(b *testing.B, size int64) {
 	// Attachment: timed inside the allocation, so the terminal stream's setup is not in it.
 	stopProfile := startCPUProfile(b, os.Getenv("GANTRY_BENCH_ATTACH_CPUPROFILE"))
 	cpu0, mach0 := processCPU(), machineCPU()
+	bulk0 := w.c.app.Fabric.BulkStreams()
 	// times: the shell's children (the cat: its read syscalls, with the kernel's FUSE
 	// copies in them) on the second line.
 	out, code := w.shell(b, `s=$(date +%s%N); cat "$HOME/buckets/data/big.bin" > /dev/null || exit 7; e=$(date +%s%N); echo "ns=$((e-s))"; echo "times:"; times`)
@@ -103,6 +104,7 @@ func benchAttachmentRead(b *testing.B, size int64) {
 		b.Fatalf("reading through the attachment: %q", out)
 	}
 	attachCPU, attachMach := processCPU()-cpu0, machineCPU()-mach0
+	bulkStreams := w.c.app.Fabric.BulkStreams() - bulk0
 	catCPU := childTimes(out)
 	stopProfile()
 	attachRead := time.Duration(ns)
@@ -128,6 +130,9 @@ func benchAttachmentRead(b *testing.B, size int64) {
 	attachRate, apiRate := mib/attachRead.Seconds(), mib/apiRead.Seconds()
 	fmt.Printf("storage attachment (%s, fabric %s): read %d MiB in %s (%.0f MiB/s) vs API GET %s (%.0f MiB/s): ratio %.2fx (goal >= 0.5x); attach took %s\n",
 		mode, transportName(), size>>20, attachRead.Round(time.Millisecond), attachRate, apiRead.Round(time.Millisecond), apiRate, attachRate/apiRate, attachTime.Round(time.Millisecond))
+	// Which path the bytes took: a QUIC tunnel's reads move to a TLS+TCP bulk side
+	// session once it is up (docs/fabric.md); a TLS+TCP tunnel has none.
+	fmt.Printf("  raw read streams opened on the bulk side session during the read: %d\n", bulkStreams)
 	// What each path costs, whatever else the machine runs: CPU seconds per GiB of this
 	// process (control plane, agent and the GET's client; the allocation's cat is a
 	// child process and not counted), with the load average beside it.

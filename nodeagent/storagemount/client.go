@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,9 +36,21 @@ type tunnel struct {
 	// noRaw is set once this tunnel's control plane turned a raw stream away as
 	// unknown (an older control plane): its reads go through gRPC from then on.
 	noRaw atomic.Bool
+	// main is the lane of raw read streams on the tunnel itself; bulk, when the agent
+	// gave a SideDialer, the bulk side session beside it (bulk.go), which reads prefer.
+	main rawLane
+	bulk *bulkSide
+}
 
-	idleMu sync.Mutex
-	idle   []idleStream // raw read streams that finished a range, for the next
+// lane is where the next raw read stream goes: the bulk side session when it is up,
+// else the tunnel (starting the side session's dial when one is due).
+func (t *tunnel) lane() (l *rawLane, side bool) {
+	if t.bulk != nil {
+		if l := t.bulk.current(); l != nil {
+			return l, true
+		}
+	}
+	return &t.main, false
 }
 
 // NewConns returns an empty holder (no tunnel yet).
@@ -47,17 +58,26 @@ func NewConns() *Conns { return &Conns{changed: make(chan struct{})} }
 
 // Set records the current tunnel's connection; nil means the tunnel is down. Reads
 // then use gRPC only (SetTunnel gives them the raw path).
-func (c *Conns) Set(cc grpc.ClientConnInterface) { c.SetTunnel(cc, nil) }
+func (c *Conns) Set(cc grpc.ClientConnInterface) { c.SetTunnel(cc, nil, nil) }
 
 // SetTunnel records the current tunnel's connection and session (agent.Options.OnTunnel);
 // a nil cc means the tunnel is down. With a session, reads fetch their bytes over raw
-// streams (fabricnet.AgentStreamStorageRead) instead of StorageFabric.Read.
-func (c *Conns) SetTunnel(cc grpc.ClientConnInterface, sess fabricnet.Session) {
+// streams (fabricnet.AgentStreamStorageRead) instead of StorageFabric.Read; with a
+// side dialer too (a QUIC tunnel whose control plane offers bulk side sessions), over
+// a TLS+TCP side session beside the tunnel once it is up (bulk.go), which ends with the
+// tunnel.
+func (c *Conns) SetTunnel(cc grpc.ClientConnInterface, sess fabricnet.Session, side fabricnet.SideDialer) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.cur != nil && c.cur.bulk != nil {
+		c.cur.bulk.close()
+	}
 	c.cur = nil
 	if cc != nil {
-		c.cur = &tunnel{cc: cc, sess: sess}
+		c.cur = &tunnel{cc: cc, sess: sess, main: rawLane{sess: sess}}
+		if sess != nil && side != nil {
+			c.cur.bulk = newBulkSide(side)
+		}
 	}
 	close(c.changed)
 	c.changed = make(chan struct{})
@@ -314,8 +334,7 @@ type Reader struct {
 	info         *fabricv1.StorageObjectInfo
 
 	stream  fabricv1.StorageFabric_ReadClient
-	raw     net.Conn    // the raw stream, instead of stream
-	rawTun  *tunnel     // raw's tunnel (its idle streams)
+	raw     *laneStream // the raw stream, instead of stream
 	rawStop func() bool // stops raw's close on the context's end
 	left    int64       // bytes the raw stream still owes
 	stuck   int         // raw streams in a row that broke before yielding a byte
@@ -412,20 +431,38 @@ func (r *Reader) gotInfo(info *fabricv1.StorageObjectInfo) {
 // errNoRaw says the control plane does not serve raw read streams.
 var errNoRaw = errors.New("storage: no raw read streams on this tunnel")
 
-// startRaw sends req on an idle raw read stream of the tunnel, or a new one, and reads
-// the info. Its errors are gRPC statuses (the control plane's code, or UNAVAILABLE for
-// a broken tunnel), or errNoRaw.
+// startRaw sends req on a raw read stream: on the bulk side session when it is up,
+// else (or when the side session fails under it) on the tunnel. Its errors are gRPC
+// statuses (the control plane's code, or UNAVAILABLE for a broken tunnel), or errNoRaw.
 func (r *Reader) startRaw(t *tunnel, req *fabricv1.StorageReadRequest) error {
-	var st net.Conn
+	if l, side := t.lane(); side {
+		err := r.startRawOn(l, true, req)
+		if !errors.Is(err, errLaneFailed) {
+			return err
+		}
+		t.bulk.failed(l)
+	}
+	return r.startRawOn(&t.main, false, req)
+}
+
+// errLaneFailed says a bulk side session failed a stream for a reason other than the
+// control plane's answer: the read goes to the tunnel.
+var errLaneFailed = errors.New("storage: bulk side session failed")
+
+// startRawOn sends req on an idle raw read stream of lane l, or a new one, and reads
+// the info. On a side session (side) a failure that is not the control plane's answer
+// is errLaneFailed.
+func (r *Reader) startRawOn(l *rawLane, side bool, req *fabricv1.StorageReadRequest) error {
+	var st *laneStream
 	for st == nil {
-		idle := t.takeIdle(time.Now())
+		idle := l.takeIdle(time.Now())
 		var err error
 		if idle != nil {
 			if err = fabricnet.AgentStreamRequest(r.ctx, idle, req); err == nil {
 				st = idle
 				break
 			}
-		} else if st, err = fabricnet.OpenAgentStream(r.ctx, t.sess, fabricnet.AgentStreamStorageRead, req); err == nil {
+		} else if st, err = l.open(r.ctx, req); err == nil {
 			break
 		}
 		if ctxErr := r.ctx.Err(); ctxErr != nil {
@@ -437,10 +474,16 @@ func (r *Reader) startRaw(t *tunnel, req *fabricv1.StorageReadRequest) error {
 		var ref *fabricnet.StreamRefusedError
 		if errors.As(err, &ref) {
 			if ref.Code == codes.Unimplemented.String() {
+				if idle != nil {
+					_ = idle.Close()
+				}
+				if side {
+					return errLaneFailed
+				}
 				return errNoRaw
 			}
 			if idle != nil {
-				t.putIdle(idle, time.Now()) // a refusal leaves the stream usable
+				l.putIdle(idle, time.Now()) // a refusal leaves the stream usable
 			}
 			return status.Error(codeOf(ref.Code), ref.Message)
 		}
@@ -449,8 +492,11 @@ func (r *Reader) startRaw(t *tunnel, req *fabricv1.StorageReadRequest) error {
 			_ = idle.Close()
 			continue
 		}
+		if side {
+			return errLaneFailed
+		}
 		select {
-		case <-t.sess.Done():
+		case <-l.sess.Done():
 			return status.Errorf(codes.Unavailable, "storage: tunnel ended: %v", err)
 		default:
 		}
@@ -461,6 +507,9 @@ func (r *Reader) startRaw(t *tunnel, req *fabricv1.StorageReadRequest) error {
 	var info fabricv1.StorageObjectInfo
 	if err := fabricnet.ReadFrame(st, &info); err != nil {
 		_ = st.Close()
+		if side && r.ctx.Err() == nil {
+			return errLaneFailed
+		}
 		return status.Errorf(codes.Unavailable, "storage: raw read stream: %v", err)
 	}
 	r.gotInfo(&info)
@@ -469,7 +518,7 @@ func (r *Reader) startRaw(t *tunnel, req *fabricv1.StorageReadRequest) error {
 	if r.end >= 0 {
 		end = min(end, r.end)
 	}
-	r.raw, r.rawTun, r.left, r.stream = st, t, max(end-r.off, 0), nil
+	r.raw, r.left, r.stream = st, max(end-r.off, 0), nil
 	// A raw stream's reads do not watch the context: ending it (a prefetched block
 	// dropped, the mount going) closes the stream, so the control plane stops sending.
 	r.rawStop = context.AfterFunc(r.ctx, func() { _ = st.Close() })
@@ -502,7 +551,7 @@ func (r *Reader) finishRaw() {
 		return
 	}
 	if r.rawStop() {
-		r.rawTun.putIdle(r.raw, time.Now())
+		r.raw.lane.putIdle(r.raw, time.Now())
 	} else {
 		_ = r.raw.Close()
 	}
@@ -517,44 +566,6 @@ const (
 	idleRaw    = PrefetchBlocks + 1
 	rawIdleFor = 15 * time.Second
 )
-
-type idleStream struct {
-	st    net.Conn
-	since time.Time
-}
-
-// takeIdle returns an idle raw stream of the tunnel (nil: none), closing stale ones.
-func (t *tunnel) takeIdle(now time.Time) net.Conn {
-	t.idleMu.Lock()
-	defer t.idleMu.Unlock()
-	for len(t.idle) > 0 {
-		last := t.idle[len(t.idle)-1]
-		t.idle = t.idle[:len(t.idle)-1]
-		if now.Sub(last.since) < rawIdleFor {
-			return last.st
-		}
-		_ = last.st.Close()
-	}
-	return nil
-}
-
-// putIdle keeps st for the next read, or closes it when the pool is full or the tunnel
-// has ended.
-func (t *tunnel) putIdle(st net.Conn, now time.Time) {
-	t.idleMu.Lock()
-	defer t.idleMu.Unlock()
-	select {
-	case <-t.sess.Done():
-		_ = st.Close()
-		return
-	default:
-	}
-	if len(t.idle) >= idleRaw {
-		_ = st.Close()
-		return
-	}
-	t.idle = append(t.idle, idleStream{st: st, since: now})
-}
 
 // codeOf is the gRPC code named name (codes.Code.String), UNKNOWN if none.
 func codeOf(name string) codes.Code {

@@ -3,6 +3,7 @@ package storagemount
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -31,9 +32,12 @@ const (
 type pipeSession struct {
 	store *memStore
 	raw   bool
-	grpc  *fabricnet.StreamListener
-	done  chan struct{}
-	once  sync.Once
+	// side marks a bulk side session: it serves raw streams only (counted in
+	// memStore.sideStreams), as the control plane's does.
+	side bool
+	grpc *fabricnet.StreamListener
+	done chan struct{}
+	once sync.Once
 }
 
 func (s *pipeSession) OpenStream(ctx context.Context) (net.Conn, error) {
@@ -51,7 +55,16 @@ func (s *pipeSession) OpenStream(ctx context.Context) (net.Conn, error) {
 		}
 		if raw && s.raw && kind == fabricnet.AgentStreamStorageRead {
 			defer cp.Close()
+			if s.side {
+				s.store.mu.Lock()
+				s.store.sideStreams++
+				s.store.mu.Unlock()
+			}
 			s.store.serveRaw(cp)
+			return
+		}
+		if s.side {
+			_ = cp.Close() // no gRPC on a side session
 			return
 		}
 		if raw {
@@ -83,8 +96,9 @@ func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "pipe" }
 
 // serveTunnel serves s over a pipeSession; raw says whether raw read streams are
-// served. It returns the session's gRPC connection and the session (closed at cleanup).
-func (s *memStore) serveTunnel(t testing.TB, raw bool) (*grpc.ClientConn, fabricnet.Session) {
+// served. It returns the session's gRPC connection, the session (closed at cleanup) and
+// no side dialer (sideDialer makes one).
+func (s *memStore) serveTunnel(t testing.TB, raw bool) (*grpc.ClientConn, fabricnet.Session, fabricnet.SideDialer) {
 	t.Helper()
 	sess := &pipeSession{store: s, raw: raw, grpc: fabricnet.NewStreamListener(pipeAddr{}), done: make(chan struct{})}
 	srv := grpc.NewServer()
@@ -99,7 +113,34 @@ func (s *memStore) serveTunnel(t testing.TB, raw bool) (*grpc.ClientConn, fabric
 		srv.Stop()
 		_ = sess.Close("test over")
 	})
-	return cc, sess
+	return cc, sess, nil
+}
+
+// sideDialer opens bulk side sessions (pipeSessions serving raw streams only) and
+// keeps each for the test to inspect; fail, while set, makes the dial fail as a
+// blocked TCP path does.
+type sideDialer struct {
+	store  *memStore
+	mu     sync.Mutex
+	opened []*pipeSession
+	fail   bool
+}
+
+func (d *sideDialer) dial(ctx context.Context) (fabricnet.Session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail {
+		return nil, errors.New("tcp blocked")
+	}
+	s := &pipeSession{store: d.store, raw: true, side: true, done: make(chan struct{})}
+	d.opened = append(d.opened, s)
+	return s, nil
+}
+
+func (d *sideDialer) sessions() []*pipeSession {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*pipeSession(nil), d.opened...)
 }
 
 // serveRaw is the test double of attach.FabricServer.ServeRawRead: the same checks as
@@ -271,4 +312,136 @@ func TestRawReadResumesAndFallsBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRawReadsTakeTheBulkSide: with a side dialer (a QUIC tunnel whose control plane
+// offers bulk side sessions), raw reads move to the side session once it is up, with
+// the object's bytes; a dial that fails (TCP blocked) leaves them on the tunnel, and is
+// not tried again on every read; a side session that breaks sends reads back to the
+// tunnel; one left idle is closed and dialled again by the next read; a new tunnel
+// closes the old tunnel's side session.
+func TestRawReadsTakeTheBulkSide(t *testing.T) {
+	const size = 5<<20 + 77
+	want := make([]byte, size)
+	synthFill(want, 0)
+	setup := func(t *testing.T, fail bool) (*env, *Client, *sideDialer) {
+		e := newEnv(t, ModeCopy)
+		e.store.putSynthetic("big.bin", size)
+		d := &sideDialer{store: e.store, fail: fail}
+		cc, sess, _ := e.store.serveTunnel(t, true)
+		e.conns.SetTunnel(cc, sess, d.dial)
+		c := NewClient(e.conns)
+		c.RetryFor, c.Backoff = 10*time.Second, 10*time.Millisecond
+		return e, c, d
+	}
+	read := func(t *testing.T, c *Client) {
+		t.Helper()
+		r, err := c.Open(context.Background(), attRO, "big.bin", 0, 0, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		got, err := io.ReadAll(r)
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("read %d bytes (%v): not the object's", len(got), err)
+		}
+	}
+	// counts: streams opened on side sessions, raw streams opened, ranges read raw.
+	counts := func(e *env) (side, raw, reads int) {
+		e.store.mu.Lock()
+		defer e.store.mu.Unlock()
+		return e.store.sideStreams, e.store.rawStreams, e.store.rawReads
+	}
+
+	t.Run("side", func(t *testing.T) {
+		e, c, d := setup(t, false)
+		read(t, c) // starts the dial; this read may stay on the tunnel
+		deadline := time.Now().Add(10 * time.Second)
+		for !e.conns.BulkStats().Up {
+			if time.Now().After(deadline) {
+				t.Fatal("side session not up")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		side0, raw0, _ := counts(e)
+		read(t, c)
+		side1, raw1, reads1 := counts(e)
+		if side1 == side0 || side1-side0 != raw1-raw0 {
+			t.Fatalf("second read opened %d streams, %d of them on the side session", raw1-raw0, side1-side0)
+		}
+		if st := e.conns.BulkStats(); st.Dials != 1 || st.Failures != 0 {
+			t.Fatalf("bulk stats %+v, want one dial", st)
+		}
+		// The side session breaks: reads go back to the tunnel, and stay there for
+		// bulkRetry instead of dialling again at once.
+		_ = d.sessions()[0].Close("broken")
+		read(t, c)
+		side2, _, reads2 := counts(e)
+		if side2 != side1 || reads2 == reads1 {
+			t.Fatalf("after the side session broke: %d side streams, %d raw reads (before %d, %d)", side2, reads2, side1, reads1)
+		}
+		if st := e.conns.BulkStats(); st.Dials != 1 || st.Failures != 1 || st.Up {
+			t.Fatalf("bulk stats after the break %+v", st)
+		}
+		// A new tunnel: the old one's side session ends with it.
+		cc, sess, _ := e.store.serveTunnel(t, true)
+		read(t, c)
+		e.conns.SetTunnel(cc, sess, d.dial)
+		for deadline := time.Now().Add(10 * time.Second); !e.conns.BulkStats().Up; {
+			if time.Now().After(deadline) {
+				t.Fatal("the new tunnel's side session not up")
+			}
+			read(t, c)
+		}
+		e.conns.SetTunnel(nil, nil, nil)
+		all := d.sessions()
+		select {
+		case <-all[len(all)-1].Done():
+		default:
+			t.Fatal("the side session outlived its tunnel")
+		}
+	})
+
+	t.Run("idle", func(t *testing.T) {
+		e, c, d := setup(t, false)
+		// Shortened: a side session with no stream in use for this long is closed.
+		e.conns.cur.bulk.idleAfter = 200 * time.Millisecond
+		waitFor := func(what string, cond func() bool) {
+			t.Helper()
+			for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("timed out waiting for %s", what)
+				}
+			}
+		}
+		read(t, c)
+		waitFor("side session up", func() bool { return e.conns.BulkStats().Up })
+		read(t, c)
+		waitFor("side session closed when idle", func() bool { return !e.conns.BulkStats().Up })
+		select {
+		case <-d.sessions()[0].Done():
+		default:
+			t.Fatal("the idle side session was forgotten but not closed")
+		}
+		// Idle is no failure: the next read dials again at once.
+		read(t, c)
+		waitFor("a new side session", func() bool { return e.conns.BulkStats().Up })
+		if st := e.conns.BulkStats(); st.Dials != 2 || st.Failures != 0 {
+			t.Fatalf("bulk stats %+v, want two dials, no failure", st)
+		}
+	})
+
+	t.Run("tcp blocked", func(t *testing.T) {
+		e, c, d := setup(t, true)
+		for range 3 {
+			read(t, c)
+		}
+		side, raw, _ := counts(e)
+		if side != 0 || raw == 0 || len(d.sessions()) != 0 {
+			t.Fatalf("%d side, %d raw streams", side, raw)
+		}
+		if st := e.conns.BulkStats(); st.Dials != 1 || st.Failures != 1 || st.Up {
+			t.Fatalf("bulk stats %+v, want one failed dial and no retry", st)
+		}
+	})
 }

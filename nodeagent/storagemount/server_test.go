@@ -37,6 +37,7 @@ type memStore struct {
 	reads       []readReq
 	rawReads    int // reads served over raw streams (raw_test.go)
 	rawStreams  int // raw streams opened
+	sideStreams int // of them, on bulk side sessions
 	breakReads  int // break this many read streams after their first chunk (UNAVAILABLE)
 	writes      int
 	// readsLive is the number of Read streams being served; readsPeak its highest.

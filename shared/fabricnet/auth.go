@@ -16,6 +16,9 @@ const ProtocolVersion = 1
 const (
 	AuthErrTokenInvalid = "token_invalid"
 	AuthErrUnavailable  = "unavailable"
+	// AuthErrSessionNotFound refuses a bulk side session (AuthRequest.bulk_for_session_id)
+	// whose main session this control plane does not hold live for the token's node.
+	AuthErrSessionNotFound = "session_not_found"
 )
 
 // ErrTokenRefused is returned by Authenticate when the control plane refused the node

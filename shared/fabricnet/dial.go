@@ -42,6 +42,10 @@ type DialOptions struct {
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
 	Yamux *yamux.Config
+	// DialTCP, when set, opens the TCP connection of a TLS+yamux tunnel instead of a
+	// net.Dialer (a proxy, a socket option; tests make it fail to play a network path
+	// that blocks TCP).
+	DialTCP func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Dial opens a tunnel to addr ("host:port"). tlsConf must trust the fabric CA (and set
@@ -65,7 +69,7 @@ func Dial(ctx context.Context, addr string, mode Mode, tlsConf *tls.Config, opts
 	case ModeQUIC:
 		return dialQUIC(ctx, addr, tc, o.QUIC)
 	case ModeTCP:
-		return dialTCP(ctx, addr, tc, o.Yamux)
+		return dialTCP(ctx, addr, tc, &o)
 	case ModeAuto, "":
 		qctx, cancel := context.WithTimeout(ctx, o.QUICFallbackAfter)
 		s, qerr := dialQUIC(qctx, addr, tc, o.QUIC)
@@ -82,7 +86,7 @@ func Dial(ctx context.Context, addr string, mode Mode, tlsConf *tls.Config, opts
 			// MaxConcurrentQUICHandshakes) and leave the agent on the slower transport.
 			return nil, qerr
 		}
-		s, terr := dialTCP(ctx, addr, tc, o.Yamux)
+		s, terr := dialTCP(ctx, addr, tc, &o)
 		if terr != nil {
 			return nil, errors.Join(fmt.Errorf("quic: %w", qerr), fmt.Errorf("tcp: %w", terr))
 		}
@@ -110,9 +114,15 @@ func dialQUIC(ctx context.Context, addr string, tc *tls.Config, qc *quic.Config)
 	return newQUICSession(c, tr), nil
 }
 
-func dialTCP(ctx context.Context, addr string, tc *tls.Config, yc *yamux.Config) (Session, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+func dialTCP(ctx context.Context, addr string, tc *tls.Config, o *DialOptions) (Session, error) {
+	var c net.Conn
+	var err error
+	if o.DialTCP != nil {
+		c, err = o.DialTCP(ctx, addr)
+	} else {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +134,7 @@ func dialTCP(ctx context.Context, addr string, tc *tls.Config, yc *yamux.Config)
 		_ = c.Close()
 		return nil, err
 	}
-	mux, err := yamux.Client(fc, yamuxConfig(yc))
+	mux, err := yamux.Client(fc, yamuxConfig(o.Yamux))
 	if err != nil {
 		_ = fc.Close()
 		return nil, err

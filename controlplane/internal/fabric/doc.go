@@ -6,7 +6,8 @@
 // It owns:
 //   - the fabric CA and server certificate (PostgreSQL, keys sealed under the master key);
 //   - one live session per node on this replica (a second tunnel from the same node
-//     replaces the first, on any replica);
+//     replaces the first, on any replica), and beside a session at most one bulk side
+//     session (bulk.go: a TLS+TCP tunnel carrying only the session's raw streams);
 //   - presence in a JetStream KV bucket (node -> replica, session, transport, last
 //     heartbeat), so any replica can route to any node, and the heartbeat policy: TTLs
 //     chosen from the fleet size with jitter and grace, and a long TTL right after a

@@ -120,13 +120,17 @@ func (fx *fixture) config(replica string) fabric.Config {
 }
 
 // server starts a fabric server; stop ends it (Run returns) and is also a cleanup.
-func (fx *fixture) server(cfg fabric.Config) (*fabric.Server, func()) {
+// setup runs between New and Run (HandleRawStream, RegisterService).
+func (fx *fixture) server(cfg fabric.Config, setup ...func(*fabric.Server)) (*fabric.Server, func()) {
 	fx.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := fabric.New(ctx, cfg, fx.deps)
 	if err != nil {
 		cancel()
 		fx.t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(srv)
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Run(ctx) }()

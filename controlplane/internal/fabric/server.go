@@ -76,6 +76,8 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[uuid.UUID]*session // live sessions on this replica, by node
 	ending   sync.WaitGroup
+	// bulkStreams counts the raw streams served on bulk side sessions (BulkStreams).
+	bulkStreams atomic.Int64
 
 	presence *presenceMirror
 
@@ -313,10 +315,14 @@ func (s *Server) acceptLoop(ctx context.Context) {
 // serveTunnel authenticates a new tunnel and then feeds its agent-opened streams to
 // the gRPC server until it ends.
 func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
-	nodeID, authStream, err := s.authenticate(ctx, fs)
+	nodeID, authStream, req, err := s.authenticate(ctx, fs)
 	if err != nil {
 		s.deps.Log.Debug("fabric: tunnel refused", "remote", fs.RemoteAddr().String(), "err", err)
 		_ = fs.Close("unauthenticated")
+		return
+	}
+	if req.GetBulkForSessionId() != "" {
+		s.serveSide(ctx, fs, nodeID, authStream, req.GetBulkForSessionId())
 		return
 	}
 	ss := &session{
@@ -328,7 +334,7 @@ func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
 	ss.hb = s.heartbeatConfig()
 	s.register(ss)
 	// The session is registered before the agent hears ok, so its Control call finds it.
-	werr := fabricnet.WriteFrame(authStream, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String()})
+	werr := fabricnet.WriteFrame(authStream, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String(), BulkSideSessions: true})
 	_ = authStream.Close()
 	if werr != nil {
 		ss.close(endLost, "auth response not delivered")
@@ -355,22 +361,31 @@ func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
 			ss.close(endLost, "tunnel closed")
 			return
 		}
-		go s.routeStream(ctx, ss, st)
+		go s.routeStream(ctx, ss, st, false)
 	}
 }
 
 // routeStream hands an agent-opened stream to the gRPC server or, for a raw stream
 // (fabricnet.PeekAgentStream), to the handler of its kind. It runs off the accept loop:
-// telling them apart waits for the stream's first byte.
-func (s *Server) routeStream(ctx context.Context, ss *session, st net.Conn) {
+// telling them apart waits for the stream's first byte. On a bulk side session (side)
+// only raw streams are served: gRPC there would be a second control path beside the
+// session's own.
+func (s *Server) routeStream(ctx context.Context, ss *session, st net.Conn, side bool) {
 	conn, kind, raw, err := fabricnet.PeekAgentStream(st)
 	if err != nil {
 		_ = st.Close()
 		return
 	}
 	if !raw {
+		if side {
+			_ = st.Close()
+			return
+		}
 		s.grpcLn.Push(ctx, &sessionConn{Conn: conn, ss: ss})
 		return
+	}
+	if side {
+		s.bulkStreams.Add(1)
 	}
 	h := s.raw[kind]
 	if h == nil {
@@ -393,18 +408,20 @@ func (s *Server) routeStream(ctx context.Context, ss *session, st net.Conn) {
 	h(hctx, st)
 }
 
-func (s *Server) authenticate(ctx context.Context, fs fabricnet.Session) (uuid.UUID, net.Conn, error) {
+// authenticate reads the auth stream's AuthRequest and checks its node token. On
+// success the auth stream is left open for the caller's AuthResponse.
+func (s *Server) authenticate(ctx context.Context, fs fabricnet.Session) (uuid.UUID, net.Conn, *fabricv1.AuthRequest, error) {
 	actx, cancel := context.WithTimeout(ctx, s.cfg.AuthTimeout)
 	defer cancel()
 	st, err := fs.AcceptStream(actx)
 	if err != nil {
-		return uuid.Nil, nil, err
+		return uuid.Nil, nil, nil, err
 	}
 	_ = st.SetDeadline(time.Now().Add(s.cfg.AuthTimeout))
 	var req fabricv1.AuthRequest
 	if err := fabricnet.ReadFrame(st, &req); err != nil {
 		_ = st.Close()
-		return uuid.Nil, nil, err
+		return uuid.Nil, nil, nil, err
 	}
 	nodeID, err := s.deps.Directory.AuthenticateNode(actx, req.GetToken())
 	if err != nil {
@@ -412,15 +429,20 @@ func (s *Server) authenticate(ctx context.Context, fs fabricnet.Session) (uuid.U
 		if errors.Is(err, fleet.ErrUnauthenticated) {
 			code = fabricnet.AuthErrTokenInvalid
 		}
-		_ = fabricnet.WriteFrame(st, &fabricv1.AuthResponse{Ok: false, ErrorCode: code})
-		// Let the refusal reach the agent before the tunnel closes: wait for the agent to
-		// close its end of the auth stream (bounded by the deadline).
-		var b [1]byte
-		_, _ = st.Read(b[:])
-		_ = st.Close()
-		return uuid.Nil, nil, err
+		refuseAuth(st, code)
+		return uuid.Nil, nil, nil, err
 	}
-	return nodeID, st, nil
+	return nodeID, st, &req, nil
+}
+
+// refuseAuth answers the auth stream st with a refusal and closes it.
+func refuseAuth(st net.Conn, code string) {
+	_ = fabricnet.WriteFrame(st, &fabricv1.AuthResponse{Ok: false, ErrorCode: code})
+	// Let the refusal reach the agent before the tunnel closes: wait for the agent to
+	// close its end of the auth stream (bounded by the stream's deadline).
+	var b [1]byte
+	_, _ = st.Read(b[:])
+	_ = st.Close()
 }
 
 // register makes ss the node's live session here, replacing an older one.

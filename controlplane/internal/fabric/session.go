@@ -51,8 +51,9 @@ type session struct {
 	hostname      string
 	ctl           *controlCall
 	pending       map[string]chan *fabricv1.TaskAck
-	kvRev         uint64    // revision of this session's presence entry
-	kvHeartbeat   time.Time // last heartbeat written to presence
+	kvRev         uint64            // revision of this session's presence entry
+	kvHeartbeat   time.Time         // last heartbeat written to presence
+	side          fabricnet.Session // the live bulk side session, if any (bulk.go)
 }
 
 // controlCall is the current Control RPC of a session: where ControlMessages go.

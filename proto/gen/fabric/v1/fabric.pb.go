@@ -13,6 +13,10 @@
 //  3. Every stream the CONTROL PLANE opens is a raw byte stream (terminal, app proxy):
 //     it starts with one StreamPreamble frame written by the control plane, the agent
 //     answers one StreamReply frame, and the rest of the stream is the payload bytes.
+//  4. A bulk side session (AuthRequest.bulk_for_session_id) is a second tunnel of the
+//     same node beside a QUIC one, over TLS+TCP, authenticated the same way; after its
+//     auth stream it carries only agent-opened raw streams (shared/fabricnet,
+//     agentraw.go), served as streams of the main tunnel.
 //
 // A frame is a protobuf message preceded by its length as a uvarint (the
 // google.golang.org/protobuf/encoding/protodelim format), at most 64 KiB.
@@ -276,8 +280,18 @@ type AuthRequest struct {
 	AgentVersion string `protobuf:"bytes,2,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// The fabric protocol version the agent speaks; this file describes version 1.
 	ProtocolVersion uint32 `protobuf:"varint,3,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When set, this tunnel is a bulk side session of the node's tunnel with this
+	// session id (AuthResponse.session_id), held beside it for bulk bytes only: a QUIC
+	// tunnel's agent carries attachment reads over a TLS+TCP side session, whose cost per
+	// byte is well under quic-go's. The control plane accepts it only while this replica
+	// holds that live session of the token's node, and only when that session's
+	// AuthResponse offered side sessions (bulk_side_sessions); it routes only raw
+	// agent-opened streams on it (no gRPC, no Hello, no presence), as streams of the main
+	// session, and closes it when the main session ends. At most one per main session: a
+	// newer one replaces it.
+	BulkForSessionId string `protobuf:"bytes,4,opt,name=bulk_for_session_id,json=bulkForSessionId,proto3" json:"bulk_for_session_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AuthRequest) Reset() {
@@ -331,6 +345,13 @@ func (x *AuthRequest) GetProtocolVersion() uint32 {
 	return 0
 }
 
+func (x *AuthRequest) GetBulkForSessionId() string {
+	if x != nil {
+		return x.BulkForSessionId
+	}
+	return ""
+}
+
 // AuthResponse is the control plane's one frame on the auth stream.
 type AuthResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -340,10 +361,16 @@ type AuthResponse struct {
 	// Identifies this tunnel on the control plane (UUID), when ok.
 	SessionId string `protobuf:"bytes,3,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// When not ok: "token_invalid" (wrong, revoked or rotated-away token; the agent should
-	// stop and ask for re-enrollment) or "unavailable" (try again with backoff).
-	ErrorCode     string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// stop and ask for re-enrollment) or "unavailable" (try again with backoff); for a
+	// bulk side session also "session_not_found" (this replica holds no live session of
+	// the node with that id: the agent keeps its bulk streams on the main tunnel).
+	ErrorCode string `protobuf:"bytes,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// On a main tunnel's ok: this control plane accepts bulk side sessions of it
+	// (AuthRequest.bulk_for_session_id). An older control plane leaves it false, and the
+	// agent never dials one.
+	BulkSideSessions bool `protobuf:"varint,5,opt,name=bulk_side_sessions,json=bulkSideSessions,proto3" json:"bulk_side_sessions,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AuthResponse) Reset() {
@@ -402,6 +429,13 @@ func (x *AuthResponse) GetErrorCode() string {
 		return x.ErrorCode
 	}
 	return ""
+}
+
+func (x *AuthResponse) GetBulkSideSessions() bool {
+	if x != nil {
+		return x.BulkSideSessions
+	}
+	return false
 }
 
 type AgentMessage struct {
@@ -3463,18 +3497,20 @@ var File_fabric_v1_fabric_proto protoreflect.FileDescriptor
 
 const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\n" +
-	"\x16fabric/v1/fabric.proto\x12\x10gantry.fabric.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"s\n" +
+	"\x16fabric/v1/fabric.proto\x12\x10gantry.fabric.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa2\x01\n" +
 	"\vAuthRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12)\n" +
-	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\"u\n" +
+	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\x12-\n" +
+	"\x13bulk_for_session_id\x18\x04 \x01(\tR\x10bulkForSessionId\"\xa3\x01\n" +
 	"\fAuthResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
-	"error_code\x18\x04 \x01(\tR\terrorCode\"\xc9\x03\n" +
+	"error_code\x18\x04 \x01(\tR\terrorCode\x12,\n" +
+	"\x12bulk_side_sessions\x18\x05 \x01(\bR\x10bulkSideSessions\"\xc9\x03\n" +
 	"\fAgentMessage\x12/\n" +
 	"\x05hello\x18\x01 \x01(\v2\x17.gantry.fabric.v1.HelloH\x00R\x05hello\x12;\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1b.gantry.fabric.v1.HeartbeatH\x00R\theartbeat\x12;\n" +

@@ -13,6 +13,10 @@
 //  3. Every stream the CONTROL PLANE opens is a raw byte stream (terminal, app proxy):
 //     it starts with one StreamPreamble frame written by the control plane, the agent
 //     answers one StreamReply frame, and the rest of the stream is the payload bytes.
+//  4. A bulk side session (AuthRequest.bulk_for_session_id) is a second tunnel of the
+//     same node beside a QUIC one, over TLS+TCP, authenticated the same way; after its
+//     auth stream it carries only agent-opened raw streams (shared/fabricnet,
+//     agentraw.go), served as streams of the main tunnel.
 //
 // A frame is a protobuf message preceded by its length as a uvarint (the
 // google.golang.org/protobuf/encoding/protodelim format), at most 64 KiB.

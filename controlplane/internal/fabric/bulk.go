@@ -1,0 +1,88 @@
+package fabric
+
+import (
+	"context"
+	"net"
+
+	"github.com/google/uuid"
+
+	fabricv1 "github.com/gantry-gpu/gantry/proto/gen/fabric/v1"
+	"github.com/gantry-gpu/gantry/shared/fabricnet"
+)
+
+// Bulk side sessions. quic-go spends about 2.4 times the CPU per byte that the TLS+TCP
+// tunnel does (per-packet sealing, sending and acknowledging), which held an attachment
+// read over a QUIC tunnel near 0.2x of an API GET (docs/storage.md). So an agent whose
+// tunnel is QUIC may hold a second, TLS+TCP tunnel beside it for bulk bytes: it
+// authenticates with the same node token and names the main session
+// (AuthRequest.bulk_for_session_id). It is accepted only while this replica holds that
+// live session of the token's node, and it is no session of its own: no presence, no
+// Hello, no gRPC. Its agent-opened raw streams are served exactly as the main
+// session's (routeStream, with the main session in the handler's context), so a raw
+// stream handler's checks by node apply unchanged. It ends with the main session, and
+// a main session has at most one: a newer one replaces it.
+
+// serveSide serves fs, authenticated as nodeID on auth stream st, as the bulk side
+// session of the node's session forID, or refuses it.
+func (s *Server) serveSide(ctx context.Context, fs fabricnet.Session, nodeID uuid.UUID, st net.Conn, forID string) {
+	id, err := uuid.Parse(forID)
+	ss := s.local(nodeID)
+	if err != nil || ss == nil || ss.id != id || !ss.attachSide(fs) {
+		s.deps.Log.Debug("fabric: bulk side session refused", "node_id", nodeID, "for_session", forID)
+		refuseAuth(st, fabricnet.AuthErrSessionNotFound)
+		_ = fs.Close("no such session")
+		return
+	}
+	defer ss.detachSide(fs)
+	werr := fabricnet.WriteFrame(st, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String()})
+	_ = st.Close()
+	if werr != nil {
+		_ = fs.Close("auth response not delivered")
+		return
+	}
+	go func() {
+		select {
+		case <-ss.done:
+			_ = fs.Close("main tunnel ended")
+		case <-fs.Done():
+		}
+	}()
+	for {
+		st, err := fs.AcceptStream(ctx)
+		if err != nil {
+			_ = fs.Close("side session ended")
+			return
+		}
+		go s.routeStream(ctx, ss, st, true)
+	}
+}
+
+// attachSide makes fs the session's bulk side session, closing the one it replaces;
+// false when the session has ended.
+func (ss *session) attachSide(fs fabricnet.Session) bool {
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		return false
+	}
+	old := ss.side
+	ss.side = fs
+	ss.mu.Unlock()
+	if old != nil {
+		_ = old.Close("replaced by a newer side session")
+	}
+	return true
+}
+
+// detachSide forgets fs once it has ended, unless a newer one replaced it already.
+func (ss *session) detachSide(fs fabricnet.Session) {
+	ss.mu.Lock()
+	if ss.side == fs {
+		ss.side = nil
+	}
+	ss.mu.Unlock()
+}
+
+// BulkStreams is how many raw streams agents opened on bulk side sessions of this
+// replica's sessions (tests, and the bench's proof of which path a read took).
+func (s *Server) BulkStreams() int64 { return s.bulkStreams.Load() }
