@@ -130,9 +130,10 @@ func benchAttachmentRead(b *testing.B, size int64) {
 	attachRate, apiRate := mib/attachRead.Seconds(), mib/apiRead.Seconds()
 	fmt.Printf("storage attachment (%s, fabric %s): read %d MiB in %s (%.0f MiB/s) vs API GET %s (%.0f MiB/s): ratio %.2fx (goal >= 0.5x); attach took %s\n",
 		mode, transportName(), size>>20, attachRead.Round(time.Millisecond), attachRate, apiRead.Round(time.Millisecond), apiRate, attachRate/apiRate, attachTime.Round(time.Millisecond))
-	// Which path the bytes took: a QUIC tunnel's reads move to a TLS+TCP bulk side
-	// session once it is up (docs/fabric.md); a TLS+TCP tunnel has none.
-	fmt.Printf("  raw read streams opened on the bulk side session during the read: %d\n", bulkStreams)
+	// Which path the bytes took: raw reads move to bulk connections (or, from a control
+	// plane without them, a QUIC tunnel's to a bulk side session) once the first is up
+	// (docs/fabric.md).
+	fmt.Printf("  raw read streams served on bulk connections or side sessions during the read: %d\n", bulkStreams)
 	// What each path costs, whatever else the machine runs: CPU seconds per GiB of this
 	// process (control plane, agent and the GET's client; the allocation's cat is a
 	// child process and not counted), with the load average beside it.

@@ -471,25 +471,47 @@ func (a *Agent) session(ctx context.Context) (established bool, ended error, err
 	return true, nil, a.serve(ctx, sctx, ctl, hb, tel)
 }
 
-// bulkSideDialer returns how bulk streams reach a TLS+TCP side session beside sess
-// (fabricnet.SideDialer), or nil when they stay on sess: a TLS+TCP tunnel already, or a
-// control plane that does not offer side sessions. quic-go costs about 2.4 times the
-// CPU per byte of TLS+TCP, which kept attachment reads over a QUIC tunnel near 0.2x of
-// an API GET (docs/storage.md). The side session dials the tunnel's
-// address over TCP with the same TLS settings and node token (re-read, in case it was
-// rotated on disk), naming the tunnel's session.
+// bulkSideDialer returns how bulk streams leave the tunnel (fabricnet.SideDialer), or
+// nil when they stay on sess. A control plane that takes bulk connections
+// (AuthResponse.bulk_connections) gets them on either transport: each raw stream its own
+// TLS+TCP connection, with no multiplexer between the stream and TLS (yamux's copies and
+// handoffs were about a fifth of an attachment read's CPU, docs/storage.md). Else a QUIC
+// tunnel whose control plane offers side sessions gets one: quic-go costs about 2.4
+// times the CPU per byte of TLS+TCP. Both dial the tunnel's address over TCP with the
+// same TLS settings and node token (re-read, in case it was rotated on disk), naming the
+// tunnel's session.
 func (a *Agent) bulkSideDialer(sess fabricnet.Session, auth *fabricv1.AuthResponse, tok string) fabricnet.SideDialer {
-	if sess.Transport() != fabricnet.TransportQUIC || !auth.GetBulkSideSessions() || auth.GetSessionId() == "" {
+	if auth.GetSessionId() == "" {
 		return nil
 	}
-	return func(ctx context.Context) (fabricnet.Session, error) {
+	req := func() *fabricv1.AuthRequest {
 		t, err := a.o.Token()
 		if err != nil {
 			t = tok
 		}
-		side, err := fabricnet.DialBulkSide(ctx, a.o.Addr, a.o.TLS, a.o.DialOptions, &fabricv1.AuthRequest{
+		return &fabricv1.AuthRequest{
 			Token: t, AgentVersion: a.o.AgentVersion, ProtocolVersion: fabricnet.ProtocolVersion, BulkForSessionId: auth.GetSessionId(),
-		})
+		}
+	}
+	if auth.GetBulkConnections() {
+		dial := func(ctx context.Context) (fabricnet.Session, error) {
+			return fabricnet.DialBulkConn(ctx, a.o.Addr, a.o.TLS, a.o.DialOptions, req())
+		}
+		return func(ctx context.Context) (fabricnet.Session, error) {
+			conns, err := fabricnet.NewBulkConns(ctx, dial)
+			if err != nil {
+				a.log.Info("bulk connections not available; bulk reads stay on the tunnel for now", "err", err)
+				return nil, err
+			}
+			a.log.Debug("bulk connections up", "session_id", auth.GetSessionId())
+			return conns, nil
+		}
+	}
+	if sess.Transport() != fabricnet.TransportQUIC || !auth.GetBulkSideSessions() {
+		return nil
+	}
+	return func(ctx context.Context) (fabricnet.Session, error) {
+		side, err := fabricnet.DialBulkSide(ctx, a.o.Addr, a.o.TLS, a.o.DialOptions, req())
 		if err != nil {
 			a.log.Info("bulk side session not available; bulk reads stay on the QUIC tunnel for now", "err", err)
 			return nil, err

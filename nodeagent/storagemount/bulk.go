@@ -12,10 +12,14 @@ import (
 	"github.com/gantry-gpu/gantry/shared/fabricnet"
 )
 
-// Raw read streams run on a lane: the tunnel itself, or, when the tunnel is QUIC and
-// the control plane offers them, a bulk side session beside it (TLS+TCP, about 2.4
-// times cheaper per byte than quic-go; fabricnet.SideDialer). A lane keeps the streams
-// that delivered a whole range for the next read.
+// Raw read streams run on a lane: the tunnel itself, or, when the agent gave a
+// fabricnet.SideDialer, what it dials beside the tunnel: bulk connections where the
+// control plane takes them (fabricnet.BulkConns: each stream its own TLS+TCP
+// connection, with no yamux between the stream and TLS), else, on a QUIC tunnel, a bulk
+// side session (TLS+TCP, about 2.4 times cheaper per byte than quic-go). Either is a
+// fabricnet.Session here, and called the side session below. A lane keeps the streams
+// that delivered a whole range for the next read (on bulk connections, the connections
+// themselves).
 
 // Side session timing. bulkIdle: a side session with no stream in use for this long is
 // closed (its kept streams, idle 15 s at most, go with it). bulkRetry: after a side

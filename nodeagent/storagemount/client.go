@@ -63,9 +63,9 @@ func (c *Conns) Set(cc grpc.ClientConnInterface) { c.SetTunnel(cc, nil, nil) }
 // SetTunnel records the current tunnel's connection and session (agent.Options.OnTunnel);
 // a nil cc means the tunnel is down. With a session, reads fetch their bytes over raw
 // streams (fabricnet.AgentStreamStorageRead) instead of StorageFabric.Read; with a
-// side dialer too (a QUIC tunnel whose control plane offers bulk side sessions), over
-// a TLS+TCP side session beside the tunnel once it is up (bulk.go), which ends with the
-// tunnel.
+// side dialer too (bulk connections, or a QUIC tunnel's bulk side session), over what
+// it dials beside the tunnel once the first dial succeeded (bulk.go), which ends with
+// the tunnel.
 func (c *Conns) SetTunnel(cc grpc.ClientConnInterface, sess fabricnet.Session, side fabricnet.SideDialer) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -186,3 +186,68 @@ func TestFUSEPrefetchThroughMount(t *testing.T) {
 		}
 	}
 }
+
+// TestChunkRepliesHoldTheirChunk: a sequential read that lies inside one prefetched
+// chunk is answered from the chunk itself, with the object's bytes, and the chunk stays
+// the reply's (not back in the pool for the next block to overwrite) until go-fuse calls
+// Done, however far the reader has moved on meanwhile; Done gives it back.
+func TestChunkRepliesHoldTheirChunk(t *testing.T) {
+	const size = 8 << 20
+	e := newEnvVia(t, ModeCopy, viaRaw)
+	e.store.putSynthetic("big.bin", size)
+	h := prefetchHandle(t, e, "big.bin", size)
+	// filled waits (bounded) until a held block has the bytes before end.
+	filled := func(end int64) {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			h.mu.Lock()
+			b := h.blockAtLocked(end - 1)
+			ok := b == nil || b.filled >= end
+			h.mu.Unlock()
+			if ok {
+				return
+			}
+		}
+	}
+	type held struct {
+		r   *chunkReply
+		off int64
+	}
+	var replies []held
+	for off := int64(0); off < 4<<20; off += rawChunk {
+		filled(off + rawChunk)
+		res, errno := h.Read(context.Background(), make([]byte, rawChunk), off)
+		if errno != 0 {
+			t.Fatalf("read at %d: %v", off, errno)
+		}
+		if r, ok := res.(*chunkReply); ok {
+			replies = append(replies, held{r, off})
+			continue
+		}
+		got, _ := res.Bytes(make([]byte, rawChunk))
+		want := make([]byte, rawChunk)
+		synthFill(want, off)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("copied read at %d: bytes differ from the object's", off)
+		}
+	}
+	if len(replies) < 8 {
+		t.Fatalf("%d of 16 chunk-aligned sequential reads answered from their chunk, want >= 8", len(replies))
+	}
+	for _, r := range replies {
+		got, st := r.r.Bytes(nil)
+		want := make([]byte, rawChunk)
+		synthFill(want, r.off)
+		if st != fuse.OK || r.r.Size() != rawChunk || !bytes.Equal(got, want) {
+			t.Fatalf("reply at %d: %d bytes, differ from the object's", r.off, len(got))
+		}
+		// The reader is past this chunk: the block let go of it, the reply has not.
+		if n := r.r.c.refs.Load(); n != 1 {
+			t.Fatalf("chunk of the reply at %d held %d times before Done, want 1 (the reply)", r.off, n)
+		}
+		r.r.Done()
+		if n := r.r.c.refs.Load(); n != 0 {
+			t.Fatalf("chunk of the reply at %d held %d times after Done, want 0", r.off, n)
+		}
+	}
+	h.Release(context.Background())
+}

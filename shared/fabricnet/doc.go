@@ -23,6 +23,10 @@
 //   - Beside a QUIC tunnel the agent may hold a bulk side session (DialBulkSide, a
 //     TLS+TCP tunnel authenticated with AuthRequest.bulk_for_session_id) that carries
 //     only its raw streams: quic-go costs about 2.4 times the CPU per byte of TLS+TCP.
+//   - Where the control plane takes them (AuthResponse.bulk_connections), the agent
+//     carries each raw stream on a bulk connection of its own instead (DialBulkConn,
+//     BulkConns: TLS+TCP with the ALPN ALPNBulk, authenticated the same way, one raw
+//     stream straight over TLS with no yamux), on either transport.
 //
 // A minimal agent loop (error handling left out; see example_test.go):
 //

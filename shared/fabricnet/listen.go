@@ -55,8 +55,10 @@ type ListenOptions struct {
 
 // Listener accepts tunnels on one port number, over UDP (QUIC) and TCP (TLS+yamux).
 type Listener struct {
-	opts     ListenOptions
-	tlsConf  *tls.Config
+	opts    ListenOptions
+	tlsConf *tls.Config
+	// tcpConf is tlsConf with bulk connections' ALPN too (ALPNBulk): TCP only.
+	tcpConf  *tls.Config
 	tcp      net.Listener
 	udp      *net.UDPConn
 	quicTr   *quic.Transport
@@ -87,6 +89,8 @@ func Listen(addr string, tlsConf *tls.Config, opts *ListenOptions) (*Listener, e
 	if opts != nil {
 		l.opts = *opts
 	}
+	l.tcpConf = l.tlsConf.Clone()
+	l.tcpConf.NextProtos = []string{ALPN, ALPNBulk}
 	if l.opts.DisableTCP && l.opts.DisableUDP {
 		return nil, errors.New("fabricnet: both TCP and UDP disabled")
 	}
@@ -270,11 +274,15 @@ func (l *Listener) serverTLS(c net.Conn) (Session, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	fc := newFrameConn(c, l.tlsConf, true)
+	fc := newFrameConn(c, l.tcpConf, true)
 	ctx, cancel := context.WithTimeout(context.Background(), l.opts.HandshakeTimeout)
 	defer cancel()
 	if err := fc.HandshakeContext(ctx); err != nil {
 		return nil, err
+	}
+	if fc.ConnectionState().NegotiatedProtocol == ALPNBulk {
+		// One raw stream straight over TLS (bulkconn.go); frameConn's writer is unused.
+		return newConnSession(fc.Conn, fc.raw), nil
 	}
 	mux, err := yamux.Server(fc, yamuxConfig(l.opts.Yamux))
 	if err != nil {

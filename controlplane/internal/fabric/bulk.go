@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"net"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -86,3 +87,69 @@ func (ss *session) detachSide(fs fabricnet.Session) {
 // BulkStreams is how many raw streams agents opened on bulk side sessions of this
 // replica's sessions (tests, and the bench's proof of which path a read took).
 func (s *Server) BulkStreams() int64 { return s.bulkStreams.Load() }
+
+// Bulk connections (fabricnet.DialBulkConn): a TLS+TCP connection that carries one raw
+// stream of a main session straight over TLS, with no yamux: the agent opens one per raw
+// read stream, keeps it for range after range, and prefers them to a side session and
+// to the tunnel on either transport (yamux's copies and goroutine handoffs were about a
+// fifth of an attachment read's CPU, docs/storage.md). It authenticates with the node
+// token and names the main session exactly as a side session does, and is accepted
+// under the same condition; its stream is routed as a side session's (raw only, handler
+// context carrying the main session) and it ends with the main session.
+
+// maxBulkConns bounds the bulk connections one main session holds at once: an agent
+// keeps PrefetchBlocks + 1 raw streams per tunnel idle and uses a few per open file, so
+// this is far above a well-behaved agent's need and keeps a runaway one bounded.
+const maxBulkConns = 256
+
+// serveBulkConn serves fs, a bulk connection authenticated as nodeID on auth stream st,
+// as one raw stream of the node's session forID, or refuses it.
+func (s *Server) serveBulkConn(ctx context.Context, fs fabricnet.Session, nodeID uuid.UUID, st net.Conn, forID string) {
+	id, err := uuid.Parse(forID)
+	ss := s.local(nodeID)
+	if err != nil || ss == nil || ss.id != id || !ss.addBulkConn() {
+		s.deps.Log.Debug("fabric: bulk connection refused", "node_id", nodeID, "for_session", forID)
+		refuseAuth(st, fabricnet.AuthErrSessionNotFound)
+		_ = fs.Close("no such session")
+		return
+	}
+	defer ss.dropBulkConn()
+	defer fs.Close("bulk connection done")
+	werr := fabricnet.WriteFrame(st, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String()})
+	_ = st.SetDeadline(time.Time{})
+	if werr != nil {
+		return
+	}
+	stop := context.AfterFunc(ctx, func() { _ = fs.Close("control plane stopping") })
+	defer stop()
+	go func() {
+		select {
+		case <-ss.done:
+			_ = fs.Close("main tunnel ended")
+		case <-fs.Done():
+		}
+	}()
+	raw, err := fs.AcceptStream(ctx)
+	if err != nil {
+		return
+	}
+	s.routeStream(ctx, ss, raw, true)
+}
+
+// addBulkConn counts a new bulk connection of the session; false when the session has
+// ended or holds maxBulkConns already.
+func (ss *session) addBulkConn() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed || ss.bulkConns >= maxBulkConns {
+		return false
+	}
+	ss.bulkConns++
+	return true
+}
+
+func (ss *session) dropBulkConn() {
+	ss.mu.Lock()
+	ss.bulkConns--
+	ss.mu.Unlock()
+}

@@ -321,6 +321,12 @@ func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
 		_ = fs.Close("unauthenticated")
 		return
 	}
+	if fabricnet.IsBulkConn(fs) {
+		// A bulk connection is never a tunnel of its own: it serves one raw stream of a
+		// live main session (bulk.go), or nothing.
+		s.serveBulkConn(ctx, fs, nodeID, authStream, req.GetBulkForSessionId())
+		return
+	}
 	if req.GetBulkForSessionId() != "" {
 		s.serveSide(ctx, fs, nodeID, authStream, req.GetBulkForSessionId())
 		return
@@ -334,7 +340,7 @@ func (s *Server) serveTunnel(ctx context.Context, fs fabricnet.Session) {
 	ss.hb = s.heartbeatConfig()
 	s.register(ss)
 	// The session is registered before the agent hears ok, so its Control call finds it.
-	werr := fabricnet.WriteFrame(authStream, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String(), BulkSideSessions: true})
+	werr := fabricnet.WriteFrame(authStream, &fabricv1.AuthResponse{Ok: true, NodeId: nodeID.String(), SessionId: ss.id.String(), BulkSideSessions: true, BulkConnections: true})
 	_ = authStream.Close()
 	if werr != nil {
 		ss.close(endLost, "auth response not delivered")

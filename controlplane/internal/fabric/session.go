@@ -54,6 +54,7 @@ type session struct {
 	kvRev         uint64            // revision of this session's presence entry
 	kvHeartbeat   time.Time         // last heartbeat written to presence
 	side          fabricnet.Session // the live bulk side session, if any (bulk.go)
+	bulkConns     int               // bulk connections being served (bulk.go)
 }
 
 // controlCall is the current Control RPC of a session: where ControlMessages go.

@@ -288,7 +288,9 @@ type AuthRequest struct {
 	// AuthResponse offered side sessions (bulk_side_sessions); it routes only raw
 	// agent-opened streams on it (no gRPC, no Hello, no presence), as streams of the main
 	// session, and closes it when the main session ends. At most one per main session: a
-	// newer one replaces it.
+	// newer one replaces it. A bulk connection (AuthResponse.bulk_connections) names its
+	// main session here too; a main session has as many as its agent keeps raw streams,
+	// up to a bound.
 	BulkForSessionId string `protobuf:"bytes,4,opt,name=bulk_for_session_id,json=bulkForSessionId,proto3" json:"bulk_for_session_id,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -369,8 +371,15 @@ type AuthResponse struct {
 	// (AuthRequest.bulk_for_session_id). An older control plane leaves it false, and the
 	// agent never dials one.
 	BulkSideSessions bool `protobuf:"varint,5,opt,name=bulk_side_sessions,json=bulkSideSessions,proto3" json:"bulk_side_sessions,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// On a main tunnel's ok: this control plane accepts bulk connections of it: TLS+TCP
+	// connections on the fabric's port with the ALPN "gantry-fabric-bulk/1", each
+	// authenticated with an AuthRequest naming the session (bulk_for_session_id, checked
+	// as for a side session) and then carrying exactly one agent-opened raw stream, with
+	// no multiplexing (docs/fabric.md, "Bulk connections"). The agent prefers them to a
+	// side session and to the tunnel, on either transport, for raw read streams.
+	BulkConnections bool `protobuf:"varint,6,opt,name=bulk_connections,json=bulkConnections,proto3" json:"bulk_connections,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *AuthResponse) Reset() {
@@ -434,6 +443,13 @@ func (x *AuthResponse) GetErrorCode() string {
 func (x *AuthResponse) GetBulkSideSessions() bool {
 	if x != nil {
 		return x.BulkSideSessions
+	}
+	return false
+}
+
+func (x *AuthResponse) GetBulkConnections() bool {
+	if x != nil {
+		return x.BulkConnections
 	}
 	return false
 }
@@ -3502,7 +3518,7 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12#\n" +
 	"\ragent_version\x18\x02 \x01(\tR\fagentVersion\x12)\n" +
 	"\x10protocol_version\x18\x03 \x01(\rR\x0fprotocolVersion\x12-\n" +
-	"\x13bulk_for_session_id\x18\x04 \x01(\tR\x10bulkForSessionId\"\xa3\x01\n" +
+	"\x13bulk_for_session_id\x18\x04 \x01(\tR\x10bulkForSessionId\"\xce\x01\n" +
 	"\fAuthResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1d\n" +
@@ -3510,7 +3526,8 @@ const file_fabric_v1_fabric_proto_rawDesc = "" +
 	"session_id\x18\x03 \x01(\tR\tsessionId\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x04 \x01(\tR\terrorCode\x12,\n" +
-	"\x12bulk_side_sessions\x18\x05 \x01(\bR\x10bulkSideSessions\"\xc9\x03\n" +
+	"\x12bulk_side_sessions\x18\x05 \x01(\bR\x10bulkSideSessions\x12)\n" +
+	"\x10bulk_connections\x18\x06 \x01(\bR\x0fbulkConnections\"\xc9\x03\n" +
 	"\fAgentMessage\x12/\n" +
 	"\x05hello\x18\x01 \x01(\v2\x17.gantry.fabric.v1.HelloH\x00R\x05hello\x12;\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1b.gantry.fabric.v1.HeartbeatH\x00R\theartbeat\x12;\n" +
