@@ -404,8 +404,10 @@ func TestRawReadsTakeTheBulkSide(t *testing.T) {
 
 	t.Run("idle", func(t *testing.T) {
 		e, c, d := setup(t, false)
-		// Shortened: a side session with no stream in use for this long is closed.
-		e.conns.cur.bulk.idleAfter = 200 * time.Millisecond
+		// Shortened: a side session with no stream in use for this long is closed. Long
+		// enough that a loaded machine still sees it up first (200 ms was not: the
+		// session came up and went idle between two looks under make test's load).
+		e.conns.cur.bulk.idleAfter = time.Second
 		waitFor := func(what string, cond func() bool) {
 			t.Helper()
 			for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
