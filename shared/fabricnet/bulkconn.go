@@ -171,19 +171,9 @@ func DialBulkConn(ctx context.Context, addr string, tlsConf *tls.Config, opts *D
 	if opts != nil {
 		o = *opts
 	}
-	var c net.Conn
-	var err error
-	if o.DialTCP != nil {
-		c, err = o.DialTCP(ctx, addr)
-	} else {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, "tcp", addr)
-	}
+	c, err := tcpConn(ctx, addr, &o)
 	if err != nil {
 		return nil, err
-	}
-	if t, ok := c.(*net.TCPConn); ok {
-		_ = t.SetNoDelay(true)
 	}
 	conf := withALPN(tlsConf)
 	conf.NextProtos = []string{ALPNBulk}

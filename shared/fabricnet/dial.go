@@ -114,7 +114,9 @@ func dialQUIC(ctx context.Context, addr string, tc *tls.Config, qc *quic.Config)
 	return newQUICSession(c, tr), nil
 }
 
-func dialTCP(ctx context.Context, addr string, tc *tls.Config, o *DialOptions) (Session, error) {
+// tcpConn opens the TCP connection under a TLS+TCP tunnel or a bulk connection
+// (o.DialTCP when set), with Nagle off: frames and records are written whole.
+func tcpConn(ctx context.Context, addr string, o *DialOptions) (net.Conn, error) {
 	var c net.Conn
 	var err error
 	if o.DialTCP != nil {
@@ -128,6 +130,14 @@ func dialTCP(ctx context.Context, addr string, tc *tls.Config, o *DialOptions) (
 	}
 	if t, ok := c.(*net.TCPConn); ok {
 		_ = t.SetNoDelay(true)
+	}
+	return c, nil
+}
+
+func dialTCP(ctx context.Context, addr string, tc *tls.Config, o *DialOptions) (Session, error) {
+	c, err := tcpConn(ctx, addr, o)
+	if err != nil {
+		return nil, err
 	}
 	fc := newFrameConn(c, tc, false)
 	if err := fc.HandshakeContext(ctx); err != nil {
