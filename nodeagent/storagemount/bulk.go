@@ -174,8 +174,7 @@ func (b *bulkSide) current() *rawLane {
 		case <-l.sess.Done():
 			// Broken (or closed by the control plane, whose main session ended): the
 			// tunnel carries reads until the retry time.
-			b.lane, b.retryAt = nil, time.Now().Add(b.retryAfter)
-			b.failures++
+			b.dropLocked()
 		default:
 			return l
 		}
@@ -239,11 +238,17 @@ func (b *bulkSide) checkIdle(l *rawLane) {
 func (b *bulkSide) failed(l *rawLane) {
 	b.mu.Lock()
 	if b.lane == l {
-		b.lane, b.retryAt = nil, time.Now().Add(b.retryAfter)
-		b.failures++
+		b.dropLocked()
 	}
 	b.mu.Unlock()
 	_ = l.sess.Close("bulk stream failed")
+}
+
+// dropLocked forgets the current side session as failed: reads stay on the tunnel
+// until retryAfter has passed. b.mu held.
+func (b *bulkSide) dropLocked() {
+	b.lane, b.retryAt = nil, time.Now().Add(b.retryAfter)
+	b.failures++
 }
 
 // close ends the side session with the tunnel.

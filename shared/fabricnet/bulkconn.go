@@ -175,13 +175,8 @@ func DialBulkConn(ctx context.Context, addr string, tlsConf *tls.Config, opts *D
 	if err != nil {
 		return nil, err
 	}
-	conf := withALPN(tlsConf)
+	conf := clientTLS(tlsConf, addr)
 	conf.NextProtos = []string{ALPNBulk}
-	if conf.ServerName == "" {
-		if host, _, err := net.SplitHostPort(addr); err == nil {
-			conf.ServerName = host
-		}
-	}
 	raw := &corkConn{Conn: c}
 	tc := tls.Client(raw, conf)
 	if err := tc.HandshakeContext(ctx); err != nil {
@@ -222,7 +217,19 @@ const spareFor = 5 * time.Second
 // plane takes them and the TCP path is open) and returns the set, the probe's connection
 // kept for the first stream.
 func NewBulkConns(ctx context.Context, dial func(ctx context.Context) (Session, error)) (*BulkConns, error) {
-	s, err := dial(ctx)
+	b := &BulkConns{dial: dial, done: make(chan struct{}), live: map[*connSession]struct{}{}}
+	cs, err := b.dialConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.spare, b.spareT = cs, time.Now()
+	b.track(cs)
+	return b, nil
+}
+
+// dialConn dials one bulk connection.
+func (b *BulkConns) dialConn(ctx context.Context) (*connSession, error) {
+	s, err := b.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -231,9 +238,7 @@ func NewBulkConns(ctx context.Context, dial func(ctx context.Context) (Session, 
 		_ = s.Close("not a bulk connection")
 		return nil, errors.New("fabricnet: dial did not return a bulk connection")
 	}
-	b := &BulkConns{dial: dial, done: make(chan struct{}), live: map[*connSession]struct{}{}, spare: cs, spareT: time.Now()}
-	b.track(cs)
-	return b, nil
+	return cs, nil
 }
 
 func (b *BulkConns) track(cs *connSession) {
@@ -268,14 +273,9 @@ func (b *BulkConns) OpenStream(ctx context.Context) (net.Conn, error) {
 	}
 	b.mu.Unlock()
 	if cs == nil {
-		s, err := b.dial(ctx)
-		if err != nil {
+		var err error
+		if cs, err = b.dialConn(ctx); err != nil {
 			return nil, err
-		}
-		var ok bool
-		if cs, ok = s.(*connSession); !ok {
-			_ = s.Close("not a bulk connection")
-			return nil, errors.New("fabricnet: dial did not return a bulk connection")
 		}
 		b.mu.Lock()
 		if b.closed {

@@ -42,8 +42,8 @@ type DialOptions struct {
 	// QUIC and Yamux override the transport settings (nil: this package's defaults).
 	QUIC  *quic.Config
 	Yamux *yamux.Config
-	// DialTCP, when set, opens the TCP connection of a TLS+yamux tunnel instead of a
-	// net.Dialer (a proxy, a socket option; tests make it fail to play a network path
+	// DialTCP, when set, opens the TCP connection of a TLS+yamux tunnel or a bulk
+	// connection instead of a net.Dialer (a proxy, a socket option; tests make it fail to play a network path
 	// that blocks TCP).
 	DialTCP func(ctx context.Context, addr string) (net.Conn, error)
 }
@@ -59,12 +59,7 @@ func Dial(ctx context.Context, addr string, mode Mode, tlsConf *tls.Config, opts
 	if o.QUICFallbackAfter <= 0 {
 		o.QUICFallbackAfter = 1500 * time.Millisecond
 	}
-	tc := withALPN(tlsConf)
-	if tc.ServerName == "" {
-		if host, _, err := net.SplitHostPort(addr); err == nil {
-			tc.ServerName = host
-		}
-	}
+	tc := clientTLS(tlsConf, addr)
 	switch mode {
 	case ModeQUIC:
 		return dialQUIC(ctx, addr, tc, o.QUIC)
@@ -112,6 +107,18 @@ func dialQUIC(ctx context.Context, addr string, tc *tls.Config, qc *quic.Config)
 		return nil, err
 	}
 	return newQUICSession(c, tr), nil
+}
+
+// clientTLS is tlsConf with the fabric's ALPN and TLS 1.3, and the server name taken
+// from addr's host when tlsConf names none.
+func clientTLS(tlsConf *tls.Config, addr string) *tls.Config {
+	tc := withALPN(tlsConf)
+	if tc.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			tc.ServerName = host
+		}
+	}
+	return tc
 }
 
 // tcpConn opens the TCP connection under a TLS+TCP tunnel or a bulk connection

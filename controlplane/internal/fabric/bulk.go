@@ -26,9 +26,8 @@ import (
 // serveSide serves fs, authenticated as nodeID on auth stream st, as the bulk side
 // session of the node's session forID, or refuses it.
 func (s *Server) serveSide(ctx context.Context, fs fabricnet.Session, nodeID uuid.UUID, st net.Conn, forID string) {
-	id, err := uuid.Parse(forID)
-	ss := s.local(nodeID)
-	if err != nil || ss == nil || ss.id != id || !ss.attachSide(fs) {
+	ss := s.mainSession(nodeID, forID)
+	if ss == nil || !ss.attachSide(fs) {
 		s.deps.Log.Debug("fabric: bulk side session refused", "node_id", nodeID, "for_session", forID)
 		refuseAuth(st, fabricnet.AuthErrSessionNotFound)
 		_ = fs.Close("no such session")
@@ -41,13 +40,7 @@ func (s *Server) serveSide(ctx context.Context, fs fabricnet.Session, nodeID uui
 		_ = fs.Close("auth response not delivered")
 		return
 	}
-	go func() {
-		select {
-		case <-ss.done:
-			_ = fs.Close("main tunnel ended")
-		case <-fs.Done():
-		}
-	}()
+	go endWithMain(ss, fs)
 	for {
 		st, err := fs.AcceptStream(ctx)
 		if err != nil {
@@ -55,6 +48,29 @@ func (s *Server) serveSide(ctx context.Context, fs fabricnet.Session, nodeID uui
 			return
 		}
 		go s.routeStream(ctx, ss, st, true)
+	}
+}
+
+// mainSession is the live session of nodeID on this replica whose id is forID (what a
+// side session or a bulk connection names), or nil.
+func (s *Server) mainSession(nodeID uuid.UUID, forID string) *session {
+	id, err := uuid.Parse(forID)
+	if err != nil {
+		return nil
+	}
+	if ss := s.local(nodeID); ss != nil && ss.id == id {
+		return ss
+	}
+	return nil
+}
+
+// endWithMain closes fs, a side session or bulk connection of ss, when ss ends; it
+// returns when either has ended.
+func endWithMain(ss *session, fs fabricnet.Session) {
+	select {
+	case <-ss.done:
+		_ = fs.Close("main tunnel ended")
+	case <-fs.Done():
 	}
 }
 
@@ -105,9 +121,8 @@ const maxBulkConns = 256
 // serveBulkConn serves fs, a bulk connection authenticated as nodeID on auth stream st,
 // as one raw stream of the node's session forID, or refuses it.
 func (s *Server) serveBulkConn(ctx context.Context, fs fabricnet.Session, nodeID uuid.UUID, st net.Conn, forID string) {
-	id, err := uuid.Parse(forID)
-	ss := s.local(nodeID)
-	if err != nil || ss == nil || ss.id != id || !ss.addBulkConn() {
+	ss := s.mainSession(nodeID, forID)
+	if ss == nil || !ss.addBulkConn() {
 		s.deps.Log.Debug("fabric: bulk connection refused", "node_id", nodeID, "for_session", forID)
 		refuseAuth(st, fabricnet.AuthErrSessionNotFound)
 		_ = fs.Close("no such session")
@@ -122,13 +137,7 @@ func (s *Server) serveBulkConn(ctx context.Context, fs fabricnet.Session, nodeID
 	}
 	stop := context.AfterFunc(ctx, func() { _ = fs.Close("control plane stopping") })
 	defer stop()
-	go func() {
-		select {
-		case <-ss.done:
-			_ = fs.Close("main tunnel ended")
-		case <-fs.Done():
-		}
-	}()
+	go endWithMain(ss, fs)
 	raw, err := fs.AcceptStream(ctx)
 	if err != nil {
 		return
